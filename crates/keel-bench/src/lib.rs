@@ -1,0 +1,1 @@
+//! Benchmark harness (placeholder until the harness lands).

@@ -1,0 +1,29 @@
+//! The `keel` binary: one entry point for the server, the benchmark harness and the tools.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod serve;
+
+/// keel: a serializable, multi-version, transactional key-value store.
+#[derive(Parser)]
+#[command(name = "keel", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (speaks the Redis protocol).
+    Serve(serve::Args),
+    /// Run a benchmark workload against keel and its peers.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(args) => bench::run(args),
+    }
+}

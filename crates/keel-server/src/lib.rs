@@ -1,0 +1,1 @@
+//! RESP server over tokio (being built).

@@ -1,0 +1,168 @@
+//! Commutative operations: deltas buffered in a transaction and applied to whatever value is
+//! committed when the transaction commits. They add no read dependency, so two transactions
+//! that only apply them to the same key never conflict.
+//!
+//! Value encodings (all documented in the crate root and stable across versions):
+//! - `add`, `max`, `min`: the value is a decimal `i64` in ASCII, as Redis stores integers. A
+//!   missing key counts as 0 for `add` and as "no value" for `max`/`min`.
+//! - ordered put: 8-byte big-endian order, then the payload. The write with the highest order
+//!   wins; on equal orders the later commit wins.
+//! - top-k: a sequence of entries, each an 8-byte big-endian score (`i64` with the sign bit
+//!   flipped, so bytes sort like numbers), a 4-byte big-endian member length and the member.
+//!   Entries are kept sorted by score, highest first, then by member; a member appears once,
+//!   with its highest score; at most `k` entries are kept.
+
+use crate::error::Error;
+use crate::limits::{TOP_K_MAX, VALUE_BYTES_MAX};
+
+/// One commutative operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    Add(i64),
+    Max(i64),
+    Min(i64),
+    OrderedPut { order: u64, value: Vec<u8> },
+    TopK { k: u32, score: i64, member: Vec<u8> },
+}
+
+impl Op {
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Op::Add(_) | Op::Max(_) | Op::Min(_) => 8,
+            Op::OrderedPut { value, .. } => 8 + value.len(),
+            Op::TopK { member, .. } => 12 + member.len(),
+        }
+    }
+
+    /// Applies the operation to `current` (`None`: the key is absent) and returns the new
+    /// value.
+    pub(crate) fn apply(&self, key: &[u8], current: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+        match self {
+            Op::Add(delta) => {
+                let base = current.map(|v| parse_int(key, v)).transpose()?.unwrap_or(0);
+                let sum = base
+                    .checked_add(*delta)
+                    .ok_or_else(|| Error::Overflow { key: key.to_vec() })?;
+                Ok(sum.to_string().into_bytes())
+            }
+            Op::Max(n) | Op::Min(n) => {
+                let result = match current.map(|v| parse_int(key, v)).transpose()? {
+                    None => *n,
+                    Some(base) if matches!(self, Op::Max(_)) => base.max(*n),
+                    Some(base) => base.min(*n),
+                };
+                Ok(result.to_string().into_bytes())
+            }
+            Op::OrderedPut { order, value } => {
+                if let Some(current) = current {
+                    let (current_order, _) = decode_ordered(current)
+                        .ok_or_else(|| Error::NotOrdered { key: key.to_vec() })?;
+                    if current_order > *order {
+                        return Ok(current.to_vec());
+                    }
+                }
+                Ok(encode_ordered(*order, value))
+            }
+            Op::TopK { k, score, member } => {
+                let mut entries = match current {
+                    Some(v) => {
+                        decode_top_k(v).ok_or_else(|| Error::NotATopK { key: key.to_vec() })?
+                    }
+                    None => Vec::new(),
+                };
+                match entries.iter_mut().find(|(_, m)| m == member) {
+                    Some(entry) => entry.0 = entry.0.max(*score),
+                    None => entries.push((*score, member.clone())),
+                }
+                entries.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+                entries.truncate(*k as usize);
+                let encoded = encode_top_k(&entries);
+                if encoded.len() > VALUE_BYTES_MAX {
+                    return Err(Error::LimitExceeded {
+                        limit: crate::Limit::ValueBytes,
+                        requested: encoded.len(),
+                    });
+                }
+                Ok(encoded)
+            }
+        }
+    }
+
+    /// Checks the operation's own arguments (not the value it will meet).
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        match self {
+            Op::TopK { k, .. } if *k > TOP_K_MAX || *k == 0 => Err(Error::LimitExceeded {
+                limit: crate::Limit::TopK,
+                requested: *k as usize,
+            }),
+            Op::OrderedPut { value, .. } if value.len() + 8 > VALUE_BYTES_MAX => {
+                Err(Error::LimitExceeded {
+                    limit: crate::Limit::ValueBytes,
+                    requested: value.len() + 8,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parses a Redis-style integer: optional `-`, decimal digits, no spaces, no leading `+`,
+/// no leading zeros, fits in `i64`.
+pub fn parse_int(key: &[u8], value: &[u8]) -> Result<i64, Error> {
+    let not_int = || Error::NotAnInteger { key: key.to_vec() };
+    let text = std::str::from_utf8(value).map_err(|_| not_int())?;
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && text != "-0";
+    if !canonical {
+        return Err(not_int());
+    }
+    text.parse::<i64>().map_err(|_| not_int())
+}
+
+/// Encodes an ordered-put value: 8-byte big-endian order, then the payload.
+pub fn encode_ordered(order: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + payload.len());
+    out.extend_from_slice(&order.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Splits an ordered-put value into its order and payload.
+pub fn decode_ordered(value: &[u8]) -> Option<(u64, &[u8])> {
+    let (order, payload) = value.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*order), payload))
+}
+
+/// Decodes a top-k value into `(score, member)` pairs, highest score first.
+pub fn decode_top_k(mut value: &[u8]) -> Option<Vec<(i64, Vec<u8>)>> {
+    let mut out = Vec::new();
+    while !value.is_empty() {
+        let (score, rest) = value.split_first_chunk::<8>()?;
+        let (len, rest) = rest.split_first_chunk::<4>()?;
+        let len = u32::from_be_bytes(*len) as usize;
+        if rest.len() < len {
+            return None;
+        }
+        let score = (u64::from_be_bytes(*score) ^ (1 << 63)) as i64;
+        out.push((score, rest[..len].to_vec()));
+        value = &rest[len..];
+    }
+    Some(out)
+}
+
+fn encode_top_k(entries: &[(i64, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (score, member) in entries {
+        out.extend_from_slice(&((*score as u64) ^ (1 << 63)).to_be_bytes());
+        let len = u32::try_from(member.len()).expect("members are bounded by KEY_BYTES_MAX");
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(member);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,197 @@
+//! Timestamps and snapshots: the oracle, the visible watermark and the snapshot registry.
+//!
+//! - `clock` hands out commit timestamps with one atomic add, taken only after the write set
+//!   is locked (lock → timestamp → validate is what makes timestamp order a serial order).
+//! - `visible` is the watermark: every commit at or below it is fully installed. It advances
+//!   strictly in timestamp order — a committer waits until its predecessor has published —
+//!   so a snapshot taken at the watermark never sees half a transaction.
+//! - The registry holds one slot per open transaction with its snapshot timestamp. Garbage
+//!   collection takes the minimum over the slots as its horizon. Registration and the horizon
+//!   computation meet in a store-then-load handshake on both sides (a Dekker pattern): a
+//!   transaction publishes its snapshot and then checks the proposed horizon; the collector
+//!   publishes its proposal and then scans the slots. At least one of them sees the other, so
+//!   the horizon never passes a snapshot that is in use.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::{Backoff, CachePadded};
+use parking_lot::Mutex;
+
+use crate::Ts;
+use crate::limits::OPEN_TXNS_MAX;
+
+const FREE: u64 = u64::MAX;
+
+/// Per-slot counters: written only by the slot's transaction, summed on demand, so that
+/// statistics cost no shared cache-line write.
+#[derive(Default)]
+pub(crate) struct SlotStats {
+    pub(crate) commits: AtomicU64,
+    pub(crate) read_only_commits: AtomicU64,
+    pub(crate) aborts_write_locked: AtomicU64,
+    pub(crate) aborts_read_changed: AtomicU64,
+    pub(crate) aborts_phantom: AtomicU64,
+    pub(crate) versions: AtomicI64,
+}
+
+impl SlotStats {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        // Only one transaction uses a slot at a time, so load + store is an exact increment
+        // without a locked instruction.
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
+struct Slot {
+    read_ts: AtomicU64,
+    stats: SlotStats,
+}
+
+pub(crate) struct Oracle {
+    clock: CachePadded<AtomicU64>,
+    visible: CachePadded<AtomicU64>,
+    proposal: CachePadded<AtomicU64>,
+    horizon: CachePadded<AtomicU64>,
+    slots: Box<[CachePadded<Slot>]>,
+    slots_used: CachePadded<AtomicUsize>,
+    collector: Mutex<()>,
+}
+
+/// A claimed registry slot. Index into the slot array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotId(u32);
+
+impl SlotId {
+    pub(crate) fn index(self) -> u32 {
+        self.0
+    }
+}
+
+thread_local! {
+    static SLOT_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+static THREADS_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+impl Oracle {
+    /// An oracle whose first commit gets timestamp `last + 1`.
+    pub(crate) fn new(last: Ts) -> Oracle {
+        Oracle {
+            clock: CachePadded::new(AtomicU64::new(last.0)),
+            visible: CachePadded::new(AtomicU64::new(last.0)),
+            proposal: CachePadded::new(AtomicU64::new(0)),
+            horizon: CachePadded::new(AtomicU64::new(0)),
+            slots: (0..OPEN_TXNS_MAX)
+                .map(|_| {
+                    CachePadded::new(Slot {
+                        read_ts: AtomicU64::new(FREE),
+                        stats: SlotStats::default(),
+                    })
+                })
+                .collect(),
+            slots_used: CachePadded::new(AtomicUsize::new(0)),
+            collector: Mutex::new(()),
+        }
+    }
+
+    /// Claims a slot and registers a snapshot at the current watermark.
+    pub(crate) fn register(&self) -> Option<(SlotId, Ts)> {
+        let start = SLOT_HINT.with(|hint| {
+            if hint.get() == usize::MAX {
+                // Spread threads over the slots so that they rarely probe each other's lines.
+                hint.set(
+                    THREADS_SEEN.fetch_add(1, Ordering::Relaxed).wrapping_mul(7) % OPEN_TXNS_MAX,
+                );
+            }
+            hint.get()
+        });
+        for i in 0..OPEN_TXNS_MAX {
+            let index = (start + i) % OPEN_TXNS_MAX;
+            let slot = &self.slots[index];
+            if slot.read_ts.load(Ordering::Relaxed) != FREE {
+                continue;
+            }
+            let mut read_ts = self.visible.load(Ordering::Acquire);
+            self.slots_used.fetch_max(index + 1, Ordering::SeqCst);
+            if slot
+                .read_ts
+                .compare_exchange(FREE, read_ts, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // The handshake: our snapshot is published; if the collector has already proposed
+            // a horizon above it, move up to a fresh snapshot (the watermark is at least the
+            // proposal) and check again.
+            while read_ts < self.proposal.load(Ordering::SeqCst) {
+                read_ts = self.visible.load(Ordering::Acquire);
+                slot.read_ts.store(read_ts, Ordering::SeqCst);
+            }
+            SLOT_HINT.with(|hint| hint.set(index));
+            let id = SlotId(u32::try_from(index).expect("OPEN_TXNS_MAX fits in u32"));
+            return Some((id, Ts(read_ts)));
+        }
+        None
+    }
+
+    pub(crate) fn unregister(&self, slot: SlotId) {
+        self.slots[slot.0 as usize]
+            .read_ts
+            .store(FREE, Ordering::Release);
+    }
+
+    pub(crate) fn stats(&self, slot: SlotId) -> &SlotStats {
+        &self.slots[slot.0 as usize].stats
+    }
+
+    /// Takes the next commit timestamp. The caller must publish it with [`Oracle::publish`]
+    /// whether it commits or not, or the watermark stops.
+    pub(crate) fn next_commit_ts(&self) -> Ts {
+        Ts(self.clock.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    /// Advances the watermark to `ts` once every earlier timestamp is published.
+    pub(crate) fn publish(&self, ts: Ts) {
+        let backoff = Backoff::new();
+        while self.visible.load(Ordering::Acquire) != ts.0 - 1 {
+            backoff.snooze();
+        }
+        self.visible.store(ts.0, Ordering::Release);
+    }
+
+    /// The newest timestamp whose commits are all installed.
+    pub(crate) fn visible(&self) -> Ts {
+        Ts(self.visible.load(Ordering::Acquire))
+    }
+
+    /// The GC horizon: no open snapshot is below it.
+    pub(crate) fn horizon(&self) -> Ts {
+        Ts(self.horizon.load(Ordering::Acquire))
+    }
+
+    /// Recomputes the horizon unless another thread is doing it.
+    pub(crate) fn collect(&self) {
+        let Some(_only_collector) = self.collector.try_lock() else {
+            return;
+        };
+        let proposal = self.visible.load(Ordering::Acquire);
+        self.proposal.store(proposal, Ordering::SeqCst);
+        let used = self.slots_used.load(Ordering::SeqCst);
+        let oldest = self.slots[..used]
+            .iter()
+            .map(|slot| slot.read_ts.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(FREE);
+        self.horizon
+            .fetch_max(proposal.min(oldest), Ordering::AcqRel);
+    }
+
+    /// Sums a statistic over all slots.
+    pub(crate) fn sum(&self, field: impl Fn(&SlotStats) -> i64) -> i64 {
+        self.slots.iter().map(|slot| field(&slot.stats)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

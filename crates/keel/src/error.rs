@@ -1,0 +1,191 @@
+//! Error types. A conflict is not an error: [`Txn::commit`](crate::Txn::commit) returns it as
+//! the inner `Err` of `Ok(Result<Ts, Conflict>)`, so that `?` never swallows a retryable outcome.
+
+use std::fmt;
+
+/// Which limit from [`limits`](crate::limits) an operation would have exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// [`KEY_BYTES_MAX`](crate::limits::KEY_BYTES_MAX)
+    KeyBytes,
+    /// [`VALUE_BYTES_MAX`](crate::limits::VALUE_BYTES_MAX)
+    ValueBytes,
+    /// [`TXN_WRITE_BYTES_MAX`](crate::limits::TXN_WRITE_BYTES_MAX)
+    TxnWriteBytes,
+    /// [`TXN_WRITE_KEYS_MAX`](crate::limits::TXN_WRITE_KEYS_MAX)
+    TxnWriteKeys,
+    /// [`TXN_READS_MAX`](crate::limits::TXN_READS_MAX)
+    TxnReads,
+    /// [`OPEN_TXNS_MAX`](crate::limits::OPEN_TXNS_MAX)
+    OpenTxns,
+    /// [`TOP_K_MAX`](crate::limits::TOP_K_MAX)
+    TopK,
+}
+
+impl Limit {
+    /// The limit's value.
+    pub fn max(self) -> usize {
+        use crate::limits::*;
+        match self {
+            Limit::KeyBytes => KEY_BYTES_MAX,
+            Limit::ValueBytes => VALUE_BYTES_MAX,
+            Limit::TxnWriteBytes => TXN_WRITE_BYTES_MAX,
+            Limit::TxnWriteKeys => TXN_WRITE_KEYS_MAX,
+            Limit::TxnReads => TXN_READS_MAX,
+            Limit::OpenTxns => OPEN_TXNS_MAX,
+            Limit::TopK => TOP_K_MAX as usize,
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Limit::KeyBytes => "key size",
+            Limit::ValueBytes => "value size",
+            Limit::TxnWriteBytes => "bytes written by one transaction",
+            Limit::TxnWriteKeys => "keys written by one transaction",
+            Limit::TxnReads => "reads remembered by one transaction",
+            Limit::OpenTxns => "open transactions",
+            Limit::TopK => "top-k list length",
+        };
+        write!(f, "{name} (at most {})", self.max())
+    }
+}
+
+/// An operation inside a transaction failed. The transaction is unchanged by the failed call
+/// and may go on, except where a variant says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operation would exceed a documented limit.
+    #[error("limit exceeded: {limit}; the operation asked for {requested}")]
+    LimitExceeded {
+        /// Which limit.
+        limit: Limit,
+        /// What the operation needed.
+        requested: usize,
+    },
+    /// An integer operation (`add`, `max`, `min`) met a value that is not a decimal `i64`.
+    #[error("value of key {} is not an integer", crate::error::show_key(key))]
+    NotAnInteger {
+        /// The key whose value is not an integer.
+        key: Vec<u8>,
+    },
+    /// `add` would overflow `i64`.
+    #[error(
+        "increment or decrement of key {} would overflow",
+        crate::error::show_key(key)
+    )]
+    Overflow {
+        /// The key whose value would overflow.
+        key: Vec<u8>,
+    },
+    /// A top-k insert met a value that is not a top-k list.
+    #[error("value of key {} is not a top-k list", crate::error::show_key(key))]
+    NotATopK {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// An ordered put met a value that was not written by an ordered put.
+    #[error("value of key {} is not an ordered value", crate::error::show_key(key))]
+    NotOrdered {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// [`Db::begin`](crate::Db::begin) or [`Db::snapshot`](crate::Db::snapshot) could not open a
+/// transaction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BeginError {
+    /// [`OPEN_TXNS_MAX`](crate::limits::OPEN_TXNS_MAX) transactions are already open.
+    #[error(
+        "too many open transactions: at most {} may be open at once",
+        crate::limits::OPEN_TXNS_MAX
+    )]
+    TooManyOpen,
+}
+
+/// A commit failed for a reason other than a conflict. Nothing the transaction wrote is
+/// visible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// A commutative operation could not be applied to the committed value.
+    #[error(transparent)]
+    Apply(#[from] Error),
+}
+
+/// Why a transaction lost a conflict and was aborted. Retrying it may succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The key on which the conflict was found.
+    pub key: Vec<u8>,
+    /// What kind of conflict.
+    pub reason: ConflictReason,
+}
+
+/// The kinds of conflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConflictReason {
+    /// Another transaction held the lock of a key this one writes.
+    WriteLocked,
+    /// A key this transaction read was changed (or is being changed) since its snapshot.
+    ReadChanged,
+    /// A key inside a range this transaction scanned was inserted, deleted or changed.
+    Phantom,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.reason {
+            ConflictReason::WriteLocked => "write-write conflict",
+            ConflictReason::ReadChanged => "read-write conflict",
+            ConflictReason::Phantom => "phantom in a scanned range",
+        };
+        write!(f, "{what} on key {}", show_key(&self.key))
+    }
+}
+
+impl std::error::Error for Conflict {}
+
+/// [`Db::transact`](crate::Db::transact) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactError<E> {
+    /// The closure returned an error; the transaction was aborted.
+    #[error("transaction aborted by its body: {0}")]
+    Aborted(E),
+    /// The transaction could not begin.
+    #[error(transparent)]
+    Begin(#[from] BeginError),
+    /// The commit failed for a reason other than a conflict.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    /// Every attempt conflicted.
+    #[error("gave up after {attempts} attempts; last conflict: {last}")]
+    Conflicts {
+        /// How many attempts were made.
+        attempts: u32,
+        /// The conflict of the last attempt.
+        last: Conflict,
+    },
+}
+
+/// Keys in messages: printable ASCII as is, anything else escaped, long keys shortened.
+pub(crate) fn show_key(key: &[u8]) -> String {
+    const SHOWN_MAX: usize = 64;
+    let mut out = String::from("\"");
+    for &b in key.iter().take(SHOWN_MAX) {
+        out.extend(std::ascii::escape_default(b).map(char::from));
+    }
+    out.push('"');
+    if key.len() > SHOWN_MAX {
+        out.push_str(&format!("... ({} bytes)", key.len()));
+    }
+    out
+}

@@ -1,0 +1,261 @@
+//! The point index: a purpose-built open-addressing hash table from key to record.
+//!
+//! Buckets are one cache line of eight slots. A slot holds a record pointer (low 48 bits)
+//! and a 16-bit tag from the key's hash (high bits), so a lookup touches one bucket line and,
+//! when the tag matches, the record it points at, which holds the key inline. Probing is
+//! linear over buckets.
+//!
+//! Reads take no lock and write nothing shared. Entries are never removed (records live as
+//! long as the database), so an empty slot ends a probe and there is no ABA.
+//!
+//! Inserts publish with one compare-and-swap. When the table is three-quarters full it grows:
+//! inserts are held off by a readers-writer lock (inserters share it, the grower owns it)
+//! while the entries are copied into a table twice the size, which is then published.
+//! Lookups never wait: one that still holds the old table sees every record inserted before
+//! the growth began, which is all it may see. Old tables are freed when the index is dropped,
+//! since a reader may still be probing one; their total size is below the final table's.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, RwLock};
+
+use crate::mvcc::{Record, RecordRef};
+
+const SLOTS: usize = 8;
+const POINTER_BITS: u32 = 48;
+const POINTER_MASK: u64 = (1 << POINTER_BITS) - 1;
+
+#[repr(C, align(64))]
+struct Bucket {
+    slots: [AtomicU64; SLOTS],
+}
+const _: () = assert!(size_of::<Bucket>() == 64);
+
+struct Table {
+    buckets: Box<[Bucket]>,
+    mask: usize,
+}
+
+impl Table {
+    fn with_buckets(count: usize) -> Box<Table> {
+        assert!(count.is_power_of_two());
+        let buckets = (0..count)
+            .map(|_| Bucket {
+                slots: std::array::from_fn(|_| AtomicU64::new(0)),
+            })
+            .collect();
+        Box::new(Table {
+            buckets,
+            mask: count - 1,
+        })
+    }
+
+    fn capacity(&self) -> usize {
+        self.buckets.len() * SLOTS
+    }
+
+    #[inline]
+    fn find(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
+        let tag = tag_of(hash);
+        let mut b = bucket_of(hash, self.mask);
+        loop {
+            let bucket = &self.buckets[b];
+            for slot in &bucket.slots {
+                let entry = slot.load(Ordering::Acquire);
+                if entry == 0 {
+                    return None;
+                }
+                if entry >> POINTER_BITS == tag {
+                    let record = record_of(entry);
+                    let r = record.get();
+                    if r.hash() == hash && r.key() == key {
+                        return Some(record);
+                    }
+                }
+            }
+            b = (b + 1) & self.mask;
+        }
+    }
+
+    /// Inserts `new` unless a record with its key is present; returns the record that is in
+    /// the table afterwards and whether it is `new`.
+    fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
+        let r = new.get();
+        let (key, hash) = (r.key(), r.hash());
+        let tag = tag_of(hash);
+        let address = new.0.as_ptr() as u64;
+        assert_eq!(
+            address & !POINTER_MASK,
+            0,
+            "record addresses must fit in 48 bits"
+        );
+        let entry_new = (tag << POINTER_BITS) | address;
+        let mut b = bucket_of(hash, self.mask);
+        loop {
+            for slot in &self.buckets[b].slots {
+                let mut entry = slot.load(Ordering::Acquire);
+                if entry == 0 {
+                    match slot.compare_exchange(0, entry_new, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => return (new, true),
+                        Err(now) => entry = now,
+                    }
+                }
+                if entry >> POINTER_BITS == tag {
+                    let record = record_of(entry);
+                    let other = record.get();
+                    if other.hash() == hash && other.key() == key {
+                        return (record, false);
+                    }
+                }
+            }
+            b = (b + 1) & self.mask;
+        }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = RecordRef> + '_ {
+        self.buckets
+            .iter()
+            .flat_map(|b| b.slots.iter())
+            .filter_map(|slot| {
+                let entry = slot.load(Ordering::Acquire);
+                (entry != 0).then(|| record_of(entry))
+            })
+    }
+}
+
+#[inline]
+fn tag_of(hash: u64) -> u64 {
+    // Zero tags are fine: a slot is empty only when the whole word is zero, and record
+    // pointers are never null.
+    hash >> POINTER_BITS
+}
+
+#[inline]
+fn bucket_of(hash: u64, mask: usize) -> usize {
+    hash as usize & mask
+}
+
+#[inline]
+fn record_of(entry: u64) -> RecordRef {
+    let ptr = (entry & POINTER_MASK) as *mut Record;
+    RecordRef(NonNull::new(ptr).expect("occupied slots hold non-null pointers"))
+}
+
+/// The hash index. Owns no records: the store frees them.
+pub(crate) struct Index {
+    table: AtomicPtr<Table>,
+    len: CachePadded<AtomicUsize>,
+    grow: RwLock<()>,
+    /// Boxed so that the `Table` structs readers point at never move.
+    #[allow(clippy::vec_box)]
+    retired: Mutex<Vec<Box<Table>>>,
+}
+
+impl Index {
+    /// An index sized for about `capacity_hint` keys before it first grows.
+    pub(crate) fn new(capacity_hint: usize) -> Index {
+        let buckets = (capacity_hint.max(SLOTS) * 4 / 3 / SLOTS + 1).next_power_of_two();
+        let table = Box::into_raw(Table::with_buckets(buckets));
+        Index {
+            table: AtomicPtr::new(table),
+            len: CachePadded::new(AtomicUsize::new(0)),
+            grow: RwLock::new(()),
+            retired: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn table(&self) -> &Table {
+        // SAFETY: the current table is never freed while the index lives (old ones are
+        // retired, not freed).
+        unsafe { &*self.table.load(Ordering::Acquire) }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
+        self.table().find(key, hash)
+    }
+
+    /// Inserts `new` unless its key is present. Returns the record in the index for that key
+    /// and whether it is `new` (if not, the caller still owns `new`).
+    pub(crate) fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
+        loop {
+            {
+                let _shared = self.grow.read();
+                let table = self.table();
+                if self.len.load(Ordering::Relaxed) < table.capacity() * 3 / 4 {
+                    let (record, inserted) = table.insert(new);
+                    if inserted {
+                        self.len.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return (record, inserted);
+                }
+            }
+            self.grow_table();
+        }
+    }
+
+    fn grow_table(&self) {
+        let _exclusive = self.grow.write();
+        let old = self.table();
+        if self.len.load(Ordering::Relaxed) < old.capacity() * 3 / 4 {
+            return; // another thread grew it
+        }
+        let new = Table::with_buckets(old.buckets.len() * 2);
+        for record in old.entries() {
+            let (_, inserted) = new.insert(record);
+            assert!(inserted, "a key appeared twice in the index");
+        }
+        let old = self.table.swap(Box::into_raw(new), Ordering::AcqRel);
+        // SAFETY: `old` came from `Box::into_raw` and is no longer the current table.
+        self.retired.lock().push(unsafe { Box::from_raw(old) });
+    }
+
+    /// Number of records.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Every record, for teardown and checks. Not a consistent snapshot under inserts.
+    pub(crate) fn records(&self) -> impl Iterator<Item = RecordRef> + '_ {
+        self.table().entries()
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        // SAFETY: exclusive access; the pointer came from `Box::into_raw`.
+        drop(unsafe { Box::from_raw(*self.table.get_mut()) });
+    }
+}
+
+/// The key hash used by the index: fast on short keys, well mixed in both the low bits
+/// (bucket) and the high bits (tag).
+#[inline]
+pub(crate) fn hash(key: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = (key.len() as u64).wrapping_mul(K) ^ 0x243f_6a88_85a3_08d3;
+    let mut chunks = key.chunks_exact(8);
+    for chunk in &mut chunks {
+        let word = u64::from_le_bytes(chunk.try_into().expect("chunks_exact yields 8 bytes"));
+        h = (h ^ word).wrapping_mul(K).rotate_left(31);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        h = (h ^ u64::from_le_bytes(word))
+            .wrapping_mul(K)
+            .rotate_left(31);
+    }
+    // murmur3's finalizer
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,39 @@
+//! keel: a serializable, multi-version, transactional key-value store.
+//!
+//! ```
+//! let db = keel::Db::in_memory();
+//! let mut txn = db.begin()?;
+//! txn.put(b"alice", b"10")?;
+//! txn.add(b"likes:42", 1)?;
+//! assert_eq!(txn.get(b"likes:42")?, Some(b"1".to_vec()));
+//! match txn.commit()? {
+//!     Ok(commit_ts) => println!("committed at {commit_ts:?}"),
+//!     Err(conflict) => println!("retry: {conflict}"),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Guarantees: read-write transactions are strictly serializable; range reads are
+//! phantom-safe; read-only [`Snapshot`]s never block and never abort; commutative operations
+//! ([`Txn::add`], [`Txn::max`], [`Txn::min`], [`Txn::put_ordered`], [`Txn::top_k_insert`]) never
+//! conflict with each other; nothing uncommitted is ever visible. Every bound is in [`limits`].
+//! See `ARCHITECTURE.md` for how.
+
+mod commutative;
+mod concurrency;
+mod db;
+mod error;
+mod index;
+pub mod limits;
+mod mvcc;
+mod store;
+mod txn;
+
+pub use commutative::{decode_ordered, decode_top_k, encode_ordered, parse_int};
+pub use db::{Db, Options, Stats};
+pub use error::{BeginError, CommitError, Conflict, ConflictReason, Error, Limit, TransactError};
+pub use txn::{Range, Scan, Snapshot, Txn};
+
+/// A commit timestamp. Commits are totally ordered by it, and that order is a serial order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Ts(pub u64);

@@ -1,0 +1,39 @@
+//! Every bound the engine enforces, in one place, each with the reason for its value.
+//!
+//! Exceeding one of these is never a panic: the operation returns
+//! [`Error::LimitExceeded`](crate::Error::LimitExceeded) naming the limit, and the transaction
+//! is left exactly as it was before the call.
+
+/// Keys are compared, hashed and copied on every access; 64 KiB is far above any sane key and
+/// keeps a key comfortably inside one log record header's `u32` length.
+pub const KEY_BYTES_MAX: usize = 64 * 1024;
+
+/// A value must fit in one log record without splitting, and a reader copies it whole.
+/// Redis allows 512 MiB; keel is stricter because every version is held in memory.
+pub const VALUE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// The buffered writes of one transaction (keys plus values) are held in memory until commit
+/// and written as one log record.
+pub const TXN_WRITE_BYTES_MAX: usize = 256 * 1024 * 1024;
+
+/// Distinct keys one transaction may write. Each is locked at commit; more than this would
+/// hold locks long enough to starve everyone else.
+pub const TXN_WRITE_KEYS_MAX: usize = 1 << 20;
+
+/// Point reads plus scanned ranges one transaction may remember for validation.
+pub const TXN_READS_MAX: usize = 1 << 24;
+
+/// Transactions and snapshots open at the same time. Each holds one slot in the snapshot
+/// registry, which garbage collection scans to find the oldest visible timestamp.
+pub const OPEN_TXNS_MAX: usize = 4096;
+
+/// Attempts [`Db::transact`](crate::Db::transact) makes before reporting the conflict.
+pub const TRANSACT_ATTEMPTS_MAX: u32 = 64;
+
+/// Top-k lists keep at most this many members; the whole list is one value.
+pub const TOP_K_MAX: u32 = 4096;
+
+const _: () = assert!(KEY_BYTES_MAX < VALUE_BYTES_MAX);
+const _: () = assert!(KEY_BYTES_MAX + VALUE_BYTES_MAX <= TXN_WRITE_BYTES_MAX);
+const _: () = assert!(TXN_WRITE_BYTES_MAX <= u32::MAX as usize);
+const _: () = assert!(OPEN_TXNS_MAX.is_power_of_two());

@@ -1,0 +1,338 @@
+//! Records and their version chains.
+//!
+//! A [`Record`] is one key: a lock word, the head of its version chain and the key bytes,
+//! in one allocation. Records are created on the first write to a key and live until the
+//! database is dropped (a deleted key keeps its record with a tombstone version), so a
+//! `&Record` handed out by the index stays valid for the database's lifetime.
+//!
+//! A [`Version`] is one committed value: its commit timestamp, the next older version and the
+//! value bytes inline, in one allocation. Chains are ordered newest first with strictly
+//! decreasing timestamps. Only the holder of a record's lock pushes a version, and only it
+//! trims the chain.
+//!
+//! Invariants that make reading without latches safe:
+//! - a version is pushed only after its commit timestamp is fixed, and the visible watermark
+//!   passes that timestamp only after the push, so a reader at `read_ts <= watermark` never
+//!   misses a version it should see;
+//! - trimming (garbage collection) cuts the chain after the newest version whose timestamp is
+//!   at or below the GC horizon, and the horizon is at or below every open snapshot; a reader
+//!   stops at the first version at or below its own `read_ts`, which is never past the cut.
+
+use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use crate::Ts;
+
+/// One committed value of a key.
+#[repr(C)]
+pub(crate) struct Version {
+    ts: Ts,
+    next: AtomicPtr<Version>,
+    /// `u32::MAX` marks a tombstone (the key was deleted at `ts`).
+    len: u32,
+    // value bytes follow
+}
+
+const TOMBSTONE: u32 = u32::MAX;
+const _: () = assert!(crate::limits::VALUE_BYTES_MAX < TOMBSTONE as usize);
+
+impl Version {
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(size_of::<Version>() + len, align_of::<Version>())
+            .expect("value length is bounded by VALUE_BYTES_MAX")
+    }
+
+    /// Allocates a version; `None` makes a tombstone.
+    pub(crate) fn new(ts: Ts, value: Option<&[u8]>) -> NonNull<Version> {
+        let bytes = value.map_or(0, <[u8]>::len);
+        let layout = Self::layout(bytes);
+        // SAFETY: the layout has non-zero size (the header).
+        let raw = unsafe { alloc(layout) }.cast::<Version>();
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
+        let len = match value {
+            Some(v) => u32::try_from(v.len()).expect("value length is bounded by VALUE_BYTES_MAX"),
+            None => TOMBSTONE,
+        };
+        // SAFETY: `ptr` is a fresh allocation of `layout`, large enough for the header and the
+        // value bytes that follow it.
+        unsafe {
+            ptr.as_ptr().write(Version {
+                ts,
+                next: AtomicPtr::new(ptr::null_mut()),
+                len,
+            });
+            if let Some(v) = value {
+                ptr::copy_nonoverlapping(v.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), v.len());
+            }
+        }
+        ptr
+    }
+
+    /// Frees one version (not its successors).
+    ///
+    /// # Safety
+    /// `ptr` came from [`Version::new`], is unreachable, and is freed once.
+    pub(crate) unsafe fn free(ptr: NonNull<Version>) {
+        // SAFETY: the caller guarantees `ptr` is a live version.
+        let len = unsafe { ptr.as_ref() }.value_len();
+        // SAFETY: same layout as the allocation.
+        unsafe { dealloc(ptr.as_ptr().cast(), Self::layout(len)) };
+    }
+
+    fn value_len(&self) -> usize {
+        if self.len == TOMBSTONE {
+            0
+        } else {
+            self.len as usize
+        }
+    }
+
+    /// The value, or `None` for a tombstone.
+    pub(crate) fn value(&self) -> Option<&[u8]> {
+        if self.len == TOMBSTONE {
+            return None;
+        }
+        // SAFETY: `len` bytes follow the header in the same allocation and never change.
+        Some(unsafe {
+            std::slice::from_raw_parts(ptr::from_ref(self).add(1).cast::<u8>(), self.len as usize)
+        })
+    }
+
+    pub(crate) fn next(&self) -> Option<&Version> {
+        // SAFETY: a non-null `next` points at a live version; see the module invariants for
+        // why a reader never follows a pointer that trimming frees.
+        unsafe { self.next.load(Ordering::Acquire).as_ref() }
+    }
+}
+
+/// One key: its lock, its version chain, its key bytes.
+#[repr(C)]
+pub(crate) struct Record {
+    /// `0` when unlocked, otherwise the [`LockOwner`] of the committing transaction.
+    lock: AtomicU64,
+    head: AtomicPtr<Version>,
+    hash: u64,
+    key_len: u32,
+    // key bytes follow
+}
+
+/// Identifies the transaction holding a record lock; never zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockOwner(pub(crate) u64);
+
+/// A record that was found unlocked but whose newest version is newer than a snapshot, or is
+/// locked by someone else: what validation needs to know about a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Staleness {
+    /// Unchanged since the snapshot and not locked by another transaction.
+    Fresh,
+    /// Locked by another transaction that may be committing.
+    Locked,
+    /// A version newer than the snapshot exists.
+    Changed,
+}
+
+impl Record {
+    fn layout(key_len: usize) -> Layout {
+        Layout::from_size_align(size_of::<Record>() + key_len, align_of::<Record>())
+            .expect("key length is bounded by KEY_BYTES_MAX")
+    }
+
+    /// Allocates a record with an empty chain, locked by `owner`.
+    pub(crate) fn new_locked(key: &[u8], hash: u64, owner: LockOwner) -> NonNull<Record> {
+        let layout = Self::layout(key.len());
+        // SAFETY: non-zero size.
+        let raw = unsafe { alloc(layout) }.cast::<Record>();
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
+        let key_len = u32::try_from(key.len()).expect("key length is bounded by KEY_BYTES_MAX");
+        // SAFETY: fresh allocation large enough for header and key.
+        unsafe {
+            ptr.as_ptr().write(Record {
+                lock: AtomicU64::new(owner.0),
+                head: AtomicPtr::new(ptr::null_mut()),
+                hash,
+                key_len,
+            });
+            ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
+        }
+        ptr
+    }
+
+    /// Frees a record and its whole chain.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Record::new_locked`], nobody else can reach it any more, and it is
+    /// freed once.
+    pub(crate) unsafe fn free(ptr: NonNull<Record>) {
+        // SAFETY: the caller guarantees exclusive access.
+        let record = unsafe { ptr.as_ref() };
+        let mut v = record.head.load(Ordering::Relaxed);
+        while let Some(version) = NonNull::new(v) {
+            // SAFETY: exclusive access; each version is freed once.
+            unsafe {
+                v = version.as_ref().next.load(Ordering::Relaxed);
+                Version::free(version);
+            }
+        }
+        let layout = Self::layout(record.key_len as usize);
+        // SAFETY: same layout as the allocation.
+        unsafe { dealloc(ptr.as_ptr().cast(), layout) };
+    }
+
+    pub(crate) fn key(&self) -> &[u8] {
+        // SAFETY: `key_len` bytes follow the header and never change.
+        unsafe {
+            std::slice::from_raw_parts(
+                ptr::from_ref(self).add(1).cast::<u8>(),
+                self.key_len as usize,
+            )
+        }
+    }
+
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    pub(crate) fn head(&self) -> Option<&Version> {
+        // SAFETY: the head is live while the record is (trimming never frees the head).
+        unsafe { self.head.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// The newest version visible at `read_ts`, if any (it may be a tombstone).
+    #[inline]
+    pub(crate) fn visible(&self, read_ts: Ts) -> Option<&Version> {
+        let mut v = self.head();
+        while let Some(version) = v {
+            if version.ts <= read_ts {
+                return Some(version);
+            }
+            v = version.next();
+        }
+        None
+    }
+
+    /// The value visible at `read_ts`: `None` when absent or deleted.
+    #[inline]
+    pub(crate) fn value_at(&self, read_ts: Ts) -> Option<&[u8]> {
+        self.visible(read_ts).and_then(Version::value)
+    }
+
+    /// Whether anything committed, or may be committing, on this record after `read_ts`.
+    /// `me` is the caller's own lock identity: its own lock does not count.
+    #[inline]
+    pub(crate) fn staleness(&self, read_ts: Ts, me: LockOwner) -> Staleness {
+        let owner = self.lock.load(Ordering::Acquire);
+        if owner != 0 && owner != me.0 {
+            return Staleness::Locked;
+        }
+        match self.head() {
+            Some(v) if v.ts > read_ts => Staleness::Changed,
+            _ => Staleness::Fresh,
+        }
+    }
+
+    pub(crate) fn try_lock(&self, me: LockOwner) -> bool {
+        self.lock
+            .compare_exchange(0, me.0, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    pub(crate) fn is_locked_by(&self, me: LockOwner) -> bool {
+        self.lock.load(Ordering::Relaxed) == me.0
+    }
+
+    pub(crate) fn unlock(&self, me: LockOwner) {
+        let was = self.lock.swap(0, Ordering::Release);
+        assert_eq!(
+            was, me.0,
+            "a record was unlocked by a transaction that did not hold it"
+        );
+    }
+
+    /// Pushes a new head version, then frees the versions no snapshot at or above `horizon`
+    /// can reach. Returns how many versions were added minus how many were freed.
+    ///
+    /// The caller holds the lock, and `ts` is above every version in the chain.
+    pub(crate) fn install(&self, me: LockOwner, ts: Ts, value: Option<&[u8]>, horizon: Ts) -> i64 {
+        assert!(
+            self.is_locked_by(me),
+            "versions are installed only under the record lock"
+        );
+        let old = self.head.load(Ordering::Relaxed);
+        // SAFETY: the head is live; we hold the lock so nobody else changes the chain.
+        if let Some(old) = unsafe { old.as_ref() } {
+            assert!(ts > old.ts, "versions must be installed in timestamp order");
+        }
+        let new = Version::new(ts, value);
+        // SAFETY: `new` is fresh and not yet shared.
+        unsafe { new.as_ref() }.next.store(old, Ordering::Relaxed);
+        self.head.store(new.as_ptr(), Ordering::Release);
+        1 - self.trim(horizon)
+    }
+
+    /// Cuts the chain below the newest version at or below `horizon`; returns how many
+    /// versions were freed. Caller holds the lock.
+    fn trim(&self, horizon: Ts) -> i64 {
+        let mut v = self.head.load(Ordering::Relaxed);
+        // SAFETY: versions reachable from the head are live; under the lock nobody else
+        // changes the chain.
+        while let Some(version) = unsafe { v.as_ref() } {
+            if version.ts <= horizon {
+                let mut cut = version.next.swap(ptr::null_mut(), Ordering::Relaxed);
+                let mut freed = 0;
+                while let Some(dead) = NonNull::new(cut) {
+                    // SAFETY: no snapshot at or above `horizon` reaches past `version`, and
+                    // no snapshot below it exists (module invariants), so `dead` is
+                    // unreachable; it is freed once because the cut detached it.
+                    unsafe {
+                        cut = dead.as_ref().next.load(Ordering::Relaxed);
+                        Version::free(dead);
+                    }
+                    freed += 1;
+                }
+                return freed;
+            }
+            v = version.next.load(Ordering::Relaxed);
+        }
+        0
+    }
+}
+
+/// A record pointer that may cross threads: records are immutable apart from their atomics
+/// and live as long as the database.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordRef(pub(crate) NonNull<Record>);
+
+// SAFETY: `Record` is only mutated through atomics, and records outlive every user of the
+// database (freed in `Drop` of the store, which has exclusive access).
+unsafe impl Send for RecordRef {}
+// SAFETY: as above.
+unsafe impl Sync for RecordRef {}
+
+impl RecordRef {
+    /// The record. Valid while the store that handed out the handle lives, which every
+    /// holder of a handle guarantees by borrowing the database.
+    #[inline]
+    pub(crate) fn get<'a>(self) -> &'a Record {
+        // SAFETY: records live as long as the store; callers hold a borrow of the store.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl std::fmt::Debug for RecordRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RecordRef({:?})",
+            crate::error::show_key(self.get().key())
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,820 @@
+//! Transactions and snapshots.
+//!
+//! A read-write [`Txn`] reads the snapshot at its `read_ts`, remembers every record it read,
+//! every absent key it looked up and every range it scanned, and buffers its writes. Commit:
+//!
+//! 1. lock the write set in key order (creating records for new keys, locked, in both
+//!    indexes); a lock held by someone else is waited on briefly, then the commit aborts —
+//!    no deadlock is possible and no wait is unbounded;
+//! 2. compute the values of commutative operations from the newest committed value (stable
+//!    under the lock);
+//! 3. take `commit_ts`;
+//! 4. validate: nothing read or scanned has a version newer than `read_ts` or is locked by
+//!    another transaction;
+//! 5. install one version per written key at `commit_ts`, unlock, and publish `commit_ts` to
+//!    the watermark in timestamp order.
+//!
+//! A transaction with no writes commits at its snapshot without validation: it is
+//! serializable at `read_ts`, and strictly so because `read_ts` was the watermark when it
+//! began. [`Snapshot`] is the same without any bookkeeping.
+
+use std::collections::HashMap;
+use std::ops::{Bound, RangeBounds};
+
+use crossbeam_utils::Backoff;
+
+use crate::Ts;
+use crate::commutative::Op;
+use crate::concurrency::{SlotId, SlotStats};
+use crate::db::Shared;
+use crate::error::{BeginError, CommitError, Conflict, ConflictReason, Error, Limit};
+use crate::index::hash;
+use crate::limits::{
+    KEY_BYTES_MAX, TXN_READS_MAX, TXN_WRITE_BYTES_MAX, TXN_WRITE_KEYS_MAX, VALUE_BYTES_MAX,
+};
+use crate::mvcc::{LockOwner, RecordRef, Staleness};
+use crate::store::{KeyRange, Store};
+
+/// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
+const COLLECT_EVERY: u64 = 256;
+
+/// How long a committer spins on a record lock held by another before aborting.
+const LOCK_SPINS_MAX: u32 = 10;
+
+enum Read {
+    Record(RecordRef),
+    Absent { key: Box<[u8]>, hash: u64 },
+}
+
+#[derive(Debug, Clone)]
+enum Write {
+    Put(Vec<u8>),
+    Delete,
+    Ops(Vec<Op>),
+}
+
+impl Write {
+    fn bytes(&self) -> usize {
+        match self {
+            Write::Put(v) => v.len(),
+            Write::Delete => 0,
+            Write::Ops(ops) => ops.iter().map(Op::bytes).sum(),
+        }
+    }
+}
+
+struct WriteEntry {
+    key: Vec<u8>,
+    hash: u64,
+    write: Write,
+}
+
+/// Buffered writes: a vector in arrival order, with a hash index once it grows.
+#[derive(Default)]
+struct WriteSet {
+    entries: Vec<WriteEntry>,
+    index: Option<HashMap<Vec<u8>, usize>>,
+    bytes: usize,
+}
+
+const WRITE_SET_SCAN_MAX: usize = 16;
+
+impl WriteSet {
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|e| e.key == key),
+        }
+    }
+
+    fn push(&mut self, key: &[u8], hash: u64, write: Write) {
+        self.bytes += key.len() + write.bytes();
+        let position = self.entries.len();
+        self.entries.push(WriteEntry {
+            key: key.to_vec(),
+            hash,
+            write,
+        });
+        if let Some(index) = &mut self.index {
+            index.insert(key.to_vec(), position);
+        } else if self.entries.len() > WRITE_SET_SCAN_MAX {
+            let index = self
+                .entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.key.clone(), i))
+                .collect();
+            self.index = Some(index);
+        }
+    }
+
+    fn replace(&mut self, position: usize, write: Write) {
+        let entry = &mut self.entries[position];
+        self.bytes = self.bytes - entry.write.bytes() + write.bytes();
+        entry.write = write;
+    }
+}
+
+/// A read-write transaction. Dropping it without committing aborts it.
+///
+/// ```
+/// let db = keel::Db::in_memory();
+/// let mut txn = db.begin()?;
+/// txn.put(b"apple", b"red")?;
+/// txn.put(b"banana", b"yellow")?;
+/// txn.put(b"cherry", b"red")?;
+/// let fruit: Vec<_> = txn.range(b"a".as_slice()..b"c".as_slice()).map(|(k, _)| k).collect();
+/// assert_eq!(fruit, [b"apple".to_vec(), b"banana".to_vec()]);
+/// let backwards: Vec<_> = txn.range::<&[u8]>(..).rev().map(|(k, _)| k).collect();
+/// assert_eq!(backwards[0], b"cherry");
+/// match txn.commit()? {
+///     Ok(commit_ts) => println!("committed at {commit_ts:?}"),
+///     Err(conflict) => println!("lost a conflict, retry: {conflict}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Txn<'db> {
+    db: &'db Shared,
+    slot: SlotId,
+    read_ts: Ts,
+    reads: Vec<Read>,
+    ranges: Vec<KeyRange>,
+    writes: WriteSet,
+}
+
+fn check_key(key: &[u8]) -> Result<(), Error> {
+    if key.len() > KEY_BYTES_MAX {
+        return Err(Error::LimitExceeded {
+            limit: Limit::KeyBytes,
+            requested: key.len(),
+        });
+    }
+    Ok(())
+}
+
+fn check_value(value: &[u8]) -> Result<(), Error> {
+    if value.len() > VALUE_BYTES_MAX {
+        return Err(Error::LimitExceeded {
+            limit: Limit::ValueBytes,
+            requested: value.len(),
+        });
+    }
+    Ok(())
+}
+
+impl<'db> Txn<'db> {
+    pub(crate) fn begin(db: &'db Shared) -> Result<Txn<'db>, BeginError> {
+        let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
+        Ok(Txn {
+            db,
+            slot,
+            read_ts,
+            reads: Vec::new(),
+            ranges: Vec::new(),
+            writes: WriteSet::default(),
+        })
+    }
+
+    /// The snapshot this transaction reads.
+    pub fn read_ts(&self) -> Ts {
+        self.read_ts
+    }
+
+    fn me(&self) -> LockOwner {
+        LockOwner(u64::from(self.slot_index()) + 1)
+    }
+
+    fn slot_index(&self) -> u32 {
+        self.slot.index()
+    }
+
+    fn remember(&mut self, read: Read) -> Result<(), Error> {
+        if self.reads.len() + self.ranges.len() >= TXN_READS_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::TxnReads,
+                requested: TXN_READS_MAX + 1,
+            });
+        }
+        self.reads.push(read);
+        Ok(())
+    }
+
+    /// The committed value at the snapshot, remembered for validation.
+    fn read_committed(&mut self, key: &[u8], hash: u64) -> Result<Option<Vec<u8>>, Error> {
+        match self.db.store.get(key, hash) {
+            Some(record) => {
+                self.remember(Read::Record(record))?;
+                Ok(record.get().value_at(self.read_ts).map(<[u8]>::to_vec))
+            }
+            None => {
+                self.remember(Read::Absent {
+                    key: key.into(),
+                    hash,
+                })?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads `key`: this transaction's own writes first, then the snapshot.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        check_key(key)?;
+        let h = hash(key);
+        match self
+            .writes
+            .find(key)
+            .map(|i| self.writes.entries[i].write.clone())
+        {
+            None => self.read_committed(key, h),
+            Some(Write::Put(v)) => Ok(Some(v)),
+            Some(Write::Delete) => Ok(None),
+            Some(Write::Ops(ops)) => {
+                let mut value = self.read_committed(key, h)?;
+                for op in &ops {
+                    value = Some(op.apply(key, value.as_deref())?);
+                }
+                Ok(value)
+            }
+        }
+    }
+
+    fn check_write(&self, key: &[u8], write: &Write, existing: Option<usize>) -> Result<(), Error> {
+        check_key(key)?;
+        let old = existing.map_or(0, |i| self.writes.entries[i].write.bytes() + key.len());
+        let bytes = self.writes.bytes - old + key.len() + write.bytes();
+        if bytes > TXN_WRITE_BYTES_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::TxnWriteBytes,
+                requested: bytes,
+            });
+        }
+        if existing.is_none() && self.writes.entries.len() >= TXN_WRITE_KEYS_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::TxnWriteKeys,
+                requested: self.writes.entries.len() + 1,
+            });
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, key: &[u8], write: Write) -> Result<(), Error> {
+        let existing = self.writes.find(key);
+        self.check_write(key, &write, existing)?;
+        match existing {
+            Some(i) => self.writes.replace(i, write),
+            None => self.writes.push(key, hash(key), write),
+        }
+        Ok(())
+    }
+
+    /// Writes `value` under `key`.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        check_value(value)?;
+        self.write(key, Write::Put(value.to_vec()))
+    }
+
+    /// Deletes `key` (a no-op if it is absent).
+    pub fn delete(&mut self, key: &[u8]) -> Result<(), Error> {
+        self.write(key, Write::Delete)
+    }
+
+    fn commutative(&mut self, key: &[u8], op: Op) -> Result<(), Error> {
+        op.check()?;
+        let existing = self.writes.find(key);
+        let write = match existing.map(|i| &self.writes.entries[i].write) {
+            None => Write::Ops(vec![op]),
+            Some(Write::Put(v)) => Write::Put(op.apply(key, Some(v))?),
+            Some(Write::Delete) => Write::Put(op.apply(key, None)?),
+            Some(Write::Ops(ops)) => {
+                let mut ops = ops.clone();
+                ops.push(op);
+                Write::Ops(ops)
+            }
+        };
+        self.write(key, write)
+    }
+
+    /// Adds `delta` to the integer stored under `key` (a missing key counts as 0). Integers
+    /// are stored as decimal text, as Redis does. Adds no read dependency: concurrent adds to
+    /// the same key never conflict. If the committed value is not an integer, the commit
+    /// fails with [`Error::NotAnInteger`] naming the key.
+    pub fn add(&mut self, key: &[u8], delta: i64) -> Result<(), Error> {
+        self.commutative(key, Op::Add(delta))
+    }
+
+    /// Keeps the larger of the stored integer and `n`. Commutative, like [`Txn::add`].
+    pub fn max(&mut self, key: &[u8], n: i64) -> Result<(), Error> {
+        self.commutative(key, Op::Max(n))
+    }
+
+    /// Keeps the smaller of the stored integer and `n`. Commutative, like [`Txn::add`].
+    pub fn min(&mut self, key: &[u8], n: i64) -> Result<(), Error> {
+        self.commutative(key, Op::Min(n))
+    }
+
+    /// Ordered put: stores `value` with `order` unless the stored value has a higher order.
+    /// The stored bytes are [`encode_ordered`](crate::encode_ordered)`(order, value)`.
+    /// Commutative, like [`Txn::add`].
+    pub fn put_ordered(&mut self, key: &[u8], order: u64, value: &[u8]) -> Result<(), Error> {
+        self.commutative(
+            key,
+            Op::OrderedPut {
+                order,
+                value: value.to_vec(),
+            },
+        )
+    }
+
+    /// Inserts `member` with `score` into the top-`k` list under `key` (highest scores kept;
+    /// a member keeps its highest score). Read it with [`decode_top_k`](crate::decode_top_k).
+    /// Commutative, like [`Txn::add`].
+    pub fn top_k_insert(
+        &mut self,
+        key: &[u8],
+        k: u32,
+        score: i64,
+        member: &[u8],
+    ) -> Result<(), Error> {
+        check_key(member)?;
+        self.commutative(
+            key,
+            Op::TopK {
+                k,
+                score,
+                member: member.to_vec(),
+            },
+        )
+    }
+
+    /// Key-ordered iterator over `bounds` at this transaction's snapshot, with its own writes
+    /// applied. Reverse it with `.rev()`. The part of the range actually read is remembered:
+    /// if another transaction inserts, deletes or changes a key there before this one commits,
+    /// one of the two aborts (no phantoms).
+    pub fn range<'k, K>(&mut self, bounds: impl RangeBounds<K>) -> Range<'_, 'db>
+    where
+        K: AsRef<[u8]> + ?Sized + 'k,
+    {
+        let range = owned_range(&bounds);
+        let overlay = self.overlay(&range);
+        let scan = Scan::new(self.db, range.clone(), self.read_ts, overlay);
+        Range {
+            txn: self,
+            range,
+            scan,
+        }
+    }
+
+    /// This transaction's writes inside `range`, in key order, as the values a reader sees.
+    fn overlay(&mut self, range: &KeyRange) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut keys: Vec<Vec<u8>> = self
+            .writes
+            .entries
+            .iter()
+            .filter(|e| range.contains(e.key.as_slice()))
+            .map(|e| e.key.clone())
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .map(|key| {
+                // A failed commutative operation reads as its base value; the error surfaces
+                // at `get` or at commit.
+                let value = self.get(&key).unwrap_or(None);
+                (key, value)
+            })
+            .collect()
+    }
+
+    /// Commits. `Ok(Ok(commit_ts))` on success, `Ok(Err(conflict))` when another transaction
+    /// won a conflict (nothing was written; retrying may succeed), `Err` when a commutative
+    /// operation could not be applied (nothing was written).
+    pub fn commit(mut self) -> Result<Result<Ts, Conflict>, CommitError> {
+        let stats = self.db.oracle.stats(self.slot);
+        if self.writes.entries.is_empty() {
+            SlotStats::bump(&stats.read_only_commits);
+            return Ok(Ok(self.read_ts));
+        }
+        let me = self.me();
+        let mut writes = std::mem::take(&mut self.writes.entries);
+        writes.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+
+        // 1. Lock the write set.
+        let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
+        for entry in &writes {
+            let (record, created) = self
+                .db
+                .store
+                .get_or_create_locked(&entry.key, entry.hash, me);
+            if !created && !lock(record, me) {
+                self.unlock_all(&locked, me);
+                SlotStats::bump(&stats.aborts_write_locked);
+                return Ok(Err(Conflict {
+                    key: entry.key.clone(),
+                    reason: ConflictReason::WriteLocked,
+                }));
+            }
+            locked.push(record);
+        }
+
+        // 2. Resolve commutative operations against the newest committed values.
+        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len());
+        for (entry, record) in writes.iter_mut().zip(&locked) {
+            let value = match &mut entry.write {
+                Write::Put(v) => Some(std::mem::take(v)),
+                Write::Delete => None,
+                Write::Ops(ops) => {
+                    let mut value = record
+                        .get()
+                        .head()
+                        .and_then(|v| v.value())
+                        .map(<[u8]>::to_vec);
+                    for op in ops {
+                        match op.apply(&entry.key, value.as_deref()) {
+                            Ok(v) => value = Some(v),
+                            Err(e) => {
+                                self.unlock_all(&locked, me);
+                                return Err(CommitError::Apply(e));
+                            }
+                        }
+                    }
+                    value
+                }
+            };
+            values.push(value);
+        }
+
+        // 3. Take the commit timestamp; from here on it must be published.
+        let commit_ts = self.db.oracle.next_commit_ts();
+
+        // 4. Validate.
+        if let Err(conflict) = self.validate(me) {
+            self.unlock_all(&locked, me);
+            self.db.oracle.publish(commit_ts);
+            let counter = match conflict.reason {
+                ConflictReason::Phantom => &stats.aborts_phantom,
+                ConflictReason::ReadChanged => &stats.aborts_read_changed,
+                _ => &stats.aborts_write_locked,
+            };
+            SlotStats::bump(counter);
+            return Ok(Err(conflict));
+        }
+
+        // 5. Install, unlock, publish.
+        let horizon = self.db.oracle.horizon();
+        let mut versions = 0;
+        for (record, value) in locked.iter().zip(&values) {
+            versions += record
+                .get()
+                .install(me, commit_ts, value.as_deref(), horizon);
+            record.get().unlock(me);
+        }
+        self.db.oracle.publish(commit_ts);
+        let live = stats.versions.load(std::sync::atomic::Ordering::Relaxed);
+        stats
+            .versions
+            .store(live + versions, std::sync::atomic::Ordering::Relaxed);
+        SlotStats::bump(&stats.commits);
+        if commit_ts.0.is_multiple_of(COLLECT_EVERY) {
+            self.db.oracle.collect();
+        }
+        Ok(Ok(commit_ts))
+    }
+
+    fn unlock_all(&self, locked: &[RecordRef], me: LockOwner) {
+        for record in locked {
+            record.get().unlock(me);
+        }
+    }
+
+    fn validate(&self, me: LockOwner) -> Result<(), Conflict> {
+        let conflict = |key: &[u8], staleness: Staleness, reason: ConflictReason| {
+            let reason = match staleness {
+                Staleness::Locked if reason == ConflictReason::ReadChanged => {
+                    ConflictReason::ReadChanged
+                }
+                _ => reason,
+            };
+            Conflict {
+                key: key.to_vec(),
+                reason,
+            }
+        };
+        for read in &self.reads {
+            match read {
+                Read::Record(record) => {
+                    let r = record.get();
+                    let s = r.staleness(self.read_ts, me);
+                    if s != Staleness::Fresh {
+                        return Err(conflict(r.key(), s, ConflictReason::ReadChanged));
+                    }
+                }
+                Read::Absent { key, hash } => {
+                    if let Some(record) = self.db.store.get(key, *hash) {
+                        let s = record.get().staleness(self.read_ts, me);
+                        if s != Staleness::Fresh {
+                            return Err(conflict(key, s, ConflictReason::ReadChanged));
+                        }
+                    }
+                }
+            }
+        }
+        for range in &self.ranges {
+            for record in self.db.store.scan(range.clone()) {
+                let r = record.get();
+                let s = r.staleness(self.read_ts, me);
+                if s != Staleness::Fresh {
+                    return Err(conflict(r.key(), s, ConflictReason::Phantom));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Locks a record that exists, spinning briefly if another committer holds it.
+fn lock(record: RecordRef, me: LockOwner) -> bool {
+    let r = record.get();
+    let backoff = Backoff::new();
+    for _ in 0..LOCK_SPINS_MAX {
+        if r.try_lock(me) {
+            return true;
+        }
+        backoff.spin();
+    }
+    r.try_lock(me)
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        self.db.oracle.unregister(self.slot);
+    }
+}
+
+/// A read-only snapshot: serializable, never blocks writers, never aborts.
+///
+/// ```
+/// let db = keel::Db::in_memory();
+/// db.transact(|txn| txn.put(b"k", b"before"))?;
+/// let snapshot = db.snapshot()?;
+/// db.transact(|txn| txn.put(b"k", b"after"))?;
+/// assert_eq!(snapshot.get(b"k")?, Some(b"before".to_vec()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Snapshot<'db> {
+    db: &'db Shared,
+    slot: SlotId,
+    read_ts: Ts,
+}
+
+impl<'db> Snapshot<'db> {
+    pub(crate) fn begin(db: &'db Shared) -> Result<Snapshot<'db>, BeginError> {
+        let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
+        Ok(Snapshot { db, slot, read_ts })
+    }
+
+    /// The timestamp this snapshot reads at.
+    pub fn read_ts(&self) -> Ts {
+        self.read_ts
+    }
+
+    /// Reads `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.get_with(key, |v| v.map(<[u8]>::to_vec))
+    }
+
+    /// Reads `key` without copying: `f` sees the value in place.
+    pub fn get_with<T>(&self, key: &[u8], f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T, Error> {
+        check_key(key)?;
+        let value = self
+            .db
+            .store
+            .get(key, hash(key))
+            .and_then(|r| r.get().value_at(self.read_ts));
+        Ok(f(value))
+    }
+
+    /// Key-ordered iterator over `bounds`; reverse it with `.rev()`.
+    pub fn range<'k, K>(&self, bounds: impl RangeBounds<K>) -> Scan<'_>
+    where
+        K: AsRef<[u8]> + ?Sized + 'k,
+    {
+        Scan::new(self.db, owned_range(&bounds), self.read_ts, Vec::new())
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        SlotStats::bump(&self.db.oracle.stats(self.slot).read_only_commits);
+        self.db.oracle.unregister(self.slot);
+    }
+}
+
+fn owned_range<K: AsRef<[u8]> + ?Sized>(bounds: &impl RangeBounds<K>) -> KeyRange {
+    let own = |b: Bound<&K>| b.map(|k| k.as_ref().to_vec());
+    KeyRange {
+        lo: own(bounds.start_bound()),
+        hi: own(bounds.end_bound()),
+    }
+}
+
+/// Key-ordered iterator over a snapshot (plus a transaction's own writes), from either end.
+pub struct Scan<'db> {
+    records: <crate::store::MemStore as Store>::Scan<'db>,
+    read_ts: Ts,
+    overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Overlay entries not yet yielded: `overlay[overlay_lo..overlay_hi]`.
+    overlay_lo: usize,
+    overlay_hi: usize,
+    /// Record peeked from each end, not yet merged.
+    front: Option<RecordRef>,
+    back: Option<RecordRef>,
+    /// The last key yielded from each end; the other end stops there.
+    front_last: Option<Vec<u8>>,
+    back_last: Option<Vec<u8>>,
+    front_done: bool,
+    back_done: bool,
+}
+
+impl<'db> Scan<'db> {
+    fn new(
+        db: &'db Shared,
+        range: KeyRange,
+        read_ts: Ts,
+        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Scan<'db> {
+        let overlay_hi = overlay.len();
+        let empty = range.is_empty();
+        Scan {
+            records: db.store.scan(range),
+            read_ts,
+            overlay,
+            overlay_lo: 0,
+            overlay_hi,
+            front: None,
+            back: None,
+            front_last: None,
+            back_last: None,
+            front_done: empty,
+            back_done: empty,
+        }
+    }
+
+    /// Next candidate from the front: `(key, value)` where `None` means deleted/absent.
+    fn step_front(&mut self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+        if self.front.is_none() {
+            // Once the records run out from this end, the other end's peeked record is the
+            // last one left.
+            self.front = self.records.next().or_else(|| self.back.take());
+        }
+        let record_key = self.front.map(|r| r.get().key());
+        let overlay = (self.overlay_lo < self.overlay_hi).then(|| &self.overlay[self.overlay_lo].0);
+        let take_overlay = match (record_key, overlay) {
+            (None, None) => return None,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(r), Some(o)) => o.as_slice() <= r,
+        };
+        if take_overlay {
+            let (key, value) = self.overlay[self.overlay_lo].clone();
+            self.overlay_lo += 1;
+            if self.front.is_some_and(|r| r.get().key() == key.as_slice()) {
+                self.front = None;
+            }
+            Some((key, value))
+        } else {
+            let record = self.front.take().expect("checked above");
+            Some(self.record_item(record))
+        }
+    }
+
+    fn step_back(&mut self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+        if self.back.is_none() {
+            self.back = self.records.next_back().or_else(|| self.front.take());
+        }
+        let record_key = self.back.map(|r| r.get().key());
+        let overlay =
+            (self.overlay_lo < self.overlay_hi).then(|| &self.overlay[self.overlay_hi - 1].0);
+        let take_overlay = match (record_key, overlay) {
+            (None, None) => return None,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(r), Some(o)) => o.as_slice() >= r,
+        };
+        if take_overlay {
+            self.overlay_hi -= 1;
+            let (key, value) = self.overlay[self.overlay_hi].clone();
+            if self.back.is_some_and(|r| r.get().key() == key.as_slice()) {
+                self.back = None;
+            }
+            Some((key, value))
+        } else {
+            let record = self.back.take().expect("checked above");
+            Some(self.record_item(record))
+        }
+    }
+
+    fn record_item(&self, record: RecordRef) -> (Vec<u8>, Option<Vec<u8>>) {
+        let r = record.get();
+        (
+            r.key().to_vec(),
+            r.value_at(self.read_ts).map(<[u8]>::to_vec),
+        )
+    }
+}
+
+impl Iterator for Scan<'_> {
+    type Item = (Vec<u8>, Vec<u8>);
+
+    fn next(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
+        while !self.front_done {
+            let Some((key, value)) = self.step_front() else {
+                break;
+            };
+            if self.back_last.as_ref().is_some_and(|b| key >= *b) {
+                break;
+            }
+            if let Some(value) = value {
+                self.front_last = Some(key.clone());
+                return Some((key, value));
+            }
+        }
+        self.front_done = true;
+        None
+    }
+}
+
+impl DoubleEndedIterator for Scan<'_> {
+    fn next_back(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
+        while !self.back_done {
+            let Some((key, value)) = self.step_back() else {
+                break;
+            };
+            if self.front_last.as_ref().is_some_and(|f| key <= *f) {
+                break;
+            }
+            if let Some(value) = value {
+                self.back_last = Some(key.clone());
+                return Some((key, value));
+            }
+        }
+        self.back_done = true;
+        None
+    }
+}
+
+/// A range read inside a [`Txn`]. When dropped, the part of the range it actually covered is
+/// remembered for validation.
+pub struct Range<'t, 'db> {
+    txn: &'t mut Txn<'db>,
+    range: KeyRange,
+    scan: Scan<'db>,
+}
+
+impl Iterator for Range<'_, '_> {
+    type Item = (Vec<u8>, Vec<u8>);
+    fn next(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.scan.next()
+    }
+}
+
+impl DoubleEndedIterator for Range<'_, '_> {
+    fn next_back(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.scan.next_back()
+    }
+}
+
+impl Drop for Range<'_, '_> {
+    fn drop(&mut self) {
+        let scan = &self.scan;
+        let mut covered = Vec::new();
+        if scan.front_done || scan.back_done {
+            covered.push(self.range.clone());
+        } else {
+            if let Some(last) = &scan.front_last {
+                covered.push(KeyRange {
+                    lo: self.range.lo.clone(),
+                    hi: Bound::Included(last.clone()),
+                });
+            }
+            if let Some(last) = &scan.back_last {
+                covered.push(KeyRange {
+                    lo: Bound::Included(last.clone()),
+                    hi: self.range.hi.clone(),
+                });
+            }
+        }
+        let ranges = &mut self.txn.ranges;
+        if self.txn.reads.len() + ranges.len() + covered.len() > TXN_READS_MAX {
+            // Too many ranges to remember one by one: remember the whole key space instead,
+            // which is stricter and bounded.
+            ranges.clear();
+            covered = vec![KeyRange {
+                lo: Bound::Unbounded,
+                hi: Bound::Unbounded,
+            }];
+        }
+        ranges.extend(covered);
+    }
+}

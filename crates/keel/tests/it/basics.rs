@@ -1,0 +1,178 @@
+//! Single-threaded semantics: reads of own writes, ranges, conflicts, limits.
+
+use keel::{ConflictReason, Db, Error, Limit};
+
+#[test]
+fn own_writes_and_snapshot_isolation() {
+    let db = Db::in_memory();
+    let mut t1 = db.begin().unwrap();
+    t1.put(b"a", b"1").unwrap();
+    assert_eq!(t1.get(b"a").unwrap(), Some(b"1".to_vec()));
+    let mut t2 = db.begin().unwrap();
+    assert_eq!(
+        t2.get(b"a").unwrap(),
+        None,
+        "uncommitted writes are invisible"
+    );
+    t1.commit().unwrap().unwrap();
+    assert_eq!(t2.get(b"a").unwrap(), None, "a snapshot does not move");
+    drop(t2);
+    let mut t3 = db.begin().unwrap();
+    assert_eq!(t3.get(b"a").unwrap(), Some(b"1".to_vec()));
+    t3.delete(b"a").unwrap();
+    assert_eq!(t3.get(b"a").unwrap(), None);
+    t3.commit().unwrap().unwrap();
+    assert_eq!(db.snapshot().unwrap().get(b"a").unwrap(), None);
+}
+
+#[test]
+fn dropped_transaction_aborts() {
+    let db = Db::in_memory();
+    {
+        let mut t = db.begin().unwrap();
+        t.put(b"x", b"1").unwrap();
+    }
+    assert_eq!(db.snapshot().unwrap().get(b"x").unwrap(), None);
+}
+
+#[test]
+fn write_skew_is_prevented() {
+    let db = Db::in_memory();
+    db.transact(|t| {
+        t.put(b"x", b"1")?;
+        t.put(b"y", b"1")
+    })
+    .unwrap();
+    let mut a = db.begin().unwrap();
+    let mut b = db.begin().unwrap();
+    for t in [&mut a, &mut b] {
+        t.get(b"x").unwrap();
+        t.get(b"y").unwrap();
+    }
+    a.put(b"x", b"0").unwrap();
+    b.put(b"y", b"0").unwrap();
+    assert!(a.commit().unwrap().is_ok());
+    let conflict = b.commit().unwrap().unwrap_err();
+    assert_eq!(conflict.reason, ConflictReason::ReadChanged);
+    assert_eq!(conflict.key, b"x");
+}
+
+#[test]
+fn phantom_insert_into_scanned_range_aborts() {
+    let db = Db::in_memory();
+    db.transact(|t| t.put(b"k1", b"v")).unwrap();
+    let mut scanner = db.begin().unwrap();
+    let seen: Vec<_> = scanner.range(b"k0".as_slice()..b"k9".as_slice()).collect();
+    assert_eq!(seen.len(), 1);
+    db.transact(|t| t.put(b"k5", b"new")).unwrap();
+    scanner.put(b"summary", b"1").unwrap();
+    assert_eq!(
+        scanner.commit().unwrap().unwrap_err().reason,
+        ConflictReason::Phantom
+    );
+}
+
+#[test]
+fn insert_outside_scanned_part_does_not_conflict() {
+    let db = Db::in_memory();
+    db.transact(|t| {
+        for k in [b"a", b"b", b"c", b"d"] {
+            t.put(k, b"v")?;
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    let mut scanner = db.begin().unwrap();
+    let first: Vec<_> = scanner.range::<&[u8]>(..).take(2).collect();
+    assert_eq!(first.len(), 2);
+    db.transact(|t| t.put(b"z", b"new")).unwrap();
+    scanner.put(b"summary", b"1").unwrap();
+    assert!(scanner.commit().unwrap().is_ok(), "only [.., b] was read");
+}
+
+#[test]
+fn commutative_adds_do_not_conflict() {
+    let db = Db::in_memory();
+    let mut a = db.begin().unwrap();
+    let mut b = db.begin().unwrap();
+    a.add(b"n", 5).unwrap();
+    b.add(b"n", 7).unwrap();
+    b.max(b"m", 3).unwrap();
+    a.max(b"m", 9).unwrap();
+    assert!(a.commit().unwrap().is_ok());
+    assert!(b.commit().unwrap().is_ok());
+    let s = db.snapshot().unwrap();
+    assert_eq!(s.get(b"n").unwrap(), Some(b"12".to_vec()));
+    assert_eq!(s.get(b"m").unwrap(), Some(b"9".to_vec()));
+}
+
+#[test]
+fn add_to_non_integer_fails_naming_the_key() {
+    let db = Db::in_memory();
+    db.transact(|t| t.put(b"name", b"bob")).unwrap();
+    let mut t = db.begin().unwrap();
+    t.add(b"name", 1).unwrap();
+    t.put(b"other", b"1").unwrap();
+    let err = t.commit().unwrap_err();
+    assert!(err.to_string().contains("\"name\""), "{err}");
+    assert_eq!(
+        db.snapshot().unwrap().get(b"other").unwrap(),
+        None,
+        "nothing was written"
+    );
+}
+
+#[test]
+fn limits_give_errors_and_change_nothing() {
+    let db = Db::in_memory();
+    let mut t = db.begin().unwrap();
+    let key = vec![b'k'; keel::limits::KEY_BYTES_MAX + 1];
+    match t.put(&key, b"v") {
+        Err(Error::LimitExceeded {
+            limit: Limit::KeyBytes,
+            ..
+        }) => {}
+        other => panic!("expected a key limit error, got {other:?}"),
+    }
+    let value = vec![0; keel::limits::VALUE_BYTES_MAX + 1];
+    assert!(matches!(
+        t.put(b"k", &value),
+        Err(Error::LimitExceeded {
+            limit: Limit::ValueBytes,
+            ..
+        })
+    ));
+    t.commit().unwrap().unwrap();
+    assert_eq!(db.stats().records, 0);
+}
+
+#[test]
+fn range_merges_own_writes_both_directions() {
+    let db = Db::in_memory();
+    db.transact(|t| {
+        for k in [b"b", b"d", b"f"] {
+            t.put(k, k)?;
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    let mut t = db.begin().unwrap();
+    t.put(b"c", b"c").unwrap();
+    t.delete(b"d").unwrap();
+    t.put(b"f", b"F").unwrap();
+    let fwd: Vec<_> = t.range::<&[u8]>(..).collect();
+    let want = vec![
+        (b"b".to_vec(), b"b".to_vec()),
+        (b"c".to_vec(), b"c".to_vec()),
+        (b"f".to_vec(), b"F".to_vec()),
+    ];
+    assert_eq!(fwd, want);
+    let mut rev: Vec<_> = t.range::<&[u8]>(..).rev().collect();
+    rev.reverse();
+    assert_eq!(rev, want);
+    let mut both = t.range::<&[u8]>(..);
+    let first = both.next().unwrap();
+    let last = both.next_back().unwrap();
+    let middle: Vec<_> = both.collect();
+    assert_eq!(vec![first, middle[0].clone(), last], want);
+}

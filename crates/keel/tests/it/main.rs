@@ -1,0 +1,3 @@
+//! Integration tests of the engine: one binary, one module per concern.
+
+mod basics;
