@@ -219,6 +219,42 @@ impl<'db> Txn<'db> {
         }
     }
 
+    /// Reads `key` without copying the committed value: `f` sees it in place. Same
+    /// semantics as [`Txn::get`].
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// db.transact(|txn| txn.put(b"k", b"hello"))?;
+    /// let mut txn = db.begin()?;
+    /// assert_eq!(txn.get_with(b"k", |v| v.map(<[u8]>::len))?, Some(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_with<T>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, Error> {
+        if !self.writes.entries.is_empty() && self.writes.find(key).is_some() {
+            let value = self.get(key)?;
+            return Ok(f(value.as_deref()));
+        }
+        check_key(key)?;
+        let h = hash(key);
+        match self.db.store.get(key, h) {
+            Some(record) => {
+                self.remember(Read::Record(record))?;
+                Ok(f(record.get().value_at(self.read_ts)))
+            }
+            None => {
+                self.remember(Read::Absent {
+                    key: key.into(),
+                    hash: h,
+                })?;
+                Ok(f(None))
+            }
+        }
+    }
+
     /// Reads `key`: this transaction's own writes first, then the snapshot.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         check_key(key)?;
