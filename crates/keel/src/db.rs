@@ -84,6 +84,9 @@ pub struct Stats {
     pub versions: u64,
     /// Records (keys ever written, including deleted ones whose record remains).
     pub records: u64,
+    /// Bytes mapped for records (keys and their first versions); later versions are
+    /// allocated separately.
+    pub record_bytes: u64,
     /// The newest timestamp whose commits are all visible.
     pub visible_ts: Ts,
     /// The garbage-collection horizon: versions older than what a snapshot at this
@@ -183,6 +186,7 @@ impl Db {
             aborts_phantom: sum(|s| s.aborts_phantom.load(Relaxed) as i64),
             versions: sum(|s| s.versions.load(Relaxed)),
             records: self.shared.store.len() as u64,
+            record_bytes: self.shared.store.arena_bytes() as u64,
             visible_ts: oracle.visible(),
             gc_horizon_ts: oracle.horizon(),
         }

@@ -25,6 +25,7 @@ mod db;
 mod error;
 mod index;
 pub mod limits;
+mod memory;
 mod mvcc;
 mod store;
 mod txn;

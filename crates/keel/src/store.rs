@@ -15,6 +15,7 @@ use std::ops::{Bound, RangeBounds};
 use crossbeam_skiplist::SkipMap;
 
 use crate::index::Index;
+use crate::memory::Arena;
 use crate::mvcc::{LockOwner, Record, RecordRef};
 
 /// A key range with owned bounds.
@@ -56,7 +57,15 @@ pub(crate) trait Store: Send + Sync {
 
     /// The record for `key`, created (locked by `me`) if absent. Returns whether it was
     /// created; if not, the caller must lock it itself.
-    fn get_or_create_locked(&self, key: &[u8], hash: u64, me: LockOwner) -> (RecordRef, bool);
+    /// `reserve` is the size of the value about to be installed, if known, so that a new
+    /// record can hold it inline.
+    fn get_or_create_locked(
+        &self,
+        key: &[u8],
+        hash: u64,
+        me: LockOwner,
+        reserve: Option<usize>,
+    ) -> (RecordRef, bool);
 
     /// Records whose keys fall in `range`, in key order.
     fn scan(&self, range: KeyRange) -> Self::Scan<'_>;
@@ -69,6 +78,7 @@ pub(crate) trait Store: Send + Sync {
 pub(crate) struct MemStore {
     index: Index,
     ordered: SkipMap<Vec<u8>, RecordRef>,
+    arena: Arena,
 }
 
 impl MemStore {
@@ -76,7 +86,13 @@ impl MemStore {
         MemStore {
             index: Index::new(capacity_hint),
             ordered: SkipMap::new(),
+            arena: Arena::new(),
         }
+    }
+
+    /// Bytes mapped for records.
+    pub(crate) fn arena_bytes(&self) -> usize {
+        self.arena.mapped_bytes()
     }
 }
 
@@ -106,15 +122,20 @@ impl Store for MemStore {
         self.index.get(key, hash)
     }
 
-    fn get_or_create_locked(&self, key: &[u8], hash: u64, me: LockOwner) -> (RecordRef, bool) {
+    fn get_or_create_locked(
+        &self,
+        key: &[u8],
+        hash: u64,
+        me: LockOwner,
+        reserve: Option<usize>,
+    ) -> (RecordRef, bool) {
         if let Some(record) = self.index.get(key, hash) {
             return (record, false);
         }
-        let new = RecordRef(Record::new_locked(key, hash, me));
+        let new = RecordRef(Record::new_locked(&self.arena, key, hash, me, reserve));
         let (record, inserted) = self.index.insert(new);
         if !inserted {
-            // SAFETY: `new` was never published.
-            unsafe { Record::free(new.0) };
+            // The losing record stays in the arena unused; races on a new key are rare.
             return (record, false);
         }
         self.ordered.insert(key.to_vec(), record);
@@ -138,8 +159,8 @@ impl Drop for MemStore {
         self.ordered.clear();
         for record in records {
             // SAFETY: the store is being dropped, so nobody else holds a handle; each record
-            // is in the index exactly once.
-            unsafe { Record::free(record.0) };
+            // is in the index exactly once. The arena frees the records themselves after.
+            unsafe { Record::free_versions(record.0) };
         }
     }
 }

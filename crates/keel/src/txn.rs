@@ -439,10 +439,16 @@ impl<'db> Txn<'db> {
         // 1. Lock the write set.
         let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
         for entry in &writes {
+            let reserve = match &entry.write {
+                Write::Put(v) => Some(v.len()),
+                Write::Delete => None,
+                // Room for any decimal i64; other operations allocate their version.
+                Write::Ops(_) => Some(20),
+            };
             let (record, created) = self
                 .db
                 .store
-                .get_or_create_locked(&entry.key, entry.hash, me);
+                .get_or_create_locked(&entry.key, entry.hash, me, reserve);
             if !created && !lock(record, me) {
                 self.unlock_all(&locked, me);
                 SlotStats::bump(&stats.aborts_write_locked);

@@ -1,23 +1,24 @@
 use super::*;
+use crate::memory::Arena;
 use crate::mvcc::LockOwner;
 
-fn record(key: &[u8]) -> RecordRef {
-    RecordRef(Record::new_locked(key, hash(key), LockOwner(1)))
-}
-
-fn free_all(index: &Index) {
-    for r in index.records().collect::<Vec<_>>() {
-        // SAFETY: test teardown; each record is in the index once and nobody else holds it.
-        unsafe { Record::free(r.0) };
-    }
+fn record(arena: &Arena, key: &[u8]) -> RecordRef {
+    RecordRef(Record::new_locked(
+        arena,
+        key,
+        hash(key),
+        LockOwner(1),
+        None,
+    ))
 }
 
 #[test]
 fn insert_find_and_grow() {
+    let arena = Arena::new();
     let index = Index::new(8);
     for i in 0u32..10_000 {
         let key = i.to_be_bytes();
-        let (r, inserted) = index.insert(record(&key));
+        let (r, inserted) = index.insert(record(&arena, &key));
         assert!(inserted);
         assert_eq!(r.get().key(), key);
     }
@@ -27,32 +28,22 @@ fn insert_find_and_grow() {
         assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
     }
     assert!(index.get(b"missing", hash(b"missing")).is_none());
-    let dup = record(&7u32.to_be_bytes());
+    let dup = record(&arena, &7u32.to_be_bytes());
     let (existing, inserted) = index.insert(dup);
     assert!(!inserted);
     assert_ne!(existing, dup);
-    // SAFETY: `dup` was not inserted.
-    unsafe { Record::free(dup.0) };
-    free_all(&index);
 }
 
 #[test]
 fn concurrent_inserts_of_the_same_keys_agree() {
+    let arena = Arena::new();
     let index = Index::new(16);
     let winners: Vec<Vec<RecordRef>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 s.spawn(|| {
                     (0u32..5_000)
-                        .map(|i| {
-                            let new = record(&i.to_be_bytes());
-                            let (r, inserted) = index.insert(new);
-                            if !inserted {
-                                // SAFETY: `new` lost the race and was never published.
-                                unsafe { Record::free(new.0) };
-                            }
-                            r
-                        })
+                        .map(|i| index.insert(record(&arena, &i.to_be_bytes())).0)
                         .collect()
                 })
             })
@@ -66,7 +57,6 @@ fn concurrent_inserts_of_the_same_keys_agree() {
         );
     }
     assert_eq!(index.len(), 5_000);
-    free_all(&index);
 }
 
 #[test]

@@ -20,9 +20,10 @@
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use crate::Ts;
+use crate::memory::Arena;
 
 /// One committed value of a key.
 #[repr(C)]
@@ -31,6 +32,9 @@ pub(crate) struct Version {
     next: AtomicPtr<Version>,
     /// `u32::MAX` marks a tombstone (the key was deleted at `ts`).
     len: u32,
+    /// Whether this version lives inside its record's allocation (see [`Record`]) rather
+    /// than in its own heap block.
+    embedded: bool,
     // value bytes follow
 }
 
@@ -45,30 +49,38 @@ impl Version {
 
     /// Allocates a version; `None` makes a tombstone.
     pub(crate) fn new(ts: Ts, value: Option<&[u8]>) -> NonNull<Version> {
-        let bytes = value.map_or(0, <[u8]>::len);
-        let layout = Self::layout(bytes);
+        let layout = Self::layout(value.map_or(0, <[u8]>::len));
         // SAFETY: the layout has non-zero size (the header).
         let raw = unsafe { alloc(layout) }.cast::<Version>();
         let Some(ptr) = NonNull::new(raw) else {
             handle_alloc_error(layout)
         };
+        // SAFETY: a fresh allocation of the right layout.
+        unsafe { Self::write(ptr, ts, value, false) };
+        ptr
+    }
+
+    /// Writes a version header and value at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is valid for writes of `layout(value.len())` bytes, aligned, and unshared.
+    unsafe fn write(ptr: NonNull<Version>, ts: Ts, value: Option<&[u8]>, embedded: bool) {
         let len = match value {
             Some(v) => u32::try_from(v.len()).expect("value length is bounded by VALUE_BYTES_MAX"),
             None => TOMBSTONE,
         };
-        // SAFETY: `ptr` is a fresh allocation of `layout`, large enough for the header and the
-        // value bytes that follow it.
+        // SAFETY: guaranteed by the caller.
         unsafe {
             ptr.as_ptr().write(Version {
                 ts,
                 next: AtomicPtr::new(ptr::null_mut()),
                 len,
+                embedded,
             });
             if let Some(v) = value {
                 ptr::copy_nonoverlapping(v.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), v.len());
             }
         }
-        ptr
     }
 
     /// Frees one version (not its successors).
@@ -77,7 +89,11 @@ impl Version {
     /// `ptr` came from [`Version::new`], is unreachable, and is freed once.
     pub(crate) unsafe fn free(ptr: NonNull<Version>) {
         // SAFETY: the caller guarantees `ptr` is a live version.
-        let len = unsafe { ptr.as_ref() }.value_len();
+        let version = unsafe { ptr.as_ref() };
+        if version.embedded {
+            return; // part of its record's allocation, which the arena owns
+        }
+        let len = version.value_len();
         // SAFETY: same layout as the allocation.
         unsafe { dealloc(ptr.as_ptr().cast(), Self::layout(len)) };
     }
@@ -108,7 +124,12 @@ impl Version {
     }
 }
 
-/// One key: its lock, its version chain, its key bytes.
+/// One key: its lock, its version chain, its key bytes, and room for its first version.
+///
+/// Records are allocated from the store's [`Arena`] and laid out as the header, the key
+/// bytes, then (optionally) an embedded slot where the first version that fits is built in
+/// place. A key that is loaded once and then only read thus costs one allocation, and reading
+/// it touches adjacent cache lines: the header and key, then the version right after them.
 #[repr(C)]
 pub(crate) struct Record {
     /// `0` when unlocked, otherwise the [`LockOwner`] of the committing transaction.
@@ -116,8 +137,13 @@ pub(crate) struct Record {
     head: AtomicPtr<Version>,
     hash: u64,
     key_len: u32,
-    // key bytes follow
+    /// Value bytes the embedded slot can still hold; `u32::MAX` when there is no slot or it
+    /// has been used. Read and written only under the lock.
+    embedded_cap: AtomicU32,
+    // key bytes follow, then padding to the version alignment, then the embedded slot
 }
+
+const NO_SLOT: u32 = u32::MAX;
 
 /// Identifies the transaction holding a record lock; never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,39 +162,51 @@ pub(crate) enum Staleness {
 }
 
 impl Record {
-    fn layout(key_len: usize) -> Layout {
-        Layout::from_size_align(size_of::<Record>() + key_len, align_of::<Record>())
-            .expect("key length is bounded by KEY_BYTES_MAX")
+    /// Offset of the embedded version slot from the record's start.
+    fn slot_offset(key_len: usize) -> usize {
+        (size_of::<Record>() + key_len).next_multiple_of(align_of::<Version>())
     }
 
-    /// Allocates a record with an empty chain, locked by `owner`.
-    pub(crate) fn new_locked(key: &[u8], hash: u64, owner: LockOwner) -> NonNull<Record> {
-        let layout = Self::layout(key.len());
-        // SAFETY: non-zero size.
-        let raw = unsafe { alloc(layout) }.cast::<Record>();
-        let Some(ptr) = NonNull::new(raw) else {
-            handle_alloc_error(layout)
-        };
+    /// Allocates a record with an empty chain, locked by `owner`, with an embedded slot for a
+    /// first version of up to `reserve` value bytes (`None`: no slot).
+    pub(crate) fn new_locked(
+        arena: &Arena,
+        key: &[u8],
+        hash: u64,
+        owner: LockOwner,
+        reserve: Option<usize>,
+    ) -> NonNull<Record> {
         let key_len = u32::try_from(key.len()).expect("key length is bounded by KEY_BYTES_MAX");
-        // SAFETY: fresh allocation large enough for header and key.
+        let bytes = match reserve {
+            Some(value) => Self::slot_offset(key.len()) + Version::layout(value).size(),
+            None => size_of::<Record>() + key.len(),
+        };
+        let layout = Layout::from_size_align(bytes, align_of::<Record>())
+            .expect("sizes are bounded by KEY_BYTES_MAX and VALUE_BYTES_MAX");
+        let ptr = arena.alloc(layout).cast::<Record>();
+        let cap = reserve.map_or(NO_SLOT, |v| {
+            u32::try_from(v).expect("bounded by VALUE_BYTES_MAX")
+        });
+        // SAFETY: a fresh arena block large enough for header and key.
         unsafe {
             ptr.as_ptr().write(Record {
                 lock: AtomicU64::new(owner.0),
                 head: AtomicPtr::new(ptr::null_mut()),
                 hash,
                 key_len,
+                embedded_cap: AtomicU32::new(cap),
             });
             ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
         }
         ptr
     }
 
-    /// Frees a record and its whole chain.
+    /// Frees every version of the chain that has its own allocation. The record itself
+    /// belongs to the arena.
     ///
     /// # Safety
-    /// `ptr` came from [`Record::new_locked`], nobody else can reach it any more, and it is
-    /// freed once.
-    pub(crate) unsafe fn free(ptr: NonNull<Record>) {
+    /// Nobody else can reach the record any more, and this is called once.
+    pub(crate) unsafe fn free_versions(ptr: NonNull<Record>) {
         // SAFETY: the caller guarantees exclusive access.
         let record = unsafe { ptr.as_ref() };
         let mut v = record.head.load(Ordering::Relaxed);
@@ -179,9 +217,6 @@ impl Record {
                 Version::free(version);
             }
         }
-        let layout = Self::layout(record.key_len as usize);
-        // SAFETY: same layout as the allocation.
-        unsafe { dealloc(ptr.as_ptr().cast(), layout) };
     }
 
     pub(crate) fn key(&self) -> &[u8] {
@@ -268,11 +303,33 @@ impl Record {
         if let Some(old) = unsafe { old.as_ref() } {
             assert!(ts > old.ts, "versions must be installed in timestamp order");
         }
-        let new = Version::new(ts, value);
+        let new = self.new_version(ts, value);
         // SAFETY: `new` is fresh and not yet shared.
         unsafe { new.as_ref() }.next.store(old, Ordering::Relaxed);
         self.head.store(new.as_ptr(), Ordering::Release);
         1 - self.trim(horizon)
+    }
+
+    /// Builds a version in the embedded slot if it is free and large enough, else on the heap.
+    /// Caller holds the lock.
+    fn new_version(&self, ts: Ts, value: Option<&[u8]>) -> NonNull<Version> {
+        let cap = self.embedded_cap.load(Ordering::Relaxed);
+        let len = value.map_or(0, <[u8]>::len);
+        if cap == NO_SLOT || len > cap as usize {
+            return Version::new(ts, value);
+        }
+        self.embedded_cap.store(NO_SLOT, Ordering::Relaxed);
+        // SAFETY: the slot lies inside this record's block (sized in `new_locked` for `cap`
+        // value bytes), is aligned for `Version`, and has never been used: we hold the lock
+        // and just marked it used.
+        unsafe {
+            let slot = ptr::from_ref(self)
+                .cast::<u8>()
+                .add(Self::slot_offset(self.key_len as usize));
+            let slot = NonNull::new_unchecked(slot.cast::<Version>().cast_mut());
+            Version::write(slot, ts, value, true);
+            slot
+        }
     }
 
     /// Cuts the chain below the newest version at or below `horizon`; returns how many

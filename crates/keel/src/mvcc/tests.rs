@@ -3,7 +3,8 @@ use super::*;
 #[test]
 fn visibility_follows_timestamps_and_trim_keeps_what_snapshots_need() {
     let me = LockOwner(9);
-    let ptr = Record::new_locked(b"k", 0, me);
+    let arena = Arena::new();
+    let ptr = Record::new_locked(&arena, b"k", 0, me, Some(1));
     // SAFETY: freed at the end of the test, used only here.
     let record = unsafe { ptr.as_ref() };
     assert_eq!(record.install(me, Ts(10), Some(b"a"), Ts(0)), 1);
@@ -30,5 +31,5 @@ fn visibility_follows_timestamps_and_trim_keeps_what_snapshots_need() {
     record.unlock(me);
     assert_eq!(record.staleness(Ts(40), LockOwner(1)), Staleness::Fresh);
     // SAFETY: nobody else holds it.
-    unsafe { Record::free(ptr) };
+    unsafe { Record::free_versions(ptr) };
 }

@@ -1,0 +1,135 @@
+//! Large memory regions for the engine's long-lived structures: the point index's bucket
+//! array and the record arena.
+//!
+//! Both are read at random all the time, so TLB misses matter as much as cache misses: the
+//! regions are mapped directly, aligned to 2 MiB and advised for transparent huge pages.
+//! Records never die before the database does, so the arena only bump-allocates and frees
+//! everything at once when dropped.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// A zeroed, huge-page-advised anonymous mapping, unmapped on drop.
+pub(crate) struct Region {
+    map: NonNull<u8>,
+    map_bytes: usize,
+    start: NonNull<u8>,
+    bytes: usize,
+}
+
+// SAFETY: a region is plain memory; what lives in it decides its own thread safety.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Maps `bytes` zeroed bytes aligned to 2 MiB. Aborts like the global allocator when the
+    /// system is out of memory.
+    pub(crate) fn new(bytes: usize) -> Region {
+        assert!(bytes > 0);
+        let map_bytes = bytes + HUGE_PAGE_BYTES;
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(
+                Layout::from_size_align(bytes, HUGE_PAGE_BYTES)
+                    .expect("non-zero, power-of-two alignment"),
+            );
+        }
+        let map = NonNull::new(map.cast::<u8>()).expect("mmap succeeded");
+        let offset = map.as_ptr().align_offset(HUGE_PAGE_BYTES);
+        // SAFETY: `offset < HUGE_PAGE_BYTES`, so `start..start + bytes` lies inside the map.
+        let start = unsafe { map.add(offset) };
+        // SAFETY: advising a range we mapped; failure only means no huge pages, which is fine.
+        unsafe { libc::madvise(start.as_ptr().cast(), bytes, libc::MADV_HUGEPAGE) };
+        Region {
+            map,
+            map_bytes,
+            start,
+            bytes,
+        }
+    }
+
+    pub(crate) fn start(&self) -> NonNull<u8> {
+        self.start
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `new` mapped, once.
+        unsafe { libc::munmap(self.map.as_ptr().cast(), self.map_bytes) };
+    }
+}
+
+/// Bump allocator for records: 64-byte-aligned blocks from huge-page chunks, never freed
+/// one by one.
+pub(crate) struct Arena {
+    inner: Mutex<ArenaInner>,
+}
+
+struct ArenaInner {
+    next: usize,
+    end: usize,
+    chunks: Vec<Region>,
+}
+
+const CHUNK_BYTES: usize = 32 << 20;
+pub(crate) const ARENA_ALIGN: usize = 64;
+
+impl Arena {
+    pub(crate) fn new() -> Arena {
+        Arena {
+            inner: Mutex::new(ArenaInner {
+                next: 0,
+                end: 0,
+                chunks: Vec::new(),
+            }),
+        }
+    }
+
+    /// Allocates `layout` (alignment at most 64). The memory lives until the arena is dropped.
+    pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
+        assert!(layout.align() <= ARENA_ALIGN);
+        let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
+        let mut inner = self.inner.lock();
+        if bytes > CHUNK_BYTES / 4 {
+            // Large records get a region of their own so chunks are not wasted.
+            let region = Region::new(bytes);
+            let start = region.start();
+            inner.chunks.push(region);
+            return start;
+        }
+        if inner.next + bytes > inner.end {
+            let region = Region::new(CHUNK_BYTES);
+            inner.next = region.start().as_ptr() as usize;
+            inner.end = inner.next + region.bytes();
+            inner.chunks.push(region);
+        }
+        let at = inner.next;
+        inner.next += bytes;
+        NonNull::new(at as *mut u8).expect("arena addresses are non-null")
+    }
+
+    /// Bytes mapped by the arena.
+    pub(crate) fn mapped_bytes(&self) -> usize {
+        self.inner.lock().chunks.iter().map(Region::bytes).sum()
+    }
+}
