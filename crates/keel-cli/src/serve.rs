@@ -1,9 +1,147 @@
-//! `keel serve`.
+//! `keel serve`: settings from flags and `--config keel.toml`, logging, the banner, signals.
 
-/// Options of `keel serve`.
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use keel_server::{Config, Durability, FileConfig};
+
+/// Options of `keel serve`. A flag given here wins over the same setting in `--config`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// TOML file with the same settings as these flags (`port = 6380`, `requirepass = "..."`).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on. A non-loopback address needs --requirepass or --protected-mode no.
+    #[arg(long, value_name = "IP")]
+    bind: Option<IpAddr>,
+    /// Port to listen on [default: 6379; 0 picks a free port].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Data directory [default: ./keel-data]. Persistence is not implemented yet: nothing is
+    /// written there and data lives in memory only.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// sync | async:<ms> | none [default: sync]. Persistence is not implemented yet: every mode
+    /// currently behaves as `none`, and the server says so at startup.
+    #[arg(long, value_name = "MODE")]
+    durability: Option<String>,
+    /// Password clients must give with AUTH (or HELLO ... AUTH) before anything else.
+    #[arg(long, value_name = "PASSWORD")]
+    requirepass: Option<String>,
+    /// yes | no [default: yes]: refuse to bind a non-loopback address without a password.
+    #[arg(long, value_name = "yes|no")]
+    protected_mode: Option<String>,
+    /// Serve Prometheus metrics (text format) on this address, e.g. 127.0.0.1:9121.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Largest bulk string a client may send, in bytes [default: 16777216, keel's value limit].
+    #[arg(long, value_name = "BYTES")]
+    proto_max_bulk_len: Option<i64>,
+    /// Most simultaneous clients [default: 10000].
+    #[arg(long, value_name = "N")]
+    maxclients: Option<usize>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("keel serve is not built yet")
+fn config(args: Args) -> anyhow::Result<Config> {
+    let mut config = Config::default();
+    if let Some(path) = &args.config {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        FileConfig::parse(&text)
+            .and_then(|f| f.apply(&mut config))
+            .with_context(|| format!("in {}", path.display()))?;
+    }
+    if let Some(b) = args.bind {
+        config.bind = b;
+    }
+    if let Some(p) = args.port {
+        config.port = p;
+    }
+    if let Some(d) = args.dir {
+        config.dir = d;
+    }
+    if let Some(d) = args.durability {
+        config.durability = d.parse()?;
+    }
+    if let Some(p) = args.requirepass {
+        config.requirepass = Some(p).filter(|p| !p.is_empty());
+    }
+    if let Some(p) = args.protected_mode {
+        config.protected_mode = match p.as_str() {
+            "yes" => true,
+            "no" => false,
+            other => anyhow::bail!("--protected-mode takes yes or no, not {other:?}"),
+        };
+    }
+    if let Some(m) = args.metrics {
+        config.metrics = Some(m);
+    }
+    if let Some(n) = args.proto_max_bulk_len {
+        config.proto_max_bulk_len = n;
+    }
+    if let Some(n) = args.maxclients {
+        config.maxclients = n;
+    }
+    Ok(config)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = config(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let durability = config.durability;
+        let dir = config.dir.clone();
+        let server = keel_server::Server::bind(config).await?;
+        println!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
+        println!("listening on   {}", server.local_addr());
+        if let Some(m) = server.metrics_addr() {
+            println!("metrics on     http://{m}/metrics");
+        }
+        println!("data directory {} (not used: persistence is not implemented yet)", dir.display());
+        println!("durability     requested {durability}, effective none");
+        println!("recovery       nothing to recover: data lives in memory only and is lost at exit");
+        if durability != Durability::None {
+            tracing::warn!(
+                requested = %durability,
+                "durability {durability} is not implemented yet; running in memory only (as --durability none)"
+            );
+        }
+        let handle = server.handle();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("signal received, shutting down");
+            handle.shutdown();
+        });
+        server.run().await;
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -1,1 +1,36 @@
-//! RESP server over tokio (being built).
+//! keel's network server: the Redis protocol (RESP2 and RESP3) over tokio, with `MULTI`/`EXEC`
+//! as real serializable transactions.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let server = keel_server::Server::bind(keel_server::Config::default()).await?;
+//! println!("listening on {}", server.local_addr());
+//! server.run().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules: [`resp`] parses requests (and is what the fuzz target drives), `reply` encodes
+//! replies, `table` lists the commands, `data` runs the data commands against the engine,
+//! `conn` runs a connection (and `MULTI`/`EXEC`/`WATCH`), `server` accepts and shuts down,
+//! `info` answers `INFO`/`COMMAND`/`CONFIG` and the metrics endpoint. The engine stays
+//! synchronous; tokio is only for sockets.
+
+mod config;
+mod conn;
+mod data;
+mod glob;
+mod info;
+mod reply;
+pub mod resp;
+mod server;
+mod table;
+
+pub use config::{Config, ConfigError, Durability, FileConfig, PROTO_MAX_BULK_LEN_DEFAULT, YesNo};
+pub use server::{Handle, Server, StartError};
+
+/// keel's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The Redis version keel answers as (`HELLO`, `INFO`): the protocol and command behaviour it
+/// follows, so that clients enable the features keel has.
+pub const REDIS_VERSION: &str = "7.2.0";

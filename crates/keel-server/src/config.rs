@@ -1,0 +1,280 @@
+//! Server settings: what `keel serve` flags and `keel.toml` say, validated once at startup.
+//!
+//! The file takes the same names as the flags (`port = 6380`, `requirepass = "..."`,
+//! `durability = "async:1000"`); a flag given on the command line wins over the file.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Default `proto-max-bulk-len`: keel's largest value, so that a bulk the engine would refuse is
+/// refused before it is buffered.
+pub const PROTO_MAX_BULK_LEN_DEFAULT: i64 = keel::limits::VALUE_BYTES_MAX as i64;
+
+/// How committed data is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledge after fsync (group commit).
+    Sync,
+    /// Acknowledge at once; fsync every `ms` milliseconds.
+    Async {
+        /// The fsync interval.
+        ms: u64,
+    },
+    /// Memory only.
+    None,
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Durability::Sync => f.write_str("sync"),
+            Durability::Async { ms } => write!(f, "async:{ms}"),
+            Durability::None => f.write_str("none"),
+        }
+    }
+}
+
+/// A setting had a value keel cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `durability` is not `sync`, `async:<ms>` or `none`.
+    #[error("durability must be sync, async:<milliseconds> or none, not {0:?}")]
+    Durability(String),
+    /// The configuration file is not valid TOML for these settings.
+    #[error("invalid configuration file: {0}")]
+    File(String),
+    /// `bind` is not an IP address.
+    #[error("bind must be an IP address, not {0:?}")]
+    Bind(String),
+    /// Protected mode forbids this bind without a password.
+    #[error(
+        "refusing to listen on {0} without a password: set --requirepass, or bind a loopback \
+         address, or pass --protected-mode no if this network is trusted"
+    )]
+    Protected(IpAddr),
+    /// `proto-max-bulk-len` is out of its range.
+    #[error("proto-max-bulk-len must be between 1024 and {max}, not {value}")]
+    BulkLen {
+        /// What was asked.
+        value: i64,
+        /// The largest allowed.
+        max: i64,
+    },
+}
+
+impl FromStr for Durability {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Durability, ConfigError> {
+        match s {
+            "sync" => Ok(Durability::Sync),
+            "none" => Ok(Durability::None),
+            _ => s
+                .strip_prefix("async:")
+                .and_then(|ms| ms.parse().ok())
+                .filter(|&ms| ms > 0)
+                .map(|ms| Durability::Async { ms })
+                .ok_or_else(|| ConfigError::Durability(s.to_owned())),
+        }
+    }
+}
+
+/// Every server setting.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// Address to listen on.
+    pub bind: IpAddr,
+    /// Port to listen on (0: any free port).
+    pub port: u16,
+    /// Data directory (reported; the engine keeps data in memory until persistence lands).
+    pub dir: PathBuf,
+    /// Requested durability (reported; not yet available).
+    pub durability: Durability,
+    /// Password every client must give with `AUTH`/`HELLO`.
+    pub requirepass: Option<String>,
+    /// Refuse a non-loopback bind without a password.
+    pub protected_mode: bool,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<SocketAddr>,
+    /// Largest bulk string a client may send.
+    pub proto_max_bulk_len: i64,
+    /// Most simultaneous clients.
+    pub maxclients: usize,
+    /// Most bytes of replies one command may produce before it fails (the output buffer limit).
+    pub reply_bytes_max: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 6379,
+            dir: PathBuf::from("keel-data"),
+            durability: Durability::Sync,
+            requirepass: None,
+            protected_mode: true,
+            metrics: None,
+            proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
+            maxclients: 10_000,
+            reply_bytes_max: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// Largest `proto-max-bulk-len`: a request is buffered whole before it runs.
+pub const PROTO_MAX_BULK_LEN_MAX: i64 = 512 * 1024 * 1024;
+
+/// `keel.toml`: every field optional, names as the flags.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    /// See [`Config::bind`].
+    pub bind: Option<String>,
+    /// See [`Config::port`].
+    pub port: Option<u16>,
+    /// See [`Config::dir`].
+    pub dir: Option<PathBuf>,
+    /// See [`Config::durability`].
+    pub durability: Option<String>,
+    /// See [`Config::requirepass`].
+    pub requirepass: Option<String>,
+    /// See [`Config::protected_mode`]: `true`/`false` or `"yes"`/`"no"`.
+    pub protected_mode: Option<YesNo>,
+    /// See [`Config::metrics`].
+    pub metrics: Option<SocketAddr>,
+    /// See [`Config::proto_max_bulk_len`].
+    pub proto_max_bulk_len: Option<i64>,
+    /// See [`Config::maxclients`].
+    pub maxclients: Option<usize>,
+}
+
+/// A boolean written either as TOML `true`/`false` or as Redis's `yes`/`no`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub enum YesNo {
+    /// `true` / `false`.
+    Bool(bool),
+    /// `"yes"` / `"no"`.
+    Word(String),
+}
+
+impl YesNo {
+    /// The boolean, or `None` for a word other than yes/no.
+    pub fn get(&self) -> Option<bool> {
+        match self {
+            YesNo::Bool(b) => Some(*b),
+            YesNo::Word(w) if w == "yes" => Some(true),
+            YesNo::Word(w) if w == "no" => Some(false),
+            YesNo::Word(_) => None,
+        }
+    }
+}
+
+impl FileConfig {
+    /// Parses `keel.toml` text.
+    pub fn parse(text: &str) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::File(e.to_string()))
+    }
+
+    /// Applies the file's settings on top of `config`.
+    pub fn apply(self, config: &mut Config) -> Result<(), ConfigError> {
+        if let Some(b) = self.bind {
+            config.bind = b.parse().map_err(|_| ConfigError::Bind(b))?;
+        }
+        if let Some(p) = self.port {
+            config.port = p;
+        }
+        if let Some(d) = self.dir {
+            config.dir = d;
+        }
+        if let Some(d) = self.durability {
+            config.durability = d.parse()?;
+        }
+        if let Some(p) = self.requirepass {
+            config.requirepass = Some(p).filter(|p| !p.is_empty());
+        }
+        if let Some(p) = self.protected_mode {
+            config.protected_mode = p
+                .get()
+                .ok_or_else(|| ConfigError::File("protected-mode must be yes or no".into()))?;
+        }
+        if let Some(m) = self.metrics {
+            config.metrics = Some(m);
+        }
+        if let Some(n) = self.proto_max_bulk_len {
+            config.proto_max_bulk_len = n;
+        }
+        if let Some(n) = self.maxclients {
+            config.maxclients = n;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Checks settings that depend on each other; called by the server before it binds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.protected_mode && self.requirepass.is_none() && !self.bind.is_loopback() {
+            return Err(ConfigError::Protected(self.bind));
+        }
+        check_bulk_len(self.proto_max_bulk_len)
+    }
+}
+
+/// Checks a `proto-max-bulk-len` value.
+pub fn check_bulk_len(value: i64) -> Result<(), ConfigError> {
+    if !(1024..=PROTO_MAX_BULK_LEN_MAX).contains(&value) {
+        return Err(ConfigError::BulkLen {
+            value,
+            max: PROTO_MAX_BULK_LEN_MAX,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durability_parses() {
+        assert_eq!("sync".parse(), Ok(Durability::Sync));
+        assert_eq!("async:1000".parse(), Ok(Durability::Async { ms: 1000 }));
+        assert_eq!("none".parse(), Ok(Durability::None));
+        assert!("async:".parse::<Durability>().is_err());
+        assert!("async:0".parse::<Durability>().is_err());
+        assert!("fast".parse::<Durability>().is_err());
+    }
+
+    #[test]
+    fn file_overrides_defaults() {
+        let file = FileConfig::parse(
+            "port = 7000\nbind = \"0.0.0.0\"\ndurability = \"none\"\nprotected-mode = \"no\"\nrequirepass = \"pw\"\n",
+        )
+        .expect("valid file");
+        let mut config = Config::default();
+        file.apply(&mut config).expect("valid values");
+        assert_eq!(config.port, 7000);
+        assert_eq!(config.durability, Durability::None);
+        assert!(!config.protected_mode);
+        assert_eq!(config.requirepass.as_deref(), Some("pw"));
+        assert!(FileConfig::parse("nosuch = 1").is_err());
+    }
+
+    #[test]
+    fn protected_mode() {
+        let mut config = Config {
+            bind: "0.0.0.0".parse().expect("ip"),
+            ..Config::default()
+        };
+        assert!(matches!(config.validate(), Err(ConfigError::Protected(_))));
+        config.requirepass = Some("pw".into());
+        assert!(config.validate().is_ok());
+        config.requirepass = None;
+        config.protected_mode = false;
+        assert!(config.validate().is_ok());
+    }
+}

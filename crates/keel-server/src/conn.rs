@@ -1,0 +1,927 @@
+//! One client connection: read, parse, run, reply, in a loop; plus the connection-level
+//! commands (`HELLO`, `AUTH`, `CLIENT`, ...) and `MULTI`/`EXEC`/`WATCH`.
+//!
+//! Pipelining: every whole request already read is run before the replies are written, so a
+//! pipeline of N requests costs one read and one write. Memory per connection is bounded: the
+//! input buffer by the largest request (`proto-max-bulk-len` per argument, [`QUERY_BYTES_MAX`]
+//! per request); the output buffer is written out whenever it passes [`OUT_FLUSH_BYTES`], and a
+//! connection that stops reading stops being read from; one reply may not exceed
+//! `reply_bytes_max`.
+//!
+//! Transactions: a command outside `MULTI` is its own engine transaction, retried on conflict.
+//! `EXEC` runs the queue as one engine transaction, also retried on conflict unless `WATCH`
+//! says otherwise. `WATCH` opens an engine transaction and reads the watched keys in it; that
+//! transaction is the snapshot later reads see and the one `EXEC` first tries to commit, so a
+//! commit by anyone after the first `WATCH` to a watched key (even one that began earlier, even
+//! one that wrote the same value) makes `EXEC` fail.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use keel::Txn;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
+use crate::reply::{Out, Proto};
+use crate::resp::{self, Limits, Parsed, Request};
+use crate::server::{ClientInfo, Shared};
+use crate::table::{self, Cmd, Spec};
+
+/// Replies are written to the socket once this many bytes are pending.
+pub const OUT_FLUSH_BYTES: usize = 64 * 1024;
+/// The largest request (all arguments together) a client may send; a bigger one closes the
+/// connection, as Redis's `client-query-buffer-limit` does.
+pub const QUERY_BYTES_MAX: usize = keel::limits::TXN_WRITE_BYTES_MAX + resp::INLINE_BYTES_MAX;
+/// Commands one `MULTI` may queue.
+pub const MULTI_QUEUE_MAX: usize = 1 << 16;
+/// Bytes of arguments one `MULTI` may queue: what one engine transaction may write.
+pub const MULTI_QUEUE_BYTES_MAX: usize = keel::limits::TXN_WRITE_BYTES_MAX;
+/// Keys one connection may watch.
+pub const WATCH_KEYS_MAX: usize = 1 << 16;
+/// Attempts a conflicting single command or `EXEC` makes before it reports the conflict.
+pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
+/// Initial read buffer.
+const READ_BYTES: usize = 16 * 1024;
+
+const NOAUTH: &str = "NOAUTH Authentication required.";
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// What the connection loop does after a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    Continue,
+    /// Write what is pending, then close (QUIT, protocol errors, SHUTDOWN).
+    Close,
+}
+
+struct Watch {
+    txn: Txn<'static>,
+    keys: Vec<(Bytes, Option<Vec<u8>>)>,
+}
+
+struct Multi {
+    queue: Vec<(Cmd, Vec<Bytes>)>,
+    bytes: usize,
+    dirty: bool,
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    info: Arc<ClientInfo>,
+    proto: Proto,
+    authenticated: bool,
+    multi: Option<Multi>,
+    watch: Option<Watch>,
+}
+
+/// Serves one client until it quits, is killed, breaks the protocol or the server stops.
+pub async fn serve(shared: Arc<Shared>, stream: TcpStream, addr: SocketAddr) {
+    let id = shared.next_client_id.fetch_add(1, Relaxed);
+    let laddr = stream.local_addr().unwrap_or(shared.local_addr);
+    let info = Arc::new(ClientInfo {
+        id,
+        addr,
+        laddr,
+        created: Instant::now(),
+        last_active_ms: shared.now_ms().into(),
+        name: Default::default(),
+        lib: Default::default(),
+        resp: 2.into(),
+        kill: shared.shutdown.child_token(),
+    });
+    shared.clients.lock().insert(id, info.clone());
+    tracing::debug!(id, %addr, "client connected");
+    let mut conn = Conn {
+        authenticated: shared.requirepass.read().is_none(),
+        shared: shared.clone(),
+        info: info.clone(),
+        proto: Proto::Resp2,
+        multi: None,
+        watch: None,
+    };
+    if let Err(e) = conn.run(stream).await {
+        tracing::debug!(id, error = %e, "connection ended with an I/O error");
+    }
+    shared.clients.lock().remove(&id);
+    tracing::debug!(id, "client disconnected");
+}
+
+impl Conn {
+    async fn run(&mut self, mut stream: TcpStream) -> std::io::Result<()> {
+        let mut input = BytesMut::with_capacity(READ_BYTES);
+        let mut output = BytesMut::with_capacity(READ_BYTES);
+        let mut needed = 0usize;
+        loop {
+            // Run every whole request already read.
+            let mut next = Next::Continue;
+            while input.len() >= needed && !input.is_empty() {
+                let limits = Limits {
+                    bulk_bytes_max: self.shared.proto_max_bulk_len.load(Relaxed),
+                    authenticated: self.authenticated,
+                };
+                let args: Vec<Bytes> = match resp::parse(&input, limits) {
+                    Ok(Request::Parsed(Parsed::Request { args, consumed })) => {
+                        let frame = input.split_to(consumed).freeze();
+                        args.into_iter().map(|r| frame.slice(r)).collect()
+                    }
+                    Ok(Request::Inline { args, consumed }) => {
+                        let _ = input.split_to(consumed);
+                        args.into_iter().map(Bytes::from).collect()
+                    }
+                    Ok(Request::Parsed(Parsed::Skip { consumed })) => {
+                        let _ = input.split_to(consumed);
+                        continue;
+                    }
+                    Ok(Request::Parsed(Parsed::Incomplete { needed: n })) => {
+                        needed = n.unwrap_or(input.len() + 1);
+                        break;
+                    }
+                    Err(e) => {
+                        self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(id = self.info.id, error = %e, "protocol error");
+                        self.out(&mut output).error(&format!("ERR {e}"));
+                        next = Next::Close;
+                        break;
+                    }
+                };
+                needed = 0;
+                let started = Instant::now();
+                next = self.command(args, &mut output).await;
+                self.shared.counters.record_latency(started.elapsed());
+                self.shared
+                    .counters
+                    .commands_processed
+                    .fetch_add(1, Relaxed);
+                if output.len() >= OUT_FLUSH_BYTES {
+                    self.flush(&mut stream, &mut output).await?;
+                }
+                if next == Next::Close {
+                    break;
+                }
+            }
+            self.flush(&mut stream, &mut output).await?;
+            if next == Next::Close {
+                return Ok(());
+            }
+            if input.len() > QUERY_BYTES_MAX {
+                tracing::warn!(
+                    id = self.info.id,
+                    bytes = input.len(),
+                    "closing client that reached the query buffer limit"
+                );
+                return Ok(());
+            }
+            if needed > input.len() {
+                input.reserve(needed.min(QUERY_BYTES_MAX + 1) - input.len());
+            } else if input.capacity() - input.len() < 4096 {
+                input.reserve(READ_BYTES);
+            }
+            let n = tokio::select! {
+                r = stream.read_buf(&mut input) => r?,
+                () = self.info.kill.cancelled() => return Ok(()),
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            self.shared
+                .counters
+                .net_input_bytes
+                .fetch_add(n as u64, Relaxed);
+            self.info
+                .last_active_ms
+                .store(self.shared.now_ms(), Relaxed);
+        }
+    }
+
+    async fn flush(&self, stream: &mut TcpStream, output: &mut BytesMut) -> std::io::Result<()> {
+        if output.is_empty() {
+            return Ok(());
+        }
+        stream.write_all(output).await?;
+        self.shared
+            .counters
+            .net_output_bytes
+            .fetch_add(output.len() as u64, Relaxed);
+        output.clear();
+        if output.capacity() > 4 * OUT_FLUSH_BYTES {
+            // Give back the memory of one huge reply.
+            *output = BytesMut::with_capacity(READ_BYTES);
+        }
+        Ok(())
+    }
+
+    fn out<'a>(&self, buf: &'a mut BytesMut) -> Out<'a> {
+        Out {
+            buf,
+            proto: self.proto,
+        }
+    }
+
+    /// Dispatches one request.
+    async fn command(&mut self, args: Vec<Bytes>, output: &mut BytesMut) -> Next {
+        let Some(spec) = table::lookup(&args[0]) else {
+            let mut text = format!(
+                "ERR unknown command '{}', with args beginning with: ",
+                shorten(&args[0])
+            );
+            for a in &args[1..] {
+                text.push_str(&format!("'{}' ", shorten(a)));
+            }
+            self.flag_multi();
+            self.out(output).error(&text);
+            return Next::Continue;
+        };
+        if !spec.arity_ok(args.len()) {
+            self.flag_multi();
+            self.out(output).error(&format!(
+                "ERR wrong number of arguments for '{}' command",
+                spec.name
+            ));
+            return Next::Continue;
+        }
+        if !self.authenticated
+            && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
+        {
+            self.flag_multi();
+            self.out(output).error(NOAUTH);
+            return Next::Continue;
+        }
+        if self.multi.is_some()
+            && !matches!(
+                spec.cmd,
+                Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Watch | Cmd::Quit | Cmd::Reset
+            )
+        {
+            self.queue(spec, args, output);
+            return Next::Continue;
+        }
+        match self.connection_command(spec, &args, output).await {
+            Ok(next) => next,
+            Err(Fail(text)) => {
+                self.out(output).error(&text);
+                Next::Continue
+            }
+        }
+    }
+
+    fn flag_multi(&mut self) {
+        if let Some(m) = &mut self.multi {
+            m.dirty = true;
+        }
+    }
+
+    fn queue(&mut self, spec: &'static Spec, args: Vec<Bytes>, output: &mut BytesMut) {
+        let proto = self.proto;
+        let multi = self.multi.as_mut().expect("called inside MULTI");
+        let mut out = Out { buf: output, proto };
+        if !(data::is_data(spec.cmd) || matches!(spec.cmd, Cmd::Ping | Cmd::Echo | Cmd::Time)) {
+            multi.dirty = true;
+            out.error("ERR Command not allowed inside a transaction");
+            return;
+        }
+        let bytes: usize = args.iter().map(Bytes::len).sum();
+        if multi.queue.len() >= MULTI_QUEUE_MAX || multi.bytes + bytes > MULTI_QUEUE_BYTES_MAX {
+            multi.dirty = true;
+            out.error(&format!(
+                "ERR keel: MULTI queue is full (at most {MULTI_QUEUE_MAX} commands and \
+                 {MULTI_QUEUE_BYTES_MAX} bytes)"
+            ));
+            return;
+        }
+        multi.bytes += bytes;
+        multi.queue.push((spec.cmd, args));
+        out.simple("QUEUED");
+    }
+
+    async fn connection_command(
+        &mut self,
+        spec: &'static Spec,
+        args: &[Bytes],
+        output: &mut BytesMut,
+    ) -> Result<Next, Fail> {
+        let cmd = spec.cmd;
+        if data::is_data(cmd) {
+            self.data_command(cmd, args, output).await;
+            return Ok(Next::Continue);
+        }
+        let mut out = self.out(output);
+        match cmd {
+            Cmd::Ping => match args.get(1) {
+                Some(msg) => out.bulk(msg),
+                None => out.simple("PONG"),
+            },
+            Cmd::Echo => out.bulk(&args[1]),
+            Cmd::Time => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO);
+                out.array(2);
+                out.bulk(now.as_secs().to_string().as_bytes());
+                out.bulk(now.subsec_micros().to_string().as_bytes());
+            }
+            Cmd::Quit => {
+                out.ok();
+                return Ok(Next::Close);
+            }
+            Cmd::Reset => {
+                self.multi = None;
+                self.watch = None;
+                self.set_proto(Proto::Resp2);
+                *self.info.name.lock() = String::new();
+                self.authenticated = self.shared.requirepass.read().is_none();
+                self.out(output).simple("RESET");
+            }
+            Cmd::Select => match resp::string_to_i64(&args[1]) {
+                Some(0) => out.ok(),
+                Some(_) => return Err("ERR DB index is out of range".into()),
+                None => return Err(NOT_INTEGER.into()),
+            },
+            Cmd::Auth => {
+                let (user, pass) = match args.len() {
+                    2 => (&b"default"[..], &args[1]),
+                    3 => (&args[1][..], &args[2]),
+                    _ => return Err(SYNTAX.into()),
+                };
+                if self.shared.requirepass.read().is_none() {
+                    return Err(
+                        "ERR AUTH <password> called without any password configured for \
+                                the default user. Are you sure your configuration is correct?"
+                            .into(),
+                    );
+                }
+                self.authenticate(user, pass)?;
+                self.out(output).ok();
+            }
+            Cmd::Hello => self.hello(args, output)?,
+            Cmd::Client => return self.client(args, output),
+            Cmd::Command => crate::info::command(args, &mut out)?,
+            Cmd::Config => crate::info::config(&self.shared, args, &mut out)?,
+            Cmd::Info => {
+                let text = crate::info::info(&self.shared, &args[1..]);
+                out.verbatim(&text);
+            }
+            Cmd::Shutdown => {
+                if args
+                    .get(1)
+                    .is_some_and(|a| a.eq_ignore_ascii_case(b"abort"))
+                {
+                    return Err("ERR No shutdown in progress.".into());
+                }
+                tracing::info!(id = self.info.id, "SHUTDOWN requested by a client");
+                self.shared.shutdown.cancel();
+                return Ok(Next::Close);
+            }
+            Cmd::Multi => {
+                if self.multi.is_some() {
+                    return Err("ERR MULTI calls can not be nested".into());
+                }
+                self.multi = Some(Multi {
+                    queue: Vec::new(),
+                    bytes: 0,
+                    dirty: false,
+                });
+                out.ok();
+            }
+            Cmd::Discard => {
+                if self.multi.take().is_none() {
+                    return Err("ERR DISCARD without MULTI".into());
+                }
+                self.watch = None;
+                self.out(output).ok();
+            }
+            Cmd::Watch => {
+                if self.multi.is_some() {
+                    return Err("ERR WATCH inside MULTI is not allowed".into());
+                }
+                self.watch_keys(&args[1..])?;
+                self.out(output).ok();
+            }
+            Cmd::Unwatch => {
+                self.watch = None;
+                out.ok();
+            }
+            Cmd::Exec => self.exec(output).await?,
+            other => panic!("{other:?} has no handler"),
+        }
+        Ok(Next::Continue)
+    }
+
+    fn set_proto(&mut self, proto: Proto) {
+        self.proto = proto;
+        self.info.resp.store(proto.version() as u8, Relaxed);
+    }
+
+    fn authenticate(&mut self, user: &[u8], pass: &[u8]) -> Result<(), Fail> {
+        let expected = self.shared.requirepass.read().clone();
+        let ok = user == b"default"
+            && match &expected {
+                Some(p) => constant_time_eq(p.as_bytes(), pass),
+                None => true,
+            };
+        if !ok {
+            tracing::info!(id = self.info.id, addr = %self.info.addr, "authentication failed");
+            return Err(WRONGPASS.into());
+        }
+        self.authenticated = true;
+        Ok(())
+    }
+
+    fn hello(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<(), Fail> {
+        let mut proto = self.proto;
+        if let Some(v) = args.get(1) {
+            proto = match resp::string_to_i64(v) {
+                Some(2) => Proto::Resp2,
+                Some(3) => Proto::Resp3,
+                Some(_) => return Err("NOPROTO unsupported protocol version".into()),
+                None => {
+                    return Err("ERR Protocol version is not an integer or out of range".into());
+                }
+            };
+        }
+        let mut auth = None;
+        let mut name = None;
+        let mut i = 2;
+        while i < args.len() {
+            if args[i].eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
+                auth = Some((&args[i + 1], &args[i + 2]));
+                i += 3;
+            } else if args[i].eq_ignore_ascii_case(b"setname") && i + 1 < args.len() {
+                name = Some(&args[i + 1]);
+                i += 2;
+            } else {
+                return Err(format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    String::from_utf8_lossy(&args[i])
+                )
+                .into());
+            }
+        }
+        if let Some((user, pass)) = auth {
+            self.authenticate(user, pass)?;
+        }
+        if !self.authenticated {
+            return Err(
+                "NOAUTH HELLO must be called with the client already authenticated, \
+                        otherwise the HELLO <proto> AUTH <user> <pass> option can be used to \
+                        authenticate the client and select the RESP protocol version at the same \
+                        time"
+                    .into(),
+            );
+        }
+        if let Some(name) = name {
+            self.set_name(name)?;
+        }
+        self.set_proto(proto);
+        let mut out = self.out(output);
+        out.map(7);
+        out.bulk(b"server");
+        out.bulk(b"keel");
+        out.bulk(b"version");
+        out.bulk(crate::REDIS_VERSION.as_bytes());
+        out.bulk(b"proto");
+        out.int(proto.version());
+        out.bulk(b"id");
+        out.int(self.info.id as i64);
+        out.bulk(b"mode");
+        out.bulk(b"standalone");
+        out.bulk(b"role");
+        out.bulk(b"master");
+        out.bulk(b"modules");
+        out.array(0);
+        Ok(())
+    }
+
+    fn set_name(&self, name: &[u8]) -> Result<(), Fail> {
+        if name.iter().any(|&c| !(b'!'..=b'~').contains(&c)) {
+            return Err(
+                "ERR Client names cannot contain spaces, newlines or special characters.".into(),
+            );
+        }
+        *self.info.name.lock() = String::from_utf8_lossy(name).into_owned();
+        Ok(())
+    }
+
+    fn client(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<Next, Fail> {
+        let sub = args[1].to_ascii_lowercase();
+        let arity = table::lookup(b"client")
+            .expect("client is in the table")
+            .subcommands
+            .iter()
+            .find(|(name, _)| name.as_bytes() == sub)
+            .map(|&(_, arity)| arity);
+        let Some(arity) = arity else {
+            return Err(format!(
+                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+                shorten(&args[1])
+            )
+            .into());
+        };
+        let fits = if arity >= 0 {
+            args.len() == arity as usize
+        } else {
+            args.len() >= arity.unsigned_abs() as usize
+        };
+        if !fits {
+            return Err(format!(
+                "ERR wrong number of arguments for 'client|{}' command",
+                String::from_utf8_lossy(&sub)
+            )
+            .into());
+        }
+        let mut out = Out {
+            buf: output,
+            proto: self.proto,
+        };
+        match &sub[..] {
+            b"id" => out.int(self.info.id as i64),
+            b"setname" => {
+                self.set_name(&args[2])?;
+                out.ok();
+            }
+            b"getname" => {
+                let name = self.info.name.lock().clone();
+                out.bulk_or_null(Some(name.as_bytes()).filter(|n| !n.is_empty()));
+            }
+            b"setinfo" => {
+                let value = String::from_utf8_lossy(&args[3]).into_owned();
+                if value.contains(|c: char| c == ' ' || c == '\n' || !c.is_ascii_graphic()) {
+                    return Err(format!(
+                        "ERR {} cannot contain spaces, newlines or special characters.",
+                        String::from_utf8_lossy(&args[2])
+                    )
+                    .into());
+                }
+                let mut lib = self.info.lib.lock();
+                if args[2].eq_ignore_ascii_case(b"lib-name") {
+                    lib.0 = value;
+                } else if args[2].eq_ignore_ascii_case(b"lib-ver") {
+                    lib.1 = value;
+                } else {
+                    return Err(format!(
+                        "ERR Unrecognized option '{}'",
+                        String::from_utf8_lossy(&args[2])
+                    )
+                    .into());
+                }
+                drop(lib);
+                out.ok();
+            }
+            b"info" => {
+                let line = crate::info::client_line(&self.shared, &self.info);
+                out.verbatim(&line);
+            }
+            b"list" => {
+                let clients: Vec<_> = {
+                    let mut c: Vec<_> = self.shared.clients.lock().values().cloned().collect();
+                    c.sort_by_key(|c| c.id);
+                    c
+                };
+                let mut ids: Option<Vec<u64>> = None;
+                let mut i = 2;
+                while i < args.len() {
+                    if args[i].eq_ignore_ascii_case(b"id") {
+                        let mut list = Vec::new();
+                        for a in &args[i + 1..] {
+                            match resp::string_to_i64(a).filter(|&n| n > 0) {
+                                Some(n) => list.push(n as u64),
+                                None => return Err("ERR Invalid client ID".into()),
+                            }
+                        }
+                        ids = Some(list);
+                        break;
+                    } else if args[i].eq_ignore_ascii_case(b"type") && i + 1 < args.len() {
+                        // Only normal clients exist in keel.
+                        if !args[i + 1].eq_ignore_ascii_case(b"normal") {
+                            ids = Some(Vec::new());
+                        }
+                        i += 2;
+                    } else {
+                        return Err(SYNTAX.into());
+                    }
+                }
+                let mut text = String::new();
+                for c in &clients {
+                    if ids.as_ref().is_none_or(|ids| ids.contains(&c.id)) {
+                        text.push_str(&crate::info::client_line(&self.shared, c));
+                    }
+                }
+                out.verbatim(&text);
+            }
+            b"kill" => return self.client_kill(args, output),
+            _ => unreachable!("subcommands are listed in the table"),
+        }
+        Ok(Next::Continue)
+    }
+
+    fn client_kill(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<Next, Fail> {
+        let clients: Vec<_> = self.shared.clients.lock().values().cloned().collect();
+        if args.len() == 3 {
+            // Old form: CLIENT KILL addr:port.
+            let addr = String::from_utf8_lossy(&args[2]);
+            let target = clients.iter().find(|c| c.addr.to_string() == addr);
+            let Some(target) = target else {
+                return Err("ERR No such client".into());
+            };
+            target.kill.cancel();
+            self.out(output).ok();
+            return Ok(Next::Continue);
+        }
+        let (mut id, mut addr, mut laddr, mut skipme) = (None, None, None, true);
+        let mut i = 2;
+        while i + 1 < args.len() {
+            let value = &args[i + 1];
+            let key = args[i].to_ascii_lowercase();
+            match &key[..] {
+                b"id" => {
+                    id = Some(
+                        resp::string_to_i64(value)
+                            .filter(|&n| n > 0)
+                            .ok_or("ERR client-id should be greater than 0")?
+                            as u64,
+                    )
+                }
+                b"addr" => addr = Some(String::from_utf8_lossy(value).into_owned()),
+                b"laddr" => laddr = Some(String::from_utf8_lossy(value).into_owned()),
+                b"skipme" => {
+                    skipme = if value.eq_ignore_ascii_case(b"yes") {
+                        true
+                    } else if value.eq_ignore_ascii_case(b"no") {
+                        false
+                    } else {
+                        return Err(SYNTAX.into());
+                    }
+                }
+                b"type" | b"user" | b"maxage" => {}
+                _ => return Err(SYNTAX.into()),
+            }
+            i += 2;
+        }
+        if i != args.len() {
+            return Err(SYNTAX.into());
+        }
+        let mut killed = 0;
+        let mut me = false;
+        for c in &clients {
+            let hit = id.is_none_or(|id| c.id == id)
+                && addr.as_ref().is_none_or(|a| c.addr.to_string() == *a)
+                && laddr.as_ref().is_none_or(|a| c.laddr.to_string() == *a)
+                && !(skipme && c.id == self.info.id);
+            if hit {
+                c.kill.cancel();
+                killed += 1;
+                me |= c.id == self.info.id;
+            }
+        }
+        self.out(output).int(killed);
+        Ok(if me { Next::Close } else { Next::Continue })
+    }
+
+    fn watch_keys(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
+        let watch = match &mut self.watch {
+            Some(w) => w,
+            None => {
+                let txn = self.shared.db.begin().map_err(begin_error)?;
+                self.watch.insert(Watch {
+                    txn,
+                    keys: Vec::new(),
+                })
+            }
+        };
+        if watch.keys.len() + keys.len() > WATCH_KEYS_MAX {
+            return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
+        }
+        for key in keys {
+            if watch.keys.iter().any(|(k, _)| k == key) {
+                continue;
+            }
+            let value = watch.txn.get(key)?;
+            watch.keys.push((key.clone(), value));
+        }
+        Ok(())
+    }
+
+    /// A data command outside `MULTI`: its own transaction (a snapshot when it only reads),
+    /// retried on conflict.
+    async fn data_command(&mut self, cmd: Cmd, args: &[Bytes], output: &mut BytesMut) {
+        let shared = self.shared.clone();
+        let ctx = ctx(&shared);
+        let proto = self.proto;
+        let mark = output.len();
+        let mut out = Out { buf: output, proto };
+        if data::is_read_only(cmd) {
+            // Between WATCH and EXEC reads see the WATCH snapshot.
+            let result = match &mut self.watch {
+                Some(w) => data::run(cmd, args, &mut View::Txn(&mut w.txn), &ctx, &mut out),
+                None => match self.shared.db.snapshot() {
+                    Ok(snap) => data::run(cmd, args, &mut View::Snap(&snap), &ctx, &mut out),
+                    Err(e) => Err(begin_error(e)),
+                },
+            };
+            if let Err(Fail(text)) = result {
+                out.buf.truncate(mark);
+                out.error(&text);
+            }
+            return;
+        }
+        let mut attempt = 1;
+        loop {
+            let mut txn = match self.shared.db.begin() {
+                Ok(t) => t,
+                Err(e) => {
+                    out.error(&begin_error(e).0);
+                    return;
+                }
+            };
+            let mut more = false;
+            let result = if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
+                // Outside MULTI a flush may take several transactions.
+                data::flush_batch(&mut txn).map(|m| more = m)
+            } else {
+                data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
+            };
+            if let Err(Fail(text)) = result {
+                out.buf.truncate(mark);
+                out.error(&text);
+                return;
+            }
+            match txn.commit() {
+                Ok(Ok(_)) if more => continue,
+                Ok(Ok(_)) => {
+                    if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
+                        out.ok();
+                    }
+                    return;
+                }
+                Ok(Err(conflict)) => {
+                    out.buf.truncate(mark);
+                    if attempt >= CONFLICT_ATTEMPTS_MAX {
+                        out.error(&format!(
+                            "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
+                        ));
+                        return;
+                    }
+                    self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    backoff(attempt).await;
+                    attempt += 1;
+                }
+                Err(keel::CommitError::Apply(e)) => {
+                    out.buf.truncate(mark);
+                    out.error(&data::engine_error(&e).0);
+                    return;
+                }
+                Err(e) => {
+                    out.buf.truncate(mark);
+                    out.error(&format!("ERR keel: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// `EXEC`: the queue as one serializable transaction.
+    async fn exec(&mut self, output: &mut BytesMut) -> Result<(), Fail> {
+        let Some(multi) = self.multi.take() else {
+            return Err("ERR EXEC without MULTI".into());
+        };
+        let watch = self.watch.take();
+        if multi.dirty {
+            return Err("EXECABORT Transaction discarded because of previous errors.".into());
+        }
+        let shared = self.shared.clone();
+        let ctx = ctx(&shared);
+        let proto = self.proto;
+        let mark = output.len();
+        let mut out = Out { buf: output, proto };
+        let (mut first, watched) = match watch {
+            Some(w) => (Some(w.txn), w.keys),
+            None => (None, Vec::new()),
+        };
+        let mut attempt = 1;
+        loop {
+            let mut txn = match first.take() {
+                Some(t) => t,
+                None => {
+                    let mut t = self.shared.db.begin().map_err(begin_error)?;
+                    // A retry after WATCH: the watched keys must still hold what they held.
+                    for (key, value) in &watched {
+                        if t.get(key)? != *value {
+                            self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                            out.null_array();
+                            return Ok(());
+                        }
+                    }
+                    t
+                }
+            };
+            out.array(multi.queue.len());
+            let mut failed = false;
+            for (cmd, args) in &multi.queue {
+                let slot = out.buf.len();
+                let result = match cmd {
+                    Cmd::Ping | Cmd::Echo | Cmd::Time => {
+                        simple_in_exec(*cmd, args, &mut out);
+                        Ok(())
+                    }
+                    _ => data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out),
+                };
+                if let Err(Fail(text)) = result {
+                    out.buf.truncate(slot);
+                    out.error(&text);
+                    failed = true;
+                }
+                if out.buf.len() - mark > ctx.reply_bytes_max {
+                    out.buf.truncate(mark);
+                    return Err(data::reply_too_big());
+                }
+            }
+            if failed {
+                // keel is stricter than Redis: one failed command rolls back the whole EXEC.
+                drop(txn);
+                return Ok(());
+            }
+            match txn.commit() {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(conflict)) => {
+                    out.buf.truncate(mark);
+                    if watched.iter().any(|(k, _)| k[..] == conflict.key[..]) {
+                        self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                        out.null_array();
+                        return Ok(());
+                    }
+                    if attempt >= CONFLICT_ATTEMPTS_MAX {
+                        return Err(format!(
+                            "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
+                        )
+                        .into());
+                    }
+                    self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    backoff(attempt).await;
+                    attempt += 1;
+                }
+                Err(keel::CommitError::Apply(e)) => {
+                    out.buf.truncate(mark);
+                    return Err(data::engine_error(&e));
+                }
+                Err(e) => {
+                    out.buf.truncate(mark);
+                    return Err(format!("ERR keel: {e}").into());
+                }
+            }
+        }
+    }
+}
+
+fn ctx(shared: &Shared) -> Ctx<'_> {
+    Ctx {
+        bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+        cursors: &shared.cursors,
+        reply_bytes_max: shared.config.reply_bytes_max,
+    }
+}
+
+fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) {
+    match cmd {
+        Cmd::Ping => match args.get(1) {
+            Some(m) => out.bulk(m),
+            None => out.simple("PONG"),
+        },
+        Cmd::Echo => out.bulk(&args[1]),
+        _ => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO);
+            out.array(2);
+            out.bulk(now.as_secs().to_string().as_bytes());
+            out.bulk(now.subsec_micros().to_string().as_bytes());
+        }
+    }
+}
+
+/// Waits before retrying a conflicting transaction: yields at first, then sleeps, bounded.
+async fn backoff(attempt: u32) {
+    if attempt < 4 {
+        tokio::task::yield_now().await;
+    } else {
+        let us = (1u64 << attempt.min(10)).min(1000);
+        tokio::time::sleep(Duration::from_micros(us)).await;
+    }
+}
+
+fn begin_error(e: keel::BeginError) -> Fail {
+    format!("ERR keel: {e}").into()
+}
+
+fn shorten(arg: &[u8]) -> String {
+    String::from_utf8_lossy(&arg[..arg.len().min(128)]).into_owned()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

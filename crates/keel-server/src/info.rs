@@ -1,0 +1,489 @@
+//! Introspection: `COMMAND`, `CONFIG`, `INFO`, `CLIENT LIST` lines and the Prometheus text.
+//!
+//! Everything reported is measured or configured; nothing is a placeholder. Where keel lacks a
+//! feature a Redis client may ask about (persistence, replication), the field says so with the
+//! value Redis uses for "off".
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+
+use crate::config::check_bulk_len;
+use crate::data::Fail;
+use crate::glob;
+use crate::reply::Out;
+use crate::server::{ClientInfo, LATENCY_BUCKETS, Shared};
+use crate::table::{self, SPECS, Spec};
+
+fn command_info(spec: &Spec, out: &mut Out<'_>) {
+    out.array(10);
+    out.bulk(spec.name.as_bytes());
+    out.int(i64::from(spec.arity));
+    out.set(spec.flags.len());
+    for f in spec.flags {
+        out.simple(f);
+    }
+    out.int(i64::from(spec.first_key));
+    out.int(i64::from(spec.last_key));
+    out.int(i64::from(spec.key_step));
+    out.set(0);
+    out.set(0);
+    out.array(0);
+    out.array(spec.subcommands.len());
+    for (sub, arity) in spec.subcommands {
+        out.array(10);
+        out.bulk(format!("{}|{}", spec.name, sub).as_bytes());
+        out.int(i64::from(*arity));
+        out.set(0);
+        for _ in 0..3 {
+            out.int(0);
+        }
+        out.set(0);
+        out.set(0);
+        out.array(0);
+        out.array(0);
+    }
+}
+
+fn command_docs(spec: &Spec, out: &mut Out<'_>) {
+    out.bulk(spec.name.as_bytes());
+    out.map(3);
+    out.bulk(b"summary");
+    out.bulk(spec.summary.as_bytes());
+    out.bulk(b"since");
+    out.bulk(b"1.0.0");
+    out.bulk(b"group");
+    out.bulk(spec.group.as_bytes());
+}
+
+/// `COMMAND [COUNT | DOCS [name...] | INFO [name...] | LIST]`.
+pub fn command(args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
+    let Some(sub) = args.get(1) else {
+        out.array(SPECS.len());
+        for spec in SPECS {
+            command_info(spec, out);
+        }
+        return Ok(());
+    };
+    let names = &args[2..];
+    if sub.eq_ignore_ascii_case(b"count") && names.is_empty() {
+        out.int(SPECS.len() as i64);
+    } else if sub.eq_ignore_ascii_case(b"list") {
+        out.array(SPECS.len());
+        for spec in SPECS {
+            out.bulk(spec.name.as_bytes());
+        }
+    } else if sub.eq_ignore_ascii_case(b"info") {
+        if names.is_empty() {
+            out.array(SPECS.len());
+            for spec in SPECS {
+                command_info(spec, out);
+            }
+        } else {
+            out.array(names.len());
+            for name in names {
+                match table::lookup(name) {
+                    Some(spec) => command_info(spec, out),
+                    None => out.null_array(),
+                }
+            }
+        }
+    } else if sub.eq_ignore_ascii_case(b"docs") {
+        let specs: Vec<&Spec> = if names.is_empty() {
+            SPECS.iter().collect()
+        } else {
+            names.iter().filter_map(|n| table::lookup(n)).collect()
+        };
+        out.map(specs.len());
+        for spec in specs {
+            command_docs(spec, out);
+        }
+    } else {
+        return Err(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            String::from_utf8_lossy(sub)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Every parameter `CONFIG GET` knows, with its current value.
+fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
+    let c = &shared.config;
+    vec![
+        ("bind", c.bind.to_string()),
+        ("port", shared.local_addr.port().to_string()),
+        ("dir", c.dir.display().to_string()),
+        (
+            "requirepass",
+            shared.requirepass.read().clone().unwrap_or_default(),
+        ),
+        (
+            "protected-mode",
+            if c.protected_mode { "yes" } else { "no" }.into(),
+        ),
+        (
+            "proto-max-bulk-len",
+            shared.proto_max_bulk_len.load(Relaxed).to_string(),
+        ),
+        ("maxclients", shared.maxclients.load(Relaxed).to_string()),
+        ("databases", "1".into()),
+        // Persistence is not implemented yet: report it off, as Redis does when it is off.
+        ("save", String::new()),
+        ("appendonly", "no".into()),
+        ("durability", c.durability.to_string()),
+    ]
+}
+
+/// `CONFIG GET pattern...`, `CONFIG SET name value...`, `CONFIG RESETSTAT`.
+pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
+    let sub = &args[1];
+    if sub.eq_ignore_ascii_case(b"get") {
+        if args.len() < 3 {
+            return Err("ERR wrong number of arguments for 'config|get' command".into());
+        }
+        let params = parameters(shared);
+        let hits: Vec<_> = params
+            .iter()
+            .filter(|(name, _)| {
+                args[2..]
+                    .iter()
+                    .any(|p| glob::matches(&p.to_ascii_lowercase(), name.as_bytes()))
+            })
+            .collect();
+        out.map(hits.len());
+        for (name, value) in hits {
+            out.bulk(name.as_bytes());
+            out.bulk(value.as_bytes());
+        }
+    } else if sub.eq_ignore_ascii_case(b"set") {
+        if args.len() < 4 || args.len() % 2 == 1 {
+            return Err("ERR wrong number of arguments for 'config|set' command".into());
+        }
+        // Validate everything first, so that a bad pair changes nothing.
+        let mut changes = Vec::new();
+        for pair in args[2..].chunks(2) {
+            let name = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
+            let value = String::from_utf8_lossy(&pair[1]).into_owned();
+            let bad = |reason: &str| -> Fail {
+                format!("ERR CONFIG SET failed (possibly related to argument '{name}') - {reason}")
+                    .into()
+            };
+            match name.as_str() {
+                "requirepass" => {}
+                "proto-max-bulk-len" => {
+                    let n: i64 = value
+                        .parse()
+                        .map_err(|_| bad("argument couldn't be parsed into an integer"))?;
+                    check_bulk_len(n).map_err(|e| bad(&e.to_string()))?;
+                }
+                "maxclients" => {
+                    value
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&n| n >= 1)
+                        .ok_or_else(|| {
+                            bad("argument must be between 1 and 4294967295 inclusive")
+                        })?;
+                }
+                "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability" => {
+                    return Err(bad("can't set immutable config"));
+                }
+                _ => {
+                    return Err(format!(
+                        "ERR Unknown option or number of arguments for CONFIG SET - '{name}'"
+                    )
+                    .into());
+                }
+            }
+            changes.push((name, value));
+        }
+        for (name, value) in changes {
+            match name.as_str() {
+                "requirepass" => {
+                    *shared.requirepass.write() = Some(value).filter(|v| !v.is_empty());
+                }
+                "proto-max-bulk-len" => shared
+                    .proto_max_bulk_len
+                    .store(value.parse().expect("validated above"), Relaxed),
+                "maxclients" => shared
+                    .maxclients
+                    .store(value.parse().expect("validated above"), Relaxed),
+                _ => unreachable!("validated above"),
+            }
+        }
+        out.ok();
+    } else if sub.eq_ignore_ascii_case(b"resetstat") && args.len() == 2 {
+        shared.counters.reset();
+        out.ok();
+    } else {
+        return Err(format!(
+            "ERR unknown subcommand '{}'. Try CONFIG HELP.",
+            String::from_utf8_lossy(sub)
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// One `CLIENT LIST` line, newline-terminated.
+pub fn client_line(shared: &Shared, c: &ClientInfo) -> String {
+    let (lib_name, lib_ver) = c.lib.lock().clone();
+    let idle_s = shared
+        .now_ms()
+        .saturating_sub(c.last_active_ms.load(Relaxed))
+        / 1000;
+    format!(
+        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 \
+         multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 \
+         tot-mem=0 events=r cmd=client|list user=default redir=-1 resp={} lib-name={} lib-ver={}\n",
+        c.id,
+        c.addr,
+        c.laddr,
+        c.name.lock(),
+        c.created.elapsed().as_secs(),
+        idle_s,
+        c.resp.load(Relaxed),
+        lib_name,
+        lib_ver,
+    )
+}
+
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// The `INFO` text for the requested sections (default: all).
+pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
+    let want = |name: &str| {
+        sections.is_empty()
+            || sections.iter().any(|s| {
+                s.eq_ignore_ascii_case(name.as_bytes())
+                    || s.eq_ignore_ascii_case(b"all")
+                    || s.eq_ignore_ascii_case(b"everything")
+                    || s.eq_ignore_ascii_case(b"default")
+            })
+    };
+    let stats = shared.db.stats();
+    let c = &shared.counters;
+    let mut t = String::new();
+    let uptime = shared.started.elapsed().as_secs();
+    if want("server") {
+        let _ = write!(
+            t,
+            "# Server\r\nredis_version:{}\r\nkeel_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\n\
+             arch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\n\
+             uptime_in_days:{}\r\nexecutable:keel\r\n\r\n",
+            crate::REDIS_VERSION,
+            crate::VERSION,
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            std::process::id(),
+            shared.local_addr.port(),
+            uptime / 86400,
+        );
+    }
+    if want("clients") {
+        let _ = write!(
+            t,
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
+            shared.clients.lock().len(),
+            shared.maxclients.load(Relaxed),
+        );
+    }
+    if want("memory") {
+        let rss = rss_bytes().unwrap_or(0);
+        let _ = write!(
+            t,
+            "# Memory\r\nused_memory:{rss}\r\nused_memory_rss:{rss}\r\nused_memory_note:keel reports \
+             the process RSS as used_memory\r\nmaxmemory:0\r\nmaxmemory_policy:noeviction\r\n\r\n"
+        );
+    }
+    if want("persistence") {
+        let _ = write!(
+            t,
+            "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\n\
+             aof_enabled:0\r\nkeel_durability_requested:{}\r\nkeel_durability_effective:none\r\n\
+             keel_persistence:not available yet (data lives in memory only)\r\n\r\n",
+            shared.config.durability,
+        );
+    }
+    if want("stats") {
+        let _ = write!(
+            t,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
+             total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
+             keyspace_hits:0\r\nkeyspace_misses:0\r\ntotal_error_replies:0\r\n\
+             protocol_errors:{}\r\n\r\n",
+            c.connections_received.load(Relaxed),
+            c.commands_processed.load(Relaxed),
+            c.net_input_bytes.load(Relaxed),
+            c.net_output_bytes.load(Relaxed),
+            c.connections_rejected.load(Relaxed),
+            c.protocol_errors.load(Relaxed),
+        );
+    }
+    if want("replication") {
+        t.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
+    }
+    if want("keel") {
+        let _ = write!(
+            t,
+            "# Keel\r\nkeel_commits:{}\r\nkeel_read_only_commits:{}\r\nkeel_aborts_write_locked:{}\r\n\
+             keel_aborts_read_changed:{}\r\nkeel_aborts_phantom:{}\r\nkeel_conflict_retries:{}\r\n\
+             keel_watch_aborts:{}\r\nkeel_versions:{}\r\nkeel_records:{}\r\nkeel_visible_ts:{}\r\n\
+             keel_fsyncs:0\r\nkeel_txns_per_fsync:0\r\nkeel_checkpoint_age_seconds:-1\r\n\
+             keel_command_latency_p50_us_le:{:.3}\r\nkeel_command_latency_p99_us_le:{:.3}\r\n\
+             keel_command_latency_p999_us_le:{:.3}\r\n\r\n",
+            stats.commits,
+            stats.read_only_commits,
+            stats.aborts_write_locked,
+            stats.aborts_read_changed,
+            stats.aborts_phantom,
+            c.exec_retries.load(Relaxed),
+            c.watch_aborts.load(Relaxed),
+            stats.versions,
+            stats.records,
+            stats.visible_ts.0,
+            c.latency_quantile_ns(0.5) as f64 / 1000.0,
+            c.latency_quantile_ns(0.99) as f64 / 1000.0,
+            c.latency_quantile_ns(0.999) as f64 / 1000.0,
+        );
+    }
+    if want("keyspace") {
+        t.push_str("# Keyspace\r\n");
+        let keys = shared
+            .db
+            .snapshot()
+            .map(|s| s.range::<Vec<u8>>(..).count())
+            .unwrap_or(0);
+        if keys > 0 {
+            let _ = write!(t, "db0:keys={keys},expires=0,avg_ttl=0\r\n");
+        }
+        t.push_str("\r\n");
+    }
+    if t.ends_with("\r\n\r\n") {
+        t.truncate(t.len() - 2);
+    }
+    t
+}
+
+/// The metrics endpoint's body (Prometheus text format 0.0.4).
+pub fn prometheus(shared: &Shared) -> String {
+    let s = shared.db.stats();
+    let c = &shared.counters;
+    let mut t = String::new();
+    let mut counter = |name: &str, help: &str, kind: &str, lines: &[(String, u64)]| {
+        let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in lines {
+            let _ = writeln!(t, "{name}{labels} {v}");
+        }
+    };
+    let one = |v: u64| vec![(String::new(), v)];
+    counter(
+        "keel_commits_total",
+        "Committed read-write transactions.",
+        "counter",
+        &one(s.commits),
+    );
+    counter(
+        "keel_read_only_commits_total",
+        "Read-only transactions and snapshots.",
+        "counter",
+        &one(s.read_only_commits),
+    );
+    counter(
+        "keel_aborts_total",
+        "Aborted transactions by reason.",
+        "counter",
+        &[
+            ("{reason=\"write_locked\"}".into(), s.aborts_write_locked),
+            ("{reason=\"read_changed\"}".into(), s.aborts_read_changed),
+            ("{reason=\"phantom\"}".into(), s.aborts_phantom),
+        ],
+    );
+    counter(
+        "keel_versions",
+        "Versions held in memory.",
+        "gauge",
+        &one(s.versions),
+    );
+    counter(
+        "keel_records",
+        "Records (keys ever written).",
+        "gauge",
+        &one(s.records),
+    );
+    counter(
+        "keel_connected_clients",
+        "Connected clients.",
+        "gauge",
+        &one(shared.clients.lock().len() as u64),
+    );
+    counter(
+        "keel_connections_received_total",
+        "Accepted connections.",
+        "counter",
+        &one(c.connections_received.load(Relaxed)),
+    );
+    counter(
+        "keel_commands_processed_total",
+        "Commands run.",
+        "counter",
+        &one(c.commands_processed.load(Relaxed)),
+    );
+    counter(
+        "keel_conflict_retries_total",
+        "Transactions re-run by the server after a conflict.",
+        "counter",
+        &one(c.exec_retries.load(Relaxed)),
+    );
+    counter(
+        "keel_watch_aborts_total",
+        "EXECs that returned null because a watched key changed.",
+        "counter",
+        &one(c.watch_aborts.load(Relaxed)),
+    );
+    counter(
+        "keel_protocol_errors_total",
+        "Connections closed for a protocol error.",
+        "counter",
+        &one(c.protocol_errors.load(Relaxed)),
+    );
+    counter(
+        "keel_net_input_bytes_total",
+        "Bytes read from clients.",
+        "counter",
+        &one(c.net_input_bytes.load(Relaxed)),
+    );
+    counter(
+        "keel_net_output_bytes_total",
+        "Bytes written to clients.",
+        "counter",
+        &one(c.net_output_bytes.load(Relaxed)),
+    );
+    let _ = writeln!(
+        t,
+        "# HELP keel_command_duration_seconds Time to run one command (parse to reply buffered).\n\
+         # TYPE keel_command_duration_seconds histogram"
+    );
+    let mut cumulative = 0;
+    for b in 0..LATENCY_BUCKETS {
+        cumulative += c.latency[b].load(Relaxed);
+        let le = (1u64 << b) as f64 / 1e9;
+        let _ = writeln!(
+            t,
+            "keel_command_duration_seconds_bucket{{le=\"{le:e}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        t,
+        "keel_command_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+    );
+    let _ = writeln!(t, "keel_command_duration_seconds_count {cumulative}");
+    t
+}

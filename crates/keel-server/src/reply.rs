@@ -1,0 +1,221 @@
+//! Reply encoding for RESP2 and RESP3.
+//!
+//! Commands write replies straight into the connection's output buffer through [`Out`], which
+//! knows the protocol the client chose with `HELLO` and picks the encoding: a RESP3 map is a flat
+//! RESP2 array, a RESP3 null is `$-1` (or `*-1` for a null array), verbatim text is a bulk string.
+
+use bytes::{BufMut, BytesMut};
+
+/// The protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    /// RESP2, the default.
+    Resp2,
+    /// RESP3, after `HELLO 3`.
+    Resp3,
+}
+
+impl Proto {
+    /// The number `HELLO` takes and reports.
+    pub fn version(self) -> i64 {
+        match self {
+            Proto::Resp2 => 2,
+            Proto::Resp3 => 3,
+        }
+    }
+}
+
+/// A reply writer over an output buffer.
+pub struct Out<'a> {
+    /// The buffer replies are appended to.
+    pub buf: &'a mut BytesMut,
+    /// The protocol to encode for.
+    pub proto: Proto,
+}
+
+impl Out<'_> {
+    fn line(&mut self, prefix: u8, body: &[u8]) {
+        self.buf.reserve(body.len() + 3);
+        self.buf.put_u8(prefix);
+        self.buf.put_slice(body);
+        self.buf.put_slice(b"\r\n");
+    }
+
+    fn number(&mut self, prefix: u8, n: i64) {
+        let mut digits = itoa_buf(n);
+        self.line(prefix, digits.as_bytes_mut());
+    }
+
+    /// `+OK`-style status reply. `text` must not contain CR or LF.
+    pub fn simple(&mut self, text: &str) {
+        debug_assert!(!text.contains(['\r', '\n']));
+        self.line(b'+', text.as_bytes());
+    }
+
+    /// `+OK`.
+    pub fn ok(&mut self) {
+        self.buf.put_slice(b"+OK\r\n");
+    }
+
+    /// An error reply. `text` starts with the error code (`ERR`, `WRONGTYPE`, ...); CR and LF
+    /// are replaced by spaces, as Redis does.
+    pub fn error(&mut self, text: &str) {
+        let clean: String = text
+            .chars()
+            .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+            .collect();
+        self.line(b'-', clean.as_bytes());
+    }
+
+    /// An integer reply.
+    pub fn int(&mut self, n: i64) {
+        self.number(b':', n);
+    }
+
+    /// A bulk string reply.
+    pub fn bulk(&mut self, data: &[u8]) {
+        self.number(
+            b'$',
+            i64::try_from(data.len()).expect("buffers are far below i64::MAX"),
+        );
+        self.buf.reserve(data.len() + 2);
+        self.buf.put_slice(data);
+        self.buf.put_slice(b"\r\n");
+    }
+
+    /// A bulk string, or the null reply for `None`.
+    pub fn bulk_or_null(&mut self, data: Option<&[u8]>) {
+        match data {
+            Some(d) => self.bulk(d),
+            None => self.null(),
+        }
+    }
+
+    /// The null reply (`$-1` in RESP2, `_` in RESP3).
+    pub fn null(&mut self) {
+        match self.proto {
+            Proto::Resp2 => self.buf.put_slice(b"$-1\r\n"),
+            Proto::Resp3 => self.buf.put_slice(b"_\r\n"),
+        }
+    }
+
+    /// The null array (`*-1` in RESP2, `_` in RESP3): what a failed `EXEC` returns.
+    pub fn null_array(&mut self) {
+        match self.proto {
+            Proto::Resp2 => self.buf.put_slice(b"*-1\r\n"),
+            Proto::Resp3 => self.buf.put_slice(b"_\r\n"),
+        }
+    }
+
+    /// The header of an array of `n` elements; the elements follow.
+    pub fn array(&mut self, n: usize) {
+        self.number(
+            b'*',
+            i64::try_from(n).expect("lengths are far below i64::MAX"),
+        );
+    }
+
+    /// The header of a set of `n` elements (an array in RESP2).
+    pub fn set(&mut self, n: usize) {
+        let prefix = match self.proto {
+            Proto::Resp2 => b'*',
+            Proto::Resp3 => b'~',
+        };
+        self.number(
+            prefix,
+            i64::try_from(n).expect("lengths are far below i64::MAX"),
+        );
+    }
+
+    /// The header of a map of `n` pairs (an array of `2n` elements in RESP2); keys and values
+    /// follow, alternating.
+    pub fn map(&mut self, n: usize) {
+        match self.proto {
+            Proto::Resp2 => self.array(2 * n),
+            Proto::Resp3 => self.number(
+                b'%',
+                i64::try_from(n).expect("lengths are far below i64::MAX"),
+            ),
+        }
+    }
+
+    /// A verbatim text reply (a bulk string in RESP2), as `INFO` and `CLIENT LIST` send.
+    pub fn verbatim(&mut self, text: &str) {
+        match self.proto {
+            Proto::Resp2 => self.bulk(text.as_bytes()),
+            Proto::Resp3 => {
+                let len = text.len() + 4;
+                self.number(b'=', i64::try_from(len).expect("text is small"));
+                self.buf.put_slice(b"txt:");
+                self.buf.put_slice(text.as_bytes());
+                self.buf.put_slice(b"\r\n");
+            }
+        }
+    }
+}
+
+/// Decimal digits of `n` without allocating through `format!`.
+fn itoa_buf(n: i64) -> ItoaBuf {
+    let mut buf = ItoaBuf {
+        bytes: [0; 20],
+        start: 20,
+    };
+    let negative = n < 0;
+    let mut v = n.unsigned_abs();
+    loop {
+        buf.start -= 1;
+        buf.bytes[buf.start] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if negative {
+        buf.start -= 1;
+        buf.bytes[buf.start] = b'-';
+    }
+    buf
+}
+
+struct ItoaBuf {
+    bytes: [u8; 20],
+    start: usize,
+}
+
+impl ItoaBuf {
+    fn as_bytes_mut(&mut self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings() {
+        let mut buf = BytesMut::new();
+        let mut out = Out {
+            buf: &mut buf,
+            proto: Proto::Resp2,
+        };
+        out.int(i64::MIN);
+        out.bulk(b"hi");
+        out.null();
+        out.map(1);
+        assert_eq!(
+            &buf[..],
+            b":-9223372036854775808\r\n$2\r\nhi\r\n$-1\r\n*2\r\n"
+        );
+        let mut buf = BytesMut::new();
+        let mut out = Out {
+            buf: &mut buf,
+            proto: Proto::Resp3,
+        };
+        out.null();
+        out.map(1);
+        out.null_array();
+        out.error("ERR a\r\nb");
+        assert_eq!(&buf[..], b"_\r\n%1\r\n_\r\n-ERR a  b\r\n");
+    }
+}

@@ -1,0 +1,330 @@
+//! The accept loop, the state all connections share, graceful shutdown and the metrics
+//! endpoint.
+//!
+//! The engine is synchronous and its calls are short and never wait on I/O, so connections run
+//! them directly on tokio's worker threads. The database is created once per server and
+//! leaked (`&'static Db`): a `WATCH` keeps an engine transaction open across commands, and an
+//! engine transaction borrows its database, so the database must outlive every connection. A
+//! process runs one server, so the leak is one database.
+//!
+//! Shutdown (`SHUTDOWN`, SIGTERM, or [`Handle::shutdown`]): stop accepting, let every
+//! connection finish the requests it has already read, close, return.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use keel::Db;
+use parking_lot::{Mutex, RwLock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError};
+use crate::data::Cursors;
+
+/// How long shutdown waits for connections to finish what they have read.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Latency histogram buckets: bucket `b` holds commands that took `[2^(b-1), 2^b)` ns.
+pub const LATENCY_BUCKETS: usize = 40;
+
+/// The server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Binding the listening socket failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Counters for `INFO stats` and the metrics endpoint.
+pub struct Counters {
+    pub connections_received: AtomicU64,
+    pub connections_rejected: AtomicU64,
+    pub commands_processed: AtomicU64,
+    pub net_input_bytes: AtomicU64,
+    pub net_output_bytes: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub exec_retries: AtomicU64,
+    pub watch_aborts: AtomicU64,
+    pub latency: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters {
+            connections_received: AtomicU64::new(0),
+            connections_rejected: AtomicU64::new(0),
+            commands_processed: AtomicU64::new(0),
+            net_input_bytes: AtomicU64::new(0),
+            net_output_bytes: AtomicU64::new(0),
+            protocol_errors: AtomicU64::new(0),
+            exec_retries: AtomicU64::new(0),
+            watch_aborts: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Counters {
+    /// Records one command's latency.
+    pub fn record_latency(&self, elapsed: Duration) {
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = (64 - ns.leading_zeros() as usize).min(LATENCY_BUCKETS - 1);
+        self.latency[bucket].fetch_add(1, Relaxed);
+    }
+
+    /// The upper bound, in ns, of the bucket holding quantile `q` (0..1); 0 with no samples.
+    pub fn latency_quantile_ns(&self, q: f64) -> u64 {
+        let counts: Vec<u64> = self.latency.iter().map(|c| c.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let target = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= target {
+                return 1u64 << b;
+            }
+        }
+        1u64 << (LATENCY_BUCKETS - 1)
+    }
+
+    /// Zeroes the counters (`CONFIG RESETSTAT`).
+    pub fn reset(&self) {
+        for c in [
+            &self.connections_received,
+            &self.connections_rejected,
+            &self.commands_processed,
+            &self.net_input_bytes,
+            &self.net_output_bytes,
+            &self.protocol_errors,
+            &self.exec_retries,
+            &self.watch_aborts,
+        ] {
+            c.store(0, Relaxed);
+        }
+        for c in &self.latency {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// What `CLIENT LIST` and `CLIENT KILL` know about a connection.
+pub struct ClientInfo {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub laddr: SocketAddr,
+    pub created: Instant,
+    pub last_active_ms: AtomicU64,
+    pub name: Mutex<String>,
+    pub lib: Mutex<(String, String)>,
+    pub resp: AtomicU8,
+    pub kill: CancellationToken,
+}
+
+/// State shared by all connections.
+pub struct Shared {
+    pub db: &'static Db,
+    pub config: Config,
+    pub local_addr: SocketAddr,
+    pub requirepass: RwLock<Option<String>>,
+    pub proto_max_bulk_len: AtomicI64,
+    pub maxclients: AtomicUsize,
+    pub clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
+    pub next_client_id: AtomicU64,
+    pub cursors: Cursors,
+    pub shutdown: CancellationToken,
+    pub started: Instant,
+    pub counters: Counters,
+}
+
+impl Shared {
+    /// Milliseconds since the server started.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A bound server, not yet accepting.
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+}
+
+/// Stops a running server from outside.
+#[derive(Clone)]
+pub struct Handle {
+    token: CancellationToken,
+}
+
+impl Handle {
+    /// Starts a graceful shutdown.
+    pub fn shutdown(&self) {
+        self.token.cancel();
+    }
+}
+
+impl Server {
+    /// Validates `config`, creates the database and binds the listening socket(s).
+    pub async fn bind(config: Config) -> Result<Server, StartError> {
+        config.validate()?;
+        let addr = SocketAddr::new(config.bind, config.port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let metrics = match config.metrics {
+            Some(m) => Some(
+                TcpListener::bind(m)
+                    .await
+                    .map_err(|source| StartError::Bind { addr: m, source })?,
+            ),
+            None => None,
+        };
+        let db: &'static Db = Box::leak(Box::new(Db::in_memory()));
+        let shared = Arc::new(Shared {
+            db,
+            requirepass: RwLock::new(config.requirepass.clone()),
+            proto_max_bulk_len: AtomicI64::new(config.proto_max_bulk_len),
+            maxclients: AtomicUsize::new(config.maxclients),
+            config,
+            local_addr,
+            clients: Mutex::new(HashMap::new()),
+            next_client_id: AtomicU64::new(1),
+            cursors: Cursors::default(),
+            shutdown: CancellationToken::new(),
+            started: Instant::now(),
+            counters: Counters::default(),
+        });
+        Ok(Server {
+            shared,
+            listener,
+            metrics,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// The metrics address, if serving metrics.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|m| m.local_addr().ok())
+    }
+
+    /// A handle that stops the server.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            token: self.shared.shutdown.clone(),
+        }
+    }
+
+    /// Accepts clients until shutdown, then waits (at most a few seconds) for connections to
+    /// finish the requests they have read.
+    pub async fn run(self) {
+        let Server {
+            shared,
+            listener,
+            metrics,
+        } = self;
+        if let Some(m) = metrics {
+            tokio::spawn(serve_metrics(m, shared.clone()));
+        }
+        let tracker = tokio_util::task::TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = shared.shutdown.cancelled() => break,
+            };
+            let (stream, addr) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            shared.counters.connections_received.fetch_add(1, Relaxed);
+            if shared.clients.lock().len() >= shared.maxclients.load(Relaxed) {
+                shared.counters.connections_rejected.fetch_add(1, Relaxed);
+                tracker.spawn(reject(stream));
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let shared = shared.clone();
+            tracker.spawn(async move {
+                crate::conn::serve(shared, stream, addr).await;
+            });
+        }
+        tracing::info!("shutting down: no longer accepting connections");
+        tracker.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some connections did not finish within the shutdown grace period");
+        }
+        tracing::info!("server stopped");
+    }
+}
+
+async fn reject(mut stream: TcpStream) {
+    let _ = stream
+        .write_all(b"-ERR max number of clients reached\r\n")
+        .await;
+}
+
+/// Serves Prometheus text on every HTTP request, whatever the path.
+async fn serve_metrics(listener: TcpListener, shared: Arc<Shared>) {
+    /// An HTTP request head larger than this is not a scrape.
+    const REQUEST_BYTES_MAX: usize = 8192;
+    loop {
+        let (mut stream, _) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = shared.shutdown.cancelled() => return,
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < REQUEST_BYTES_MAX {
+                match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => head.extend_from_slice(&chunk[..n]),
+                    _ => return,
+                }
+            }
+            let body = crate::info::prometheus(&shared);
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,758 @@
+//! The command table: every command keel answers, with the facts `COMMAND` reports (arity,
+//! flags, key positions) and that dispatch checks (arity) before running anything.
+//!
+//! Arity follows Redis: a positive arity is exact, a negative one is a minimum, and both count
+//! the command name.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+/// What a command is, for dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum Cmd {
+    // Connection and server.
+    Ping,
+    Echo,
+    Quit,
+    Reset,
+    Hello,
+    Auth,
+    Select,
+    Client,
+    Command,
+    Config,
+    Info,
+    Time,
+    Shutdown,
+    // Transactions.
+    Multi,
+    Exec,
+    Discard,
+    Watch,
+    Unwatch,
+    // Strings and keys.
+    Get,
+    Set,
+    Setnx,
+    Getset,
+    Getdel,
+    Mget,
+    Mset,
+    Msetnx,
+    Append,
+    Strlen,
+    Getrange,
+    Setrange,
+    Incr,
+    Incrby,
+    Decr,
+    Decrby,
+    Incrbyfloat,
+    Del,
+    Unlink,
+    Exists,
+    Type,
+    Rename,
+    Keys,
+    Scan,
+    Dbsize,
+    Flushdb,
+    Flushall,
+    // keel's own.
+    KeelRange,
+    KeelMax,
+    KeelMin,
+    KeelAdd,
+}
+
+/// One command's description.
+#[derive(Debug)]
+pub struct Spec {
+    /// Lower-case name, as `COMMAND` reports it.
+    pub name: &'static str,
+    /// What to run.
+    pub cmd: Cmd,
+    /// Redis arity: exact when positive, a minimum when negative; counts the name.
+    pub arity: i32,
+    /// `COMMAND` flags.
+    pub flags: &'static [&'static str],
+    /// Position of the first key (0: none).
+    pub first_key: i32,
+    /// Position of the last key (-1: the last argument).
+    pub last_key: i32,
+    /// Step between keys.
+    pub key_step: i32,
+    /// `COMMAND DOCS` group.
+    pub group: &'static str,
+    /// `COMMAND DOCS` summary.
+    pub summary: &'static str,
+    /// Sub-commands, for `CLIENT`, `CONFIG` and `COMMAND`.
+    pub subcommands: &'static [(&'static str, i32)],
+}
+
+impl Spec {
+    /// Whether `argc` arguments (name included) fit the arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let argc = i64::try_from(argc).unwrap_or(i64::MAX);
+        let arity = i64::from(self.arity);
+        if arity >= 0 {
+            argc == arity
+        } else {
+            argc >= -arity
+        }
+    }
+}
+
+const RO: &[&str] = &["readonly", "fast"];
+const RO_SLOW: &[&str] = &["readonly"];
+const WR: &[&str] = &["write", "denyoom", "fast"];
+const WR_SLOW: &[&str] = &["write"];
+const CONN: &[&str] = &["fast", "loading", "stale"];
+const NOAUTH: &[&str] = &[
+    "noscript",
+    "loading",
+    "stale",
+    "fast",
+    "no_auth",
+    "allow_busy",
+];
+
+macro_rules! spec {
+    ($name:literal, $cmd:ident, $arity:expr, $flags:expr, $first:expr, $last:expr, $step:expr, $group:literal, $summary:literal) => {
+        spec!(
+            $name,
+            $cmd,
+            $arity,
+            $flags,
+            $first,
+            $last,
+            $step,
+            $group,
+            $summary,
+            &[]
+        )
+    };
+    ($name:literal, $cmd:ident, $arity:expr, $flags:expr, $first:expr, $last:expr, $step:expr, $group:literal, $summary:literal, $subs:expr) => {
+        Spec {
+            name: $name,
+            cmd: Cmd::$cmd,
+            arity: $arity,
+            flags: $flags,
+            first_key: $first,
+            last_key: $last,
+            key_step: $step,
+            group: $group,
+            summary: $summary,
+            subcommands: $subs,
+        }
+    };
+}
+
+/// Every command, in the order `COMMAND` lists them.
+pub static SPECS: &[Spec] = &[
+    spec!(
+        "ping",
+        Ping,
+        -1,
+        CONN,
+        0,
+        0,
+        0,
+        "connection",
+        "Returns the server's liveliness response."
+    ),
+    spec!(
+        "echo",
+        Echo,
+        2,
+        CONN,
+        0,
+        0,
+        0,
+        "connection",
+        "Returns the given string."
+    ),
+    spec!(
+        "quit",
+        Quit,
+        -1,
+        NOAUTH,
+        0,
+        0,
+        0,
+        "connection",
+        "Closes the connection."
+    ),
+    spec!(
+        "reset",
+        Reset,
+        1,
+        NOAUTH,
+        0,
+        0,
+        0,
+        "connection",
+        "Resets the connection."
+    ),
+    spec!(
+        "hello",
+        Hello,
+        -1,
+        NOAUTH,
+        0,
+        0,
+        0,
+        "connection",
+        "Handshakes with the server: protocol version, AUTH, SETNAME."
+    ),
+    spec!(
+        "auth",
+        Auth,
+        -2,
+        NOAUTH,
+        0,
+        0,
+        0,
+        "connection",
+        "Authenticates the connection."
+    ),
+    spec!(
+        "select",
+        Select,
+        2,
+        CONN,
+        0,
+        0,
+        0,
+        "connection",
+        "Changes the selected database (keel has only database 0)."
+    ),
+    spec!(
+        "client",
+        Client,
+        -2,
+        &["slow"],
+        0,
+        0,
+        0,
+        "connection",
+        "A container for client connection commands.",
+        &[
+            ("id", 2),
+            ("setname", 3),
+            ("getname", 2),
+            ("setinfo", 4),
+            ("list", -2),
+            ("kill", -3),
+            ("info", 2)
+        ]
+    ),
+    spec!(
+        "command",
+        Command,
+        -1,
+        &["loading", "stale"],
+        0,
+        0,
+        0,
+        "server",
+        "Returns detailed information about all commands.",
+        &[("count", 2), ("docs", -2), ("info", -2), ("list", -2)]
+    ),
+    spec!(
+        "config",
+        Config,
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        0,
+        0,
+        "server",
+        "A container for server configuration commands.",
+        &[("get", -3), ("set", -4), ("resetstat", 2)]
+    ),
+    spec!(
+        "info",
+        Info,
+        -1,
+        &["loading", "stale"],
+        0,
+        0,
+        0,
+        "server",
+        "Returns information and statistics about the server."
+    ),
+    spec!(
+        "time",
+        Time,
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        "server",
+        "Returns the server time."
+    ),
+    spec!(
+        "shutdown",
+        Shutdown,
+        -1,
+        &[
+            "admin",
+            "noscript",
+            "loading",
+            "stale",
+            "no_multi",
+            "allow_busy"
+        ],
+        0,
+        0,
+        0,
+        "server",
+        "Stops the server gracefully."
+    ),
+    spec!(
+        "multi",
+        Multi,
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        0,
+        0,
+        0,
+        "transactions",
+        "Starts a transaction."
+    ),
+    spec!(
+        "exec",
+        Exec,
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        0,
+        0,
+        0,
+        "transactions",
+        "Executes all commands in a transaction as one serializable transaction."
+    ),
+    spec!(
+        "discard",
+        Discard,
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        0,
+        0,
+        0,
+        "transactions",
+        "Discards a transaction."
+    ),
+    spec!(
+        "watch",
+        Watch,
+        -2,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        1,
+        -1,
+        1,
+        "transactions",
+        "Monitors changes to keys to determine the execution of a transaction."
+    ),
+    spec!(
+        "unwatch",
+        Unwatch,
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        0,
+        0,
+        0,
+        "transactions",
+        "Forgets about watched keys of a transaction."
+    ),
+    spec!(
+        "get",
+        Get,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "string",
+        "Returns the string value of a key."
+    ),
+    spec!(
+        "set",
+        Set,
+        -3,
+        &["write", "denyoom"],
+        1,
+        1,
+        1,
+        "string",
+        "Sets the string value of a key (NX, XX, GET; no expiry yet)."
+    ),
+    spec!(
+        "setnx",
+        Setnx,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Set the string value of a key only when the key doesn't exist."
+    ),
+    spec!(
+        "getset",
+        Getset,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Returns the previous string value of a key after setting it to a new value."
+    ),
+    spec!(
+        "getdel",
+        Getdel,
+        2,
+        &["write", "fast"],
+        1,
+        1,
+        1,
+        "string",
+        "Returns the string value of a key after deleting the key."
+    ),
+    spec!(
+        "mget",
+        Mget,
+        -2,
+        RO,
+        1,
+        -1,
+        1,
+        "string",
+        "Atomically returns the string values of one or more keys."
+    ),
+    spec!(
+        "mset",
+        Mset,
+        -3,
+        &["write", "denyoom"],
+        1,
+        -1,
+        2,
+        "string",
+        "Atomically creates or modifies the string values of one or more keys."
+    ),
+    spec!(
+        "msetnx",
+        Msetnx,
+        -3,
+        &["write", "denyoom"],
+        1,
+        -1,
+        2,
+        "string",
+        "Atomically modifies the string values of one or more keys only when all keys don't exist."
+    ),
+    spec!(
+        "append",
+        Append,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Appends a string to the value of a key. Creates the key if it doesn't exist."
+    ),
+    spec!(
+        "strlen",
+        Strlen,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "string",
+        "Returns the length of a string value."
+    ),
+    spec!(
+        "getrange",
+        Getrange,
+        4,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "string",
+        "Returns a substring of the string stored at a key."
+    ),
+    spec!(
+        "setrange",
+        Setrange,
+        4,
+        &["write", "denyoom"],
+        1,
+        1,
+        1,
+        "string",
+        "Overwrites a part of a string value with another by an offset."
+    ),
+    spec!(
+        "incr",
+        Incr,
+        2,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Increments the integer value of a key by one."
+    ),
+    spec!(
+        "incrby",
+        Incrby,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Increments the integer value of a key by a number."
+    ),
+    spec!(
+        "decr",
+        Decr,
+        2,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Decrements the integer value of a key by one."
+    ),
+    spec!(
+        "decrby",
+        Decrby,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Decrements a number from the integer value of a key."
+    ),
+    spec!(
+        "incrbyfloat",
+        Incrbyfloat,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "string",
+        "Increment the floating point value of a key by a number."
+    ),
+    spec!(
+        "del",
+        Del,
+        -2,
+        WR_SLOW,
+        1,
+        -1,
+        1,
+        "generic",
+        "Deletes one or more keys."
+    ),
+    spec!(
+        "unlink",
+        Unlink,
+        -2,
+        &["write", "fast"],
+        1,
+        -1,
+        1,
+        "generic",
+        "Deletes one or more keys."
+    ),
+    spec!(
+        "exists",
+        Exists,
+        -2,
+        RO,
+        1,
+        -1,
+        1,
+        "generic",
+        "Determines whether one or more keys exist."
+    ),
+    spec!(
+        "type",
+        Type,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "generic",
+        "Determines the type of value stored at a key."
+    ),
+    spec!(
+        "rename",
+        Rename,
+        3,
+        WR_SLOW,
+        1,
+        2,
+        1,
+        "generic",
+        "Renames a key and overwrites the destination."
+    ),
+    spec!(
+        "keys",
+        Keys,
+        2,
+        RO_SLOW,
+        0,
+        0,
+        0,
+        "generic",
+        "Returns all key names that match a pattern."
+    ),
+    spec!(
+        "scan",
+        Scan,
+        -2,
+        RO_SLOW,
+        0,
+        0,
+        0,
+        "generic",
+        "Iterates over the key names in the database."
+    ),
+    spec!(
+        "dbsize",
+        Dbsize,
+        1,
+        RO,
+        0,
+        0,
+        0,
+        "server",
+        "Returns the number of keys in the database."
+    ),
+    spec!(
+        "flushdb",
+        Flushdb,
+        -1,
+        WR_SLOW,
+        0,
+        0,
+        0,
+        "server",
+        "Removes all keys from the current database."
+    ),
+    spec!(
+        "flushall",
+        Flushall,
+        -1,
+        WR_SLOW,
+        0,
+        0,
+        0,
+        "server",
+        "Removes all keys from all databases."
+    ),
+    spec!(
+        "keel.range",
+        KeelRange,
+        -3,
+        RO_SLOW,
+        0,
+        0,
+        0,
+        "keel",
+        "Ordered range read: KEEL.RANGE start end [REV] [LIMIT n]; bounds as in ZRANGEBYLEX ([a (a - +). Phantom-safe inside MULTI."
+    ),
+    spec!(
+        "keel.max",
+        KeelMax,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "keel",
+        "Commutative: keeps the larger of the stored integer and the argument. Never conflicts with other KEEL.MAX/MIN/ADD."
+    ),
+    spec!(
+        "keel.min",
+        KeelMin,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "keel",
+        "Commutative: keeps the smaller of the stored integer and the argument. Never conflicts with other KEEL.MAX/MIN/ADD."
+    ),
+    spec!(
+        "keel.add",
+        KeelAdd,
+        3,
+        WR,
+        1,
+        1,
+        1,
+        "keel",
+        "Commutative: adds the argument to the stored integer, replying OK. Never conflicts with other KEEL.MAX/MIN/ADD."
+    ),
+];
+
+static BY_NAME: LazyLock<HashMap<&'static [u8], &'static Spec>> =
+    LazyLock::new(|| SPECS.iter().map(|s| (s.name.as_bytes(), s)).collect());
+
+/// Longest command name; longer names are unknown without a lookup.
+const NAME_BYTES_MAX: usize = 16;
+
+/// The command called `name`, in any case.
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    if name.len() > NAME_BYTES_MAX {
+        return None;
+    }
+    let mut lower = [0u8; NAME_BYTES_MAX];
+    for (d, s) in lower.iter_mut().zip(name) {
+        *d = s.to_ascii_lowercase();
+    }
+    BY_NAME.get(&lower[..name.len()]).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_lowercase_and_short() {
+        let mut seen = std::collections::HashSet::new();
+        for spec in SPECS {
+            assert!(seen.insert(spec.name), "{} twice", spec.name);
+            assert_eq!(spec.name, spec.name.to_ascii_lowercase());
+            assert!(spec.name.len() <= NAME_BYTES_MAX);
+        }
+        assert_eq!(lookup(b"GeT").map(|s| s.cmd), Some(Cmd::Get));
+        assert_eq!(lookup(b"KEEL.RANGE").map(|s| s.cmd), Some(Cmd::KeelRange));
+        assert!(lookup(b"nosuchcommand").is_none());
+    }
+
+    #[test]
+    fn arity() {
+        let get = lookup(b"get").expect("get exists");
+        assert!(get.arity_ok(2));
+        assert!(!get.arity_ok(3));
+        let mset = lookup(b"mset").expect("mset exists");
+        assert!(mset.arity_ok(3));
+        assert!(mset.arity_ok(5));
+        assert!(!mset.arity_ok(2));
+    }
+}

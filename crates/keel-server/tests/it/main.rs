@@ -1,0 +1,147 @@
+//! Integration tests: each starts a real server on a free loopback port and drives it with the
+//! `redis` crate (a real client) or, for protocol edge cases, a raw TCP socket.
+
+mod basics;
+mod protocol;
+mod server;
+mod txn;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use keel_server::{Config, Handle, Server};
+
+/// A server running on its own runtime thread; stopped when dropped.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+    handle: Handle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        TestServer::with(|_| {})
+    }
+
+    pub fn with(tune: impl FnOnce(&mut Config)) -> TestServer {
+        let mut config = Config::default();
+        config.port = 0;
+        tune(&mut config);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let server = Server::bind(config).await.expect("bind");
+                tx.send((server.local_addr(), server.metrics_addr(), server.handle()))
+                    .expect("test is waiting");
+                server.run().await;
+            });
+        });
+        let (addr, metrics, handle) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("server started");
+        TestServer {
+            addr,
+            metrics,
+            handle,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, resp3: bool) -> String {
+        let proto = if resp3 { "?protocol=resp3" } else { "" };
+        format!("redis://{}/{proto}", self.addr)
+    }
+
+    pub fn client(&self) -> redis::Connection {
+        self.client_proto(false)
+    }
+
+    pub fn client_proto(&self, resp3: bool) -> redis::Connection {
+        redis::Client::open(self.url(resp3))
+            .expect("url")
+            .get_connection_with_timeout(Duration::from_secs(10))
+            .expect("connect")
+    }
+
+    /// A raw socket, for what a client library would not send.
+    pub fn raw(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        s
+    }
+
+    /// Waits for the server thread to end (after SHUTDOWN).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            t.join().expect("server thread");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends `request` and reads until `expected.len()` bytes came back (or EOF).
+pub fn exchange(stream: &mut TcpStream, request: &[u8], expected_len: usize) -> Vec<u8> {
+    stream.write_all(request).expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < expected_len {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("read failed after {:?}: {e}", String::from_utf8_lossy(&got)),
+        }
+    }
+    got
+}
+
+/// Whether the server closed `stream` (reads EOF within the timeout).
+pub fn is_closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(stream.read(&mut buf), Ok(0))
+        || matches!(stream.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+}
+
+pub fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -> T {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(con)
+        .unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+/// The server error text of a command expected to fail.
+pub fn error(con: &mut redis::Connection, args: &[&str]) -> String {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    match c.query::<redis::Value>(con) {
+        Err(e) => {
+            let code = e.code().unwrap_or("");
+            let detail = e.detail().unwrap_or("");
+            if code.is_empty() {
+                detail.to_string()
+            } else {
+                format!("{code} {detail}")
+            }
+        }
+        Ok(v) => panic!("{args:?} should fail, got {v:?}"),
+    }
+}

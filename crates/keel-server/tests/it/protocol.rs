@@ -1,0 +1,190 @@
+//! The wire: inline commands, pipelining, malformed frames, limits, unknown commands, arity.
+
+use std::io::Write;
+
+use crate::{TestServer, error, exchange, is_closed, query};
+
+#[test]
+fn inline_and_pipelined() {
+    let server = TestServer::start();
+    let mut s = server.raw();
+    let reply = exchange(&mut s, b"PING\r\nSET k \"a b\"\r\nGET k\n", 20);
+    assert_eq!(reply, b"+PONG\r\n+OK\r\n$3\r\na b\r\n");
+    // A pipeline of 1000 requests, sent in one write, answered in order.
+    let mut request = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..1000 {
+        let v = i.to_string();
+        request.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n${}\r\n{v}\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n",
+                v.len()
+            )
+            .as_bytes(),
+        );
+        expected.extend_from_slice(format!("+OK\r\n${}\r\n{v}\r\n", v.len()).as_bytes());
+    }
+    assert_eq!(exchange(&mut s, &request, expected.len()), expected);
+    // A request split across many writes.
+    let frame = b"*3\r\n$3\r\nSET\r\n$5\r\nsplit\r\n$5\r\nhello\r\n";
+    for chunk in frame.chunks(3) {
+        s.write_all(chunk).expect("write");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(exchange(&mut s, b"", 5), b"+OK\r\n");
+
+    let mut c = server.client();
+    let (a, b): (String, Option<String>) = redis::pipe()
+        .cmd("GET")
+        .arg("split")
+        .cmd("GET")
+        .arg("missing")
+        .query(&mut c)
+        .expect("pipeline");
+    assert_eq!((a.as_str(), b), ("hello", None));
+}
+
+#[test]
+fn malformed_frames_close_with_redis_errors() {
+    let server = TestServer::start();
+    let cases: &[(&[u8], &str)] = &[
+        (
+            b"*1\r\n+PING\r\n",
+            "-ERR Protocol error: expected '$', got '+'\r\n",
+        ),
+        (
+            b"*x\r\n",
+            "-ERR Protocol error: invalid multibulk length\r\n",
+        ),
+        (
+            b"*1\r\n$-5\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+        (
+            b"SET \"a\r\n",
+            "-ERR Protocol error: unbalanced quotes in request\r\n",
+        ),
+        (
+            b"*1\r\n$99999999999\r\n",
+            "-ERR Protocol error: invalid bulk length\r\n",
+        ),
+    ];
+    for (request, reply) in cases {
+        let mut s = server.raw();
+        // A valid command before the bad frame is still answered.
+        let mut bytes = b"PING\r\n".to_vec();
+        bytes.extend_from_slice(request);
+        let got = exchange(&mut s, &bytes, 7 + reply.len());
+        assert_eq!(String::from_utf8_lossy(&got), format!("+PONG\r\n{reply}"));
+        assert!(is_closed(&mut s), "connection must close after {reply}");
+    }
+    // The server is unharmed.
+    let mut c = server.client();
+    assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
+}
+
+#[test]
+fn oversized_inline_request_closes() {
+    let server = TestServer::start();
+    let mut s = server.raw();
+    let long = vec![b'a'; 70 * 1024];
+    let got = exchange(&mut s, &long, 44);
+    assert_eq!(got, b"-ERR Protocol error: too big inline request\r\n");
+    assert!(is_closed(&mut s));
+}
+
+#[test]
+fn proto_max_bulk_len_is_enforced_and_settable() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["CONFIG", "GET", "proto-max-bulk-len"]),
+        vec!["proto-max-bulk-len".to_string(), "16777216".to_string()]
+    );
+    let _: () = query(&mut c, &["CONFIG", "SET", "proto-max-bulk-len", "2048"]);
+    let mut s = server.raw();
+    let got = exchange(&mut s, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2049\r\n", 40);
+    assert_eq!(got, b"-ERR Protocol error: invalid bulk length\r\n");
+    assert!(is_closed(&mut s));
+    let value = "x".repeat(2048);
+    assert_eq!(query::<String>(&mut c, &["SET", "k", &value]), "OK");
+    assert_eq!(
+        error(&mut c, &["APPEND", "k", "y"]),
+        "ERR string exceeds maximum allowed size (proto-max-bulk-len)"
+    );
+}
+
+#[test]
+fn unknown_commands_and_arity_keep_the_connection() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    assert_eq!(
+        error(&mut c, &["NOSUCH", "a", "b"]),
+        "ERR unknown command 'NOSUCH', with args beginning with: 'a' 'b' "
+    );
+    assert_eq!(
+        error(&mut c, &["GET"]),
+        "ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(
+        error(&mut c, &["GET", "a", "b"]),
+        "ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(
+        error(&mut c, &["SELECT", "1"]),
+        "ERR DB index is out of range"
+    );
+    assert_eq!(query::<String>(&mut c, &["SELECT", "0"]), "OK");
+    assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
+}
+
+#[test]
+fn client_that_stops_reading_does_not_stall_others() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let value = "v".repeat(1 << 20);
+    let _: () = query(&mut c, &["SET", "big", &value]);
+    // Pipeline many GETs of a 1 MiB value and never read the replies: the server must stop
+    // reading from this client (bounded output) instead of buffering hundreds of MiB.
+    let mut s = server.raw();
+    s.set_nonblocking(true).expect("nonblocking");
+    let request = b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n".repeat(1_000_000);
+    let mut written = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while written < request.len() && std::time::Instant::now() < deadline {
+        match s.write(&request[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    assert!(
+        written < request.len(),
+        "the server kept reading a client that does not read its replies"
+    );
+    let rss = |info: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory_rss:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory_rss")
+    };
+    let info: String = query(&mut c, &["INFO", "memory"]);
+    assert!(rss(&info) < 1 << 30, "server RSS grew to {}", rss(&info));
+    assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
+}
+
+#[test]
+fn reply_bytes_limit() {
+    let server = TestServer::with(|c| c.reply_bytes_max = 1 << 20);
+    let mut c = server.client();
+    let value = "v".repeat(300 * 1024);
+    let _: () = query(&mut c, &["SET", "a", &value]);
+    assert_eq!(query::<Vec<String>>(&mut c, &["MGET", "a", "a"]).len(), 2);
+    assert_eq!(
+        error(&mut c, &["MGET", "a", "a", "a", "a"]),
+        "ERR keel: reply exceeds the output buffer limit (reply-bytes-max)"
+    );
+    assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
+}

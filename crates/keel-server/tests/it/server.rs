@@ -1,0 +1,260 @@
+//! Connection and server commands: HELLO, AUTH, CLIENT, COMMAND, CONFIG, INFO, RESET,
+//! SHUTDOWN, limits, protected mode and the metrics endpoint.
+
+use std::io::{Read, Write};
+
+use redis::Value;
+
+use crate::{TestServer, error, exchange, is_closed, query};
+
+#[test]
+fn hello_switches_protocol() {
+    let server = TestServer::start();
+    let mut s = server.raw();
+    let got = exchange(&mut s, b"HELLO 3\r\n", 10);
+    assert!(
+        got.starts_with(b"%7\r\n"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let got = exchange(&mut s, b"GET nope\r\n", 3);
+    assert_eq!(got, b"_\r\n");
+    let got = exchange(&mut s, b"HELLO 4\r\n", 39);
+    assert_eq!(got, b"-NOPROTO unsupported protocol version\r\n");
+    let got = exchange(&mut s, b"HELLO 2\r\n", 4);
+    assert!(got.starts_with(b"*14\r\n"));
+    let mut c = server.client_proto(true);
+    let hello: Value = query(&mut c, &["HELLO", "3"]);
+    let Value::Map(fields) = hello else {
+        panic!("HELLO 3 returns a map, got {hello:?}");
+    };
+    assert!(fields.contains(&(Value::BulkString(b"proto".to_vec()), Value::Int(3))));
+}
+
+#[test]
+fn requirepass_auth_and_noauth() {
+    let server = TestServer::with(|c| c.requirepass = Some("s3cret".into()));
+    let mut s = server.raw();
+    let got = exchange(&mut s, b"GET k\r\n", 34);
+    assert_eq!(got, b"-NOAUTH Authentication required.\r\n");
+    let wrongpass = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+    let got = exchange(&mut s, b"AUTH wrong\r\n", wrongpass.len());
+    assert_eq!(got, wrongpass);
+    // Unauthenticated clients may not send big requests.
+    let got = exchange(&mut s, b"*11\r\n", 55);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "-ERR Protocol error: unauthenticated multibulk length\r\n"
+    );
+    assert!(is_closed(&mut s));
+    let mut s = server.raw();
+    assert_eq!(
+        exchange(&mut s, b"AUTH s3cret\r\nPING\r\n", 12),
+        b"+OK\r\n+PONG\r\n"
+    );
+    assert_eq!(exchange(&mut s, b"AUTH default s3cret\r\n", 5), b"+OK\r\n");
+    // The redis crate authenticates from the URL, over RESP2 (AUTH) and RESP3 (HELLO AUTH).
+    for resp3 in [false, true] {
+        let proto = if resp3 { "?protocol=resp3" } else { "" };
+        let url = format!("redis://:s3cret@{}/{proto}", server.addr);
+        let mut c = redis::Client::open(url)
+            .expect("url")
+            .get_connection()
+            .expect("authenticated connection");
+        assert_eq!(query::<String>(&mut c, &["SET", "k", "v"]), "OK");
+    }
+    let bad = format!("redis://:nope@{}/?protocol=resp3", server.addr);
+    assert!(
+        redis::Client::open(bad)
+            .expect("url")
+            .get_connection()
+            .is_err()
+    );
+    // CONFIG SET requirepass changes it for new connections.
+    let mut c = redis::Client::open(format!("redis://:s3cret@{}/", server.addr))
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    let _: () = query(&mut c, &["CONFIG", "SET", "requirepass", ""]);
+    let mut open = server.client();
+    assert_eq!(query::<String>(&mut open, &["PING"]), "PONG");
+    assert!(error(&mut open, &["AUTH", "x"]).starts_with("ERR AUTH <password> called without"));
+}
+
+#[test]
+fn client_commands() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let mut b = server.client();
+    let id_a: i64 = query(&mut a, &["CLIENT", "ID"]);
+    let id_b: i64 = query(&mut b, &["CLIENT", "ID"]);
+    assert_ne!(id_a, id_b);
+    assert_eq!(
+        query::<Option<String>>(&mut a, &["CLIENT", "GETNAME"]),
+        None
+    );
+    assert_eq!(
+        query::<String>(&mut a, &["CLIENT", "SETNAME", "alpha"]),
+        "OK"
+    );
+    assert_eq!(query::<String>(&mut a, &["CLIENT", "GETNAME"]), "alpha");
+    assert_eq!(
+        error(&mut a, &["CLIENT", "SETNAME", "a b"]),
+        "ERR Client names cannot contain spaces, newlines or special characters."
+    );
+    assert_eq!(
+        query::<String>(&mut a, &["CLIENT", "SETINFO", "LIB-NAME", "tester"]),
+        "OK"
+    );
+    let list: String = query(&mut a, &["CLIENT", "LIST"]);
+    assert!(list.contains(&format!("id={id_a} ")), "{list}");
+    assert!(list.contains("name=alpha "), "{list}");
+    assert!(list.contains("lib-name=tester "), "{list}");
+    assert!(list.contains(&format!("id={id_b} ")), "{list}");
+    assert_eq!(
+        error(&mut a, &["CLIENT", "NOSUCH"]),
+        "ERR unknown subcommand 'NOSUCH'. Try CLIENT HELP."
+    );
+    assert_eq!(
+        query::<i64>(&mut a, &["CLIENT", "KILL", "ID", &id_b.to_string()]),
+        1
+    );
+    assert!(query_fails(&mut b));
+    assert_eq!(
+        error(&mut a, &["CLIENT", "KILL", "1.2.3.4:5"]),
+        "ERR No such client"
+    );
+}
+
+fn query_fails(c: &mut redis::Connection) -> bool {
+    for _ in 0..50 {
+        if redis::cmd("PING").query::<String>(c).is_err() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn command_config_info_reset() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let count: i64 = query(&mut c, &["COMMAND", "COUNT"]);
+    assert!(count >= 45);
+    let all: Vec<Value> = query(&mut c, &["COMMAND"]);
+    assert_eq!(all.len() as i64, count);
+    let info: Vec<Value> = query(&mut c, &["COMMAND", "INFO", "get", "keel.range", "nosuch"]);
+    assert_eq!(info.len(), 3);
+    assert_eq!(info[2], Value::Nil);
+    let Value::Array(get) = &info[0] else {
+        panic!("{:?}", info[0]);
+    };
+    assert_eq!(get[0], Value::BulkString(b"get".to_vec()));
+    assert_eq!(get[1], Value::Int(2));
+    let docs: Value = query(&mut c, &["COMMAND", "DOCS", "keel.max"]);
+    assert!(format!("{docs:?}").contains("Commutative"));
+
+    let config: Vec<String> = query(&mut c, &["CONFIG", "GET", "*"]);
+    assert!(config.contains(&"appendonly".to_string()));
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["CONFIG", "GET", "save", "appendonly"]),
+        vec!["save", "", "appendonly", "no"]
+    );
+    assert_eq!(
+        error(&mut c, &["CONFIG", "SET", "nosuch", "1"]),
+        "ERR Unknown option or number of arguments for CONFIG SET - 'nosuch'"
+    );
+    assert_eq!(
+        error(&mut c, &["CONFIG", "SET", "port", "1"]),
+        "ERR CONFIG SET failed (possibly related to argument 'port') - can't set immutable config"
+    );
+    let _: () = query(&mut c, &["SET", "k", "v"]);
+    let info: String = query(&mut c, &["INFO"]);
+    for section in [
+        "# Server",
+        "# Clients",
+        "# Memory",
+        "# Persistence",
+        "# Stats",
+        "# Keel",
+        "# Keyspace",
+    ] {
+        assert!(info.contains(section), "INFO lacks {section}");
+    }
+    assert!(info.contains("db0:keys=1,"));
+    assert!(info.contains("keel_commits:"));
+    let only: String = query(&mut c, &["INFO", "keel"]);
+    assert!(only.starts_with("# Keel") && !only.contains("# Server"));
+
+    let _: () = query(&mut c, &["CLIENT", "SETNAME", "x"]);
+    let _: () = query(&mut c, &["MULTI"]);
+    let reset: String = query(&mut c, &["RESET"]);
+    assert_eq!(reset, "RESET");
+    assert_eq!(
+        query::<Option<String>>(&mut c, &["CLIENT", "GETNAME"]),
+        None
+    );
+    assert_eq!(query::<String>(&mut c, &["GET", "k"]), "v");
+}
+
+#[test]
+fn shutdown_stops_the_server() {
+    let server = TestServer::start();
+    let addr = server.addr;
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "k", "v"]);
+    let mut s = server.raw();
+    s.write_all(b"SHUTDOWN\r\n").expect("write");
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        s.read(&mut buf).expect("read"),
+        0,
+        "SHUTDOWN closes without a reply"
+    );
+    server.join();
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn maxclients_rejects_extra_connections() {
+    let server = TestServer::with(|c| c.maxclients = 2);
+    let _a = server.client();
+    let _b = server.client();
+    let mut s = server.raw();
+    let got = exchange(&mut s, b"PING\r\n", 36);
+    assert_eq!(got, b"-ERR max number of clients reached\r\n");
+}
+
+#[test]
+fn protected_mode_refuses_open_bind_without_password() {
+    let mut config = keel_server::Config::default();
+    config.bind = "0.0.0.0".parse().expect("ip");
+    config.port = 0;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = runtime.block_on(keel_server::Server::bind(config));
+    let Err(e) = result else {
+        panic!("bound 0.0.0.0 without a password");
+    };
+    assert!(e.to_string().contains("refusing to listen"), "{e}");
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let server = TestServer::with(|c| c.metrics = Some("127.0.0.1:0".parse().expect("addr")));
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "k", "v"]);
+    let mut s =
+        std::net::TcpStream::connect(server.metrics.expect("metrics address")).expect("connect");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read");
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(body.contains("keel_commits_total 1"), "{body}");
+    assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));
+    assert!(body.contains("keel_command_duration_seconds_bucket{le=\"+Inf\"}"));
+}

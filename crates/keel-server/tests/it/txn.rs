@@ -1,0 +1,297 @@
+//! MULTI/EXEC/DISCARD/WATCH: one serializable transaction per EXEC, several connections.
+
+use redis::Value;
+
+use crate::{TestServer, error, query};
+
+#[test]
+fn multi_exec_runs_the_queue() {
+    let server = TestServer::start();
+    for resp3 in [false, true] {
+        let mut c = server.client_proto(resp3);
+        assert_eq!(query::<String>(&mut c, &["MULTI"]), "OK");
+        assert_eq!(query::<String>(&mut c, &["SET", "a", "1"]), "QUEUED");
+        assert_eq!(query::<String>(&mut c, &["INCR", "a"]), "QUEUED");
+        assert_eq!(query::<String>(&mut c, &["GET", "a"]), "QUEUED");
+        assert_eq!(query::<String>(&mut c, &["PING"]), "QUEUED");
+        let replies: Value = query(&mut c, &["EXEC"]);
+        assert_eq!(
+            replies,
+            Value::Array(vec![
+                Value::Okay,
+                Value::Int(2),
+                Value::BulkString(b"2".to_vec()),
+                Value::SimpleString("PONG".into()),
+            ])
+        );
+        // The redis crate's atomic pipeline.
+        let (x, y): (i64, i64) = redis::pipe()
+            .atomic()
+            .cmd("INCR")
+            .arg("x")
+            .cmd("INCR")
+            .arg("x")
+            .query(&mut c)
+            .expect("atomic pipeline");
+        assert_eq!((x + 1, y), (y, y));
+        let _: () = query(&mut c, &["DEL", "x"]);
+    }
+}
+
+#[test]
+fn errors_in_multi() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    assert_eq!(error(&mut c, &["EXEC"]), "ERR EXEC without MULTI");
+    assert_eq!(error(&mut c, &["DISCARD"]), "ERR DISCARD without MULTI");
+    let _: () = query(&mut c, &["MULTI"]);
+    assert_eq!(
+        error(&mut c, &["MULTI"]),
+        "ERR MULTI calls can not be nested"
+    );
+    assert_eq!(
+        error(&mut c, &["WATCH", "a"]),
+        "ERR WATCH inside MULTI is not allowed"
+    );
+    assert_eq!(query::<String>(&mut c, &["SET", "a", "1"]), "QUEUED");
+    assert_eq!(query::<String>(&mut c, &["DISCARD"]), "OK");
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "a"]), 0);
+    // A queue-time error aborts the whole EXEC, as in Redis.
+    let _: () = query(&mut c, &["MULTI"]);
+    assert_eq!(query::<String>(&mut c, &["SET", "a", "1"]), "QUEUED");
+    assert_eq!(
+        error(&mut c, &["GET"]),
+        "ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(
+        error(&mut c, &["EXEC"]),
+        "EXECABORT Transaction discarded because of previous errors."
+    );
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "a"]), 0);
+}
+
+#[test]
+fn a_failing_command_rolls_back_the_whole_exec() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "text", "abc"]);
+    let _: () = query(&mut c, &["SET", "keep", "old"]);
+    // The redis crate turns a reply holding an error into an Err: read the raw reply.
+    let mut s = server.raw();
+    let got = crate::exchange(
+        &mut s,
+        b"MULTI\r\nSET keep new\r\nINCR text\r\nSET other 1\r\nEXEC\r\n",
+        92,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n-ERR value is not an integer or out of range\r\n+OK\r\n"
+    );
+    // keel, unlike Redis, applied nothing.
+    assert_eq!(query::<String>(&mut c, &["GET", "keep"]), "old");
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "other"]), 0);
+}
+
+#[test]
+fn watch_detects_a_change_by_another_connection() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let mut b = server.client();
+    let _: () = query(&mut a, &["SET", "balance", "100"]);
+    assert_eq!(query::<String>(&mut a, &["WATCH", "balance"]), "OK");
+    let balance: i64 = query(&mut a, &["GET", "balance"]);
+    let _: () = query(&mut b, &["SET", "balance", "50"]);
+    // The WATCH snapshot: a still reads what it read at WATCH.
+    assert_eq!(query::<i64>(&mut a, &["GET", "balance"]), balance);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "balance", &(balance - 10).to_string()]);
+    assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+    assert_eq!(query::<i64>(&mut a, &["GET", "balance"]), 50);
+}
+
+#[test]
+fn watch_detects_an_equal_value_rewrite_and_a_create() {
+    let server = TestServer::start();
+    for resp3 in [false, true] {
+        let mut a = server.client_proto(resp3);
+        let mut b = server.client();
+        let _: () = query(&mut a, &["SET", "k", "same"]);
+        let _: () = query(&mut a, &["WATCH", "k", "fresh"]);
+        let _: () = query(&mut b, &["SET", "k", "same"]);
+        let _: () = query(&mut a, &["MULTI"]);
+        let _: () = query(&mut a, &["SET", "k", "mine"]);
+        assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+        assert_eq!(query::<String>(&mut a, &["GET", "k"]), "same");
+
+        let _: () = query(&mut a, &["WATCH", "k", "fresh"]);
+        let _: () = query(&mut b, &["SET", "fresh", "1"]);
+        let _: () = query(&mut a, &["MULTI"]);
+        let _: () = query(&mut a, &["SET", "k", "mine"]);
+        assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+        let _: () = query(&mut a, &["DEL", "fresh"]);
+    }
+}
+
+#[test]
+fn watch_without_a_change_commits() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let mut b = server.client();
+    let _: () = query(&mut a, &["SET", "k", "1"]);
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    // Changes to other keys, even ones the transaction reads, do not fail the EXEC.
+    let _: () = query(&mut b, &["SET", "other", "2"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["GET", "other"]);
+    let _: () = query(&mut a, &["SET", "k", "2"]);
+    let replies: Vec<Value> = query(&mut a, &["EXEC"]);
+    assert_eq!(replies, vec![Value::BulkString(b"2".to_vec()), Value::Okay]);
+    // UNWATCH forgets; DISCARD and EXEC unwatch.
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    let _: () = query(&mut a, &["UNWATCH"]);
+    let _: () = query(&mut b, &["SET", "k", "3"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "k", "4"]);
+    assert_eq!(query::<Vec<Value>>(&mut a, &["EXEC"]), vec![Value::Okay]);
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["DISCARD"]);
+    let _: () = query(&mut b, &["SET", "k", "5"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "k", "6"]);
+    assert_eq!(query::<Vec<Value>>(&mut a, &["EXEC"]), vec![Value::Okay]);
+    assert_eq!(query::<i64>(&mut a, &["GET", "k"]), 6);
+}
+
+#[test]
+fn watch_by_own_write_fails_exec_as_in_redis() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    let _: () = query(&mut a, &["SET", "k", "1"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "k", "2"]);
+    assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+    assert_eq!(query::<i64>(&mut a, &["GET", "k"]), 1);
+}
+
+/// Read-modify-write transfers between accounts from several connections, each a MULTI with
+/// reads and writes: conflicts are retried inside the server, and the total is conserved.
+#[test]
+fn concurrent_exec_is_serializable() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    for i in 0..4 {
+        let _: () = query(&mut c, &["SET", &format!("acct{i}"), "100"]);
+    }
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let url = server.url(t % 2 == 0);
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url)
+                    .expect("url")
+                    .get_connection()
+                    .expect("connect");
+                for i in 0..100 {
+                    let from = format!("acct{}", (t + i) % 4);
+                    let to = format!("acct{}", (t + i + 1) % 4);
+                    // INCRBY reads the value in the transaction: a conflict is possible and
+                    // must be retried by the server, never surfaced.
+                    let (_, _, sum): (i64, i64, i64) = redis::pipe()
+                        .atomic()
+                        .cmd("DECRBY")
+                        .arg(&from)
+                        .arg(7)
+                        .cmd("INCRBY")
+                        .arg(&to)
+                        .arg(7)
+                        .cmd("INCRBY")
+                        .arg("transfers")
+                        .arg(1)
+                        .query(&mut c)
+                        .expect("EXEC never fails for a conflict");
+                    assert!(sum >= 1);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client thread");
+    }
+    let values: Vec<i64> = query(&mut c, &["MGET", "acct0", "acct1", "acct2", "acct3"]);
+    assert_eq!(values.iter().sum::<i64>(), 400);
+    assert_eq!(query::<i64>(&mut c, &["GET", "transfers"]), 600);
+}
+
+/// Many WATCH-based optimistic increments: every EXEC either commits or returns null, and the
+/// final count equals the number of EXECs that committed (no lost update).
+#[test]
+fn watch_increments_lose_no_update() {
+    let server = TestServer::start();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url)
+                    .expect("url")
+                    .get_connection()
+                    .expect("connect");
+                let mut committed = 0;
+                for _ in 0..100 {
+                    let _: () = query(&mut c, &["WATCH", "n"]);
+                    let n: Option<i64> = query(&mut c, &["GET", "n"]);
+                    let _: () = query(&mut c, &["MULTI"]);
+                    let _: () = query(&mut c, &["SET", "n", &(n.unwrap_or(0) + 1).to_string()]);
+                    match query::<Value>(&mut c, &["EXEC"]) {
+                        Value::Nil => {}
+                        Value::Array(_) => committed += 1,
+                        other => panic!("EXEC returned {other:?}"),
+                    }
+                }
+                committed
+            })
+        })
+        .collect();
+    let committed: i64 = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .sum();
+    let mut c = server.client();
+    assert!(committed > 0);
+    assert_eq!(query::<i64>(&mut c, &["GET", "n"]), committed);
+}
+
+#[test]
+fn keel_range_in_multi_is_consistent() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    for k in ["a", "b", "c"] {
+        let _: () = query(&mut c, &["SET", k, "1"]);
+    }
+    let _: () = query(&mut c, &["MULTI"]);
+    let _: () = query(&mut c, &["KEEL.RANGE", "-", "+"]);
+    let _: () = query(&mut c, &["SET", "d", "1"]);
+    let _: () = query(&mut c, &["KEEL.RANGE", "-", "+", "REV", "LIMIT", "2"]);
+    let _: () = query(&mut c, &["KEEL.ADD", "a", "5"]);
+    let _: () = query(&mut c, &["GET", "a"]);
+    let replies: Vec<Value> = query(&mut c, &["EXEC"]);
+    assert_eq!(replies.len(), 5);
+    let pairs = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Array(items) => items
+                .iter()
+                .map(|p| match p {
+                    Value::Array(kv) => match &kv[0] {
+                        Value::BulkString(k) => String::from_utf8_lossy(k).into_owned(),
+                        other => panic!("{other:?}"),
+                    },
+                    other => panic!("{other:?}"),
+                })
+                .collect(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(pairs(&replies[0]), vec!["a", "b", "c"]);
+    assert_eq!(pairs(&replies[2]), vec!["d", "c"]);
+    assert_eq!(replies[4], Value::BulkString(b"6".to_vec()));
+}
