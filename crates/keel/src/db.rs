@@ -1,35 +1,81 @@
-//! The database handle: options, opening, statistics and the retrying `transact` helper.
+//! The database handle: options, opening and recovery, checkpoints, statistics, and the
+//! retrying `transact` helper.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
+
+use crate::checkpoint::{self, MANIFEST, Manifest};
 use crate::concurrency::{Oracle, SlotStats};
-use crate::error::{BeginError, TransactError};
+use crate::error::{BeginError, OpenError, TransactError};
+use crate::index::hash;
+use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
-use crate::store::{MemStore, Store};
+use crate::mvcc::LockOwner;
+use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
+use crate::wal::format::{Commit, segment_header, segment_name};
+use crate::wal::{Durability, Log, LogFailed, reader};
 use crate::{Error, Ts};
 
 /// Settings for a database.
 ///
 /// ```
-/// let options = keel::Options::default().capacity_hint(1 << 20);
-/// let db = keel::Db::with_options(options);
-/// # drop(db);
+/// use std::time::Duration;
+/// let options = keel::Options::default()
+///     .capacity_hint(1 << 20)
+///     .durability(keel::Durability::Async { interval: Duration::from_millis(100) });
+/// # drop(options);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Options {
     /// Keys expected; the point index is sized for this many before it first grows.
     /// Growing is correct at any size but pauses inserts (never reads) while it copies.
     pub capacity_hint: usize,
+    /// When commits are acknowledged relative to the disk. Default: [`Durability::Sync`].
+    /// [`Durability::None`] keeps everything in memory and writes no files.
+    pub durability: Durability,
+    /// A checkpoint starts once this many log bytes were written since the last one.
+    pub checkpoint_log_bytes: u64,
+    /// A checkpoint starts at least this often while anything is written.
+    pub checkpoint_interval: Duration,
+    /// Log segments are rotated at about this size.
+    pub segment_bytes: u64,
+    /// Threads that replay the checkpoint and the log at open.
+    pub recovery_threads: usize,
+    disk: Option<Arc<dyn Disk>>,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             capacity_hint: 1 << 16,
+            durability: Durability::Sync,
+            checkpoint_log_bytes: 256 << 20,
+            checkpoint_interval: Duration::from_secs(300),
+            segment_bytes: 64 << 20,
+            recovery_threads: std::thread::available_parallelism().map_or(2, usize::from),
+            disk: None,
         }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("capacity_hint", &self.capacity_hint)
+            .field("durability", &self.durability)
+            .field("checkpoint_log_bytes", &self.checkpoint_log_bytes)
+            .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("recovery_threads", &self.recovery_threads)
+            .field("simulated_disk", &self.disk.is_some())
+            .finish()
     }
 }
 
@@ -39,11 +85,262 @@ impl Options {
         self.capacity_hint = keys;
         self
     }
+
+    /// Sets [`Options::durability`].
+    pub fn durability(mut self, durability: Durability) -> Options {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets [`Options::checkpoint_log_bytes`].
+    pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Options {
+        self.checkpoint_log_bytes = bytes;
+        self
+    }
+
+    /// Sets [`Options::checkpoint_interval`].
+    pub fn checkpoint_interval(mut self, interval: Duration) -> Options {
+        self.checkpoint_interval = interval;
+        self
+    }
+
+    /// Sets [`Options::segment_bytes`].
+    pub fn segment_bytes(mut self, bytes: u64) -> Options {
+        self.segment_bytes = bytes.max(4096);
+        self
+    }
+
+    /// Routes all file I/O through `disk` (tests use [`SimDisk`](crate::SimDisk)).
+    pub fn disk(mut self, disk: impl Disk) -> Options {
+        self.disk = Some(Arc::new(disk));
+        self
+    }
+}
+
+/// What opening a database found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Recovery {
+    /// The checkpoint loaded, and how many keys it held.
+    pub checkpoint: Option<(String, u64)>,
+    /// Log frames (commits) replayed after the checkpoint.
+    pub log_frames: u64,
+    /// Bytes of log replayed.
+    pub log_bytes: u64,
+    /// A torn tail cut from the log: file, offset, bytes cut.
+    pub torn_tail: Option<(PathBuf, u64, u64)>,
+    /// The newest commit timestamp recovered.
+    pub last_ts: Ts,
+    /// How long recovery took.
+    pub elapsed: Duration,
+}
+
+struct Files {
+    disk: Arc<dyn Disk>,
+    dir: PathBuf,
+    checkpoint: Mutex<CheckpointState>,
+    options: Options,
+    _lock: Box<dyn Send + Sync>,
+}
+
+struct CheckpointState {
+    replay_from_lsn: u64,
+    at: Instant,
+    current: Option<String>,
 }
 
 pub(crate) struct Shared {
     pub(crate) oracle: Oracle,
     pub(crate) store: MemStore,
+    pub(crate) log: Option<Log>,
+    files: Option<Files>,
+    recovered_versions: AtomicI64,
+    checkpoints: AtomicU64,
+}
+
+impl Shared {
+    /// Whether the log has failed (writes are refused for good).
+    pub(crate) fn log_failed(&self) -> bool {
+        self.log.as_ref().is_some_and(|log| log.failed().is_some())
+    }
+
+    /// Writes a checkpoint; `None` for a database without files.
+    fn checkpoint(&self) -> Result<Option<CheckpointInfo>, CheckpointError> {
+        let (Some(files), Some(log)) = (&self.files, &self.log) else {
+            return Ok(None);
+        };
+        let mut state = files.checkpoint.lock();
+        let started = Instant::now();
+        // Every frame before `replay_from` was reserved by a commit that had already taken
+        // its timestamp, so at or below `newest`; once the watermark passes `newest`, a
+        // snapshot holds all of them.
+        let replay_from_lsn = log.tail();
+        let newest = self.oracle.last_commit_ts();
+        while self.oracle.visible() < newest {
+            if let Some(failed) = log.failed() {
+                return Err(CheckpointError::Log(failed));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let snapshot = Snapshot::begin(self).map_err(CheckpointError::Begin)?;
+        let snapshot_ts = snapshot.read_ts();
+        let everything = KeyRange {
+            lo: std::ops::Bound::Unbounded,
+            hi: std::ops::Bound::Unbounded,
+        };
+        let entries = self.store.scan(everything).filter_map(|record| {
+            let r = record.get();
+            let version = r.visible(snapshot_ts)?;
+            Some((r.key(), version.ts(), version.value()?))
+        });
+        let disk = &*files.disk;
+        let (name, keys) =
+            checkpoint::write(disk, &files.dir, snapshot_ts, replay_from_lsn, entries)
+                .map_err(|e| CheckpointError::Io(files.dir.clone(), e))?;
+        drop(snapshot);
+        let manifest = Manifest {
+            checkpoint: Some(name.clone()),
+            snapshot_ts,
+            replay_from_lsn,
+        };
+        manifest
+            .write(disk, &files.dir)
+            .map_err(|e| CheckpointError::Io(files.dir.join(MANIFEST), e))?;
+        state.replay_from_lsn = replay_from_lsn;
+        state.at = Instant::now();
+        state.current = Some(name.clone());
+        remove_obsolete(disk, &files.dir, &manifest)
+            .map_err(|e| CheckpointError::Io(files.dir.clone(), e))?;
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(CheckpointInfo {
+            name,
+            keys,
+            snapshot_ts,
+            replay_from_lsn,
+            elapsed: started.elapsed(),
+        }))
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        let (Some(files), Some(log)) = (&self.files, &self.log) else {
+            return false;
+        };
+        let state = files.checkpoint.lock();
+        let logged = log.tail().saturating_sub(state.replay_from_lsn);
+        logged >= files.options.checkpoint_log_bytes
+            || (logged > 0 && state.at.elapsed() >= files.options.checkpoint_interval)
+    }
+}
+
+/// Deletes checkpoints other than the manifest's, log segments wholly before its
+/// `replay_from`, and temporary files left by a crash.
+fn remove_obsolete(disk: &dyn Disk, dir: &Path, manifest: &Manifest) -> std::io::Result<()> {
+    let mut removed = false;
+    for name in disk.list(dir)? {
+        let stale_checkpoint =
+            checkpoint::is_checkpoint_name(&name) && manifest.checkpoint.as_deref() != Some(&name);
+        if stale_checkpoint || name.ends_with(".tmp") {
+            disk.remove(&dir.join(&name))?;
+            removed = true;
+        }
+    }
+    let segments =
+        reader::list_segments(disk, dir).map_err(|e| std::io::Error::other(e.to_string()))?;
+    for pair in segments.windows(2) {
+        if pair[1].first_lsn <= manifest.replay_from_lsn {
+            disk.remove(&pair[0].path)?;
+            removed = true;
+        }
+    }
+    if removed {
+        disk.sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// A checkpoint that was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CheckpointInfo {
+    /// Its file name.
+    pub name: String,
+    /// Keys it holds.
+    pub keys: u64,
+    /// The snapshot it was written from.
+    pub snapshot_ts: Ts,
+    /// Log replay starts here after it.
+    pub replay_from_lsn: u64,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// A checkpoint failed; the previous one stays current, nothing is lost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Writing a file failed.
+    #[error("checkpoint in {dir}: {1}", dir = .0.display())]
+    Io(PathBuf, #[source] std::io::Error),
+    /// The log has failed.
+    #[error(transparent)]
+    Log(LogFailed),
+    /// No snapshot could be opened.
+    #[error(transparent)]
+    Begin(BeginError),
+}
+
+/// Tells the checkpointer to stop: a flag and the condition variable it sleeps on.
+type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+
+/// Stops the background work and closes the log when the last handle goes.
+struct Owner {
+    shared: Arc<Shared>,
+    checkpointer: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
+    recovery: Option<Recovery>,
+}
+
+impl Owner {
+    fn shut_down(&self) -> Result<(), CloseError> {
+        if let Some((handle, stop)) = self.checkpointer.lock().take() {
+            *stop.0.lock() = true;
+            stop.1.notify_all();
+            handle.join().expect("the checkpointer does not panic");
+        }
+        let Some(log) = &self.shared.log else {
+            return Ok(());
+        };
+        if log.failed().is_none() && self.shared.checkpoint_due_on_close() {
+            self.shared.checkpoint().map_err(CloseError::Checkpoint)?;
+        }
+        log.close().map_err(CloseError::Log)
+    }
+}
+
+impl Shared {
+    fn checkpoint_due_on_close(&self) -> bool {
+        let (Some(files), Some(log)) = (&self.files, &self.log) else {
+            return false;
+        };
+        log.tail() > files.checkpoint.lock().replay_from_lsn
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
+
+/// Closing a database failed; what was acknowledged is still in the log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseError {
+    /// The final checkpoint failed (recovery will replay the log instead).
+    #[error(transparent)]
+    Checkpoint(CheckpointError),
+    /// The log had failed.
+    #[error(transparent)]
+    Log(LogFailed),
 }
 
 /// A database. Cheap to clone; clones share the same data.
@@ -64,6 +361,7 @@ pub(crate) struct Shared {
 #[derive(Clone)]
 pub struct Db {
     shared: Arc<Shared>,
+    owner: Arc<Owner>,
 }
 
 /// Counters describing what a database has done; each is a sum over all transactions.
@@ -87,6 +385,12 @@ pub struct Stats {
     /// Bytes mapped for records (keys and their first versions); later versions are
     /// allocated separately.
     pub record_bytes: u64,
+    /// Commits written to the log.
+    pub log_frames: u64,
+    /// fsyncs of the log.
+    pub log_fsyncs: u64,
+    /// Checkpoints written since open.
+    pub checkpoints: u64,
     /// The newest timestamp whose commits are all visible.
     pub visible_ts: Ts,
     /// The garbage-collection horizon: versions older than what a snapshot at this
@@ -95,19 +399,248 @@ pub struct Stats {
 }
 
 impl Db {
-    /// An empty in-memory database with default options.
+    /// An empty in-memory database with default options (no files, no durability).
     pub fn in_memory() -> Db {
         Db::with_options(Options::default())
     }
 
-    /// An empty in-memory database.
+    /// An empty in-memory database (the durability option is ignored: there are no files).
     pub fn with_options(options: Options) -> Db {
-        Db {
-            shared: Arc::new(Shared {
-                oracle: Oracle::new(Ts(0)),
-                store: MemStore::new(options.capacity_hint),
-            }),
+        let shared = Arc::new(Shared {
+            oracle: Oracle::new(Ts(0)),
+            store: MemStore::new(options.capacity_hint),
+            log: None,
+            files: None,
+            recovered_versions: AtomicI64::new(0),
+            checkpoints: AtomicU64::new(0),
+        });
+        Db::from_shared(shared, None)
+    }
+
+    fn from_shared(shared: Arc<Shared>, recovery: Option<Recovery>) -> Db {
+        let owner = Arc::new(Owner {
+            shared: Arc::clone(&shared),
+            checkpointer: Mutex::new(None),
+            recovery,
+        });
+        if shared.files.is_some() {
+            let stop = Arc::new((Mutex::new(false), Condvar::new()));
+            let (worker, signal) = (Arc::clone(&shared), Arc::clone(&stop));
+            let handle = std::thread::Builder::new()
+                .name("keel-checkpointer".into())
+                .spawn(move || checkpointer(&worker, &signal))
+                .expect("spawning the checkpointer thread");
+            *owner.checkpointer.lock() = Some((handle, stop));
         }
+        Db { shared, owner }
+    }
+
+    /// Opens (creating if needed) the database in `dir` and recovers it: the newest
+    /// checkpoint, then every whole log frame after it. With [`Durability::None`] nothing is
+    /// read or written and the database starts empty.
+    ///
+    /// ```
+    /// let dir = std::env::temp_dir().join(format!("keel-doc-open-{}", std::process::id()));
+    /// {
+    ///     let db = keel::Db::open(&dir, keel::Options::default())?;
+    ///     db.transact(|txn| txn.put(b"k", b"durable"))?;
+    /// }
+    /// let db = keel::Db::open(&dir, keel::Options::default())?;
+    /// assert_eq!(db.snapshot()?.get(b"k")?, Some(b"durable".to_vec()));
+    /// # drop(db);
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Db, OpenError> {
+        if options.durability == Durability::None {
+            return Ok(Db::with_options(options));
+        }
+        let started = Instant::now();
+        let dir = dir.as_ref().to_path_buf();
+        let disk: Arc<dyn Disk> = options.disk.clone().unwrap_or_else(|| Arc::new(OsDisk));
+        disk.create_dir_all(&dir)
+            .map_err(|e| OpenError::io(&dir, e))?;
+        let lock_path = dir.join("LOCK");
+        let lock = disk
+            .try_lock(&lock_path)
+            .map_err(|e| OpenError::io(&lock_path, e))?
+            .ok_or_else(|| OpenError::Locked { dir: dir.clone() })?;
+        let names = disk.list(&dir).map_err(|e| OpenError::io(&dir, e))?;
+        if !names.iter().any(|n| n == MANIFEST) {
+            let keel_shaped = |n: &String| {
+                n == "LOCK"
+                    || n.ends_with(".tmp")
+                    || checkpoint::is_checkpoint_name(n)
+                    || crate::wal::format::parse_segment_name(n).is_some()
+            };
+            if let Some(foreign) = names.iter().find(|n| !keel_shaped(n)) {
+                return Err(OpenError::NotKeel {
+                    dir,
+                    example: foreign.clone(),
+                });
+            }
+            if names
+                .iter()
+                .any(|n| crate::wal::format::parse_segment_name(n).is_some())
+            {
+                return Err(OpenError::Damaged {
+                    file: dir.join(MANIFEST),
+                    offset: 0,
+                    reason: "the manifest is missing but log segments exist".into(),
+                });
+            }
+            Manifest::default()
+                .write(&*disk, &dir)
+                .map_err(|e| OpenError::io(&dir, e))?;
+        }
+        let manifest = Manifest::read(&*disk, &dir)?;
+        let threads = options.recovery_threads.max(1);
+        let shared_store = MemStore::new(options.capacity_hint);
+        let recovered_versions = AtomicI64::new(0);
+        let mut last_ts = manifest.snapshot_ts;
+        let mut recovery = Recovery::default();
+
+        // Load the checkpoint, its blocks spread over the recovery threads.
+        let apply = |key: &[u8], ts: Ts, value: Option<&[u8]>| {
+            recovered_versions.fetch_add(
+                apply_recovered(&shared_store, key, ts, value),
+                Ordering::Relaxed,
+            );
+        };
+        if let Some(name) = &manifest.checkpoint {
+            let loaded = checkpoint::load(&*disk, &dir.join(name))?;
+            if loaded.snapshot_ts != manifest.snapshot_ts
+                || loaded.replay_from_lsn != manifest.replay_from_lsn
+            {
+                return Err(OpenError::Damaged {
+                    file: dir.join(name),
+                    offset: 16,
+                    reason: "checkpoint header disagrees with the manifest".into(),
+                });
+            }
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let (blocks, apply) = (&loaded.blocks, &apply);
+                    s.spawn(move || {
+                        for block in blocks.iter().skip(t).step_by(threads) {
+                            checkpoint::for_each_entry(block, |k, ts, v| apply(k, ts, Some(v)))
+                                .expect("verified while loading");
+                        }
+                    });
+                }
+            });
+            recovery.checkpoint = Some((name.clone(), loaded.count));
+        }
+
+        // Replay the log after it, partitioned by key so each key's frames apply in order.
+        let segments = reader::list_segments(&*disk, &dir)?;
+        if let Some(first) = segments.first()
+            && first.first_lsn > manifest.replay_from_lsn
+        {
+            return Err(OpenError::Damaged {
+                file: first.path.clone(),
+                offset: 0,
+                reason: format!(
+                    "log before LSN {} is missing; the checkpoint needs it from {}",
+                    first.first_lsn, manifest.replay_from_lsn
+                ),
+            });
+        }
+        let mut commits: Vec<Commit> = Vec::new();
+        let scanned = reader::scan(&*disk, &segments, manifest.replay_from_lsn, |_, commit| {
+            commits.push(commit)
+        })?;
+        for commit in &commits {
+            last_ts = last_ts.max(commit.ts);
+        }
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (commits, apply) = (&commits, &apply);
+                s.spawn(move || {
+                    for commit in commits {
+                        for (key, value) in &commit.entries {
+                            if hash(key) as usize % threads == t {
+                                apply(key, commit.ts, value.as_deref());
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        recovery.log_frames = scanned.frames;
+        recovery.log_bytes = scanned.bytes;
+        if let Some((path, len, cut)) = &scanned.torn {
+            disk.truncate(path, *len)
+                .map_err(|e| OpenError::io(path, e))?;
+            recovery.torn_tail = Some((path.clone(), *len, *cut));
+        }
+        remove_obsolete(&*disk, &dir, &manifest).map_err(|e| OpenError::io(&dir, e))?;
+
+        // Continue the log where it ends.
+        let end_lsn = scanned.end_lsn.max(manifest.replay_from_lsn);
+        let (segment, segment_first_lsn) = match segments.last() {
+            Some(last) => {
+                let file = disk
+                    .open_append(&last.path)
+                    .map_err(|e| OpenError::io(&last.path, e))?;
+                (file, last.first_lsn)
+            }
+            _ => {
+                let path = dir.join(segment_name(end_lsn));
+                let mut file = disk.create(&path).map_err(|e| OpenError::io(&path, e))?;
+                file.append(&segment_header(end_lsn))
+                    .map_err(|e| OpenError::io(&path, e))?;
+                file.sync().map_err(|e| OpenError::io(&path, e))?;
+                disk.sync_dir(&dir).map_err(|e| OpenError::io(&dir, e))?;
+                (file, end_lsn)
+            }
+        };
+        let log = Log::start(
+            Arc::clone(&disk),
+            dir.clone(),
+            segment,
+            segment_first_lsn,
+            end_lsn,
+            options.durability,
+            options.segment_bytes,
+        );
+        recovery.last_ts = last_ts;
+        recovery.elapsed = started.elapsed();
+        let files = Files {
+            disk,
+            dir,
+            checkpoint: Mutex::new(CheckpointState {
+                replay_from_lsn: manifest.replay_from_lsn,
+                at: Instant::now(),
+                current: manifest.checkpoint.clone(),
+            }),
+            options,
+            _lock: lock,
+        };
+        let shared = Arc::new(Shared {
+            oracle: Oracle::new(last_ts),
+            store: shared_store,
+            log: Some(log),
+            files: Some(files),
+            recovered_versions,
+            checkpoints: AtomicU64::new(0),
+        });
+        Ok(Db::from_shared(shared, Some(recovery)))
+    }
+
+    /// What recovery did when this database was opened from files.
+    pub fn recovery(&self) -> Option<&Recovery> {
+        self.owner.recovery.as_ref()
+    }
+
+    /// The data directory, if the database has files.
+    pub fn dir(&self) -> Option<&Path> {
+        self.shared.files.as_ref().map(|f| f.dir.as_path())
+    }
+
+    /// The default durability of commits.
+    pub fn durability(&self) -> Durability {
+        self.shared.log.as_ref().map_or(Durability::None, Log::mode)
     }
 
     /// Begins a read-write transaction. It reads one consistent snapshot, buffers its
@@ -120,6 +653,19 @@ impl Db {
     /// and never aborts.
     pub fn snapshot(&self) -> Result<Snapshot<'_>, BeginError> {
         Snapshot::begin(&self.shared)
+    }
+
+    /// Writes a checkpoint now (they also run in the background). `Ok(None)` for a
+    /// database without files.
+    pub fn checkpoint(&self) -> Result<Option<CheckpointInfo>, CheckpointError> {
+        self.shared.checkpoint()
+    }
+
+    /// Closes the database cleanly: stops background work, writes a final checkpoint and
+    /// makes the log durable. Other clones of this handle stop working for writes. Dropping
+    /// the last handle does the same but cannot report errors.
+    pub fn close(self) -> Result<(), CloseError> {
+        self.owner.shut_down()
     }
 
     /// Runs `body` in a transaction and commits it, retrying on conflicts with bounded
@@ -178,15 +724,21 @@ impl Db {
         let oracle = &self.shared.oracle;
         let sum = |f: fn(&SlotStats) -> i64| u64::try_from(oracle.sum(f)).unwrap_or(0);
         use std::sync::atomic::Ordering::Relaxed;
+        let versions =
+            oracle.sum(|s| s.versions.load(Relaxed)) + self.shared.recovered_versions.load(Relaxed);
+        let log = self.shared.log.as_ref().map(Log::shared);
         Stats {
             commits: sum(|s| s.commits.load(Relaxed) as i64),
             read_only_commits: sum(|s| s.read_only_commits.load(Relaxed) as i64),
             aborts_write_locked: sum(|s| s.aborts_write_locked.load(Relaxed) as i64),
             aborts_read_changed: sum(|s| s.aborts_read_changed.load(Relaxed) as i64),
             aborts_phantom: sum(|s| s.aborts_phantom.load(Relaxed) as i64),
-            versions: sum(|s| s.versions.load(Relaxed)),
+            versions: u64::try_from(versions).unwrap_or(0),
             records: self.shared.store.len() as u64,
             record_bytes: self.shared.store.arena_bytes() as u64,
+            log_frames: log.map_or(0, |l| l.frames.load(Relaxed)),
+            log_fsyncs: log.map_or(0, |l| l.fsyncs.load(Relaxed)),
+            checkpoints: self.shared.checkpoints.load(Relaxed),
             visible_ts: oracle.visible(),
             gc_horizon_ts: oracle.horizon(),
         }
@@ -199,8 +751,56 @@ impl Db {
     }
 }
 
+/// Installs a recovered version unless the key already has one at or after `ts`; returns
+/// the change in the version count. Recovery partitions keys over its threads, so the lock
+/// is always free.
+fn apply_recovered(store: &MemStore, key: &[u8], ts: Ts, value: Option<&[u8]>) -> i64 {
+    const RECOVERY: LockOwner = LockOwner(u64::MAX);
+    let h = hash(key);
+    let (record, created) = store.get_or_create_locked(key, h, RECOVERY, value.map(<[u8]>::len));
+    let r = record.get();
+    if !created {
+        assert!(
+            r.try_lock(RECOVERY),
+            "recovery partitions keys, so nobody else holds the lock"
+        );
+    }
+    let delta = if r.head().is_none_or(|v| v.ts() < ts) {
+        r.install(RECOVERY, ts, value, ts)
+    } else {
+        0
+    };
+    r.unlock(RECOVERY);
+    delta
+}
+
+fn checkpointer(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
+    loop {
+        {
+            let mut stopped = stop.0.lock();
+            if !*stopped {
+                stop.1.wait_for(&mut stopped, Duration::from_millis(200));
+            }
+            if *stopped {
+                return;
+            }
+        }
+        if shared.log_failed() {
+            return;
+        }
+        if shared.checkpoint_due() {
+            // A failed checkpoint leaves the previous one current; the log still holds
+            // everything, so the next attempt (or recovery) loses nothing.
+            let _ = shared.checkpoint();
+        }
+    }
+}
+
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Db").field("stats", &self.stats()).finish()
+        f.debug_struct("Db")
+            .field("dir", &self.dir())
+            .field("stats", &self.stats())
+            .finish()
     }
 }

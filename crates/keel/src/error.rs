@@ -117,6 +117,10 @@ pub enum CommitError {
     /// A commutative operation could not be applied to the committed value.
     #[error(transparent)]
     Apply(#[from] Error),
+    /// The write-ahead log failed: this commit is not durable (it may or may not survive a
+    /// restart) and the database accepts no more writes until it is reopened.
+    #[error(transparent)]
+    Log(#[from] crate::wal::LogFailed),
 }
 
 /// Why a transaction lost a conflict and was aborted. Retrying it may succeed.
@@ -188,4 +192,62 @@ pub(crate) fn show_key(key: &[u8]) -> String {
         out.push_str(&format!("... ({} bytes)", key.len()));
     }
     out
+}
+
+/// [`Db::open`](crate::Db::open) (or `keel check`) could not open a database directory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// A file operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is damaged where damage cannot be a torn tail.
+    #[error("{}: damaged at offset {offset}: {reason}", file.display())]
+    Damaged {
+        /// The damaged file.
+        file: std::path::PathBuf,
+        /// Byte offset of the first damage.
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+    /// A file was written by a newer keel.
+    #[error("{}: format version {found} is newer than this keel supports ({supported})", file.display())]
+    NewerFormat {
+        /// The file.
+        file: std::path::PathBuf,
+        /// Its version.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+    /// The directory holds files that are not keel's.
+    #[error("{}: not a keel data directory (it holds {example:?} and no keel MANIFEST)", dir.display())]
+    NotKeel {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// One of the foreign files.
+        example: String,
+    },
+    /// Another process has the directory open.
+    #[error("{}: already opened by another process (LOCK is held)", dir.display())]
+    Locked {
+        /// The directory.
+        dir: std::path::PathBuf,
+    },
+}
+
+impl OpenError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> OpenError {
+        OpenError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }

@@ -19,21 +19,31 @@
 //! conflict with each other; nothing uncommitted is ever visible. Every bound is in [`limits`].
 //! See `ARCHITECTURE.md` for how.
 
+mod check;
+mod checkpoint;
 mod commutative;
 mod concurrency;
 mod db;
 mod error;
 mod index;
+mod io;
 pub mod limits;
 mod memory;
 mod mvcc;
 mod store;
 mod txn;
+mod wal;
 
+pub use check::{CheckReport, check};
 pub use commutative::{decode_ordered, decode_top_k, encode_ordered, parse_int};
-pub use db::{Db, Options, Stats};
-pub use error::{BeginError, CommitError, Conflict, ConflictReason, Error, Limit, TransactError};
+pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats};
+pub use error::{
+    BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
+};
+pub use io::{AppendFile, Disk, Fault, OsDisk, SimDisk};
 pub use txn::{Range, Scan, Snapshot, Txn};
+pub use wal::format::Commit as LoggedCommit;
+pub use wal::{Durability, LogFailed};
 
 /// A commit timestamp. Commits are totally ordered by it, and that order is a serial order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

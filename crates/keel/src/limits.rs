@@ -13,12 +13,12 @@ pub const KEY_BYTES_MAX: usize = 64 * 1024;
 pub const VALUE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The buffered writes of one transaction (keys plus values) are held in memory until commit
-/// and written as one log record.
-pub const TXN_WRITE_BYTES_MAX: usize = 256 * 1024 * 1024;
+/// and written as one log frame, which must fit in the log's 64 MiB in-memory ring.
+pub const TXN_WRITE_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 /// Distinct keys one transaction may write. Each is locked at commit; more than this would
 /// hold locks long enough to starve everyone else.
-pub const TXN_WRITE_KEYS_MAX: usize = 1 << 20;
+pub const TXN_WRITE_KEYS_MAX: usize = 1 << 16;
 
 /// Point reads plus scanned ranges one transaction may remember for validation.
 pub const TXN_READS_MAX: usize = 1 << 24;

@@ -34,6 +34,7 @@ use crate::limits::{
 };
 use crate::mvcc::{LockOwner, RecordRef, Staleness};
 use crate::store::{KeyRange, Store};
+use crate::wal::Durability;
 
 /// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
@@ -138,6 +139,7 @@ impl WriteSet {
 /// ```
 pub struct Txn<'db> {
     db: &'db Shared,
+    durability: Option<Durability>,
     slot: SlotId,
     read_ts: Ts,
     reads: Vec<Read>,
@@ -170,12 +172,20 @@ impl<'db> Txn<'db> {
         let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
         Ok(Txn {
             db,
+            durability: None,
             slot,
             read_ts,
             reads: Vec::new(),
             ranges: Vec::new(),
             writes: WriteSet::default(),
         })
+    }
+
+    /// Overrides the database's durability for this commit: [`Durability::Sync`] waits for
+    /// the fsync, [`Durability::Async`] does not. Every commit of a database with files is
+    /// logged, so [`Durability::None`] acts as `Async` there.
+    pub fn set_durability(&mut self, durability: Durability) {
+        self.durability = Some(durability);
     }
 
     /// The snapshot this transaction reads.
@@ -432,6 +442,9 @@ impl<'db> Txn<'db> {
             SlotStats::bump(&stats.read_only_commits);
             return Ok(Ok(self.read_ts));
         }
+        if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
+            return Err(CommitError::Log(error));
+        }
         let me = self.me();
         let mut writes = std::mem::take(&mut self.writes.entries);
         writes.sort_unstable_by(|a, b| a.key.cmp(&b.key));
@@ -493,7 +506,7 @@ impl<'db> Txn<'db> {
         // 4. Validate.
         if let Err(conflict) = self.validate(me) {
             self.unlock_all(&locked, me);
-            self.db.oracle.publish(commit_ts);
+            self.db.oracle.publish(commit_ts, || self.db.log_failed());
             let counter = match conflict.reason {
                 ConflictReason::Phantom => &stats.aborts_phantom,
                 ConflictReason::ReadChanged => &stats.aborts_read_changed,
@@ -503,7 +516,24 @@ impl<'db> Txn<'db> {
             return Ok(Err(conflict));
         }
 
-        // 5. Install, unlock, publish.
+        // 5. Log the commit (only validated commits reach the log), install, unlock, wait
+        //    for durability if asked, and publish in timestamp order.
+        let failed = || self.db.log_failed();
+        let mut log_end = None;
+        if let Some(log) = &self.db.log {
+            let entries = writes
+                .iter()
+                .zip(&values)
+                .map(|(e, v)| (e.key.as_slice(), v.as_deref()));
+            match log.append(commit_ts, writes.len(), entries) {
+                Ok(end) => log_end = Some((log, end)),
+                Err(error) => {
+                    self.unlock_all(&locked, me);
+                    self.db.oracle.publish(commit_ts, failed);
+                    return Err(CommitError::Log(error));
+                }
+            }
+        }
         let horizon = self.db.oracle.horizon();
         let mut versions = 0;
         for (record, value) in locked.iter().zip(&values) {
@@ -512,7 +542,25 @@ impl<'db> Txn<'db> {
                 .install(me, commit_ts, value.as_deref(), horizon);
             record.get().unlock(me);
         }
-        self.db.oracle.publish(commit_ts);
+        if let Some((log, end)) = log_end {
+            let wait = match self.durability.unwrap_or(log.mode()) {
+                Durability::Sync => true,
+                Durability::Async { .. } | Durability::None => false,
+            };
+            // Not published on failure: nobody may read what the disk does not hold.
+            if wait && let Err(error) = log.wait_durable(end) {
+                return Err(CommitError::Log(error));
+            }
+        }
+        if !self.db.oracle.publish(commit_ts, failed) {
+            let error = self
+                .db
+                .log
+                .as_ref()
+                .and_then(|log| log.failed())
+                .expect("publish gives up only after a log failure");
+            return Err(CommitError::Log(error));
+        }
         let live = stats.versions.load(std::sync::atomic::Ordering::Relaxed);
         stats
             .versions

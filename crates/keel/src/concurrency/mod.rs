@@ -151,13 +151,24 @@ impl Oracle {
         Ts(self.clock.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
-    /// Advances the watermark to `ts` once every earlier timestamp is published.
-    pub(crate) fn publish(&self, ts: Ts) {
+    /// Advances the watermark to `ts` once every earlier timestamp is published. Gives up
+    /// (returns `false`, publishing nothing) if `failed` turns true while waiting: after a
+    /// log failure a predecessor may never publish.
+    pub(crate) fn publish(&self, ts: Ts, failed: impl Fn() -> bool) -> bool {
         let backoff = Backoff::new();
         while self.visible.load(Ordering::Acquire) != ts.0 - 1 {
+            if backoff.is_completed() && failed() {
+                return false;
+            }
             backoff.snooze();
         }
         self.visible.store(ts.0, Ordering::Release);
+        true
+    }
+
+    /// The last commit timestamp handed out.
+    pub(crate) fn last_commit_ts(&self) -> Ts {
+        Ts(self.clock.load(Ordering::Acquire))
     }
 
     /// The newest timestamp whose commits are all installed.

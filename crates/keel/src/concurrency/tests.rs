@@ -8,10 +8,10 @@ fn watermark_publishes_in_order_and_horizon_respects_snapshots() {
     let a = oracle.next_commit_ts();
     let b = oracle.next_commit_ts();
     std::thread::scope(|s| {
-        s.spawn(|| oracle.publish(b));
+        s.spawn(|| oracle.publish(b, || false));
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert_eq!(oracle.visible(), Ts(0), "b waits for a");
-        oracle.publish(a);
+        oracle.publish(a, || false);
     });
     assert_eq!(oracle.visible(), Ts(2));
     oracle.collect();

@@ -98,6 +98,10 @@ impl Version {
         unsafe { dealloc(ptr.as_ptr().cast(), Self::layout(len)) };
     }
 
+    pub(crate) fn ts(&self) -> Ts {
+        self.ts
+    }
+
     fn value_len(&self) -> usize {
         if self.len == TOMBSTONE {
             0

@@ -1,0 +1,68 @@
+//! All file I/O of the engine goes through [`Disk`]: one narrow trait, so that tests can
+//! swap in [`SimDisk`], which injects short writes, torn writes, fsync errors, a full disk
+//! and power loss (everything not fsynced is lost) deterministically.
+//!
+//! The engine never retries a failed write or fsync: the first failure poisons the database
+//! against writes (see `wal`), because after a failed fsync the kernel may have dropped the
+//! dirty pages and nothing written since the last good fsync can be trusted.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+mod os;
+mod sim;
+
+pub use os::OsDisk;
+pub use sim::{Fault, SimDisk};
+
+/// A file opened for appending.
+pub trait AppendFile: Send {
+    /// Appends all of `buf`, or fails; after a failure the file's length is unknown.
+    fn append(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Makes everything appended so far durable.
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+/// The file-system operations the engine uses, and nothing else.
+pub trait Disk: Send + Sync + 'static {
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Names of the files in `dir` (not paths), in no particular order.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// The whole content of a file.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Creates (or truncates) `path` for appending.
+    fn create(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
+    /// Opens an existing file for appending at its end.
+    fn open_append(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
+    /// Cuts a file to `len` bytes and makes that durable.
+    fn truncate(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// Renames atomically (within one directory).
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (created if missing) for as long as the returned
+    /// guard lives; `None` if another holder has it.
+    fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn Send + Sync>>>;
+}
+
+/// Writes `bytes` to `dir/name` atomically: a temporary file, fsync, rename, fsync of the
+/// directory. A crash leaves either the old file or the new one.
+pub(crate) fn write_atomic(
+    disk: &dyn Disk,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let tmp: PathBuf = dir.join(format!("{name}.tmp"));
+    let mut file = disk.create(&tmp)?;
+    file.append(bytes)?;
+    file.sync()?;
+    drop(file);
+    disk.rename(&tmp, &dir.join(name))?;
+    disk.sync_dir(dir)
+}

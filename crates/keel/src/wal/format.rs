@@ -1,0 +1,119 @@
+//! Byte formats of the log (see `docs/format.md`, which this code must match).
+//!
+//! A segment file `wal-<first LSN, 20 digits>.log` is a 24-byte header followed by frames.
+//! A frame is an 8-byte header word — payload length (u32 LE) then CRC32C of the payload
+//! (u32 LE) — then the payload, then zero padding to a multiple of 8. A header word of zero
+//! marks the end of written data (the log is zero-filled beyond it). LSNs are byte offsets in
+//! the concatenation of all frames; frame `n` of a segment starts at LSN
+//! `first_lsn + (file offset - 24)`.
+//!
+//! Payload: commit timestamp (u64 LE), entry count (u32 LE), then per entry key length
+//! (u32 LE), value length (u32 LE; `u32::MAX` = delete), key bytes, value bytes.
+
+use crate::Ts;
+
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"KEELWAL\0";
+pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const SEGMENT_HEADER_BYTES: usize = 24;
+pub(crate) const FRAME_HEADER_BYTES: usize = 8;
+pub(crate) const DELETE: u32 = u32::MAX;
+const PAYLOAD_FIXED_BYTES: usize = 12;
+const ENTRY_FIXED_BYTES: usize = 8;
+
+/// Largest payload a frame may carry: one transaction's writes at their limits.
+pub(crate) const PAYLOAD_BYTES_MAX: usize = PAYLOAD_FIXED_BYTES
+    + crate::limits::TXN_WRITE_BYTES_MAX
+    + ENTRY_FIXED_BYTES * crate::limits::TXN_WRITE_KEYS_MAX;
+const _: () = assert!(PAYLOAD_BYTES_MAX < u32::MAX as usize);
+
+pub(crate) fn segment_name(first_lsn: u64) -> String {
+    format!("wal-{first_lsn:020}.log")
+}
+
+pub(crate) fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+    (digits.len() == 20).then(|| digits.parse().ok())?
+}
+
+pub(crate) fn segment_header(first_lsn: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    header[..8].copy_from_slice(SEGMENT_MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[16..24].copy_from_slice(&first_lsn.to_le_bytes());
+    header
+}
+
+/// Frame size on disk for a payload of `payload` bytes.
+pub(crate) fn frame_bytes(payload: usize) -> usize {
+    FRAME_HEADER_BYTES + payload.next_multiple_of(8)
+}
+
+/// Appends the payload of a commit to `out`.
+pub(crate) fn encode_payload<'a>(
+    out: &mut Vec<u8>,
+    ts: Ts,
+    count: usize,
+    entries: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) {
+    out.extend_from_slice(&ts.0.to_le_bytes());
+    out.extend_from_slice(
+        &u32::try_from(count)
+            .expect("bounded by TXN_WRITE_KEYS_MAX")
+            .to_le_bytes(),
+    );
+    for (key, value) in entries {
+        out.extend_from_slice(
+            &u32::try_from(key.len())
+                .expect("bounded by KEY_BYTES_MAX")
+                .to_le_bytes(),
+        );
+        let len = value.map_or(DELETE, |v| {
+            u32::try_from(v.len()).expect("bounded by VALUE_BYTES_MAX")
+        });
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(key);
+        if let Some(v) = value {
+            out.extend_from_slice(v);
+        }
+    }
+}
+
+/// The frame header word for a payload.
+pub(crate) fn frame_header(payload: &[u8]) -> u64 {
+    let len = u32::try_from(payload.len()).expect("bounded by PAYLOAD_BYTES_MAX");
+    u64::from(len) | (u64::from(crc32c::crc32c(payload)) << 32)
+}
+
+/// A decoded commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    /// Its commit timestamp.
+    pub ts: Ts,
+    /// `(key, value)`; `None` deletes.
+    pub entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// Decodes a payload whose checksum already matched. `None` if its structure is invalid.
+pub(crate) fn decode_payload(payload: &[u8]) -> Option<Commit> {
+    let mut rest = payload;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        rest = tail;
+        Some(head)
+    };
+    let ts = Ts(u64::from_le_bytes(take(8)?.try_into().ok()?));
+    let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+    let mut entries = Vec::with_capacity(count.min(1 << 16));
+    for _ in 0..count {
+        let key_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let value_len = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let key = take(key_len)?.to_vec();
+        let value = if value_len == DELETE {
+            None
+        } else {
+            Some(take(value_len as usize)?.to_vec())
+        };
+        entries.push((key, value));
+    }
+    rest.is_empty().then_some(Commit { ts, entries })
+}
