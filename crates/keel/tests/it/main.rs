@@ -1,5 +1,10 @@
 //! Integration tests of the engine: one binary, one module per concern.
 
+mod bank;
 mod basics;
 mod concurrent;
+mod gc;
 mod history;
+mod limits;
+mod model;
+mod write_skew;
