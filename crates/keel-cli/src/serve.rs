@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use keel_server::{Config, Durability, FileConfig};
+use keel_server::{Config, FileConfig};
 
 /// Options of `keel serve`. A flag given here wins over the same setting in `--config`.
 #[derive(clap::Args)]
@@ -18,12 +18,11 @@ pub struct Args {
     /// Port to listen on [default: 6379; 0 picks a free port].
     #[arg(long)]
     port: Option<u16>,
-    /// Data directory [default: ./keel-data]. Persistence is not implemented yet: nothing is
-    /// written there and data lives in memory only.
+    /// Data directory: the write-ahead log and checkpoints [default: ./keel-data].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// sync | async:<ms> | none [default: sync]. Persistence is not implemented yet: every mode
-    /// currently behaves as `none`, and the server says so at startup.
+    /// sync (reply after fsync; concurrent writers share fsyncs) | async:<ms> (reply at once,
+    /// fsync at least every ms) | none (memory only, no files) [default: sync].
     #[arg(long, value_name = "MODE")]
     durability: Option<String>,
     /// Password clients must give with AUTH (or HELLO ... AUTH) before anything else.
@@ -108,14 +107,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(m) = server.metrics_addr() {
             println!("metrics on     http://{m}/metrics");
         }
-        println!("data directory {} (not used: persistence is not implemented yet)", dir.display());
-        println!("durability     requested {durability}, effective none");
-        println!("recovery       nothing to recover: data lives in memory only and is lost at exit");
-        if durability != Durability::None {
-            tracing::warn!(
-                requested = %durability,
-                "durability {durability} is not implemented yet; running in memory only (as --durability none)"
-            );
+        match server.recovery() {
+            None => {
+                println!("data directory none (durability none: data lives in memory only)");
+                println!("durability     none");
+            }
+            Some(r) => {
+                println!("data directory {}", dir.display());
+                println!("durability     {durability}");
+                let checkpoint = match &r.checkpoint {
+                    Some((name, keys)) => format!("checkpoint {name} ({keys} keys)"),
+                    None => "no checkpoint".into(),
+                };
+                println!(
+                    "recovery       {checkpoint}, {} log frames ({} bytes) replayed, last ts {}, {:.1?}",
+                    r.log_frames, r.log_bytes, r.last_ts.0, r.elapsed
+                );
+                if let Some((file, offset, bytes)) = &r.torn_tail {
+                    println!(
+                        "               cut a torn log tail: {bytes} bytes at {} offset {offset}",
+                        file.display()
+                    );
+                }
+            }
         }
         let handle = server.handle();
         tokio::spawn(async move {
@@ -123,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!("signal received, shutting down");
             handle.shutdown();
         });
-        server.run().await;
+        server.run().await.context("closing the database")?;
         Ok::<(), anyhow::Error>(())
     })
 }

@@ -64,6 +64,19 @@ pub enum ConfigError {
     },
 }
 
+impl Durability {
+    /// The engine's setting.
+    pub fn engine(self) -> keel::Durability {
+        match self {
+            Durability::Sync => keel::Durability::Sync,
+            Durability::Async { ms } => keel::Durability::Async {
+                interval: std::time::Duration::from_millis(ms),
+            },
+            Durability::None => keel::Durability::None,
+        }
+    }
+}
+
 impl FromStr for Durability {
     type Err = ConfigError;
 
@@ -89,9 +102,9 @@ pub struct Config {
     pub bind: IpAddr,
     /// Port to listen on (0: any free port).
     pub port: u16,
-    /// Data directory (reported; the engine keeps data in memory until persistence lands).
+    /// Data directory: the engine's log and checkpoints (unused with `Durability::None`).
     pub dir: PathBuf,
-    /// Requested durability (reported; not yet available).
+    /// When a write is acknowledged relative to the disk.
     pub durability: Durability,
     /// Password every client must give with `AUTH`/`HELLO`.
     pub requirepass: Option<String>,

@@ -748,7 +748,7 @@ impl Conn {
                 out.error(&text);
                 return;
             }
-            match txn.commit() {
+            match self.commit(txn).await {
                 Ok(Ok(_)) if more => continue,
                 Ok(Ok(_)) => {
                     if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
@@ -780,6 +780,21 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Commits `txn`. With `sync` durability the commit waits for its fsync, so it runs on
+    /// the blocking pool: the reply goes out only once the commit is durable, and concurrent
+    /// connections share fsyncs.
+    async fn commit(
+        &self,
+        txn: Txn<'static>,
+    ) -> Result<Result<keel::Ts, keel::Conflict>, keel::CommitError> {
+        if self.shared.db.durability() != keel::Durability::Sync {
+            return txn.commit();
+        }
+        tokio::task::spawn_blocking(move || txn.commit())
+            .await
+            .expect("a commit does not panic")
     }
 
     /// `EXEC`: the queue as one serializable transaction.
@@ -843,7 +858,7 @@ impl Conn {
                 drop(txn);
                 return Ok(());
             }
-            match txn.commit() {
+            match self.commit(txn).await {
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);

@@ -130,9 +130,26 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
         ),
         ("maxclients", shared.maxclients.load(Relaxed).to_string()),
         ("databases", "1".into()),
-        // Persistence is not implemented yet: report it off, as Redis does when it is off.
+        // keel has no RDB snapshots; its log plays the part of Redis's AOF.
         ("save", String::new()),
-        ("appendonly", "no".into()),
+        (
+            "appendonly",
+            if shared.db.dir().is_some() {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+        ),
+        (
+            "appendfsync",
+            match c.durability {
+                crate::config::Durability::Sync => "always",
+                crate::config::Durability::Async { .. } => "everysec",
+                crate::config::Durability::None => "no",
+            }
+            .into(),
+        ),
         ("durability", c.durability.to_string()),
     ]
 }
@@ -304,12 +321,26 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         );
     }
     if want("persistence") {
+        let files = shared.db.dir().is_some();
         let _ = write!(
             t,
             "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\n\
-             aof_enabled:0\r\nkeel_durability_requested:{}\r\nkeel_durability_effective:none\r\n\
-             keel_persistence:not available yet (data lives in memory only)\r\n\r\n",
+             aof_enabled:{}\r\nkeel_durability:{}\r\nkeel_dir:{}\r\nkeel_log_frames:{}\r\n\
+             keel_log_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\nkeel_checkpoints:{}\r\n\r\n",
+            u8::from(files),
             shared.config.durability,
+            shared
+                .db
+                .dir()
+                .map_or(String::new(), |d| d.display().to_string()),
+            stats.log_frames,
+            stats.log_fsyncs,
+            if stats.log_fsyncs == 0 {
+                0.0
+            } else {
+                stats.log_frames as f64 / stats.log_fsyncs as f64
+            },
+            stats.checkpoints,
         );
     }
     if want("stats") {
@@ -336,7 +367,6 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             "# Keel\r\nkeel_commits:{}\r\nkeel_read_only_commits:{}\r\nkeel_aborts_write_locked:{}\r\n\
              keel_aborts_read_changed:{}\r\nkeel_aborts_phantom:{}\r\nkeel_conflict_retries:{}\r\n\
              keel_watch_aborts:{}\r\nkeel_versions:{}\r\nkeel_records:{}\r\nkeel_visible_ts:{}\r\n\
-             keel_fsyncs:0\r\nkeel_txns_per_fsync:0\r\nkeel_checkpoint_age_seconds:-1\r\n\
              keel_command_latency_p50_us_le:{:.3}\r\nkeel_command_latency_p99_us_le:{:.3}\r\n\
              keel_command_latency_p999_us_le:{:.3}\r\n\r\n",
             stats.commits,

@@ -8,7 +8,13 @@
 //! process runs one server, so the leak is one database.
 //!
 //! Shutdown (`SHUTDOWN`, SIGTERM, or [`Handle::shutdown`]): stop accepting, let every
-//! connection finish the requests it has already read, close, return.
+//! connection finish the requests it has already read, close the database (a final
+//! checkpoint), return. After that the leaked handle refuses writes; the process is expected
+//! to exit.
+//!
+//! With `sync` durability an engine commit blocks until its log frame is fsynced. Those
+//! commits run on tokio's blocking pool, so that many connections wait at once and share one
+//! fsync (group commit) while the async workers keep serving.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,6 +44,15 @@ pub enum StartError {
     /// A setting is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Opening (recovering) the database failed.
+    #[error("cannot open the database in {dir}: {source}")]
+    Open {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: keel::OpenError,
+    },
     /// Binding the listening socket failed.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -199,7 +214,17 @@ impl Server {
             ),
             None => None,
         };
-        let db: &'static Db = Box::leak(Box::new(Db::in_memory()));
+        let options = keel::Options::default().durability(config.durability.engine());
+        let dir = config.dir.clone();
+        // Recovery reads the whole log: keep it off the async workers.
+        let opened = tokio::task::spawn_blocking(move || Db::open(&dir, options))
+            .await
+            .expect("opening the database does not panic");
+        let db = opened.map_err(|source| StartError::Open {
+            dir: config.dir.clone(),
+            source,
+        })?;
+        let db: &'static Db = Box::leak(Box::new(db));
         let shared = Arc::new(Shared {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),
@@ -226,6 +251,11 @@ impl Server {
         self.shared.local_addr
     }
 
+    /// What opening the database recovered (`None` without files).
+    pub fn recovery(&self) -> Option<&keel::Recovery> {
+        self.shared.db.recovery()
+    }
+
     /// The metrics address, if serving metrics.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|m| m.local_addr().ok())
@@ -239,8 +269,9 @@ impl Server {
     }
 
     /// Accepts clients until shutdown, then waits (at most a few seconds) for connections to
-    /// finish the requests they have read.
-    pub async fn run(self) {
+    /// finish the requests they have read, and closes the database (final checkpoint, log
+    /// made durable).
+    pub async fn run(self) -> Result<(), keel::CloseError> {
         let Server {
             shared,
             listener,
@@ -284,7 +315,15 @@ impl Server {
         {
             tracing::warn!("some connections did not finish within the shutdown grace period");
         }
-        tracing::info!("server stopped");
+        let db = shared.db.clone();
+        let closed = tokio::task::spawn_blocking(move || db.close())
+            .await
+            .expect("closing the database does not panic");
+        match &closed {
+            Ok(()) => tracing::info!("database closed; server stopped"),
+            Err(e) => tracing::error!(error = %e, "closing the database failed"),
+        }
+        closed
     }
 }
 

@@ -28,6 +28,7 @@ impl TestServer {
     pub fn with(tune: impl FnOnce(&mut Config)) -> TestServer {
         let mut config = Config::default();
         config.port = 0;
+        config.durability = keel_server::Durability::None;
         tune(&mut config);
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -40,7 +41,7 @@ impl TestServer {
                 let server = Server::bind(config).await.expect("bind");
                 tx.send((server.local_addr(), server.metrics_addr(), server.handle()))
                     .expect("test is waiting");
-                server.run().await;
+                server.run().await.expect("the database closes cleanly");
             });
         });
         let (addr, metrics, handle) = rx

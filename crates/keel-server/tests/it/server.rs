@@ -258,3 +258,54 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));
     assert!(body.contains("keel_command_duration_seconds_bucket{le=\"+Inf\"}"));
 }
+
+/// With `sync` durability every acknowledged write is in the log, and concurrent writers share
+/// fsyncs (group commit).
+#[test]
+fn sync_durability_logs_and_groups_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().to_path_buf();
+    let server = TestServer::with(move |c| {
+        c.dir = path;
+        c.durability = keel_server::Durability::Sync;
+    });
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url)
+                    .expect("url")
+                    .get_connection()
+                    .expect("connect");
+                for i in 0..50 {
+                    let _: () = query(&mut c, &["SET", &format!("k{t}:{i}"), "v"]);
+                }
+                let _: () = redis::pipe()
+                    .atomic()
+                    .cmd("INCR")
+                    .arg("n")
+                    .cmd("INCR")
+                    .arg("n")
+                    .query(&mut c)
+                    .expect("exec");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client");
+    }
+    let mut c = server.client();
+    let info: String = query(&mut c, &["INFO", "persistence"]);
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {info}"))
+    };
+    assert_eq!(field("aof_enabled"), 1);
+    assert!(field("keel_log_frames") >= 408, "{info}");
+    let fsyncs = field("keel_log_fsyncs");
+    assert!(fsyncs > 0, "{info}");
+    assert!(dir.path().read_dir().expect("dir").count() > 0);
+    assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 16);
+}

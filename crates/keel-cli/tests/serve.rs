@@ -1,0 +1,126 @@
+//! `keel serve` as a process: the banner, SIGTERM exits 0 after a final checkpoint, and a
+//! restart finds every acknowledged write.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Running {
+    child: Child,
+    addr: String,
+    banner: Vec<String>,
+}
+
+fn start(dir: &std::path::Path, durability: &str) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--port", "0", "--durability", durability, "--dir"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut banner = Vec::new();
+    let mut addr = None;
+    while banner.len() < 8 {
+        let Some(Ok(line)) = lines.next() else { break };
+        if let Some(a) = line.strip_prefix("listening on") {
+            addr = Some(a.trim().to_string());
+        }
+        let done = line.starts_with("recovery");
+        banner.push(line);
+        if done {
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("no address in banner {banner:?}"));
+    Running {
+        child,
+        addr,
+        banner,
+    }
+}
+
+fn sigterm(mut r: Running) {
+    let status = Command::new("kill")
+        .args(["-TERM", &r.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    for _ in 0..200 {
+        if let Some(status) = r.child.try_wait().expect("wait") {
+            assert!(status.success(), "keel serve exited with {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = r.child.kill();
+    panic!("keel serve did not stop within 10 s of SIGTERM");
+}
+
+#[test]
+fn restart_keeps_acknowledged_writes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for durability in ["sync", "async:50"] {
+        let first = start(dir.path(), durability);
+        assert!(
+            first.banner.iter().any(|l| l.contains(durability)),
+            "{:?}",
+            first.banner
+        );
+        let mut c = redis::Client::open(format!("redis://{}/", first.addr))
+            .expect("url")
+            .get_connection()
+            .expect("connect");
+        for i in 0..100 {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{durability}:{i}"))
+                .arg(i)
+                .query(&mut c)
+                .expect("SET");
+        }
+        let _: () = redis::pipe()
+            .atomic()
+            .cmd("INCRBY")
+            .arg("total")
+            .arg(5)
+            .cmd("SET")
+            .arg("last")
+            .arg(durability)
+            .query(&mut c)
+            .expect("EXEC");
+        drop(c);
+        sigterm(first);
+
+        let second = start(dir.path(), durability);
+        assert!(
+            second.banner.iter().any(|l| l.starts_with("recovery")),
+            "{:?}",
+            second.banner
+        );
+        let mut c = redis::Client::open(format!("redis://{}/", second.addr))
+            .expect("url")
+            .get_connection()
+            .expect("connect");
+        let n: i64 = redis::cmd("GET")
+            .arg(format!("{durability}:99"))
+            .query(&mut c)
+            .expect("GET");
+        assert_eq!(n, 99);
+        let last: String = redis::cmd("GET").arg("last").query(&mut c).expect("GET");
+        assert_eq!(last, durability);
+        sigterm(second);
+    }
+    // Both runs' data is there: the second durability mode reopened the first one's files.
+    let third = start(dir.path(), "sync");
+    let mut c = redis::Client::open(format!("redis://{}/", third.addr))
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    let total: i64 = redis::cmd("GET").arg("total").query(&mut c).expect("GET");
+    assert_eq!(total, 10);
+    let keys: i64 = redis::cmd("DBSIZE").query(&mut c).expect("DBSIZE");
+    assert_eq!(keys, 202);
+    sigterm(third);
+}
