@@ -18,12 +18,12 @@ enum Command {
     /// Run the server (speaks the Redis protocol).
     Serve(serve::Args),
     /// Run a benchmark workload against keel and its peers.
-    Bench(bench::Args),
+    Bench(Box<bench::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
     }
 }
