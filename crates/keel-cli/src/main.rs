@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check;
 mod serve;
 
 /// keel: a serializable, multi-version, transactional key-value store.
@@ -19,11 +20,14 @@ enum Command {
     Serve(serve::Args),
     /// Run a benchmark workload against keel and its peers.
     Bench(Box<bench::Args>),
+    /// Verify a data directory's checkpoint and log files; optionally repair a damaged tail.
+    Check(check::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(args) => bench::run(*args),
+        Command::Check(args) => check::run(args),
     }
 }

@@ -110,6 +110,12 @@ impl Options {
         self
     }
 
+    /// Sets [`Options::recovery_threads`].
+    pub fn recovery_threads(mut self, threads: usize) -> Options {
+        self.recovery_threads = threads.max(1);
+        self
+    }
+
     /// Routes all file I/O through `disk` (tests use [`SimDisk`](crate::SimDisk)).
     pub fn disk(mut self, disk: impl Disk) -> Options {
         self.disk = Some(Arc::new(disk));

@@ -134,6 +134,21 @@ impl SimDisk {
         state.full_at = None;
     }
 
+    /// Process death without power loss, or power loss where the disk happened to have
+    /// written everything (including a half-finished write): every byte written so far
+    /// survives, synced or not; every existing handle dies.
+    pub fn crash_keep_written(&self) {
+        let mut state = self.state.lock();
+        state.epoch += 1;
+        state.locks.clear();
+        state.durable_names = state.names.clone();
+        for file in state.inodes.values_mut() {
+            file.durable = file.current.clone();
+        }
+        state.faults.clear();
+        state.full_at = None;
+    }
+
     /// Bytes currently stored, over all files.
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().used()

@@ -1,0 +1,418 @@
+//! Durability: what is acknowledged survives crashes, torn writes, fsync errors and a full
+//! disk; damage is found and named; checkpoints bound the log. Power loss is simulated with
+//! `SimDisk` (exact, deterministic); process death with SIGKILL on real files (crash loop).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use keel::{CommitError, Db, Durability, Fault, OpenError, Options, SimDisk};
+
+fn sim_options(disk: &SimDisk) -> Options {
+    Options::default().disk(disk.reboot()).recovery_threads(2)
+}
+
+fn dir() -> PathBuf {
+    PathBuf::from("/sim/db")
+}
+
+fn put(db: &Db, key: &str, value: &str) -> Result<(), CommitError> {
+    let mut txn = db.begin().expect("begin");
+    txn.put(key.as_bytes(), value.as_bytes()).expect("put");
+    txn.commit()
+        .map(|outcome| outcome.expect("no concurrent writers"))?;
+    Ok(())
+}
+
+fn contents(db: &Db) -> BTreeMap<String, String> {
+    let snapshot = db.snapshot().expect("snapshot");
+    snapshot
+        .range::<&[u8]>(..)
+        .map(|(k, v)| {
+            (
+                String::from_utf8(k).expect("utf8"),
+                String::from_utf8(v).expect("utf8"),
+            )
+        })
+        .collect()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("keel-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn sync_commits_survive_power_loss() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    for i in 0..200 {
+        put(&db, &format!("k{i:03}"), &i.to_string()).unwrap();
+    }
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    assert_eq!(got.len(), 200);
+    assert_eq!(got["k199"], "199");
+    assert_eq!(db.recovery().unwrap().log_frames, 200);
+}
+
+#[test]
+fn async_loses_at_most_the_unsynced_window_never_part_of_a_commit() {
+    let disk = SimDisk::new();
+    let options = sim_options(&disk).durability(Durability::Async {
+        interval: Duration::from_secs(3600),
+    });
+    let db = Db::open(dir(), options).unwrap();
+    for i in 0..50 {
+        db.transact(|txn| {
+            txn.put(format!("a{i}").as_bytes(), b"x")?;
+            txn.put(format!("b{i}").as_bytes(), b"x")
+        })
+        .unwrap();
+    }
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    // The interval never elapsed, so nothing was fsynced; whatever survived is whole commits.
+    for i in 0..50 {
+        assert_eq!(
+            got.contains_key(&format!("a{i}")),
+            got.contains_key(&format!("b{i}"))
+        );
+    }
+}
+
+#[test]
+fn torn_tail_is_cut_and_everything_before_it_kept() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    for i in 0..10 {
+        put(&db, &format!("k{i}"), "v").unwrap();
+    }
+    // The next frame reaches the disk only partly, then the power goes.
+    disk.inject(Fault::ShortWrite(13));
+    let err = put(&db, "torn", "v").unwrap_err();
+    assert!(matches!(err, CommitError::Log(_)), "{err}");
+    assert!(
+        put(&db, "after", "v").is_err(),
+        "the log is poisoned after a failed write"
+    );
+    disk.crash_keep_written();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    assert_eq!(got.len(), 10, "{got:?}");
+    let torn = db.recovery().unwrap().torn_tail.clone();
+    assert!(torn.is_some(), "the partial frame was found and cut");
+    put(&db, "new", "v").unwrap();
+}
+
+#[test]
+fn fsync_error_fails_the_commit_and_poisons_writes() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    put(&db, "before", "1").unwrap();
+    disk.inject(Fault::SyncError);
+    let err = put(&db, "failed", "1").unwrap_err();
+    assert!(err.to_string().contains("fsync"), "{err}");
+    assert!(
+        put(&db, "later", "1").is_err(),
+        "never retried and reported durable"
+    );
+    // Reads go on, and never show the commit whose fsync failed.
+    assert_eq!(db.snapshot().unwrap().get(b"failed").unwrap(), None);
+    assert_eq!(
+        db.snapshot().unwrap().get(b"before").unwrap(),
+        Some(b"1".to_vec())
+    );
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(contents(&db).get("before").map(String::as_str), Some("1"));
+    assert_eq!(contents(&db).get("later"), None);
+}
+
+#[test]
+fn full_disk_gives_an_error_and_loses_nothing_acknowledged() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let mut acked = Vec::new();
+    disk.inject(Fault::FullAt(disk.used_bytes() + 4000));
+    let mut failure = None;
+    for i in 0..1000 {
+        match put(&db, &format!("k{i:04}"), &"v".repeat(50)) {
+            Ok(()) => acked.push(format!("k{i:04}")),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let failure = failure.expect("the disk filled up");
+    assert!(failure.to_string().contains("No space left"), "{failure}");
+    // Space is freed and the machine restarts.
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    for key in &acked {
+        assert!(got.contains_key(key), "acknowledged {key} lost");
+    }
+}
+
+#[test]
+fn checkpoints_bound_the_log_and_recovery_matches_the_model() {
+    let disk = SimDisk::new();
+    let options = sim_options(&disk)
+        .segment_bytes(8 << 10)
+        .checkpoint_log_bytes(32 << 10);
+    let db = Db::open(dir(), options).unwrap();
+    let mut model = BTreeMap::new();
+    for round in 0..60 {
+        for i in 0..50 {
+            let key = format!("k{:03}", (round * 7 + i) % 97);
+            let value = format!("{round}-{i}");
+            if (round + i) % 11 == 0 {
+                db.transact(|txn| txn.delete(key.as_bytes())).unwrap();
+                model.remove(&key);
+            } else {
+                put(&db, &key, &value).unwrap();
+                model.insert(key, value);
+            }
+        }
+        if round % 20 == 19 {
+            db.checkpoint().unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let files = disk.reboot();
+    let logged: u64 = {
+        use keel::Disk;
+        files
+            .list(&dir())
+            .unwrap()
+            .iter()
+            .filter(|n| n.starts_with("wal-"))
+            .map(|n| files.read(&dir().join(n)).unwrap().len() as u64)
+            .sum()
+    };
+    assert!(
+        logged < 128 << 10,
+        "the log stays bounded by checkpoints: {logged} bytes"
+    );
+    assert!(db.stats().checkpoints >= 3);
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(contents(&db), model);
+    assert!(db.recovery().unwrap().checkpoint.is_some());
+    // A clean close checkpoints: the next open replays nothing.
+    db.close().unwrap();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(db.recovery().unwrap().log_frames, 0);
+    assert_eq!(contents(&db), model);
+}
+
+#[test]
+fn flipped_byte_mid_log_is_damage_named_by_file_and_offset() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    for i in 0..20 {
+        put(&db, &format!("k{i}"), "value").unwrap();
+    }
+    drop(db);
+    let segment = dir().join("wal-00000000000000000000.log");
+    disk.corrupt(&segment, 24 + 8 + 3);
+    match Db::open(dir(), sim_options(&disk)) {
+        Err(OpenError::Damaged { file, offset, .. }) => {
+            assert_eq!(file, segment);
+            assert_eq!(offset, 24);
+        }
+        other => panic!("expected damage, got {other:?}"),
+    }
+}
+
+#[test]
+fn flipped_byte_in_checkpoint_is_detected() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    for i in 0..20 {
+        put(&db, &format!("k{i}"), "value").unwrap();
+    }
+    let info = db.checkpoint().unwrap().unwrap();
+    drop(db);
+    disk.corrupt(&dir().join(&info.name), 50);
+    let err = Db::open(dir(), sim_options(&disk)).unwrap_err();
+    assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
+    assert!(err.to_string().contains(&info.name), "{err}");
+}
+
+#[test]
+fn foreign_and_locked_directories_are_refused() {
+    let dir = temp_dir("foreign");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    assert!(matches!(
+        Db::open(&dir, Options::default()),
+        Err(OpenError::NotKeel { .. })
+    ));
+    std::fs::remove_file(dir.join("notes.txt")).unwrap();
+    let db = Db::open(&dir, Options::default()).unwrap();
+    assert!(matches!(
+        Db::open(&dir, Options::default()),
+        Err(OpenError::Locked { .. })
+    ));
+    drop(db);
+    Db::open(&dir, Options::default()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_reports_and_repairs_a_damaged_tail() {
+    let dir = temp_dir("check");
+    {
+        let db = Db::open(
+            &dir,
+            Options::default().checkpoint_interval(Duration::from_secs(3600)),
+        )
+        .unwrap();
+        for i in 0..30 {
+            put(&db, &format!("k{i:02}"), "value").unwrap();
+        }
+        // Drop without a final checkpoint would still checkpoint; keep the log instead.
+        std::mem::forget(db);
+    }
+    let segment = dir.join("wal-00000000000000000000.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let len = bytes.len();
+    bytes[len - 20] ^= 0x55;
+    std::fs::write(&segment, &bytes).unwrap();
+    let report = keel::check(&dir, false).unwrap();
+    assert!(
+        report.torn_tail.is_some(),
+        "damage in the last frame reads as a torn tail: {report:?}"
+    );
+    // Damage in the middle is not a tail.
+    bytes[len - 20] ^= 0x55;
+    bytes[24 + 8 + 2] ^= 0x55;
+    std::fs::write(&segment, &bytes).unwrap();
+    let err = keel::check(&dir, false).unwrap_err();
+    assert!(err.to_string().contains("offset 24"), "{err}");
+    let report = keel::check(&dir, true).unwrap();
+    assert!(
+        report.damage.is_some() && !report.repaired.is_empty(),
+        "{report:?}"
+    );
+    keel::check(&dir, false).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The child side of the crash loop: commits forever, printing each acknowledged commit.
+fn crash_child(dir: &Path) {
+    use std::io::Write;
+    let db = Db::open(
+        dir,
+        Options::default()
+            .segment_bytes(64 << 10)
+            .checkpoint_log_bytes(256 << 10),
+    )
+    .unwrap();
+    let start: u64 = db.snapshot().unwrap().get(b"last").unwrap().map_or(0, |v| {
+        String::from_utf8(v).unwrap().parse::<u64>().unwrap() + 1
+    });
+    let mut out = std::io::stdout().lock();
+    for n in start.. {
+        db.transact(|txn| {
+            txn.put(format!("k{n:08}").as_bytes(), &n.to_le_bytes())?;
+            txn.put(b"last", n.to_string().as_bytes())?;
+            txn.add(b"count", 1)
+        })
+        .unwrap();
+        writeln!(out, "{n}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+#[test]
+fn crash_loop_sigkill_never_loses_an_acknowledged_commit() {
+    if let Ok(dir) = std::env::var("KEEL_CRASH_CHILD_DIR") {
+        crash_child(Path::new(&dir));
+        return;
+    }
+    let cycles: u64 = std::env::var("KEEL_CRASH_CYCLES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(50);
+    let dir = temp_dir("crash-loop");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut acked_max: Option<u64> = None;
+    for cycle in 0..cycles {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "crash_loop_sigkill_never_loses_an_acknowledged_commit",
+                "--nocapture",
+            ])
+            .env("KEEL_CRASH_CHILD_DIR", &dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let acks_before_kill = 1 + seed % 300;
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = 0;
+        while seen < acks_before_kill {
+            let Some(Ok(line)) = lines.next() else { break };
+            // The harness prints its own lines too; acknowledgements are bare numbers.
+            if let Ok(n) = line.trim().parse::<u64>() {
+                acked_max = Some(acked_max.map_or(n, |m| m.max(n)));
+                seen += 1;
+            }
+        }
+        child.kill().unwrap();
+        // Whatever the child printed after our last read was acknowledged too.
+        for line in lines.map_while(Result::ok) {
+            if let Ok(n) = line.trim().parse::<u64>() {
+                acked_max = Some(acked_max.map_or(n, |m| m.max(n)));
+            }
+        }
+        child.wait().unwrap();
+        let db = Db::open(&dir, Options::default()).unwrap();
+        let snapshot = db.snapshot().unwrap();
+        let last: u64 =
+            String::from_utf8(snapshot.get(b"last").unwrap().expect("something committed"))
+                .unwrap()
+                .parse()
+                .unwrap();
+        let acked = acked_max.expect("the child acknowledged commits");
+        assert!(
+            last >= acked,
+            "cycle {cycle}: acknowledged {acked} but only {last} survived"
+        );
+        // No partial transaction: exactly the keys k0..=last, and the counter agrees.
+        let keys: Vec<_> = snapshot.range(b"k".as_slice()..b"l".as_slice()).collect();
+        assert_eq!(keys.len() as u64, last + 1, "cycle {cycle}");
+        for (i, (k, v)) in keys.iter().enumerate() {
+            assert_eq!(k, format!("k{i:08}").as_bytes());
+            assert_eq!(v, &(i as u64).to_le_bytes());
+        }
+        assert_eq!(
+            snapshot.get(b"count").unwrap(),
+            Some((last + 1).to_string().into_bytes()),
+            "cycle {cycle}"
+        );
+        drop(snapshot);
+        db.close().unwrap();
+        acked_max = Some(last);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
