@@ -5,6 +5,7 @@ mod basics;
 mod concurrent;
 mod gc;
 mod history;
+mod index_growth;
 mod limits;
 mod model;
 mod write_skew;
