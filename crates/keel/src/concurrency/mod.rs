@@ -13,10 +13,9 @@
 //!   the horizon never passes a snapshot that is in use.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::{Backoff, CachePadded};
-use parking_lot::Mutex;
+use sync::{AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 use crate::Ts;
 use crate::limits::OPEN_TXNS_MAX;
@@ -72,17 +71,22 @@ thread_local! {
     static SLOT_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-static THREADS_SEEN: AtomicUsize = AtomicUsize::new(0);
+static THREADS_SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Oracle {
     /// An oracle whose first commit gets timestamp `last + 1`.
     pub(crate) fn new(last: Ts) -> Oracle {
+        Oracle::with_slots(last, OPEN_TXNS_MAX)
+    }
+
+    /// An oracle with `slots` registry slots (tests use few, to model-check).
+    pub(crate) fn with_slots(last: Ts, slots: usize) -> Oracle {
         Oracle {
             clock: CachePadded::new(AtomicU64::new(last.0)),
             visible: CachePadded::new(AtomicU64::new(last.0)),
             proposal: CachePadded::new(AtomicU64::new(0)),
             horizon: CachePadded::new(AtomicU64::new(0)),
-            slots: (0..OPEN_TXNS_MAX)
+            slots: (0..slots)
                 .map(|_| {
                     CachePadded::new(Slot {
                         read_ts: AtomicU64::new(FREE),
@@ -101,13 +105,17 @@ impl Oracle {
             if hint.get() == usize::MAX {
                 // Spread threads over the slots so that they rarely probe each other's lines.
                 hint.set(
-                    THREADS_SEEN.fetch_add(1, Ordering::Relaxed).wrapping_mul(7) % OPEN_TXNS_MAX,
+                    THREADS_SEEN
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        .wrapping_mul(7)
+                        % self.slots.len(),
                 );
             }
             hint.get()
         });
-        for i in 0..OPEN_TXNS_MAX {
-            let index = (start + i) % OPEN_TXNS_MAX;
+        let slots = self.slots.len();
+        for i in 0..slots {
+            let index = (start + i) % slots;
             let slot = &self.slots[index];
             if slot.read_ts.load(Ordering::Relaxed) != FREE {
                 continue;
@@ -123,10 +131,13 @@ impl Oracle {
             }
             // The handshake: our snapshot is published; if the collector has already proposed
             // a horizon above it, move up to a fresh snapshot (the watermark is at least the
-            // proposal) and check again.
+            // proposal) and check again. The fence pairs with the collector's: of our slot
+            // store and its proposal store, at least one is seen by the other side's load.
+            sync::fence(Ordering::SeqCst);
             while read_ts < self.proposal.load(Ordering::SeqCst) {
                 read_ts = self.visible.load(Ordering::Acquire);
                 slot.read_ts.store(read_ts, Ordering::SeqCst);
+                sync::fence(Ordering::SeqCst);
             }
             SLOT_HINT.with(|hint| hint.set(index));
             let id = SlotId(u32::try_from(index).expect("OPEN_TXNS_MAX fits in u32"));
@@ -160,7 +171,7 @@ impl Oracle {
             if backoff.is_completed() && failed() {
                 return false;
             }
-            backoff.snooze();
+            sync::spin(&backoff);
         }
         self.visible.store(ts.0, Ordering::Release);
         true
@@ -183,11 +194,12 @@ impl Oracle {
 
     /// Recomputes the horizon unless another thread is doing it.
     pub(crate) fn collect(&self) {
-        let Some(_only_collector) = self.collector.try_lock() else {
+        let Some(_only_collector) = sync::try_lock(&self.collector) else {
             return;
         };
         let proposal = self.visible.load(Ordering::Acquire);
         self.proposal.store(proposal, Ordering::SeqCst);
+        sync::fence(Ordering::SeqCst);
         let used = self.slots_used.load(Ordering::SeqCst);
         let oldest = self.slots[..used]
             .iter()
@@ -201,6 +213,38 @@ impl Oracle {
     /// Sums a statistic over all slots.
     pub(crate) fn sum(&self, field: impl Fn(&SlotStats) -> i64) -> i64 {
         self.slots.iter().map(|slot| field(&slot.stats)).sum()
+    }
+}
+
+/// The atomics and the lock this module uses: std's (and parking_lot's) normally, loom's
+/// when model checking (`RUSTFLAGS="--cfg keel_loom" cargo test -p keel --lib --release loom`).
+mod sync {
+    #[cfg(keel_loom)]
+    pub(crate) use loom::sync::Mutex;
+    #[cfg(keel_loom)]
+    pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
+    #[cfg(not(keel_loom))]
+    pub(crate) use parking_lot::Mutex;
+    #[cfg(not(keel_loom))]
+    pub(crate) use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
+
+    #[cfg(not(keel_loom))]
+    pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<parking_lot::MutexGuard<'_, T>> {
+        m.try_lock()
+    }
+    #[cfg(keel_loom)]
+    pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<loom::sync::MutexGuard<'_, T>> {
+        m.try_lock().ok()
+    }
+
+    pub(crate) fn spin(backoff: &crossbeam_utils::Backoff) {
+        #[cfg(keel_loom)]
+        {
+            let _ = backoff;
+            loom::thread::yield_now();
+        }
+        #[cfg(not(keel_loom))]
+        backoff.snooze();
     }
 }
 
