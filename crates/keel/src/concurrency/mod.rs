@@ -55,6 +55,10 @@ pub(crate) struct Oracle {
     slots: Box<[CachePadded<Slot>]>,
     slots_used: CachePadded<AtomicUsize>,
     collector: Mutex<()>,
+    /// `done[ts % len]` holds `ts` once commit `ts` has finished (installed, durable, or
+    /// aborted). Timestamps in flight are bounded by the open transactions, which the ring
+    /// outnumbers, so an entry is never overwritten before the watermark passes it.
+    done: Box<[AtomicU64]>,
 }
 
 /// A claimed registry slot. Index into the slot array.
@@ -96,6 +100,9 @@ impl Oracle {
                 .collect(),
             slots_used: CachePadded::new(AtomicUsize::new(0)),
             collector: Mutex::new(()),
+            done: (0..(2 * slots).next_power_of_two())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 
@@ -162,19 +169,37 @@ impl Oracle {
         Ts(self.clock.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
-    /// Advances the watermark to `ts` once every earlier timestamp is published. Gives up
-    /// (returns `false`, publishing nothing) if `failed` turns true while waiting: after a
-    /// log failure a predecessor may never publish.
+    /// Marks commit `ts` finished and returns once the watermark has passed it, that is once
+    /// every earlier timestamp is finished too. Whoever runs advances the watermark over every
+    /// finished timestamp, so a finished committer that is not scheduled holds nobody up; only
+    /// an unfinished one does. Gives up (returns `false`) if `failed` turns true while
+    /// waiting: after a log failure a predecessor may never finish.
     pub(crate) fn publish(&self, ts: Ts, failed: impl Fn() -> bool) -> bool {
+        let mask = self.done.len() as u64 - 1;
+        self.done[(ts.0 & mask) as usize].store(ts.0, Ordering::Release);
         let backoff = Backoff::new();
-        while self.visible.load(Ordering::Acquire) != ts.0 - 1 {
+        loop {
+            let mut visible = self.visible.load(Ordering::Acquire);
+            while self.done[((visible + 1) & mask) as usize].load(Ordering::Acquire) == visible + 1
+            {
+                match self.visible.compare_exchange_weak(
+                    visible,
+                    visible + 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => visible += 1,
+                    Err(now) => visible = now,
+                }
+            }
+            if visible >= ts.0 {
+                return true;
+            }
             if backoff.is_completed() && failed() {
                 return false;
             }
             sync::spin(&backoff);
         }
-        self.visible.store(ts.0, Ordering::Release);
-        true
     }
 
     /// The last commit timestamp handed out.
