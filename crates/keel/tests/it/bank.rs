@@ -158,8 +158,14 @@ fn run(seed: u64, by_add: bool) {
                 })
             })
             .collect();
-        let conflicts: u64 = transfers.into_iter().map(|t| t.join().unwrap()).sum();
+        let results: Vec<_> = transfers.into_iter().map(|t| t.join()).collect();
+        // Stop the auditor before looking at the results, so that a failed transfer thread
+        // fails the test instead of leaving the auditor running.
         done.store(true, Ordering::Relaxed);
+        let conflicts: u64 = results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .sum();
         eprintln!("seed {seed}, by_add {by_add}: {conflicts} conflicts");
         auditor.join().unwrap()
     });

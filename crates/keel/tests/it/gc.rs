@@ -115,6 +115,17 @@ fn versions_stay_bounded_over_ten_million_updates() {
     eprintln!("at most {max} versions over 10M updates of {KEYS} keys");
 }
 
+/// Sets the flag when dropped during a panic, so that threads looping on it stop.
+struct StopOnPanic<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// Reclaiming while snapshots come and go on other threads: writers rewrite every key with
 /// one value per transaction (of varying length, so that freed memory is reused for other
 /// values), a collector recomputes the horizon non-stop, and readers open snapshots and
@@ -178,25 +189,33 @@ fn concurrent_snapshots_never_see_reclaimed_versions() {
         };
         let writers: Vec<_> = (0..2)
             .map(|writer| {
-                let db = &db;
+                let (db, done) = (&db, &done);
                 s.spawn(move || {
+                    // If this thread panics, stop the others rather than strand them.
+                    let _stop = StopOnPanic(done);
                     for n in 0..WRITES {
                         let value = format!("{writer}:{n}:{}", "x".repeat((n % 61) as usize));
-                        db.transact(|txn| {
+                        // Blind writes of the same keys can lose the lock race (see
+                        // `concurrent_adds_never_conflict`); retry, but not forever.
+                        let committed = (0..100_000).any(|_| {
+                            let mut txn = db.begin().unwrap();
                             for k in 0..KEYS {
-                                txn.put(&key(k), value.as_bytes())?;
+                                txn.put(&key(k), value.as_bytes()).unwrap();
                             }
-                            Ok::<_, keel::Error>(())
-                        })
-                        .unwrap();
+                            txn.commit().unwrap().is_ok()
+                        });
+                        assert!(committed, "a record stayed locked for 100000 attempts");
                     }
                 })
             })
             .collect();
-        for w in writers {
-            w.join().unwrap();
-        }
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
         done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
         collector.join().unwrap();
         for r in readers {
             assert!(r.join().unwrap() > 0, "a reader never finished a read");

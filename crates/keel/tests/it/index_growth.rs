@@ -74,10 +74,13 @@ fn committed_keys_stay_visible_while_the_index_grows() {
                 })
             })
             .collect();
-        for w in writers {
-            w.join().unwrap();
-        }
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
         done.store(true, Ordering::Relaxed);
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
         for r in readers {
             assert!(r.join().unwrap() > 0);
         }
