@@ -44,6 +44,8 @@ pub const MULTI_QUEUE_BYTES_MAX: usize = keel::limits::TXN_WRITE_BYTES_MAX;
 pub const WATCH_KEYS_MAX: usize = 1 << 16;
 /// Attempts a conflicting single command or `EXEC` makes before it reports the conflict.
 pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
+/// Most pipelined data commands run as one transaction.
+pub const PIPELINE_BATCH_MAX: usize = 256;
 /// Initial read buffer.
 const READ_BYTES: usize = 16 * 1024;
 
@@ -116,8 +118,10 @@ impl Conn {
         let mut output = BytesMut::with_capacity(READ_BYTES);
         let mut needed = 0usize;
         loop {
-            // Run every whole request already read.
+            // Run every whole request already read. Consecutive data commands are collected
+            // first, so that a pipeline of them can share one engine transaction.
             let mut next = Next::Continue;
+            let mut pending: Vec<(Cmd, Vec<Bytes>)> = Vec::new();
             while input.len() >= needed && !input.is_empty() {
                 let limits = Limits {
                     bulk_bytes_max: self.shared.proto_max_bulk_len.load(Relaxed),
@@ -141,6 +145,7 @@ impl Conn {
                         break;
                     }
                     Err(e) => {
+                        self.run_pending(&mut pending, &mut output).await;
                         self.shared.counters.protocol_errors.fetch_add(1, Relaxed);
                         tracing::debug!(id = self.info.id, error = %e, "protocol error");
                         self.out(&mut output).error(&format!("ERR {e}"));
@@ -149,13 +154,22 @@ impl Conn {
                     }
                 };
                 needed = 0;
-                let started = Instant::now();
-                next = self.command(args, &mut output).await;
-                self.shared.counters.record_latency(started.elapsed());
-                self.shared
-                    .counters
-                    .commands_processed
-                    .fetch_add(1, Relaxed);
+                if let Some(cmd) = self.batchable(&args) {
+                    pending.push((cmd, args));
+                    if pending.len() < PIPELINE_BATCH_MAX {
+                        continue;
+                    }
+                    self.run_pending(&mut pending, &mut output).await;
+                } else {
+                    self.run_pending(&mut pending, &mut output).await;
+                    let started = Instant::now();
+                    next = self.command(args, &mut output).await;
+                    self.shared.counters.record_latency(started.elapsed());
+                    self.shared
+                        .counters
+                        .commands_processed
+                        .fetch_add(1, Relaxed);
+                }
                 if output.len() >= OUT_FLUSH_BYTES {
                     self.flush(&mut stream, &mut output).await?;
                 }
@@ -163,6 +177,7 @@ impl Conn {
                     break;
                 }
             }
+            self.run_pending(&mut pending, &mut output).await;
             self.flush(&mut stream, &mut output).await?;
             if next == Next::Close {
                 return Ok(());
@@ -219,6 +234,93 @@ impl Conn {
             buf,
             proto: self.proto,
         }
+    }
+
+    /// The command, if `args` may join a pipelined batch: a data command outside `MULTI` and
+    /// `WATCH`, from an authenticated client, with the right arity.
+    fn batchable(&self, args: &[Bytes]) -> Option<Cmd> {
+        if !self.authenticated || self.multi.is_some() || self.watch.is_some() {
+            return None;
+        }
+        let spec = table::lookup(&args[0])?;
+        let ok = spec.arity_ok(args.len())
+            && data::is_data(spec.cmd)
+            && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall);
+        ok.then_some(spec.cmd)
+    }
+
+    /// Runs the collected pipeline of data commands. Two or more, not all reads: one engine
+    /// transaction for all of them, committed once, so a pipeline of writes costs one commit
+    /// (and, with `sync` durability, one fsync). That is a valid serial order: the client sent
+    /// them all before it saw any reply, and nothing else runs between them. If any of them
+    /// fails, or the batch cannot commit, each runs again as its own transaction, so that
+    /// replies and effects are exactly those of running them one by one.
+    async fn run_pending(&mut self, pending: &mut Vec<(Cmd, Vec<Bytes>)>, output: &mut BytesMut) {
+        if pending.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let n = pending.len() as u64;
+        let batched = pending.len() >= 2
+            && pending.iter().any(|(c, _)| !data::is_read_only(*c))
+            && self.run_batched(pending, output).await;
+        if !batched {
+            for (cmd, args) in pending.iter() {
+                self.data_command(*cmd, args, output).await;
+            }
+        }
+        pending.clear();
+        let per_command = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
+        for _ in 0..n {
+            self.shared.counters.record_latency(per_command);
+        }
+        self.shared
+            .counters
+            .commands_processed
+            .fetch_add(n, Relaxed);
+    }
+
+    /// One transaction for a pipelined batch; `false` (and no reply written) when the batch
+    /// must run command by command instead.
+    async fn run_batched(&mut self, pending: &[(Cmd, Vec<Bytes>)], output: &mut BytesMut) -> bool {
+        let shared = self.shared.clone();
+        let ctx = ctx(&shared);
+        let mark = output.len();
+        for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
+            let Ok(mut txn) = shared.db.begin() else {
+                return false;
+            };
+            let mut out = Out {
+                buf: output,
+                proto: self.proto,
+            };
+            let mut failed = false;
+            for (cmd, args) in pending {
+                if data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
+                    || out.buf.len() - mark > ctx.reply_bytes_max
+                {
+                    failed = true;
+                    break;
+                }
+            }
+            if failed {
+                output.truncate(mark);
+                return false;
+            }
+            match self.commit(txn).await {
+                Ok(Ok(_)) => return true,
+                Ok(Err(_)) => {
+                    output.truncate(mark);
+                    self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    backoff(attempt).await;
+                }
+                Err(_) => {
+                    output.truncate(mark);
+                    return false;
+                }
+            }
+        }
+        false
     }
 
     /// Dispatches one request.

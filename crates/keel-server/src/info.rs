@@ -253,9 +253,8 @@ pub fn client_line(shared: &Shared, c: &ClientInfo) -> String {
         .saturating_sub(c.last_active_ms.load(Relaxed))
         / 1000;
     format!(
-        "id={} addr={} laddr={} fd=-1 name={} age={} idle={} flags=N db=0 sub=0 psub=0 ssub=0 \
-         multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 \
-         tot-mem=0 events=r cmd=client|list user=default redir=-1 resp={} lib-name={} lib-ver={}\n",
+        "id={} addr={} laddr={} name={} age={} idle={} flags=N db=0 user=default resp={} \
+         lib-name={} lib-ver={}\n",
         c.id,
         c.addr,
         c.laddr,
@@ -348,7 +347,6 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             t,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
-             keyspace_hits:0\r\nkeyspace_misses:0\r\ntotal_error_replies:0\r\n\
              protocol_errors:{}\r\n\r\n",
             c.connections_received.load(Relaxed),
             c.commands_processed.load(Relaxed),

@@ -188,3 +188,43 @@ fn reply_bytes_limit() {
     );
     assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
 }
+
+/// A pipeline of writes shares engine transactions (and so fsyncs), yet replies and effects
+/// are those of running each command alone, failures included.
+#[test]
+fn pipelined_writes_share_commits_with_per_command_semantics() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "text", "abc"]);
+    let commits = |c: &mut redis::Connection| -> u64 {
+        let info: String = query(c, &["INFO", "keel"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("keel_commits:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("keel_commits")
+    };
+    let before = commits(&mut c);
+    let mut s = server.raw();
+    let mut request = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..100 {
+        request.extend_from_slice(format!("SET p{i} {i}\r\nINCR n\r\n").as_bytes());
+        expected.extend_from_slice(format!("+OK\r\n:{}\r\n", i + 1).as_bytes());
+    }
+    assert_eq!(exchange(&mut s, &request, expected.len()), expected);
+    let after = commits(&mut c);
+    assert!(
+        after - before < 200,
+        "200 pipelined writes took {} commits",
+        after - before
+    );
+    // A failure in the middle: only that command fails.
+    let got = exchange(&mut s, b"SET a 1\r\nINCR text\r\nSET b 2\r\nGET a\r\n", 63);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "+OK\r\n-ERR value is not an integer or out of range\r\n+OK\r\n$1\r\n1\r\n"
+    );
+    assert_eq!(query::<i64>(&mut c, &["GET", "b"]), 2);
+    assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 100);
+    assert_eq!(query::<String>(&mut c, &["GET", "text"]), "abc");
+}
