@@ -416,3 +416,36 @@ fn crash_loop_sigkill_never_loses_an_acknowledged_commit() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn newer_format_is_refused_with_a_clear_error() {
+    use keel::Disk;
+    let disk = SimDisk::new();
+    drop(Db::open(dir(), sim_options(&disk)).unwrap());
+    let files = disk.reboot();
+    let path = dir().join("MANIFEST");
+    let mut manifest = files.read(&path).unwrap();
+    manifest[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let body = manifest.len() - 4;
+    let crc = crc32c::crc32c(&manifest[..body]);
+    manifest[body..].copy_from_slice(&crc.to_le_bytes());
+    let mut file = files.create(&path).unwrap();
+    file.append(&manifest).unwrap();
+    file.sync().unwrap();
+    let err = Db::open(dir(), sim_options(&disk)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OpenError::NewerFormat {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("newer than this keel supports"),
+        "{err}"
+    );
+}
