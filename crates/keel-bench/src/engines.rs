@@ -11,19 +11,51 @@ use std::sync::atomic::{AtomicU64, Ordering, fence};
 
 use anyhow::Context as _;
 
-use crate::target::{Engine, Fail, Step, Target, Tx, Worker, embedded_worker, key_bytes};
+use crate::target::{
+    Durability, Engine, Fail, Open, Step, Target, Tx, Worker, embedded_worker, key_bytes,
+};
 
-/// keel, in memory (durability `none` until the write-ahead log lands).
+/// keel: in memory with durability `none`, otherwise with its write-ahead log in a fresh
+/// temporary directory (deleted when the target is dropped).
 pub struct Keel {
     db: keel::Db,
+    durability: Durability,
+    _dir: Option<tempfile::TempDir>,
 }
 
+/// How often keel's `async` mode fsyncs: once a second, like Redis `appendfsync everysec`.
+pub const KEEL_ASYNC_FSYNC: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Keel {
-    /// An empty database sized for `keys` keys.
-    pub fn new(keys: u64) -> Keel {
-        Keel {
-            db: keel::Db::with_options(keel::Options::default().capacity_hint(keys as usize)),
-        }
+    /// An empty database sized for `open.key_space` keys.
+    pub fn new(open: &Open) -> anyhow::Result<Keel> {
+        let options = keel::Options::default().capacity_hint(open.key_space as usize);
+        let durability = match open.durability {
+            Durability::None => {
+                return Ok(Keel {
+                    db: keel::Db::with_options(options),
+                    durability: open.durability,
+                    _dir: None,
+                });
+            }
+            Durability::Async => keel::Durability::Async {
+                interval: KEEL_ASYNC_FSYNC,
+            },
+            Durability::Sync => keel::Durability::Sync,
+        };
+        std::fs::create_dir_all(&open.dir)
+            .with_context(|| format!("creating {}", open.dir.display()))?;
+        let dir = tempfile::Builder::new()
+            .prefix("keel-bench-keel-")
+            .tempdir_in(&open.dir)
+            .with_context(|| format!("making a temporary directory in {}", open.dir.display()))?;
+        let db = keel::Db::open(dir.path(), options.durability(durability))
+            .with_context(|| format!("opening keel in {}", dir.path().display()))?;
+        Ok(Keel {
+            db,
+            durability: open.durability,
+            _dir: Some(dir),
+        })
     }
 }
 
@@ -115,7 +147,7 @@ impl Target for Keel {
         "strict serializable (OCC, validated reads); read-only txns on snapshots"
     }
     fn durability(&self) -> &'static str {
-        "none"
+        self.durability.name()
     }
     fn load(
         &self,

@@ -62,6 +62,8 @@ mod rocks {
         // A block cache that holds the whole data set, as keel holds it in memory.
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(4 << 30).context("RocksDB block cache")?);
+        // Bloom filters keep a point read from probing every level-0 file the load left.
+        table.set_bloom_filter(10.0, false);
         o.set_block_based_table_factory(&table);
         Ok(o)
     }

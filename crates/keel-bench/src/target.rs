@@ -243,13 +243,11 @@ pub const PEERS: [&str; 5] = ["rocksdb-occ", "rocksdb-pess", "fjall", "redb", "l
 /// Opens the embedded target called `name`.
 pub fn open(name: &str, open: &Open) -> anyhow::Result<Box<dyn Target>> {
     use crate::engines::{CeilingArray, CeilingHash, Keel};
-    if BUILTIN.contains(&name) && open.durability != Durability::None {
-        anyhow::bail!(
-            "{name} has no durability modes yet (in-memory only); run it with --durability none"
-        );
+    if name.starts_with("ceiling") && open.durability != Durability::None {
+        anyhow::bail!("{name} is memory only; run it with --durability none");
     }
     match name {
-        "keel" => Ok(Box::new(Keel::new(open.key_space))),
+        "keel" => Ok(Box::new(Keel::new(open)?)),
         "ceiling-array" => Ok(Box::new(CeilingArray::new(open.key_space)?)),
         "ceiling-hash" => Ok(Box::new(CeilingHash::new(open.key_space))),
         #[cfg(feature = "peers")]

@@ -57,7 +57,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Durability, matched across targets: none (memory only / no WAL), async (log without
-    /// fsync per commit) or sync (fsync per commit). keel supports only none for now.
+    /// fsync per commit; keel fsyncs once a second) or sync (fsync before each commit is
+    /// acknowledged). The ceilings support only none.
     #[arg(long, default_value = "none")]
     durability: Durability,
     /// Embedded targets, comma-separated, in table order (ratios compare with the first):
