@@ -228,3 +228,47 @@ fn pipelined_writes_share_commits_with_per_command_semantics() {
     assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 100);
     assert_eq!(query::<String>(&mut c, &["GET", "text"]), "abc");
 }
+
+#[test]
+fn multi_queue_is_bounded() {
+    let server = TestServer::start();
+    let mut s = server.raw();
+    let mut request = b"MULTI\r\n".to_vec();
+    request.extend_from_slice(&b"INCR n\r\n".repeat(65_537));
+    request.extend_from_slice(b"EXEC\r\n");
+    let queued = b"+QUEUED\r\n".len() * 65_536;
+    let full = "-ERR keel: MULTI queue is full (at most 65536 commands and 33554432 bytes)\r\n";
+    let abort = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+    let got = exchange(&mut s, &request, 5 + queued + full.len() + abort.len());
+    assert_eq!(
+        String::from_utf8_lossy(&got[5 + queued..]),
+        format!("{full}{abort}")
+    );
+    let mut c = server.client();
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "n"]), 0);
+}
+
+#[test]
+fn query_buffer_is_bounded() {
+    let server = TestServer::start();
+    let mut s = server.raw();
+    // Three 16 MiB arguments are more than one request may hold: the server closes the
+    // connection before the request is whole, as Redis does at client-query-buffer-limit.
+    let chunk = vec![b'x'; 16 * 1024 * 1024];
+    let mut sent = 0;
+    let _ = s.write_all(b"*4\r\n$3\r\nSET\r\n");
+    for _ in 0..3 {
+        if s.write_all(b"$16777216\r\n").is_err() || s.write_all(&chunk).is_err() {
+            break;
+        }
+        let _ = s.write_all(b"\r\n");
+        sent += 1;
+    }
+    assert!(sent <= 3);
+    assert!(
+        is_closed(&mut s),
+        "the connection stays open past the query buffer limit"
+    );
+    let mut c = server.client();
+    assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
+}
