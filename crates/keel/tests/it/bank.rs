@@ -7,7 +7,8 @@
 //! forward range, a reverse range and a range read from both ends, and checks each sum. A
 //! snapshot that saw half a transfer, or a transfer that lost an update, changes the total.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use keel::Db;
 use rand::rngs::StdRng;
@@ -16,6 +17,7 @@ use rand::{Rng, SeedableRng};
 const ACCOUNTS: usize = 8;
 const BALANCE: i64 = 1000;
 const TOTAL: i64 = ACCOUNTS as i64 * BALANCE;
+const TRANSFERS: u64 = 1500;
 
 fn account(i: usize) -> Vec<u8> {
     format!("acct{i:02}").into_bytes()
@@ -132,22 +134,32 @@ fn run(seed: u64, by_add: bool) {
     })
     .unwrap();
     let done = AtomicBool::new(false);
+    let audits_done = AtomicU64::new(0);
+    let started = Instant::now();
     let audits = std::thread::scope(|s| {
         let auditor = s.spawn(|| {
             let mut round = 0;
             while !done.load(Ordering::Relaxed) {
                 audit(&db, round);
                 round += 1;
+                audits_done.store(round, Ordering::Relaxed);
             }
             round
         });
         let transfers: Vec<_> = (0..3)
             .map(|thread| {
-                let db = &db;
+                let (db, audits_done, started) = (&db, &audits_done, &started);
                 s.spawn(move || {
                     let mut rng = StdRng::seed_from_u64(seed * 10 + thread);
                     let mut conflicts = 0;
-                    for _ in 0..1500 {
+                    // At least 1500 transfers, and more until the auditor has audited a
+                    // while (a release build transfers faster than it audits), within reason.
+                    let mut transfers = 0;
+                    while transfers < TRANSFERS
+                        || (audits_done.load(Ordering::Relaxed) < 50
+                            && started.elapsed() < Duration::from_secs(20))
+                    {
+                        transfers += 1;
                         conflicts += if by_add && thread > 0 {
                             transfer_by_add(db, &mut rng)
                         } else {
@@ -172,7 +184,7 @@ fn run(seed: u64, by_add: bool) {
     assert!(audits > 0);
     audit(&db, u64::MAX);
     let stats = db.stats();
-    assert!(stats.commits > 3 * 1500, "{stats:?}");
+    assert!(stats.commits > 3 * TRANSFERS, "{stats:?}");
 }
 
 #[test]
