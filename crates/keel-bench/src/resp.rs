@@ -178,7 +178,7 @@ impl Target for Server {
         self.label.clone()
     }
     fn isolation(&self) -> &'static str {
-        "the server's (Redis: serial execution); MGET/MSET/MULTI-EXEC per txn"
+        "the server's: one MGET, MSET or MULTI/EXEC per txn (Redis runs them serially)"
     }
     fn durability(&self) -> &'static str {
         "server's own setting"
