@@ -11,14 +11,22 @@ use std::time::{Duration, Instant};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dir = args.get(1).cloned().unwrap_or_else(|| "/tmp/keel-recovery".into());
-    let records: u64 = args.get(2).map_or(1_000_000, |a| a.parse().expect("records"));
+    let dir = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "/tmp/keel-recovery".into());
+    let records: u64 = args
+        .get(2)
+        .map_or(1_000_000, |a| a.parse().expect("records"));
     if args.get(3).map(String::as_str) == Some("--write") {
         return write(&dir, records);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let me = std::env::current_exe().expect("own path");
-    let status = Command::new(me).args([&dir, &records.to_string(), "--write"]).status().expect("writer");
+    let status = Command::new(me)
+        .args([&dir, &records.to_string(), "--write"])
+        .status()
+        .expect("writer");
     assert!(status.success());
     let options = || keel::Options::default().capacity_hint(records as usize);
 
@@ -35,7 +43,11 @@ fn main() {
         from_log.as_secs_f64()
     );
     let keys = db.stats().records;
-    assert_eq!(keys, records + 1, "every record recovered (and the end marker)");
+    assert_eq!(
+        keys,
+        records + 1,
+        "every record recovered (and the end marker)"
+    );
     db.close().expect("close with a checkpoint");
 
     let started = Instant::now();
@@ -56,7 +68,9 @@ fn main() {
 fn write(dir: &str, records: u64) {
     let options = keel::Options::default()
         .capacity_hint(records as usize)
-        .durability(keel::Durability::Async { interval: Duration::from_millis(10) })
+        .durability(keel::Durability::Async {
+            interval: Duration::from_millis(10),
+        })
         .checkpoint_log_bytes(u64::MAX)
         .checkpoint_interval(Duration::from_secs(1 << 30));
     let db = keel::Db::open(dir, options).expect("open for writing");

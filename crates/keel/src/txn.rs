@@ -39,8 +39,11 @@ use crate::wal::Durability;
 /// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
 
-/// How long a committer spins on a record lock held by another before aborting.
-const LOCK_SPINS_MAX: u32 = 10;
+/// How long a committer waits for a record lock held by another committer before aborting.
+/// Locks are taken in key order, so waiting cannot deadlock; a holder keeps its locks only
+/// while it validates, logs and installs (never across an fsync), so the wait is short unless
+/// the holder was descheduled, which yielding lets it recover from.
+const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 enum Read {
     Record(RecordRef),
@@ -623,17 +626,27 @@ impl<'db> Txn<'db> {
     }
 }
 
-/// Locks a record that exists, spinning briefly if another committer holds it.
+/// Locks a record that exists, waiting (bounded by [`LOCK_WAIT_MAX`]) if another committer
+/// holds it.
 fn lock(record: RecordRef, me: LockOwner) -> bool {
     let r = record.get();
     let backoff = Backoff::new();
-    for _ in 0..LOCK_SPINS_MAX {
+    while !backoff.is_completed() {
         if r.try_lock(me) {
             return true;
         }
-        backoff.spin();
+        backoff.snooze();
     }
-    r.try_lock(me)
+    let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
+    loop {
+        if r.try_lock(me) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
 }
 
 impl Drop for Txn<'_> {

@@ -373,8 +373,6 @@ fn histories_with_commutative_adds_are_strictly_serializable() {
 /// The guarantee that concurrent commutative operations never conflict, under real
 /// contention: four threads add to the same two counters.
 #[test]
-#[ignore = "engine bug: add-only transactions abort with WriteLocked when another committer \
-            holds the record lock for longer than LOCK_SPINS_MAX spins"]
 fn concurrent_adds_never_conflict() {
     const THREADS: i64 = 4;
     const TXNS: i64 = 3000;
