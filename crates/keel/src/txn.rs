@@ -268,6 +268,39 @@ impl<'db> Txn<'db> {
         }
     }
 
+    /// The commit timestamp of the version of `key` this transaction's snapshot sees
+    /// (`None` if the key is absent there), remembered as a read: if anyone commits to the key
+    /// before this transaction does, the commit conflicts. Own buffered writes are ignored.
+    /// This is what a Redis `WATCH` needs: "changed since", even to an equal value.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let first = db.begin()?.commit()?.unwrap();
+    /// db.transact(|txn| txn.put(b"k", b"v"))?;
+    /// let mut txn = db.begin()?;
+    /// assert!(txn.version_ts(b"k")?.is_some_and(|ts| ts > first));
+    /// assert_eq!(txn.version_ts(b"missing")?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn version_ts(&mut self, key: &[u8]) -> Result<Option<Ts>, Error> {
+        check_key(key)?;
+        let h = hash(key);
+        match self.db.store.get(key, h) {
+            Some(record) => {
+                self.remember(Read::Record(record))?;
+                let version = record.get().visible(self.read_ts);
+                Ok(version.filter(|v| v.value().is_some()).map(|v| v.ts()))
+            }
+            None => {
+                self.remember(Read::Absent {
+                    key: key.into(),
+                    hash: h,
+                })?;
+                Ok(None)
+            }
+        }
+    }
+
     /// Reads `key`: this transaction's own writes first, then the snapshot.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         check_key(key)?;
@@ -428,8 +461,9 @@ impl<'db> Txn<'db> {
         keys.sort_unstable();
         keys.into_iter()
             .map(|key| {
-                // A failed commutative operation reads as its base value; the error surfaces
-                // at `get` or at commit.
+                // A commutative operation that cannot apply (say, `add` to a non-integer)
+                // makes its key read as absent in a range; the error surfaces at `get` and at
+                // commit.
                 let value = self.get(&key).unwrap_or(None);
                 (key, value)
             })

@@ -176,3 +176,22 @@ fn range_merges_own_writes_both_directions() {
     let middle: Vec<_> = both.collect();
     assert_eq!(vec![first, middle[0].clone(), last], want);
 }
+
+#[test]
+fn version_ts_changes_on_equal_value_rewrites_and_is_validated() {
+    let db = Db::in_memory();
+    db.transact(|t| t.put(b"k", b"same")).unwrap();
+    let before = db.begin().unwrap().version_ts(b"k").unwrap().unwrap();
+    db.transact(|t| t.put(b"k", b"same")).unwrap();
+    let mut watcher = db.begin().unwrap();
+    let after = watcher.version_ts(b"k").unwrap().unwrap();
+    assert!(after > before, "an equal-value rewrite is a new version");
+    db.transact(|t| t.put(b"k", b"same")).unwrap();
+    watcher.put(b"other", b"1").unwrap();
+    assert_eq!(
+        watcher.commit().unwrap().unwrap_err().reason,
+        ConflictReason::ReadChanged
+    );
+    db.transact(|t| t.delete(b"k")).unwrap();
+    assert_eq!(db.begin().unwrap().version_ts(b"k").unwrap(), None);
+}
