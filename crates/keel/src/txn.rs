@@ -215,21 +215,26 @@ impl<'db> Txn<'db> {
         Ok(())
     }
 
+    /// Finds the committed record of `key` and remembers the read (of the record, or of the
+    /// key's absence) for validation.
+    fn read_record(&mut self, key: &[u8], hash: u64) -> Result<Option<RecordRef>, Error> {
+        let record = self.db.store.get(key, hash);
+        match record {
+            Some(record) => self.remember(Read::Record(record))?,
+            None => self.remember(Read::Absent {
+                key: key.into(),
+                hash,
+            })?,
+        }
+        Ok(record)
+    }
+
     /// The committed value at the snapshot, remembered for validation.
     fn read_committed(&mut self, key: &[u8], hash: u64) -> Result<Option<Vec<u8>>, Error> {
-        match self.db.store.get(key, hash) {
-            Some(record) => {
-                self.remember(Read::Record(record))?;
-                Ok(record.get().value_at(self.read_ts).map(<[u8]>::to_vec))
-            }
-            None => {
-                self.remember(Read::Absent {
-                    key: key.into(),
-                    hash,
-                })?;
-                Ok(None)
-            }
-        }
+        let record = self.read_record(key, hash)?;
+        Ok(record
+            .and_then(|r| r.get().value_at(self.read_ts))
+            .map(<[u8]>::to_vec))
     }
 
     /// Reads `key` without copying the committed value: `f` sees it in place. Same
@@ -252,20 +257,8 @@ impl<'db> Txn<'db> {
             return Ok(f(value.as_deref()));
         }
         check_key(key)?;
-        let h = hash(key);
-        match self.db.store.get(key, h) {
-            Some(record) => {
-                self.remember(Read::Record(record))?;
-                Ok(f(record.get().value_at(self.read_ts)))
-            }
-            None => {
-                self.remember(Read::Absent {
-                    key: key.into(),
-                    hash: h,
-                })?;
-                Ok(f(None))
-            }
-        }
+        let record = self.read_record(key, hash(key))?;
+        Ok(f(record.and_then(|r| r.get().value_at(self.read_ts))))
     }
 
     /// The commit timestamp of the version of `key` this transaction's snapshot sees
@@ -284,21 +277,9 @@ impl<'db> Txn<'db> {
     /// ```
     pub fn version_ts(&mut self, key: &[u8]) -> Result<Option<Ts>, Error> {
         check_key(key)?;
-        let h = hash(key);
-        match self.db.store.get(key, h) {
-            Some(record) => {
-                self.remember(Read::Record(record))?;
-                let version = record.get().visible(self.read_ts);
-                Ok(version.filter(|v| v.value().is_some()).map(|v| v.ts()))
-            }
-            None => {
-                self.remember(Read::Absent {
-                    key: key.into(),
-                    hash: h,
-                })?;
-                Ok(None)
-            }
-        }
+        let record = self.read_record(key, hash(key))?;
+        let version = record.and_then(|r| r.get().visible(self.read_ts));
+        Ok(version.filter(|v| v.value().is_some()).map(|v| v.ts()))
     }
 
     /// Reads `key`: this transaction's own writes first, then the snapshot.
