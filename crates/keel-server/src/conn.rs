@@ -10,10 +10,13 @@
 //!
 //! Transactions: a command outside `MULTI` is its own engine transaction, retried on conflict.
 //! `EXEC` runs the queue as one engine transaction, also retried on conflict unless `WATCH`
-//! says otherwise. `WATCH` opens an engine transaction and reads the watched keys in it; that
-//! transaction is the snapshot later reads see and the one `EXEC` first tries to commit, so a
-//! commit by anyone after the first `WATCH` to a watched key (even one that began earlier, even
-//! one that wrote the same value) makes `EXEC` fail.
+//! says otherwise. Each `WATCH` opens a fresh engine transaction, records the commit timestamp
+//! ([`Txn::version_ts`]) of each newly watched key as of that moment, and keeps the transaction
+//! as the snapshot later reads see (until the next `WATCH`). `EXEC` runs the queue in a new
+//! transaction that first calls `version_ts` on every watched key: if any differs from the one
+//! recorded, a watched key changed after its `WATCH` (even to an equal value) and `EXEC`
+//! replies null. Those reads make a later commit to a watched key conflict, so a conflicting
+//! `EXEC` is retried whole, re-checking the watched keys each time: never a lost update.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -61,8 +64,10 @@ enum Next {
 }
 
 struct Watch {
+    /// The snapshot reads between `WATCH` and `EXEC` see: the latest `WATCH`'s.
     txn: Txn<'static>,
-    keys: Vec<(Bytes, Option<Vec<u8>>)>,
+    /// Each watched key with the commit timestamp of its version when it was watched.
+    keys: Vec<(Bytes, Option<keel::Ts>)>,
 }
 
 struct Multi {
@@ -783,26 +788,29 @@ impl Conn {
     }
 
     fn watch_keys(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
-        let watch = match &mut self.watch {
-            Some(w) => w,
-            None => {
-                let txn = self.shared.db.begin().map_err(begin_error)?;
-                self.watch.insert(Watch {
-                    txn,
-                    keys: Vec::new(),
-                })
-            }
-        };
-        if watch.keys.len() + keys.len() > WATCH_KEYS_MAX {
+        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len());
+        if watched + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
+        // A fresh snapshot: what the keys watched now hold now, and what later reads see (a
+        // key watched earlier keeps the version recorded then).
+        let mut txn = self.shared.db.begin().map_err(begin_error)?;
+        let mut added: Vec<(Bytes, Option<keel::Ts>)> = Vec::new();
         for key in keys {
-            if watch.keys.iter().any(|(k, _)| k == key) {
+            let known = |w: &Vec<(Bytes, Option<keel::Ts>)>| w.iter().any(|(k, _)| k == key);
+            if known(&added) || self.watch.as_ref().is_some_and(|w| known(&w.keys)) {
                 continue;
             }
-            let value = watch.txn.get(key)?;
-            watch.keys.push((key.clone(), value));
+            let ts = txn.version_ts(key)?;
+            added.push((key.clone(), ts));
         }
+        // Only once every key is read: a failed WATCH leaves the earlier watches as they were.
+        let mut recorded = self.watch.take().map(|w| w.keys).unwrap_or_default();
+        recorded.extend(added);
+        self.watch = Some(Watch {
+            txn,
+            keys: recorded,
+        });
         Ok(())
     }
 
@@ -913,27 +921,20 @@ impl Conn {
         let proto = self.proto;
         let mark = output.len();
         let mut out = Out { buf: output, proto };
-        let (mut first, watched) = match watch {
-            Some(w) => (Some(w.txn), w.keys),
-            None => (None, Vec::new()),
-        };
+        // The read snapshot is done with; every attempt is a fresh transaction.
+        let watched = watch.map(|w| w.keys).unwrap_or_default();
         let mut attempt = 1;
         loop {
-            let mut txn = match first.take() {
-                Some(t) => t,
-                None => {
-                    let mut t = self.shared.db.begin().map_err(begin_error)?;
-                    // A retry after WATCH: the watched keys must still hold what they held.
-                    for (key, value) in &watched {
-                        if t.get(key)? != *value {
-                            self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
-                            out.null_array();
-                            return Ok(());
-                        }
-                    }
-                    t
+            let mut txn = self.shared.db.begin().map_err(begin_error)?;
+            // The watched keys must still be at the versions recorded at WATCH; reading them
+            // makes a commit to one of them before ours conflict.
+            for (key, ts) in &watched {
+                if txn.version_ts(key)? != *ts {
+                    self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                    out.null_array();
+                    return Ok(());
                 }
-            };
+            }
             out.array(multi.queue.len());
             let mut failed = false;
             for (cmd, args) in &multi.queue {
@@ -964,6 +965,8 @@ impl Conn {
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
+                    // A watched key changed after this attempt checked it: a retry would see
+                    // a different version and reply null, so reply null now.
                     if watched.iter().any(|(k, _)| k[..] == conflict.key[..]) {
                         self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
                         out.null_array();

@@ -163,6 +163,41 @@ fn watch_without_a_change_commits() {
     assert_eq!(query::<i64>(&mut a, &["GET", "k"]), 6);
 }
 
+/// Each WATCH records the version its keys have then: a key changed before it was watched
+/// does not fail the EXEC, a key rewritten with an equal value after it was watched does.
+#[test]
+fn watch_is_exact_per_watch_command() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let mut b = server.client();
+    let _: () = query(&mut a, &["SET", "first", "1"]);
+    let _: () = query(&mut a, &["SET", "second", "1"]);
+    let _: () = query(&mut a, &["WATCH", "first"]);
+    // Changed between the two WATCHes, not after the second.
+    let _: () = query(&mut b, &["SET", "second", "2"]);
+    let _: () = query(&mut a, &["WATCH", "second"]);
+    // Reads after the second WATCH see its snapshot.
+    assert_eq!(query::<i64>(&mut a, &["GET", "second"]), 2);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["INCR", "second"]);
+    let _: () = query(&mut a, &["INCR", "first"]);
+    assert_eq!(
+        query::<Vec<i64>>(&mut a, &["EXEC"]),
+        vec![3, 2],
+        "a key changed before it was watched does not fail EXEC"
+    );
+
+    // An equal-value rewrite of a watched key by another connection fails the EXEC.
+    let _: () = query(&mut a, &["WATCH", "first"]);
+    let _: () = query(&mut a, &["WATCH", "second"]);
+    let _: () = query(&mut b, &["SET", "second", "3"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "first", "mine"]);
+    assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+    assert_eq!(query::<i64>(&mut a, &["GET", "first"]), 2);
+    assert_eq!(query::<i64>(&mut a, &["GET", "second"]), 3);
+}
+
 #[test]
 fn watch_by_own_write_fails_exec_as_in_redis() {
     let server = TestServer::start();
