@@ -152,7 +152,6 @@ struct Files {
 struct CheckpointState {
     replay_from_lsn: u64,
     at: Instant,
-    current: Option<String>,
 }
 
 pub(crate) struct Shared {
@@ -214,7 +213,6 @@ impl Shared {
             .map_err(|e| CheckpointError::Io(files.dir.join(MANIFEST), e))?;
         state.replay_from_lsn = replay_from_lsn;
         state.at = Instant::now();
-        state.current = Some(name.clone());
         remove_obsolete(disk, &files.dir, &manifest)
             .map_err(|e| CheckpointError::Io(files.dir.clone(), e))?;
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -618,7 +616,6 @@ impl Db {
             checkpoint: Mutex::new(CheckpointState {
                 replay_from_lsn: manifest.replay_from_lsn,
                 at: Instant::now(),
-                current: manifest.checkpoint.clone(),
             }),
             options,
             _lock: lock,

@@ -597,17 +597,9 @@ impl<'db> Txn<'db> {
     }
 
     fn validate(&self, me: LockOwner) -> Result<(), Conflict> {
-        let conflict = |key: &[u8], staleness: Staleness, reason: ConflictReason| {
-            let reason = match staleness {
-                Staleness::Locked if reason == ConflictReason::ReadChanged => {
-                    ConflictReason::ReadChanged
-                }
-                _ => reason,
-            };
-            Conflict {
-                key: key.to_vec(),
-                reason,
-            }
+        let conflict = |key: &[u8], reason: ConflictReason| Conflict {
+            key: key.to_vec(),
+            reason,
         };
         for read in &self.reads {
             match read {
@@ -615,14 +607,14 @@ impl<'db> Txn<'db> {
                     let r = record.get();
                     let s = r.staleness(self.read_ts, me);
                     if s != Staleness::Fresh {
-                        return Err(conflict(r.key(), s, ConflictReason::ReadChanged));
+                        return Err(conflict(r.key(), ConflictReason::ReadChanged));
                     }
                 }
                 Read::Absent { key, hash } => {
                     if let Some(record) = self.db.store.get(key, *hash) {
                         let s = record.get().staleness(self.read_ts, me);
                         if s != Staleness::Fresh {
-                            return Err(conflict(key, s, ConflictReason::ReadChanged));
+                            return Err(conflict(key, ConflictReason::ReadChanged));
                         }
                     }
                 }
@@ -633,7 +625,7 @@ impl<'db> Txn<'db> {
                 let r = record.get();
                 let s = r.staleness(self.read_ts, me);
                 if s != Staleness::Fresh {
-                    return Err(conflict(r.key(), s, ConflictReason::Phantom));
+                    return Err(conflict(r.key(), ConflictReason::Phantom));
                 }
             }
         }

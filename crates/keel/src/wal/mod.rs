@@ -289,9 +289,9 @@ impl Flusher {
     fn run(mut self) {
         loop {
             let shutdown = self.shared.shutdown.load(Ordering::Acquire);
-            let ready = self.ready_end();
+            let (ready, frames) = self.ready_end();
             if ready > self.written
-                && let Err(e) = self.write(ready)
+                && let Err(e) = self.write(ready, frames)
             {
                 return self.shared.fail("writing the log", &e);
             }
@@ -332,21 +332,24 @@ impl Flusher {
         *pending = false;
     }
 
-    /// The end of the contiguous run of filled frames from `written`.
-    fn ready_end(&self) -> u64 {
+    /// The end of the contiguous run of filled frames from `written`, and how many frames
+    /// the run holds.
+    fn ready_end(&self) -> (u64, u64) {
         let reserved = self.shared.reserved.load(Ordering::Acquire);
         let mut pos = self.written;
+        let mut frames = 0;
         while pos < reserved {
             let word = self.shared.word(pos).load(Ordering::Acquire);
             if word == 0 {
                 break;
             }
             pos += frame_bytes((word & 0xffff_ffff) as usize) as u64;
+            frames += 1;
         }
-        pos
+        (pos, frames)
     }
 
-    fn write(&mut self, end: u64) -> io::Result<()> {
+    fn write(&mut self, end: u64, frames: u64) -> io::Result<()> {
         let s = &*self.shared;
         let base = s.ring.start().as_ptr();
         let from = (self.written % RING_BYTES as u64) as usize;
@@ -364,16 +367,6 @@ impl Flusher {
         if !b.is_empty() {
             self.segment.append(b)?;
         }
-        let frames = {
-            let mut n = 0;
-            let mut pos = self.written;
-            while pos < end {
-                pos += frame_bytes((s.word(pos).load(Ordering::Relaxed) & 0xffff_ffff) as usize)
-                    as u64;
-                n += 1;
-            }
-            n
-        };
         // SAFETY: as above; zeroing before release keeps stale header words from looking
         // like filled frames on the next lap.
         unsafe {
