@@ -29,7 +29,9 @@ pub const KEEL_ASYNC_FSYNC: std::time::Duration = std::time::Duration::from_secs
 impl Keel {
     /// An empty database sized for `open.key_space` keys.
     pub fn new(open: &Open) -> anyhow::Result<Keel> {
-        let options = keel::Options::default().capacity_hint(open.key_space as usize);
+        let options = keel::Options::default()
+            .capacity_hint(open.key_space as usize)
+            .split(open.split);
         let durability = match open.durability {
             Durability::None => {
                 return Ok(Keel {
@@ -132,10 +134,16 @@ impl Engine for KeelEngine<'_> {
             Err(Fail::Conflict) => return Ok(false),
             Err(Fail::Error(e)) => return Err(e),
         }
-        Ok(txn
-            .commit()
-            .context("committing a keel transaction")?
-            .is_ok())
+        match txn.commit().context("committing a keel transaction")? {
+            Ok(_) => Ok(true),
+            Err(conflict) => {
+                if conflict.reason == keel::ConflictReason::Split {
+                    // Stashed (Doppel): the retry runs in the joined phase.
+                    self.db.wait_joined();
+                }
+                Ok(false)
+            }
+        }
     }
 }
 

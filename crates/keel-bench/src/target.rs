@@ -232,6 +232,8 @@ pub struct Open {
     pub durability: Durability,
     /// Where on-disk peers put their files (a fresh temporary directory inside it).
     pub dir: std::path::PathBuf,
+    /// keel's splitting of contended records (other targets ignore it).
+    pub split: keel::SplitMode,
 }
 
 /// Embedded targets built into every build.

@@ -61,6 +61,11 @@ pub struct Args {
     /// acknowledged). The ceilings support only none.
     #[arg(long, default_value = "none")]
     durability: Durability,
+    /// keel's splitting of contended records (Doppel): auto (split records whose lock is
+    /// contended, join them when reads dominate), off, or force (split every record a
+    /// commutative operation touches). Other targets ignore it.
+    #[arg(long, default_value = "auto")]
+    split: keel::SplitMode,
     /// Embedded targets, comma-separated, in table order (ratios compare with the first):
     /// keel, ceiling-array, ceiling-hash, and with the `peers` feature rocksdb-occ,
     /// rocksdb-pess, fjall, redb, lmdb.
@@ -233,6 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     key_space,
                     durability: args.durability,
                     dir: args.dir.clone(),
+                    split: args.split,
                 },
             )
             .with_context(|| format!("opening target {name}"))?,

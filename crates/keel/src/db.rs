@@ -1,6 +1,8 @@
 //! The database handle: options, opening and recovery, checkpoints, statistics, and the
 //! retrying `transact` helper.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -16,6 +18,7 @@ use crate::index::hash;
 use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
 use crate::mvcc::LockOwner;
+use crate::split::{Delta, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
 use crate::wal::format::{Commit, segment_header, segment_name};
@@ -48,6 +51,16 @@ pub struct Options {
     pub segment_bytes: u64,
     /// Threads that replay the checkpoint and the log at open.
     pub recovery_threads: usize,
+    /// Whether contended records are split into per-core slices (Doppel's phase
+    /// reconciliation). Default: [`SplitMode::Auto`].
+    pub split: SplitMode,
+    /// Longest split phase, and so the longest a transaction that reads a split record (or
+    /// writes it with a non-commutative operation) waits for its reconciliation. Default:
+    /// 20 ms, as in Doppel.
+    pub split_phase: Duration,
+    /// In [`SplitMode::Auto`], a record is split once commits applying commutative
+    /// operations waited this many times for its lock within one phase length. Default: 64.
+    pub split_contention: u32,
     disk: Option<Arc<dyn Disk>>,
 }
 
@@ -60,6 +73,9 @@ impl Default for Options {
             checkpoint_interval: Duration::from_secs(300),
             segment_bytes: 64 << 20,
             recovery_threads: std::thread::available_parallelism().map_or(2, usize::from),
+            split: SplitMode::Auto,
+            split_phase: Duration::from_millis(20),
+            split_contention: 64,
             disk: None,
         }
     }
@@ -74,6 +90,9 @@ impl std::fmt::Debug for Options {
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("segment_bytes", &self.segment_bytes)
             .field("recovery_threads", &self.recovery_threads)
+            .field("split", &self.split)
+            .field("split_phase", &self.split_phase)
+            .field("split_contention", &self.split_contention)
             .field("simulated_disk", &self.disk.is_some())
             .finish()
     }
@@ -114,6 +133,32 @@ impl Options {
     pub fn recovery_threads(mut self, threads: usize) -> Options {
         self.recovery_threads = threads.max(1);
         self
+    }
+
+    /// Sets [`Options::split`].
+    pub fn split(mut self, mode: SplitMode) -> Options {
+        self.split = mode;
+        self
+    }
+
+    /// Sets [`Options::split_phase`] (at least 100 µs).
+    pub fn split_phase(mut self, phase: Duration) -> Options {
+        self.split_phase = phase.max(Duration::from_micros(100));
+        self
+    }
+
+    /// Sets [`Options::split_contention`] (at least 1).
+    pub fn split_contention(mut self, waits: u32) -> Options {
+        self.split_contention = waits.max(1);
+        self
+    }
+
+    fn split_settings(&self) -> crate::split::Settings {
+        crate::split::Settings {
+            mode: self.split,
+            phase: self.split_phase,
+            contention: self.split_contention,
+        }
     }
 
     /// Routes all file I/O through `disk` (tests use [`SimDisk`](crate::SimDisk)).
@@ -158,12 +203,19 @@ pub(crate) struct Shared {
     pub(crate) oracle: Oracle,
     pub(crate) store: MemStore,
     pub(crate) log: Option<Log>,
+    pub(crate) splitter: Splitter,
     files: Option<Files>,
     recovered_versions: AtomicI64,
     checkpoints: AtomicU64,
 }
 
 impl Shared {
+    /// Counts versions added (or freed, negative) outside a transaction's slot.
+    pub(crate) fn note_versions(&self, versions: i64) {
+        self.recovered_versions
+            .fetch_add(versions, Ordering::Relaxed);
+    }
+
     /// Whether the log has failed (writes are refused for good).
     pub(crate) fn log_failed(&self) -> bool {
         self.log.as_ref().is_some_and(|log| log.failed().is_some())
@@ -195,8 +247,17 @@ impl Shared {
         };
         let entries = self.store.scan(everything).filter_map(|record| {
             let r = record.get();
-            let version = r.visible(snapshot_ts)?;
-            Some((r.key(), version.ts(), version.value()?))
+            if r.split().is_none() {
+                let version = r.visible(snapshot_ts)?;
+                return Some((r.key(), version.ts(), Cow::Borrowed(version.value()?)));
+            }
+            // A split record's value includes its slice entries up to the snapshot; its
+            // timestamp is the newest entry's, so that replay skips exactly those entries.
+            let (value, ts) = crate::txn::read_at(self, Some(record), snapshot_ts, |v, ts| {
+                (v.map(<[u8]>::to_vec), ts)
+            })
+            .ok()?;
+            Some((r.key(), ts?, Cow::Owned(value?)))
         });
         let disk = &*files.disk;
         let (name, keys) =
@@ -300,11 +361,17 @@ type StopSignal = Arc<(Mutex<bool>, Condvar)>;
 struct Owner {
     shared: Arc<Shared>,
     checkpointer: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
+    coordinator: Mutex<Option<JoinHandle<()>>>,
     recovery: Option<Recovery>,
 }
 
 impl Owner {
     fn shut_down(&self) -> Result<(), CloseError> {
+        // The coordinator reconciles an open phase before it stops.
+        if let Some(handle) = self.coordinator.lock().take() {
+            self.shared.splitter.stop();
+            handle.join().expect("the split coordinator does not panic");
+        }
         if let Some((handle, stop)) = self.checkpointer.lock().take() {
             *stop.0.lock() = true;
             stop.1.notify_all();
@@ -382,6 +449,19 @@ pub struct Stats {
     pub aborts_read_changed: u64,
     /// Aborts because a scanned range had changed since the snapshot.
     pub aborts_phantom: u64,
+    /// Commits that applied operations to per-core slices of split records.
+    pub split_commits: u64,
+    /// Records split now.
+    pub split_records: u64,
+    /// Split phases opened (each ends in one reconciliation).
+    pub split_phases: u64,
+    /// Times a transaction had to wait for a split record's reconciliation (it read the
+    /// record, or wrote it with an operation its slices cannot take).
+    pub split_stashes: u64,
+    /// Times a record was split.
+    pub split_splits: u64,
+    /// Times a split record was joined for good (reads dominated, or it went idle).
+    pub split_joins: u64,
     /// Versions held in memory, over all keys (live and reclaimable-but-not-yet-reclaimed).
     pub versions: u64,
     /// Records (keys ever written, including deleted ones whose record remains).
@@ -414,6 +494,7 @@ impl Db {
             oracle: Oracle::new(Ts(0)),
             store: MemStore::new(options.capacity_hint),
             log: None,
+            splitter: Splitter::new(options.split_settings()),
             files: None,
             recovered_versions: AtomicI64::new(0),
             checkpoints: AtomicU64::new(0),
@@ -425,8 +506,17 @@ impl Db {
         let owner = Arc::new(Owner {
             shared: Arc::clone(&shared),
             checkpointer: Mutex::new(None),
+            coordinator: Mutex::new(None),
             recovery,
         });
+        if shared.splitter.enabled() {
+            let worker = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name("keel-splitter".into())
+                .spawn(move || crate::split::coordinator::run(&worker))
+                .expect("spawning the split coordinator thread");
+            *owner.coordinator.lock() = Some(handle);
+        }
         if shared.files.is_some() {
             let stop = Arc::new((Mutex::new(false), Condvar::new()));
             let (worker, signal) = (Arc::clone(&shared), Arc::clone(&stop));
@@ -506,10 +596,9 @@ impl Db {
 
         // Load the checkpoint, its blocks spread over the recovery threads.
         let apply = |key: &[u8], ts: Ts, value: Option<&[u8]>| {
-            recovered_versions.fetch_add(
-                apply_recovered(&shared_store, key, ts, value),
-                Ordering::Relaxed,
-            );
+            let added = apply_recovered(&shared_store, key, ts, value);
+            recovered_versions.fetch_add(added.unwrap_or(0), Ordering::Relaxed);
+            added.is_some()
         };
         if let Some(name) = &manifest.checkpoint {
             let loaded = checkpoint::load(&*disk, &dir.join(name))?;
@@ -527,8 +616,10 @@ impl Db {
                     let (blocks, apply) = (&loaded.blocks, &apply);
                     s.spawn(move || {
                         for block in blocks.iter().skip(t).step_by(threads) {
-                            checkpoint::for_each_entry(block, |k, ts, v| apply(k, ts, Some(v)))
-                                .expect("verified while loading");
+                            checkpoint::for_each_entry(block, |k, ts, v| {
+                                apply(k, ts, Some(v));
+                            })
+                            .expect("verified while loading");
                         }
                     });
                 }
@@ -559,13 +650,33 @@ impl Db {
         }
         std::thread::scope(|s| {
             for t in 0..threads {
-                let (commits, apply) = (&commits, &apply);
+                let (commits, apply, store) = (&commits, &apply, &shared_store);
                 s.spawn(move || {
+                    // Deltas of split records wait here until a full value supersedes them
+                    // or the log ends (see `Pending`).
+                    let mut pending: HashMap<&[u8], Pending> = HashMap::new();
                     for commit in commits {
                         for (key, value) in &commit.entries {
-                            if hash(key) as usize % threads == t {
-                                apply(key, commit.ts, value.as_deref());
+                            if hash(key) as usize % threads == t
+                                && apply(key, commit.ts, value.as_deref())
+                            {
+                                pending.remove(key.as_slice());
                             }
+                        }
+                        for (key, delta) in &commit.deltas {
+                            if hash(key) as usize % threads == t {
+                                let delta = Delta::decode(delta).expect("checked by the reader");
+                                note_delta(store, &mut pending, key, commit.ts, delta);
+                            }
+                        }
+                    }
+                    for (key, p) in pending {
+                        let record = store.get(key, hash(key)).map(|r| r.get());
+                        let base = record.and_then(|r| r.head()).and_then(|v| v.value());
+                        // A delta that cannot apply was never acknowledged (the commit
+                        // checked its base); it cannot occur in a log keel wrote.
+                        if let Ok(value) = p.delta.apply(key, base) {
+                            apply(key, p.max_tag, Some(&value));
                         }
                     }
                 });
@@ -610,6 +721,7 @@ impl Db {
         );
         recovery.last_ts = last_ts;
         recovery.elapsed = started.elapsed();
+        let settings = options.split_settings();
         let files = Files {
             disk,
             dir,
@@ -624,6 +736,7 @@ impl Db {
             oracle: Oracle::new(last_ts),
             store: shared_store,
             log: Some(log),
+            splitter: Splitter::new(settings),
             files: Some(files),
             recovered_versions,
             checkpoints: AtomicU64::new(0),
@@ -696,16 +809,32 @@ impl Db {
     {
         let mut backoff = Duration::from_micros(1);
         let mut attempt = 1;
+        let splitter = &self.shared.splitter;
+        let mut stashed = false;
         loop {
-            let mut txn = self.begin()?;
-            let value = body(&mut txn).map_err(TransactError::Aborted)?;
-            match txn.commit()? {
-                Ok(_) => return Ok(value),
+            let outcome = (|| {
+                let mut txn = self.begin()?;
+                let value = body(&mut txn).map_err(TransactError::Aborted)?;
+                Ok::<_, TransactError<E>>(txn.commit()?.map(|_| value))
+            })();
+            if stashed {
+                splitter.done_waiting();
+                stashed = false;
+            }
+            match outcome? {
+                Ok(value) => return Ok(value),
                 Err(last) if attempt >= TRANSACT_ATTEMPTS_MAX => {
                     return Err(TransactError::Conflicts {
                         attempts: attempt,
                         last,
                     });
+                }
+                Err(conflict) if conflict.reason == crate::ConflictReason::Split => {
+                    // Stashed: run again in the joined phase, which waits for us.
+                    attempt += 1;
+                    splitter.wait_joined();
+                    stashed = true;
+                    continue;
                 }
                 Err(_) => {}
             }
@@ -730,12 +859,19 @@ impl Db {
         let versions =
             oracle.sum(|s| s.versions.load(Relaxed)) + self.shared.recovered_versions.load(Relaxed);
         let log = self.shared.log.as_ref().map(Log::shared);
+        let splitter = &self.shared.splitter;
         Stats {
             commits: sum(|s| s.commits.load(Relaxed) as i64),
             read_only_commits: sum(|s| s.read_only_commits.load(Relaxed) as i64),
             aborts_write_locked: sum(|s| s.aborts_write_locked.load(Relaxed) as i64),
             aborts_read_changed: sum(|s| s.aborts_read_changed.load(Relaxed) as i64),
             aborts_phantom: sum(|s| s.aborts_phantom.load(Relaxed) as i64),
+            split_commits: sum(|s| s.split_commits.load(Relaxed) as i64),
+            split_records: self.shared.splitter.split_keys().len() as u64,
+            split_phases: splitter.counters.phases.load(Relaxed),
+            split_stashes: splitter.counters.stashes.load(Relaxed),
+            split_splits: splitter.counters.splits.load(Relaxed),
+            split_joins: splitter.counters.joins.load(Relaxed),
             versions: u64::try_from(versions).unwrap_or(0),
             records: self.shared.store.len() as u64,
             record_bytes: self.shared.store.arena_bytes() as u64,
@@ -747,6 +883,19 @@ impl Db {
         }
     }
 
+    /// Keys of the records split now (see [`SplitMode`]).
+    pub fn split_keys(&self) -> Vec<Vec<u8>> {
+        self.shared.splitter.split_keys()
+    }
+
+    /// Waits (at most two split phase lengths) until the split phase open now, if any, is
+    /// reconciled. A retry loop that got [`ConflictReason::Split`](crate::ConflictReason)
+    /// calls this before retrying, as [`Db::transact`] does.
+    pub fn wait_joined(&self) {
+        self.shared.splitter.wait_joined();
+        self.shared.splitter.done_waiting();
+    }
+
     /// Recomputes the garbage-collection horizon now. Commits do this on their own every
     /// few hundred transactions; versions are reclaimed when their key is next written.
     pub fn collect_garbage(&self) {
@@ -754,10 +903,54 @@ impl Db {
     }
 }
 
+/// Deltas of one split record found in the log after its last full value.
+struct Pending {
+    /// Head timestamp when the first delta arrived: deltas at or below it are in the
+    /// checkpoint already.
+    base_ts: Ts,
+    delta: Delta,
+    max_tag: Ts,
+}
+
+/// Folds a logged delta into `pending` unless the key's recovered value already holds it.
+fn note_delta<'k>(
+    store: &MemStore,
+    pending: &mut HashMap<&'k [u8], Pending>,
+    key: &'k [u8],
+    tag: Ts,
+    delta: Delta,
+) {
+    if let Some(p) = pending.get_mut(key) {
+        if tag > p.base_ts {
+            p.max_tag = p.max_tag.max(tag);
+            if p.delta.merge(key, &delta).is_none() {
+                // Deltas of one phase share a kind; a record re-split for another kind
+                // starts after a full value, which cleared the pending entry.
+                p.delta = delta;
+            }
+        }
+        return;
+    }
+    let base_ts = store
+        .get(key, hash(key))
+        .and_then(|r| r.get().head().map(|v| v.ts()))
+        .unwrap_or(Ts(0));
+    if tag > base_ts {
+        pending.insert(
+            key,
+            Pending {
+                base_ts,
+                delta,
+                max_tag: tag,
+            },
+        );
+    }
+}
+
 /// Installs a recovered version unless the key already has one at or after `ts`; returns
-/// the change in the version count. Recovery partitions keys over its threads, so the lock
+/// the change in the version count, or `None` if nothing was installed. Recovery partitions keys over its threads, so the lock
 /// is always free.
-fn apply_recovered(store: &MemStore, key: &[u8], ts: Ts, value: Option<&[u8]>) -> i64 {
+fn apply_recovered(store: &MemStore, key: &[u8], ts: Ts, value: Option<&[u8]>) -> Option<i64> {
     const RECOVERY: LockOwner = LockOwner(u64::MAX);
     let h = hash(key);
     let (record, created) = store.get_or_create_locked(key, h, RECOVERY, value.map(<[u8]>::len));
@@ -768,11 +961,10 @@ fn apply_recovered(store: &MemStore, key: &[u8], ts: Ts, value: Option<&[u8]>) -
             "recovery partitions keys, so nobody else holds the lock"
         );
     }
-    let delta = if r.head().is_none_or(|v| v.ts() < ts) {
-        r.install(RECOVERY, ts, value, ts)
-    } else {
-        0
-    };
+    let delta = r
+        .head()
+        .is_none_or(|v| v.ts() < ts)
+        .then(|| r.install(RECOVERY, ts, value, ts));
     r.unlock(RECOVERY);
     delta
 }

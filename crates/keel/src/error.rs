@@ -142,6 +142,11 @@ pub enum ConflictReason {
     ReadChanged,
     /// A key inside a range this transaction scanned was inserted, deleted or changed.
     Phantom,
+    /// A key this transaction read (or scanned) is split: it changes on per-core slices
+    /// until the next reconciliation. [`Db::transact`](crate::Db::transact) waits for the
+    /// joined phase before it retries; a hand-written retry loop can call
+    /// [`Db::wait_joined`](crate::Db::wait_joined).
+    Split,
 }
 
 impl fmt::Display for Conflict {
@@ -150,6 +155,7 @@ impl fmt::Display for Conflict {
             ConflictReason::WriteLocked => "write-write conflict",
             ConflictReason::ReadChanged => "read-write conflict",
             ConflictReason::Phantom => "phantom in a scanned range",
+            ConflictReason::Split => "read of a split (contended) key",
         };
         write!(f, "{what} on key {}", show_key(&self.key))
     }

@@ -30,6 +30,7 @@ mod io;
 pub mod limits;
 mod memory;
 mod mvcc;
+mod split;
 mod store;
 mod txn;
 mod wal;
@@ -41,6 +42,7 @@ pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
 };
 pub use io::{AppendFile, Disk, Fault, OsDisk, SimDisk};
+pub use split::SplitMode;
 pub use txn::{Range, Scan, Snapshot, Txn};
 pub use wal::format::Commit as LoggedCommit;
 pub use wal::{Durability, LogFailed};

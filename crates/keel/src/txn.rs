@@ -33,8 +33,10 @@ use crate::limits::{
     KEY_BYTES_MAX, TXN_READS_MAX, TXN_WRITE_BYTES_MAX, TXN_WRITE_KEYS_MAX, VALUE_BYTES_MAX,
 };
 use crate::mvcc::{LockOwner, RecordRef, Staleness};
+use crate::split::{Delta, SplitRecord, Splitter};
 use crate::store::{KeyRange, Store};
 use crate::wal::Durability;
+use crate::wal::format::Logged;
 
 /// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
@@ -44,6 +46,20 @@ const COLLECT_EVERY: u64 = 256;
 /// while it validates, logs and installs (never across an fsync), so the wait is short unless
 /// the holder was descheduled, which yielding lets it recover from.
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How often a commit starts over because a record it applies commutative operations to
+/// moved into a split phase while it was locking.
+const SPLIT_RESTARTS_MAX: u32 = 64;
+
+/// What [`Txn::lock`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    Held,
+    /// Held by another committer for too long.
+    Busy,
+    /// The record is split in the phase open now, and the write can go to a slice.
+    SplitOpening,
+}
 
 enum Read {
     Record(RecordRef),
@@ -232,9 +248,7 @@ impl<'db> Txn<'db> {
     /// The committed value at the snapshot, remembered for validation.
     fn read_committed(&mut self, key: &[u8], hash: u64) -> Result<Option<Vec<u8>>, Error> {
         let record = self.read_record(key, hash)?;
-        Ok(record
-            .and_then(|r| r.get().value_at(self.read_ts))
-            .map(<[u8]>::to_vec))
+        read_at(self.db, record, self.read_ts, |v, _| v.map(<[u8]>::to_vec))
     }
 
     /// Reads `key` without copying the committed value: `f` sees it in place. Same
@@ -258,7 +272,7 @@ impl<'db> Txn<'db> {
         }
         check_key(key)?;
         let record = self.read_record(key, hash(key))?;
-        Ok(f(record.and_then(|r| r.get().value_at(self.read_ts))))
+        read_at(self.db, record, self.read_ts, |v, _| f(v))
     }
 
     /// The commit timestamp of the version of `key` this transaction's snapshot sees
@@ -278,8 +292,9 @@ impl<'db> Txn<'db> {
     pub fn version_ts(&mut self, key: &[u8]) -> Result<Option<Ts>, Error> {
         check_key(key)?;
         let record = self.read_record(key, hash(key))?;
-        let version = record.and_then(|r| r.get().visible(self.read_ts));
-        Ok(version.filter(|v| v.value().is_some()).map(|v| v.ts()))
+        read_at(self.db, record, self.read_ts, |v, ts| {
+            ts.filter(|_| v.is_some())
+        })
     }
 
     /// Reads `key`: this transaction's own writes first, then the snapshot.
@@ -454,6 +469,10 @@ impl<'db> Txn<'db> {
     /// Commits. `Ok(Ok(commit_ts))` on success, `Ok(Err(conflict))` when another transaction
     /// won a conflict (nothing was written; retrying may succeed), `Err` when a commutative
     /// operation could not be applied (nothing was written).
+    ///
+    /// A transaction that only applies commutative operations to split records (see
+    /// [`SplitMode`](crate::SplitMode)) takes no timestamp of its own: it is serialized just
+    /// after the commit it returns, which snapshots at or above it see.
     pub fn commit(mut self) -> Result<Result<Ts, Conflict>, CommitError> {
         let stats = self.db.oracle.stats(self.slot);
         if self.writes.entries.is_empty() {
@@ -466,35 +485,117 @@ impl<'db> Txn<'db> {
         let me = self.me();
         let mut writes = std::mem::take(&mut self.writes.entries);
         writes.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let splitter = &self.db.splitter;
 
-        // 1. Lock the write set.
-        let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
-        for entry in &writes {
-            let reserve = match &entry.write {
-                Write::Put(v) => Some(v.len()),
-                Write::Delete => None,
-                // Room for any decimal i64; other operations allocate their version.
-                Write::Ops(_) => Some(20),
-            };
-            let (record, created) = self
-                .db
-                .store
-                .get_or_create_locked(&entry.key, entry.hash, me, reserve);
-            if !created && !lock(record, me) {
-                self.unlock_all(&locked, me);
-                SlotStats::bump(&stats.aborts_write_locked);
-                return Ok(Err(Conflict {
-                    key: entry.key.clone(),
-                    reason: ConflictReason::WriteLocked,
-                }));
+        // 1. Lock the write set. Commutative operations on a record split in the open phase
+        //    go to this thread's slice instead and take no lock. If such a record is between
+        //    phases, start over once the next phase opens (bounded).
+        let mut restarts = 0;
+        let (phase, locked, mut slices) = 'lock: loop {
+            let phase = splitter.open_phase();
+            let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
+            let mut slices: Vec<Option<&'static SplitRecord>> = Vec::with_capacity(writes.len());
+            for entry in &writes {
+                if let (Some(p), Write::Ops(ops)) = (phase, &entry.write)
+                    && let Some(record) = self.db.store.get(&entry.key, entry.hash)
+                    && let Some(sr) = record.get().split()
+                    && sr.takes(p, ops)
+                {
+                    locked.push(record);
+                    slices.push(Some(sr));
+                    continue;
+                }
+                let reserve = match &entry.write {
+                    Write::Put(v) => Some(v.len()),
+                    Write::Delete => None,
+                    // Room for any decimal i64; other operations allocate their version.
+                    Write::Ops(_) => Some(20),
+                };
+                let (record, created) = self
+                    .db
+                    .store
+                    .get_or_create_locked(&entry.key, entry.hash, me, reserve);
+                let outcome = if created {
+                    Locking::Held
+                } else {
+                    self.lock(record, me, &entry.write)
+                };
+                match outcome {
+                    Locking::Held => {}
+                    Locking::SplitOpening if restarts < SPLIT_RESTARTS_MAX => {
+                        self.unlock_all(&locked, &slices, me);
+                        restarts += 1;
+                        continue 'lock;
+                    }
+                    Locking::Busy | Locking::SplitOpening => {
+                        self.unlock_all(&locked, &slices, me);
+                        SlotStats::bump(&stats.aborts_write_locked);
+                        return Ok(Err(Conflict {
+                            key: entry.key.clone(),
+                            reason: ConflictReason::WriteLocked,
+                        }));
+                    }
+                }
+                if let Write::Ops(ops) = &entry.write {
+                    splitter.note(record, ops, false);
+                }
+                locked.push(record);
+                slices.push(None);
             }
-            locked.push(record);
+            break (phase, locked, slices);
+        };
+
+        // 1b. Join the split phase: announce it, check it is still open, and reserve room in
+        //     the slices. If anything does not fit, the whole write set takes the ordinary
+        //     path: leave the phase, then lock what was to go to slices.
+        let mut deltas: Vec<Option<Delta>> = vec![None; writes.len()];
+        if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
+            self.db.oracle.announce(self.slot, p);
+            let mut fits = splitter.still_open(p);
+            for (i, entry) in writes.iter().enumerate() {
+                let (Some(sr), Write::Ops(ops), true) = (slices[i], &entry.write, fits) else {
+                    continue;
+                };
+                deltas[i] = Delta::fold(&entry.key, ops)
+                    .filter(|d| sr.slice().reserve(Splitter::budget(sr), d));
+                fits = deltas[i].is_some();
+            }
+            if !fits {
+                self.db.oracle.announce(self.slot, 0);
+                deltas.iter_mut().for_each(|d| *d = None);
+                for i in 0..writes.len() {
+                    if slices[i].is_none() {
+                        continue;
+                    }
+                    if self.lock(locked[i], me, &writes[i].write) != Locking::Held {
+                        self.unlock_all(&locked, &slices, me);
+                        SlotStats::bump(&stats.aborts_write_locked);
+                        return Ok(Err(Conflict {
+                            key: writes[i].key.clone(),
+                            reason: ConflictReason::WriteLocked,
+                        }));
+                    }
+                    slices[i] = None;
+                }
+            } else if self.reads.is_empty()
+                && self.ranges.is_empty()
+                && slices.iter().all(Option::is_some)
+            {
+                return self.commit_split_only(&writes, &locked, &deltas);
+            }
         }
+        let announced = slices.iter().any(Option::is_some);
+        let leave = |txn: &Txn<'_>| {
+            if announced {
+                txn.db.oracle.announce(txn.slot, 0);
+            }
+        };
 
         // 2. Resolve commutative operations against the newest committed values.
         let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len());
-        for (entry, record) in writes.iter_mut().zip(&locked) {
+        for (i, (entry, record)) in writes.iter_mut().zip(&locked).enumerate() {
             let value = match &mut entry.write {
+                _ if slices[i].is_some() => None,
                 Write::Put(v) => Some(std::mem::take(v)),
                 Write::Delete => None,
                 Write::Ops(ops) => {
@@ -507,7 +608,8 @@ impl<'db> Txn<'db> {
                         match op.apply(&entry.key, value.as_deref()) {
                             Ok(v) => value = Some(v),
                             Err(e) => {
-                                self.unlock_all(&locked, me);
+                                leave(&self);
+                                self.unlock_all(&locked, &slices, me);
                                 return Err(CommitError::Apply(e));
                             }
                         }
@@ -523,11 +625,12 @@ impl<'db> Txn<'db> {
 
         // 4. Validate.
         if let Err(conflict) = self.validate(me) {
-            self.unlock_all(&locked, me);
+            leave(&self);
+            self.unlock_all(&locked, &slices, me);
             self.db.oracle.publish(commit_ts, || self.db.log_failed());
             let counter = match conflict.reason {
                 ConflictReason::Phantom => &stats.aborts_phantom,
-                ConflictReason::ReadChanged => &stats.aborts_read_changed,
+                ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
                 _ => &stats.aborts_write_locked,
             };
             SlotStats::bump(counter);
@@ -538,28 +641,51 @@ impl<'db> Txn<'db> {
         //    for durability if asked, and publish in timestamp order.
         let failed = || self.db.log_failed();
         let mut log_end = None;
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
         if let Some(log) = &self.db.log {
-            let entries = writes
+            encoded = deltas
                 .iter()
-                .zip(&values)
-                .map(|(e, v)| (e.key.as_slice(), v.as_deref()));
+                .map(|d| {
+                    let mut out = Vec::new();
+                    if let Some(d) = d {
+                        d.encode(&mut out);
+                    }
+                    out
+                })
+                .collect();
+            let entries = writes.iter().zip(&values).enumerate().map(|(i, (e, v))| {
+                let logged = match (&deltas[i], v) {
+                    (Some(_), _) => Logged::Delta(&encoded[i]),
+                    (None, Some(v)) => Logged::Put(v),
+                    (None, None) => Logged::Delete,
+                };
+                (e.key.as_slice(), logged)
+            });
             match log.append(commit_ts, writes.len(), entries) {
                 Ok(end) => log_end = Some((log, end)),
                 Err(error) => {
-                    self.unlock_all(&locked, me);
+                    leave(&self);
+                    self.unlock_all(&locked, &slices, me);
                     self.db.oracle.publish(commit_ts, failed);
                     return Err(CommitError::Log(error));
                 }
             }
         }
+        drop(encoded);
         let horizon = self.db.oracle.horizon();
         let mut versions = 0;
-        for (record, value) in locked.iter().zip(&values) {
+        for (i, (record, value)) in locked.iter().zip(&values).enumerate() {
+            if let Some(sr) = slices[i] {
+                let delta = deltas[i].take().expect("reserved for a split entry");
+                sr.slice().append(commit_ts, delta, 0);
+                continue;
+            }
             versions += record
                 .get()
                 .install(me, commit_ts, value.as_deref(), horizon);
             record.get().unlock(me);
         }
+        leave(&self);
         if let Some((log, end)) = log_end {
             let wait = match self.durability.unwrap_or(log.mode()) {
                 Durability::Sync => true,
@@ -584,39 +710,179 @@ impl<'db> Txn<'db> {
             .versions
             .store(live + versions, std::sync::atomic::Ordering::Relaxed);
         SlotStats::bump(&stats.commits);
+        if announced {
+            SlotStats::bump(&stats.split_commits);
+        }
         if commit_ts.0.is_multiple_of(COLLECT_EVERY) {
             self.db.oracle.collect();
         }
         Ok(Ok(commit_ts))
     }
 
-    fn unlock_all(&self, locked: &[RecordRef], me: LockOwner) {
-        for record in locked {
-            record.get().unlock(me);
+    /// Commits a transaction whose every write is a delta for a slice of a split record in
+    /// the phase this transaction announced. No timestamp, no record lock: the tag is the
+    /// watermark, read under the slice locks (see `split` for why that is serializable).
+    fn commit_split_only(
+        &self,
+        writes: &[WriteEntry],
+        records: &[RecordRef],
+        deltas: &[Option<Delta>],
+    ) -> Result<Result<Ts, Conflict>, CommitError> {
+        let stats = self.db.oracle.stats(self.slot);
+        let mut guards: Vec<_> = records
+            .iter()
+            .map(|r| {
+                r.get()
+                    .split()
+                    .expect("split entries have split state")
+                    .slice()
+            })
+            .collect();
+        let tag = self.db.oracle.visible();
+        let mut durable_lsn = 0;
+        let mut sync = false;
+        if let Some(log) = &self.db.log {
+            let encoded: Vec<Vec<u8>> = deltas
+                .iter()
+                .map(|d| {
+                    let mut out = Vec::new();
+                    d.as_ref().expect("every entry is a delta").encode(&mut out);
+                    out
+                })
+                .collect();
+            let entries = writes
+                .iter()
+                .zip(&encoded)
+                .map(|(e, d)| (e.key.as_slice(), Logged::Delta(d)));
+            match log.append(tag, writes.len(), entries) {
+                Ok(end) => {
+                    sync = matches!(self.durability.unwrap_or(log.mode()), Durability::Sync);
+                    if sync {
+                        durable_lsn = end;
+                    }
+                }
+                Err(error) => {
+                    drop(guards);
+                    self.db.oracle.announce(self.slot, 0);
+                    return Err(CommitError::Log(error));
+                }
+            }
+        }
+        for (guard, delta) in guards.iter_mut().zip(deltas) {
+            guard.append(
+                tag,
+                delta.clone().expect("every entry is a delta"),
+                durable_lsn,
+            );
+        }
+        drop(guards);
+        self.db.oracle.announce(self.slot, 0);
+        if sync
+            && let Some(log) = &self.db.log
+            && let Err(error) = log.wait_durable(durable_lsn)
+        {
+            return Err(CommitError::Log(error));
+        }
+        SlotStats::bump(&stats.commits);
+        SlotStats::bump(&stats.split_commits);
+        Ok(Ok(tag))
+    }
+
+    /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another
+    /// committer holds it. If the splitter holds it: commutative operations it takes wait for
+    /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
+    /// a slice); anything else is stashed until the reconciliation.
+    fn lock(&self, record: RecordRef, me: LockOwner, write: &Write) -> Locking {
+        let r = record.get();
+        if r.try_lock(me) {
+            return Locking::Held;
+        }
+        let splitter = &self.db.splitter;
+        let sliceable = |sr: &SplitRecord| match write {
+            Write::Ops(ops) => sr.accepts(ops),
+            _ => false,
+        };
+        if r.is_split_locked()
+            && let Some(sr) = r.split()
+            && sliceable(sr)
+        {
+            let deadline = std::time::Instant::now() + 2 * splitter.settings.phase;
+            while r.is_split_locked() && std::time::Instant::now() < deadline {
+                if splitter.open_phase().is_some_and(|p| sr.in_phase(p)) {
+                    return Locking::SplitOpening;
+                }
+                std::thread::yield_now();
+            }
+        } else if let Write::Ops(ops) = write {
+            splitter.note(record, ops, true);
+        }
+        let backoff = Backoff::new();
+        while !backoff.is_completed() {
+            if r.try_lock(me) {
+                return Locking::Held;
+            }
+            backoff.snooze();
+        }
+        let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
+        loop {
+            if r.try_lock(me) {
+                return Locking::Held;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Locking::Busy;
+            }
+            if r.is_split_locked()
+                && let Some(sr) = r.split()
+            {
+                if sliceable(sr) && splitter.open_phase().is_some_and(|p| sr.in_phase(p)) {
+                    return Locking::SplitOpening;
+                }
+                // Stashed: this write cannot go to a slice; wait for the reconciliation.
+                splitter.stash(sr);
+                splitter.wait_joined();
+                let locked = r.try_lock(me);
+                splitter.done_waiting();
+                if locked {
+                    return Locking::Held;
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
+        for (i, record) in locked.iter().enumerate() {
+            if slices.get(i).is_none_or(Option::is_none) {
+                record.get().unlock(me);
+            }
         }
     }
 
     fn validate(&self, me: LockOwner) -> Result<(), Conflict> {
-        let conflict = |key: &[u8], reason: ConflictReason| Conflict {
-            key: key.to_vec(),
-            reason,
+        let conflict = |record: &crate::mvcc::Record, s: Staleness, reason: ConflictReason| {
+            let reason = if s == Staleness::Split {
+                if let Some(sr) = record.split() {
+                    self.db.splitter.stash(sr);
+                }
+                ConflictReason::Split
+            } else {
+                reason
+            };
+            Conflict {
+                key: record.key().to_vec(),
+                reason,
+            }
         };
         for read in &self.reads {
-            match read {
-                Read::Record(record) => {
-                    let r = record.get();
-                    let s = r.staleness(self.read_ts, me);
-                    if s != Staleness::Fresh {
-                        return Err(conflict(r.key(), ConflictReason::ReadChanged));
-                    }
-                }
-                Read::Absent { key, hash } => {
-                    if let Some(record) = self.db.store.get(key, *hash) {
-                        let s = record.get().staleness(self.read_ts, me);
-                        if s != Staleness::Fresh {
-                            return Err(conflict(key, ConflictReason::ReadChanged));
-                        }
-                    }
+            let record = match read {
+                Read::Record(record) => Some(*record),
+                Read::Absent { key, hash } => self.db.store.get(key, *hash),
+            };
+            if let Some(record) = record {
+                let r = record.get();
+                let s = r.staleness(self.read_ts, me);
+                if s != Staleness::Fresh {
+                    return Err(conflict(r, s, ConflictReason::ReadChanged));
                 }
             }
         }
@@ -625,7 +891,7 @@ impl<'db> Txn<'db> {
                 let r = record.get();
                 let s = r.staleness(self.read_ts, me);
                 if s != Staleness::Fresh {
-                    return Err(conflict(r.key(), ConflictReason::Phantom));
+                    return Err(conflict(r, s, ConflictReason::Phantom));
                 }
             }
         }
@@ -633,32 +899,53 @@ impl<'db> Txn<'db> {
     }
 }
 
-/// Locks a record that exists, waiting (bounded by [`LOCK_WAIT_MAX`]) if another committer
-/// holds it.
-fn lock(record: RecordRef, me: LockOwner) -> bool {
-    let r = record.get();
-    let backoff = Backoff::new();
-    while !backoff.is_completed() {
-        if r.try_lock(me) {
-            return true;
-        }
-        backoff.snooze();
-    }
-    let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
-    loop {
-        if r.try_lock(me) {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::yield_now();
-    }
-}
-
 impl Drop for Txn<'_> {
     fn drop(&mut self) {
         self.db.oracle.unregister(self.slot);
+    }
+}
+
+/// Passes `record`'s value at `read_ts` and the timestamp it was written at to `f`. A split
+/// record's value also holds the slice entries tagged at or below `read_ts` (see `split`).
+#[inline]
+pub(crate) fn read_at<T>(
+    db: &Shared,
+    record: Option<RecordRef>,
+    read_ts: Ts,
+    f: impl FnOnce(Option<&[u8]>, Option<Ts>) -> T,
+) -> Result<T, Error> {
+    let Some(record) = record else {
+        return Ok(f(None, None));
+    };
+    let r = record.get();
+    let Some(sr) = r.split() else {
+        let version = r.visible(read_ts);
+        return Ok(f(version.and_then(|v| v.value()), version.map(|v| v.ts())));
+    };
+    // Appends from now on must get tags above `read_ts`, so that this snapshot's view of the
+    // record never changes: make the watermark pass `read_ts` if nothing else has.
+    if db.oracle.visible() <= read_ts {
+        let ts = db.oracle.next_commit_ts();
+        db.oracle.publish(ts, || db.log_failed());
+    }
+    let mut folded = sr.fold_at(r.key(), read_ts, u64::MAX);
+    if folded.durable_lsn > 0
+        && let Some(log) = &db.log
+        && log.wait_durable(folded.durable_lsn).is_err()
+    {
+        // The log failed: what did not reach the disk was never acknowledged.
+        folded = sr.fold_at(r.key(), read_ts, log.durable_lsn());
+    }
+    let base = r.visible(read_ts);
+    let base_value = base.and_then(|v| v.value());
+    let base_ts = base.map(|v| v.ts());
+    match folded.delta {
+        None => Ok(f(base_value, base_ts)),
+        Some(delta) => {
+            let value = delta.apply(r.key(), base_value)?;
+            let ts = base_ts.map_or(folded.max_tag, |b| b.max(folded.max_tag));
+            Ok(f(Some(&value), Some(ts)))
+        }
     }
 }
 
@@ -697,12 +984,8 @@ impl<'db> Snapshot<'db> {
     /// Reads `key` without copying: `f` sees the value in place.
     pub fn get_with<T>(&self, key: &[u8], f: impl FnOnce(Option<&[u8]>) -> T) -> Result<T, Error> {
         check_key(key)?;
-        let value = self
-            .db
-            .store
-            .get(key, hash(key))
-            .and_then(|r| r.get().value_at(self.read_ts));
-        Ok(f(value))
+        let record = self.db.store.get(key, hash(key));
+        read_at(self.db, record, self.read_ts, |v, _| f(v))
     }
 
     /// Key-ordered iterator over `bounds`; reverse it with `.rev()`.
@@ -731,6 +1014,7 @@ fn owned_range<K: AsRef<[u8]> + ?Sized>(bounds: &impl RangeBounds<K>) -> KeyRang
 
 /// Key-ordered iterator over a snapshot (plus a transaction's own writes), from either end.
 pub struct Scan<'db> {
+    db: &'db Shared,
     records: <crate::store::MemStore as Store>::Scan<'db>,
     read_ts: Ts,
     overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
@@ -757,6 +1041,7 @@ impl<'db> Scan<'db> {
         let overlay_hi = overlay.len();
         let empty = range.is_empty();
         Scan {
+            db,
             records: db.store.scan(range),
             read_ts,
             overlay,
@@ -827,10 +1112,12 @@ impl<'db> Scan<'db> {
 
     fn record_item(&self, record: RecordRef) -> (Vec<u8>, Option<Vec<u8>>) {
         let r = record.get();
-        (
-            r.key().to_vec(),
-            r.value_at(self.read_ts).map(<[u8]>::to_vec),
-        )
+        // A split record's delta that cannot apply (impossible by construction: the phase's
+        // base accepts its kind) reads as absent rather than failing the scan.
+        let value = read_at(self.db, Some(record), self.read_ts, |v, _| {
+            v.map(<[u8]>::to_vec)
+        });
+        (r.key().to_vec(), value.unwrap_or(None))
     }
 }
 

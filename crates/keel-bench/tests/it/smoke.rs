@@ -163,6 +163,7 @@ pub fn embedded(name: &'static str) -> impl Fn(u64) -> Box<dyn Target> {
                 key_space,
                 durability: Durability::None,
                 dir,
+                split: keel::SplitMode::Auto,
             },
         )
         .expect("opening the target")
@@ -232,6 +233,7 @@ fn peers_need_the_feature() {
             key_space: 10,
             durability: Durability::None,
             dir: std::env::temp_dir(),
+            split: keel::SplitMode::Auto,
         },
     )
     .err()
@@ -247,6 +249,7 @@ fn ceilings_refuse_durability() {
             key_space: 10,
             durability: Durability::Sync,
             dir: std::env::temp_dir(),
+            split: keel::SplitMode::Auto,
         },
     )
     .err()
@@ -265,6 +268,7 @@ fn keel_durable() {
                     key_space,
                     durability,
                     dir: std::env::temp_dir(),
+                    split: keel::SplitMode::Auto,
                 },
             )
             .expect("opening keel")

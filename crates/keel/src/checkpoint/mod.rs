@@ -123,7 +123,7 @@ pub(crate) fn write<'a>(
     dir: &Path,
     snapshot_ts: Ts,
     replay_from_lsn: u64,
-    entries: impl Iterator<Item = (&'a [u8], Ts, &'a [u8])>,
+    entries: impl Iterator<Item = (&'a [u8], Ts, std::borrow::Cow<'a, [u8]>)>,
 ) -> std::io::Result<(String, u64)> {
     let name = checkpoint_name(snapshot_ts);
     let tmp: PathBuf = dir.join(format!("{name}.tmp"));
@@ -163,7 +163,7 @@ pub(crate) fn write<'a>(
         );
         block.extend_from_slice(&ts.0.to_le_bytes());
         block.extend_from_slice(key);
-        block.extend_from_slice(value);
+        block.extend_from_slice(&value);
         count += 1;
         if block.len() >= BLOCK_BYTES_TARGET {
             flush(&mut block, &mut file)?;

@@ -6,7 +6,9 @@
 //! - `add`, `max`, `min`: the value is a decimal `i64` in ASCII, as Redis stores integers. A
 //!   missing key counts as 0 for `add` and as "no value" for `max`/`min`.
 //! - ordered put: 8-byte big-endian order, then the payload. The write with the highest order
-//!   wins; on equal orders the later commit wins.
+//!   wins; on equal orders the larger payload (bytewise) wins. The tie rule makes ordered put
+//!   truly commutative — the result does not depend on the order of the writes — which is
+//!   what lets a split record (`split`) apply it on per-core slices and merge them later.
 //! - top-k: a sequence of entries, each an 8-byte big-endian score (`i64` with the sign bit
 //!   flipped, so bytes sort like numbers), a 4-byte big-endian member length and the member.
 //!   Entries are kept sorted by score, highest first, then by member; a member appears once,
@@ -55,9 +57,9 @@ impl Op {
             }
             Op::OrderedPut { order, value } => {
                 if let Some(current) = current {
-                    let (current_order, _) = decode_ordered(current)
+                    let (current_order, current_payload) = decode_ordered(current)
                         .ok_or_else(|| Error::NotOrdered { key: key.to_vec() })?;
-                    if current_order > *order {
+                    if (current_order, current_payload) >= (*order, value.as_slice()) {
                         return Ok(current.to_vec());
                     }
                 }

@@ -36,7 +36,7 @@ fn max_min_on_missing_take_the_argument() {
 }
 
 #[test]
-fn ordered_put_keeps_highest_order_and_later_on_ties() {
+fn ordered_put_keeps_highest_order_and_larger_payload_on_ties() {
     let first = Op::OrderedPut {
         order: 5,
         value: b"a".to_vec(),
@@ -57,6 +57,13 @@ fn ordered_put_keeps_highest_order_and_later_on_ties() {
     .apply(b"k", Some(&first))
     .unwrap();
     assert_eq!(decode_ordered(&tie).unwrap(), (5, &b"c"[..]));
+    let smaller_tie = Op::OrderedPut {
+        order: 5,
+        value: b"0".to_vec(),
+    }
+    .apply(b"k", Some(&tie))
+    .unwrap();
+    assert_eq!(decode_ordered(&smaller_tie).unwrap(), (5, &b"c"[..]));
     assert!(
         Op::OrderedPut {
             order: 1,

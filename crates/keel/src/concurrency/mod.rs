@@ -31,6 +31,8 @@ pub(crate) struct SlotStats {
     pub(crate) aborts_write_locked: AtomicU64,
     pub(crate) aborts_read_changed: AtomicU64,
     pub(crate) aborts_phantom: AtomicU64,
+    /// Commits that applied operations to split records' slices.
+    pub(crate) split_commits: AtomicU64,
     pub(crate) versions: AtomicI64,
 }
 
@@ -44,6 +46,9 @@ impl SlotStats {
 
 struct Slot {
     read_ts: AtomicU64,
+    /// The split phase word this slot's committer is applying operations in, or 0
+    /// (see `split`: the coordinator waits for it to clear before reconciling).
+    split_phase: AtomicU64,
     stats: SlotStats,
 }
 
@@ -94,6 +99,7 @@ impl Oracle {
                 .map(|_| {
                     CachePadded::new(Slot {
                         read_ts: AtomicU64::new(FREE),
+                        split_phase: AtomicU64::new(0),
                         stats: SlotStats::default(),
                     })
                 })
@@ -128,7 +134,11 @@ impl Oracle {
                 continue;
             }
             let mut read_ts = self.visible.load(Ordering::Acquire);
-            self.slots_used.fetch_max(index + 1, Ordering::SeqCst);
+            // A read-modify-write takes the line exclusively even when it changes nothing;
+            // the load keeps `slots_used` shared between cores once it is large enough.
+            if self.slots_used.load(Ordering::SeqCst) <= index {
+                self.slots_used.fetch_max(index + 1, Ordering::SeqCst);
+            }
             if slot
                 .read_ts
                 .compare_exchange(FREE, read_ts, Ordering::SeqCst, Ordering::Relaxed)
@@ -157,6 +167,24 @@ impl Oracle {
         self.slots[slot.0 as usize]
             .read_ts
             .store(FREE, Ordering::Release);
+    }
+
+    /// Announces that `slot`'s committer applies operations in split phase `word` (0: no
+    /// longer). A store-then-load handshake with [`Oracle::announced`]: the committer
+    /// announces and then checks the phase is still open; the coordinator closes the phase
+    /// and then waits for announcements to clear.
+    pub(crate) fn announce(&self, slot: SlotId, word: u64) {
+        self.slots[slot.0 as usize]
+            .split_phase
+            .store(word, Ordering::SeqCst);
+    }
+
+    /// Whether any committer still announces split phase `word`.
+    pub(crate) fn announced(&self, word: u64) -> bool {
+        let used = self.slots_used.load(Ordering::SeqCst);
+        self.slots[..used]
+            .iter()
+            .any(|slot| slot.split_phase.load(Ordering::SeqCst) == word)
     }
 
     pub(crate) fn stats(&self, slot: SlotId) -> &SlotStats {

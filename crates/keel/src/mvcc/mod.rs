@@ -144,6 +144,9 @@ pub(crate) struct Record {
     /// Value bytes the embedded slot can still hold; `u32::MAX` when there is no slot or it
     /// has been used. Read and written only under the lock.
     embedded_cap: AtomicU32,
+    /// The record's split state (`split`), once it has been split; never freed before the
+    /// database.
+    split: AtomicPtr<crate::split::SplitRecord>,
     // key bytes follow, then padding to the version alignment, then the embedded slot
 }
 
@@ -163,6 +166,8 @@ pub(crate) enum Staleness {
     Locked,
     /// A version newer than the snapshot exists.
     Changed,
+    /// The record is split: it changes without versions until it is reconciled.
+    Split,
 }
 
 impl Record {
@@ -199,6 +204,7 @@ impl Record {
                 hash,
                 key_len,
                 embedded_cap: AtomicU32::new(cap),
+                split: AtomicPtr::new(ptr::null_mut()),
             });
             ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
         }
@@ -237,6 +243,25 @@ impl Record {
         self.hash
     }
 
+    /// The record's split state, if it was ever split.
+    #[inline]
+    pub(crate) fn split(&self) -> Option<&'static crate::split::SplitRecord> {
+        // SAFETY: split states are boxed, never moved and never freed while the database
+        // (and so any caller holding this record) lives.
+        unsafe { self.split.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// Attaches the record's split state (once; the coordinator does it).
+    pub(crate) fn set_split(&self, split: &crate::split::SplitRecord) {
+        self.split
+            .store(ptr::from_ref(split).cast_mut(), Ordering::Release);
+    }
+
+    /// Whether the record is held by the splitter.
+    pub(crate) fn is_split_locked(&self) -> bool {
+        self.lock.load(Ordering::Acquire) == crate::split::SPLIT_OWNER.0
+    }
+
     pub(crate) fn head(&self) -> Option<&Version> {
         // SAFETY: the head is live while the record is (trimming never frees the head).
         unsafe { self.head.load(Ordering::Acquire).as_ref() }
@@ -255,8 +280,9 @@ impl Record {
         None
     }
 
-    /// The value visible at `read_ts`: `None` when absent or deleted.
-    #[inline]
+    /// The value visible at `read_ts`: `None` when absent or deleted. (Readers go through
+    /// `txn::read_at`, which also sees split records' slices.)
+    #[cfg(test)]
     pub(crate) fn value_at(&self, read_ts: Ts) -> Option<&[u8]> {
         self.visible(read_ts).and_then(Version::value)
     }
@@ -266,6 +292,9 @@ impl Record {
     #[inline]
     pub(crate) fn staleness(&self, read_ts: Ts, me: LockOwner) -> Staleness {
         let owner = self.lock.load(Ordering::Acquire);
+        if owner == crate::split::SPLIT_OWNER.0 {
+            return Staleness::Split;
+        }
         if owner != 0 && owner != me.0 {
             return Staleness::Locked;
         }

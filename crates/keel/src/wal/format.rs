@@ -8,15 +8,21 @@
 //! `first_lsn + (file offset - 24)`.
 //!
 //! Payload: commit timestamp (u64 LE), entry count (u32 LE), then per entry key length
-//! (u32 LE), value length (u32 LE; `u32::MAX` = delete), key bytes, value bytes.
+//! (u32 LE), value length (u32 LE; `u32::MAX` = delete; bit 31 set = the bytes are a delta of
+//! a split record, length in the low 31 bits), key bytes, value bytes.
+//!
+//! Version 2 added deltas; version 1 files (no deltas) are read unchanged.
 
 use crate::Ts;
 
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"KEELWAL\0";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 pub(crate) const SEGMENT_HEADER_BYTES: usize = 24;
 pub(crate) const FRAME_HEADER_BYTES: usize = 8;
 pub(crate) const DELETE: u32 = u32::MAX;
+/// Bit of the value length that marks a delta (see `split::Delta::encode`).
+pub(crate) const DELTA: u32 = 1 << 31;
+const _: () = assert!(crate::limits::VALUE_BYTES_MAX + 64 < DELTA as usize);
 const PAYLOAD_FIXED_BYTES: usize = 12;
 const ENTRY_FIXED_BYTES: usize = 8;
 
@@ -48,12 +54,21 @@ pub(crate) fn frame_bytes(payload: usize) -> usize {
     FRAME_HEADER_BYTES + payload.next_multiple_of(8)
 }
 
+/// What a log entry does to its key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Logged<'a> {
+    Put(&'a [u8]),
+    Delete,
+    /// An encoded delta of a split record.
+    Delta(&'a [u8]),
+}
+
 /// Appends the payload of a commit to `out`.
 pub(crate) fn encode_payload<'a>(
     out: &mut Vec<u8>,
     ts: Ts,
     count: usize,
-    entries: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    entries: impl Iterator<Item = (&'a [u8], Logged<'a>)>,
 ) {
     out.extend_from_slice(&ts.0.to_le_bytes());
     out.extend_from_slice(
@@ -67,14 +82,15 @@ pub(crate) fn encode_payload<'a>(
                 .expect("bounded by KEY_BYTES_MAX")
                 .to_le_bytes(),
         );
-        let len = value.map_or(DELETE, |v| {
-            u32::try_from(v.len()).expect("bounded by VALUE_BYTES_MAX")
-        });
+        let bounded = |v: &[u8]| u32::try_from(v.len()).expect("bounded by VALUE_BYTES_MAX");
+        let (len, bytes) = match value {
+            Logged::Put(v) => (bounded(v), v),
+            Logged::Delete => (DELETE, &[][..]),
+            Logged::Delta(d) => (bounded(d) | DELTA, d),
+        };
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(key);
-        if let Some(v) = value {
-            out.extend_from_slice(v);
-        }
+        out.extend_from_slice(bytes);
     }
 }
 
@@ -91,6 +107,9 @@ pub struct Commit {
     pub ts: Ts,
     /// `(key, value)`; `None` deletes.
     pub entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// `(key, encoded delta)`: commutative operations applied to a split record, to be
+    /// applied above the key's last full value.
+    pub deltas: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Decodes a payload whose checksum already matched. `None` if its structure is invalid.
@@ -104,16 +123,24 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Option<Commit> {
     let ts = Ts(u64::from_le_bytes(take(8)?.try_into().ok()?));
     let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
     let mut entries = Vec::with_capacity(count.min(1 << 16));
+    let mut deltas = Vec::new();
     for _ in 0..count {
         let key_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let value_len = u32::from_le_bytes(take(4)?.try_into().ok()?);
         let key = take(key_len)?.to_vec();
-        let value = if value_len == DELETE {
-            None
+        if value_len == DELETE {
+            entries.push((key, None));
+        } else if value_len & DELTA != 0 {
+            let delta = take((value_len & !DELTA) as usize)?.to_vec();
+            crate::split::Delta::decode(&delta)?;
+            deltas.push((key, delta));
         } else {
-            Some(take(value_len as usize)?.to_vec())
-        };
-        entries.push((key, value));
+            entries.push((key, Some(take(value_len as usize)?.to_vec())));
+        }
     }
-    rest.is_empty().then_some(Commit { ts, entries })
+    rest.is_empty().then_some(Commit {
+        ts,
+        entries,
+        deltas,
+    })
 }

@@ -152,7 +152,7 @@ impl Log {
         &self,
         ts: Ts,
         count: usize,
-        entries: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + Clone,
+        entries: impl Iterator<Item = (&'a [u8], format::Logged<'a>)> + Clone,
     ) -> Result<u64, LogFailed> {
         let s = &*self.shared;
         s.check()?;
@@ -190,6 +190,11 @@ impl Log {
                 .wait_for(&mut guard, Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// The LSN up to which the log is durable.
+    pub(crate) fn durable_lsn(&self) -> u64 {
+        self.shared.durable.load(Ordering::Acquire)
     }
 
     /// The LSN the next frame will get.

@@ -103,8 +103,11 @@ impl MOp {
             MOp::Ordered(order, payload) => {
                 if let Some(current) = current {
                     let not_ordered = || Error::NotOrdered { key: key.to_vec() };
-                    let (stored, _) = current.split_first_chunk::<8>().ok_or_else(not_ordered)?;
-                    if u64::from_be_bytes(*stored) > *order {
+                    let (stored, stored_payload) =
+                        current.split_first_chunk::<8>().ok_or_else(not_ordered)?;
+                    // Highest order wins; on equal orders the larger payload (commutative).
+                    if (u64::from_be_bytes(*stored), stored_payload) >= (*order, payload.as_slice())
+                    {
                         return Ok(current.to_vec());
                     }
                 }

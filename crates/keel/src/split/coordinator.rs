@@ -1,0 +1,292 @@
+//! The coordinator thread: opens split phases, reconciles them, and runs the joined phase in
+//! between.
+//!
+//! One cycle: (1) split: lock every active split record with [`SPLIT_OWNER`], wait until
+//! every commit that touched them is visible, open the phase; (2) wait for the phase length,
+//! or less once transactions are stashed; (3) close the phase and wait for committers that
+//! announced it; (4) reconcile: fold each record's slices, install the result at one fresh
+//! commit timestamp, keep the entries as history, publish, unlock; (5) joined: let stashed
+//! transactions run, bounded by a quarter of the phase length.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{Closed, Kind, SPLIT_OWNER, SplitMode, SplitRecord, Splitter};
+use crate::db::Shared;
+use crate::mvcc::RecordRef;
+
+/// Stash requests that end a split phase early (batched: one reconciliation serves them).
+const STASH_BATCH: u32 = 16;
+
+/// How long the coordinator tries to lock a record before leaving it out of a phase.
+const LOCK_TRY: Duration = Duration::from_micros(200);
+
+pub(crate) fn run(shared: &Shared) {
+    let splitter = &shared.splitter;
+    let phase_len = splitter.settings.phase;
+    let mut epoch = 0u64;
+    loop {
+        // Idle until something is split or proposed.
+        {
+            let mut control = splitter.control.lock();
+            if control.stop {
+                return;
+            }
+            let idle = splitter.proposals.lock().list.is_empty() && active_count(splitter) == 0;
+            if idle {
+                splitter.wake.wait_for(&mut control, phase_len);
+                if control.stop {
+                    return;
+                }
+                drop(control);
+                decay(splitter);
+                continue;
+            }
+        }
+        if shared.log_failed() {
+            return;
+        }
+
+        // 1. Split.
+        epoch += 1;
+        let word = epoch * 2 + 1;
+        let members = open(shared, word);
+        if members.is_empty() {
+            std::thread::sleep(phase_len / 4);
+            continue;
+        }
+        splitter.control.lock().urgent = 0;
+        splitter.phase.store(word, Ordering::SeqCst);
+        splitter.counters.phases.fetch_add(1, Ordering::Relaxed);
+
+        // 2. Let it run.
+        let opened = Instant::now();
+        {
+            let mut control = splitter.control.lock();
+            loop {
+                let elapsed = opened.elapsed();
+                if control.stop || elapsed >= phase_len {
+                    break;
+                }
+                // Stashed transactions end the phase early, but not before a tenth of it has
+                // run, so that one reconciliation serves a batch of them.
+                if control.urgent >= STASH_BATCH
+                    || (control.urgent > 0 && elapsed >= phase_len / 10)
+                {
+                    break;
+                }
+                let wait = if control.urgent > 0 {
+                    (phase_len / 10).saturating_sub(elapsed)
+                } else {
+                    phase_len - elapsed
+                };
+                splitter
+                    .wake
+                    .wait_for(&mut control, wait.max(Duration::from_micros(50)));
+            }
+        }
+        decay(splitter);
+
+        // 3 and 4. Close and reconcile.
+        splitter.phase.store(epoch * 2, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while shared.oracle.announced(word) {
+            std::thread::yield_now();
+        }
+        reconcile(shared, &members);
+        {
+            let mut control = splitter.control.lock();
+            control.joined_epoch = epoch;
+            splitter.joined.notify_all();
+            // 5. Joined: stashed transactions run now.
+            let deadline = Instant::now() + phase_len / 4;
+            while control.waiting > 0 && !control.stop {
+                if splitter.wake.wait_until(&mut control, deadline).timed_out() {
+                    break;
+                }
+            }
+            if control.stop {
+                return;
+            }
+        }
+    }
+}
+
+fn active_count(splitter: &Splitter) -> usize {
+    splitter
+        .records
+        .lock()
+        .iter()
+        .filter(|sr| sr.active.load(Ordering::Relaxed))
+        .count()
+}
+
+/// Forgets lock waits counted so far: contention is measured per phase length.
+fn decay(splitter: &Splitter) {
+    for bucket in splitter.contention.iter() {
+        if bucket.load(Ordering::Relaxed) != 0 {
+            bucket.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Adopts proposals, locks every active record for the phase `word`, and returns them.
+fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
+    let splitter = &shared.splitter;
+    let proposals = {
+        let mut p = splitter.proposals.lock();
+        p.seen.clear();
+        std::mem::take(&mut p.list)
+    };
+    let mut records = splitter.records.lock();
+    for (record, kind) in proposals {
+        adopt(splitter, &mut records, record, kind);
+    }
+    let mut members = Vec::new();
+    for sr in records.iter() {
+        if !sr.active.load(Ordering::Relaxed) {
+            continue;
+        }
+        let r = sr.record.get();
+        if !try_lock_for(sr.record, LOCK_TRY) {
+            continue; // busy: left out of this phase, tried again next time
+        }
+        let base = r.head().and_then(|v| v.value());
+        if !sr.kind.accepts_base(r.key(), base) {
+            // The value changed to something this kind cannot apply to: join for good.
+            sr.active.store(false, Ordering::Relaxed);
+            splitter.counters.joins.fetch_add(1, Ordering::Relaxed);
+            r.unlock(SPLIT_OWNER);
+            continue;
+        }
+        let budget = match (sr.kind, base) {
+            (Kind::Add, Some(v)) => {
+                let base = crate::commutative::parse_int(r.key(), v).expect("checked above");
+                (i64::MAX as u64 - base.unsigned_abs()) / sr.slices.len() as u64
+            }
+            (Kind::Add, None) => i64::MAX as u64 / sr.slices.len() as u64,
+            _ => u64::MAX,
+        };
+        sr.budget.store(budget, Ordering::Relaxed);
+        sr.reads.store(0, Ordering::Relaxed);
+        sr.stashes.store(0, Ordering::Relaxed);
+        // SAFETY of the reference: split records live as long as the splitter, which lives
+        // as long as the database, and are never moved (boxed).
+        let sr: &'static SplitRecord = unsafe { &*std::ptr::from_ref::<SplitRecord>(sr) };
+        members.push(sr);
+    }
+    drop(records);
+    // Every commit that wrote a member before we locked it must be visible before the phase
+    // opens, and every tag must be above every base version: pass the watermark over a fresh
+    // timestamp (it waits for all earlier ones). Recovery relies on tags above the base.
+    let ts = shared.oracle.next_commit_ts();
+    shared.oracle.publish(ts, || shared.log_failed());
+    for sr in &members {
+        sr.phase.store(word, Ordering::Release);
+    }
+    members
+}
+
+#[allow(clippy::vec_box, reason = "split records must keep their address")]
+fn adopt(splitter: &Splitter, records: &mut Vec<Box<SplitRecord>>, record: RecordRef, kind: Kind) {
+    match Splitter::of(record) {
+        Some(sr) => {
+            if sr.kind == kind && !sr.active.swap(true, Ordering::Relaxed) {
+                splitter.counters.splits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        None => {
+            let sr = Box::new(SplitRecord::new(record, kind, splitter.slices));
+            record.get().set_split(&sr);
+            records.push(sr);
+            splitter.counters.splits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn try_lock_for(record: RecordRef, wait: Duration) -> bool {
+    let r = record.get();
+    let deadline = Instant::now() + wait;
+    loop {
+        if r.try_lock(SPLIT_OWNER) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Folds each member's slices into one version at a fresh timestamp, keeps the entries as
+/// history, publishes, and unlocks.
+fn reconcile(shared: &Shared, members: &[&'static SplitRecord]) {
+    let splitter = &shared.splitter;
+    let oracle = &shared.oracle;
+    let ts = oracle.next_commit_ts();
+    let horizon = oracle.horizon();
+    let mut durable_lsn = 0;
+    let mut versions = 0;
+    for sr in members {
+        let r = sr.record.get();
+        let mut history = sr.history.lock();
+        let mut entries = Vec::new();
+        let mut commits = 0;
+        for slice in sr.slices.iter() {
+            let mut slice = slice.lock();
+            entries.append(&mut slice.entries);
+            commits += slice.commits;
+            slice.commits = 0;
+            slice.magnitude = 0;
+        }
+        entries.sort_by_key(|e| e.tag);
+        let mut folded: Option<super::Delta> = None;
+        for entry in &entries {
+            durable_lsn = durable_lsn.max(entry.durable_lsn);
+            match &mut folded {
+                None => folded = Some(entry.delta.clone()),
+                Some(d) => {
+                    d.merge(r.key(), &entry.delta)
+                        .expect("entries of one split record share a kind and a budget");
+                }
+            }
+        }
+        if let Some(delta) = folded {
+            let base = r.head().and_then(|v| v.value());
+            let value = delta
+                .apply(r.key(), base)
+                .expect("the phase's base accepts its kind and the budget bounds additions");
+            versions += r.install(SPLIT_OWNER, ts, Some(&value), horizon);
+            history.push(Closed {
+                closed_at: ts,
+                entries,
+            });
+        }
+        history.retain(|c| c.closed_at > horizon);
+        drop(history);
+        sr.phase.store(0, Ordering::Release);
+        let reads = sr.reads.load(Ordering::Relaxed) + sr.stashes.load(Ordering::Relaxed);
+        let join = match splitter.settings.mode {
+            SplitMode::Off => true,
+            SplitMode::Force => false,
+            // Reads and other operations dominate, or nobody used the split: join.
+            SplitMode::Auto => reads > commits || commits == 0,
+        };
+        if join && sr.active.swap(false, Ordering::Relaxed) {
+            splitter.counters.joins.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    shared.note_versions(versions);
+    // Entries of `sync` commits are in the log; the merged version must not be seen before
+    // they are durable. After a log failure the version is never published.
+    let durable = match &shared.log {
+        Some(log) if durable_lsn > 0 => log.wait_durable(durable_lsn).is_ok(),
+        _ => true,
+    };
+    if durable {
+        oracle.publish(ts, || shared.log_failed());
+    }
+    for sr in members {
+        sr.record.get().unlock(SPLIT_OWNER);
+    }
+}
