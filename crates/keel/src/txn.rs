@@ -138,6 +138,18 @@ impl WriteSet {
     }
 }
 
+/// A successful commit and where it sits in the serial order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Committed {
+    /// The commit timestamp: snapshots at or above it see the commit.
+    pub ts: Ts,
+    /// The commit only applied commutative operations to split records' slices (see
+    /// [`SplitMode`](crate::SplitMode)): it took no timestamp of its own and is serialized
+    /// right after the commit at `ts` and after the snapshots at `ts` that did not see it.
+    pub split_only: bool,
+}
+
 /// A read-write transaction. Dropping it without committing aborts it.
 ///
 /// ```
@@ -473,11 +485,19 @@ impl<'db> Txn<'db> {
     /// A transaction that only applies commutative operations to split records (see
     /// [`SplitMode`](crate::SplitMode)) takes no timestamp of its own: it is serialized just
     /// after the commit it returns, which snapshots at or above it see.
-    pub fn commit(mut self) -> Result<Result<Ts, Conflict>, CommitError> {
+    pub fn commit(self) -> Result<Result<Ts, Conflict>, CommitError> {
+        Ok(self.commit_detailed()?.map(|c| c.ts))
+    }
+
+    /// [`Txn::commit`], also telling where the commit sits in the serial order.
+    pub fn commit_detailed(mut self) -> Result<Result<Committed, Conflict>, CommitError> {
         let stats = self.db.oracle.stats(self.slot);
         if self.writes.entries.is_empty() {
             SlotStats::bump(&stats.read_only_commits);
-            return Ok(Ok(self.read_ts));
+            return Ok(Ok(Committed {
+                ts: self.read_ts,
+                split_only: false,
+            }));
         }
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Err(CommitError::Log(error));
@@ -491,7 +511,7 @@ impl<'db> Txn<'db> {
         //    go to this thread's slice instead and take no lock. If such a record is between
         //    phases, start over once the next phase opens (bounded).
         let mut restarts = 0;
-        let (phase, locked, mut slices) = 'lock: loop {
+        let (locked, slices, mut deltas) = 'lock: loop {
             let phase = splitter.open_phase();
             let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
             let mut slices: Vec<Option<&'static SplitRecord>> = Vec::with_capacity(writes.len());
@@ -542,48 +562,64 @@ impl<'db> Txn<'db> {
                 locked.push(record);
                 slices.push(None);
             }
-            break (phase, locked, slices);
+            // 1b. Join the split phase: announce it, check it is still open, and reserve room in
+            //     the slices. If anything does not fit, the whole write set takes the ordinary
+            //     path: leave the phase, then lock what was to go to slices.
+            let mut deltas: Vec<Option<Delta>> = vec![None; writes.len()];
+            if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
+                self.db.oracle.announce(self.slot, p);
+                let mut fits = splitter.still_open(p);
+                for (i, entry) in writes.iter().enumerate() {
+                    let (Some(sr), Write::Ops(ops), true) = (slices[i], &entry.write, fits) else {
+                        continue;
+                    };
+                    deltas[i] = Delta::fold(&entry.key, ops)
+                        .filter(|d| sr.slice().reserve(Splitter::budget(sr), d));
+                    fits = deltas[i].is_some();
+                    if !fits && restarts < SPLIT_RESTARTS_MAX {
+                        // The slice's budget is spent: start over after the reconciliation.
+                        self.db.oracle.announce(self.slot, 0);
+                        self.unlock_all(&locked, &slices, me);
+                        splitter.stash(sr);
+                        splitter.wait_joined();
+                        splitter.done_waiting();
+                        restarts += 1;
+                        continue 'lock;
+                    }
+                }
+                if !fits {
+                    self.db.oracle.announce(self.slot, 0);
+                    deltas.iter_mut().for_each(|d| *d = None);
+                    for i in 0..writes.len() {
+                        if slices[i].is_none() {
+                            continue;
+                        }
+                        let outcome = self.lock(locked[i], me, &writes[i].write);
+                        if outcome == Locking::SplitOpening && restarts < SPLIT_RESTARTS_MAX {
+                            self.unlock_all(&locked, &slices, me);
+                            restarts += 1;
+                            continue 'lock;
+                        }
+                        if outcome != Locking::Held {
+                            self.unlock_all(&locked, &slices, me);
+                            SlotStats::bump(&stats.aborts_write_locked);
+                            return Ok(Err(Conflict {
+                                key: writes[i].key.clone(),
+                                reason: ConflictReason::WriteLocked,
+                            }));
+                        }
+                        slices[i] = None;
+                    }
+                } else if self.reads.is_empty()
+                    && self.ranges.is_empty()
+                    && slices.iter().all(Option::is_some)
+                {
+                    return self.commit_split_only(&writes, &locked, &deltas);
+                }
+            }
+            break (locked, slices, deltas);
         };
 
-        // 1b. Join the split phase: announce it, check it is still open, and reserve room in
-        //     the slices. If anything does not fit, the whole write set takes the ordinary
-        //     path: leave the phase, then lock what was to go to slices.
-        let mut deltas: Vec<Option<Delta>> = vec![None; writes.len()];
-        if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
-            self.db.oracle.announce(self.slot, p);
-            let mut fits = splitter.still_open(p);
-            for (i, entry) in writes.iter().enumerate() {
-                let (Some(sr), Write::Ops(ops), true) = (slices[i], &entry.write, fits) else {
-                    continue;
-                };
-                deltas[i] = Delta::fold(&entry.key, ops)
-                    .filter(|d| sr.slice().reserve(Splitter::budget(sr), d));
-                fits = deltas[i].is_some();
-            }
-            if !fits {
-                self.db.oracle.announce(self.slot, 0);
-                deltas.iter_mut().for_each(|d| *d = None);
-                for i in 0..writes.len() {
-                    if slices[i].is_none() {
-                        continue;
-                    }
-                    if self.lock(locked[i], me, &writes[i].write) != Locking::Held {
-                        self.unlock_all(&locked, &slices, me);
-                        SlotStats::bump(&stats.aborts_write_locked);
-                        return Ok(Err(Conflict {
-                            key: writes[i].key.clone(),
-                            reason: ConflictReason::WriteLocked,
-                        }));
-                    }
-                    slices[i] = None;
-                }
-            } else if self.reads.is_empty()
-                && self.ranges.is_empty()
-                && slices.iter().all(Option::is_some)
-            {
-                return self.commit_split_only(&writes, &locked, &deltas);
-            }
-        }
         let announced = slices.iter().any(Option::is_some);
         let leave = |txn: &Txn<'_>| {
             if announced {
@@ -716,7 +752,10 @@ impl<'db> Txn<'db> {
         if commit_ts.0.is_multiple_of(COLLECT_EVERY) {
             self.db.oracle.collect();
         }
-        Ok(Ok(commit_ts))
+        Ok(Ok(Committed {
+            ts: commit_ts,
+            split_only: false,
+        }))
     }
 
     /// Commits a transaction whose every write is a delta for a slice of a split record in
@@ -727,7 +766,7 @@ impl<'db> Txn<'db> {
         writes: &[WriteEntry],
         records: &[RecordRef],
         deltas: &[Option<Delta>],
-    ) -> Result<Result<Ts, Conflict>, CommitError> {
+    ) -> Result<Result<Committed, Conflict>, CommitError> {
         let stats = self.db.oracle.stats(self.slot);
         let mut guards: Vec<_> = records
             .iter()
@@ -785,7 +824,10 @@ impl<'db> Txn<'db> {
         }
         SlotStats::bump(&stats.commits);
         SlotStats::bump(&stats.split_commits);
-        Ok(Ok(tag))
+        Ok(Ok(Committed {
+            ts: tag,
+            split_only: true,
+        }))
     }
 
     /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another

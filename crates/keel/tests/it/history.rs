@@ -78,13 +78,34 @@ pub enum Position {
     /// A read-only transaction or snapshot at its snapshot timestamp: after the commit at
     /// that timestamp, before the next one.
     ReadAt(u64),
+    /// A commit that only applied commutative operations to split records: right after the
+    /// commit at this timestamp, and after the snapshots there that did not see it, before
+    /// the next commit. Its deltas count for readers at or above it, like a commit's.
+    After(u64),
 }
 
 impl Position {
     fn order(self) -> (u64, u8) {
         match self {
-            Position::Commit(ts) => (ts, 0),
+            Position::Commit(ts) | Position::After(ts) => (ts, 0),
             Position::ReadAt(ts) => (ts, 1),
+        }
+    }
+
+    /// The latest position that may finish before this one begins (real time): for `After`,
+    /// snapshots at its timestamp may precede it too.
+    fn order_as_later(self) -> (u64, u8) {
+        match self {
+            Position::After(ts) => (ts, 1),
+            other => other.order(),
+        }
+    }
+
+    /// The commit timestamp whose readers see this transaction's writes.
+    fn visible_at(self) -> Option<u64> {
+        match self {
+            Position::Commit(ts) | Position::After(ts) => Some(ts),
+            Position::ReadAt(_) => None,
         }
     }
 }
@@ -446,12 +467,19 @@ pub fn check(history: &[TxnRecord]) -> Result<Report, String> {
 /// every real-time precedence.
 fn check_positions(history: &[TxnRecord], graph: &[Vec<Edge>]) -> Result<(), String> {
     let n = history.len();
+    // Split-only commits carry no dependency edges of their own (only commutative adds and
+    // real time), and real time is checked below with their own rule.
+    let ordered = |i: usize| {
+        history[i]
+            .position
+            .filter(|p| !matches!(p, Position::After(_)))
+    };
     for (from, edges) in graph.iter().enumerate().take(n) {
-        let Some(p) = history[from].position else {
+        let Some(p) = ordered(from) else {
             continue;
         };
         for edge in edges.iter().filter(|e| e.to < n) {
-            let Some(q) = history[edge.to].position else {
+            let Some(q) = ordered(edge.to) else {
                 continue;
             };
             if p.order() >= q.order() {
@@ -487,7 +515,7 @@ fn check_positions(history: &[TxnRecord], graph: &[Vec<Edge>]) -> Result<(), Str
         let before = by_end.partition_point(|&(ended, _, _)| ended < began);
         if before > 0 {
             let (order, j) = prefix_max[before - 1];
-            if order > p.order() {
+            if order > p.order_as_later() {
                 return Err(format!(
                     "not strictly serializable: {} finished before {} began, but its position \
                      {:?} is after {:?}",
@@ -506,7 +534,7 @@ fn check_counters(history: &[TxnRecord]) -> Result<(), String> {
     for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
         for op in &t.ops {
             if let Op::Add { counter, delta } = *op {
-                let Some(Position::Commit(ts)) = t.position else {
+                let Some(ts) = t.position.and_then(Position::visible_at) else {
                     return Err(format!(
                         "{} added to a counter but has no commit ts",
                         t.name

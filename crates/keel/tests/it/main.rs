@@ -8,4 +8,5 @@ mod history;
 mod index_growth;
 mod limits;
 mod model;
+mod split;
 mod write_skew;
