@@ -236,7 +236,8 @@ pub struct Open {
     pub split: keel::SplitMode,
 }
 
-/// Embedded targets built into every build.
+/// Embedded targets built into every build (also `keel/auto`, `keel/off`, `keel/force`: keel
+/// with that split mode whatever `--split` says).
 pub const BUILTIN: [&str; 3] = ["keel", "ceiling-array", "ceiling-hash"];
 
 /// Embedded targets behind the `peers` feature.
@@ -247,6 +248,19 @@ pub fn open(name: &str, open: &Open) -> anyhow::Result<Box<dyn Target>> {
     use crate::engines::{CeilingArray, CeilingHash, Keel};
     if name.starts_with("ceiling") && open.durability != Durability::None {
         anyhow::bail!("{name} is memory only; run it with --durability none");
+    }
+    if let Some(mode) = name.strip_prefix("keel/") {
+        // keel with its own split mode, so that split variants run side by side.
+        let split = mode
+            .parse::<keel::SplitMode>()
+            .map_err(|e| anyhow::anyhow!("target {name:?}: {e}"))?;
+        return Ok(Box::new(Keel::named(
+            &Open {
+                split,
+                ..open.clone()
+            },
+            name,
+        )?));
     }
     match name {
         "keel" => Ok(Box::new(Keel::new(open)?)),

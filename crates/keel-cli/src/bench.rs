@@ -67,7 +67,8 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     split: keel::SplitMode,
     /// Embedded targets, comma-separated, in table order (ratios compare with the first):
-    /// keel, ceiling-array, ceiling-hash, and with the `peers` feature rocksdb-occ,
+    /// keel, keel/auto, keel/off, keel/force (keel with that split mode, so variants run side
+    /// by side), ceiling-array, ceiling-hash, and with the `peers` feature rocksdb-occ,
     /// rocksdb-pess, fjall, redb, lmdb.
     #[arg(long, value_delimiter = ',', default_value = "keel")]
     target: Vec<String>,

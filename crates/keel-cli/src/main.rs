@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server (speaks the Redis protocol).
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Run a benchmark workload against keel and its peers.
     Bench(Box<bench::Args>),
     /// Verify a data directory's checkpoint and log files; optionally repair a damaged tail.
@@ -26,7 +26,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Check(args) => check::run(args),
     }

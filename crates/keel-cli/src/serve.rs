@@ -40,6 +40,18 @@ pub struct Args {
     /// Most simultaneous clients [default: 10000].
     #[arg(long, value_name = "N")]
     maxclients: Option<usize>,
+    /// Split contended keys into per-core slices (Doppel phase reconciliation), so that
+    /// concurrent KEEL.ADD/KEEL.MAX/KEEL.MIN on one hot key stop serializing: auto (split a key
+    /// once commits often wait for its lock, join it again when reads dominate) | off (never)
+    /// | force (split every key those commands touch, keep it split) [default: auto]. INCR and
+    /// other commands that reply with the value never go to slices; a command that reads a
+    /// split key waits for the next reconciliation (at most about 2 phases).
+    #[arg(long, value_name = "auto|off|force")]
+    split: Option<String>,
+    /// Length of one split phase in milliseconds (1 to 10000): how often split keys are
+    /// reconciled, and so about how long a read of a split key may wait [default: 20].
+    #[arg(long, value_name = "MS")]
+    split_phase_ms: Option<u64>,
 }
 
 fn config(args: Args) -> anyhow::Result<Config> {
@@ -82,6 +94,13 @@ fn config(args: Args) -> anyhow::Result<Config> {
     if let Some(n) = args.maxclients {
         config.maxclients = n;
     }
+    if let Some(s) = args.split {
+        config.split = keel_server::parse_split(&s)?;
+    }
+    if let Some(ms) = args.split_phase_ms {
+        config.split_phase_ms = ms;
+    }
+    config.validate()?;
     Ok(config)
 }
 
@@ -100,6 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let durability = config.durability;
+        let split = format!("{} (phase {} ms)", config.split, config.split_phase_ms);
         let dir = config.dir.clone();
         let server = keel_server::Server::bind(config).await?;
         println!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
@@ -111,10 +131,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => {
                 println!("data directory none (durability none: data lives in memory only)");
                 println!("durability     none");
+                println!("split          {split}");
             }
             Some(r) => {
                 println!("data directory {}", dir.display());
                 println!("durability     {durability}");
+                println!("split          {split}");
                 let checkpoint = match &r.checkpoint {
                     Some((name, keys)) => format!("checkpoint {name} ({keys} keys)"),
                     None => "no checkpoint".into(),

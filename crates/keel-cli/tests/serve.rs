@@ -124,3 +124,94 @@ fn restart_keeps_acknowledged_writes() {
     assert_eq!(keys, 202);
     sigterm(third);
 }
+
+/// `--split` and `--split-phase-ms` (or `split` / `split-phase-ms` in `--config`) reach the
+/// engine; bad values are refused before anything starts.
+#[test]
+fn split_settings_from_flags_and_file() {
+    let keel = env!("CARGO_BIN_EXE_keel");
+    let help = Command::new(keel)
+        .args(["serve", "--help"])
+        .output()
+        .expect("keel serve --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--split <auto|off|force>") && help.contains("--split-phase-ms <MS>"),
+        "{help}"
+    );
+    for (args, message) in [
+        (
+            &["--split", "sometimes"][..],
+            "split must be auto, off or force, not \"sometimes\"",
+        ),
+        (
+            &["--split-phase-ms", "0"][..],
+            "split-phase-ms must be between 1 and 10000",
+        ),
+    ] {
+        let out = Command::new(keel)
+            .args(["serve", "--port", "0", "--durability", "none"])
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("keel serve");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("keel.toml");
+    std::fs::write(
+        &file,
+        "port = 0\ndurability = \"none\"\nsplit = \"force\"\nsplit-phase-ms = 7\n",
+    )
+    .expect("write keel.toml");
+    let mut child = Command::new(keel)
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut banner = Vec::new();
+    let mut addr = None;
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(a) = line.strip_prefix("listening on") {
+            addr = Some(a.trim().to_string());
+        }
+        let done = line.starts_with("split");
+        banner.push(line);
+        if done || banner.len() >= 8 {
+            break;
+        }
+    }
+    let running = Running {
+        child,
+        addr: addr.unwrap_or_else(|| panic!("no address in banner {banner:?}")),
+        banner,
+    };
+    assert!(
+        running
+            .banner
+            .iter()
+            .any(|l| l == "split          force (phase 7 ms)"),
+        "{:?}",
+        running.banner
+    );
+    let mut c = redis::Client::open(format!("redis://{}/", running.addr))
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    let split: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("split*")
+        .query(&mut c)
+        .expect("CONFIG GET");
+    assert_eq!(split, ["split", "force", "split-phase-ms", "7"]);
+    drop(c);
+    sigterm(running);
+}

@@ -1,7 +1,8 @@
 //! Server settings: what `keel serve` flags and `keel.toml` say, validated once at startup.
 //!
 //! The file takes the same names as the flags (`port = 6380`, `requirepass = "..."`,
-//! `durability = "async:1000"`); a flag given on the command line wins over the file.
+//! `durability = "async:1000"`, `split = "force"`); a flag given on the command line wins over
+//! the file.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -10,6 +11,12 @@ use std::str::FromStr;
 /// Default `proto-max-bulk-len`: keel's largest value, so that a bulk the engine would refuse is
 /// refused before it is buffered.
 pub const PROTO_MAX_BULK_LEN_DEFAULT: i64 = keel::limits::VALUE_BYTES_MAX as i64;
+
+/// Default `split-phase-ms`: the engine's default split phase (Doppel's 20 ms).
+pub const SPLIT_PHASE_MS_DEFAULT: u64 = 20;
+/// Largest `split-phase-ms`: a command that reads a split key waits up to two phases for the
+/// reconciliation, and a wait of more than seconds is one clients time out on.
+pub const SPLIT_PHASE_MS_MAX: u64 = 10_000;
 
 /// How committed data is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +61,17 @@ pub enum ConfigError {
          address, or pass --protected-mode no if this network is trusted"
     )]
     Protected(IpAddr),
+    /// `split` is not `auto`, `off` or `force`.
+    #[error("split must be auto, off or force, not {0:?}")]
+    Split(String),
+    /// `split-phase-ms` is out of its range.
+    #[error("split-phase-ms must be between 1 and {max} (milliseconds), not {value}")]
+    SplitPhase {
+        /// What was asked.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
     /// `proto-max-bulk-len` is out of its range.
     #[error("proto-max-bulk-len must be between 1024 and {max}, not {value}")]
     BulkLen {
@@ -118,6 +136,11 @@ pub struct Config {
     pub maxclients: usize,
     /// Most bytes of replies one command may produce before it fails (the output buffer limit).
     pub reply_bytes_max: usize,
+    /// Whether the engine splits contended keys (Doppel phase reconciliation).
+    pub split: keel::SplitMode,
+    /// Length of one split phase in milliseconds: a command that reads a split key waits up to
+    /// about twice this for its reconciliation.
+    pub split_phase_ms: u64,
 }
 
 impl Default for Config {
@@ -133,6 +156,8 @@ impl Default for Config {
             proto_max_bulk_len: PROTO_MAX_BULK_LEN_DEFAULT,
             maxclients: 10_000,
             reply_bytes_max: 256 * 1024 * 1024,
+            split: keel::SplitMode::Auto,
+            split_phase_ms: SPLIT_PHASE_MS_DEFAULT,
         }
     }
 }
@@ -162,6 +187,10 @@ pub struct FileConfig {
     pub proto_max_bulk_len: Option<i64>,
     /// See [`Config::maxclients`].
     pub maxclients: Option<usize>,
+    /// See [`Config::split`]: `"auto"`, `"off"` or `"force"`.
+    pub split: Option<String>,
+    /// See [`Config::split_phase_ms`].
+    pub split_phase_ms: Option<u64>,
 }
 
 /// A boolean written either as TOML `true`/`false` or as Redis's `yes`/`no`.
@@ -223,6 +252,12 @@ impl FileConfig {
         if let Some(n) = self.maxclients {
             config.maxclients = n;
         }
+        if let Some(s) = self.split {
+            config.split = parse_split(&s)?;
+        }
+        if let Some(ms) = self.split_phase_ms {
+            config.split_phase_ms = ms;
+        }
         Ok(())
     }
 }
@@ -233,8 +268,33 @@ impl Config {
         if self.protected_mode && self.requirepass.is_none() && !self.bind.is_loopback() {
             return Err(ConfigError::Protected(self.bind));
         }
+        check_split_phase(self.split_phase_ms)?;
         check_bulk_len(self.proto_max_bulk_len)
     }
+
+    /// The engine's options for these settings.
+    pub fn engine_options(&self) -> keel::Options {
+        keel::Options::default()
+            .durability(self.durability.engine())
+            .split(self.split)
+            .split_phase(std::time::Duration::from_millis(self.split_phase_ms))
+    }
+}
+
+/// Parses a `split` value: `auto`, `off` or `force`.
+pub fn parse_split(s: &str) -> Result<keel::SplitMode, ConfigError> {
+    s.parse().map_err(|_| ConfigError::Split(s.to_owned()))
+}
+
+/// Checks a `split-phase-ms` value.
+pub fn check_split_phase(ms: u64) -> Result<(), ConfigError> {
+    if !(1..=SPLIT_PHASE_MS_MAX).contains(&ms) {
+        return Err(ConfigError::SplitPhase {
+            value: ms,
+            max: SPLIT_PHASE_MS_MAX,
+        });
+    }
+    Ok(())
 }
 
 /// Checks a `proto-max-bulk-len` value.
@@ -275,6 +335,37 @@ mod tests {
         assert!(!config.protected_mode);
         assert_eq!(config.requirepass.as_deref(), Some("pw"));
         assert!(FileConfig::parse("nosuch = 1").is_err());
+    }
+
+    #[test]
+    fn split_settings() {
+        let mut config = Config::default();
+        assert_eq!(config.split, keel::SplitMode::Auto);
+        assert_eq!(config.split_phase_ms, 20);
+        FileConfig::parse("split = \"force\"\nsplit-phase-ms = 5\n")
+            .expect("valid file")
+            .apply(&mut config)
+            .expect("valid values");
+        assert_eq!(config.split, keel::SplitMode::Force);
+        assert_eq!(config.split_phase_ms, 5);
+        assert!(config.validate().is_ok());
+        let options = config.engine_options();
+        assert_eq!(options.split, keel::SplitMode::Force);
+        assert_eq!(options.split_phase, std::time::Duration::from_millis(5));
+        assert_eq!(parse_split("off"), Ok(keel::SplitMode::Off));
+        assert_eq!(
+            FileConfig::parse("split = \"sometimes\"")
+                .expect("valid TOML")
+                .apply(&mut config),
+            Err(ConfigError::Split("sometimes".into()))
+        );
+        for bad in [0, SPLIT_PHASE_MS_MAX + 1] {
+            config.split_phase_ms = bad;
+            assert!(matches!(
+                config.validate(),
+                Err(ConfigError::SplitPhase { value, .. }) if value == bad
+            ));
+        }
     }
 
     #[test]

@@ -17,6 +17,13 @@
 //! recorded, a watched key changed after its `WATCH` (even to an equal value) and `EXEC`
 //! replies null. Those reads make a later commit to a watched key conflict, so a conflicting
 //! `EXEC` is retried whole, re-checking the watched keys each time: never a lost update.
+//!
+//! Split keys (the engine's Doppel mode): a transaction that reads a split key, or writes it
+//! with anything but `KEEL.ADD`/`KEEL.MAX`/`KEEL.MIN`, loses a conflict (reason `Split`, or a
+//! changed read once the engine made its write wait for the reconciliation). Every retry loop
+//! here then waits for the key's reconciliation ([`keel::Db::wait_joined`]) instead of backing
+//! off, and runs the next attempt right after it, in the joined phase, on the same thread
+//! ([`Conn::attempt`]). `KEEL.*` commands never read, so they never wait for this.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,6 +58,9 @@ pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
 pub const PIPELINE_BATCH_MAX: usize = 256;
 /// Initial read buffer.
 const READ_BYTES: usize = 16 * 1024;
+
+/// What a commit came to: a timestamp, a lost conflict, or an error.
+type CommitOutcome = Result<Result<keel::Ts, keel::Conflict>, keel::CommitError>;
 
 const NOAUTH: &str = "NOAUTH Authentication required.";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -291,33 +301,36 @@ impl Conn {
         let shared = self.shared.clone();
         let ctx = ctx(&shared);
         let mark = output.len();
+        let proto = self.proto;
+        let may_wait = self.may_wait(pending.iter().map(|(c, _)| *c));
+        let mut rejoin = false;
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
-            let Ok(mut txn) = shared.db.begin() else {
-                return false;
-            };
-            let mut out = Out {
-                buf: output,
-                proto: self.proto,
-            };
-            let mut failed = false;
-            for (cmd, args) in pending {
-                if data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
-                    || out.buf.len() - mark > ctx.reply_bytes_max
-                {
-                    failed = true;
-                    break;
+            let prepare = || {
+                let mut txn = shared.db.begin().map_err(|_| false)?;
+                let mut out = Out {
+                    buf: &mut *output,
+                    proto,
+                };
+                for (cmd, args) in pending {
+                    if data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
+                        || out.buf.len() - mark > ctx.reply_bytes_max
+                    {
+                        out.buf.truncate(mark);
+                        return Err(false);
+                    }
                 }
-            }
-            if failed {
-                output.truncate(mark);
-                return false;
-            }
-            match self.commit(txn).await {
+                Ok(txn)
+            };
+            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+                Ok(committed) => committed,
+                Err(done) => return done,
+            };
+            match committed {
                 Ok(Ok(_)) => return true,
-                Ok(Err(_)) => {
+                Ok(Err(conflict)) => {
                     output.truncate(mark);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    backoff(attempt).await;
+                    rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
                 Err(_) => {
                     output.truncate(mark);
@@ -838,27 +851,38 @@ impl Conn {
             return;
         }
         let mut attempt = 1;
+        let may_wait = self.may_wait([cmd].into_iter());
+        let mut rejoin = false;
         loop {
-            let mut txn = match self.shared.db.begin() {
-                Ok(t) => t,
-                Err(e) => {
-                    out.error(&begin_error(e).0);
-                    return;
+            let mut more = false;
+            let prepare = || {
+                let mut txn = match shared.db.begin() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.error(&begin_error(e).0);
+                        return Err(());
+                    }
+                };
+                let result = if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
+                    // Outside MULTI a flush may take several transactions.
+                    data::flush_batch(&mut txn).map(|m| more = m)
+                } else {
+                    data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
+                };
+                match result {
+                    Ok(()) => Ok(txn),
+                    Err(Fail(text)) => {
+                        out.buf.truncate(mark);
+                        out.error(&text);
+                        Err(())
+                    }
                 }
             };
-            let mut more = false;
-            let result = if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
-                // Outside MULTI a flush may take several transactions.
-                data::flush_batch(&mut txn).map(|m| more = m)
-            } else {
-                data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
-            };
-            if let Err(Fail(text)) = result {
-                out.buf.truncate(mark);
-                out.error(&text);
+            let Ok(committed) = self.attempt(rejoin, may_wait, prepare).await else {
                 return;
-            }
-            match self.commit(txn).await {
+            };
+            rejoin = false;
+            match committed {
                 Ok(Ok(_)) if more => continue,
                 Ok(Ok(_)) => {
                     if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
@@ -875,7 +899,7 @@ impl Conn {
                         return;
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    backoff(attempt).await;
+                    rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
                 }
                 Err(keel::CommitError::Apply(e)) => {
@@ -894,17 +918,76 @@ impl Conn {
 
     /// Commits `txn`. With `sync` durability the commit waits for its fsync, so it runs on
     /// the blocking pool: the reply goes out only once the commit is durable, and concurrent
-    /// connections share fsyncs.
-    async fn commit(
-        &self,
-        txn: Txn<'static>,
-    ) -> Result<Result<keel::Ts, keel::Conflict>, keel::CommitError> {
-        if self.shared.db.durability() != keel::Durability::Sync {
+    /// connections share fsyncs. So does a commit that `may_wait` for a split key's
+    /// reconciliation (see [`Conn::may_wait`]).
+    async fn commit(&self, txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
+        if self.shared.db.durability() != keel::Durability::Sync && !may_wait {
             return txn.commit();
         }
         tokio::task::spawn_blocking(move || txn.commit())
             .await
             .expect("a commit does not panic")
+    }
+
+    /// One attempt of a retry loop: `prepare` begins a transaction and runs the commands in it
+    /// (writing their replies), or ends the loop with `Err`; then the transaction commits.
+    ///
+    /// `rejoin`: the last attempt lost a conflict on a split key. This attempt can only
+    /// succeed if it reads and locks the key in the joined phase after the key's
+    /// reconciliation, before the next split phase locks the key again. So it waits for the
+    /// reconciliation and then runs whole on this thread with nothing scheduled in between,
+    /// out of the async workers' way (`block_in_place`). On a current-thread runtime, which
+    /// cannot do that, it waits on the blocking pool and then runs as usual.
+    async fn attempt<T>(
+        &self,
+        rejoin: bool,
+        may_wait: bool,
+        prepare: impl FnOnce() -> Result<Txn<'static>, T> + Send,
+    ) -> Result<CommitOutcome, T> {
+        let db = self.shared.db;
+        if rejoin {
+            let flavor = tokio::runtime::Handle::current().runtime_flavor();
+            if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
+                return tokio::task::block_in_place(|| {
+                    let _joined = db.wait_joined();
+                    Ok(prepare()?.commit())
+                });
+            }
+            let joined = tokio::task::spawn_blocking(move || db.wait_joined())
+                .await
+                .expect("waiting for a reconciliation does not panic");
+            let txn = prepare()?;
+            let outcome = self.commit(txn, true).await;
+            drop(joined);
+            return Ok(outcome);
+        }
+        let txn = prepare()?;
+        Ok(self.commit(txn, may_wait).await)
+    }
+
+    /// Waits before retrying a transaction that lost `conflict`, unless the conflict was on a
+    /// split key: then it returns `true`, and [`Conn::attempt`] waits for the key's
+    /// reconciliation instead. A split key shows as reason `Split` (the transaction read it),
+    /// or as a changed read when the engine made the transaction's write wait for the
+    /// reconciliation, which changed the key after the transaction read it.
+    async fn wait_to_retry(&self, conflict: &keel::Conflict, attempt: u32) -> bool {
+        let split = conflict.reason == keel::ConflictReason::Split
+            || (self.shared.split_active.load(Relaxed)
+                && self.shared.db.split_keys().contains(&conflict.key));
+        if !split {
+            backoff(attempt).await;
+        }
+        split
+    }
+
+    /// Whether a transaction running `cmds` may block in its commit for up to two split phase
+    /// lengths: the engine makes a write to a split key that cannot go to the key's slices (a
+    /// `SET`, an `INCR`, ...) wait for the reconciliation. Only while something is split
+    /// ([`Shared::split_active`]); a transaction whose writes are all `KEEL.ADD`/`MAX`/`MIN`
+    /// waits at most for a phase to open, which is short, and commits inline.
+    fn may_wait(&self, mut cmds: impl Iterator<Item = Cmd>) -> bool {
+        self.shared.split_active.load(Relaxed)
+            && cmds.any(|c| data::is_data(c) && !data::is_read_only(c) && !data::is_commutative(c))
     }
 
     /// `EXEC`: the queue as one serializable transaction.
@@ -924,50 +1007,63 @@ impl Conn {
         // The read snapshot is done with; every attempt is a fresh transaction.
         let watched = watch.map(|w| w.keys).unwrap_or_default();
         let mut attempt = 1;
+        let may_wait = self.may_wait(multi.queue.iter().map(|(c, _)| *c));
+        let mut rejoin = false;
         loop {
-            let mut txn = self.shared.db.begin().map_err(begin_error)?;
-            // The watched keys must still be at the versions recorded at WATCH; reading them
-            // makes a commit to one of them before ours conflict.
-            for (key, ts) in &watched {
-                if txn.version_ts(key)? != *ts {
-                    self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
-                    out.null_array();
-                    return Ok(());
-                }
-            }
-            out.array(multi.queue.len());
-            let mut failed = false;
-            for (cmd, args) in &multi.queue {
-                let slot = out.buf.len();
-                let result = match cmd {
-                    Cmd::Ping | Cmd::Echo | Cmd::Time => {
-                        simple_in_exec(*cmd, args, &mut out);
-                        Ok(())
+            let prepare = || {
+                let mut txn = shared.db.begin().map_err(|e| Err(begin_error(e)))?;
+                // The watched keys must still be at the versions recorded at WATCH; reading
+                // them makes a commit to one of them before ours conflict.
+                for (key, ts) in &watched {
+                    if txn.version_ts(key).map_err(|e| Err(e.into()))? != *ts {
+                        shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                        out.null_array();
+                        return Err(Ok(()));
                     }
-                    _ => data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out),
-                };
-                if let Err(Fail(text)) = result {
-                    out.buf.truncate(slot);
-                    out.error(&text);
-                    failed = true;
                 }
-                if out.buf.len() - mark > ctx.reply_bytes_max {
-                    out.buf.truncate(mark);
-                    return Err(data::reply_too_big());
+                out.array(multi.queue.len());
+                let mut failed = false;
+                for (cmd, args) in &multi.queue {
+                    let slot = out.buf.len();
+                    let result = match cmd {
+                        Cmd::Ping | Cmd::Echo | Cmd::Time => {
+                            simple_in_exec(*cmd, args, &mut out);
+                            Ok(())
+                        }
+                        _ => data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out),
+                    };
+                    if let Err(Fail(text)) = result {
+                        out.buf.truncate(slot);
+                        out.error(&text);
+                        failed = true;
+                    }
+                    if out.buf.len() - mark > ctx.reply_bytes_max {
+                        out.buf.truncate(mark);
+                        return Err(Err(data::reply_too_big()));
+                    }
                 }
-            }
-            if failed {
-                // keel is stricter than Redis: one failed command rolls back the whole EXEC.
-                drop(txn);
-                return Ok(());
-            }
-            match self.commit(txn).await {
+                if failed {
+                    // keel is stricter than Redis: one failed command rolls back the whole
+                    // EXEC.
+                    return Err(Ok(()));
+                }
+                Ok(txn)
+            };
+            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+                Ok(committed) => committed,
+                Err(done) => return done,
+            };
+            match committed {
                 Ok(Ok(_)) => return Ok(()),
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
                     // A watched key changed after this attempt checked it: a retry would see
-                    // a different version and reply null, so reply null now.
-                    if watched.iter().any(|(k, _)| k[..] == conflict.key[..]) {
+                    // a different version and reply null, so reply null now. A split watched
+                    // key may not have changed at all: the retry, after its reconciliation,
+                    // checks its version again.
+                    if conflict.reason != keel::ConflictReason::Split
+                        && watched.iter().any(|(k, _)| k[..] == conflict.key[..])
+                    {
                         self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
                         out.null_array();
                         return Ok(());
@@ -979,7 +1075,7 @@ impl Conn {
                         .into());
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    backoff(attempt).await;
+                    rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
                 }
                 Err(keel::CommitError::Apply(e)) => {

@@ -185,6 +185,12 @@ pub fn is_read_only(cmd: Cmd) -> bool {
     )
 }
 
+/// Whether `cmd` only applies a commutative operation (`KEEL.ADD`/`MAX`/`MIN`): it reads
+/// nothing, so the engine may apply it to a split key's per-core slices.
+pub fn is_commutative(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::KeelAdd | Cmd::KeelMax | Cmd::KeelMin)
+}
+
 /// Whether `cmd` is a data command (runs in a transaction).
 pub fn is_data(cmd: Cmd) -> bool {
     is_read_only(cmd)

@@ -151,6 +151,8 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
             .into(),
         ),
         ("durability", c.durability.to_string()),
+        ("split", c.split.to_string()),
+        ("split-phase-ms", c.split_phase_ms.to_string()),
     ]
 }
 
@@ -205,7 +207,8 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                             bad("argument must be between 1 and 4294967295 inclusive")
                         })?;
                 }
-                "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability" => {
+                "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability"
+                | "split" | "split-phase-ms" => {
                     return Err(bad("can't set immutable config"));
                 }
                 _ => {
@@ -382,6 +385,24 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             c.latency_quantile_ns(0.999) as f64 / 1000.0,
         );
     }
+    if want("split") {
+        let keys = shared.db.split_keys();
+        let _ = write!(
+            t,
+            "# Split\r\nsplit_mode:{}\r\nsplit_phase_ms:{}\r\nsplit_records:{}\r\nsplit_keys:{}\r\n\
+             split_phases:{}\r\nsplit_commits:{}\r\nsplit_stashes:{}\r\nsplit_splits:{}\r\n\
+             split_joins:{}\r\n\r\n",
+            shared.config.split,
+            shared.config.split_phase_ms,
+            stats.split_records,
+            split_key_list(&keys),
+            stats.split_phases,
+            stats.split_commits,
+            stats.split_stashes,
+            stats.split_splits,
+            stats.split_joins,
+        );
+    }
     if want("keyspace") {
         t.push_str("# Keyspace\r\n");
         let keys = shared
@@ -399,6 +420,39 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     }
     t
 }
+
+/// Most split keys `INFO split` names; the rest are elided as `...`.
+pub const INFO_SPLIT_KEYS_MAX: usize = 16;
+
+/// `split_keys` of `INFO split`: the first [`INFO_SPLIT_KEYS_MAX`] keys, comma-separated, then
+/// `...` if there are more. Bytes that would break the `field:value\r\n` line or the list
+/// (control characters, space, `,`, `\`, non-ASCII) are written as `\xNN`, and a key longer
+/// than [`KEY_SHOWN_BYTES_MAX`] is cut there and marked with `...`.
+fn split_key_list(keys: &[Vec<u8>]) -> String {
+    let mut text = String::new();
+    for (i, key) in keys.iter().take(INFO_SPLIT_KEYS_MAX).enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        for &b in key.iter().take(KEY_SHOWN_BYTES_MAX) {
+            if b.is_ascii_graphic() && b != b',' && b != b'\\' {
+                text.push(char::from(b));
+            } else {
+                let _ = write!(text, "\\x{b:02x}");
+            }
+        }
+        if key.len() > KEY_SHOWN_BYTES_MAX {
+            text.push_str("...");
+        }
+    }
+    if keys.len() > INFO_SPLIT_KEYS_MAX {
+        text.push_str(",...");
+    }
+    text
+}
+
+/// Most bytes of one key `INFO split` shows, so that the section stays small.
+const KEY_SHOWN_BYTES_MAX: usize = 128;
 
 /// The metrics endpoint's body (Prometheus text format 0.0.4).
 pub fn prometheus(shared: &Shared) -> String {
@@ -433,6 +487,42 @@ pub fn prometheus(shared: &Shared) -> String {
             ("{reason=\"read_changed\"}".into(), s.aborts_read_changed),
             ("{reason=\"phantom\"}".into(), s.aborts_phantom),
         ],
+    );
+    counter(
+        "keel_split_records",
+        "Keys split into per-core slices now.",
+        "gauge",
+        &one(s.split_records),
+    );
+    counter(
+        "keel_split_phases_total",
+        "Split phases opened (each ends in one reconciliation).",
+        "counter",
+        &one(s.split_phases),
+    );
+    counter(
+        "keel_split_commits_total",
+        "Commits that applied commutative operations to slices of split keys.",
+        "counter",
+        &one(s.split_commits),
+    );
+    counter(
+        "keel_split_stashes_total",
+        "Times a transaction waited for a split key's reconciliation (it read the key).",
+        "counter",
+        &one(s.split_stashes),
+    );
+    counter(
+        "keel_split_splits_total",
+        "Times a key was split.",
+        "counter",
+        &one(s.split_splits),
+    );
+    counter(
+        "keel_split_joins_total",
+        "Times a split key was joined for good.",
+        "counter",
+        &one(s.split_joins),
     );
     counter(
         "keel_versions",
@@ -514,4 +604,27 @@ pub fn prometheus(shared: &Shared) -> String {
     );
     let _ = writeln!(t, "keel_command_duration_seconds_count {cumulative}");
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_key_list_is_short_and_one_line() {
+        assert_eq!(split_key_list(&[]), "");
+        assert_eq!(
+            split_key_list(&[b"hot".to_vec(), b"a,b\r\n".to_vec()]),
+            "hot,a\\x2cb\\x0d\\x0a"
+        );
+        let many: Vec<Vec<u8>> = (0..20).map(|i| format!("k{i}").into_bytes()).collect();
+        let text = split_key_list(&many);
+        assert_eq!(text.split(',').count(), INFO_SPLIT_KEYS_MAX + 1);
+        assert!(
+            text.starts_with("k0,k1,") && text.ends_with(",k15,..."),
+            "{text}"
+        );
+        let long = split_key_list(&[vec![b'x'; 1000]]);
+        assert_eq!(long.len(), KEY_SHOWN_BYTES_MAX + 3);
+    }
 }

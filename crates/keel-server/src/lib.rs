@@ -25,7 +25,10 @@ pub mod resp;
 mod server;
 mod table;
 
-pub use config::{Config, ConfigError, Durability, FileConfig, PROTO_MAX_BULK_LEN_DEFAULT, YesNo};
+pub use config::{
+    Config, ConfigError, Durability, FileConfig, PROTO_MAX_BULK_LEN_DEFAULT,
+    SPLIT_PHASE_MS_DEFAULT, SPLIT_PHASE_MS_MAX, YesNo, parse_split,
+};
 pub use server::{Handle, Server, StartError};
 
 /// keel's version.

@@ -7,6 +7,11 @@
 //! engine transaction borrows its database, so the database must outlive every connection. A
 //! process runs one server, so the leak is one database.
 //!
+//! Split keys are the exception to "short": a commit that writes a split key with anything
+//! but a commutative operation waits (up to two split phase lengths) for the key's
+//! reconciliation. While anything is split, such commits, and the waits before retrying a
+//! transaction that read a split key, run on the blocking pool.
+//!
 //! Shutdown (`SHUTDOWN`, SIGTERM, or [`Handle::shutdown`]): stop accepting, let every
 //! connection finish the requests it has already read, close the database (a final
 //! checkpoint), return. After that the leaked handle refuses writes; the process is expected
@@ -19,7 +24,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
 use std::time::{Duration, Instant};
 
 use keel::Db;
@@ -166,6 +173,10 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     pub started: Instant,
     pub counters: Counters,
+    /// Whether the engine had a split key when last checked (refreshed every split phase
+    /// length by [`watch_split`]): while it does, a commit that may wait for a reconciliation
+    /// runs on the blocking pool.
+    pub split_active: AtomicBool,
 }
 
 impl Shared {
@@ -214,7 +225,7 @@ impl Server {
             ),
             None => None,
         };
-        let options = keel::Options::default().durability(config.durability.engine());
+        let options = config.engine_options();
         let dir = config.dir.clone();
         // Recovery reads the whole log: keep it off the async workers.
         let opened = tokio::task::spawn_blocking(move || Db::open(&dir, options))
@@ -238,6 +249,7 @@ impl Server {
             shutdown: CancellationToken::new(),
             started: Instant::now(),
             counters: Counters::default(),
+            split_active: AtomicBool::new(false),
         });
         Ok(Server {
             shared,
@@ -279,6 +291,9 @@ impl Server {
         } = self;
         if let Some(m) = metrics {
             tokio::spawn(serve_metrics(m, shared.clone()));
+        }
+        if shared.config.split != keel::SplitMode::Off {
+            tokio::spawn(watch_split(shared.clone()));
         }
         let tracker = tokio_util::task::TaskTracker::new();
         loop {
@@ -331,6 +346,25 @@ async fn reject(mut stream: TcpStream) {
     let _ = stream
         .write_all(b"-ERR max number of clients reached\r\n")
         .await;
+}
+
+/// Keeps [`Shared::split_active`] current until shutdown: once per split phase length, which
+/// is how often the engine splits or joins keys. With `split force` a split key stays split,
+/// so the first one found settles it (and spares copying every split key each phase).
+async fn watch_split(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(shared.config.split_phase_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shared.shutdown.cancelled() => return,
+        }
+        let active = !shared.db.split_keys().is_empty();
+        shared.split_active.store(active, Relaxed);
+        if active && shared.config.split == keel::SplitMode::Force {
+            return;
+        }
+    }
 }
 
 /// Serves Prometheus text on every HTTP request, whatever the path.

@@ -435,6 +435,24 @@ pub struct Db {
     owner: Arc<Owner>,
 }
 
+/// Holds a joined phase open for a retry; see [`Db::wait_joined`].
+#[must_use = "the joined phase waits only while the guard lives: hold it across the retry"]
+pub struct Joined<'db> {
+    splitter: &'db Splitter,
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        self.splitter.done_waiting();
+    }
+}
+
+impl std::fmt::Debug for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Joined")
+    }
+}
+
 /// Counters describing what a database has done; each is a sum over all transactions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -811,6 +829,7 @@ impl Db {
         let mut attempt = 1;
         let splitter = &self.shared.splitter;
         let mut stashed = false;
+        let mut split_waits = 0;
         loop {
             let outcome = (|| {
                 let mut txn = self.begin()?;
@@ -829,9 +848,13 @@ impl Db {
                         last,
                     });
                 }
-                Err(conflict) if conflict.reason == crate::ConflictReason::Split => {
-                    // Stashed: run again in the joined phase, which waits for us.
-                    attempt += 1;
+                Err(conflict)
+                    if conflict.reason == crate::ConflictReason::Split
+                        && split_waits < TRANSACT_ATTEMPTS_MAX =>
+                {
+                    // Stashed: run again in the joined phase, which waits for us. Bounded
+                    // separately: each wait is bounded by the phase length.
+                    split_waits += 1;
                     splitter.wait_joined();
                     stashed = true;
                     continue;
@@ -889,11 +912,15 @@ impl Db {
     }
 
     /// Waits (at most two split phase lengths) until the split phase open now, if any, is
-    /// reconciled. A retry loop that got [`ConflictReason::Split`](crate::ConflictReason)
-    /// calls this before retrying, as [`Db::transact`] does.
-    pub fn wait_joined(&self) {
+    /// reconciled, and holds the joined phase open (bounded by a quarter phase) until the
+    /// returned guard is dropped. A retry loop that got
+    /// [`ConflictReason::Split`](crate::ConflictReason) holds the guard across its retry, as
+    /// [`Db::transact`] does, so the retry runs while the record is joined.
+    pub fn wait_joined(&self) -> Joined<'_> {
         self.shared.splitter.wait_joined();
-        self.shared.splitter.done_waiting();
+        Joined {
+            splitter: &self.shared.splitter,
+        }
     }
 
     /// Recomputes the garbage-collection horizon now. Commits do this on their own every

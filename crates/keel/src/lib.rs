@@ -37,7 +37,7 @@ mod wal;
 
 pub use check::{CheckReport, check};
 pub use commutative::{decode_ordered, decode_top_k, encode_ordered, parse_int};
-pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats};
+pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Joined, Options, Recovery, Stats};
 pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
 };

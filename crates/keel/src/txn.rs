@@ -176,6 +176,10 @@ pub struct Txn<'db> {
     reads: Vec<Read>,
     ranges: Vec<KeyRange>,
     writes: WriteSet,
+    /// A write of this transaction waited for a split record's reconciliation: a failed
+    /// validation then reports [`ConflictReason::Split`], so that the retry runs in the
+    /// joined phase instead of meeting the next split phase again.
+    stashed: std::sync::atomic::AtomicBool,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -209,6 +213,7 @@ impl<'db> Txn<'db> {
             reads: Vec::new(),
             ranges: Vec::new(),
             writes: WriteSet::default(),
+            stashed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -660,7 +665,10 @@ impl<'db> Txn<'db> {
         let commit_ts = self.db.oracle.next_commit_ts();
 
         // 4. Validate.
-        if let Err(conflict) = self.validate(me) {
+        if let Err(mut conflict) = self.validate(me) {
+            if self.stashed.load(std::sync::atomic::Ordering::Relaxed) {
+                conflict.reason = ConflictReason::Split;
+            }
             leave(&self);
             self.unlock_all(&locked, &slices, me);
             self.db.oracle.publish(commit_ts, || self.db.log_failed());
@@ -880,6 +888,8 @@ impl<'db> Txn<'db> {
                     return Locking::SplitOpening;
                 }
                 // Stashed: this write cannot go to a slice; wait for the reconciliation.
+                self.stashed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 splitter.stash(sr);
                 splitter.wait_joined();
                 let locked = r.try_lock(me);

@@ -4,6 +4,7 @@
 mod basics;
 mod protocol;
 mod server;
+mod split;
 mod txn;
 
 use std::io::{Read, Write};

@@ -178,6 +178,7 @@ fn command_config_info_reset() {
         "# Persistence",
         "# Stats",
         "# Keel",
+        "# Split",
         "# Keyspace",
     ] {
         assert!(info.contains(section), "INFO lacks {section}");

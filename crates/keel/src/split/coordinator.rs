@@ -6,7 +6,7 @@
 //! or less once transactions are stashed; (3) close the phase and wait for committers that
 //! announced it; (4) reconcile: fold each record's slices, install the result at one fresh
 //! commit timestamp, keep the entries as history, publish, unlock; (5) joined: let stashed
-//! transactions run, bounded by a quarter of the phase length.
+//! transactions run, bounded by the phase length.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -98,8 +98,8 @@ pub(crate) fn run(shared: &Shared) {
             let mut control = splitter.control.lock();
             control.joined_epoch = epoch;
             splitter.joined.notify_all();
-            // 5. Joined: stashed transactions run now.
-            let deadline = Instant::now() + phase_len / 4;
+            // 5. Joined: stashed transactions run now, for at most one phase length.
+            let deadline = Instant::now() + phase_len;
             while control.waiting > 0 && !control.stop {
                 if splitter.wake.wait_until(&mut control, deadline).timed_out() {
                     break;

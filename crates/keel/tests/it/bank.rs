@@ -56,6 +56,7 @@ fn transfer_by_put(db: &Db, rng: &mut StdRng) -> u64 {
     let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
     let amount = rng.random_range(1..=50);
     let mut conflicts = 0;
+    let mut _joined = None;
     loop {
         let mut txn = db.begin().unwrap();
         let a = balance(txn.get(&account(from)).unwrap());
@@ -69,7 +70,8 @@ fn transfer_by_put(db: &Db, rng: &mut StdRng) -> u64 {
             Err(c) => {
                 conflicts += 1;
                 if c.reason == keel::ConflictReason::Split {
-                    db.wait_joined();
+                    // Held across the retry, so the retry runs in the joined phase.
+                    _joined = Some(db.wait_joined());
                 }
             }
         }

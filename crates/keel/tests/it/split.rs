@@ -15,9 +15,19 @@ fn split_db(mode: SplitMode) -> Db {
     Db::with_options(
         Options::default()
             .split(mode)
-            .split_phase(Duration::from_millis(3))
+            .split_phase(Duration::from_millis(5))
             .split_contention(8),
     )
+}
+
+/// Sets the flag when dropped, so that a failing assertion stops the adders instead of
+/// leaving the test hanging on them.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 fn int(value: Option<Vec<u8>>) -> i64 {
@@ -54,6 +64,7 @@ fn snapshots_of_a_split_record_are_strict_and_stable() {
     db.transact(|txn| txn.add(b"hot", 1)).unwrap();
     let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 2, &stop, &acked);
         let started = Instant::now();
         let mut checks = 0;
@@ -97,6 +108,7 @@ fn read_modify_writes_of_a_split_record_are_stashed_not_lost() {
     let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
     let mut slowest = Duration::ZERO;
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 2, &stop, &acked);
         while db.stats().split_commits < 100 {
             std::thread::yield_now();
@@ -116,7 +128,7 @@ fn read_modify_writes_of_a_split_record_are_stashed_not_lost() {
     assert_eq!(int(db.snapshot().unwrap().get(b"hot").unwrap()), total);
     let stats = db.stats();
     assert!(stats.split_stashes > 0, "{stats:?}");
-    // Bounded by the phase length (3 ms) times a few retries; generous for a loaded machine.
+    // Bounded by the phase length (5 ms) times a few retries; generous for a loaded machine.
     assert!(
         slowest < Duration::from_secs(2),
         "a stashed transaction waited {slowest:?}"
@@ -130,11 +142,13 @@ fn a_read_of_a_split_record_conflicts_with_reason_split() {
     db.transact(|txn| txn.add(b"hot", 1)).unwrap();
     let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 1, &stop, &acked);
         while db.split_keys().is_empty() || db.stats().split_commits < 10 {
             std::thread::yield_now();
         }
         let mut saw_split = false;
+        let mut _joined = None;
         for _ in 0..1000 {
             let mut txn = db.begin().unwrap();
             let v = int(txn.get(b"hot").unwrap());
@@ -145,11 +159,12 @@ fn a_read_of_a_split_record_conflicts_with_reason_split() {
                         break;
                     }
                 }
+                // In the joined phase an ordinary conflict with the adders is possible too.
+                Err(c) if c.reason != ConflictReason::Split => {}
                 Err(c) => {
-                    assert_eq!(c.reason, ConflictReason::Split, "{c}");
                     assert!(c.to_string().contains("split"), "{c}");
                     saw_split = true;
-                    db.wait_joined();
+                    _joined = Some(db.wait_joined());
                 }
             }
         }
@@ -165,6 +180,7 @@ fn auto_splits_contended_records_and_joins_read_mostly_ones() {
     let db = split_db(SplitMode::Auto);
     let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(0));
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 2, &stop, &acked);
         let started = Instant::now();
         while db.split_keys() != [b"hot".to_vec()] {
@@ -204,6 +220,7 @@ fn off_never_splits() {
     let db = split_db(SplitMode::Off);
     let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(0));
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 2, &stop, &acked);
         std::thread::sleep(Duration::from_millis(100));
         stop.store(true, Ordering::Relaxed);
@@ -227,6 +244,7 @@ fn every_splittable_kind_reconciles_to_the_serial_result() {
     .unwrap();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for t in 0..2i64 {
             let (db, stop) = (&db, &stop);
             s.spawn(move || {
