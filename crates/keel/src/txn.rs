@@ -519,7 +519,11 @@ impl<'db> Txn<'db> {
         let (locked, slices, mut deltas) = 'lock: loop {
             let phase = splitter.open_phase();
             let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
-            let mut slices: Vec<Option<&'static SplitRecord>> = Vec::with_capacity(writes.len());
+            // Which entries go to slices; left empty (no allocation) when no entry could.
+            let mut slices: Vec<Option<&'static SplitRecord>> = Vec::new();
+            if phase.is_some() && writes.iter().any(|e| matches!(e.write, Write::Ops(_))) {
+                slices.reserve_exact(writes.len());
+            }
             for entry in &writes {
                 if let (Some(p), Write::Ops(ops)) = (phase, &entry.write)
                     && let Some(record) = self.db.store.get(&entry.key, entry.hash)
@@ -565,13 +569,16 @@ impl<'db> Txn<'db> {
                     splitter.note(record, ops, false);
                 }
                 locked.push(record);
-                slices.push(None);
+                if slices.capacity() > 0 {
+                    slices.push(None);
+                }
             }
             // 1b. Join the split phase: announce it, check it is still open, and reserve room in
             //     the slices. If anything does not fit, the whole write set takes the ordinary
             //     path: leave the phase, then lock what was to go to slices.
-            let mut deltas: Vec<Option<Delta>> = vec![None; writes.len()];
+            let mut deltas: Vec<Option<Delta>> = Vec::new();
             if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
+                deltas = vec![None; writes.len()];
                 self.db.oracle.announce(self.slot, p);
                 let mut fits = splitter.still_open(p);
                 for (i, entry) in writes.iter().enumerate() {
@@ -636,7 +643,7 @@ impl<'db> Txn<'db> {
         let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len());
         for (i, (entry, record)) in writes.iter_mut().zip(&locked).enumerate() {
             let value = match &mut entry.write {
-                _ if slices[i].is_some() => None,
+                _ if slices.get(i).is_some_and(Option::is_some) => None,
                 Write::Put(v) => Some(std::mem::take(v)),
                 Write::Delete => None,
                 Write::Ops(ops) => {
@@ -698,7 +705,7 @@ impl<'db> Txn<'db> {
                 })
                 .collect();
             let entries = writes.iter().zip(&values).enumerate().map(|(i, (e, v))| {
-                let logged = match (&deltas[i], v) {
+                let logged = match (deltas.get(i).and_then(Option::as_ref), v) {
                     (Some(_), _) => Logged::Delta(&encoded[i]),
                     (None, Some(v)) => Logged::Put(v),
                     (None, None) => Logged::Delete,
@@ -719,7 +726,7 @@ impl<'db> Txn<'db> {
         let horizon = self.db.oracle.horizon();
         let mut versions = 0;
         for (i, (record, value)) in locked.iter().zip(&values).enumerate() {
-            if let Some(sr) = slices[i] {
+            if let Some(sr) = slices.get(i).copied().flatten() {
                 let delta = deltas[i].take().expect("reserved for a split entry");
                 sr.slice().append(commit_ts, delta, 0);
                 continue;
