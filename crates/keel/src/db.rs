@@ -18,7 +18,7 @@ use crate::index::hash;
 use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
 use crate::mvcc::LockOwner;
-use crate::split::{Delta, SplitMode, Splitter};
+use crate::split::{Delta, Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
 use crate::wal::format::{Commit, segment_header, segment_name};
@@ -435,24 +435,6 @@ pub struct Db {
     owner: Arc<Owner>,
 }
 
-/// Holds a joined phase open for a retry; see [`Db::wait_joined`].
-#[must_use = "the joined phase waits only while the guard lives: hold it across the retry"]
-pub struct Joined<'db> {
-    splitter: &'db Splitter,
-}
-
-impl Drop for Joined<'_> {
-    fn drop(&mut self) {
-        self.splitter.done_waiting();
-    }
-}
-
-impl std::fmt::Debug for Joined<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Joined")
-    }
-}
-
 /// Counters describing what a database has done; each is a sum over all transactions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -828,7 +810,8 @@ impl Db {
         let mut backoff = Duration::from_micros(1);
         let mut attempt = 1;
         let splitter = &self.shared.splitter;
-        let mut stashed = false;
+        // Held across a retry after a `Split` conflict, so that it runs in the joined phase.
+        let mut joined: Option<Joined<'_>> = None;
         let mut split_waits = 0;
         loop {
             let outcome = (|| {
@@ -836,10 +819,7 @@ impl Db {
                 let value = body(&mut txn).map_err(TransactError::Aborted)?;
                 Ok::<_, TransactError<E>>(txn.commit()?.map(|_| value))
             })();
-            if stashed {
-                splitter.done_waiting();
-                stashed = false;
-            }
+            drop(joined.take());
             match outcome? {
                 Ok(value) => return Ok(value),
                 Err(last) if attempt >= TRANSACT_ATTEMPTS_MAX => {
@@ -855,8 +835,7 @@ impl Db {
                     // Stashed: run again in the joined phase, which waits for us. Bounded
                     // separately: each wait is bounded by the phase length.
                     split_waits += 1;
-                    splitter.wait_joined();
-                    stashed = true;
+                    joined = Some(splitter.wait_joined());
                     continue;
                 }
                 Err(_) => {}
@@ -890,7 +869,7 @@ impl Db {
             aborts_read_changed: sum(|s| s.aborts_read_changed.load(Relaxed) as i64),
             aborts_phantom: sum(|s| s.aborts_phantom.load(Relaxed) as i64),
             split_commits: sum(|s| s.split_commits.load(Relaxed) as i64),
-            split_records: self.shared.splitter.split_keys().len() as u64,
+            split_records: splitter.split_count() as u64,
             split_phases: splitter.counters.phases.load(Relaxed),
             split_stashes: splitter.counters.stashes.load(Relaxed),
             split_splits: splitter.counters.splits.load(Relaxed),
@@ -917,10 +896,12 @@ impl Db {
     /// [`ConflictReason::Split`](crate::ConflictReason) holds the guard across its retry, as
     /// [`Db::transact`] does, so the retry runs while the record is joined.
     pub fn wait_joined(&self) -> Joined<'_> {
-        self.shared.splitter.wait_joined();
-        Joined {
-            splitter: &self.shared.splitter,
-        }
+        self.shared.splitter.wait_joined()
+    }
+
+    /// How many records are split now (cheap: one load).
+    pub fn split_count(&self) -> usize {
+        self.shared.splitter.split_count()
     }
 
     /// Recomputes the garbage-collection horizon now. Commits do this on their own every

@@ -37,12 +37,12 @@ mod wal;
 
 pub use check::{CheckReport, check};
 pub use commutative::{decode_ordered, decode_top_k, encode_ordered, parse_int};
-pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Joined, Options, Recovery, Stats};
+pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats};
 pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
 };
 pub use io::{AppendFile, Disk, Fault, OsDisk, SimDisk};
-pub use split::SplitMode;
+pub use split::{Joined, SplitMode};
 pub use txn::{Committed, Range, Scan, Snapshot, Txn};
 pub use wal::format::Commit as LoggedCommit;
 pub use wal::{Durability, LogFailed};

@@ -33,7 +33,7 @@ use crate::limits::{
     KEY_BYTES_MAX, TXN_READS_MAX, TXN_WRITE_BYTES_MAX, TXN_WRITE_KEYS_MAX, VALUE_BYTES_MAX,
 };
 use crate::mvcc::{LockOwner, RecordRef, Staleness};
-use crate::split::{Delta, SplitRecord, Splitter};
+use crate::split::{Delta, SplitRecord};
 use crate::store::{KeyRange, Store};
 use crate::wal::Durability;
 use crate::wal::format::Logged;
@@ -578,23 +578,30 @@ impl<'db> Txn<'db> {
             //     path: leave the phase, then lock what was to go to slices.
             let mut deltas: Vec<Option<Delta>> = Vec::new();
             if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
-                deltas = vec![None; writes.len()];
                 self.db.oracle.announce(self.slot, p);
                 let mut fits = splitter.still_open(p);
+                if fits
+                    && self.reads.is_empty()
+                    && self.ranges.is_empty()
+                    && slices.iter().all(Option::is_some)
+                    && let Some(done) = self.commit_split_only(&writes, &slices)
+                {
+                    return done;
+                }
+                deltas = vec![None; writes.len()];
                 for (i, entry) in writes.iter().enumerate() {
                     let (Some(sr), Write::Ops(ops), true) = (slices[i], &entry.write, fits) else {
                         continue;
                     };
-                    deltas[i] = Delta::fold(&entry.key, ops)
-                        .filter(|d| sr.slice().reserve(Splitter::budget(sr), d));
+                    deltas[i] =
+                        Delta::fold(&entry.key, ops).filter(|d| sr.slice().reserve(sr.budget(), d));
                     fits = deltas[i].is_some();
                     if !fits && restarts < SPLIT_RESTARTS_MAX {
                         // The slice's budget is spent: start over after the reconciliation.
                         self.db.oracle.announce(self.slot, 0);
                         self.unlock_all(&locked, &slices, me);
                         splitter.stash(sr);
-                        splitter.wait_joined();
-                        splitter.done_waiting();
+                        drop(splitter.wait_joined());
                         restarts += 1;
                         continue 'lock;
                     }
@@ -622,11 +629,6 @@ impl<'db> Txn<'db> {
                         }
                         slices[i] = None;
                     }
-                } else if self.reads.is_empty()
-                    && self.ranges.is_empty()
-                    && slices.iter().all(Option::is_some)
-                {
-                    return self.commit_split_only(&writes, &locked, &deltas);
                 }
             }
             break (locked, slices, deltas);
@@ -692,21 +694,10 @@ impl<'db> Txn<'db> {
         //    for durability if asked, and publish in timestamp order.
         let failed = || self.db.log_failed();
         let mut log_end = None;
-        let mut encoded: Vec<Vec<u8>> = Vec::new();
         if let Some(log) = &self.db.log {
-            encoded = deltas
-                .iter()
-                .map(|d| {
-                    let mut out = Vec::new();
-                    if let Some(d) = d {
-                        d.encode(&mut out);
-                    }
-                    out
-                })
-                .collect();
             let entries = writes.iter().zip(&values).enumerate().map(|(i, (e, v))| {
                 let logged = match (deltas.get(i).and_then(Option::as_ref), v) {
-                    (Some(_), _) => Logged::Delta(&encoded[i]),
+                    (Some(d), _) => Logged::Delta(d),
                     (None, Some(v)) => Logged::Put(v),
                     (None, None) => Logged::Delete,
                 };
@@ -722,7 +713,6 @@ impl<'db> Txn<'db> {
                 }
             }
         }
-        drop(encoded);
         let horizon = self.db.oracle.horizon();
         let mut versions = 0;
         for (i, (record, value)) in locked.iter().zip(&values).enumerate() {
@@ -775,74 +765,62 @@ impl<'db> Txn<'db> {
 
     /// Commits a transaction whose every write is a delta for a slice of a split record in
     /// the phase this transaction announced. No timestamp, no record lock: the tag is the
-    /// watermark, read under the slice locks (see `split` for why that is serializable).
+    /// watermark, read under the slice locks (see `split` for why that is serializable). The
+    /// room for each delta is reserved under the same locks; `None` (nothing written) if one
+    /// does not fit, and the caller takes the general path.
     fn commit_split_only(
         &self,
         writes: &[WriteEntry],
-        records: &[RecordRef],
-        deltas: &[Option<Delta>],
-    ) -> Result<Result<Committed, Conflict>, CommitError> {
+        slices: &[Option<&'static SplitRecord>],
+    ) -> Option<Result<Result<Committed, Conflict>, CommitError>> {
         let stats = self.db.oracle.stats(self.slot);
-        let mut guards: Vec<_> = records
-            .iter()
-            .map(|r| {
-                r.get()
-                    .split()
-                    .expect("split entries have split state")
-                    .slice()
-            })
-            .collect();
+        let mut guards = Vec::with_capacity(writes.len());
+        let mut deltas = Vec::with_capacity(writes.len());
+        for (entry, sr) in writes.iter().zip(slices) {
+            let (Some(sr), Write::Ops(ops)) = (sr, &entry.write) else {
+                unreachable!("every entry of a split-only commit is a delta for a slice")
+            };
+            let mut guard = sr.slice();
+            let delta = Delta::fold(&entry.key, ops).filter(|d| guard.reserve(sr.budget(), d))?;
+            guards.push(guard);
+            deltas.push(delta);
+        }
         let tag = self.db.oracle.visible();
         let mut durable_lsn = 0;
-        let mut sync = false;
         if let Some(log) = &self.db.log {
-            let encoded: Vec<Vec<u8>> = deltas
-                .iter()
-                .map(|d| {
-                    let mut out = Vec::new();
-                    d.as_ref().expect("every entry is a delta").encode(&mut out);
-                    out
-                })
-                .collect();
             let entries = writes
                 .iter()
-                .zip(&encoded)
+                .zip(&deltas)
                 .map(|(e, d)| (e.key.as_slice(), Logged::Delta(d)));
             match log.append(tag, writes.len(), entries) {
-                Ok(end) => {
-                    sync = matches!(self.durability.unwrap_or(log.mode()), Durability::Sync);
-                    if sync {
-                        durable_lsn = end;
-                    }
+                Ok(end) if matches!(self.durability.unwrap_or(log.mode()), Durability::Sync) => {
+                    durable_lsn = end;
                 }
+                Ok(_) => {}
                 Err(error) => {
                     drop(guards);
                     self.db.oracle.announce(self.slot, 0);
-                    return Err(CommitError::Log(error));
+                    return Some(Err(CommitError::Log(error)));
                 }
             }
         }
         for (guard, delta) in guards.iter_mut().zip(deltas) {
-            guard.append(
-                tag,
-                delta.clone().expect("every entry is a delta"),
-                durable_lsn,
-            );
+            guard.append(tag, delta, durable_lsn);
         }
         drop(guards);
         self.db.oracle.announce(self.slot, 0);
-        if sync
+        if durable_lsn > 0
             && let Some(log) = &self.db.log
             && let Err(error) = log.wait_durable(durable_lsn)
         {
-            return Err(CommitError::Log(error));
+            return Some(Err(CommitError::Log(error)));
         }
         SlotStats::bump(&stats.commits);
         SlotStats::bump(&stats.split_commits);
-        Ok(Ok(Committed {
+        Some(Ok(Ok(Committed {
             ts: tag,
             split_only: true,
-        }))
+        })))
     }
 
     /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another
@@ -898,9 +876,9 @@ impl<'db> Txn<'db> {
                 self.stashed
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 splitter.stash(sr);
-                splitter.wait_joined();
+                let joined = splitter.wait_joined();
                 let locked = r.try_lock(me);
-                splitter.done_waiting();
+                drop(joined);
                 if locked {
                     return Locking::Held;
                 }

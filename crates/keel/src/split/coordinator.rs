@@ -11,7 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Closed, Kind, SPLIT_OWNER, SplitMode, SplitRecord, Splitter};
+use super::{Closed, Folded, Kind, SPLIT_OWNER, SplitMode, SplitRecord, Splitter};
 use crate::db::Shared;
 use crate::mvcc::RecordRef;
 
@@ -32,7 +32,7 @@ pub(crate) fn run(shared: &Shared) {
             if control.stop {
                 return;
             }
-            let idle = splitter.proposals.lock().list.is_empty() && active_count(splitter) == 0;
+            let idle = splitter.proposals.lock().list.is_empty() && splitter.split_count() == 0;
             if idle {
                 splitter.wake.wait_for(&mut control, phase_len);
                 if control.stop {
@@ -112,15 +112,6 @@ pub(crate) fn run(shared: &Shared) {
     }
 }
 
-fn active_count(splitter: &Splitter) -> usize {
-    splitter
-        .records
-        .lock()
-        .iter()
-        .filter(|sr| sr.active.load(Ordering::Relaxed))
-        .count()
-}
-
 /// Forgets lock waits counted so far: contention is measured per phase length.
 fn decay(splitter: &Splitter) {
     for bucket in splitter.contention.iter() {
@@ -154,8 +145,7 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
         let base = r.head().and_then(|v| v.value());
         if !sr.kind.accepts_base(r.key(), base) {
             // The value changed to something this kind cannot apply to: join for good.
-            sr.active.store(false, Ordering::Relaxed);
-            splitter.counters.joins.fetch_add(1, Ordering::Relaxed);
+            splitter.deactivate(sr);
             r.unlock(SPLIT_OWNER);
             continue;
         }
@@ -189,17 +179,15 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
 
 #[allow(clippy::vec_box, reason = "split records must keep their address")]
 fn adopt(splitter: &Splitter, records: &mut Vec<Box<SplitRecord>>, record: RecordRef, kind: Kind) {
-    match Splitter::of(record) {
-        Some(sr) => {
-            if sr.kind == kind && !sr.active.swap(true, Ordering::Relaxed) {
-                splitter.counters.splits.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+    match record.get().split() {
+        Some(sr) if sr.kind == kind => splitter.activate(sr),
+        // Split before for another kind: its history must keep one kind.
+        Some(_) => {}
         None => {
             let sr = Box::new(SplitRecord::new(record, kind, splitter.slices));
             record.get().set_split(&sr);
+            splitter.activate(&sr);
             records.push(sr);
-            splitter.counters.splits.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -240,18 +228,12 @@ fn reconcile(shared: &Shared, members: &[&'static SplitRecord]) {
             slice.magnitude = 0;
         }
         entries.sort_by_key(|e| e.tag);
-        let mut folded: Option<super::Delta> = None;
+        let mut folded = Folded::default();
         for entry in &entries {
-            durable_lsn = durable_lsn.max(entry.durable_lsn);
-            match &mut folded {
-                None => folded = Some(entry.delta.clone()),
-                Some(d) => {
-                    d.merge(r.key(), &entry.delta)
-                        .expect("entries of one split record share a kind and a budget");
-                }
-            }
+            folded.take(r.key(), entry);
         }
-        if let Some(delta) = folded {
+        durable_lsn = durable_lsn.max(folded.durable_lsn);
+        if let Some(delta) = folded.delta {
             let base = r.head().and_then(|v| v.value());
             let value = delta
                 .apply(r.key(), base)
@@ -272,8 +254,8 @@ fn reconcile(shared: &Shared, members: &[&'static SplitRecord]) {
             // Reads and other operations dominate, or nobody used the split: join.
             SplitMode::Auto => reads > commits || commits == 0,
         };
-        if join && sr.active.swap(false, Ordering::Relaxed) {
-            splitter.counters.joins.fetch_add(1, Ordering::Relaxed);
+        if join {
+            splitter.deactivate(sr);
         }
     }
     shared.note_versions(versions);

@@ -37,7 +37,7 @@
 mod delta;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -142,6 +142,7 @@ pub(crate) struct SplitRecord {
 }
 
 /// What a split-aware read found beyond the version chain.
+#[derive(Default)]
 pub(crate) struct Folded {
     pub(crate) delta: Option<Delta>,
     pub(crate) max_tag: Ts,
@@ -154,7 +155,7 @@ impl SplitRecord {
             record,
             kind,
             phase: AtomicU64::new(0),
-            active: AtomicBool::new(true),
+            active: AtomicBool::new(false),
             budget: AtomicU64::new(0),
             slices: (0..slices)
                 .map(|_| CachePadded::new(Mutex::new(Slice::default())))
@@ -193,23 +194,10 @@ impl SplitRecord {
     /// `read_ts` and holds nothing of this record's.
     pub(crate) fn fold_at(&self, key: &[u8], read_ts: Ts, lsn_limit: u64) -> Folded {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let mut folded = Folded {
-            delta: None,
-            max_tag: Ts(0),
-            durable_lsn: 0,
-        };
+        let mut folded = Folded::default();
         let mut take = |entry: &Entry| {
-            if entry.tag > read_ts || entry.durable_lsn > lsn_limit {
-                return;
-            }
-            folded.max_tag = folded.max_tag.max(entry.tag);
-            folded.durable_lsn = folded.durable_lsn.max(entry.durable_lsn);
-            match &mut folded.delta {
-                None => folded.delta = Some(entry.delta.clone()),
-                Some(d) => {
-                    d.merge(key, &entry.delta)
-                        .expect("entries of one split record share a kind and a budget");
-                }
+            if entry.tag <= read_ts && entry.durable_lsn <= lsn_limit {
+                folded.take(key, entry);
             }
         };
         let history = self.history.lock();
@@ -221,6 +209,26 @@ impl SplitRecord {
         }
         drop(history);
         folded
+    }
+
+    /// Largest magnitude one slice may reach this phase.
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+}
+
+impl Folded {
+    /// Folds one entry in.
+    fn take(&mut self, key: &[u8], entry: &Entry) {
+        self.max_tag = self.max_tag.max(entry.tag);
+        self.durable_lsn = self.durable_lsn.max(entry.durable_lsn);
+        match &mut self.delta {
+            None => self.delta = Some(entry.delta.clone()),
+            Some(d) => {
+                d.merge(key, &entry.delta)
+                    .expect("entries of one split record share a kind and a budget");
+            }
+        }
     }
 }
 
@@ -301,6 +309,8 @@ pub(crate) struct Splitter {
     wake: Condvar,
     joined: Condvar,
     pub(crate) counters: Counters,
+    /// Records split now (those with `active` set).
+    active: AtomicUsize,
     slices: usize,
 }
 
@@ -327,6 +337,7 @@ impl Splitter {
             wake: Condvar::new(),
             joined: Condvar::new(),
             counters: Counters::default(),
+            active: AtomicUsize::new(0),
             slices: cores.next_power_of_two().clamp(2, 64),
         }
     }
@@ -347,16 +358,6 @@ impl Splitter {
         self.phase.load(Ordering::SeqCst) == p
     }
 
-    /// The split state of `record`, if it ever was split.
-    #[inline]
-    pub(crate) fn of(record: RecordRef) -> Option<&'static SplitRecord> {
-        record.get().split()
-    }
-
-    pub(crate) fn budget(sr: &SplitRecord) -> u64 {
-        sr.budget.load(Ordering::Relaxed)
-    }
-
     /// A commit waited for the lock of `record` to apply `ops` (Auto mode), or touched it
     /// with them (Force mode).
     pub(crate) fn note(&self, record: RecordRef, ops: &[Op], waited: bool) {
@@ -366,7 +367,11 @@ impl Splitter {
         if ops.iter().any(|op| Kind::of(op) != kind) {
             return;
         }
-        if Splitter::of(record).is_some_and(|sr| sr.active.load(Ordering::Relaxed)) {
+        if record
+            .get()
+            .split()
+            .is_some_and(|sr| sr.active.load(Ordering::Relaxed))
+        {
             return;
         }
         match self.settings.mode {
@@ -404,9 +409,9 @@ impl Splitter {
     }
 
     /// Waits (at most two phase lengths) until the split phase open now, if any, has been
-    /// reconciled, and registers the caller as running in the joined phase: the next split
-    /// phase waits (bounded) for [`Splitter::done_waiting`].
-    pub(crate) fn wait_joined(&self) {
+    /// reconciled, and holds the joined phase open (bounded by a phase length) until the
+    /// returned guard is dropped.
+    pub(crate) fn wait_joined(&self) -> Joined<'_> {
         let mut control = self.control.lock();
         control.waiting += 1;
         let p = self.phase.load(Ordering::SeqCst);
@@ -419,14 +424,28 @@ impl Splitter {
                 }
             }
         }
+        Joined { splitter: self }
     }
 
-    /// The caller of [`Splitter::wait_joined`] has finished its joined-phase attempt.
-    pub(crate) fn done_waiting(&self) {
-        let mut control = self.control.lock();
-        control.waiting = control.waiting.saturating_sub(1);
-        drop(control);
-        self.wake.notify_all();
+    /// Splits `sr` in coming phases (no-op if it is).
+    fn activate(&self, sr: &SplitRecord) {
+        if !sr.active.swap(true, Ordering::Relaxed) {
+            self.active.fetch_add(1, Ordering::Relaxed);
+            self.counters.splits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Joins `sr` for good (no-op if it is).
+    fn deactivate(&self, sr: &SplitRecord) {
+        if sr.active.swap(false, Ordering::Relaxed) {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+            self.counters.joins.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many records are split now.
+    pub(crate) fn split_count(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
     }
 
     /// Keys of the records split now.
@@ -443,6 +462,27 @@ impl Splitter {
         self.control.lock().stop = true;
         self.wake.notify_all();
         self.joined.notify_all();
+    }
+}
+
+/// Holds a joined phase open for a retry; see [`Db::wait_joined`](crate::Db::wait_joined).
+#[must_use = "the joined phase waits only while the guard lives: hold it across the retry"]
+pub struct Joined<'db> {
+    splitter: &'db Splitter,
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        let mut control = self.splitter.control.lock();
+        control.waiting = control.waiting.saturating_sub(1);
+        drop(control);
+        self.splitter.wake.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Joined")
     }
 }
 

@@ -59,8 +59,8 @@ pub(crate) fn frame_bytes(payload: usize) -> usize {
 pub(crate) enum Logged<'a> {
     Put(&'a [u8]),
     Delete,
-    /// An encoded delta of a split record.
-    Delta(&'a [u8]),
+    /// A delta of a split record, encoded in place (`Delta::encode`).
+    Delta(&'a crate::split::Delta),
 }
 
 /// Appends the payload of a commit to `out`.
@@ -83,14 +83,27 @@ pub(crate) fn encode_payload<'a>(
                 .to_le_bytes(),
         );
         let bounded = |v: &[u8]| u32::try_from(v.len()).expect("bounded by VALUE_BYTES_MAX");
-        let (len, bytes) = match value {
-            Logged::Put(v) => (bounded(v), v),
-            Logged::Delete => (DELETE, &[][..]),
-            Logged::Delta(d) => (bounded(d) | DELTA, d),
-        };
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(key);
-        out.extend_from_slice(bytes);
+        match value {
+            Logged::Put(v) => {
+                out.extend_from_slice(&bounded(v).to_le_bytes());
+                out.extend_from_slice(key);
+                out.extend_from_slice(v);
+            }
+            Logged::Delete => {
+                out.extend_from_slice(&DELETE.to_le_bytes());
+                out.extend_from_slice(key);
+            }
+            Logged::Delta(d) => {
+                // The length is known once the delta is encoded: patch it in.
+                let len_at = out.len();
+                out.extend_from_slice(&0u32.to_le_bytes());
+                out.extend_from_slice(key);
+                let start = out.len();
+                d.encode(out);
+                let len = bounded(&out[start..]) | DELTA;
+                out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+            }
+        }
     }
 }
 
