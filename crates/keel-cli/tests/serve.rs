@@ -12,23 +12,32 @@ struct Running {
 }
 
 fn start(dir: &std::path::Path, durability: &str) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
         .args(["serve", "--port", "0", "--durability", durability, "--dir"])
-        .arg(dir)
+        .arg(dir);
+    launch(command)
+}
+
+/// Spawns `command` (a `keel serve`) and reads its banner: up to the recovery line, or the
+/// split line when there are no files to recover.
+fn launch(mut command: Command) -> Running {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn keel serve");
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let mut banner = Vec::new();
+    let mut banner: Vec<String> = Vec::new();
     let mut addr = None;
     while banner.len() < 8 {
         let Some(Ok(line)) = lines.next() else { break };
         if let Some(a) = line.strip_prefix("listening on") {
             addr = Some(a.trim().to_string());
         }
-        let done = line.starts_with("recovery");
+        let in_memory = banner.iter().any(|l| l == "durability     none");
+        let done = line.starts_with("recovery") || (in_memory && line.starts_with("split"));
         banner.push(line);
         if done {
             break;
@@ -167,33 +176,9 @@ fn split_settings_from_flags_and_file() {
         "port = 0\ndurability = \"none\"\nsplit = \"force\"\nsplit-phase-ms = 7\n",
     )
     .expect("write keel.toml");
-    let mut child = Command::new(keel)
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn keel serve");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let mut banner = Vec::new();
-    let mut addr = None;
-    while let Some(Ok(line)) = lines.next() {
-        if let Some(a) = line.strip_prefix("listening on") {
-            addr = Some(a.trim().to_string());
-        }
-        let done = line.starts_with("split");
-        banner.push(line);
-        if done || banner.len() >= 8 {
-            break;
-        }
-    }
-    let running = Running {
-        child,
-        addr: addr.unwrap_or_else(|| panic!("no address in banner {banner:?}")),
-        banner,
-    };
+    let mut command = Command::new(keel);
+    command.arg("serve").arg("--config").arg(&file);
+    let running = launch(command);
     assert!(
         running
             .banner

@@ -19,8 +19,8 @@
 //! `EXEC` is retried whole, re-checking the watched keys each time: never a lost update.
 //!
 //! Split keys (the engine's Doppel mode): a transaction that reads a split key, or writes it
-//! with anything but `KEEL.ADD`/`KEEL.MAX`/`KEEL.MIN`, loses a conflict (reason `Split`, or a
-//! changed read once the engine made its write wait for the reconciliation). Every retry loop
+//! with anything but `KEEL.ADD`/`KEEL.MAX`/`KEEL.MIN`, loses a conflict with reason `Split`
+//! (also when the engine made its write wait for the reconciliation). Every retry loop
 //! here then waits for the key's reconciliation ([`keel::Db::wait_joined`]) instead of backing
 //! off, and runs the next attempt right after it, in the joined phase, on the same thread
 //! ([`Conn::attempt`]). `KEEL.*` commands never read, so they never wait for this.
@@ -966,14 +966,11 @@ impl Conn {
     }
 
     /// Waits before retrying a transaction that lost `conflict`, unless the conflict was on a
-    /// split key: then it returns `true`, and [`Conn::attempt`] waits for the key's
-    /// reconciliation instead. A split key shows as reason `Split` (the transaction read it),
-    /// or as a changed read when the engine made the transaction's write wait for the
-    /// reconciliation, which changed the key after the transaction read it.
+    /// split key (reason `Split`: the transaction read it, or its write waited for the key's
+    /// reconciliation): then it returns `true`, and [`Conn::attempt`] waits for the
+    /// reconciliation instead.
     async fn wait_to_retry(&self, conflict: &keel::Conflict, attempt: u32) -> bool {
-        let split = conflict.reason == keel::ConflictReason::Split
-            || (self.shared.split_active.load(Relaxed)
-                && self.shared.db.split_keys().contains(&conflict.key));
+        let split = conflict.reason == keel::ConflictReason::Split;
         if !split {
             backoff(attempt).await;
         }
@@ -983,10 +980,11 @@ impl Conn {
     /// Whether a transaction running `cmds` may block in its commit for up to two split phase
     /// lengths: the engine makes a write to a split key that cannot go to the key's slices (a
     /// `SET`, an `INCR`, ...) wait for the reconciliation. Only while something is split
-    /// ([`Shared::split_active`]); a transaction whose writes are all `KEEL.ADD`/`MAX`/`MIN`
-    /// waits at most for a phase to open, which is short, and commits inline.
+    /// ([`keel::Db::split_count`]); a transaction whose writes are all
+    /// `KEEL.ADD`/`MAX`/`MIN` waits at most for a phase to open, which is short, and commits
+    /// inline.
     fn may_wait(&self, mut cmds: impl Iterator<Item = Cmd>) -> bool {
-        self.shared.split_active.load(Relaxed)
+        self.shared.db.split_count() > 0
             && cmds.any(|c| data::is_data(c) && !data::is_read_only(c) && !data::is_commutative(c))
     }
 

@@ -24,9 +24,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed,
-};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use keel::Db;
@@ -173,10 +171,6 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     pub started: Instant,
     pub counters: Counters,
-    /// Whether the engine had a split key when last checked (refreshed every split phase
-    /// length by [`watch_split`]): while it does, a commit that may wait for a reconciliation
-    /// runs on the blocking pool.
-    pub split_active: AtomicBool,
 }
 
 impl Shared {
@@ -249,7 +243,6 @@ impl Server {
             shutdown: CancellationToken::new(),
             started: Instant::now(),
             counters: Counters::default(),
-            split_active: AtomicBool::new(false),
         });
         Ok(Server {
             shared,
@@ -291,9 +284,6 @@ impl Server {
         } = self;
         if let Some(m) = metrics {
             tokio::spawn(serve_metrics(m, shared.clone()));
-        }
-        if shared.config.split != keel::SplitMode::Off {
-            tokio::spawn(watch_split(shared.clone()));
         }
         let tracker = tokio_util::task::TaskTracker::new();
         loop {
@@ -346,25 +336,6 @@ async fn reject(mut stream: TcpStream) {
     let _ = stream
         .write_all(b"-ERR max number of clients reached\r\n")
         .await;
-}
-
-/// Keeps [`Shared::split_active`] current until shutdown: once per split phase length, which
-/// is how often the engine splits or joins keys. With `split force` a split key stays split,
-/// so the first one found settles it (and spares copying every split key each phase).
-async fn watch_split(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(shared.config.split_phase_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shared.shutdown.cancelled() => return,
-        }
-        let active = !shared.db.split_keys().is_empty();
-        shared.split_active.store(active, Relaxed);
-        if active && shared.config.split == keel::SplitMode::Force {
-            return;
-        }
-    }
 }
 
 /// Serves Prometheus text on every HTTP request, whatever the path.

@@ -80,6 +80,16 @@ impl TestServer {
         s
     }
 
+    /// The body of one `GET /metrics` (with its HTTP status line and headers).
+    pub fn metrics(&self) -> String {
+        let mut s = TcpStream::connect(self.metrics.expect("metrics address")).expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read");
+        body
+    }
+
     /// Waits for the server thread to end (after SHUTDOWN).
     pub fn join(mut self) {
         if let Some(t) = self.thread.take() {

@@ -248,12 +248,7 @@ fn metrics_endpoint_serves_prometheus_text() {
     let server = TestServer::with(|c| c.metrics = Some("127.0.0.1:0".parse().expect("addr")));
     let mut c = server.client();
     let _: () = query(&mut c, &["SET", "k", "v"]);
-    let mut s =
-        std::net::TcpStream::connect(server.metrics.expect("metrics address")).expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("write");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read");
+    let body = server.metrics();
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
     assert!(body.contains("keel_commits_total 1"), "{body}");
     assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));

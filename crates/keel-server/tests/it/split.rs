@@ -2,7 +2,6 @@
 //! `INFO split` and the metrics report it, and a transaction that reads the split key is
 //! stashed and then runs in the joined phase.
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -126,12 +125,7 @@ fn adds_on_a_split_key(dir: Option<&std::path::Path>) {
         vec!["split", "force", "split-phase-ms", "5"]
     );
 
-    let mut s =
-        std::net::TcpStream::connect(server.metrics.expect("metrics address")).expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("write");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read");
+    let body = server.metrics();
     assert!(body.contains("keel_split_records 1\n"), "{body}");
     for name in [
         "keel_split_commits_total",
