@@ -517,7 +517,9 @@ impl<'db> Txn<'db> {
         //    phases, start over once the next phase opens (bounded).
         let mut restarts = 0;
         let (locked, slices, mut deltas) = 'lock: loop {
-            let phase = splitter.open_phase();
+            // Past the restart bound, nothing goes to a slice: the commit locks every record.
+            let slices_allowed = restarts < SPLIT_RESTARTS_MAX;
+            let phase = splitter.open_phase().filter(|_| slices_allowed);
             let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
             // Which entries go to slices; left empty (no allocation) when no entry could.
             let mut slices: Vec<Option<&'static SplitRecord>> = Vec::new();
@@ -547,7 +549,7 @@ impl<'db> Txn<'db> {
                 let outcome = if created {
                     Locking::Held
                 } else {
-                    self.lock(record, me, &entry.write)
+                    self.lock(record, me, &entry.write, slices_allowed)
                 };
                 match outcome {
                     Locking::Held => {}
@@ -574,8 +576,8 @@ impl<'db> Txn<'db> {
                 }
             }
             // 1b. Join the split phase: announce it, check it is still open, and reserve room in
-            //     the slices. If anything does not fit, the whole write set takes the ordinary
-            //     path: leave the phase, then lock what was to go to slices.
+            //     the slices. If anything does not fit, leave the phase and start over (past
+            //     the restart bound, with every record locked).
             let mut deltas: Vec<Option<Delta>> = Vec::new();
             if let Some(p) = phase.filter(|_| slices.iter().any(Option::is_some)) {
                 self.db.oracle.announce(self.slot, p);
@@ -607,28 +609,13 @@ impl<'db> Txn<'db> {
                     }
                 }
                 if !fits {
+                    // The phase closed under us, or restarts ran out: start over. Locking the
+                    // records meant for slices here would take locks out of key order (and
+                    // deadlock against a committer holding them and waiting for ours).
                     self.db.oracle.announce(self.slot, 0);
-                    deltas.iter_mut().for_each(|d| *d = None);
-                    for i in 0..writes.len() {
-                        if slices[i].is_none() {
-                            continue;
-                        }
-                        let outcome = self.lock(locked[i], me, &writes[i].write);
-                        if outcome == Locking::SplitOpening && restarts < SPLIT_RESTARTS_MAX {
-                            self.unlock_all(&locked, &slices, me);
-                            restarts += 1;
-                            continue 'lock;
-                        }
-                        if outcome != Locking::Held {
-                            self.unlock_all(&locked, &slices, me);
-                            SlotStats::bump(&stats.aborts_write_locked);
-                            return Ok(Err(Conflict {
-                                key: writes[i].key.clone(),
-                                reason: ConflictReason::WriteLocked,
-                            }));
-                        }
-                        slices[i] = None;
-                    }
+                    self.unlock_all(&locked, &slices, me);
+                    restarts += 1;
+                    continue 'lock;
                 }
             }
             break (locked, slices, deltas);
@@ -826,15 +813,15 @@ impl<'db> Txn<'db> {
     /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another
     /// committer holds it. If the splitter holds it: commutative operations it takes wait for
     /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
-    /// a slice); anything else is stashed until the reconciliation.
-    fn lock(&self, record: RecordRef, me: LockOwner, write: &Write) -> Locking {
+    /// a slice, if `slices` allows); anything else is stashed until the reconciliation.
+    fn lock(&self, record: RecordRef, me: LockOwner, write: &Write, slices: bool) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
             return Locking::Held;
         }
         let splitter = &self.db.splitter;
         let sliceable = |sr: &SplitRecord| match write {
-            Write::Ops(ops) => sr.accepts(ops),
+            Write::Ops(ops) => slices && sr.accepts(ops),
             _ => false,
         };
         if r.is_split_locked()
