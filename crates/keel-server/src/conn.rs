@@ -60,7 +60,7 @@ pub const PIPELINE_BATCH_MAX: usize = 256;
 const READ_BYTES: usize = 16 * 1024;
 
 /// What a commit came to: a timestamp, a lost conflict, or an error.
-type CommitOutcome = Result<Result<keel::Ts, keel::Conflict>, keel::CommitError>;
+type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::CommitError>;
 
 const NOAUTH: &str = "NOAUTH Authentication required.";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -245,10 +245,7 @@ impl Conn {
     }
 
     fn out<'a>(&self, buf: &'a mut BytesMut) -> Out<'a> {
-        Out {
-            buf,
-            proto: self.proto,
-        }
+        Out::new(buf, self.proto)
     }
 
     /// The command, if `args` may join a pipelined batch: a data command outside `MULTI` and
@@ -304,13 +301,11 @@ impl Conn {
         let proto = self.proto;
         let may_wait = self.may_wait(pending.iter().map(|(c, _)| *c));
         let mut rejoin = false;
+        let mut out = Out::new(output, proto);
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
+                out.forget_tracked();
                 let mut txn = shared.db.begin().map_err(|_| false)?;
-                let mut out = Out {
-                    buf: &mut *output,
-                    proto,
-                };
                 for (cmd, args) in pending {
                     if data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
                         || out.buf.len() - mark > ctx.reply_bytes_max
@@ -326,18 +321,22 @@ impl Conn {
                 Err(done) => return done,
             };
             match committed {
-                Ok(Ok(_)) => return true,
+                Ok(Ok(committed)) => {
+                    out.fill(&committed);
+                    return true;
+                }
                 Ok(Err(conflict)) => {
-                    output.truncate(mark);
+                    out.buf.truncate(mark);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
                 Err(_) => {
-                    output.truncate(mark);
+                    out.buf.truncate(mark);
                     return false;
                 }
             }
         }
+        out.buf.truncate(mark);
         false
     }
 
@@ -397,7 +396,7 @@ impl Conn {
     fn queue(&mut self, spec: &'static Spec, args: Vec<Bytes>, output: &mut BytesMut) {
         let proto = self.proto;
         let multi = self.multi.as_mut().expect("called inside MULTI");
-        let mut out = Out { buf: output, proto };
+        let mut out = Out::new(output, proto);
         if !(data::is_data(spec.cmd) || matches!(spec.cmd, Cmd::Ping | Cmd::Echo | Cmd::Time)) {
             multi.dirty = true;
             out.error("ERR Command not allowed inside a transaction");
@@ -652,10 +651,7 @@ impl Conn {
             )
             .into());
         }
-        let mut out = Out {
-            buf: output,
-            proto: self.proto,
-        };
+        let mut out = Out::new(output, self.proto);
         match &sub[..] {
             b"id" => out.int(self.info.id as i64),
             b"setname" => {
@@ -834,7 +830,7 @@ impl Conn {
         let ctx = ctx(&shared);
         let proto = self.proto;
         let mark = output.len();
-        let mut out = Out { buf: output, proto };
+        let mut out = Out::new(output, proto);
         if data::is_read_only(cmd) {
             // Between WATCH and EXEC reads see the WATCH snapshot.
             let result = match &mut self.watch {
@@ -856,6 +852,7 @@ impl Conn {
         loop {
             let mut more = false;
             let prepare = || {
+                out.forget_tracked();
                 let mut txn = match shared.db.begin() {
                     Ok(t) => t,
                     Err(e) => {
@@ -884,7 +881,8 @@ impl Conn {
             rejoin = false;
             match committed {
                 Ok(Ok(_)) if more => continue,
-                Ok(Ok(_)) => {
+                Ok(Ok(committed)) => {
+                    out.fill(&committed);
                     if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
                         out.ok();
                     }
@@ -922,9 +920,9 @@ impl Conn {
     /// reconciliation (see [`Conn::may_wait`]).
     async fn commit(&self, txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
         if self.shared.db.durability() != keel::Durability::Sync && !may_wait {
-            return txn.commit();
+            return txn.commit_detailed();
         }
-        tokio::task::spawn_blocking(move || txn.commit())
+        tokio::task::spawn_blocking(move || txn.commit_detailed())
             .await
             .expect("a commit does not panic")
     }
@@ -950,7 +948,7 @@ impl Conn {
             if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
                 return tokio::task::block_in_place(|| {
                     let _joined = db.wait_joined();
-                    Ok(prepare()?.commit())
+                    Ok(prepare()?.commit_detailed())
                 });
             }
             let joined = tokio::task::spawn_blocking(move || db.wait_joined())
@@ -998,10 +996,10 @@ impl Conn {
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
         }
         let shared = self.shared.clone();
-        let ctx = ctx(&shared);
+        let mut ctx = ctx(&shared);
         let proto = self.proto;
         let mark = output.len();
-        let mut out = Out { buf: output, proto };
+        let mut out = Out::new(output, proto);
         // The read snapshot is done with; every attempt is a fresh transaction.
         let watched = watch.map(|w| w.keys).unwrap_or_default();
         let mut attempt = 1;
@@ -1009,6 +1007,7 @@ impl Conn {
         let mut rejoin = false;
         loop {
             let prepare = || {
+                out.forget_tracked();
                 let mut txn = shared.db.begin().map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading
                 // them makes a commit to one of them before ours conflict.
@@ -1049,10 +1048,22 @@ impl Conn {
             };
             let committed = match self.attempt(rejoin, may_wait, prepare).await {
                 Ok(committed) => committed,
+                // A command failed: the reply shows every command's result, but increments
+                // waited for a commit that will not come. Run the queue again with reading
+                // increments, which reply at once.
+                Err(Ok(())) if out.has_tracked() => {
+                    out.forget_tracked();
+                    out.buf.truncate(mark);
+                    ctx.track_increments = false;
+                    continue;
+                }
                 Err(done) => return done,
             };
             match committed {
-                Ok(Ok(_)) => return Ok(()),
+                Ok(Ok(committed)) => {
+                    out.fill(&committed);
+                    return Ok(());
+                }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
                     // A watched key changed after this attempt checked it: a retry would see
@@ -1076,6 +1087,12 @@ impl Conn {
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
                 }
+                // An increment met a value that is not an integer: run the queue again with
+                // reading increments, so that the error shows in the increment's slot.
+                Err(keel::CommitError::Apply(_)) if ctx.track_increments => {
+                    out.buf.truncate(mark);
+                    ctx.track_increments = false;
+                }
                 Err(keel::CommitError::Apply(e)) => {
                     out.buf.truncate(mark);
                     return Err(data::engine_error(&e));
@@ -1094,6 +1111,7 @@ fn ctx(shared: &Shared) -> Ctx<'_> {
         bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
         cursors: &shared.cursors,
         reply_bytes_max: shared.config.reply_bytes_max,
+        track_increments: true,
     }
 }
 

@@ -161,6 +161,12 @@ pub struct Ctx<'a> {
     pub cursors: &'a Cursors,
     /// The output buffer limit: most bytes one reply may take.
     pub reply_bytes_max: usize,
+    /// `INCR` and its kin apply the engine's commutative `add` and reply with the value it
+    /// resolves to at commit ([`Out::tracked`]): they read nothing, so concurrent increments
+    /// of one key never conflict. The caller fills the replies after the commit, and runs
+    /// the commands again with this off (reading, as Redis does) when it needs every reply
+    /// of an attempt that did not commit.
+    pub track_increments: bool,
 }
 
 /// The error for a reply over the output buffer limit.
@@ -389,6 +395,11 @@ pub fn run(
                 }
             };
             let t = view.txn();
+            if ctx.track_increments {
+                t.add(&args[1], delta)?;
+                out.tracked(t.track(&args[1])?);
+                return Ok(());
+            }
             let current = t.get_with(&args[1], |v| v.map(string_to_i64))?;
             let base = match current {
                 None => 0,

@@ -5,6 +5,7 @@
 //! RESP2 array, a RESP3 null is `$-1` (or `*-1` for a null array), verbatim text is a bulk string.
 
 use bytes::{BufMut, BytesMut};
+use keel::{Committed, Ticket};
 
 /// The protocol a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,9 +32,57 @@ pub struct Out<'a> {
     pub buf: &'a mut BytesMut,
     /// The protocol to encode for.
     pub proto: Proto,
+    /// Integer replies known only once the transaction commits ([`Out::tracked`]): where
+    /// each goes in `buf`, in order, and the engine's ticket for it.
+    tickets: Vec<(usize, Ticket)>,
+}
+
+impl<'a> Out<'a> {
+    /// A writer appending to `buf`.
+    pub fn new(buf: &'a mut BytesMut, proto: Proto) -> Out<'a> {
+        Out {
+            buf,
+            proto,
+            tickets: Vec::new(),
+        }
+    }
 }
 
 impl Out<'_> {
+    /// An integer reply that is the value behind `ticket`, written by [`Out::fill`] after the
+    /// commit. The caller clears the pending ones ([`Out::forget_tracked`]) before it reuses
+    /// the buffer for another attempt.
+    pub fn tracked(&mut self, ticket: Ticket) {
+        self.tickets.push((self.buf.len(), ticket));
+    }
+
+    /// Whether some reply waits for the commit.
+    pub fn has_tracked(&self) -> bool {
+        !self.tickets.is_empty()
+    }
+
+    /// Drops the replies waiting for a commit that will not happen.
+    pub fn forget_tracked(&mut self) {
+        self.tickets.clear();
+    }
+
+    /// Writes the replies that waited for `committed` where they belong. The values are
+    /// decimal integers (what `add` stores), so each is written as it is, as an integer reply.
+    pub fn fill(&mut self, committed: &Committed) {
+        let Some(&(first, _)) = self.tickets.first() else {
+            return;
+        };
+        let tail = self.buf.split_off(first);
+        let mut from = first;
+        for (at, ticket) in std::mem::take(&mut self.tickets) {
+            self.buf.put_slice(&tail[from - first..at - first]);
+            let value = committed.value(ticket).expect("an add leaves a value");
+            self.line(b':', value);
+            from = at;
+        }
+        self.buf.put_slice(&tail[from - first..]);
+    }
+
     fn line(&mut self, prefix: u8, body: &[u8]) {
         self.buf.reserve(body.len() + 3);
         self.buf.put_u8(prefix);
@@ -195,10 +244,7 @@ mod tests {
     #[test]
     fn encodings() {
         let mut buf = BytesMut::new();
-        let mut out = Out {
-            buf: &mut buf,
-            proto: Proto::Resp2,
-        };
+        let mut out = Out::new(&mut buf, Proto::Resp2);
         out.int(i64::MIN);
         out.bulk(b"hi");
         out.null();
@@ -208,10 +254,7 @@ mod tests {
             b":-9223372036854775808\r\n$2\r\nhi\r\n$-1\r\n*2\r\n"
         );
         let mut buf = BytesMut::new();
-        let mut out = Out {
-            buf: &mut buf,
-            proto: Proto::Resp3,
-        };
+        let mut out = Out::new(&mut buf, Proto::Resp3);
         out.null();
         out.map(1);
         out.null_array();

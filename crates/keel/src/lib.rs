@@ -43,7 +43,7 @@ pub use error::{
 };
 pub use io::{AppendFile, Disk, Fault, OsDisk, SimDisk};
 pub use split::{Joined, SplitMode};
-pub use txn::{Committed, Range, Scan, Snapshot, Txn};
+pub use txn::{Committed, Range, Scan, Snapshot, Ticket, Txn};
 pub use wal::format::Commit as LoggedCommit;
 pub use wal::{Durability, LogFailed};
 

@@ -87,6 +87,9 @@ struct WriteEntry {
     key: Vec<u8>,
     hash: u64,
     write: Write,
+    /// Tickets ([`Txn::track`]) for the value after the first `n` of this entry's operations,
+    /// resolved at commit: `(ticket, n)`. Only on `Write::Ops` entries.
+    tickets: Vec<(u32, usize)>,
 }
 
 /// Buffered writes: a vector in arrival order, with a hash index once it grows.
@@ -117,6 +120,7 @@ impl WriteSet {
             key: key.to_vec(),
             hash,
             write,
+            tickets: Vec::new(),
         });
         if let Some(index) = &mut self.index {
             index.insert(key.to_vec(), position);
@@ -133,13 +137,27 @@ impl WriteSet {
 
     fn replace(&mut self, position: usize, write: Write) {
         let entry = &mut self.entries[position];
+        debug_assert!(entry.tickets.is_empty() || matches!(write, Write::Ops(_)));
         self.bytes = self.bytes - entry.write.bytes() + write.bytes();
         entry.write = write;
     }
 }
 
+/// A promise of the value a key holds right after some of a transaction's writes, given by
+/// [`Txn::track`] and redeemed with [`Committed::value`] once the transaction commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u32);
+
+/// The value behind a ticket: known when it was given (the key's value did not depend on
+/// the committed state, or the transaction read it anyway), or resolved at commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Tracked {
+    Known(Option<Vec<u8>>),
+    Pending,
+}
+
 /// A successful commit and where it sits in the serial order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Committed {
     /// The commit timestamp: snapshots at or above it see the commit.
@@ -148,6 +166,19 @@ pub struct Committed {
     /// [`SplitMode`](crate::SplitMode)): it took no timestamp of its own and is serialized
     /// right after the commit at `ts` and after the snapshots at `ts` that did not see it.
     pub split_only: bool,
+    /// The values behind the transaction's tickets, by ticket number.
+    tracked: Vec<Option<Vec<u8>>>,
+}
+
+impl Committed {
+    /// The value the ticket's key held right after the writes before [`Txn::track`] gave
+    /// it (`None`: absent). Panics on a ticket of another transaction.
+    pub fn value(&self, ticket: Ticket) -> Option<&[u8]> {
+        self.tracked
+            .get(ticket.0 as usize)
+            .expect("a ticket of this transaction")
+            .as_deref()
+    }
 }
 
 /// A read-write transaction. Dropping it without committing aborts it.
@@ -180,6 +211,8 @@ pub struct Txn<'db> {
     /// validation then reports [`ConflictReason::Split`], so that the retry runs in the
     /// joined phase instead of meeting the next split phase again.
     stashed: std::sync::atomic::AtomicBool,
+    /// What [`Txn::track`] promised, by ticket number.
+    tracked: Vec<Tracked>,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -214,6 +247,7 @@ impl<'db> Txn<'db> {
             ranges: Vec::new(),
             writes: WriteSet::default(),
             stashed: std::sync::atomic::AtomicBool::new(false),
+            tracked: Vec::new(),
         })
     }
 
@@ -358,11 +392,86 @@ impl<'db> Txn<'db> {
     fn write(&mut self, key: &[u8], write: Write) -> Result<(), Error> {
         let existing = self.writes.find(key);
         self.check_write(key, &write, existing)?;
+        if let Some(i) = existing
+            && !matches!(write, Write::Ops(_))
+            && !self.writes.entries[i].tickets.is_empty()
+        {
+            self.resolve_tickets(i)?;
+        }
         match existing {
             Some(i) => self.writes.replace(i, write),
             None => self.writes.push(key, hash(key), write),
         }
         Ok(())
+    }
+
+    /// The operations of entry `i` are about to be overwritten: resolve its tickets now,
+    /// against the committed value, which becomes a read of this transaction.
+    fn resolve_tickets(&mut self, i: usize) -> Result<(), Error> {
+        let entry = &self.writes.entries[i];
+        let (key, hash) = (entry.key.clone(), entry.hash);
+        let Write::Ops(ops) = entry.write.clone() else {
+            unreachable!("tickets wait only on operations")
+        };
+        let mut value = self.read_committed(&key, hash)?;
+        let mut after = Vec::with_capacity(ops.len());
+        for op in &ops {
+            value = Some(op.apply(&key, value.as_deref())?);
+            after.push(value.clone());
+        }
+        for (ticket, n) in std::mem::take(&mut self.writes.entries[i].tickets) {
+            self.tracked[ticket as usize] = Tracked::Known(after[n - 1].clone());
+        }
+        Ok(())
+    }
+
+    /// A ticket for the value `key` holds after this transaction's writes so far, which
+    /// [`Committed::value`] gives once the transaction commits. This is how a caller learns
+    /// what a commutative operation resolved to (a Redis `INCR` replies with the new value)
+    /// without reading the key: the operations stay commutative, and concurrent ones still
+    /// never conflict. The ticket's key is no longer split into per-core slices for this
+    /// commit (see [`SplitMode`](crate::SplitMode)), since its value must be known.
+    ///
+    /// If the key holds a plain value written by this transaction, the ticket is that value.
+    /// If the transaction has not written the key, tracking it reads it, like [`Txn::get`].
+    /// If a later `put` or `delete` overwrites pending operations, their tickets are
+    /// resolved then, by reading the key. A transaction holds at most
+    /// [`TXN_READS_MAX`](crate::limits::TXN_READS_MAX) tickets.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// db.transact(|txn| txn.put(b"hits", b"41"))?;
+    /// let mut txn = db.begin()?;
+    /// txn.add(b"hits", 1)?;
+    /// let ticket = txn.track(b"hits")?;
+    /// let committed = txn.commit_detailed()?.expect("no conflict");
+    /// assert_eq!(committed.value(ticket), Some(&b"42"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn track(&mut self, key: &[u8]) -> Result<Ticket, Error> {
+        if self.tracked.len() >= TXN_READS_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::TxnReads,
+                requested: TXN_READS_MAX + 1,
+            });
+        }
+        let ticket = u32::try_from(self.tracked.len()).expect("bounded by TXN_READS_MAX");
+        let pending = self
+            .writes
+            .find(key)
+            .and_then(|i| match &self.writes.entries[i].write {
+                Write::Ops(ops) => Some((i, ops.len())),
+                _ => None,
+            });
+        let tracked = match pending {
+            Some((i, n)) => {
+                self.writes.entries[i].tickets.push((ticket, n));
+                Tracked::Pending
+            }
+            None => Tracked::Known(self.get(key)?),
+        };
+        self.tracked.push(tracked);
+        Ok(Ticket(ticket))
     }
 
     /// Writes `value` under `key`.
@@ -502,6 +611,7 @@ impl<'db> Txn<'db> {
             return Ok(Ok(Committed {
                 ts: self.read_ts,
                 split_only: false,
+                tracked: self.take_tracked(),
             }));
         }
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
@@ -527,7 +637,8 @@ impl<'db> Txn<'db> {
                 slices.reserve_exact(writes.len());
             }
             for entry in &writes {
-                if let (Some(p), Write::Ops(ops)) = (phase, &entry.write)
+                if let (Some(p), Write::Ops(ops), true) =
+                    (phase, &entry.write, entry.tickets.is_empty())
                     && let Some(record) = self.db.store.get(&entry.key, entry.hash)
                     && let Some(sr) = record.get().split()
                     && sr.takes(p, ops)
@@ -549,7 +660,8 @@ impl<'db> Txn<'db> {
                 let outcome = if created {
                     Locking::Held
                 } else {
-                    self.lock(record, me, &entry.write, slices_allowed)
+                    let sliceable = slices_allowed && entry.tickets.is_empty();
+                    self.lock(record, me, &entry.write, sliceable)
                 };
                 match outcome {
                     Locking::Held => {}
@@ -567,7 +679,8 @@ impl<'db> Txn<'db> {
                         }));
                     }
                 }
-                if let Write::Ops(ops) = &entry.write {
+                // A tracked entry could not go to a slice: it is no reason to split.
+                if let (Write::Ops(ops), true) = (&entry.write, entry.tickets.is_empty()) {
                     splitter.note(record, ops, false);
                 }
                 locked.push(record);
@@ -641,7 +754,7 @@ impl<'db> Txn<'db> {
                         .head()
                         .and_then(|v| v.value())
                         .map(<[u8]>::to_vec);
-                    for op in ops {
+                    for (n, op) in ops.iter().enumerate() {
                         match op.apply(&entry.key, value.as_deref()) {
                             Ok(v) => value = Some(v),
                             Err(e) => {
@@ -649,6 +762,9 @@ impl<'db> Txn<'db> {
                                 self.unlock_all(&locked, &slices, me);
                                 return Err(CommitError::Apply(e));
                             }
+                        }
+                        for &(ticket, _) in entry.tickets.iter().filter(|(_, k)| *k == n + 1) {
+                            self.tracked[ticket as usize] = Tracked::Known(value.clone());
                         }
                     }
                     value
@@ -747,7 +863,19 @@ impl<'db> Txn<'db> {
         Ok(Ok(Committed {
             ts: commit_ts,
             split_only: false,
+            tracked: self.take_tracked(),
         }))
+    }
+
+    /// The tickets' values, once every one is known.
+    fn take_tracked(&mut self) -> Vec<Option<Vec<u8>>> {
+        std::mem::take(&mut self.tracked)
+            .into_iter()
+            .map(|t| match t {
+                Tracked::Known(v) => v,
+                Tracked::Pending => unreachable!("a committed ticket is resolved"),
+            })
+            .collect()
     }
 
     /// Commits a transaction whose every write is a delta for a slice of a split record in
@@ -756,7 +884,7 @@ impl<'db> Txn<'db> {
     /// room for each delta is reserved under the same locks; `None` (nothing written) if one
     /// does not fit, and the caller takes the general path.
     fn commit_split_only(
-        &self,
+        &mut self,
         writes: &[WriteEntry],
         slices: &[Option<&'static SplitRecord>],
     ) -> Option<Result<Result<Committed, Conflict>, CommitError>> {
@@ -807,13 +935,16 @@ impl<'db> Txn<'db> {
         Some(Ok(Ok(Committed {
             ts: tag,
             split_only: true,
+            tracked: self.take_tracked(),
         })))
     }
 
     /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another
     /// committer holds it. If the splitter holds it: commutative operations it takes wait for
     /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
-    /// a slice, if `slices` allows); anything else is stashed until the reconciliation.
+    /// a slice, if `slices` allows); anything else is stashed until the reconciliation. A
+    /// wait by commutative operations that could go to a slice counts toward splitting the
+    /// record.
     fn lock(&self, record: RecordRef, me: LockOwner, write: &Write, slices: bool) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
@@ -835,7 +966,7 @@ impl<'db> Txn<'db> {
                 }
                 std::thread::yield_now();
             }
-        } else if let Write::Ops(ops) = write {
+        } else if let (Write::Ops(ops), true) = (write, slices) {
             splitter.note(record, ops, true);
         }
         let backoff = Backoff::new();

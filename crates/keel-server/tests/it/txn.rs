@@ -330,3 +330,134 @@ fn keel_range_in_multi_is_consistent() {
     assert_eq!(pairs(&replies[2]), vec!["d", "c"]);
     assert_eq!(replies[4], Value::BulkString(b"6".to_vec()));
 }
+
+/// The value of an integer field of `INFO`.
+fn info_int(c: &mut redis::Connection, field: &str) -> i64 {
+    let info: String = query(c, &["INFO", "all"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("INFO has no {field}"))
+        .trim()
+        .parse()
+        .expect("an integer field")
+}
+
+/// INCR inside MULTI is the engine's commutative add: many connections incrementing one hot
+/// counter never conflict (no retry inside the server), and each EXEC's reply is the count
+/// right after its own increment, so the replies are exactly 1..=N.
+#[test]
+fn hot_counter_increments_in_multi_never_conflict() {
+    const CLIENTS: usize = 4;
+    const EXECS: usize = 150;
+    let server = TestServer::start();
+    let mut c = server.client();
+    let retries_before = info_int(&mut c, "keel_conflict_retries");
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let url = server.url(t % 2 == 0);
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url)
+                    .expect("url")
+                    .get_connection()
+                    .expect("connect");
+                (0..EXECS)
+                    .map(|_| {
+                        let (hot, _, by_two): (i64, String, i64) = redis::pipe()
+                            .atomic()
+                            .cmd("INCR")
+                            .arg("hot")
+                            .cmd("SET")
+                            .arg(format!("last{t}"))
+                            .arg("x")
+                            .cmd("INCRBY")
+                            .arg("pairs")
+                            .arg(2)
+                            .query(&mut c)
+                            .expect("EXEC");
+                        assert_eq!(by_two % 2, 0);
+                        hot
+                    })
+                    .collect::<Vec<i64>>()
+            })
+        })
+        .collect();
+    let mut seen: Vec<i64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client thread"))
+        .collect();
+    seen.sort_unstable();
+    let n = (CLIENTS * EXECS) as i64;
+    assert!(
+        seen == (1..=n).collect::<Vec<_>>(),
+        "replies were not 1..=N"
+    );
+    assert_eq!(query::<i64>(&mut c, &["GET", "hot"]), n);
+    assert_eq!(query::<i64>(&mut c, &["GET", "pairs"]), 2 * n);
+    assert_eq!(info_int(&mut c, "keel_conflict_retries"), retries_before);
+}
+
+/// A tracked increment followed, in the same EXEC, by a read or an overwrite of its key, and
+/// increments on a value that is not an integer: the replies are Redis's.
+#[test]
+fn increments_mixed_with_reads_and_overwrites_in_multi() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "n", "5"]);
+    let replies: Value = redis::pipe()
+        .atomic()
+        .cmd("INCR")
+        .arg("n")
+        .cmd("GET")
+        .arg("n")
+        .cmd("INCRBY")
+        .arg("n")
+        .arg(10)
+        .cmd("SET")
+        .arg("n")
+        .arg("100")
+        .cmd("DECR")
+        .arg("n")
+        .cmd("INCR")
+        .arg("fresh")
+        .cmd("DECRBY")
+        .arg("fresh")
+        .arg(3)
+        .query(&mut c)
+        .expect("EXEC");
+    assert_eq!(
+        replies,
+        Value::Array(vec![
+            Value::Int(6),
+            Value::BulkString(b"6".to_vec()),
+            Value::Int(16),
+            Value::Okay,
+            Value::Int(99),
+            Value::Int(1),
+            Value::Int(-2),
+        ])
+    );
+    // Overflow found at commit: the error is in the increment's slot; nothing applied.
+    let _: () = query(&mut c, &["SET", "big", &i64::MAX.to_string()]);
+    let mut s = server.raw();
+    let got = crate::exchange(&mut s, b"MULTI\r\nINCR n\r\nINCR big\r\nEXEC\r\n", 77);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:100\r\n-ERR increment or decrement would overflow\r\n"
+    );
+    assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 99);
+    // Outside MULTI, one at a time and pipelined.
+    assert_eq!(
+        error(&mut c, &["INCR", "big"]),
+        "ERR increment or decrement would overflow"
+    );
+    let _: () = query(&mut c, &["SET", "text", "abc"]);
+    assert_eq!(
+        error(&mut c, &["INCR", "text"]),
+        "ERR value is not an integer or out of range"
+    );
+    let got = crate::exchange(&mut s, b"INCR n\r\nINCR text\r\nINCRBY n 2\r\n", 58);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        ":100\r\n-ERR value is not an integer or out of range\r\n:102\r\n"
+    );
+}

@@ -9,4 +9,5 @@ mod index_growth;
 mod limits;
 mod model;
 mod split;
+mod track;
 mod write_skew;
