@@ -270,6 +270,13 @@ pub fn client_line(shared: &Shared, c: &ClientInfo) -> String {
     )
 }
 
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
@@ -328,7 +335,9 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             t,
             "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\n\
              aof_enabled:{}\r\nkeel_durability:{}\r\nkeel_dir:{}\r\nkeel_log_frames:{}\r\n\
-             keel_log_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\nkeel_checkpoints:{}\r\n\r\n",
+             keel_log_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\nkeel_checkpoints:{}\r\n\
+             rdb_last_save_time:{}\r\nkeel_checkpoint_age_seconds:{}\r\n\
+             keel_log_bytes_since_checkpoint:{}\r\n\r\n",
             u8::from(files),
             shared.config.durability,
             shared
@@ -343,6 +352,11 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 stats.log_frames as f64 / stats.log_fsyncs as f64
             },
             stats.checkpoints,
+            stats
+                .checkpoint_age
+                .map_or(0, |age| unix_now().saturating_sub(age.as_secs())),
+            stats.checkpoint_age.map_or(0, |age| age.as_secs()),
+            stats.log_bytes_since_checkpoint,
         );
     }
     if want("stats") {
@@ -535,6 +549,38 @@ pub fn prometheus(shared: &Shared) -> String {
         "Records (keys ever written).",
         "gauge",
         &one(s.records),
+    );
+    counter(
+        "keel_log_frames_total",
+        "Commits written to the log.",
+        "counter",
+        &one(s.log_frames),
+    );
+    counter(
+        "keel_log_fsyncs_total",
+        "fsyncs of the log (one covers every commit that arrived meanwhile).",
+        "counter",
+        &one(s.log_fsyncs),
+    );
+    counter(
+        "keel_checkpoints_total",
+        "Checkpoints written since start.",
+        "counter",
+        &one(s.checkpoints),
+    );
+    if let Some(age) = s.checkpoint_age {
+        counter(
+            "keel_checkpoint_age_seconds",
+            "Seconds since the newest checkpoint written by this process (or since start).",
+            "gauge",
+            &one(age.as_secs()),
+        );
+    }
+    counter(
+        "keel_log_bytes_since_checkpoint",
+        "Log bytes after the newest checkpoint: what a restart would replay.",
+        "gauge",
+        &one(s.log_bytes_since_checkpoint),
     );
     counter(
         "keel_connected_clients",

@@ -475,6 +475,11 @@ pub struct Stats {
     pub log_fsyncs: u64,
     /// Checkpoints written since open.
     pub checkpoints: u64,
+    /// Time since the newest checkpoint was written by this process, or since the database
+    /// opened (recovery then left the state it found); `None` without files.
+    pub checkpoint_age: Option<Duration>,
+    /// Log bytes written after the newest checkpoint: what recovery would replay now.
+    pub log_bytes_since_checkpoint: u64,
     /// The newest timestamp whose commits are all visible.
     pub visible_ts: Ts,
     /// The garbage-collection horizon: versions older than what a snapshot at this
@@ -862,6 +867,17 @@ impl Db {
             oracle.sum(|s| s.versions.load(Relaxed)) + self.shared.recovered_versions.load(Relaxed);
         let log = self.shared.log.as_ref().map(Log::shared);
         let splitter = &self.shared.splitter;
+        let (checkpoint_age, log_bytes_since_checkpoint) =
+            match (&self.shared.files, &self.shared.log) {
+                (Some(files), Some(log)) => {
+                    let state = files.checkpoint.lock();
+                    (
+                        Some(state.at.elapsed()),
+                        log.tail().saturating_sub(state.replay_from_lsn),
+                    )
+                }
+                _ => (None, 0),
+            };
         Stats {
             commits: sum(|s| s.commits.load(Relaxed) as i64),
             read_only_commits: sum(|s| s.read_only_commits.load(Relaxed) as i64),
@@ -880,6 +896,8 @@ impl Db {
             log_frames: log.map_or(0, |l| l.frames.load(Relaxed)),
             log_fsyncs: log.map_or(0, |l| l.fsyncs.load(Relaxed)),
             checkpoints: self.shared.checkpoints.load(Relaxed),
+            checkpoint_age,
+            log_bytes_since_checkpoint,
             visible_ts: oracle.visible(),
             gc_horizon_ts: oracle.horizon(),
         }

@@ -537,3 +537,26 @@ fn newer_format_is_refused_with_a_clear_error() {
         "{err}"
     );
 }
+
+/// `Stats` tells how much log a restart would replay and how old the newest checkpoint is.
+#[test]
+fn stats_report_the_log_since_the_newest_checkpoint() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(db.stats().log_bytes_since_checkpoint, 0);
+    for i in 0..100 {
+        put(&db, &format!("k{i:03}"), "value").unwrap();
+    }
+    let before = db.stats();
+    assert!(before.log_bytes_since_checkpoint >= 100 * 8, "{before:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let aged = db.stats().checkpoint_age.unwrap();
+    assert!(aged >= Duration::from_millis(300));
+    db.checkpoint().unwrap();
+    let after = db.stats();
+    assert_eq!(after.log_bytes_since_checkpoint, 0);
+    assert!(after.checkpoint_age.unwrap() < aged);
+    put(&db, "one", "more").unwrap();
+    assert!(db.stats().log_bytes_since_checkpoint > 0);
+    assert_eq!(Db::in_memory().stats().checkpoint_age, None);
+}

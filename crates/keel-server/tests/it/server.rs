@@ -302,6 +302,17 @@ fn sync_durability_logs_and_groups_commits() {
     assert!(field("keel_log_frames") >= 408, "{info}");
     let fsyncs = field("keel_log_fsyncs");
     assert!(fsyncs > 0, "{info}");
+    // Nothing checkpointed yet: the age counts from start, every frame would be replayed.
+    assert!(field("keel_checkpoint_age_seconds") < 600, "{info}");
+    assert!(
+        field("keel_log_bytes_since_checkpoint") > 408 * 16,
+        "{info}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    assert!(field("rdb_last_save_time").abs_diff(now) < 600, "{info}");
     assert!(dir.path().read_dir().expect("dir").count() > 0);
     assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 16);
 }
