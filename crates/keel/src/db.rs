@@ -195,7 +195,9 @@ struct Files {
 }
 
 struct CheckpointState {
-    replay_from_lsn: u64,
+    /// The log position after the newest checkpoint's own lease frame: what was logged past
+    /// it is what the next checkpoint would take in (its size makes a checkpoint due).
+    baseline_lsn: u64,
     at: Instant,
 }
 
@@ -207,9 +209,58 @@ pub(crate) struct Shared {
     files: Option<Files>,
     recovered_versions: AtomicI64,
     checkpoints: AtomicU64,
+    /// Commit timestamps are handed out only below this lease, which a log frame records
+    /// (see [`Shared::next_commit_ts`]); `u64::MAX` without a log.
+    ts_lease: AtomicU64,
+    ts_lease_lock: Mutex<()>,
 }
 
+/// How far one timestamp lease reaches: one lease frame (and fsync) per this many
+/// timestamps, and the clock may jump by up to this much at a restart.
+const TS_LEASE_STEP: u64 = 1 << 16;
+
 impl Shared {
+    /// Takes the next commit timestamp, which the caller must publish (see
+    /// [`Oracle::next_commit_ts`]).
+    ///
+    /// Timestamps must never go backwards across a restart: a snapshot may have read at a
+    /// timestamp that no logged commit carries (one taken by a commit that then lost its
+    /// validation, say), and a commit after the restart must still come after it. So the
+    /// clock runs under a lease: before handing out a timestamp at or above the lease, an
+    /// empty commit frame at a new lease `TS_LEASE_STEP` higher is logged and made durable.
+    /// Recovery resumes the clock above the highest frame timestamp, hence above every
+    /// timestamp handed out before the crash.
+    pub(crate) fn next_commit_ts(&self) -> Ts {
+        let ts = self.oracle.next_commit_ts();
+        if ts.0 >= self.ts_lease.load(Ordering::Acquire) {
+            self.extend_ts_lease(Some(ts));
+        }
+        ts
+    }
+
+    /// Logs a new timestamp lease above `ts` (above the clock and the current lease when
+    /// `None`: a checkpoint renews the lease after the log position it replays from) and
+    /// waits until it is durable. After a log failure the lease stays where it was: no
+    /// commit can succeed any more.
+    #[cold]
+    fn extend_ts_lease(&self, ts: Option<Ts>) {
+        let Some(log) = &self.log else { return };
+        let _guard = self.ts_lease_lock.lock();
+        let current = self.ts_lease.load(Ordering::Acquire);
+        let base = match ts {
+            Some(ts) if ts.0 < current => return, // extended meanwhile
+            Some(ts) => ts.0,
+            None => current.max(self.oracle.last_commit_ts().0),
+        };
+        let lease = base + TS_LEASE_STEP;
+        let logged = log
+            .append(Ts(lease), 0, std::iter::empty())
+            .and_then(|end| log.wait_durable(end));
+        if logged.is_ok() {
+            self.ts_lease.store(lease, Ordering::Release);
+        }
+    }
+
     /// Counts versions added (or freed, negative) outside a transaction's slot.
     pub(crate) fn note_versions(&self, versions: i64) {
         self.recovered_versions
@@ -232,6 +283,10 @@ impl Shared {
         // its timestamp, so at or below `newest`; once the watermark passes `newest`, a
         // snapshot holds all of them.
         let replay_from_lsn = log.tail();
+        // The lease frames before `replay_from_lsn` will not be replayed: log a fresh one
+        // after it, above every timestamp handed out so far.
+        self.extend_ts_lease(None);
+        let baseline_lsn = log.tail();
         let newest = self.oracle.last_commit_ts();
         while self.oracle.visible() < newest {
             if let Some(failed) = log.failed() {
@@ -272,7 +327,7 @@ impl Shared {
         manifest
             .write(disk, &files.dir)
             .map_err(|e| CheckpointError::Io(files.dir.join(MANIFEST), e))?;
-        state.replay_from_lsn = replay_from_lsn;
+        state.baseline_lsn = baseline_lsn;
         state.at = Instant::now();
         remove_obsolete(disk, &files.dir, &manifest)
             .map_err(|e| CheckpointError::Io(files.dir.clone(), e))?;
@@ -291,7 +346,7 @@ impl Shared {
             return false;
         };
         let state = files.checkpoint.lock();
-        let logged = log.tail().saturating_sub(state.replay_from_lsn);
+        let logged = log.tail().saturating_sub(state.baseline_lsn);
         logged >= files.options.checkpoint_log_bytes
             || (logged > 0 && state.at.elapsed() >= files.options.checkpoint_interval)
     }
@@ -392,7 +447,7 @@ impl Shared {
         let (Some(files), Some(log)) = (&self.files, &self.log) else {
             return false;
         };
-        log.tail() > files.checkpoint.lock().replay_from_lsn
+        log.tail() > files.checkpoint.lock().baseline_lsn
     }
 }
 
@@ -469,7 +524,8 @@ pub struct Stats {
     /// Bytes mapped for records (keys and their first versions); later versions are
     /// allocated separately.
     pub record_bytes: u64,
-    /// Commits written to the log.
+    /// Frames written to the log: one per commit, and one per 65 536 timestamps handed out
+    /// (the timestamp lease that keeps timestamps rising across restarts).
     pub log_frames: u64,
     /// fsyncs of the log.
     pub log_fsyncs: u64,
@@ -478,7 +534,8 @@ pub struct Stats {
     /// Time since the newest checkpoint was written by this process, or since the database
     /// opened (recovery then left the state it found); `None` without files.
     pub checkpoint_age: Option<Duration>,
-    /// Log bytes written after the newest checkpoint: what recovery would replay now.
+    /// Log bytes written after the newest checkpoint (past its timestamp-lease frame): about
+    /// what recovery would replay now.
     pub log_bytes_since_checkpoint: u64,
     /// The newest timestamp whose commits are all visible.
     pub visible_ts: Ts,
@@ -503,6 +560,8 @@ impl Db {
             files: None,
             recovered_versions: AtomicI64::new(0),
             checkpoints: AtomicU64::new(0),
+            ts_lease: AtomicU64::new(u64::MAX),
+            ts_lease_lock: Mutex::new(()),
         });
         Db::from_shared(shared, None)
     }
@@ -687,7 +746,11 @@ impl Db {
                 });
             }
         });
-        recovery.log_frames = scanned.frames;
+        // Empty frames are timestamp leases, not commits.
+        recovery.log_frames = commits
+            .iter()
+            .filter(|c| !c.entries.is_empty() || !c.deltas.is_empty())
+            .count() as u64;
         recovery.log_bytes = scanned.bytes;
         if let Some((path, len, cut)) = &scanned.torn {
             disk.truncate(path, *len)
@@ -731,7 +794,7 @@ impl Db {
             disk,
             dir,
             checkpoint: Mutex::new(CheckpointState {
-                replay_from_lsn: manifest.replay_from_lsn,
+                baseline_lsn: manifest.replay_from_lsn,
                 at: Instant::now(),
             }),
             options,
@@ -745,6 +808,9 @@ impl Db {
             files: Some(files),
             recovered_versions,
             checkpoints: AtomicU64::new(0),
+            // The first timestamp handed out logs a lease.
+            ts_lease: AtomicU64::new(last_ts.0 + 1),
+            ts_lease_lock: Mutex::new(()),
         });
         Ok(Db::from_shared(shared, Some(recovery)))
     }
@@ -873,7 +939,7 @@ impl Db {
                     let state = files.checkpoint.lock();
                     (
                         Some(state.at.elapsed()),
-                        log.tail().saturating_sub(state.replay_from_lsn),
+                        log.tail().saturating_sub(state.baseline_lsn),
                     )
                 }
                 _ => (None, 0),

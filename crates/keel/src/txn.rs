@@ -774,7 +774,7 @@ impl<'db> Txn<'db> {
         }
 
         // 3. Take the commit timestamp; from here on it must be published.
-        let commit_ts = self.db.oracle.next_commit_ts();
+        let commit_ts = self.db.next_commit_ts();
 
         // 4. Validate.
         if let Err(mut conflict) = self.validate(me) {
@@ -1080,7 +1080,7 @@ pub(crate) fn read_at<T>(
     // Appends from now on must get tags above `read_ts`, so that this snapshot's view of the
     // record never changes: make the watermark pass `read_ts` if nothing else has.
     if db.oracle.visible() <= read_ts {
-        let ts = db.oracle.next_commit_ts();
+        let ts = db.next_commit_ts();
         db.oracle.publish(ts, || db.log_failed());
     }
     let mut folded = sr.fold_at(r.key(), read_ts, u64::MAX);

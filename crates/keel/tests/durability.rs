@@ -560,3 +560,27 @@ fn stats_report_the_log_since_the_newest_checkpoint() {
     assert!(db.stats().log_bytes_since_checkpoint > 0);
     assert_eq!(Db::in_memory().stats().checkpoint_age, None);
 }
+
+/// A snapshot may read at a timestamp no logged commit carries (one taken by a commit that
+/// lost its validation); a commit after a crash must still get a later timestamp, or
+/// timestamp order would stop being a serial order across restarts.
+#[test]
+fn timestamps_keep_rising_across_a_crash() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    put(&db, "a", "1").unwrap();
+    let mut loser = db.begin().unwrap();
+    loser.get(b"a").unwrap();
+    loser.put(b"b", b"x").unwrap();
+    put(&db, "a", "2").unwrap();
+    assert!(loser.commit().unwrap().is_err(), "a changed under the read");
+    let seen = db.snapshot().unwrap().read_ts();
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let mut txn = db.begin().unwrap();
+    txn.put(b"c", b"1").unwrap();
+    let ts = txn.commit().unwrap().unwrap();
+    assert!(ts > seen, "commit at {ts:?} after a snapshot at {seen:?}");
+    assert!(db.snapshot().unwrap().read_ts() >= ts);
+}

@@ -169,7 +169,7 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
     // Every commit that wrote a member before we locked it must be visible before the phase
     // opens, and every tag must be above every base version: pass the watermark over a fresh
     // timestamp (it waits for all earlier ones). Recovery relies on tags above the base.
-    let ts = shared.oracle.next_commit_ts();
+    let ts = shared.next_commit_ts();
     shared.oracle.publish(ts, || shared.log_failed());
     for sr in &members {
         sr.phase.store(word, Ordering::Release);
@@ -211,7 +211,7 @@ fn try_lock_for(record: RecordRef, wait: Duration) -> bool {
 fn reconcile(shared: &Shared, members: &[&'static SplitRecord]) {
     let splitter = &shared.splitter;
     let oracle = &shared.oracle;
-    let ts = oracle.next_commit_ts();
+    let ts = shared.next_commit_ts();
     let horizon = oracle.horizon();
     let mut durable_lsn = 0;
     let mut versions = 0;

@@ -95,6 +95,10 @@ pub(crate) struct Shared {
     space: Mutex<()>,
     space_cv: Condvar,
     shutdown: AtomicBool,
+    /// The highest LSN someone waits to see durable: in `async` mode the flusher fsyncs for
+    /// it at once rather than at the end of the interval (a commit that asked for `sync`,
+    /// a timestamp lease).
+    sync_wanted: AtomicU64,
     pub(crate) fsyncs: AtomicU64,
     pub(crate) frames: AtomicU64,
 }
@@ -145,6 +149,7 @@ impl Log {
             space: Mutex::new(()),
             space_cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            sync_wanted: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             frames: AtomicU64::new(0),
         });
@@ -190,6 +195,10 @@ impl Log {
     ) -> Result<u64, LogFailed> {
         let s = &*self.shared;
         s.check()?;
+        if s.shutdown.load(Ordering::Acquire) {
+            // Nobody would write the frame: refuse rather than leave a waiter hanging.
+            return Err(LogFailed("the log is closed".into()));
+        }
         ENCODE_BUFFER.with(|buffer| {
             let mut payload = buffer.borrow_mut();
             payload.clear();
@@ -220,6 +229,7 @@ impl Log {
         if s.durable.load(Ordering::Acquire) >= end {
             return Ok(());
         }
+        s.sync_wanted.fetch_max(end, Ordering::SeqCst);
         s.register(end);
         // Registered before this check: either we see the durable LSN (or the failure), or
         // the flusher, which publishes it before taking the list, sees us and unparks us.
@@ -430,7 +440,10 @@ impl Flusher {
             }
             let sync_due = match self.mode {
                 Durability::Sync | Durability::None => true,
-                Durability::Async { interval } => self.last_sync.elapsed() >= interval,
+                Durability::Async { interval } => {
+                    self.last_sync.elapsed() >= interval
+                        || self.shared.sync_wanted.load(Ordering::SeqCst) > self.synced
+                }
             };
             if self.written > self.synced
                 && (sync_due || shutdown)
