@@ -21,7 +21,7 @@ use crate::mvcc::LockOwner;
 use crate::split::{Delta, Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
-use crate::wal::format::{Commit, segment_header, segment_name};
+use crate::wal::format::{Commit, segment_name};
 use crate::wal::{Durability, Log, LogFailed, reader};
 use crate::{Error, Ts};
 
@@ -769,12 +769,8 @@ impl Db {
                 (file, last.first_lsn)
             }
             _ => {
-                let path = dir.join(segment_name(end_lsn));
-                let mut file = disk.create(&path).map_err(|e| OpenError::io(&path, e))?;
-                file.append(&segment_header(end_lsn))
-                    .map_err(|e| OpenError::io(&path, e))?;
-                file.sync().map_err(|e| OpenError::io(&path, e))?;
-                disk.sync_dir(&dir).map_err(|e| OpenError::io(&dir, e))?;
+                let file = crate::wal::create_segment(&*disk, &dir, end_lsn)
+                    .map_err(|e| OpenError::io(&dir.join(segment_name(end_lsn)), e))?;
                 (file, end_lsn)
             }
         };

@@ -97,11 +97,12 @@ fn parse_ops(text: &str) -> Vec<Op> {
 
 /// The child: `THREADS` threads of read/append transactions, forever, each reported.
 fn child(dir: &Path, cycle: u64) {
+    // Tiny segments and checkpoints: kills often land in a segment switch or a checkpoint.
     let db = Db::open(
         dir,
         Options::default()
-            .segment_bytes(64 << 10)
-            .checkpoint_log_bytes(256 << 10),
+            .segment_bytes(4 << 10)
+            .checkpoint_log_bytes(32 << 10),
     )
     .unwrap();
     std::thread::scope(|s| {

@@ -578,15 +578,24 @@ impl Flusher {
     }
 
     fn rotate(&mut self) -> io::Result<()> {
-        let path = self.dir.join(segment_name(self.written));
-        let mut file = self.disk.create(&path)?;
-        file.append(&segment_header(self.written))?;
-        file.sync()?;
-        self.disk.sync_dir(&self.dir)?;
-        self.segment = file;
+        self.segment = create_segment(&*self.disk, &self.dir, self.written)?;
         self.segment_bytes = 0;
         Ok(())
     }
+}
+
+/// Creates the log segment that starts at `first_lsn`, ready for appending. Atomically: the
+/// header goes to a temporary file, which is fsynced and then renamed, so that a crash never
+/// leaves a segment without a whole header (recovery would have to refuse it as damage).
+/// Open removes a leftover temporary file.
+pub(crate) fn create_segment(
+    disk: &dyn Disk,
+    dir: &std::path::Path,
+    first_lsn: u64,
+) -> io::Result<Box<dyn AppendFile>> {
+    let name = segment_name(first_lsn);
+    crate::io::write_atomic(disk, dir, &name, &segment_header(first_lsn))?;
+    disk.open_append(&dir.join(name))
 }
 
 #[cfg(test)]
