@@ -26,6 +26,7 @@
 //! ([`Conn::attempt`]). `KEEL.*` commands never read, so they never wait for this.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -58,6 +59,9 @@ pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
 pub const PIPELINE_BATCH_MAX: usize = 256;
 /// Initial read buffer.
 const READ_BYTES: usize = 16 * 1024;
+/// Argument slots (ranges while parsing, `Bytes` while batching) a connection keeps between
+/// reads, 128 KiB at most; more, left by a wider request or batch, are freed.
+const ARGS_KEPT_MAX: usize = 4096;
 
 /// What a commit came to: a timestamp, a lost conflict, or an error.
 type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::CommitError>;
@@ -84,6 +88,34 @@ struct Multi {
     queue: Vec<(Cmd, Vec<Bytes>)>,
     bytes: usize,
     dirty: bool,
+}
+
+/// Data commands read but not run yet (see [`Conn::run_pending`]). Their arguments share
+/// one vector, which the connection keeps: collecting a request allocates nothing.
+#[derive(Default)]
+struct Pending {
+    /// Each command with the range of `args` that holds its arguments (its name first).
+    cmds: Vec<(Cmd, Range<usize>)>,
+    args: Vec<Bytes>,
+}
+
+impl Pending {
+    fn iter(&self) -> impl Iterator<Item = (Cmd, &[Bytes])> {
+        self.cmds.iter().map(|(c, r)| (*c, &self.args[r.clone()]))
+    }
+
+    fn clear(&mut self) {
+        self.cmds.clear();
+        self.args.clear();
+    }
+
+    /// Frees what an unusually wide request or batch left behind. (`cmds` needs no limit:
+    /// a batch holds at most [`PIPELINE_BATCH_MAX`] commands.)
+    fn shrink(&mut self) {
+        if self.args.capacity() > ARGS_KEPT_MAX {
+            self.args = Vec::new();
+        }
+    }
 }
 
 struct Conn {
@@ -132,24 +164,36 @@ impl Conn {
         let mut input = BytesMut::with_capacity(READ_BYTES);
         let mut output = BytesMut::with_capacity(READ_BYTES);
         let mut needed = 0usize;
+        // Both kept across requests, so that a request allocates nothing in the common case.
+        let mut ranges = Vec::new();
+        let mut pending = Pending::default();
+        // One registration for the connection's life: a fresh `cancelled()` per read would
+        // register with (and, once read, unregister from) the token's waiter list each time.
+        let kill = self.info.kill.clone();
+        let killed = kill.cancelled();
+        tokio::pin!(killed);
         loop {
             // Run every whole request already read. Consecutive data commands are collected
             // first, so that a pipeline of them can share one engine transaction.
             let mut next = Next::Continue;
-            let mut pending: Vec<(Cmd, Vec<Bytes>)> = Vec::new();
             while input.len() >= needed && !input.is_empty() {
                 let limits = Limits {
                     bulk_bytes_max: self.shared.proto_max_bulk_len.load(Relaxed),
                     authenticated: self.authenticated,
                 };
-                let args: Vec<Bytes> = match resp::parse(&input, limits) {
-                    Ok(Request::Parsed(Parsed::Request { args, consumed })) => {
+                // The request's arguments go to the end of `pending.args`; they stay there
+                // if it joins the batch.
+                let start = pending.args.len();
+                match resp::parse_into(&input, limits, &mut ranges) {
+                    Ok(Request::Parsed(Parsed::Request { consumed, .. })) => {
                         let frame = input.split_to(consumed).freeze();
-                        args.into_iter().map(|r| frame.slice(r)).collect()
+                        pending
+                            .args
+                            .extend(ranges.drain(..).map(|r| frame.slice(r)));
                     }
                     Ok(Request::Inline { args, consumed }) => {
                         let _ = input.split_to(consumed);
-                        args.into_iter().map(Bytes::from).collect()
+                        pending.args.extend(args.into_iter().map(Bytes::from));
                     }
                     Ok(Request::Parsed(Parsed::Skip { consumed })) => {
                         let _ = input.split_to(consumed);
@@ -169,13 +213,14 @@ impl Conn {
                     }
                 };
                 needed = 0;
-                if let Some(cmd) = self.batchable(&args) {
-                    pending.push((cmd, args));
-                    if pending.len() < PIPELINE_BATCH_MAX {
+                if let Some(cmd) = self.batchable(&pending.args[start..]) {
+                    pending.cmds.push((cmd, start..pending.args.len()));
+                    if pending.cmds.len() < PIPELINE_BATCH_MAX {
                         continue;
                     }
                     self.run_pending(&mut pending, &mut output).await;
                 } else {
+                    let args: Vec<Bytes> = pending.args.drain(start..).collect();
                     self.run_pending(&mut pending, &mut output).await;
                     let started = Instant::now();
                     next = self.command(args, &mut output).await;
@@ -197,6 +242,10 @@ impl Conn {
             if next == Next::Close {
                 return Ok(());
             }
+            if ranges.capacity() > ARGS_KEPT_MAX {
+                ranges = Vec::new();
+            }
+            pending.shrink();
             if input.len() > QUERY_BYTES_MAX {
                 tracing::warn!(
                     id = self.info.id,
@@ -210,9 +259,16 @@ impl Conn {
             } else if input.capacity() - input.len() < 4096 {
                 input.reserve(READ_BYTES);
             }
+            // The read first, so that the kill is polled only when there is nothing to read
+            // (then the connection sleeps until either comes). A client that always has
+            // more to read would never get there: it meets this check instead.
+            if kill.is_cancelled() {
+                return Ok(());
+            }
             let n = tokio::select! {
+                biased;
                 r = stream.read_buf(&mut input) => r?,
-                () = self.info.kill.cancelled() => return Ok(()),
+                () = &mut killed => return Ok(()),
             };
             if n == 0 {
                 return Ok(());
@@ -267,47 +323,45 @@ impl Conn {
     /// them all before it saw any reply, and nothing else runs between them. If any of them
     /// fails, or the batch cannot commit, each runs again as its own transaction, so that
     /// replies and effects are exactly those of running them one by one.
-    async fn run_pending(&mut self, pending: &mut Vec<(Cmd, Vec<Bytes>)>, output: &mut BytesMut) {
-        if pending.is_empty() {
+    async fn run_pending(&mut self, pending: &mut Pending, output: &mut BytesMut) {
+        if pending.cmds.is_empty() {
             return;
         }
         let started = Instant::now();
-        let n = pending.len() as u64;
-        let batched = pending.len() >= 2
-            && pending.iter().any(|(c, _)| !data::is_read_only(*c))
+        let n = pending.cmds.len() as u64;
+        let batched = pending.cmds.len() >= 2
+            && pending.cmds.iter().any(|(c, _)| !data::is_read_only(*c))
             && self.run_batched(pending, output).await;
         if !batched {
             for (cmd, args) in pending.iter() {
-                self.data_command(*cmd, args, output).await;
+                self.data_command(cmd, args, output).await;
             }
         }
         pending.clear();
         let per_command = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
-        for _ in 0..n {
-            self.shared.counters.record_latency(per_command);
-        }
-        self.shared
-            .counters
-            .commands_processed
-            .fetch_add(n, Relaxed);
+        let counters = &self.shared.counters;
+        counters.record_latencies(per_command, n);
+        counters.commands_processed.fetch_add(n, Relaxed);
     }
 
     /// One transaction for a pipelined batch; `false` (and no reply written) when the batch
     /// must run command by command instead.
-    async fn run_batched(&mut self, pending: &[(Cmd, Vec<Bytes>)], output: &mut BytesMut) -> bool {
-        let shared = self.shared.clone();
-        let ctx = ctx(&shared);
+    async fn run_batched(&mut self, pending: &Pending, output: &mut BytesMut) -> bool {
+        // Borrowed, not cloned: an `Arc` clone per request is a write to a cache line that
+        // every connection shares.
+        let shared = &*self.shared;
+        let ctx = ctx(shared);
         let mark = output.len();
         let proto = self.proto;
-        let may_wait = self.may_wait(pending.iter().map(|(c, _)| *c));
+        let may_wait = self.may_wait(pending.cmds.iter().map(|(c, _)| *c));
         let mut rejoin = false;
         let mut out = Out::new(output, proto);
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
                 let mut txn = shared.db.begin().map_err(|_| false)?;
-                for (cmd, args) in pending {
-                    if data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
+                for (cmd, args) in pending.iter() {
+                    if data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
                         || out.buf.len() - mark > ctx.reply_bytes_max
                     {
                         out.buf.truncate(mark);
@@ -826,8 +880,8 @@ impl Conn {
     /// A data command outside `MULTI`: its own transaction (a snapshot when it only reads),
     /// retried on conflict.
     async fn data_command(&mut self, cmd: Cmd, args: &[Bytes], output: &mut BytesMut) {
-        let shared = self.shared.clone();
-        let ctx = ctx(&shared);
+        let shared = &*self.shared;
+        let ctx = ctx(shared);
         let proto = self.proto;
         let mark = output.len();
         let mut out = Out::new(output, proto);

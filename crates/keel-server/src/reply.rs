@@ -68,11 +68,18 @@ impl Out<'_> {
 
     /// Writes the replies that waited for `committed` where they belong. The values are
     /// decimal integers (what `add` stores), so each is written as it is, as an integer reply.
+    ///
+    /// The replies after the first waiting one are copied aside and written back around the
+    /// values. Usually there are none (an increment, or a pipeline of them, writes nothing
+    /// else), and the copy is empty. A copy, not `BytesMut::split_off`, which would give the
+    /// buffer's spare capacity to the split-off part and turn the connection's output buffer
+    /// into a reference-counted one, so that the very next write reserves again.
     pub fn fill(&mut self, committed: &Committed) {
         let Some(&(first, _)) = self.tickets.first() else {
             return;
         };
-        let tail = self.buf.split_off(first);
+        let tail = self.buf[first..].to_vec();
+        self.buf.truncate(first);
         let mut from = first;
         for (at, ticket) in std::mem::take(&mut self.tickets) {
             self.buf.put_slice(&tail[from - first..at - first]);

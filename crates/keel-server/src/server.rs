@@ -101,9 +101,14 @@ impl Default for Counters {
 impl Counters {
     /// Records one command's latency.
     pub fn record_latency(&self, elapsed: Duration) {
+        self.record_latencies(elapsed, 1);
+    }
+
+    /// Records `n` commands that each took `elapsed`, with one atomic add.
+    pub fn record_latencies(&self, elapsed: Duration, n: u64) {
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let bucket = (64 - ns.leading_zeros() as usize).min(LATENCY_BUCKETS - 1);
-        self.latency[bucket].fetch_add(1, Relaxed);
+        self.latency[bucket].fetch_add(n, Relaxed);
     }
 
     /// The upper bound, in ns, of the bucket holding quantile `q` (0..1); 0 with no samples.

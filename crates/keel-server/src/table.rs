@@ -5,6 +5,7 @@
 //! the command name.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::LazyLock;
 
 /// What a command is, for dispatch.
@@ -710,8 +711,38 @@ pub static SPECS: &[Spec] = &[
     ),
 ];
 
-static BY_NAME: LazyLock<HashMap<&'static [u8], &'static Spec>> =
+/// Commands by name. Every request looks its name up here, so the hash is FNV-1a rather
+/// than the default SipHash, which alone cost about as much as parsing the request. SipHash
+/// defends a table against keys chosen to collide; this one holds only the fixed command
+/// names, and a lookup of any other name costs one probe sequence whatever it hashes to.
+static BY_NAME: LazyLock<HashMap<&'static [u8], &'static Spec, BuildHasherDefault<NameHasher>>> =
     LazyLock::new(|| SPECS.iter().map(|s| (s.name.as_bytes(), s)).collect());
+
+/// FNV-1a, for [`BY_NAME`].
+struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> NameHasher {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // The length a slice hashes first: one step, not eight bytes.
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// Longest command name; longer names are unknown without a lookup.
 const NAME_BYTES_MAX: usize = 16;

@@ -96,9 +96,27 @@ pub enum ProtoError {
 /// Inline requests are returned as ranges too: their arguments are unquoted into
 /// `unquoted`, and `args` then index into `unquoted` instead of `buf` (see [`Request`]).
 pub fn parse(buf: &[u8], limits: Limits) -> Result<Request, ProtoError> {
+    let mut args = Vec::new();
+    let mut request = parse_into(buf, limits, &mut args)?;
+    if let Request::Parsed(Parsed::Request { args: ranges, .. }) = &mut request {
+        *ranges = args;
+    }
+    Ok(request)
+}
+
+/// [`parse`] for a caller that parses request after request: a multibulk request's argument
+/// ranges go into `args` (cleared first), and the `args` of the `Parsed::Request` returned
+/// is empty. A connection passes the same vector every time, so that parsing allocates
+/// nothing once it has seen its widest request.
+pub fn parse_into(
+    buf: &[u8],
+    limits: Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<Request, ProtoError> {
+    args.clear();
     match buf.first() {
         None => Ok(Request::Parsed(Parsed::Incomplete { needed: None })),
-        Some(b'*') => parse_multibulk(buf, limits).map(Request::Parsed),
+        Some(b'*') => parse_multibulk(buf, limits, args).map(Request::Parsed),
         Some(_) => parse_inline(buf),
     }
 }
@@ -124,7 +142,11 @@ fn find_cr(buf: &[u8], from: usize) -> Option<usize> {
         .map(|i| i + from)
 }
 
-fn parse_multibulk(buf: &[u8], limits: Limits) -> Result<Parsed, ProtoError> {
+fn parse_multibulk(
+    buf: &[u8],
+    limits: Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<Parsed, ProtoError> {
     let Some(cr) = find_cr(buf, 0) else {
         if buf.len() > INLINE_BYTES_MAX {
             return Err(ProtoError::MbulkCountTooBig);
@@ -149,7 +171,7 @@ fn parse_multibulk(buf: &[u8], limits: Limits) -> Result<Parsed, ProtoError> {
         return Ok(Parsed::Skip { consumed: pos });
     }
     let count = usize::try_from(count).expect("count is positive and below i32::MAX");
-    let mut args = Vec::with_capacity(count.min(ARGS_PREALLOCATED_MAX));
+    args.reserve(count.min(ARGS_PREALLOCATED_MAX));
     for _ in 0..count {
         let Some(cr) = find_cr(buf, pos) else {
             if buf.len() - pos > INLINE_BYTES_MAX {
@@ -184,7 +206,7 @@ fn parse_multibulk(buf: &[u8], limits: Limits) -> Result<Parsed, ProtoError> {
         pos = end + 2;
     }
     Ok(Parsed::Request {
-        args,
+        args: Vec::new(),
         consumed: pos,
     })
 }
