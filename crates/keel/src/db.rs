@@ -342,13 +342,24 @@ impl Shared {
     }
 
     fn checkpoint_due(&self) -> bool {
-        let (Some(files), Some(log)) = (&self.files, &self.log) else {
+        let Some((logged, age)) = self.since_checkpoint() else {
             return false;
         };
+        let options = &self.files.as_ref().expect("a log has files").options;
+        logged >= options.checkpoint_log_bytes || (logged > 0 && age >= options.checkpoint_interval)
+    }
+
+    /// Log bytes written since the newest checkpoint (past its lease frame), and the time
+    /// since it; `None` without files.
+    fn since_checkpoint(&self) -> Option<(u64, Duration)> {
+        let (Some(files), Some(log)) = (&self.files, &self.log) else {
+            return None;
+        };
         let state = files.checkpoint.lock();
-        let logged = log.tail().saturating_sub(state.baseline_lsn);
-        logged >= files.options.checkpoint_log_bytes
-            || (logged > 0 && state.at.elapsed() >= files.options.checkpoint_interval)
+        Some((
+            log.tail().saturating_sub(state.baseline_lsn),
+            state.at.elapsed(),
+        ))
     }
 }
 
@@ -444,10 +455,8 @@ impl Owner {
 
 impl Shared {
     fn checkpoint_due_on_close(&self) -> bool {
-        let (Some(files), Some(log)) = (&self.files, &self.log) else {
-            return false;
-        };
-        log.tail() > files.checkpoint.lock().baseline_lsn
+        self.since_checkpoint()
+            .is_some_and(|(logged, _)| logged > 0)
     }
 }
 
@@ -746,11 +755,7 @@ impl Db {
                 });
             }
         });
-        // Empty frames are timestamp leases, not commits.
-        recovery.log_frames = commits
-            .iter()
-            .filter(|c| !c.entries.is_empty() || !c.deltas.is_empty())
-            .count() as u64;
+        recovery.log_frames = commits.iter().filter(|c| !c.is_lease()).count() as u64;
         recovery.log_bytes = scanned.bytes;
         if let Some((path, len, cut)) = &scanned.torn {
             disk.truncate(path, *len)
@@ -929,17 +934,7 @@ impl Db {
             oracle.sum(|s| s.versions.load(Relaxed)) + self.shared.recovered_versions.load(Relaxed);
         let log = self.shared.log.as_ref().map(Log::shared);
         let splitter = &self.shared.splitter;
-        let (checkpoint_age, log_bytes_since_checkpoint) =
-            match (&self.shared.files, &self.shared.log) {
-                (Some(files), Some(log)) => {
-                    let state = files.checkpoint.lock();
-                    (
-                        Some(state.at.elapsed()),
-                        log.tail().saturating_sub(state.baseline_lsn),
-                    )
-                }
-                _ => (None, 0),
-            };
+        let since_checkpoint = self.shared.since_checkpoint();
         Stats {
             commits: sum(|s| s.commits.load(Relaxed) as i64),
             read_only_commits: sum(|s| s.read_only_commits.load(Relaxed) as i64),
@@ -958,8 +953,8 @@ impl Db {
             log_frames: log.map_or(0, |l| l.frames.load(Relaxed)),
             log_fsyncs: log.map_or(0, |l| l.fsyncs.load(Relaxed)),
             checkpoints: self.shared.checkpoints.load(Relaxed),
-            checkpoint_age,
-            log_bytes_since_checkpoint,
+            checkpoint_age: since_checkpoint.map(|(_, age)| age),
+            log_bytes_since_checkpoint: since_checkpoint.map_or(0, |(logged, _)| logged),
             visible_ts: oracle.visible(),
             gc_horizon_ts: oracle.horizon(),
         }

@@ -637,8 +637,10 @@ impl<'db> Txn<'db> {
                 slices.reserve_exact(writes.len());
             }
             for entry in &writes {
-                if let (Some(p), Write::Ops(ops), true) =
-                    (phase, &entry.write, entry.tickets.is_empty())
+                // A tracked entry's value must be known at commit: it never goes to a slice,
+                // and it is no reason to split its record.
+                let untracked = entry.tickets.is_empty();
+                if let (Some(p), Write::Ops(ops), true) = (phase, &entry.write, untracked)
                     && let Some(record) = self.db.store.get(&entry.key, entry.hash)
                     && let Some(sr) = record.get().split()
                     && sr.takes(p, ops)
@@ -660,8 +662,7 @@ impl<'db> Txn<'db> {
                 let outcome = if created {
                     Locking::Held
                 } else {
-                    let sliceable = slices_allowed && entry.tickets.is_empty();
-                    self.lock(record, me, &entry.write, sliceable)
+                    self.lock(record, me, &entry.write, slices_allowed && untracked)
                 };
                 match outcome {
                     Locking::Held => {}
@@ -679,8 +680,7 @@ impl<'db> Txn<'db> {
                         }));
                     }
                 }
-                // A tracked entry could not go to a slice: it is no reason to split.
-                if let (Write::Ops(ops), true) = (&entry.write, entry.tickets.is_empty()) {
+                if let (Write::Ops(ops), true) = (&entry.write, untracked) {
                     splitter.note(record, ops, false);
                 }
                 locked.push(record);

@@ -125,6 +125,14 @@ pub struct Commit {
     pub deltas: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl Commit {
+    /// A frame with no entries is a timestamp lease, not a commit (no commit without writes
+    /// is logged): it only raises the clock recovery resumes from.
+    pub fn is_lease(&self) -> bool {
+        self.entries.is_empty() && self.deltas.is_empty()
+    }
+}
+
 /// Decodes a payload whose checksum already matched. `None` if its structure is invalid.
 pub(crate) fn decode_payload(payload: &[u8]) -> Option<Commit> {
     let mut rest = payload;
