@@ -23,7 +23,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use history::{Elem, Key, Op, Outcome, Position, TxnRecord, check};
+use history::{
+    Elem, Key, Op, Outcome, Position, TxnRecord, check, decode_list, encode_list, list_key,
+};
 use keel::{Db, Options};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -31,25 +33,6 @@ use rand::{Rng, SeedableRng};
 /// List keys `k00..k07`: few, so that transactions contend.
 const KEYS: Key = 8;
 const THREADS: u64 = 4;
-
-fn list_key(k: Key) -> Vec<u8> {
-    format!("k{k:02}").into_bytes()
-}
-
-fn decode(value: Option<&[u8]>) -> Vec<Elem> {
-    let Some(value) = value else {
-        return Vec::new();
-    };
-    let text = std::str::from_utf8(value).expect("lists are ASCII");
-    text.split(' ')
-        .map(|e| e.parse().expect("list elements are numbers"))
-        .collect()
-}
-
-fn encode(list: &[Elem]) -> Vec<u8> {
-    let text: Vec<String> = list.iter().map(u64::to_string).collect();
-    text.join(" ").into_bytes()
-}
 
 /// The child's report lines: `I name ops` before a commit (its operations), then `C name ts`
 /// once it is acknowledged or `X name` once it lost a conflict. `ops` is `;`-separated:
@@ -119,7 +102,7 @@ fn child(dir: &Path, cycle: u64) {
                     let mut appended = Vec::new();
                     for _ in 0..rng.random_range(1..=3) {
                         let k = rng.random_range(0..KEYS);
-                        let list = decode(txn.get(&list_key(k)).unwrap().as_deref());
+                        let list = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
                         ops.push(Op::Read {
                             key: k,
                             value: list.clone(),
@@ -128,7 +111,7 @@ fn child(dir: &Path, cycle: u64) {
                             next_elem += 1;
                             let mut list = list;
                             list.push(next_elem);
-                            txn.put(&list_key(k), &encode(&list)).unwrap();
+                            txn.put(&list_key(k), &encode_list(&list)).unwrap();
                             ops.push(Op::Append {
                                 key: k,
                                 elem: next_elem,
@@ -238,7 +221,7 @@ fn crash_loop_histories_stay_serializable() {
         let snapshot = db.snapshot().unwrap();
         let read_ts = snapshot.read_ts().0;
         let lists: Vec<Vec<Elem>> = (0..KEYS)
-            .map(|k| decode(snapshot.get(&list_key(k)).unwrap().as_deref()))
+            .map(|k| decode_list(snapshot.get(&list_key(k)).unwrap().as_deref()))
             .collect();
         drop(snapshot);
         db.close().unwrap();

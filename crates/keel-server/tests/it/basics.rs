@@ -260,10 +260,7 @@ fn concurrent_counters_from_many_connections() {
         .map(|_| {
             let url = server.url(false);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 for _ in 0..200 {
                     let _: i64 = query(&mut c, &["INCR", "hot"]);
                     let _: String = query(&mut c, &["KEEL.ADD", "hot2", "1"]);

@@ -129,6 +129,29 @@ pub fn is_closed(stream: &mut TcpStream) -> bool {
         || matches!(stream.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
 }
 
+/// A client connection to `url` (from [`TestServer::url`]), for a client thread.
+pub fn connect(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_connection()
+        .expect("connect")
+}
+
+/// One field of an `INFO` reply.
+pub fn info_field<'a>(info: &'a str, name: &str) -> &'a str {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("{name} in {info}"))
+}
+
+/// One numeric field of an `INFO` reply.
+pub fn info_counter(info: &str, name: &str) -> u64 {
+    info_field(info, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is a number in {info}"))
+}
+
 pub fn query<T: redis::FromRedisValue>(con: &mut redis::Connection, args: &[&str]) -> T {
     let mut c = redis::cmd(args[0]);
     for a in &args[1..] {

@@ -269,10 +269,7 @@ fn sync_durability_logs_and_groups_commits() {
         .map(|t| {
             let url = server.url(false);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 for i in 0..50 {
                     let _: () = query(&mut c, &["SET", &format!("k{t}:{i}"), "v"]);
                 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use keel::SplitMode;
 
-use crate::{TestServer, query};
+use crate::{TestServer, info_counter, info_field, query};
 
 /// A server that splits every key `KEEL.ADD` touches, with short phases so that a test spans
 /// many of them; with `dir`, durable (`sync`) in it.
@@ -25,28 +25,16 @@ fn forced(dir: Option<&std::path::Path>) -> TestServer {
     })
 }
 
-/// One field of an `INFO` reply.
-fn field<'a>(info: &'a str, name: &str) -> &'a str {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .map(str::trim)
-        .unwrap_or_else(|| panic!("{name} in {info}"))
-}
-
-fn counter(info: &str, name: &str) -> u64 {
-    field(info, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} is a number in {info}"))
-}
-
 /// Waits until `hot` is split and has taken split commits.
 fn wait_split(server: &TestServer) {
     let mut c = server.client();
     let started = Instant::now();
     loop {
         let info: String = query(&mut c, &["INFO", "split"]);
-        let split = field(&info, "split_keys").split(',').any(|k| k == "hot");
-        if split && counter(&info, "split_commits") > 0 {
+        let split = info_field(&info, "split_keys")
+            .split(',')
+            .any(|k| k == "hot");
+        if split && info_counter(&info, "split_commits") > 0 {
             return;
         }
         assert!(
@@ -79,10 +67,7 @@ fn adds_on_a_split_key(dir: Option<&std::path::Path>) {
         .map(|t| {
             let url = server.url(t % 2 == 1);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 if t % 4 < 2 {
                     // Pipelined: the server runs each pipeline of adds as one transaction.
                     for _ in 0..ADDS / 100 {
@@ -111,13 +96,13 @@ fn adds_on_a_split_key(dir: Option<&std::path::Path>) {
     let info: String = query(&mut c, &["INFO", "split"]);
     assert!(info.starts_with("# Split\r\n"), "{info}");
     assert!(!info.contains("# Keel"), "{info}");
-    assert_eq!(field(&info, "split_mode"), "force");
-    assert_eq!(field(&info, "split_phase_ms"), "5");
-    assert_eq!(field(&info, "split_keys"), "hot");
-    assert_eq!(counter(&info, "split_records"), 1);
-    assert!(counter(&info, "split_commits") > 0, "{info}");
-    assert!(counter(&info, "split_phases") > 0, "{info}");
-    assert!(counter(&info, "split_splits") > 0, "{info}");
+    assert_eq!(info_field(&info, "split_mode"), "force");
+    assert_eq!(info_field(&info, "split_phase_ms"), "5");
+    assert_eq!(info_field(&info, "split_keys"), "hot");
+    assert_eq!(info_counter(&info, "split_records"), 1);
+    assert!(info_counter(&info, "split_commits") > 0, "{info}");
+    assert!(info_counter(&info, "split_phases") > 0, "{info}");
+    assert!(info_counter(&info, "split_splits") > 0, "{info}");
     let all: String = query(&mut c, &["INFO"]);
     assert!(all.contains("# Split\r\nsplit_mode:force\r\n"), "{all}");
     assert_eq!(
@@ -157,10 +142,7 @@ fn multi_reading_a_split_key_runs_in_the_joined_phase() {
             let url = server.url(false);
             let (stop, acked) = (stop.clone(), acked.clone());
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 while !stop.load(Ordering::Relaxed) {
                     assert_eq!(query::<String>(&mut c, &["KEEL.ADD", "hot", "1"]), "OK");
                     acked.fetch_add(1, Ordering::SeqCst);
@@ -199,8 +181,8 @@ fn multi_reading_a_split_key_runs_in_the_joined_phase() {
     assert_eq!(counted, acked.load(Ordering::SeqCst), "an add was lost");
 
     let info: String = query(&mut c, &["INFO", "split"]);
-    assert!(counter(&info, "split_stashes") > 0, "{info}");
-    assert!(counter(&info, "split_commits") > 0, "{info}");
+    assert!(info_counter(&info, "split_stashes") > 0, "{info}");
+    assert!(info_counter(&info, "split_commits") > 0, "{info}");
     // Each EXEC waits a few phases (5 ms) at most; generous for a loaded machine.
     assert!(slowest < Duration::from_secs(5), "an EXEC took {slowest:?}");
 }

@@ -223,10 +223,7 @@ fn concurrent_exec_is_serializable() {
         .map(|t| {
             let url = server.url(t % 2 == 0);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 for i in 0..100 {
                     let from = format!("acct{}", (t + i) % 4);
                     let to = format!("acct{}", (t + i + 1) % 4);
@@ -267,10 +264,7 @@ fn watch_increments_lose_no_update() {
         .map(|_| {
             let url = server.url(false);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 let mut committed = 0;
                 for _ in 0..100 {
                     let _: () = query(&mut c, &["WATCH", "n"]);
@@ -331,15 +325,10 @@ fn keel_range_in_multi_is_consistent() {
     assert_eq!(replies[4], Value::BulkString(b"6".to_vec()));
 }
 
-/// The value of an integer field of `INFO`.
-fn info_int(c: &mut redis::Connection, field: &str) -> i64 {
+/// The conflict retries the server counted so far.
+fn conflict_retries(c: &mut redis::Connection) -> u64 {
     let info: String = query(c, &["INFO", "all"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("INFO has no {field}"))
-        .trim()
-        .parse()
-        .expect("an integer field")
+    crate::info_counter(&info, "keel_conflict_retries")
 }
 
 /// INCR inside MULTI is the engine's commutative add: many connections incrementing one hot
@@ -351,15 +340,12 @@ fn hot_counter_increments_in_multi_never_conflict() {
     const EXECS: usize = 150;
     let server = TestServer::start();
     let mut c = server.client();
-    let retries_before = info_int(&mut c, "keel_conflict_retries");
+    let retries_before = conflict_retries(&mut c);
     let threads: Vec<_> = (0..CLIENTS)
         .map(|t| {
             let url = server.url(t % 2 == 0);
             std::thread::spawn(move || {
-                let mut c = redis::Client::open(url)
-                    .expect("url")
-                    .get_connection()
-                    .expect("connect");
+                let mut c = crate::connect(&url);
                 (0..EXECS)
                     .map(|_| {
                         let (hot, _, by_two): (i64, String, i64) = redis::pipe()
@@ -393,7 +379,7 @@ fn hot_counter_increments_in_multi_never_conflict() {
     );
     assert_eq!(query::<i64>(&mut c, &["GET", "hot"]), n);
     assert_eq!(query::<i64>(&mut c, &["GET", "pairs"]), 2 * n);
-    assert_eq!(info_int(&mut c, "keel_conflict_retries"), retries_before);
+    assert_eq!(conflict_retries(&mut c), retries_before);
 }
 
 /// A tracked increment followed, in the same EXEC, by a read or an overwrite of its key, and

@@ -18,16 +18,14 @@ use keel::{Db, Options, SplitMode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::history::{Elem, Key, Op, Outcome, Position, Report, TxnRecord, check};
+use crate::history::{
+    Key, Op, Outcome, Position, Report, TxnRecord, check, decode_list, encode_list, list_key,
+};
 
 /// List keys `k00..k05`: few, so that transactions contend.
 const KEYS: Key = 6;
 /// Counter keys `c0..c2` (they sort before the list keys, outside every list range).
 const COUNTERS: Key = 3;
-
-fn list_key(k: Key) -> Vec<u8> {
-    format!("k{k:02}").into_bytes()
-}
 
 fn list_key_id(key: &[u8]) -> Key {
     let text = std::str::from_utf8(key).expect("keys are ASCII");
@@ -36,21 +34,6 @@ fn list_key_id(key: &[u8]) -> Key {
 
 fn counter_key(c: Key) -> Vec<u8> {
     format!("c{c}").into_bytes()
-}
-
-fn decode(value: Option<&[u8]>) -> Vec<Elem> {
-    let Some(value) = value else {
-        return Vec::new();
-    };
-    let text = std::str::from_utf8(value).expect("lists are ASCII");
-    text.split(' ')
-        .map(|e| e.parse().expect("list elements are numbers"))
-        .collect()
-}
-
-fn encode(list: &[Elem]) -> Vec<u8> {
-    let text: Vec<String> = list.iter().map(u64::to_string).collect();
-    text.join(" ").into_bytes()
 }
 
 fn counter_value(value: Option<Vec<u8>>) -> i64 {
@@ -103,7 +86,7 @@ where
             exhausted = true;
             break;
         };
-        let item = (list_key_id(&k), decode(Some(&v)));
+        let item = (list_key_id(&k), decode_list(Some(&v)));
         if from_back {
             back.push(item);
         } else {
@@ -166,7 +149,7 @@ fn run_thread(db: &Db, clock: &Clock, config: Config, seed: u64, thread: u64) ->
             let choice = rng.random_range(0..100);
             if choice < 40 {
                 let k = rng.random_range(0..KEYS);
-                let list = decode(txn.get(&list_key(k)).unwrap().as_deref());
+                let list = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
                 ops.push(Op::Read {
                     key: k,
                     value: list.clone(),
@@ -175,7 +158,7 @@ fn run_thread(db: &Db, clock: &Clock, config: Config, seed: u64, thread: u64) ->
                     next_elem += 1;
                     let mut list = list;
                     list.push(next_elem);
-                    txn.put(&list_key(k), &encode(&list)).unwrap();
+                    txn.put(&list_key(k), &encode_list(&list)).unwrap();
                     ops.push(Op::Append {
                         key: k,
                         elem: next_elem,
@@ -185,7 +168,7 @@ fn run_thread(db: &Db, clock: &Clock, config: Config, seed: u64, thread: u64) ->
                 }
             } else if choice < 65 {
                 let k = rng.random_range(0..KEYS);
-                let value = decode(txn.get(&list_key(k)).unwrap().as_deref());
+                let value = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
                 ops.push(Op::Read { key: k, value });
             } else if choice < 85 || !config.with_adds {
                 let (lo, hi, mode, limit) = random_range(&mut rng);
@@ -252,7 +235,7 @@ fn run_snapshot(
         match rng.random_range(0..3) {
             0 => {
                 let k = rng.random_range(0..KEYS);
-                let value = decode(snapshot.get(&list_key(k)).unwrap().as_deref());
+                let value = decode_list(snapshot.get(&list_key(k)).unwrap().as_deref());
                 ops.push(Op::Read { key: k, value });
             }
             1 => {

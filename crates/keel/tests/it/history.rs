@@ -42,6 +42,29 @@ pub type Key = u32;
 /// A list element; unique across a history.
 pub type Elem = u64;
 
+/// The key a list is stored under: `k00`, `k01`, ... (list keys sort together, after
+/// anything starting with a lower byte).
+pub fn list_key(k: Key) -> Vec<u8> {
+    format!("k{k:02}").into_bytes()
+}
+
+/// A stored list (`None`: absent, the empty list): elements as decimal text, space-separated.
+pub fn decode_list(value: Option<&[u8]>) -> Vec<Elem> {
+    let Some(value) = value else {
+        return Vec::new();
+    };
+    let text = std::str::from_utf8(value).expect("lists are ASCII");
+    text.split(' ')
+        .map(|e| e.parse().expect("list elements are numbers"))
+        .collect()
+}
+
+/// The stored form of `list` (see [`decode_list`]).
+pub fn encode_list(list: &[Elem]) -> Vec<u8> {
+    let text: Vec<String> = list.iter().map(u64::to_string).collect();
+    text.join(" ").into_bytes()
+}
+
 /// One operation of a transaction, in the order it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
