@@ -49,7 +49,7 @@ pub(crate) fn check_on(
     let mut segments = reader::list_segments(disk, dir)?;
     report.segments = segments.len();
     loop {
-        match reader::scan(disk, &segments, 0, |_, _| {}) {
+        match reader::scan(disk, &segments, 0, |_| {}) {
             Ok(scanned) => {
                 report.frames = scanned.frames;
                 if let Some((path, len, cut)) = scanned.torn {

@@ -2,7 +2,6 @@
 //! retrying `transact` helper.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -17,12 +16,14 @@ use crate::error::{BeginError, OpenError, TransactError};
 use crate::index::hash;
 use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
-use crate::mvcc::LockOwner;
-use crate::split::{Delta, Joined, SplitMode, Splitter};
+use crate::mvcc::RecordRef;
+use crate::replay::{Replayed, Replayer, Write};
+use crate::split::{Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
-use crate::wal::format::{Commit, segment_name};
-use crate::wal::{Durability, Log, LogFailed, reader};
+use crate::wal::format::{Entry, segment_name};
+use crate::wal::reader::{self, SegmentFrames};
+use crate::wal::{Durability, Log, LogFailed};
 use crate::{Error, Ts};
 
 /// Settings for a database.
@@ -184,6 +185,8 @@ pub struct Recovery {
     pub last_ts: Ts,
     /// How long recovery took.
     pub elapsed: Duration,
+    /// Of `elapsed`, how long building the ordered index from the recovered keys took.
+    pub index_elapsed: Duration,
 }
 
 struct Files {
@@ -662,17 +665,20 @@ impl Db {
         }
         let manifest = Manifest::read(&*disk, &dir)?;
         let threads = options.recovery_threads.max(1);
-        let shared_store = MemStore::new(options.capacity_hint);
-        let recovered_versions = AtomicI64::new(0);
+        let mut shared_store = MemStore::new(options.capacity_hint);
+        let mut versions = 0;
         let mut last_ts = manifest.snapshot_ts;
         let mut recovery = Recovery::default();
+        // Per thread, the records it created (for the ordered index, built at the end).
+        let mut created: Vec<Vec<(u64, RecordRef)>> = vec![Vec::new(); threads];
+        let mut gather = |done: Vec<Replayed>| {
+            for (mine, done) in created.iter_mut().zip(done) {
+                mine.extend(done.created);
+                versions += done.versions;
+            }
+        };
 
         // Load the checkpoint, its blocks spread over the recovery threads.
-        let apply = |key: &[u8], ts: Ts, value: Option<&[u8]>| {
-            let added = apply_recovered(&shared_store, key, ts, value);
-            recovered_versions.fetch_add(added.unwrap_or(0), Ordering::Relaxed);
-            added.is_some()
-        };
         if let Some(name) = &manifest.checkpoint {
             let loaded = checkpoint::load(&*disk, &dir.join(name))?;
             if loaded.snapshot_ts != manifest.snapshot_ts
@@ -684,19 +690,28 @@ impl Db {
                     reason: "checkpoint header disagrees with the manifest".into(),
                 });
             }
-            std::thread::scope(|s| {
-                for t in 0..threads {
-                    let (blocks, apply) = (&loaded.blocks, &apply);
-                    s.spawn(move || {
-                        for block in blocks.iter().skip(t).step_by(threads) {
-                            checkpoint::for_each_entry(block, |k, ts, v| {
-                                apply(k, ts, Some(v));
-                            })
-                            .expect("verified while loading");
-                        }
-                    });
-                }
-            });
+            let store = &shared_store;
+            gather(std::thread::scope(|s| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let loaded = &loaded;
+                        s.spawn(move || {
+                            let mut replayer = Replayer::new(store);
+                            for block in loaded.blocks().skip(t).step_by(threads) {
+                                checkpoint::for_each_entry(block, |k, ts, v| {
+                                    replayer.push(hash(k), k, ts, Write::Value(Some(v)));
+                                })
+                                .expect("verified while loading");
+                            }
+                            replayer.finish()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().expect("replay thread"))
+                    .collect()
+            }));
             recovery.checkpoint = Some((name.clone(), loaded.count));
         }
 
@@ -714,48 +729,48 @@ impl Db {
                 ),
             });
         }
-        let mut commits: Vec<Commit> = Vec::new();
-        let scanned = reader::scan(&*disk, &segments, manifest.replay_from_lsn, |_, commit| {
-            commits.push(commit)
+        let mut log: Vec<SegmentFrames> = Vec::new();
+        let scanned = reader::scan(&*disk, &segments, manifest.replay_from_lsn, |frames| {
+            log.push(frames)
         })?;
-        for commit in &commits {
-            last_ts = last_ts.max(commit.ts);
+        let frames = || log.iter().flat_map(SegmentFrames::frames);
+        for frame in frames() {
+            last_ts = last_ts.max(frame.ts);
         }
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let (commits, apply, store) = (&commits, &apply, &shared_store);
-                s.spawn(move || {
-                    // Deltas of split records wait here until a full value supersedes them
-                    // or the log ends (see `Pending`).
-                    let mut pending: HashMap<&[u8], Pending> = HashMap::new();
-                    for commit in commits {
-                        for (key, value) in &commit.entries {
-                            if hash(key) as usize % threads == t
-                                && apply(key, commit.ts, value.as_deref())
-                            {
-                                pending.remove(key.as_slice());
+        let store = &shared_store;
+        gather(std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut replayer = Replayer::new(store);
+                        for frame in frames() {
+                            for entry in frame.entries() {
+                                let (key, write) = match entry {
+                                    Entry::Put(key, value) => (key, Write::Value(Some(value))),
+                                    Entry::Delete(key) => (key, Write::Value(None)),
+                                    Entry::Delta(key, delta) => (key, Write::Delta(delta)),
+                                };
+                                let h = hash(key);
+                                if h as usize % threads == t {
+                                    replayer.push(h, key, frame.ts, write);
+                                }
                             }
                         }
-                        for (key, delta) in &commit.deltas {
-                            if hash(key) as usize % threads == t {
-                                let delta = Delta::decode(delta).expect("checked by the reader");
-                                note_delta(store, &mut pending, key, commit.ts, delta);
-                            }
-                        }
-                    }
-                    for (key, p) in pending {
-                        let record = store.get(key, hash(key)).map(|r| r.get());
-                        let base = record.and_then(|r| r.head()).and_then(|v| v.value());
-                        // A delta that cannot apply was never acknowledged (the commit
-                        // checked its base); it cannot occur in a log keel wrote.
-                        if let Ok(value) = p.delta.apply(key, base) {
-                            apply(key, p.max_tag, Some(&value));
-                        }
-                    }
-                });
-            }
-        });
-        recovery.log_frames = commits.iter().filter(|c| !c.is_lease()).count() as u64;
+                        replayer.finish()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("replay thread"))
+                .collect()
+        }));
+        recovery.log_frames = frames().filter(|f| !f.is_lease()).count() as u64;
+        drop(log);
+        // Every record is in; now the ordered index, in one sorted pass.
+        let indexing = Instant::now();
+        shared_store.link_recovered(created);
+        recovery.index_elapsed = indexing.elapsed();
         recovery.log_bytes = scanned.bytes;
         if let Some((path, len, cut)) = &scanned.torn {
             disk.truncate(path, *len)
@@ -807,7 +822,7 @@ impl Db {
             log: Some(log),
             splitter: Splitter::new(settings),
             files: Some(files),
-            recovered_versions,
+            recovered_versions: AtomicI64::new(versions),
             checkpoints: AtomicU64::new(0),
             // The first timestamp handed out logs a lease.
             ts_lease: AtomicU64::new(last_ts.0 + 1),
@@ -984,72 +999,6 @@ impl Db {
     pub fn collect_garbage(&self) {
         self.shared.oracle.collect();
     }
-}
-
-/// Deltas of one split record found in the log after its last full value.
-struct Pending {
-    /// Head timestamp when the first delta arrived: deltas at or below it are in the
-    /// checkpoint already.
-    base_ts: Ts,
-    delta: Delta,
-    max_tag: Ts,
-}
-
-/// Folds a logged delta into `pending` unless the key's recovered value already holds it.
-fn note_delta<'k>(
-    store: &MemStore,
-    pending: &mut HashMap<&'k [u8], Pending>,
-    key: &'k [u8],
-    tag: Ts,
-    delta: Delta,
-) {
-    if let Some(p) = pending.get_mut(key) {
-        if tag > p.base_ts {
-            p.max_tag = p.max_tag.max(tag);
-            if p.delta.merge(key, &delta).is_none() {
-                // Deltas of one phase share a kind; a record re-split for another kind
-                // starts after a full value, which cleared the pending entry.
-                p.delta = delta;
-            }
-        }
-        return;
-    }
-    let base_ts = store
-        .get(key, hash(key))
-        .and_then(|r| r.get().head().map(|v| v.ts()))
-        .unwrap_or(Ts(0));
-    if tag > base_ts {
-        pending.insert(
-            key,
-            Pending {
-                base_ts,
-                delta,
-                max_tag: tag,
-            },
-        );
-    }
-}
-
-/// Installs a recovered version unless the key already has one at or after `ts`; returns
-/// the change in the version count, or `None` if nothing was installed. Recovery partitions keys over its threads, so the lock
-/// is always free.
-fn apply_recovered(store: &MemStore, key: &[u8], ts: Ts, value: Option<&[u8]>) -> Option<i64> {
-    const RECOVERY: LockOwner = LockOwner(u64::MAX);
-    let h = hash(key);
-    let (record, created) = store.get_or_create_locked(key, h, RECOVERY, value.map(<[u8]>::len));
-    let r = record.get();
-    if !created {
-        assert!(
-            r.try_lock(RECOVERY),
-            "recovery partitions keys, so nobody else holds the lock"
-        );
-    }
-    let delta = r
-        .head()
-        .is_none_or(|v| v.ts() < ts)
-        .then(|| r.install(RECOVERY, ts, value, ts));
-    r.unlock(RECOVERY);
-    delta
 }
 
 fn checkpointer(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {

@@ -30,6 +30,7 @@ mod io;
 pub mod limits;
 mod memory;
 mod mvcc;
+mod replay;
 mod split;
 mod store;
 mod txn;
@@ -41,10 +42,9 @@ pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery,
 pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
 };
-pub use io::{AppendFile, Disk, Fault, OsDisk, SimDisk};
+pub use io::{AppendFile, Disk, Fault, FileBytes, OsDisk, SimDisk};
 pub use split::{Joined, SplitMode};
 pub use txn::{Committed, Range, Scan, Snapshot, Ticket, Txn};
-pub use wal::format::Commit as LoggedCommit;
 pub use wal::{Durability, LogFailed};
 
 /// A commit timestamp. Commits are totally ordered by it, and that order is a serial order.

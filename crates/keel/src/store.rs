@@ -3,18 +3,17 @@
 //! This is the transaction component's view of the data component (Deuteronomy's TC/DC
 //! split): the transaction layer (`txn`, `concurrency`) decides visibility, locking and
 //! validation, and asks the store only for record handles. [`MemStore`] keeps every record in
-//! memory behind two indexes — the hash index for point access and a lock-free skip list for
-//! ordered scans (Hekaton keeps both kinds on one row the same way). A disk-resident store
-//! implements the same trait.
+//! memory behind two indexes — the hash index for point access and a lock-free skip list
+//! threaded through the records for ordered scans (Hekaton keeps both kinds on one row the
+//! same way). A disk-resident store implements the same trait.
 //!
 //! Invariant: a record is in the hash index and in the ordered index before its creator takes
 //! a commit timestamp, so a range validation that runs after a later timestamp sees it.
 
 use std::ops::{Bound, RangeBounds};
 
-use crossbeam_skiplist::SkipMap;
-
 use crate::index::Index;
+use crate::index::ordered::{Ordered, Range};
 use crate::memory::Arena;
 use crate::mvcc::{LockOwner, Record, RecordRef};
 
@@ -77,7 +76,7 @@ pub(crate) trait Store: Send + Sync {
 /// The in-memory record store.
 pub(crate) struct MemStore {
     index: Index,
-    ordered: SkipMap<Vec<u8>, RecordRef>,
+    ordered: Ordered,
     arena: Arena,
 }
 
@@ -85,7 +84,7 @@ impl MemStore {
     pub(crate) fn new(capacity_hint: usize) -> MemStore {
         MemStore {
             index: Index::new(capacity_hint),
-            ordered: SkipMap::new(),
+            ordered: Ordered::new(),
             arena: Arena::new(),
         }
     }
@@ -94,28 +93,77 @@ impl MemStore {
     pub(crate) fn arena_bytes(&self) -> usize {
         self.arena.mapped_bytes()
     }
-}
 
-/// Scan over [`MemStore`].
-pub(crate) struct MemScan<'a> {
-    inner: crossbeam_skiplist::map::Range<'a, [u8], KeyRange, Vec<u8>, RecordRef>,
-}
+    /// Recovery's [`Store::get_or_create_locked`]: a new record goes into the point index
+    /// only. Nothing may scan until [`MemStore::link_recovered`] has put every record in the
+    /// ordered index, which is far cheaper in one sorted pass than key by key.
+    pub(crate) fn get_or_create_unordered(
+        &self,
+        key: &[u8],
+        hash: u64,
+        me: LockOwner,
+        reserve: Option<usize>,
+    ) -> (RecordRef, bool) {
+        if let Some(record) = self.index.get(key, hash) {
+            return (record, false);
+        }
+        let new = RecordRef(Record::new_locked(&self.arena, key, hash, me, reserve));
+        self.index.insert(new)
+    }
 
-impl Iterator for MemScan<'_> {
-    type Item = RecordRef;
-    fn next(&mut self) -> Option<RecordRef> {
-        self.inner.next().map(|entry| *entry.value())
+    /// Starts loading the index bucket a lookup of `hash` reads first.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        self.index.prefetch(hash);
+    }
+
+    /// Links every record into the empty ordered index; ends recovery's
+    /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, each with its key's
+    /// [`key_prefix`], in any order; each run is sorted on a thread of its own.
+    pub(crate) fn link_recovered(&mut self, mut runs: Vec<Vec<(u64, RecordRef)>>) {
+        // Sorting by the first 8 key bytes, then by the whole key, keeps most comparisons
+        // in the run instead of chasing two record pointers.
+        type Entry = (u64, RecordRef);
+        fn order(a: &Entry, b: &Entry) -> std::cmp::Ordering {
+            a.0.cmp(&b.0)
+                .then_with(|| a.1.get().key().cmp(b.1.get().key()))
+        }
+        assert_eq!(
+            runs.iter().map(Vec::len).sum::<usize>(),
+            self.index.len(),
+            "every record is in exactly one run"
+        );
+        std::thread::scope(|s| {
+            for run in &mut runs {
+                s.spawn(move || run.sort_unstable_by(order));
+            }
+        });
+        let mut heads: Vec<&[Entry]> = runs.iter().map(Vec::as_slice).collect();
+        self.ordered.build_sorted(std::iter::from_fn(move || {
+            // A k-way merge over a handful of runs: the smallest head, found by scanning.
+            let (i, _) = heads
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !r.is_empty())
+                .min_by(|(_, a), (_, b)| order(&a[0], &b[0]))?;
+            let (first, rest) = heads[i].split_first().expect("non-empty run");
+            heads[i] = rest;
+            Some(first.1)
+        }));
     }
 }
 
-impl DoubleEndedIterator for MemScan<'_> {
-    fn next_back(&mut self) -> Option<RecordRef> {
-        self.inner.next_back().map(|entry| *entry.value())
-    }
+/// The first 8 bytes of `key`, zero-padded, as a big-endian number: ordering by it agrees
+/// with ordering by key wherever the prefixes differ.
+pub(crate) fn key_prefix(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = key.len().min(8);
+    bytes[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(bytes)
 }
 
 impl Store for MemStore {
-    type Scan<'a> = MemScan<'a>;
+    type Scan<'a> = Range<'a>;
 
     #[inline]
     fn get(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
@@ -138,14 +186,12 @@ impl Store for MemStore {
             // The losing record stays in the arena unused; races on a new key are rare.
             return (record, false);
         }
-        self.ordered.insert(key.to_vec(), record);
+        self.ordered.insert(record);
         (record, true)
     }
 
-    fn scan(&self, range: KeyRange) -> MemScan<'_> {
-        MemScan {
-            inner: self.ordered.range(range),
-        }
+    fn scan(&self, range: KeyRange) -> Range<'_> {
+        self.ordered.range(range)
     }
 
     fn len(&self) -> usize {
@@ -155,9 +201,7 @@ impl Store for MemStore {
 
 impl Drop for MemStore {
     fn drop(&mut self) {
-        let records: Vec<RecordRef> = self.index.records().collect();
-        self.ordered.clear();
-        for record in records {
+        for record in self.index.records() {
             // SAFETY: the store is being dropped, so nobody else holds a handle; each record
             // is in the index exactly once. The arena frees the records themselves after.
             unsafe { Record::free_versions(record.0) };

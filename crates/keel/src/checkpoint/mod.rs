@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::Ts;
 use crate::error::OpenError;
-use crate::io::{Disk, write_atomic};
+use crate::io::{Disk, FileBytes, write_atomic};
 
 pub(crate) const MANIFEST: &str = "MANIFEST";
 const MANIFEST_MAGIC: &[u8; 8] = b"KEELMAN\0";
@@ -187,13 +187,22 @@ pub(crate) fn write<'a>(
 pub(crate) struct Loaded {
     pub(crate) snapshot_ts: Ts,
     pub(crate) replay_from_lsn: u64,
-    pub(crate) blocks: Vec<Vec<u8>>,
+    data: FileBytes,
+    /// Where the verified blocks lie in `data`.
+    blocks: Vec<std::ops::Range<usize>>,
     pub(crate) count: u64,
+}
+
+impl Loaded {
+    /// The verified blocks, in key order.
+    pub(crate) fn blocks(&self) -> impl ExactSizeIterator<Item = &[u8]> + Clone {
+        self.blocks.iter().map(|range| &self.data[range.clone()])
+    }
 }
 
 /// Reads and verifies a checkpoint file.
 pub(crate) fn load(disk: &dyn Disk, path: &Path) -> Result<Loaded, OpenError> {
-    let data = disk.read(path).map_err(|e| OpenError::io(path, e))?;
+    let data = disk.read_shared(path).map_err(|e| OpenError::io(path, e))?;
     let bad = |offset: usize, reason: &str| OpenError::Damaged {
         file: path.to_path_buf(),
         offset: offset as u64,
@@ -239,6 +248,7 @@ pub(crate) fn load(disk: &dyn Disk, path: &Path) -> Result<Loaded, OpenError> {
             return Ok(Loaded {
                 snapshot_ts,
                 replay_from_lsn,
+                data,
                 blocks,
                 count,
             });
@@ -252,14 +262,17 @@ pub(crate) fn load(disk: &dyn Disk, path: &Path) -> Result<Loaded, OpenError> {
         let n = for_each_entry(block, |_, _, _| {})
             .ok_or_else(|| bad(pos, "a block with a valid checksum has an invalid layout"))?;
         entries += n;
-        blocks.push(block.to_vec());
+        blocks.push(pos + 8..pos + 8 + len);
         pos += 8 + len;
     }
 }
 
 /// Calls `f(key, ts, value)` for each entry of a verified block; `None` if the block's
 /// structure is invalid. Returns the entry count.
-pub(crate) fn for_each_entry(mut block: &[u8], mut f: impl FnMut(&[u8], Ts, &[u8])) -> Option<u64> {
+pub(crate) fn for_each_entry<'a>(
+    mut block: &'a [u8],
+    mut f: impl FnMut(&'a [u8], Ts, &'a [u8]),
+) -> Option<u64> {
     let mut n = 0;
     while !block.is_empty() {
         let (head, rest) = block.split_at_checked(16)?;

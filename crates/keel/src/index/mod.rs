@@ -21,7 +21,10 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, RwLock};
 
+use crate::memory::Region;
 use crate::mvcc::{Record, RecordRef};
+
+pub(crate) mod ordered;
 
 const SLOTS: usize = 8;
 const POINTER_BITS: u32 = 48;
@@ -34,26 +37,38 @@ struct Bucket {
 const _: () = assert!(size_of::<Bucket>() == 64);
 
 struct Table {
-    buckets: Box<[Bucket]>,
+    /// `mask + 1` buckets, zeroed (empty) when mapped: a huge-page region, since every
+    /// lookup lands on a random bucket and TLB misses cost as much as cache misses.
+    region: Region,
     mask: usize,
 }
 
 impl Table {
     fn with_buckets(count: usize) -> Box<Table> {
         assert!(count.is_power_of_two());
-        let buckets = (0..count)
-            .map(|_| Bucket {
-                slots: std::array::from_fn(|_| AtomicU64::new(0)),
-            })
-            .collect();
         Box::new(Table {
-            buckets,
+            region: Region::new(count * size_of::<Bucket>()),
             mask: count - 1,
         })
     }
 
+    #[inline]
+    fn buckets(&self) -> &[Bucket] {
+        // SAFETY: the region holds `mask + 1` buckets' bytes, 2 MiB-aligned, zeroed, which
+        // is a valid `Bucket` (all slots empty); it lives as long as the table.
+        unsafe {
+            std::slice::from_raw_parts(self.region.start().as_ptr().cast::<Bucket>(), self.mask + 1)
+        }
+    }
+
+    /// Starts loading the bucket `hash` probes first.
+    #[inline]
+    fn prefetch(&self, hash: u64) {
+        crate::memory::prefetch(&self.buckets()[bucket_of(hash, self.mask)]);
+    }
+
     fn capacity(&self) -> usize {
-        self.buckets.len() * SLOTS
+        (self.mask + 1) * SLOTS
     }
 
     #[inline]
@@ -61,7 +76,7 @@ impl Table {
         let tag = tag_of(hash);
         let mut b = bucket_of(hash, self.mask);
         loop {
-            let bucket = &self.buckets[b];
+            let bucket = &self.buckets()[b];
             for slot in &bucket.slots {
                 let entry = slot.load(Ordering::Acquire);
                 if entry == 0 {
@@ -94,7 +109,7 @@ impl Table {
         let entry_new = (tag << POINTER_BITS) | address;
         let mut b = bucket_of(hash, self.mask);
         loop {
-            for slot in &self.buckets[b].slots {
+            for slot in &self.buckets()[b].slots {
                 let mut entry = slot.load(Ordering::Acquire);
                 if entry == 0 {
                     match slot.compare_exchange(0, entry_new, Ordering::AcqRel, Ordering::Acquire) {
@@ -115,7 +130,7 @@ impl Table {
     }
 
     fn entries(&self) -> impl Iterator<Item = RecordRef> + '_ {
-        self.buckets
+        self.buckets()
             .iter()
             .flat_map(|b| b.slots.iter())
             .filter_map(|slot| {
@@ -172,6 +187,12 @@ impl Index {
         unsafe { &*self.table.load(Ordering::Acquire) }
     }
 
+    /// Starts loading what a lookup of `hash` reads first, for a lookup soon after.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        self.table().prefetch(hash);
+    }
+
     #[inline]
     pub(crate) fn get(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
         self.table().find(key, hash)
@@ -202,7 +223,7 @@ impl Index {
         if self.len.load(Ordering::Relaxed) < old.capacity() * 3 / 4 {
             return; // another thread grew it
         }
-        let new = Table::with_buckets(old.buckets.len() * 2);
+        let new = Table::with_buckets((old.mask + 1) * 2);
         for record in old.entries() {
             let (_, inserted) = new.insert(record);
             assert!(inserted, "a key appeared twice in the index");

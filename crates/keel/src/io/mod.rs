@@ -15,6 +15,37 @@ mod sim;
 pub use os::OsDisk;
 pub use sim::{Fault, SimDisk};
 
+/// A whole file's bytes, from [`Disk::read_shared`]: in memory, or mapped.
+pub struct FileBytes(Bytes);
+
+enum Bytes {
+    Owned(Vec<u8>),
+    Mapped(os::Mapped),
+}
+
+impl From<Vec<u8>> for FileBytes {
+    fn from(bytes: Vec<u8>) -> FileBytes {
+        FileBytes(Bytes::Owned(bytes))
+    }
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Bytes::Owned(bytes) => bytes,
+            Bytes::Mapped(map) => map.bytes(),
+        }
+    }
+}
+
+impl std::fmt::Debug for FileBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FileBytes({} bytes)", self.len())
+    }
+}
+
 /// A file opened for appending.
 pub trait AppendFile: Send {
     /// Appends all of `buf`, or fails; after a failure the file's length is unknown.
@@ -33,6 +64,12 @@ pub trait Disk: Send + Sync + 'static {
     fn exists(&self, path: &Path) -> bool;
     /// The whole content of a file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// The whole content of a file that nobody changes while the result lives, for reading
+    /// large files once (recovery): [`OsDisk`] maps it instead of copying it. By default,
+    /// [`Disk::read`].
+    fn read_shared(&self, path: &Path) -> io::Result<FileBytes> {
+        self.read(path).map(FileBytes::from)
+    }
     /// Creates (or truncates) `path` for appending.
     fn create(&self, path: &Path) -> io::Result<Box<dyn AppendFile>>;
     /// Opens an existing file for appending at its end.

@@ -4,7 +4,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::{AppendFile, Disk};
+use super::{AppendFile, Bytes, Disk, FileBytes};
 
 /// The real file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -43,6 +43,35 @@ impl Disk for OsDisk {
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         fs::read(path)
+    }
+
+    fn read_shared(&self, path: &Path) -> io::Result<FileBytes> {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len()).map_err(io::Error::other)?;
+        if len == 0 {
+            return Ok(FileBytes::from(Vec::new()));
+        }
+        // SAFETY: a read-only private mapping of a file we opened, with no address hint.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: advising the range just mapped; a failure only loses the read-ahead.
+        unsafe { libc::madvise(map, len, libc::MADV_WILLNEED) };
+        Ok(FileBytes(Bytes::Mapped(Mapped {
+            ptr: map.cast(),
+            len,
+        })))
     }
 
     fn create(&self, path: &Path) -> io::Result<Box<dyn AppendFile>> {
@@ -96,5 +125,31 @@ impl Disk for OsDisk {
         } else {
             Err(error)
         }
+    }
+}
+
+/// A read-only mapping of a whole file, unmapped on drop.
+pub(super) struct Mapped {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only memory, shared by nobody who writes it.
+unsafe impl Send for Mapped {}
+// SAFETY: as above.
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    pub(super) fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` mapped, readable bytes that live until drop; the caller of
+        // `read_shared` promised that nobody changes the file meanwhile.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `read_shared` mapped, once.
+        unsafe { libc::munmap(self.ptr.cast_mut().cast(), self.len) };
     }
 }

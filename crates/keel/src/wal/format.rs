@@ -113,55 +113,105 @@ pub(crate) fn frame_header(payload: &[u8]) -> u64 {
     u64::from(len) | (u64::from(crc32c::crc32c(payload)) << 32)
 }
 
-/// A decoded commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Commit {
-    /// Its commit timestamp.
-    pub ts: Ts,
-    /// `(key, value)`; `None` deletes.
-    pub entries: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// `(key, encoded delta)`: commutative operations applied to a split record, to be
-    /// applied above the key's last full value.
-    pub deltas: Vec<(Vec<u8>, Vec<u8>)>,
+/// A commit frame's payload, checked and borrowed from the log's bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Frame<'a> {
+    /// The commit timestamp.
+    pub(crate) ts: Ts,
+    count: usize,
+    /// The entries, encoded.
+    body: &'a [u8],
 }
 
-impl Commit {
-    /// A frame with no entries is a timestamp lease, not a commit (no commit without writes
-    /// is logged): it only raises the clock recovery resumes from.
-    pub fn is_lease(&self) -> bool {
-        self.entries.is_empty() && self.deltas.is_empty()
+/// One logged write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry<'a> {
+    Put(&'a [u8], &'a [u8]),
+    Delete(&'a [u8]),
+    /// An encoded delta of a split record, to apply above the key's last full value.
+    Delta(&'a [u8], &'a [u8]),
+}
+
+impl<'a> Frame<'a> {
+    /// Parses a payload whose checksum already matched, checking every entry (so that
+    /// [`Frame::entries`] cannot fail). `None` if its structure is invalid.
+    pub(crate) fn parse(payload: &'a [u8]) -> Option<Frame<'a>> {
+        let (ts, rest) = payload.split_at_checked(8)?;
+        let (count, body) = rest.split_at_checked(4)?;
+        let frame = Frame {
+            ts: Ts(u64::from_le_bytes(ts.try_into().ok()?)),
+            count: u32::from_le_bytes(count.try_into().ok()?) as usize,
+            body,
+        };
+        let mut entries = Entries {
+            rest: body,
+            left: frame.count,
+        };
+        for _ in 0..frame.count {
+            if let Entry::Delta(_, delta) = entries.decode()? {
+                crate::split::Delta::decode(delta)?;
+            }
+        }
+        entries.rest.is_empty().then_some(frame)
     }
-}
 
-/// Decodes a payload whose checksum already matched. `None` if its structure is invalid.
-pub(crate) fn decode_payload(payload: &[u8]) -> Option<Commit> {
-    let mut rest = payload;
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (head, tail) = rest.split_at_checked(n)?;
-        rest = tail;
-        Some(head)
-    };
-    let ts = Ts(u64::from_le_bytes(take(8)?.try_into().ok()?));
-    let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-    let mut entries = Vec::with_capacity(count.min(1 << 16));
-    let mut deltas = Vec::new();
-    for _ in 0..count {
-        let key_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        let value_len = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        let key = take(key_len)?.to_vec();
-        if value_len == DELETE {
-            entries.push((key, None));
-        } else if value_len & DELTA != 0 {
-            let delta = take((value_len & !DELTA) as usize)?.to_vec();
-            crate::split::Delta::decode(&delta)?;
-            deltas.push((key, delta));
-        } else {
-            entries.push((key, Some(take(value_len as usize)?.to_vec())));
+    /// A payload that [`Frame::parse`] accepted before, without checking it again.
+    pub(crate) fn parsed(payload: &'a [u8]) -> Frame<'a> {
+        let (ts, rest) = payload.split_at(8);
+        let (count, body) = rest.split_at(4);
+        Frame {
+            ts: Ts(u64::from_le_bytes(ts.try_into().expect("8 bytes"))),
+            count: u32::from_le_bytes(count.try_into().expect("4 bytes")) as usize,
+            body,
         }
     }
-    rest.is_empty().then_some(Commit {
-        ts,
-        entries,
-        deltas,
-    })
+
+    /// A frame with no entries is a timestamp lease, not a commit (no commit without writes
+    /// is logged): it only raises the clock recovery resumes from.
+    pub(crate) fn is_lease(&self) -> bool {
+        self.count == 0
+    }
+
+    pub(crate) fn entries(&self) -> Entries<'a> {
+        Entries {
+            rest: self.body,
+            left: self.count,
+        }
+    }
+}
+
+/// The entries of a [`Frame`], in logged order.
+pub(crate) struct Entries<'a> {
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> Entries<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = self.rest.split_at_checked(n)?;
+        self.rest = tail;
+        Some(head)
+    }
+
+    fn decode(&mut self) -> Option<Entry<'a>> {
+        let key_len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+        let value_len = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
+        let key = self.take(key_len)?;
+        Some(if value_len == DELETE {
+            Entry::Delete(key)
+        } else if value_len & DELTA != 0 {
+            Entry::Delta(key, self.take((value_len & !DELTA) as usize)?)
+        } else {
+            Entry::Put(key, self.take(value_len as usize)?)
+        })
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Entry<'a>;
+
+    fn next(&mut self) -> Option<Entry<'a>> {
+        self.left = self.left.checked_sub(1)?;
+        Some(self.decode().expect("checked by Frame::parse"))
+    }
 }

@@ -5,13 +5,14 @@
 //! acknowledged, and it is cut. Anywhere else it is damage: the scan stops with the file and
 //! offset, and opening the database is refused.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::format::{
-    self, Commit, FORMAT_VERSION, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
+    self, FORMAT_VERSION, FRAME_HEADER_BYTES, Frame, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
 };
 use crate::error::OpenError;
-use crate::io::Disk;
+use crate::io::{Disk, FileBytes};
 
 /// A log segment file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,13 +58,28 @@ fn damage(path: &Path, offset: u64, reason: impl Into<String>) -> OpenError {
     }
 }
 
-/// Reads every whole frame of every segment in order, calling `visit(lsn, commit)` for those
-/// at or after `from_lsn`.
+/// One segment's bytes and where the payloads of its checked frames lie in them.
+pub(crate) struct SegmentFrames {
+    data: FileBytes,
+    payloads: Vec<Range<usize>>,
+}
+
+impl SegmentFrames {
+    /// The frames, in log order.
+    pub(crate) fn frames(&self) -> impl Iterator<Item = Frame<'_>> {
+        self.payloads
+            .iter()
+            .map(|range| Frame::parsed(&self.data[range.clone()]))
+    }
+}
+
+/// Reads and checks every whole frame of every segment in order, handing each segment's
+/// frames at or after `from_lsn` to `keep` (its bytes are not copied again).
 pub(crate) fn scan(
     disk: &dyn Disk,
     segments: &[Segment],
     from_lsn: u64,
-    mut visit: impl FnMut(u64, Commit),
+    mut keep: impl FnMut(SegmentFrames),
 ) -> Result<Scanned, OpenError> {
     let mut scanned = Scanned {
         end_lsn: from_lsn,
@@ -72,7 +88,7 @@ pub(crate) fn scan(
     for (i, segment) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
         let path = &segment.path;
-        let data = disk.read(path).map_err(|e| OpenError::io(path, e))?;
+        let data = disk.read_shared(path).map_err(|e| OpenError::io(path, e))?;
         check_header(path, &data, segment.first_lsn)?;
         if i > 0 && segment.first_lsn != scanned.end_lsn {
             return Err(damage(
@@ -85,6 +101,7 @@ pub(crate) fn scan(
             ));
         }
         let mut pos = SEGMENT_HEADER_BYTES;
+        let mut payloads = Vec::new();
         let torn_or_damage =
             |pos: usize, reason: &str| -> Result<Option<(PathBuf, u64, u64)>, OpenError> {
                 let rest_zero = data[pos..].iter().all(|&b| b == 0);
@@ -142,22 +159,24 @@ pub(crate) fn scan(
                 scanned.torn = torn_or_damage(pos, "frame checksum mismatch")?;
                 break;
             }
-            let Some(commit) = format::decode_payload(payload) else {
+            if Frame::parse(payload).is_none() {
                 return Err(damage(
                     path,
                     pos as u64,
                     "a frame with a valid checksum has an invalid layout",
                 ));
-            };
+            }
             let lsn = segment.first_lsn + (pos - SEGMENT_HEADER_BYTES) as u64;
             if lsn >= from_lsn {
                 scanned.frames += 1;
                 scanned.bytes += (end - pos) as u64;
-                visit(lsn, commit);
+                let start = pos + FRAME_HEADER_BYTES;
+                payloads.push(start..start + len);
             }
             pos = end;
         }
         scanned.end_lsn = segment.first_lsn + (pos - SEGMENT_HEADER_BYTES) as u64;
+        keep(SegmentFrames { data, payloads });
     }
     Ok(scanned)
 }
