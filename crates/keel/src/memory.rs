@@ -9,6 +9,9 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 const HUGE_PAGE_BYTES: usize = 2 << 20;
@@ -80,9 +83,10 @@ impl Drop for Region {
 }
 
 /// Bump allocator for records: 64-byte-aligned blocks from huge-page chunks, never freed
-/// one by one.
+/// one by one. Threads allocate from shards of their own (by a per-thread number), so that
+/// threads creating records at once do not pass one lock's cache line back and forth.
 pub(crate) struct Arena {
-    inner: Mutex<ArenaInner>,
+    shards: Box<[CachePadded<Mutex<ArenaInner>>]>,
 }
 
 struct ArenaInner {
@@ -94,14 +98,31 @@ struct ArenaInner {
 const CHUNK_BYTES: usize = 32 << 20;
 pub(crate) const ARENA_ALIGN: usize = 64;
 
+/// A small number for this thread, given out in order of first use: threads pick shards
+/// and stripes by it.
+pub(crate) fn thread_number() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static NUMBER: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}
+
 impl Arena {
     pub(crate) fn new() -> Arena {
+        let shards = std::thread::available_parallelism()
+            .map_or(2, usize::from)
+            .clamp(1, 64);
         Arena {
-            inner: Mutex::new(ArenaInner {
-                next: 0,
-                end: 0,
-                chunks: Vec::new(),
-            }),
+            shards: (0..shards)
+                .map(|_| {
+                    CachePadded::new(Mutex::new(ArenaInner {
+                        next: 0,
+                        end: 0,
+                        chunks: Vec::new(),
+                    }))
+                })
+                .collect(),
         }
     }
 
@@ -109,7 +130,7 @@ impl Arena {
     pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
         assert!(layout.align() <= ARENA_ALIGN);
         let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
-        let mut inner = self.inner.lock();
+        let mut inner = self.shards[thread_number() % self.shards.len()].lock();
         if bytes > CHUNK_BYTES / 4 {
             // Large records get a region of their own so chunks are not wasted.
             let region = Region::new(bytes);
@@ -130,7 +151,10 @@ impl Arena {
 
     /// Bytes mapped by the arena.
     pub(crate) fn mapped_bytes(&self) -> usize {
-        self.inner.lock().chunks.iter().map(Region::bytes).sum()
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().chunks.iter().map(Region::bytes).sum::<usize>())
+            .sum()
     }
 }
 

@@ -13,7 +13,7 @@
 use std::ops::{Bound, RangeBounds};
 
 use crate::index::Index;
-use crate::index::ordered::{Ordered, Range};
+use crate::index::ordered::{Ordered, Range, Stretch};
 use crate::memory::Arena;
 use crate::mvcc::{LockOwner, Record, RecordRef};
 
@@ -119,7 +119,9 @@ impl MemStore {
 
     /// Links every record into the empty ordered index; ends recovery's
     /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, each with its key's
-    /// [`key_prefix`], in any order; each run is sorted on a thread of its own.
+    /// [`key_prefix`], in any order. Each run is sorted on a thread of its own; then each
+    /// thread merges one key range of all runs and links it ([`Stretch`]), and the
+    /// stretches are joined.
     pub(crate) fn link_recovered(&mut self, mut runs: Vec<Vec<(u64, RecordRef)>>) {
         // Sorting by the first 8 key bytes, then by the whole key, keeps most comparisons
         // in the run instead of chasing two record pointers.
@@ -133,23 +135,66 @@ impl MemStore {
             self.index.len(),
             "every record is in exactly one run"
         );
+        runs.retain(|run| !run.is_empty());
+        let threads = runs.len().max(1);
         std::thread::scope(|s| {
             for run in &mut runs {
                 s.spawn(move || run.sort_unstable_by(order));
             }
         });
-        let mut heads: Vec<&[Entry]> = runs.iter().map(Vec::as_slice).collect();
-        self.ordered.build_sorted(std::iter::from_fn(move || {
-            // A k-way merge over a handful of runs: the smallest head, found by scanning.
-            let (i, _) = heads
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !r.is_empty())
-                .min_by(|(_, a), (_, b)| order(&a[0], &b[0]))?;
-            let (first, rest) = heads[i].split_first().expect("non-empty run");
-            heads[i] = rest;
-            Some(first.1)
-        }));
+        // Key ranges split at quantiles of the longest run; in each run, a range starts at
+        // the first entry not below its splitter.
+        let longest = runs
+            .iter()
+            .max_by_key(|r| r.len())
+            .map_or(&[][..], Vec::as_slice);
+        let splitters: Vec<Entry> = (1..threads)
+            .map(|p| longest[longest.len() * p / threads])
+            .collect();
+        let cuts: Vec<Vec<usize>> = runs
+            .iter()
+            .map(|run| {
+                let mut cuts = vec![0];
+                cuts.extend(
+                    splitters
+                        .iter()
+                        .map(|sp| run.partition_point(|e| order(e, sp).is_lt())),
+                );
+                cuts.push(run.len());
+                cuts
+            })
+            .collect();
+        let stretches: Vec<Stretch> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|p| {
+                    let mut heads: Vec<&[Entry]> = runs
+                        .iter()
+                        .zip(&cuts)
+                        .map(|(run, cuts)| &run[cuts[p]..cuts[p + 1]])
+                        .collect();
+                    s.spawn(move || {
+                        let mut merged = Vec::with_capacity(heads.iter().map(|h| h.len()).sum());
+                        // A k-way merge over a handful of runs: the smallest head, by scanning.
+                        while let Some((i, _)) = heads
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, h)| !h.is_empty())
+                            .min_by(|(_, a), (_, b)| order(&a[0], &b[0]))
+                        {
+                            let (first, rest) = heads[i].split_first().expect("non-empty run");
+                            heads[i] = rest;
+                            merged.push(first.1);
+                        }
+                        Stretch::link(&merged)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("linking thread"))
+                .collect()
+        });
+        self.ordered.join(stretches);
     }
 }
 

@@ -9,17 +9,17 @@
 //! long as the database), so an empty slot ends a probe and there is no ABA.
 //!
 //! Inserts publish with one compare-and-swap. When the table is three-quarters full it grows:
-//! inserts are held off by a readers-writer lock (inserters share it, the grower owns it)
-//! while the entries are copied into a table twice the size, which is then published.
+//! inserts are held off (see [`Index`]) while the entries are copied into a table twice the
+//! size, which is then published.
 //! Lookups never wait: one that still holds the old table sees every record inserted before
 //! the growth began, which is all it may see. Old tables are freed when the index is dropped,
 //! since a reader may still be probing one; their total size is below the final table's.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::memory::Region;
 use crate::mvcc::{Record, RecordRef};
@@ -158,11 +158,30 @@ fn record_of(entry: u64) -> RecordRef {
     RecordRef(NonNull::new(ptr).expect("occupied slots hold non-null pointers"))
 }
 
+/// Insert bookkeeping for the threads that share one stripe, on a cache line of its own.
+#[derive(Default)]
+struct Stripe {
+    /// Inserts in progress (a growth waits until none is).
+    active: AtomicUsize,
+    /// Records inserted and not yet added to [`Index::len`].
+    unflushed: AtomicUsize,
+}
+
 /// The hash index. Owns no records: the store frees them.
+///
+/// Inserters touch no shared cache line but the bucket they write: each announces itself
+/// and counts its records on its thread's [`Stripe`], and adds its count to the shared
+/// length only every `batch` records (a sixteenth of the table over the stripes), which the
+/// load-factor check allows for. A growth raises `growing`, then waits for every stripe to
+/// go idle (both sides use sequentially consistent accesses, so either the inserter sees
+/// the flag and backs off, or the grower sees the inserter and waits).
 pub(crate) struct Index {
     table: AtomicPtr<Table>,
     len: CachePadded<AtomicUsize>,
-    grow: RwLock<()>,
+    stripes: Box<[CachePadded<Stripe>]>,
+    growing: AtomicBool,
+    /// Held by the grower for the whole growth; inserters that saw `growing` wait on it.
+    grow: Mutex<()>,
     /// Boxed so that the `Table` structs readers point at never move.
     #[allow(clippy::vec_box)]
     retired: Mutex<Vec<Box<Table>>>,
@@ -173,10 +192,15 @@ impl Index {
     pub(crate) fn new(capacity_hint: usize) -> Index {
         let buckets = (capacity_hint.max(SLOTS) * 4 / 3 / SLOTS + 1).next_power_of_two();
         let table = Box::into_raw(Table::with_buckets(buckets));
+        let stripes = std::thread::available_parallelism()
+            .map_or(2, usize::from)
+            .clamp(1, 64);
         Index {
             table: AtomicPtr::new(table),
             len: CachePadded::new(AtomicUsize::new(0)),
-            grow: RwLock::new(()),
+            stripes: (0..stripes).map(|_| CachePadded::default()).collect(),
+            growing: AtomicBool::new(false),
+            grow: Mutex::new(()),
             retired: Mutex::new(Vec::new()),
         }
     }
@@ -198,30 +222,58 @@ impl Index {
         self.table().find(key, hash)
     }
 
+    /// Records a stripe may count before adding them to `len`, for a table of `capacity`.
+    fn batch(&self, capacity: usize) -> usize {
+        (capacity / 16 / self.stripes.len()).max(1)
+    }
+
+    /// Whether `table` has room for one more record, allowing for unflushed counts.
+    fn has_room(&self, table: &Table) -> bool {
+        let slack = self.batch(table.capacity()) * self.stripes.len();
+        self.len.load(Ordering::Relaxed) + slack < table.capacity() * 3 / 4
+    }
+
     /// Inserts `new` unless its key is present. Returns the record in the index for that key
     /// and whether it is `new` (if not, the caller still owns `new`).
     pub(crate) fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
+        let stripe = &self.stripes[crate::memory::thread_number() % self.stripes.len()];
         loop {
-            {
-                let _shared = self.grow.read();
-                let table = self.table();
-                if self.len.load(Ordering::Relaxed) < table.capacity() * 3 / 4 {
-                    let (record, inserted) = table.insert(new);
-                    if inserted {
-                        self.len.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return (record, inserted);
+            stripe.active.fetch_add(1, Ordering::SeqCst);
+            if self.growing.load(Ordering::SeqCst) {
+                stripe.active.fetch_sub(1, Ordering::Release);
+                drop(self.grow.lock()); // wait for the growth to finish
+                continue;
+            }
+            let table = self.table();
+            if !self.has_room(table) {
+                stripe.active.fetch_sub(1, Ordering::Release);
+                self.grow_table();
+                continue;
+            }
+            let (record, inserted) = table.insert(new);
+            stripe.active.fetch_sub(1, Ordering::Release);
+            if inserted {
+                let counted = stripe.unflushed.fetch_add(1, Ordering::Relaxed) + 1;
+                if counted >= self.batch(table.capacity()) {
+                    let taken = stripe.unflushed.swap(0, Ordering::Relaxed);
+                    self.len.fetch_add(taken, Ordering::Relaxed);
                 }
             }
-            self.grow_table();
+            return (record, inserted);
         }
     }
 
     fn grow_table(&self) {
-        let _exclusive = self.grow.write();
+        let _exclusive = self.grow.lock();
         let old = self.table();
-        if self.len.load(Ordering::Relaxed) < old.capacity() * 3 / 4 {
+        if self.has_room(old) {
             return; // another thread grew it
+        }
+        self.growing.store(true, Ordering::SeqCst);
+        for stripe in &self.stripes {
+            while stripe.active.load(Ordering::SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
         }
         let new = Table::with_buckets((old.mask + 1) * 2);
         for record in old.entries() {
@@ -229,13 +281,19 @@ impl Index {
             assert!(inserted, "a key appeared twice in the index");
         }
         let old = self.table.swap(Box::into_raw(new), Ordering::AcqRel);
+        self.growing.store(false, Ordering::SeqCst);
         // SAFETY: `old` came from `Box::into_raw` and is no longer the current table.
         self.retired.lock().push(unsafe { Box::from_raw(old) });
     }
 
-    /// Number of records.
+    /// Number of records (exact when no insert is in progress).
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
+            + self
+                .stripes
+                .iter()
+                .map(|s| s.unflushed.load(Ordering::Relaxed))
+                .sum::<usize>()
     }
 
     /// Every record, for teardown and checks. Not a consistent snapshot under inserts.

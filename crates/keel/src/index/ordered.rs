@@ -15,12 +15,12 @@
 //! one record per key, so no two inserts race on the same key.
 //!
 //! Heights are drawn at random (each further level with probability 1/4) so that no choice
-//! of keys can make searches linear. Recovery builds the list from sorted records in one
-//! pass instead ([`Ordered::build_sorted`]).
+//! of keys can make searches linear. Recovery builds the list from sorted records instead:
+//! stretches linked in parallel ([`Stretch::link`]), then joined ([`Ordered::join`]).
 
 use std::cell::Cell;
 use std::ops::Bound;
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use crate::mvcc::{Record, RecordRef};
@@ -189,8 +189,15 @@ impl Ordered {
     }
 
     /// Links `records`, which are sorted by key and distinct, into an empty list in one
-    /// pass (recovery). Their links must be null (fresh records).
-    pub(crate) fn build_sorted(&mut self, records: impl IntoIterator<Item = RecordRef>) {
+    /// pass. Their links must be null (fresh records).
+    #[cfg(test)]
+    pub(crate) fn build_sorted(&mut self, records: &[RecordRef]) {
+        self.join(vec![Stretch::link(records)]);
+    }
+
+    /// Makes an empty list of `stretches`, which follow each other in key order (recovery:
+    /// each stretch is linked on its own thread, then they are joined here).
+    pub(crate) fn join(&mut self, stretches: Vec<Stretch>) {
         assert_eq!(
             *self.height.get_mut(),
             0,
@@ -198,20 +205,17 @@ impl Ordered {
         );
         let mut last = [self.head(); MAX_HEIGHT];
         let mut top = 0;
-        for record in records {
-            let r = record.get();
-            debug_assert!(
-                last[0].record.is_null()
-                    // SAFETY: a record linked earlier in this build.
-                    || unsafe { (*last[0].record).key() } < r.key(),
-                "records must be sorted and distinct"
-            );
-            let node = Node::of(r);
-            for (level, last) in last.iter_mut().enumerate().take(r.height()) {
-                last.link(level).store(record.0.as_ptr(), Ordering::Relaxed);
-                *last = node;
+        for stretch in stretches {
+            for (level, last) in last.iter_mut().enumerate() {
+                let (first, end) = (stretch.first[level], stretch.last[level]);
+                if first.is_null() {
+                    continue;
+                }
+                last.link(level).store(first, Ordering::Relaxed);
+                // SAFETY: a record of the stretch, alive as long as the store.
+                *last = Node::of(unsafe { &*end });
+                top = top.max(level + 1);
             }
-            top = top.max(r.height());
         }
         *self.height.get_mut() = top;
     }
@@ -225,6 +229,51 @@ impl Ordered {
             back: None,
             done: false,
         }
+    }
+}
+
+/// Sorted records linked among themselves at every level, not yet in a list: the first and
+/// last record per level (null where none is that tall).
+pub(crate) struct Stretch {
+    first: [*mut Record; MAX_HEIGHT],
+    last: [*mut Record; MAX_HEIGHT],
+}
+
+// SAFETY: pointers to records, which outlive the stretch and are shared through atomics.
+unsafe impl Send for Stretch {}
+
+impl Stretch {
+    /// Links `records`, sorted by key and distinct, with null links (fresh records), to each
+    /// other. No record here may be in a list yet, so nothing else reads these links.
+    pub(crate) fn link(records: &[RecordRef]) -> Stretch {
+        /// Records ahead whose header is prefetched: linking writes to records in key
+        /// order, which is random in memory.
+        const AHEAD: usize = 12;
+        let mut stretch = Stretch {
+            first: [ptr::null_mut(); MAX_HEIGHT],
+            last: [ptr::null_mut(); MAX_HEIGHT],
+        };
+        for (i, record) in records.iter().enumerate() {
+            if let Some(ahead) = records.get(i + AHEAD) {
+                crate::memory::prefetch(ahead.0.as_ptr());
+                crate::memory::prefetch(ahead.0.as_ptr().cast::<u8>().wrapping_sub(8));
+            }
+            let r = record.get();
+            let me = record.0.as_ptr();
+            for level in 0..r.height() {
+                match NonNull::new(stretch.last[level]) {
+                    // SAFETY: a record linked earlier in this stretch.
+                    Some(last) => {
+                        let last = unsafe { last.as_ref() };
+                        debug_assert!(last.key() < r.key(), "records must be sorted and distinct");
+                        last.link(level).store(me, Ordering::Relaxed);
+                    }
+                    None => stretch.first[level] = me,
+                }
+                stretch.last[level] = me;
+            }
+        }
+        stretch
     }
 }
 
@@ -286,7 +335,7 @@ impl Iterator for Range<'_> {
         {
             return self.finish();
         }
-        let next = RecordRef(ptr::NonNull::from(next));
+        let next = RecordRef(NonNull::from(next));
         self.front = Some(next);
         Some(next)
     }
@@ -320,7 +369,7 @@ impl DoubleEndedIterator for Range<'_> {
         {
             return self.finish();
         }
-        let prev = RecordRef(ptr::NonNull::from(prev));
+        let prev = RecordRef(NonNull::from(prev));
         self.back = Some(prev);
         Some(prev)
     }

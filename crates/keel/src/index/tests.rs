@@ -74,3 +74,30 @@ fn hash_spreads_short_keys() {
     );
     assert!(tags.len() > 40_000);
 }
+
+#[test]
+fn concurrent_inserts_through_many_growths_lose_nothing() {
+    const THREADS: u32 = 4;
+    const EACH: u32 = 20_000;
+    let arena = Arena::new();
+    let index = Index::new(8);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (arena, index) = (&arena, &index);
+            s.spawn(move || {
+                for i in 0..EACH {
+                    let key = (i * THREADS + t).to_be_bytes();
+                    assert!(index.insert(record(arena, &key)).1);
+                    // Keys inserted earlier stay findable while the table grows.
+                    let earlier = ((i / 2) * THREADS + t).to_be_bytes();
+                    assert!(index.get(&earlier, hash(&earlier)).is_some());
+                }
+            });
+        }
+    });
+    assert_eq!(index.len(), (THREADS * EACH) as usize);
+    for k in 0..THREADS * EACH {
+        let key = k.to_be_bytes();
+        assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
+    }
+}

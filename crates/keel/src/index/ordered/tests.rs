@@ -114,8 +114,18 @@ fn sorted_build_equals_inserts_and_takes_more() {
             record(&arena, &key)
         })
         .collect();
-    built.build_sorted(sorted);
+    built.build_sorted(&sorted);
     check_structure(&built, &model);
+    // Joined from stretches, some of them empty (fresh records: links are set once).
+    let fresh: Vec<RecordRef> = model.iter().map(|key| record(&arena, key)).collect();
+    let mut joined = Ordered::new();
+    let mut stretches = vec![Stretch::link(&[])];
+    for part in fresh.chunks(777) {
+        stretches.push(Stretch::link(part));
+        stretches.push(Stretch::link(&[]));
+    }
+    joined.join(stretches);
+    check_structure(&joined, &model);
     for i in 0u32..5000 {
         let key = (i * 2 + 1).to_be_bytes().to_vec();
         model.insert(key.clone());
