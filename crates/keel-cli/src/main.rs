@@ -6,6 +6,11 @@ mod bench;
 mod check;
 mod serve;
 
+/// mimalloc instead of glibc's malloc: commits and replies allocate from several threads at
+/// once, and glibc's arenas showed up as lock contention under pipelined load.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// keel: a serializable, multi-version, transactional key-value store.
 #[derive(Parser)]
 #[command(name = "keel", version, about, long_about = None)]

@@ -132,6 +132,10 @@ impl Ordered {
             level -= 1;
             loop {
                 succ = pred.link(level).load(Ordering::Acquire);
+                if level > 0 {
+                    // Where the search goes if it descends from here: load it meanwhile.
+                    crate::memory::prefetch(pred.link(level - 1).load(Ordering::Relaxed));
+                }
                 // SAFETY: a non-null link points at a live record.
                 match unsafe { succ.as_ref() } {
                     Some(next) if before(next.key()) => pred = Node::of(next),

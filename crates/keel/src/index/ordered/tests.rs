@@ -197,3 +197,28 @@ fn heights_are_geometric() {
     assert!((70_000..80_000).contains(&counts[1]), "{counts:?}");
     assert!((15_000..22_000).contains(&counts[2]), "{counts:?}");
 }
+
+/// Not a test: `cargo test --release -p keel --lib -- --ignored insert_speed --nocapture`.
+#[test]
+#[ignore = "timing, not a test"]
+fn insert_speed() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let n = 1_000_000u64;
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut rng = StdRng::seed_from_u64(1);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let keys: Vec<Vec<u8>> = order
+        .iter()
+        .map(|i| format!("key:{i:012}").into_bytes())
+        .collect();
+    let records: Vec<RecordRef> = keys.iter().map(|k| record(&arena, k)).collect();
+    let started = std::time::Instant::now();
+    for r in &records {
+        list.insert(*r);
+    }
+    let elapsed = started.elapsed();
+    println!("{:.0} ns per insert", elapsed.as_nanos() as f64 / n as f64);
+}
