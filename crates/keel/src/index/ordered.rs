@@ -55,6 +55,23 @@ fn seed() -> u64 {
     (address ^ nanos.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
 }
 
+/// Byte-wise key order, compared 8 bytes at a time inline: a search compares ~40 keys, and
+/// a call into `memcmp` for each cost more than the comparison itself.
+#[inline]
+pub(crate) fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let mut a_words = a.chunks_exact(8);
+    let mut b_words = b.chunks_exact(8);
+    for (x, y) in (&mut a_words).zip(&mut b_words) {
+        let x = u64::from_be_bytes(x.try_into().expect("8 bytes"));
+        let y = u64::from_be_bytes(y.try_into().expect("8 bytes"));
+        if x != y {
+            return x.cmp(&y);
+        }
+    }
+    let done = a.len().min(b.len()) / 8 * 8;
+    a[done..].cmp(&b[done..])
+}
+
 /// A tower: the list's head or a record. Level `i`'s link is `i` pointers below level 0's.
 #[derive(Clone, Copy)]
 struct Node {
@@ -161,7 +178,7 @@ impl Ordered {
             preds: [self.head(); MAX_HEIGHT],
             succs: [ptr::null_mut(); MAX_HEIGHT],
         };
-        self.seek(|k| k < key, Some(&mut splice));
+        self.seek(|k| compare(k, key).is_lt(), Some(&mut splice));
         for level in 0..height {
             let (mut pred, mut succ) = (splice.preds[level], splice.succs[level]);
             loop {
@@ -180,7 +197,7 @@ impl Ordered {
                         // SAFETY: a non-null link points at a live record.
                         while let Some(next) = unsafe { succ.as_ref() } {
                             debug_assert_ne!(next.key(), key, "a key was inserted twice");
-                            if next.key() >= key {
+                            if compare(next.key(), key).is_ge() {
                                 break;
                             }
                             pred = Node::of(next);
@@ -325,8 +342,8 @@ impl Iterator for Range<'_> {
         let next = match self.front {
             Some(front) => front.get().link(0).load(Ordering::Acquire),
             None => match &self.range.lo {
-                Bound::Included(lo) => self.list.seek(|k| k < lo.as_slice(), None).1,
-                Bound::Excluded(lo) => self.list.seek(|k| k <= lo.as_slice(), None).1,
+                Bound::Included(lo) => self.list.seek(|k| compare(k, lo).is_lt(), None).1,
+                Bound::Excluded(lo) => self.list.seek(|k| compare(k, lo).is_le(), None).1,
                 Bound::Unbounded => self.list.head().link(0).load(Ordering::Acquire),
             },
         };
@@ -354,11 +371,11 @@ impl DoubleEndedIterator for Range<'_> {
         let (prev, _) = match self.back {
             Some(back) => {
                 let key = back.get().key();
-                self.list.seek(|k| k < key, None)
+                self.list.seek(|k| compare(k, key).is_lt(), None)
             }
             None => match &self.range.hi {
-                Bound::Included(hi) => self.list.seek(|k| k <= hi.as_slice(), None),
-                Bound::Excluded(hi) => self.list.seek(|k| k < hi.as_slice(), None),
+                Bound::Included(hi) => self.list.seek(|k| compare(k, hi).is_le(), None),
+                Bound::Excluded(hi) => self.list.seek(|k| compare(k, hi).is_lt(), None),
                 Bound::Unbounded => self.list.seek(|_| true, None),
             },
         };

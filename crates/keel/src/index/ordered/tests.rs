@@ -187,6 +187,19 @@ fn concurrent_inserts_and_scans_keep_every_level_sorted() {
 }
 
 #[test]
+fn word_compare_is_byte_order() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for _ in 0..20_000 {
+        let len = |rng: &mut StdRng| rng.random_range(0..20);
+        let (la, lb) = (len(&mut rng), len(&mut rng));
+        // Few distinct bytes, so that long common prefixes are common.
+        let a: Vec<u8> = (0..la).map(|_| rng.random_range(0..3)).collect();
+        let b: Vec<u8> = (0..lb).map(|_| rng.random_range(0..3)).collect();
+        assert_eq!(compare(&a, &b), a.cmp(&b), "{a:?} {b:?}");
+    }
+}
+
+#[test]
 fn heights_are_geometric() {
     let mut counts = [0u32; MAX_HEIGHT + 1];
     for _ in 0..100_000 {
