@@ -13,7 +13,7 @@
 use std::ops::{Bound, RangeBounds};
 
 use crate::index::Index;
-use crate::index::ordered::{Ordered, Range, Stretch};
+use crate::index::ordered::{Ordered, Range};
 use crate::memory::Arena;
 use crate::mvcc::{LockOwner, Record, RecordRef};
 
@@ -120,8 +120,8 @@ impl MemStore {
     /// Links every record into the empty ordered index; ends recovery's
     /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, each with its key's
     /// [`key_prefix`], in any order. Each run is sorted on a thread of its own; then each
-    /// thread merges one key range of all runs and links it ([`Stretch`]), and the
-    /// stretches are joined.
+    /// thread merges one key range of all runs, and the tree is built from those stretches
+    /// ([`Ordered::build`]).
     pub(crate) fn link_recovered(&mut self, mut runs: Vec<Vec<(u64, RecordRef)>>) {
         // Sorting by the first 8 key bytes, then by the whole key, keeps most comparisons
         // in the run instead of chasing two record pointers.
@@ -164,7 +164,7 @@ impl MemStore {
                 cuts
             })
             .collect();
-        let stretches: Vec<Stretch> = std::thread::scope(|s| {
+        let stretches: Vec<Vec<RecordRef>> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..threads)
                 .map(|p| {
                     let mut heads: Vec<&[Entry]> = runs
@@ -185,7 +185,7 @@ impl MemStore {
                             heads[i] = rest;
                             merged.push(first.1);
                         }
-                        Stretch::link(&merged)
+                        merged
                     })
                 })
                 .collect();
@@ -194,7 +194,7 @@ impl MemStore {
                 .map(|w| w.join().expect("linking thread"))
                 .collect()
         });
-        self.ordered.join(stretches);
+        self.ordered.build(stretches);
     }
 }
 

@@ -1,64 +1,38 @@
-//! The ordered index: an insert-only, lock-free skip list threaded through the records.
+//! The ordered index: an insert-only B+tree over record pointers, read without locks.
 //!
-//! Each record carries its own tower of forward links in front of its header (see
-//! [`Record`]), so the list allocates nothing, copies no key and compares keys where they
-//! already are. Records are never removed (a deleted key keeps its record), which removes
-//! what makes concurrent skip lists hard: there is no marking, no helping and no memory
-//! reclamation, and a node once reached stays in the list at every level it was linked at.
+//! A skip list threaded through the records (this module's first form) costs one cache
+//! miss per record it passes, ~20 per insert at a million keys, and that was the largest
+//! single cost of a new key in the server. A node here holds up to [`CAP`] keys, and next
+//! to each key an 8-byte *head*: the key's bytes at the node's prefix offset (every key in
+//! a node's range shares its first `prefix` bytes, so the heads are where keys differ).
+//! Searches compare heads inside the node and touch a record only on a tie, so a search
+//! costs about one miss per level, four at a million keys.
 //!
-//! Insertion (after RocksDB's `InlineSkipList`): find the predecessor and successor at every
-//! level, then link the record bottom-up, one compare-and-swap per level. A failed swap means
-//! another record was linked right after the predecessor; the search resumes from that
-//! predecessor on that level only, since it is still in place and still smaller. Level 0 is
-//! the list; the levels above only shorten searches, so a reader that sees a record at a
-//! higher level before it is linked everywhere is still correct. The point index guarantees
-//! one record per key, so no two inserts race on the same key.
+//! Concurrency is optimistic lock coupling (Leis et al., "The ART of practical
+//! synchronization"): every node has a version word, odd while a writer holds it. Readers
+//! take no lock: they read a node, then check its version is unchanged, and start over if
+//! not. Writers lock only the nodes they change. Nothing is ever removed (records live as
+//! long as the database), so nodes are never freed before the tree and a reader can never
+//! touch freed memory, whatever it raced with. Full nodes are split on the way down, so a
+//! split only ever needs the parent, which then has room.
 //!
-//! Heights are drawn at random (each further level with probability 1/4) so that no choice
-//! of keys can make searches linear. Recovery builds the list from sorted records instead:
-//! stretches linked in parallel ([`Stretch::link`]), then joined ([`Ordered::join`]).
+//! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
+//! values (which its version check then rejects), never undefined ones.
 
-use std::cell::Cell;
+use std::cmp::Ordering as Cmp;
 use std::ops::Bound;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
 
 use crate::mvcc::{Record, RecordRef};
 use crate::store::KeyRange;
 
-/// Levels a tower may have: 4^20 keys before searches slow down.
-pub(crate) const MAX_HEIGHT: usize = 20;
+/// Keys per node.
+pub(crate) const CAP: usize = 32;
 
-/// A random tower height: 1, then each further level with probability 1/4.
-pub(crate) fn random_height() -> usize {
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new(seed());
-    }
-    let bits = STATE.with(|state| {
-        // xorshift64: never zero when seeded non-zero.
-        let mut x = state.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.set(x);
-        x
-    });
-    (1 + bits.trailing_zeros() as usize / 2).min(MAX_HEIGHT)
-}
-
-fn seed() -> u64 {
-    let local = 0u8;
-    let address = ptr::from_ref(&local) as u64;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    (address ^ nanos.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
-}
-
-/// Byte-wise key order, compared 8 bytes at a time inline: a search compares ~40 keys, and
-/// a call into `memcmp` for each cost more than the comparison itself.
+/// Byte-wise key order, compared 8 bytes at a time inline.
 #[inline]
-pub(crate) fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+pub(crate) fn compare(a: &[u8], b: &[u8]) -> Cmp {
     let mut a_words = a.chunks_exact(8);
     let mut b_words = b.chunks_exact(8);
     for (x, y) in (&mut a_words).zip(&mut b_words) {
@@ -72,47 +46,207 @@ pub(crate) fn compare(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a[done..].cmp(&b[done..])
 }
 
-/// A tower: the list's head or a record. Level `i`'s link is `i` pointers below level 0's.
-#[derive(Clone, Copy)]
+/// `key`'s 8 bytes from `prefix` on, zero-padded, as a big-endian number: ordering by heads
+/// agrees with ordering by key wherever heads differ (for keys sharing `prefix` bytes).
+#[inline]
+fn head(key: &[u8], prefix: usize) -> u64 {
+    let rest = key.get(prefix..).unwrap_or_default();
+    let mut bytes = [0u8; 8];
+    let n = rest.len().min(8);
+    bytes[..n].copy_from_slice(&rest[..n]);
+    u64::from_be_bytes(bytes)
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The prefix offset for a node whose keys lie in `[lo, hi)` (`None`: unbounded).
+fn prefix_of(lo: Option<RecordRef>, hi: Option<RecordRef>) -> u32 {
+    match (lo, hi) {
+        (Some(lo), Some(hi)) => {
+            u32::try_from(common_prefix(lo.get().key(), hi.get().key())).unwrap_or(u32::MAX)
+        }
+        _ => 0,
+    }
+}
+
+#[repr(C, align(64))]
 struct Node {
-    level0: *const AtomicPtr<Record>,
-    /// The record, or null for the head.
-    record: *mut Record,
+    /// Even when free, odd while a writer holds the node; every change adds 2.
+    version: AtomicU64,
+    count: AtomicU32,
+    /// Fixed at creation.
+    leaf: bool,
+    /// Offset of the heads (fixed at creation): the keys of this node's range share their
+    /// first `prefix` bytes.
+    prefix: u32,
+    heads: [AtomicU64; CAP],
+    /// Leaf: the records, in key order. Inner: separators; `keys[i]` is the smallest key
+    /// under `children[i + 1]`.
+    keys: [AtomicPtr<Record>; CAP],
+    /// Inner only: `count + 1` children.
+    children: [AtomicPtr<Node>; CAP + 1],
 }
 
 impl Node {
-    fn of(record: &Record) -> Node {
-        Node {
-            level0: record.link(0),
-            record: ptr::from_ref(record).cast_mut(),
-        }
+    fn new(leaf: bool, prefix: u32) -> Box<Node> {
+        Box::new(Node {
+            version: AtomicU64::new(0),
+            count: AtomicU32::new(0),
+            leaf,
+            prefix,
+            heads: std::array::from_fn(|_| AtomicU64::new(0)),
+            keys: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+            children: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+        })
     }
 
     #[inline]
-    fn link<'a>(self, level: usize) -> &'a AtomicPtr<Record> {
-        // SAFETY: callers pass a level below the tower's height; towers live as long as the
-        // list (records as long as the store, the head as long as the list, and a `Node`
-        // never outlives a borrow of the list).
-        unsafe { &*self.level0.sub(level) }
+    fn count(&self) -> usize {
+        (self.count.load(Ordering::Relaxed) as usize).min(CAP)
+    }
+
+    /// The version once no writer holds the node.
+    #[inline]
+    fn stable_version(&self) -> u64 {
+        let mut spins = 0u32;
+        loop {
+            let v = self.version.load(Ordering::Acquire);
+            if v & 1 == 0 {
+                return v;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Whether nothing changed the node since `version` was read (and what was read from
+    /// it since is consistent).
+    #[inline]
+    fn unchanged(&self, version: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.version.load(Ordering::Relaxed) == version
+    }
+
+    /// Locks the node if it is still at `version`.
+    fn try_lock(&self, version: u64) -> bool {
+        let locked = self
+            .version
+            .compare_exchange(version, version + 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        if locked {
+            fence(Ordering::Release);
+        }
+        locked
+    }
+
+    fn unlock(&self) {
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    #[inline]
+    fn key(&self, i: usize) -> *mut Record {
+        self.keys[i].load(Ordering::Acquire)
+    }
+
+    /// `key` against slot `i`: heads first, the record only on a tie. A slot read while a
+    /// writer moves things may be empty or stale; the caller's version check catches that.
+    #[inline]
+    fn compare_slot(&self, i: usize, key: &[u8], key_head: u64) -> Cmp {
+        match key_head.cmp(&self.heads[i].load(Ordering::Relaxed)) {
+            Cmp::Equal => {
+                // SAFETY: a non-null slot points at a live record.
+                match unsafe { self.key(i).as_ref() } {
+                    Some(r) => compare(key, r.key()),
+                    None => Cmp::Equal,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// How many of the first `n` keys are below `probe` (`inclusive`: at or below).
+    #[inline]
+    fn rank(&self, n: usize, probe: Probe<'_>, inclusive: bool) -> usize {
+        let key = match probe {
+            Probe::Key(key) => key,
+            Probe::Max => return n,
+        };
+        // The heads span four cache lines: start loading them all before searching.
+        for line in (0..n).step_by(8) {
+            crate::memory::prefetch(&self.heads[line]);
+        }
+        let key_head = head(key, self.prefix as usize);
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let below = match self.compare_slot(mid, key, key_head) {
+                Cmp::Greater => true,
+                Cmp::Equal => inclusive,
+                Cmp::Less => false,
+            };
+            if below {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Inserts `key` (with `head`) at `at` and, in an inner node, `child` after it. The node
+    /// is locked and has room.
+    fn insert_at(&self, at: usize, key: *mut Record, child: Option<*mut Node>) {
+        let n = self.count();
+        debug_assert!(n < CAP);
+        for j in (at..n).rev() {
+            self.keys[j + 1].store(self.key(j), Ordering::Release);
+            self.heads[j + 1].store(self.heads[j].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if let Some(child) = child {
+            for j in (at + 1..=n).rev() {
+                let moved = self.children[j].load(Ordering::Acquire);
+                self.children[j + 1].store(moved, Ordering::Release);
+            }
+            self.children[at + 1].store(child, Ordering::Release);
+        }
+        // SAFETY: records handed to the index are live.
+        let k = unsafe { &*key }.key();
+        self.heads[at].store(head(k, self.prefix as usize), Ordering::Relaxed);
+        self.keys[at].store(key, Ordering::Release);
+        self.count.store(n as u32 + 1, Ordering::Relaxed);
     }
 }
 
-/// The predecessor and successor of a key at every level.
-struct Splice {
-    preds: [Node; MAX_HEIGHT],
-    succs: [*mut Record; MAX_HEIGHT],
+/// Where a descent goes: towards a key, or to the right edge.
+#[derive(Clone, Copy)]
+enum Probe<'a> {
+    Key(&'a [u8]),
+    Max,
 }
 
-/// The skip list. Holds no records: it links records the store owns.
+/// A leaf reached by a descent, with the version it was read at and its key range.
+#[derive(Clone, Copy)]
+struct Leaf<'a> {
+    node: &'a Node,
+    version: u64,
+    lo: Option<RecordRef>,
+    hi: Option<RecordRef>,
+}
+
+/// The B+tree. Holds no records: it points at records the store owns.
 pub(crate) struct Ordered {
-    /// The head tower; level `i` is `head[MAX_HEIGHT - 1 - i]`.
-    head: [AtomicPtr<Record>; MAX_HEIGHT],
-    /// Levels in use; searches start at the top one. Only grows.
-    height: AtomicUsize,
+    root: AtomicPtr<Node>,
 }
 
-// SAFETY: the list holds pointers to records, which are shared through atomics only and
-// outlive it (the store owns both).
+// SAFETY: nodes are shared only through atomics and freed only in `drop`; records outlive
+// the tree (the store owns both).
 unsafe impl Send for Ordered {}
 // SAFETY: as above.
 unsafe impl Sync for Ordered {}
@@ -120,125 +254,337 @@ unsafe impl Sync for Ordered {}
 impl Ordered {
     pub(crate) fn new() -> Ordered {
         Ordered {
-            head: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            height: AtomicUsize::new(0),
+            root: AtomicPtr::new(Box::into_raw(Node::new(true, 0))),
         }
     }
 
-    fn head(&self) -> Node {
-        Node {
-            // SAFETY: in bounds: the last element of the head array.
-            level0: unsafe { self.head.as_ptr().add(MAX_HEIGHT - 1) },
-            record: ptr::null_mut(),
-        }
+    fn root(&self) -> &Node {
+        // SAFETY: the root is never null, and nodes live as long as the tree.
+        unsafe { &*self.root.load(Ordering::Acquire) }
     }
 
-    /// Walks down from the top level, staying on records whose key is `before`. Returns the
-    /// last such record at level 0 (the head if none) and the record after it; fills
-    /// `splice` with the same pair per level.
-    #[inline]
-    fn seek(
-        &self,
-        before: impl Fn(&[u8]) -> bool,
-        mut splice: Option<&mut Splice>,
-    ) -> (Node, *mut Record) {
-        let mut pred = self.head();
-        let mut succ = ptr::null_mut();
-        let mut level = self.height.load(Ordering::Acquire);
-        while level > 0 {
-            level -= 1;
-            loop {
-                succ = pred.link(level).load(Ordering::Acquire);
-                if level > 0 {
-                    // Where the search goes if it descends from here: load it meanwhile.
-                    crate::memory::prefetch(pred.link(level - 1).load(Ordering::Relaxed));
-                }
-                // SAFETY: a non-null link points at a live record.
-                match unsafe { succ.as_ref() } {
-                    Some(next) if before(next.key()) => pred = Node::of(next),
-                    _ => break,
-                }
+    /// Descends to the leaf whose range holds `probe`; on a separator equal to it, to the
+    /// right child (`right`), where the separator's key is, or to the left one, which holds
+    /// the keys just below it.
+    fn leaf(&self, probe: Probe<'_>, right: bool) -> Leaf<'_> {
+        'restart: loop {
+            let mut node = self.root();
+            let mut version = node.stable_version();
+            if !ptr::eq(node, self.root()) {
+                continue 'restart; // the root was split meanwhile
             }
-            if let Some(splice) = splice.as_deref_mut() {
-                splice.preds[level] = pred;
-                splice.succs[level] = succ;
+            let (mut lo, mut hi) = (None, None);
+            while !node.leaf {
+                let n = node.count();
+                let i = node.rank(n, probe, right);
+                let child = node.children[i].load(Ordering::Acquire);
+                let child_lo = if i > 0 {
+                    NonNull::new(node.key(i - 1))
+                } else {
+                    None
+                };
+                let child_hi = if i < n {
+                    NonNull::new(node.key(i))
+                } else {
+                    None
+                };
+                // SAFETY: children of a node are live nodes; a torn read is caught below
+                // before use, but must still point somewhere valid, so check null first.
+                let Some(child) = (unsafe { child.as_ref() }) else {
+                    continue 'restart;
+                };
+                let child_version = child.stable_version();
+                if !node.unchanged(version) {
+                    continue 'restart;
+                }
+                if i > 0 {
+                    lo = child_lo.map(RecordRef);
+                }
+                if i < n {
+                    hi = child_hi.map(RecordRef);
+                }
+                node = child;
+                version = child_version;
             }
+            return Leaf {
+                node,
+                version,
+                lo,
+                hi,
+            };
         }
-        (pred, succ)
     }
 
-    /// Links `record` in. Its key must not be in the list and must not be inserted by anyone
+    /// Links `record` in. Its key must not be in the tree and must not be inserted by anyone
     /// else meanwhile (the point index hands out one record per key).
     pub(crate) fn insert(&self, record: RecordRef) {
-        let r = record.get();
-        let (key, height) = (r.key(), r.height());
-        let me = record.0.as_ptr();
-        self.height.fetch_max(height, Ordering::AcqRel);
-        let mut splice = Splice {
-            preds: [self.head(); MAX_HEIGHT],
-            succs: [ptr::null_mut(); MAX_HEIGHT],
-        };
-        self.seek(|k| compare(k, key).is_lt(), Some(&mut splice));
-        for level in 0..height {
-            let (mut pred, mut succ) = (splice.preds[level], splice.succs[level]);
+        let key = record.get().key();
+        'restart: loop {
+            let mut node = self.root();
+            let mut version = node.stable_version();
+            if !ptr::eq(node, self.root()) {
+                continue 'restart;
+            }
+            // The parent, its version, and which child `node` is.
+            let mut parent: Option<(&Node, u64, usize)> = None;
+            let mut hi = None;
             loop {
-                r.link(level).store(succ, Ordering::Relaxed);
-                match pred.link(level).compare_exchange(
-                    succ,
-                    me,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => break,
-                    Err(now) => {
-                        // Someone linked a record after `pred` on this level: move past
-                        // every record now there that is still smaller than ours.
-                        succ = now;
-                        // SAFETY: a non-null link points at a live record.
-                        while let Some(next) = unsafe { succ.as_ref() } {
-                            debug_assert_ne!(next.key(), key, "a key was inserted twice");
-                            if compare(next.key(), key).is_ge() {
-                                break;
-                            }
-                            pred = Node::of(next);
-                            succ = pred.link(level).load(Ordering::Acquire);
+                let n = node.count();
+                if n == CAP {
+                    // Split on the way down, so that the parent (unchanged since we passed
+                    // it, or the locks fail) has room for the separator.
+                    if let Some((p, pv, _)) = parent
+                        && !p.try_lock(pv)
+                    {
+                        continue 'restart;
+                    }
+                    if !node.try_lock(version) {
+                        if let Some((p, ..)) = parent {
+                            p.unlock();
                         }
+                        continue 'restart;
+                    }
+                    if parent.is_none() && !ptr::eq(node, self.root()) {
+                        node.unlock();
+                        continue 'restart;
+                    }
+                    self.split(node, parent.map(|(p, _, i)| (p, i)), hi);
+                    node.unlock();
+                    if let Some((p, ..)) = parent {
+                        p.unlock();
+                    }
+                    continue 'restart;
+                }
+                if node.leaf {
+                    let at = node.rank(n, Probe::Key(key), false);
+                    if !node.try_lock(version) {
+                        continue 'restart;
+                    }
+                    debug_assert!(
+                        at == n || node.key(at) != record.0.as_ptr(),
+                        "a key was inserted twice"
+                    );
+                    node.insert_at(at, record.0.as_ptr(), None);
+                    node.unlock();
+                    return;
+                }
+                let i = node.rank(n, Probe::Key(key), true);
+                let child = node.children[i].load(Ordering::Acquire);
+                let child_hi = if i < n {
+                    NonNull::new(node.key(i))
+                } else {
+                    None
+                };
+                // SAFETY: as in `leaf`.
+                let Some(child) = (unsafe { child.as_ref() }) else {
+                    continue 'restart;
+                };
+                let child_version = child.stable_version();
+                if !node.unchanged(version) {
+                    continue 'restart;
+                }
+                if i < n {
+                    hi = child_hi.map(RecordRef);
+                }
+                parent = Some((node, version, i));
+                node = child;
+                version = child_version;
+            }
+        }
+    }
+
+    /// Splits the full, locked `node` (child `index` of the locked `parent`, or the root)
+    /// whose range ends at `hi`: the upper half moves to a new right sibling.
+    fn split(&self, node: &Node, parent: Option<(&Node, usize)>, hi: Option<RecordRef>) {
+        let n = node.count();
+        let mid = n / 2;
+        let separator = node.key(mid);
+        let sep = RecordRef(NonNull::new(separator).expect("a full node's keys are set"));
+        let right = Node::new(node.leaf, prefix_of(Some(sep), hi));
+        // A leaf's separator stays in the right leaf; an inner node's moves up.
+        let first = if node.leaf { mid } else { mid + 1 };
+        for (to, from) in (first..n).enumerate() {
+            let key = node.key(from);
+            // SAFETY: keys of a locked node are live records.
+            let k = unsafe { &*key }.key();
+            right.keys[to].store(key, Ordering::Relaxed);
+            right.heads[to].store(head(k, right.prefix as usize), Ordering::Relaxed);
+        }
+        if !node.leaf {
+            for (to, from) in (first..=n).enumerate() {
+                let child = node.children[from].load(Ordering::Acquire);
+                right.children[to].store(child, Ordering::Relaxed);
+            }
+        }
+        right.count.store((n - first) as u32, Ordering::Relaxed);
+        let right = Box::into_raw(right);
+        node.count.store(mid as u32, Ordering::Relaxed);
+        match parent {
+            Some((parent, index)) => parent.insert_at(index, separator, Some(right)),
+            None => {
+                let root = Node::new(false, 0);
+                root.keys[0].store(separator, Ordering::Relaxed);
+                root.heads[0].store(head(sep.get().key(), 0), Ordering::Relaxed);
+                root.children[0].store(ptr::from_ref(node).cast_mut(), Ordering::Relaxed);
+                root.children[1].store(right, Ordering::Relaxed);
+                root.count.store(1, Ordering::Relaxed);
+                self.root.store(Box::into_raw(root), Ordering::Release);
+            }
+        }
+    }
+
+    /// The first record at or after `bound` (after, for an excluded bound), with where it is.
+    fn first_from(&self, bound: Bound<&[u8]>) -> Option<Cursor<'_>> {
+        let (mut probe, mut inclusive) = match bound {
+            Bound::Included(key) => (Probe::Key(key), true),
+            Bound::Excluded(key) => (Probe::Key(key), false),
+            Bound::Unbounded => (Probe::Key(&[]), true),
+        };
+        loop {
+            let leaf = self.leaf(probe, true);
+            let node = leaf.node;
+            let n = node.count();
+            let at = node.rank(n, probe, !inclusive);
+            let found = (at < n).then(|| node.key(at));
+            if !node.unchanged(leaf.version) {
+                continue;
+            }
+            match found.and_then(NonNull::new) {
+                Some(record) => {
+                    return Some(Cursor {
+                        leaf,
+                        at,
+                        record: RecordRef(record),
+                    });
+                }
+                // Nothing left in this leaf: the next key is the first of the next leaf.
+                None => {
+                    let hi = leaf.hi?;
+                    probe = Probe::Key(hi.get().key());
+                    inclusive = true;
+                }
+            }
+        }
+    }
+
+    /// The last record at or before `bound` (before, for an excluded bound).
+    fn last_until(&self, bound: Bound<&[u8]>) -> Option<Cursor<'_>> {
+        let (mut probe, mut inclusive) = match bound {
+            Bound::Included(key) => (Probe::Key(key), true),
+            Bound::Excluded(key) => (Probe::Key(key), false),
+            Bound::Unbounded => (Probe::Max, true),
+        };
+        loop {
+            let leaf = self.leaf(probe, inclusive);
+            let node = leaf.node;
+            let n = node.count();
+            let at = node.rank(n, probe, inclusive);
+            let found = (at > 0).then(|| node.key(at - 1));
+            if !node.unchanged(leaf.version) {
+                continue;
+            }
+            match found.and_then(NonNull::new) {
+                Some(record) => {
+                    return Some(Cursor {
+                        leaf,
+                        at: at - 1,
+                        record: RecordRef(record),
+                    });
+                }
+                // Nothing before it in this leaf: look before the leaf's range.
+                None => {
+                    let lo = leaf.lo?;
+                    probe = Probe::Key(lo.get().key());
+                    inclusive = false;
+                }
+            }
+        }
+    }
+
+    /// Makes an empty tree of `stretches`, which are sorted, distinct and follow each other
+    /// in key order (recovery). Each stretch's leaves are built on a thread of their own.
+    pub(crate) fn build(&mut self, stretches: Vec<Vec<RecordRef>>) {
+        let stretches: Vec<Vec<RecordRef>> =
+            stretches.into_iter().filter(|s| !s.is_empty()).collect();
+        let root = self.root.get_mut();
+        // SAFETY: exclusive access; the root is a live node.
+        assert_eq!(
+            unsafe { &**root }.count(),
+            0,
+            "a build starts from an empty tree"
+        );
+        if stretches.is_empty() {
+            return;
+        }
+        let total = stretches.len();
+        // Each leaf's range ends where the next leaf starts; the last one is unbounded.
+        let leaves: Vec<(Box<Node>, RecordRef)> = std::thread::scope(|s| {
+            let workers: Vec<_> = stretches
+                .iter()
+                .enumerate()
+                .map(|(i, stretch)| {
+                    let next = stretches.get(i + 1).map(|n| n[0]);
+                    let first = i == 0;
+                    s.spawn(move || {
+                        let mut leaves = Vec::with_capacity(stretch.len() / CAP + 1);
+                        let chunks: Vec<&[RecordRef]> = stretch.chunks(CAP).collect();
+                        for (c, chunk) in chunks.iter().enumerate() {
+                            // Records are in key order, which is random in memory: load the
+                            // next leaf's while this one is built.
+                            for ahead in chunks.get(c + 1).into_iter().flat_map(|n| n.iter()) {
+                                crate::memory::prefetch(ahead.0.as_ptr());
+                            }
+                            let lo = (!(first && c == 0)).then_some(chunk[0]);
+                            let hi = chunks.get(c + 1).map(|n| n[0]).or(next);
+                            let leaf = Node::new(true, prefix_of(lo, hi));
+                            for (j, record) in chunk.iter().enumerate() {
+                                let k = record.get().key();
+                                leaf.keys[j].store(record.0.as_ptr(), Ordering::Relaxed);
+                                leaf.heads[j]
+                                    .store(head(k, leaf.prefix as usize), Ordering::Relaxed);
+                            }
+                            leaf.count.store(chunk.len() as u32, Ordering::Relaxed);
+                            leaves.push((leaf, chunk[0]));
+                        }
+                        leaves
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("building leaves"))
+                .collect()
+        });
+        debug_assert!(total > 0);
+        let mut level: Vec<(*mut Node, RecordRef)> = leaves
+            .into_iter()
+            .map(|(leaf, first)| (Box::into_raw(leaf), first))
+            .collect();
+        while level.len() > 1 {
+            let groups: Vec<&[(*mut Node, RecordRef)]> = level.chunks(CAP + 1).collect();
+            let mut up = Vec::with_capacity(groups.len());
+            for (g, group) in groups.iter().enumerate() {
+                let lo = (g > 0).then_some(group[0].1);
+                let hi = groups.get(g + 1).map(|n| n[0].1);
+                let inner = Node::new(false, prefix_of(lo, hi));
+                for (j, (child, first)) in group.iter().enumerate() {
+                    inner.children[j].store(*child, Ordering::Relaxed);
+                    if j > 0 {
+                        let k = first.get().key();
+                        inner.keys[j - 1].store(first.0.as_ptr(), Ordering::Relaxed);
+                        inner.heads[j - 1].store(head(k, inner.prefix as usize), Ordering::Relaxed);
                     }
                 }
+                inner
+                    .count
+                    .store((group.len() - 1) as u32, Ordering::Relaxed);
+                up.push((Box::into_raw(inner), group[0].1));
             }
+            level = up;
         }
-    }
-
-    /// Links `records`, which are sorted by key and distinct, into an empty list in one
-    /// pass. Their links must be null (fresh records).
-    #[cfg(test)]
-    pub(crate) fn build_sorted(&mut self, records: &[RecordRef]) {
-        self.join(vec![Stretch::link(records)]);
-    }
-
-    /// Makes an empty list of `stretches`, which follow each other in key order (recovery:
-    /// each stretch is linked on its own thread, then they are joined here).
-    pub(crate) fn join(&mut self, stretches: Vec<Stretch>) {
-        assert_eq!(
-            *self.height.get_mut(),
-            0,
-            "a sorted build starts from an empty list"
-        );
-        let mut last = [self.head(); MAX_HEIGHT];
-        let mut top = 0;
-        for stretch in stretches {
-            for (level, last) in last.iter_mut().enumerate() {
-                let (first, end) = (stretch.first[level], stretch.last[level]);
-                if first.is_null() {
-                    continue;
-                }
-                last.link(level).store(first, Ordering::Relaxed);
-                // SAFETY: a record of the stretch, alive as long as the store.
-                *last = Node::of(unsafe { &*end });
-                top = top.max(level + 1);
-            }
-        }
-        *self.height.get_mut() = top;
+        // SAFETY: the empty root came from `Box::into_raw` and nobody else can reach it.
+        drop(unsafe { Box::from_raw(*root) });
+        *root = level[0].0;
     }
 
     /// Records whose keys fall in `range`, in key order (either end).
@@ -253,59 +599,58 @@ impl Ordered {
     }
 }
 
-/// Sorted records linked among themselves at every level, not yet in a list: the first and
-/// last record per level (null where none is that tall).
-pub(crate) struct Stretch {
-    first: [*mut Record; MAX_HEIGHT],
-    last: [*mut Record; MAX_HEIGHT],
-}
-
-// SAFETY: pointers to records, which outlive the stretch and are shared through atomics.
-unsafe impl Send for Stretch {}
-
-impl Stretch {
-    /// Links `records`, sorted by key and distinct, with null links (fresh records), to each
-    /// other. No record here may be in a list yet, so nothing else reads these links.
-    pub(crate) fn link(records: &[RecordRef]) -> Stretch {
-        /// Records ahead whose header is prefetched: linking writes to records in key
-        /// order, which is random in memory.
-        const AHEAD: usize = 12;
-        let mut stretch = Stretch {
-            first: [ptr::null_mut(); MAX_HEIGHT],
-            last: [ptr::null_mut(); MAX_HEIGHT],
-        };
-        for (i, record) in records.iter().enumerate() {
-            if let Some(ahead) = records.get(i + AHEAD) {
-                crate::memory::prefetch(ahead.0.as_ptr());
-                crate::memory::prefetch(ahead.0.as_ptr().cast::<u8>().wrapping_sub(8));
-            }
-            let r = record.get();
-            let me = record.0.as_ptr();
-            for level in 0..r.height() {
-                match NonNull::new(stretch.last[level]) {
-                    // SAFETY: a record linked earlier in this stretch.
-                    Some(last) => {
-                        let last = unsafe { last.as_ref() };
-                        debug_assert!(last.key() < r.key(), "records must be sorted and distinct");
-                        last.link(level).store(me, Ordering::Relaxed);
-                    }
-                    None => stretch.first[level] = me,
-                }
-                stretch.last[level] = me;
+impl Drop for Ordered {
+    fn drop(&mut self) {
+        let mut stack = vec![*self.root.get_mut()];
+        while let Some(node) = stack.pop() {
+            // SAFETY: exclusive access; every node is reachable exactly once from the root
+            // and came from `Box::into_raw`.
+            let node = unsafe { Box::from_raw(node) };
+            if !node.leaf {
+                stack.extend((0..=node.count()).map(|i| node.children[i].load(Ordering::Relaxed)));
             }
         }
-        stretch
     }
 }
 
-/// Iterator over a key range of [`Ordered`]. Records linked while it runs may or may not be
-/// seen; the two ends never pass each other.
+/// A record found in a leaf, and where, so that the next step can stay in the leaf.
+#[derive(Clone, Copy)]
+struct Cursor<'a> {
+    leaf: Leaf<'a>,
+    at: usize,
+    record: RecordRef,
+}
+
+impl<'a> Cursor<'a> {
+    /// The next (or previous) record in the same leaf, if the leaf has not changed.
+    fn step(&self, forward: bool) -> Option<Cursor<'a>> {
+        let node = self.leaf.node;
+        let n = node.count();
+        let at = if forward {
+            (self.at + 1 < n).then_some(self.at + 1)?
+        } else {
+            self.at.checked_sub(1)?
+        };
+        let record = NonNull::new(node.key(at));
+        if !node.unchanged(self.leaf.version) {
+            return None;
+        }
+        Some(Cursor {
+            leaf: self.leaf,
+            at,
+            record: RecordRef(record?),
+        })
+    }
+}
+
+/// Iterator over a key range of [`Ordered`]. Records inserted while it runs may or may not
+/// be seen; the two ends never pass each other.
 pub(crate) struct Range<'a> {
     list: &'a Ordered,
     range: KeyRange,
-    /// The last record returned from each end.
-    front: Option<RecordRef>,
-    back: Option<RecordRef>,
+    /// Where each end is: the last record returned from it.
+    front: Option<Cursor<'a>>,
+    back: Option<Cursor<'a>>,
     done: bool,
 }
 
@@ -332,67 +677,53 @@ impl Range<'_> {
     }
 }
 
-impl Iterator for Range<'_> {
+impl<'a> Iterator for Range<'a> {
     type Item = RecordRef;
 
     fn next(&mut self) -> Option<RecordRef> {
         if self.done {
             return None;
         }
+        let list: &'a Ordered = self.list;
         let next = match self.front {
-            Some(front) => front.get().link(0).load(Ordering::Acquire),
-            None => match &self.range.lo {
-                Bound::Included(lo) => self.list.seek(|k| compare(k, lo).is_lt(), None).1,
-                Bound::Excluded(lo) => self.list.seek(|k| compare(k, lo).is_le(), None).1,
-                Bound::Unbounded => self.list.head().link(0).load(Ordering::Acquire),
-            },
+            Some(front) => front
+                .step(true)
+                .or_else(|| list.first_from(Bound::Excluded(front.record.get().key()))),
+            None => list.first_from(self.range.lo.as_ref().map(Vec::as_slice)),
         };
-        // SAFETY: a non-null link points at a live record.
-        let Some(next) = (unsafe { next.as_ref() }) else {
+        let Some(next) = next else {
             return self.finish();
         };
-        if !self.below_end(next.key())
-            || self.back.is_some_and(|back| next.key() >= back.get().key())
-        {
+        let key = next.record.get().key();
+        if !self.below_end(key) || self.back.is_some_and(|b| key >= b.record.get().key()) {
             return self.finish();
         }
-        let next = RecordRef(NonNull::from(next));
         self.front = Some(next);
-        Some(next)
+        Some(next.record)
     }
 }
 
-impl DoubleEndedIterator for Range<'_> {
+impl<'a> DoubleEndedIterator for Range<'a> {
     fn next_back(&mut self) -> Option<RecordRef> {
         if self.done {
             return None;
         }
-        // There are no back links: each step searches for the predecessor.
-        let (prev, _) = match self.back {
-            Some(back) => {
-                let key = back.get().key();
-                self.list.seek(|k| compare(k, key).is_lt(), None)
-            }
-            None => match &self.range.hi {
-                Bound::Included(hi) => self.list.seek(|k| compare(k, hi).is_le(), None),
-                Bound::Excluded(hi) => self.list.seek(|k| compare(k, hi).is_lt(), None),
-                Bound::Unbounded => self.list.seek(|_| true, None),
-            },
+        let list: &'a Ordered = self.list;
+        let prev = match self.back {
+            Some(back) => back
+                .step(false)
+                .or_else(|| list.last_until(Bound::Excluded(back.record.get().key()))),
+            None => list.last_until(self.range.hi.as_ref().map(Vec::as_slice)),
         };
-        // SAFETY: a non-null record pointer of a node points at a live record.
-        let Some(prev) = (unsafe { prev.record.as_ref() }) else {
-            return self.finish(); // the head: nothing before
+        let Some(prev) = prev else {
+            return self.finish();
         };
-        if !self.above_start(prev.key())
-            || self
-                .front
-                .is_some_and(|front| prev.key() <= front.get().key())
-        {
+        let key = prev.record.get().key();
+        if !self.above_start(key) || self.front.is_some_and(|f| key <= f.record.get().key()) {
             return self.finish();
         }
-        let prev = RecordRef(NonNull::from(prev));
         self.back = Some(prev);
-        Some(prev)
+        Some(prev.record)
     }
 }
 

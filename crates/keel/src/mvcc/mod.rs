@@ -130,12 +130,10 @@ impl Version {
 
 /// One key: its lock, its version chain, its key bytes, and room for its first version.
 ///
-/// Records are allocated from the store's [`Arena`] and laid out as the record's tower of
-/// ordered-index links (`height` pointers, level 0 nearest the header, see
-/// [`crate::index::ordered`]), the header, the key bytes, then (optionally) an embedded slot
-/// where the first version that fits is built in place. A key that is loaded once and then
-/// only read thus costs one allocation, and reading or passing it touches adjacent cache
-/// lines: the level-0 link, header and key, then the version right after them.
+/// Records are allocated from the store's [`Arena`] and laid out as the header, the key
+/// bytes, then (optionally) an embedded slot where the first version that fits is built in
+/// place. A key that is loaded once and then only read thus costs one allocation, and reading
+/// it touches adjacent cache lines: the header and key, then the version right after them.
 #[repr(C)]
 pub(crate) struct Record {
     /// `0` when unlocked, otherwise the [`LockOwner`] of the committing transaction.
@@ -149,8 +147,6 @@ pub(crate) struct Record {
     /// The record's split state (`split`), once it has been split; never freed before the
     /// database.
     split: AtomicPtr<crate::split::SplitRecord>,
-    /// Levels of the tower in front of the header (at least 1).
-    height: u8,
     // key bytes follow, then padding to the version alignment, then the embedded slot
 }
 
@@ -181,8 +177,7 @@ impl Record {
     }
 
     /// Allocates a record with an empty chain, locked by `owner`, with an embedded slot for a
-    /// first version of up to `reserve` value bytes (`None`: no slot), and a tower of random
-    /// height whose links are all null (not yet in the ordered index).
+    /// first version of up to `reserve` value bytes (`None`: no slot).
     pub(crate) fn new_locked(
         arena: &Arena,
         key: &[u8],
@@ -191,28 +186,18 @@ impl Record {
         reserve: Option<usize>,
     ) -> NonNull<Record> {
         let key_len = u32::try_from(key.len()).expect("key length is bounded by KEY_BYTES_MAX");
-        let height = crate::index::ordered::random_height();
-        let tower = height * size_of::<AtomicPtr<Record>>();
-        let bytes = tower
-            + match reserve {
-                Some(value) => Self::slot_offset(key.len()) + Version::layout(value).size(),
-                None => size_of::<Record>() + key.len(),
-            };
+        let bytes = match reserve {
+            Some(value) => Self::slot_offset(key.len()) + Version::layout(value).size(),
+            None => size_of::<Record>() + key.len(),
+        };
         let layout = Layout::from_size_align(bytes, align_of::<Record>())
             .expect("sizes are bounded by KEY_BYTES_MAX and VALUE_BYTES_MAX");
-        let block = arena.alloc(layout);
+        let ptr = arena.alloc(layout).cast::<Record>();
         let cap = reserve.map_or(NO_SLOT, |v| {
             u32::try_from(v).expect("bounded by VALUE_BYTES_MAX")
         });
-        // SAFETY: a fresh arena block large enough for the tower, header and key; the header
-        // starts `tower` bytes in, which keeps its alignment (the block is 64-byte aligned
-        // and the tower a whole number of pointers).
+        // SAFETY: a fresh arena block large enough for header and key.
         unsafe {
-            let links = block.as_ptr().cast::<AtomicPtr<Record>>();
-            for level in 0..height {
-                links.add(level).write(AtomicPtr::new(ptr::null_mut()));
-            }
-            let ptr = block.add(tower).cast::<Record>();
             ptr.as_ptr().write(Record {
                 lock: AtomicU64::new(owner.0),
                 head: AtomicPtr::new(ptr::null_mut()),
@@ -220,29 +205,9 @@ impl Record {
                 key_len,
                 embedded_cap: AtomicU32::new(cap),
                 split: AtomicPtr::new(ptr::null_mut()),
-                height: u8::try_from(height).expect("bounded by MAX_HEIGHT"),
             });
             ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
             ptr
-        }
-    }
-
-    /// Levels of this record's tower in the ordered index.
-    #[inline]
-    pub(crate) fn height(&self) -> usize {
-        usize::from(self.height)
-    }
-
-    /// The ordered index's link to the next record at `level` (below [`Record::height`]).
-    #[inline]
-    pub(crate) fn link(&self, level: usize) -> &AtomicPtr<Record> {
-        debug_assert!(level < self.height());
-        // SAFETY: the tower's `height` links lie right before the header, level 0 nearest
-        // (see `new_locked`), and live as long as the record.
-        unsafe {
-            &*ptr::from_ref(self)
-                .cast::<AtomicPtr<Record>>()
-                .sub(level + 1)
         }
     }
 

@@ -23,32 +23,68 @@ fn keys(records: impl Iterator<Item = RecordRef>) -> Vec<Vec<u8>> {
     records.map(|r| r.get().key().to_vec()).collect()
 }
 
-/// Every level is strictly sorted and a sublist of level 0; level 0 holds `expected`.
+/// The tree's shape is sound and it holds exactly `expected`: keys sorted within and across
+/// nodes, each subtree inside its separators, heads matching keys, all leaves at one depth.
 fn check_structure(list: &Ordered, expected: &BTreeSet<Vec<u8>>) {
     let all = keys(list.range(KeyRange {
         lo: Bound::Unbounded,
         hi: Bound::Unbounded,
     }));
     assert_eq!(all, expected.iter().cloned().collect::<Vec<_>>());
-    for level in 0..MAX_HEIGHT {
-        let mut at = list.head().link(level).load(Ordering::Acquire);
-        let mut previous: Option<&[u8]> = None;
-        // SAFETY: links point at live records of this test's arena.
-        while let Some(r) = unsafe { at.as_ref() } {
-            assert!(r.height() > level, "a record linked above its height");
-            assert!(
-                previous.is_none_or(|p| p < r.key()),
-                "level {level} unsorted"
-            );
-            assert!(expected.contains(r.key()));
-            previous = Some(r.key());
-            at = r.link(level).load(Ordering::Acquire);
-        }
+    let mut leaf_depths = BTreeSet::new();
+    let mut in_leaves = Vec::new();
+    check_node(list.root(), None, None, 0, &mut leaf_depths, &mut in_leaves);
+    assert_eq!(
+        leaf_depths.len(),
+        1,
+        "leaves at several depths: {leaf_depths:?}"
+    );
+    assert_eq!(in_leaves, all, "leaves in order hold every key once");
+}
+
+fn check_node(
+    node: &Node,
+    lo: Option<&[u8]>,
+    hi: Option<&[u8]>,
+    depth: usize,
+    leaf_depths: &mut BTreeSet<usize>,
+    in_leaves: &mut Vec<Vec<u8>>,
+) {
+    let n = node.count();
+    let key = |i: usize| unsafe { &*node.key(i) }.key();
+    for i in 0..n {
+        let k = key(i);
+        assert!(lo.is_none_or(|lo| lo <= k), "key below its node's range");
+        assert!(hi.is_none_or(|hi| k < hi), "key above its node's range");
+        assert!(i == 0 || key(i - 1) < k, "node unsorted");
+        assert_eq!(
+            node.heads[i].load(Ordering::Relaxed),
+            head(k, node.prefix as usize)
+        );
+        assert!(k.len() >= node.prefix as usize);
+    }
+    if node.leaf {
+        leaf_depths.insert(depth);
+        in_leaves.extend((0..n).map(|i| key(i).to_vec()));
+        return;
+    }
+    for c in 0..=n {
+        let child = unsafe { &*node.children[c].load(Ordering::Relaxed) };
+        let child_lo = if c > 0 { Some(key(c - 1)) } else { lo };
+        let child_hi = if c < n { Some(key(c)) } else { hi };
+        check_node(child, child_lo, child_hi, depth + 1, leaf_depths, in_leaves);
     }
 }
 
+/// A key of 1 to 3 bytes from a small alphabet: many shared prefixes, and prefixes of
+/// each other.
+fn small_key(rng: &mut StdRng) -> Vec<u8> {
+    let len = rng.random_range(1..=3);
+    (0..len).map(|_| rng.random_range(0..12u8)).collect()
+}
+
 fn bound(rng: &mut StdRng) -> Bound<Vec<u8>> {
-    let key = vec![rng.random_range(0..40u8)];
+    let key = small_key(rng);
     match rng.random_range(0..3) {
         0 => Bound::Included(key),
         1 => Bound::Excluded(key),
@@ -62,17 +98,23 @@ fn ranges_match_a_btree_from_both_ends() {
     let list = Ordered::new();
     let mut model = BTreeSet::new();
     let mut rng = StdRng::seed_from_u64(7);
-    for _ in 0..30 {
-        let key = vec![rng.random_range(0..40u8)];
-        if model.insert(key.clone()) {
-            list.insert(record(&arena, &key));
+    for round in 0..3 {
+        for _ in 0..[20, 300, 1500][round] {
+            let key = small_key(&mut rng);
+            if model.insert(key.clone()) {
+                list.insert(record(&arena, &key));
+            }
         }
+        check_structure(&list, &model);
+        check_ranges(&list, &model, &mut rng);
     }
-    check_structure(&list, &model);
-    for _ in 0..2000 {
+}
+
+fn check_ranges(list: &Ordered, model: &BTreeSet<Vec<u8>>, rng: &mut StdRng) {
+    for _ in 0..700 {
         let range = KeyRange {
-            lo: bound(&mut rng),
-            hi: bound(&mut rng),
+            lo: bound(rng),
+            hi: bound(rng),
         };
         let expected: Vec<Vec<u8>> = if range.is_empty() {
             Vec::new()
@@ -103,39 +145,37 @@ fn ranges_match_a_btree_from_both_ends() {
 }
 
 #[test]
-fn sorted_build_equals_inserts_and_takes_more() {
-    let arena = Arena::new();
-    let mut model = BTreeSet::new();
-    let mut built = Ordered::new();
-    let sorted: Vec<RecordRef> = (0u32..5000)
-        .map(|i| {
-            let key = (i * 2).to_be_bytes().to_vec();
-            model.insert(key.clone());
-            record(&arena, &key)
-        })
-        .collect();
-    built.build_sorted(&sorted);
-    check_structure(&built, &model);
-    // Joined from stretches, some of them empty (fresh records: links are set once).
-    let fresh: Vec<RecordRef> = model.iter().map(|key| record(&arena, key)).collect();
-    let mut joined = Ordered::new();
-    let mut stretches = vec![Stretch::link(&[])];
-    for part in fresh.chunks(777) {
-        stretches.push(Stretch::link(part));
-        stretches.push(Stretch::link(&[]));
+fn sorted_build_takes_more_inserts() {
+    for total in [0u32, 1, 31, 32, 33, 1000, 5000] {
+        let arena = Arena::new();
+        let mut model = BTreeSet::new();
+        // Keys with a long shared prefix, so that node prefixes matter.
+        let key = |i: u32| format!("user:000000{i:08}").into_bytes();
+        let sorted: Vec<RecordRef> = (0..total)
+            .map(|i| {
+                model.insert(key(i * 2));
+                record(&arena, &key(i * 2))
+            })
+            .collect();
+        let mut built = Ordered::new();
+        // Stretches of uneven sizes, some empty.
+        let mut stretches = vec![Vec::new()];
+        for part in sorted.chunks(777) {
+            stretches.push(part.to_vec());
+            stretches.push(Vec::new());
+        }
+        built.build(stretches);
+        check_structure(&built, &model);
+        for i in (0..total).rev() {
+            model.insert(key(i * 2 + 1));
+            built.insert(record(&arena, &key(i * 2 + 1)));
+        }
+        check_structure(&built, &model);
     }
-    joined.join(stretches);
-    check_structure(&joined, &model);
-    for i in 0u32..5000 {
-        let key = (i * 2 + 1).to_be_bytes().to_vec();
-        model.insert(key.clone());
-        built.insert(record(&arena, &key));
-    }
-    check_structure(&built, &model);
 }
 
 #[test]
-fn concurrent_inserts_and_scans_keep_every_level_sorted() {
+fn concurrent_inserts_and_scans_stay_sorted() {
     const THREADS: u32 = 4;
     const PER_THREAD: u32 = 20_000;
     let arena = Arena::new();
@@ -197,18 +237,6 @@ fn word_compare_is_byte_order() {
         let b: Vec<u8> = (0..lb).map(|_| rng.random_range(0..3)).collect();
         assert_eq!(compare(&a, &b), a.cmp(&b), "{a:?} {b:?}");
     }
-}
-
-#[test]
-fn heights_are_geometric() {
-    let mut counts = [0u32; MAX_HEIGHT + 1];
-    for _ in 0..100_000 {
-        counts[random_height()] += 1;
-    }
-    assert_eq!(counts[0], 0);
-    // P(height 1) = 3/4, P(height 2) = 3/16.
-    assert!((70_000..80_000).contains(&counts[1]), "{counts:?}");
-    assert!((15_000..22_000).contains(&counts[2]), "{counts:?}");
 }
 
 /// Not a test: `cargo test --release -p keel --lib -- --ignored insert_speed --nocapture`.
