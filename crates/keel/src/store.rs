@@ -3,9 +3,9 @@
 //! This is the transaction component's view of the data component (Deuteronomy's TC/DC
 //! split): the transaction layer (`txn`, `concurrency`) decides visibility, locking and
 //! validation, and asks the store only for record handles. [`MemStore`] keeps every record in
-//! memory behind two indexes — the hash index for point access and a lock-free skip list
-//! threaded through the records for ordered scans (Hekaton keeps both kinds on one row the
-//! same way). A disk-resident store implements the same trait.
+//! memory behind two indexes — the hash index for point access and a B+tree read without
+//! locks for ordered scans (Hekaton keeps both kinds over one row the same way). A
+//! disk-resident store implements the same trait.
 //!
 //! Invariant: a record is in the hash index and in the ordered index before its creator takes
 //! a commit timestamp, so a range validation that runs after a later timestamp sees it.

@@ -174,54 +174,81 @@ fn sorted_build_takes_more_inserts() {
     }
 }
 
+/// Inserters race scanners; every scan is sorted and sees every key whose insert had
+/// returned before the scan began (what phantom protection relies on: a creator inserts its
+/// record before it takes a timestamp, and a validating scan runs after).
 #[test]
-fn concurrent_inserts_and_scans_stay_sorted() {
-    const THREADS: u32 = 4;
-    const PER_THREAD: u32 = 20_000;
+fn concurrent_inserts_and_scans_stay_sorted_and_miss_nothing_finished() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 20_000;
     let arena = Arena::new();
     let list = Ordered::new();
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    // Each inserter's keys in its insertion order, and how many of them are in.
+    let orders: Vec<Vec<u32>> = (0..THREADS)
+        .map(|t| {
+            // Interleaved keys, so that threads keep inserting next to each other.
+            let mut order: Vec<u32> = (0..PER_THREAD).map(|i| (i * THREADS + t) as u32).collect();
+            let mut rng = StdRng::seed_from_u64(t as u64);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.random_range(0..=i));
+            }
+            order
+        })
+        .collect();
+    let progress: Vec<AtomicUsize> = (0..THREADS).map(|_| AtomicUsize::new(0)).collect();
     std::thread::scope(|s| {
         let mut inserters = Vec::new();
-        for t in 0..THREADS {
+        for (order, progress) in orders.iter().zip(&progress) {
             let (arena, list) = (&arena, &list);
             inserters.push(s.spawn(move || {
-                // Interleaved keys, so that threads keep inserting next to each other.
-                let mut order: Vec<u32> = (0..PER_THREAD).map(|i| i * THREADS + t).collect();
-                let mut rng = StdRng::seed_from_u64(u64::from(t));
-                for i in (1..order.len()).rev() {
-                    order.swap(i, rng.random_range(0..=i));
-                }
-                for k in order {
+                for (n, k) in order.iter().enumerate() {
                     list.insert(record(arena, &k.to_be_bytes()));
+                    progress.store(n + 1, Ordering::Release);
                 }
             }));
         }
-        let (list, done) = (&list, &done);
-        s.spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let seen = keys(list.range(KeyRange {
-                    lo: Bound::Unbounded,
-                    hi: Bound::Unbounded,
-                }));
-                assert!(seen.windows(2).all(|w| w[0] < w[1]), "a scan saw disorder");
-                let back = keys(
-                    list.range(KeyRange {
-                        lo: Bound::Included(1000u32.to_be_bytes().to_vec()),
-                        hi: Bound::Excluded(1100u32.to_be_bytes().to_vec()),
-                    })
-                    .rev(),
-                );
-                assert!(back.windows(2).all(|w| w[0] > w[1]));
-            }
-        });
+        for reverse in [false, true] {
+            let (list, done, orders, progress) = (&list, &done, &orders, &progress);
+            s.spawn(move || {
+                let mut scans = 0;
+                while !done.load(Ordering::Relaxed) || scans < 3 {
+                    scans += 1;
+                    let finished: Vec<usize> =
+                        progress.iter().map(|p| p.load(Ordering::Acquire)).collect();
+                    let everything = KeyRange {
+                        lo: Bound::Unbounded,
+                        hi: Bound::Unbounded,
+                    };
+                    let mut seen = if reverse {
+                        let mut seen = keys(list.range(everything).rev());
+                        assert!(seen.windows(2).all(|w| w[0] > w[1]), "a scan saw disorder");
+                        seen.reverse();
+                        seen
+                    } else {
+                        keys(list.range(everything))
+                    };
+                    assert!(seen.windows(2).all(|w| w[0] < w[1]), "a scan saw disorder");
+                    seen.dedup();
+                    for (order, &n) in orders.iter().zip(&finished) {
+                        for k in &order[..n] {
+                            assert!(
+                                seen.binary_search(&k.to_be_bytes().to_vec()).is_ok(),
+                                "a scan missed key {k}, inserted before it began"
+                            );
+                        }
+                    }
+                }
+            });
+        }
         for inserter in inserters {
             inserter.join().expect("inserter");
         }
         done.store(true, Ordering::Relaxed);
     });
     let model: BTreeSet<Vec<u8>> = (0..THREADS * PER_THREAD)
-        .map(|k| k.to_be_bytes().to_vec())
+        .map(|k| (k as u32).to_be_bytes().to_vec())
         .collect();
     check_structure(&list, &model);
 }
