@@ -197,6 +197,22 @@ pub fn is_commutative(cmd: Cmd) -> bool {
     matches!(cmd, Cmd::KeelAdd | Cmd::KeelMax | Cmd::KeelMin)
 }
 
+/// The keys a data command touches by name (for prefetching; a hint, so a command whose
+/// arguments are not keys, like `KEEL.RANGE`'s bounds, may give a few that are not).
+pub fn keys(cmd: Cmd, args: &[Bytes]) -> impl Iterator<Item = &[u8]> {
+    let (step, all) = match cmd {
+        Cmd::Mset | Cmd::Msetnx => (2, true),
+        Cmd::Mget | Cmd::Del | Cmd::Unlink | Cmd::Exists => (1, true),
+        _ => (1, false),
+    };
+    let end = if all { args.len() } else { args.len().min(2) };
+    args.get(1..end)
+        .unwrap_or_default()
+        .iter()
+        .step_by(step)
+        .map(|a| &a[..])
+}
+
 /// Whether `cmd` is a data command (runs in a transaction).
 pub fn is_data(cmd: Cmd) -> bool {
     is_read_only(cmd)

@@ -989,6 +989,26 @@ impl Db {
         self.shared.splitter.wait_joined()
     }
 
+    /// Hints that `key` is about to be read or written: starts loading the index bucket it
+    /// hashes to, so that a batch of lookups (a pipeline, a multi-key command) overlaps its
+    /// cache misses instead of taking them one after another. Never blocks, never fails, and
+    /// changes nothing visible.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let keys: [&[u8]; 3] = [b"a", b"b", b"c"];
+    /// keys.iter().for_each(|k| db.prefetch(k));
+    /// let snapshot = db.snapshot()?;
+    /// for k in keys {
+    ///     assert_eq!(snapshot.get(k)?, None);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn prefetch(&self, key: &[u8]) {
+        self.shared.store.prefetch(hash(key));
+    }
+
     /// How many records are split now (cheap: one load).
     pub fn split_count(&self) -> usize {
         self.shared.splitter.split_count()
