@@ -104,6 +104,15 @@ fn config(args: Args) -> anyhow::Result<Config> {
     Ok(config)
 }
 
+/// `println!` that ignores a closed stdout: the banner is for a human, and a server whose
+/// output nobody reads any more (`keel serve | head -3`) must keep serving, not panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -118,35 +127,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
+        // Catch SIGTERM/SIGINT from here on: a signal that arrives while recovery runs or the
+        // banner prints must still mean a clean shutdown, not the default instant death.
+        let signals = Signals::install();
         let durability = config.durability;
         let split = format!("{} (phase {} ms)", config.split, config.split_phase_ms);
         let dir = config.dir.clone();
         let server = keel_server::Server::bind(config).await?;
-        println!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
-        println!("listening on   {}", server.local_addr());
+        say!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
+        say!("listening on   {}", server.local_addr());
         if let Some(m) = server.metrics_addr() {
-            println!("metrics on     http://{m}/metrics");
+            say!("metrics on     http://{m}/metrics");
         }
         match server.recovery() {
             None => {
-                println!("data directory none (durability none: data lives in memory only)");
-                println!("durability     none");
-                println!("split          {split}");
+                say!("data directory none (durability none: data lives in memory only)");
+                say!("durability     none");
+                say!("split          {split}");
             }
             Some(r) => {
-                println!("data directory {}", dir.display());
-                println!("durability     {durability}");
-                println!("split          {split}");
+                say!("data directory {}", dir.display());
+                say!("durability     {durability}");
+                say!("split          {split}");
                 let checkpoint = match &r.checkpoint {
                     Some((name, keys)) => format!("checkpoint {name} ({keys} keys)"),
                     None => "no checkpoint".into(),
                 };
-                println!(
+                say!(
                     "recovery       {checkpoint}, {} log frames ({} bytes) replayed, last ts {}, {:.1?}",
                     r.log_frames, r.log_bytes, r.last_ts.0, r.elapsed
                 );
                 if let Some((file, offset, bytes)) = &r.torn_tail {
-                    println!(
+                    say!(
                         "               cut a torn log tail: {bytes} bytes at {} offset {offset}",
                         file.display()
                     );
@@ -155,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let handle = server.handle();
         tokio::spawn(async move {
-            wait_for_signal().await;
+            signals.wait().await;
             tracing::info!("signal received, shutting down");
             handle.shutdown();
         });
@@ -164,20 +176,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+/// The shutdown signals, registered with the runtime.
+enum Signals {
+    Unix {
+        term: tokio::signal::unix::Signal,
+        int: tokio::signal::unix::Signal,
+    },
+    /// Registration failed: fall back to Ctrl-C alone.
+    CtrlC,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Signals::Unix { term, int },
+            _ => Signals::CtrlC,
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+    }
+
+    async fn wait(self) {
+        match self {
+            Signals::Unix { mut term, mut int } => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            Signals::CtrlC => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }

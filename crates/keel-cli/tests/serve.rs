@@ -200,3 +200,35 @@ fn split_settings_from_flags_and_file() {
     drop(c);
     sigterm(running);
 }
+
+/// SIGTERM as soon as the first banner line appears (the server is still starting) is a
+/// clean shutdown, not death by the signal's default action.
+#[test]
+fn sigterm_during_startup_exits_cleanly() {
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["serve", "--port", "0", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn keel serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next();
+        assert!(
+            matches!(first, Some(Ok(ref l)) if l.starts_with("keel ")),
+            "{first:?}"
+        );
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        // Keep reading: the rest of the banner and whatever shutdown prints.
+        lines.for_each(drop);
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "keel serve exited with {status}");
+    }
+}

@@ -42,8 +42,13 @@ pub(crate) fn compare(a: &[u8], b: &[u8]) -> Cmp {
             return x.cmp(&y);
         }
     }
+    // Fewer than 8 bytes left in one of them: compare the rest zero-padded, then by length
+    // (a key that is a prefix of the other sorts first).
     let done = a.len().min(b.len()) / 8 * 8;
-    a[done..].cmp(&b[done..])
+    let (a_rest, b_rest) = (&a[done..], &b[done..]);
+    head(a_rest, 0)
+        .cmp(&head(b_rest, 0))
+        .then(a_rest.len().cmp(&b_rest.len()))
 }
 
 /// `key`'s 8 bytes from `prefix` on, zero-padded, as a big-endian number: ordering by heads
