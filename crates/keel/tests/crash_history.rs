@@ -9,7 +9,8 @@
 //!   that no version order explains, and commit timestamps that contradict dependencies,
 //!   which also catches timestamps going backwards across a restart.
 //!
-//! `KEEL_CRASH_CYCLES` sets the number of cycles (default 30); a long mode runs thousands.
+//! `KEEL_CRASH_CYCLES` sets the number of cycles (default 50, as the durability issue asks
+//! of CI); a long mode runs thousands.
 
 #[path = "it/history.rs"]
 #[allow(
@@ -154,7 +155,7 @@ fn crash_loop_histories_stay_serializable() {
     let cycles: u64 = std::env::var("KEEL_CRASH_CYCLES")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(30);
+        .unwrap_or(50);
     let dir = std::env::temp_dir().join(format!("keel-crash-history-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut rng = StdRng::seed_from_u64(0x5eed);
