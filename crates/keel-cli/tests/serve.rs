@@ -19,14 +19,19 @@ fn start(dir: &std::path::Path, durability: &str) -> Running {
     launch(command)
 }
 
-/// Spawns `command` (a `keel serve`) and reads its banner: up to the recovery line, or the
-/// split line when there are no files to recover.
-fn launch(mut command: Command) -> Running {
-    let mut child = command
+/// Spawns `command` (a `keel serve`) with its stdout piped.
+fn spawn(mut command: Command) -> Child {
+    command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn keel serve");
+        .expect("spawn keel serve")
+}
+
+/// Spawns `command` (a `keel serve`) and reads its banner: up to the recovery line, or the
+/// split line when there are no files to recover.
+fn launch(command: Command) -> Running {
+    let mut child = spawn(command);
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
     let mut banner: Vec<String> = Vec::new();
@@ -207,13 +212,11 @@ fn split_settings_from_flags_and_file() {
 fn sigterm_during_startup_exits_cleanly() {
     for _ in 0..5 {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
             .args(["serve", "--port", "0", "--dir"])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn keel serve");
+            .arg(dir.path());
+        let mut child = spawn(command);
         let stdout = child.stdout.take().expect("piped stdout");
         let mut lines = BufReader::new(stdout).lines();
         let first = lines.next();

@@ -17,7 +17,7 @@ use crate::index::hash;
 use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
 use crate::mvcc::RecordRef;
-use crate::replay::{Replayed, Replayer, Write};
+use crate::replay::{self, Replayed, Write};
 use crate::split::{Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
@@ -690,27 +690,14 @@ impl Db {
                     reason: "checkpoint header disagrees with the manifest".into(),
                 });
             }
-            let store = &shared_store;
-            gather(std::thread::scope(|s| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let loaded = &loaded;
-                        s.spawn(move || {
-                            let mut replayer = Replayer::new(store);
-                            for block in loaded.blocks().skip(t).step_by(threads) {
-                                checkpoint::for_each_entry(block, |k, ts, v| {
-                                    replayer.push(hash(k), k, ts, Write::Value(Some(v)));
-                                })
-                                .expect("verified while loading");
-                            }
-                            replayer.finish()
-                        })
+            let loaded = &loaded;
+            gather(replay::on_threads(&shared_store, threads, |t, replayer| {
+                for block in loaded.blocks().skip(t).step_by(threads) {
+                    checkpoint::for_each_entry(block, |k, ts, v| {
+                        replayer.push(hash(k), k, ts, Write::Value(Some(v)));
                     })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().expect("replay thread"))
-                    .collect()
+                    .expect("verified while loading");
+                }
             }));
             recovery.checkpoint = Some((name.clone(), loaded.count));
         }
@@ -737,33 +724,20 @@ impl Db {
         for frame in frames() {
             last_ts = last_ts.max(frame.ts);
         }
-        let store = &shared_store;
-        gather(std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|t| {
-                    s.spawn(move || {
-                        let mut replayer = Replayer::new(store);
-                        for frame in frames() {
-                            for entry in frame.entries() {
-                                let (key, write) = match entry {
-                                    Entry::Put(key, value) => (key, Write::Value(Some(value))),
-                                    Entry::Delete(key) => (key, Write::Value(None)),
-                                    Entry::Delta(key, delta) => (key, Write::Delta(delta)),
-                                };
-                                let h = hash(key);
-                                if h as usize % threads == t {
-                                    replayer.push(h, key, frame.ts, write);
-                                }
-                            }
-                        }
-                        replayer.finish()
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("replay thread"))
-                .collect()
+        gather(replay::on_threads(&shared_store, threads, |t, replayer| {
+            for frame in frames() {
+                for entry in frame.entries() {
+                    let (key, write) = match entry {
+                        Entry::Put(key, value) => (key, Write::Value(Some(value))),
+                        Entry::Delete(key) => (key, Write::Value(None)),
+                        Entry::Delta(key, delta) => (key, Write::Delta(delta)),
+                    };
+                    let h = hash(key);
+                    if h as usize % threads == t {
+                        replayer.push(h, key, frame.ts, write);
+                    }
+                }
+            }
         }));
         recovery.log_frames = frames().filter(|f| !f.is_lease()).count() as u64;
         drop(log);

@@ -49,6 +49,31 @@ pub(crate) struct Replayed {
     pub(crate) versions: i64,
 }
 
+/// Runs `work(t, replayer)` for `t` in `0..threads`, each on a thread of its own with a
+/// replayer of its own, and returns what each replayed, in thread order.
+pub(crate) fn on_threads<'a>(
+    store: &'a MemStore,
+    threads: usize,
+    work: impl Fn(usize, &mut Replayer<'a>) + Sync,
+) -> Vec<Replayed> {
+    std::thread::scope(|s| {
+        let work = &work;
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut replayer = Replayer::new(store);
+                    work(t, &mut replayer);
+                    replayer.finish()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("replay thread"))
+            .collect()
+    })
+}
+
 /// Applies one thread's share of recovered writes.
 pub(crate) struct Replayer<'a> {
     store: &'a MemStore,

@@ -222,17 +222,13 @@ impl Store for MemStore {
         me: LockOwner,
         reserve: Option<usize>,
     ) -> (RecordRef, bool) {
-        if let Some(record) = self.index.get(key, hash) {
-            return (record, false);
+        // A record that lost the race to create the key stays in the arena unused; such
+        // races are rare.
+        let (record, created) = self.get_or_create_unordered(key, hash, me, reserve);
+        if created {
+            self.ordered.insert(record);
         }
-        let new = RecordRef(Record::new_locked(&self.arena, key, hash, me, reserve));
-        let (record, inserted) = self.index.insert(new);
-        if !inserted {
-            // The losing record stays in the arena unused; races on a new key are rare.
-            return (record, false);
-        }
-        self.ordered.insert(record);
-        (record, true)
+        (record, created)
     }
 
     fn scan(&self, range: KeyRange) -> Range<'_> {

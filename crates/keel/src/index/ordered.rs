@@ -229,6 +229,48 @@ impl Node {
     }
 }
 
+/// One step down from an inner node: the child, its version, which child it is, and the
+/// separators around it (`None` where the child's range ends at the parent's).
+struct Down<'a> {
+    child: &'a Node,
+    version: u64,
+    index: usize,
+    lo: Option<RecordRef>,
+    hi: Option<RecordRef>,
+}
+
+impl Node {
+    /// The child of this inner node (read at `version`) towards `probe` (see
+    /// [`Ordered::leaf`] for `right`), or `None` if the node changed: start over.
+    #[inline]
+    fn down(&self, version: u64, probe: Probe<'_>, right: bool) -> Option<Down<'_>> {
+        let n = self.count();
+        let index = self.rank(n, probe, right);
+        let child = self.children[index].load(Ordering::Acquire);
+        let lo = if index > 0 {
+            NonNull::new(self.key(index - 1))
+        } else {
+            None
+        };
+        let hi = if index < n {
+            NonNull::new(self.key(index))
+        } else {
+            None
+        };
+        // SAFETY: a non-null child pointer points at a live node (nodes are freed only with
+        // the tree); a stale one is rejected by the version check below.
+        let child = unsafe { child.as_ref() }?;
+        let child_version = child.stable_version();
+        self.unchanged(version).then(|| Down {
+            child,
+            version: child_version,
+            index,
+            lo: lo.map(RecordRef),
+            hi: hi.map(RecordRef),
+        })
+    }
+}
+
 /// Where a descent goes: towards a key, or to the right edge.
 #[derive(Clone, Copy)]
 enum Probe<'a> {
@@ -280,36 +322,13 @@ impl Ordered {
             }
             let (mut lo, mut hi) = (None, None);
             while !node.leaf {
-                let n = node.count();
-                let i = node.rank(n, probe, right);
-                let child = node.children[i].load(Ordering::Acquire);
-                let child_lo = if i > 0 {
-                    NonNull::new(node.key(i - 1))
-                } else {
-                    None
-                };
-                let child_hi = if i < n {
-                    NonNull::new(node.key(i))
-                } else {
-                    None
-                };
-                // SAFETY: children of a node are live nodes; a torn read is caught below
-                // before use, but must still point somewhere valid, so check null first.
-                let Some(child) = (unsafe { child.as_ref() }) else {
+                let Some(down) = node.down(version, probe, right) else {
                     continue 'restart;
                 };
-                let child_version = child.stable_version();
-                if !node.unchanged(version) {
-                    continue 'restart;
-                }
-                if i > 0 {
-                    lo = child_lo.map(RecordRef);
-                }
-                if i < n {
-                    hi = child_hi.map(RecordRef);
-                }
-                node = child;
-                version = child_version;
+                lo = down.lo.or(lo);
+                hi = down.hi.or(hi);
+                node = down.child;
+                version = down.version;
             }
             return Leaf {
                 node,
@@ -373,24 +392,12 @@ impl Ordered {
                     node.unlock();
                     return;
                 }
-                let i = node.rank(n, Probe::Key(key), true);
-                let child = node.children[i].load(Ordering::Acquire);
-                let child_hi = if i < n {
-                    NonNull::new(node.key(i))
-                } else {
-                    None
-                };
-                // SAFETY: as in `leaf`.
-                let Some(child) = (unsafe { child.as_ref() }) else {
+                let Some(down) = node.down(version, Probe::Key(key), true) else {
                     continue 'restart;
                 };
-                let child_version = child.stable_version();
-                if !node.unchanged(version) {
-                    continue 'restart;
-                }
-                if i < n {
-                    hi = child_hi.map(RecordRef);
-                }
+                hi = down.hi.or(hi);
+                let i = down.index;
+                let (child, child_version) = (down.child, down.version);
                 parent = Some((node, version, i));
                 node = child;
                 version = child_version;
@@ -438,18 +445,26 @@ impl Ordered {
         }
     }
 
-    /// The first record at or after `bound` (after, for an excluded bound), with where it is.
-    fn first_from(&self, bound: Bound<&[u8]>) -> Option<Cursor<'_>> {
+    /// The first record at or after `bound` (`forward`) or the last at or before it, with
+    /// where it is; an excluded bound's own key does not count.
+    fn seek(&self, forward: bool, bound: Bound<&[u8]>) -> Option<Cursor<'_>> {
         let (mut probe, mut inclusive) = match bound {
             Bound::Included(key) => (Probe::Key(key), true),
             Bound::Excluded(key) => (Probe::Key(key), false),
-            Bound::Unbounded => (Probe::Key(&[]), true),
+            Bound::Unbounded if forward => (Probe::Key(&[]), true),
+            Bound::Unbounded => (Probe::Max, true),
         };
         loop {
-            let leaf = self.leaf(probe, true);
+            // Backwards from an excluded key equal to a separator, the leaf left of it.
+            let leaf = self.leaf(probe, forward || inclusive);
             let node = leaf.node;
             let n = node.count();
-            let at = node.rank(n, probe, !inclusive);
+            // The candidate slot; `n` or more (wrapped below zero) when the leaf has none.
+            let at = if forward {
+                node.rank(n, probe, !inclusive)
+            } else {
+                node.rank(n, probe, inclusive).wrapping_sub(1)
+            };
             let found = (at < n).then(|| node.key(at));
             if !node.unchanged(leaf.version) {
                 continue;
@@ -462,45 +477,12 @@ impl Ordered {
                         record: RecordRef(record),
                     });
                 }
-                // Nothing left in this leaf: the next key is the first of the next leaf.
+                // Nothing more in this leaf that way: go on from the neighbouring leaf's
+                // edge (a leaf's high fence is the next leaf's first key).
                 None => {
-                    let hi = leaf.hi?;
-                    probe = Probe::Key(hi.get().key());
-                    inclusive = true;
-                }
-            }
-        }
-    }
-
-    /// The last record at or before `bound` (before, for an excluded bound).
-    fn last_until(&self, bound: Bound<&[u8]>) -> Option<Cursor<'_>> {
-        let (mut probe, mut inclusive) = match bound {
-            Bound::Included(key) => (Probe::Key(key), true),
-            Bound::Excluded(key) => (Probe::Key(key), false),
-            Bound::Unbounded => (Probe::Max, true),
-        };
-        loop {
-            let leaf = self.leaf(probe, inclusive);
-            let node = leaf.node;
-            let n = node.count();
-            let at = node.rank(n, probe, inclusive);
-            let found = (at > 0).then(|| node.key(at - 1));
-            if !node.unchanged(leaf.version) {
-                continue;
-            }
-            match found.and_then(NonNull::new) {
-                Some(record) => {
-                    return Some(Cursor {
-                        leaf,
-                        at: at - 1,
-                        record: RecordRef(record),
-                    });
-                }
-                // Nothing before it in this leaf: look before the leaf's range.
-                None => {
-                    let lo = leaf.lo?;
-                    probe = Probe::Key(lo.get().key());
-                    inclusive = false;
+                    let edge = if forward { leaf.hi } else { leaf.lo }?;
+                    probe = Probe::Key(edge.get().key());
+                    inclusive = forward;
                 }
             }
         }
@@ -682,53 +664,67 @@ impl Range<'_> {
     }
 }
 
-impl<'a> Iterator for Range<'a> {
-    type Item = RecordRef;
-
-    fn next(&mut self) -> Option<RecordRef> {
+impl<'a> Range<'a> {
+    /// The next record from the front (`forward`) or the back, if it is inside the range
+    /// and before the other end.
+    fn advance(&mut self, forward: bool) -> Option<RecordRef> {
         if self.done {
             return None;
         }
         let list: &'a Ordered = self.list;
-        let next = match self.front {
-            Some(front) => front
-                .step(true)
-                .or_else(|| list.first_from(Bound::Excluded(front.record.get().key()))),
-            None => list.first_from(self.range.lo.as_ref().map(Vec::as_slice)),
+        let (mine, other) = if forward {
+            (self.front, self.back)
+        } else {
+            (self.back, self.front)
         };
-        let Some(next) = next else {
+        let seek = |bound| list.seek(forward, bound);
+        let found = match mine {
+            Some(at) => at
+                .step(forward)
+                .or_else(|| seek(Bound::Excluded(at.record.get().key()))),
+            None if forward => seek(self.range.lo.as_ref().map(Vec::as_slice)),
+            None => seek(self.range.hi.as_ref().map(Vec::as_slice)),
+        };
+        let Some(found) = found else {
             return self.finish();
         };
-        let key = next.record.get().key();
-        if !self.below_end(key) || self.back.is_some_and(|b| key >= b.record.get().key()) {
+        let key = found.record.get().key();
+        let inside = if forward {
+            self.below_end(key)
+        } else {
+            self.above_start(key)
+        };
+        let short_of_other = other.is_none_or(|o| {
+            let other_key = o.record.get().key();
+            if forward {
+                key < other_key
+            } else {
+                key > other_key
+            }
+        });
+        if !inside || !short_of_other {
             return self.finish();
         }
-        self.front = Some(next);
-        Some(next.record)
+        if forward {
+            self.front = Some(found);
+        } else {
+            self.back = Some(found);
+        }
+        Some(found.record)
     }
 }
 
-impl<'a> DoubleEndedIterator for Range<'a> {
+impl Iterator for Range<'_> {
+    type Item = RecordRef;
+
+    fn next(&mut self) -> Option<RecordRef> {
+        self.advance(true)
+    }
+}
+
+impl DoubleEndedIterator for Range<'_> {
     fn next_back(&mut self) -> Option<RecordRef> {
-        if self.done {
-            return None;
-        }
-        let list: &'a Ordered = self.list;
-        let prev = match self.back {
-            Some(back) => back
-                .step(false)
-                .or_else(|| list.last_until(Bound::Excluded(back.record.get().key()))),
-            None => list.last_until(self.range.hi.as_ref().map(Vec::as_slice)),
-        };
-        let Some(prev) = prev else {
-            return self.finish();
-        };
-        let key = prev.record.get().key();
-        if !self.above_start(key) || self.front.is_some_and(|f| key <= f.record.get().key()) {
-            return self.finish();
-        }
-        self.back = Some(prev);
-        Some(prev.record)
+        self.advance(false)
     }
 }
 

@@ -2,7 +2,8 @@ use super::*;
 use crate::memory::Arena;
 use crate::mvcc::LockOwner;
 
-fn record(arena: &Arena, key: &[u8]) -> RecordRef {
+/// A fresh record for `key` (shared with the ordered index's tests).
+pub(super) fn record(arena: &Arena, key: &[u8]) -> RecordRef {
     RecordRef(Record::new_locked(
         arena,
         key,

@@ -5,19 +5,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::index::hash;
+use crate::index::tests::record;
 use crate::memory::Arena;
-use crate::mvcc::LockOwner;
-
-fn record(arena: &Arena, key: &[u8]) -> RecordRef {
-    RecordRef(Record::new_locked(
-        arena,
-        key,
-        hash(key),
-        LockOwner(1),
-        None,
-    ))
-}
 
 fn keys(records: impl Iterator<Item = RecordRef>) -> Vec<Vec<u8>> {
     records.map(|r| r.get().key().to_vec()).collect()
