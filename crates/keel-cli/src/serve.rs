@@ -52,6 +52,10 @@ pub struct Args {
     /// reconciled, and so about how long a read of a split key may wait [default: 20].
     #[arg(long, value_name = "MS")]
     split_phase_ms: Option<u64>,
+    /// Worker threads serving connections (1 to 1024) [default: one per core]. When clients
+    /// run on the same few cores, fewer may use less CPU per request: measure.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 fn config(args: Args) -> anyhow::Result<Config> {
@@ -100,6 +104,13 @@ fn config(args: Args) -> anyhow::Result<Config> {
     if let Some(ms) = args.split_phase_ms {
         config.split_phase_ms = ms;
     }
+    if let Some(n) = args.threads {
+        anyhow::ensure!(
+            n > 0,
+            "--threads must be at least 1 (leave it out for one per core)"
+        );
+        config.threads = n;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -122,7 +133,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let config = config(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.threads > 0 {
+        runtime.worker_threads(config.threads);
+    }
+    let threads = match config.threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let runtime = runtime
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
@@ -139,6 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(m) = server.metrics_addr() {
             say!("metrics on     http://{m}/metrics");
         }
+        say!("threads        {threads}");
         match server.recovery() {
             None => {
                 say!("data directory none (durability none: data lives in memory only)");

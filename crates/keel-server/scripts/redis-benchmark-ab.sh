@@ -6,7 +6,8 @@
 #   crates/keel-server/scripts/redis-benchmark-ab.sh [rounds] [requests -P 1] [requests -P 16]
 #
 # Needs redis-server and redis-benchmark and a release build of keel (KEEL_BIN, default
-# target/release/keel). Prints CSV: round,pipeline,test,keel_rps,redis_rps,ratio.
+# target/release/keel; KEEL_ARGS adds flags, e.g. "--threads 1"). Prints CSV:
+# round,pipeline,test,keel_rps,redis_rps,ratio.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 rounds=${1:-3}
@@ -33,7 +34,9 @@ for round in $(seq "$rounds"); do
   for p in 1 16; do
     n=$n1; [ "$p" = 16 ] && n=$n16
     rm -rf "$work/keel" "$work/redis"; mkdir -p "$work/redis"
-    "$keel" serve --port $kport --dir "$work/keel" --durability async:1000 >/dev/null 2>&1 &
+    # shellcheck disable=SC2086 # KEEL_ARGS is a list of flags
+    "$keel" serve --port $kport --dir "$work/keel" --durability async:1000 ${KEEL_ARGS:-} \
+      >/dev/null 2>&1 &
     kpid=$!
     redis-server --port $rport --dir "$work/redis" --save '' --appendonly yes \
       --appendfsync everysec --daemonize no >/dev/null 2>&1 &

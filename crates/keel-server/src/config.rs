@@ -72,6 +72,14 @@ pub enum ConfigError {
         /// The largest allowed.
         max: u64,
     },
+    /// `threads` is out of its range.
+    #[error("threads must be between 1 and {max} (0: one per core), not {value}")]
+    Threads {
+        /// What was asked.
+        value: usize,
+        /// The largest allowed.
+        max: usize,
+    },
     /// `proto-max-bulk-len` is out of its range.
     #[error("proto-max-bulk-len must be between 1024 and {max}, not {value}")]
     BulkLen {
@@ -141,7 +149,12 @@ pub struct Config {
     /// Length of one split phase in milliseconds: a command that reads a split key waits up to
     /// about twice this for its reconciliation.
     pub split_phase_ms: u64,
+    /// Worker threads serving connections; 0: one per core.
+    pub threads: usize,
 }
+
+/// Most worker threads `threads` may ask for.
+pub const THREADS_MAX: usize = 1024;
 
 impl Default for Config {
     fn default() -> Config {
@@ -158,6 +171,7 @@ impl Default for Config {
             reply_bytes_max: 256 * 1024 * 1024,
             split: keel::SplitMode::Auto,
             split_phase_ms: SPLIT_PHASE_MS_DEFAULT,
+            threads: 0,
         }
     }
 }
@@ -191,6 +205,8 @@ pub struct FileConfig {
     pub split: Option<String>,
     /// See [`Config::split_phase_ms`].
     pub split_phase_ms: Option<u64>,
+    /// See [`Config::threads`].
+    pub threads: Option<usize>,
 }
 
 /// A boolean written either as TOML `true`/`false` or as Redis's `yes`/`no`.
@@ -258,6 +274,9 @@ impl FileConfig {
         if let Some(ms) = self.split_phase_ms {
             config.split_phase_ms = ms;
         }
+        if let Some(n) = self.threads {
+            config.threads = n;
+        }
         Ok(())
     }
 }
@@ -269,6 +288,12 @@ impl Config {
             return Err(ConfigError::Protected(self.bind));
         }
         check_split_phase(self.split_phase_ms)?;
+        if self.threads > THREADS_MAX {
+            return Err(ConfigError::Threads {
+                value: self.threads,
+                max: THREADS_MAX,
+            });
+        }
         check_bulk_len(self.proto_max_bulk_len)
     }
 
@@ -366,6 +391,23 @@ mod tests {
                 Err(ConfigError::SplitPhase { value, .. }) if value == bad
             ));
         }
+    }
+
+    #[test]
+    fn threads() {
+        let mut config = Config::default();
+        assert_eq!(config.threads, 0, "one per core by default");
+        FileConfig::parse("threads = 3")
+            .expect("valid file")
+            .apply(&mut config)
+            .expect("valid values");
+        assert_eq!(config.threads, 3);
+        assert!(config.validate().is_ok());
+        config.threads = THREADS_MAX + 1;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Threads { value, .. }) if value == THREADS_MAX + 1
+        ));
     }
 
     #[test]
