@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use history::{
-    Elem, Key, Op, Outcome, Position, TxnRecord, check, decode_list, encode_list, list_key,
+    Elem, Key, Op, Outcome, Position, TxnRecord, check, decode_list, list_key, read_then_append,
 };
 use keel::{Db, Options};
 use rand::rngs::StdRng;
@@ -103,22 +103,15 @@ fn child(dir: &Path, cycle: u64) {
                     let mut appended = Vec::new();
                     for _ in 0..rng.random_range(1..=3) {
                         let k = rng.random_range(0..KEYS);
-                        let list = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
-                        ops.push(Op::Read {
-                            key: k,
-                            value: list.clone(),
-                        });
-                        if rng.random_bool(0.6) && !appended.contains(&k) {
-                            next_elem += 1;
-                            let mut list = list;
-                            list.push(next_elem);
-                            txn.put(&list_key(k), &encode_list(&list)).unwrap();
-                            ops.push(Op::Append {
-                                key: k,
-                                elem: next_elem,
-                            });
-                            appended.push(k);
-                        }
+                        let append = rng.random_bool(0.6);
+                        read_then_append(
+                            &mut txn,
+                            k,
+                            append,
+                            &mut next_elem,
+                            &mut ops,
+                            &mut appended,
+                        );
                     }
                     let intent = format!("I {name} {}\n", format_ops(&ops));
                     std::io::stdout()

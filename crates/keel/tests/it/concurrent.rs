@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::history::{
-    Key, Op, Outcome, Position, Report, TxnRecord, check, decode_list, encode_list, list_key,
+    Key, Op, Outcome, Position, Report, TxnRecord, check, decode_list, list_key, read_then_append,
 };
 
 /// List keys `k00..k05`: few, so that transactions contend.
@@ -149,23 +149,8 @@ fn run_thread(db: &Db, clock: &Clock, config: Config, seed: u64, thread: u64) ->
             let choice = rng.random_range(0..100);
             if choice < 40 {
                 let k = rng.random_range(0..KEYS);
-                let list = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
-                ops.push(Op::Read {
-                    key: k,
-                    value: list.clone(),
-                });
-                if !appended.contains(&k) {
-                    next_elem += 1;
-                    let mut list = list;
-                    list.push(next_elem);
-                    txn.put(&list_key(k), &encode_list(&list)).unwrap();
-                    ops.push(Op::Append {
-                        key: k,
-                        elem: next_elem,
-                    });
-                    appended.push(k);
-                    wrote = true;
-                }
+                wrote |=
+                    read_then_append(&mut txn, k, true, &mut next_elem, &mut ops, &mut appended);
             } else if choice < 65 {
                 let k = rng.random_range(0..KEYS);
                 let value = decode_list(txn.get(&list_key(k)).unwrap().as_deref());

@@ -65,6 +65,36 @@ pub fn encode_list(list: &[Elem]) -> Vec<u8> {
     text.join(" ").into_bytes()
 }
 
+/// The workload's step on list `k` inside `txn`: read the list (recorded in `ops`), then, if
+/// `append` and `txn` has not appended to `k` yet, append a fresh element (`next_elem` + 1)
+/// and put the longer list back. Returns whether it wrote.
+pub fn read_then_append(
+    txn: &mut keel::Txn<'_>,
+    k: Key,
+    append: bool,
+    next_elem: &mut Elem,
+    ops: &mut Vec<Op>,
+    appended: &mut Vec<Key>,
+) -> bool {
+    let mut list = decode_list(txn.get(&list_key(k)).unwrap().as_deref());
+    ops.push(Op::Read {
+        key: k,
+        value: list.clone(),
+    });
+    if !append || appended.contains(&k) {
+        return false;
+    }
+    *next_elem += 1;
+    list.push(*next_elem);
+    txn.put(&list_key(k), &encode_list(&list)).unwrap();
+    ops.push(Op::Append {
+        key: k,
+        elem: *next_elem,
+    });
+    appended.push(k);
+    true
+}
+
 /// One operation of a transaction, in the order it ran.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
