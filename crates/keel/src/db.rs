@@ -17,7 +17,7 @@ use crate::index::hash;
 use crate::io::{Disk, OsDisk};
 use crate::limits::TRANSACT_ATTEMPTS_MAX;
 use crate::mvcc::RecordRef;
-use crate::replay::{self, Replayed, Write};
+use crate::replay::{self, Replayed};
 use crate::split::{Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
@@ -694,7 +694,7 @@ impl Db {
             gather(replay::on_threads(&shared_store, threads, |t, replayer| {
                 for block in loaded.blocks().skip(t).step_by(threads) {
                     checkpoint::for_each_entry(block, |k, ts, v| {
-                        replayer.push(hash(k), k, ts, Write::Value(Some(v)));
+                        replayer.push(hash(k), ts, Entry::Put(k, v));
                     })
                     .expect("verified while loading");
                 }
@@ -723,23 +723,18 @@ impl Db {
         let frames = || log.iter().flat_map(SegmentFrames::frames);
         for frame in frames() {
             last_ts = last_ts.max(frame.ts);
+            recovery.log_frames += u64::from(!frame.is_lease());
         }
         gather(replay::on_threads(&shared_store, threads, |t, replayer| {
             for frame in frames() {
                 for entry in frame.entries() {
-                    let (key, write) = match entry {
-                        Entry::Put(key, value) => (key, Write::Value(Some(value))),
-                        Entry::Delete(key) => (key, Write::Value(None)),
-                        Entry::Delta(key, delta) => (key, Write::Delta(delta)),
-                    };
-                    let h = hash(key);
+                    let h = hash(entry.key());
                     if h as usize % threads == t {
-                        replayer.push(h, key, frame.ts, write);
+                        replayer.push(h, frame.ts, entry);
                     }
                 }
             }
         }));
-        recovery.log_frames = frames().filter(|f| !f.is_lease()).count() as u64;
         drop(log);
         // Every record is in; now the ordered index, in one sorted pass.
         let indexing = Instant::now();

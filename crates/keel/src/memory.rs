@@ -98,8 +98,15 @@ struct ArenaInner {
 const CHUNK_BYTES: usize = 32 << 20;
 pub(crate) const ARENA_ALIGN: usize = 64;
 
+/// How many per-thread shards (arena) or stripes (index) a structure keeps: one per core.
+pub(crate) fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, usize::from)
+        .clamp(1, 64)
+}
+
 /// A small number for this thread, given out in order of first use: threads pick shards
-/// and stripes by it.
+/// and stripes by it (modulo [`shard_count`]).
 pub(crate) fn thread_number() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
@@ -110,11 +117,8 @@ pub(crate) fn thread_number() -> usize {
 
 impl Arena {
     pub(crate) fn new() -> Arena {
-        let shards = std::thread::available_parallelism()
-            .map_or(2, usize::from)
-            .clamp(1, 64);
         Arena {
-            shards: (0..shards)
+            shards: (0..shard_count())
                 .map(|_| {
                     CachePadded::new(Mutex::new(ArenaInner {
                         next: 0,

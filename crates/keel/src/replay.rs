@@ -16,21 +16,13 @@ use crate::Ts;
 use crate::mvcc::{LockOwner, RecordRef};
 use crate::split::Delta;
 use crate::store::{MemStore, Store};
+use crate::wal::format::Entry;
 
 /// Writes in flight between being read and being applied.
 const WINDOW: usize = 16;
 
 /// The lock owner recovery installs under.
 const RECOVERY: LockOwner = LockOwner(u64::MAX);
-
-/// One recovered write.
-#[derive(Clone, Copy)]
-pub(crate) enum Write<'a> {
-    /// A full value; `None` deletes.
-    Value(Option<&'a [u8]>),
-    /// An encoded delta of a split record (checked by the log reader).
-    Delta(&'a [u8]),
-}
 
 /// Deltas of one split record found in the log after its last full value.
 struct Pending {
@@ -43,7 +35,9 @@ struct Pending {
 
 /// What a replayer leaves behind.
 pub(crate) struct Replayed {
-    /// Records it created, each with its key's first 8 bytes (see `store::key_prefix`).
+    /// Records it created, each with its sort key (see [`Ordered::build`]).
+    ///
+    /// [`Ordered::build`]: crate::index::ordered::Ordered::build
     pub(crate) created: Vec<(u64, RecordRef)>,
     /// Versions installed minus versions trimmed.
     pub(crate) versions: i64,
@@ -77,7 +71,7 @@ pub(crate) fn on_threads<'a>(
 /// Applies one thread's share of recovered writes.
 pub(crate) struct Replayer<'a> {
     store: &'a MemStore,
-    window: VecDeque<(u64, &'a [u8], Ts, Write<'a>)>,
+    window: VecDeque<(u64, Ts, Entry<'a>)>,
     /// Deltas wait here until a full value supersedes them or the log ends.
     pending: HashMap<&'a [u8], Pending>,
     replayed: Replayed,
@@ -96,21 +90,22 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// Queues `write` of `key` (hash `h`) at `ts`; it applies after the writes queued before.
+    /// Queues `entry` (its key's hash is `h`), committed at `ts`; it applies after the
+    /// entries queued before.
     #[inline]
-    pub(crate) fn push(&mut self, h: u64, key: &'a [u8], ts: Ts, write: Write<'a>) {
+    pub(crate) fn push(&mut self, h: u64, ts: Ts, entry: Entry<'a>) {
         self.store.prefetch(h);
-        self.window.push_back((h, key, ts, write));
+        self.window.push_back((h, ts, entry));
         if self.window.len() > WINDOW {
-            let (h, key, ts, write) = self.window.pop_front().expect("a full window");
-            self.apply(h, key, ts, write);
+            let (h, ts, entry) = self.window.pop_front().expect("a full window");
+            self.apply(h, ts, entry);
         }
     }
 
     /// Applies everything queued and the deltas still pending.
     pub(crate) fn finish(mut self) -> Replayed {
-        while let Some((h, key, ts, write)) = self.window.pop_front() {
-            self.apply(h, key, ts, write);
+        while let Some((h, ts, entry)) = self.window.pop_front() {
+            self.apply(h, ts, entry);
         }
         for (key, p) in std::mem::take(&mut self.pending) {
             let h = crate::index::hash(key);
@@ -125,17 +120,18 @@ impl<'a> Replayer<'a> {
         self.replayed
     }
 
-    fn apply(&mut self, h: u64, key: &'a [u8], ts: Ts, write: Write<'a>) {
-        match write {
-            Write::Value(value) => {
-                if self.install(h, key, ts, value) && !self.pending.is_empty() {
-                    self.pending.remove(key);
-                }
-            }
-            Write::Delta(encoded) => {
+    fn apply(&mut self, h: u64, ts: Ts, entry: Entry<'a>) {
+        let value = match entry {
+            Entry::Put(_, value) => Some(value),
+            Entry::Delete(_) => None,
+            Entry::Delta(key, encoded) => {
                 let delta = Delta::decode(encoded).expect("checked by the log reader");
-                self.note_delta(h, key, ts, delta);
+                return self.note_delta(h, key, ts, delta);
             }
+        };
+        let key = entry.key();
+        if self.install(h, key, ts, value) && !self.pending.is_empty() {
+            self.pending.remove(key);
         }
     }
 
@@ -149,7 +145,7 @@ impl<'a> Replayer<'a> {
         if created {
             self.replayed
                 .created
-                .push((crate::store::key_prefix(key), record));
+                .push((crate::index::ordered::sort_key(key), record));
         } else {
             assert!(
                 r.try_lock(RECOVERY),

@@ -118,93 +118,16 @@ impl MemStore {
     }
 
     /// Links every record into the empty ordered index; ends recovery's
-    /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, each with its key's
-    /// [`key_prefix`], in any order. Each run is sorted on a thread of its own; then each
-    /// thread merges one key range of all runs, and the tree is built from those stretches
-    /// ([`Ordered::build`]).
-    pub(crate) fn link_recovered(&mut self, mut runs: Vec<Vec<(u64, RecordRef)>>) {
-        // Sorting by the first 8 key bytes, then by the whole key, keeps most comparisons
-        // in the run instead of chasing two record pointers.
-        type Entry = (u64, RecordRef);
-        fn order(a: &Entry, b: &Entry) -> std::cmp::Ordering {
-            a.0.cmp(&b.0)
-                .then_with(|| a.1.get().key().cmp(b.1.get().key()))
-        }
+    /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, in any order, each
+    /// with its sort key ([`Ordered::build`]).
+    pub(crate) fn link_recovered(&mut self, runs: Vec<Vec<(u64, RecordRef)>>) {
         assert_eq!(
             runs.iter().map(Vec::len).sum::<usize>(),
             self.index.len(),
             "every record is in exactly one run"
         );
-        runs.retain(|run| !run.is_empty());
-        let threads = runs.len().max(1);
-        std::thread::scope(|s| {
-            for run in &mut runs {
-                s.spawn(move || run.sort_unstable_by(order));
-            }
-        });
-        // Key ranges split at quantiles of the longest run; in each run, a range starts at
-        // the first entry not below its splitter.
-        let longest = runs
-            .iter()
-            .max_by_key(|r| r.len())
-            .map_or(&[][..], Vec::as_slice);
-        let splitters: Vec<Entry> = (1..threads)
-            .map(|p| longest[longest.len() * p / threads])
-            .collect();
-        let cuts: Vec<Vec<usize>> = runs
-            .iter()
-            .map(|run| {
-                let mut cuts = vec![0];
-                cuts.extend(
-                    splitters
-                        .iter()
-                        .map(|sp| run.partition_point(|e| order(e, sp).is_lt())),
-                );
-                cuts.push(run.len());
-                cuts
-            })
-            .collect();
-        let stretches: Vec<Vec<RecordRef>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|p| {
-                    let mut heads: Vec<&[Entry]> = runs
-                        .iter()
-                        .zip(&cuts)
-                        .map(|(run, cuts)| &run[cuts[p]..cuts[p + 1]])
-                        .collect();
-                    s.spawn(move || {
-                        let mut merged = Vec::with_capacity(heads.iter().map(|h| h.len()).sum());
-                        // A k-way merge over a handful of runs: the smallest head, by scanning.
-                        while let Some((i, _)) = heads
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, h)| !h.is_empty())
-                            .min_by(|(_, a), (_, b)| order(&a[0], &b[0]))
-                        {
-                            let (first, rest) = heads[i].split_first().expect("non-empty run");
-                            heads[i] = rest;
-                            merged.push(first.1);
-                        }
-                        merged
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("linking thread"))
-                .collect()
-        });
-        self.ordered.build(stretches);
+        self.ordered.build(runs);
     }
-}
-
-/// The first 8 bytes of `key`, zero-padded, as a big-endian number: ordering by it agrees
-/// with ordering by key wherever the prefixes differ.
-pub(crate) fn key_prefix(key: &[u8]) -> u64 {
-    let mut bytes = [0u8; 8];
-    let n = key.len().min(8);
-    bytes[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(bytes)
 }
 
 impl Store for MemStore {

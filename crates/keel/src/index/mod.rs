@@ -192,13 +192,12 @@ impl Index {
     pub(crate) fn new(capacity_hint: usize) -> Index {
         let buckets = (capacity_hint.max(SLOTS) * 4 / 3 / SLOTS + 1).next_power_of_two();
         let table = Box::into_raw(Table::with_buckets(buckets));
-        let stripes = std::thread::available_parallelism()
-            .map_or(2, usize::from)
-            .clamp(1, 64);
         Index {
             table: AtomicPtr::new(table),
             len: CachePadded::new(AtomicUsize::new(0)),
-            stripes: (0..stripes).map(|_| CachePadded::default()).collect(),
+            stripes: (0..crate::memory::shard_count())
+                .map(|_| CachePadded::default())
+                .collect(),
             growing: AtomicBool::new(false),
             grow: Mutex::new(()),
             retired: Mutex::new(Vec::new()),

@@ -62,6 +62,12 @@ fn head(key: &[u8], prefix: usize) -> u64 {
     u64::from_be_bytes(bytes)
 }
 
+/// What recovery sorts records by before [`Ordered::build`]: the key's first 8 bytes as a
+/// number, so that most comparisons stay in the sorted array.
+pub(crate) fn sort_key(key: &[u8]) -> u64 {
+    head(key, 0)
+}
+
 /// Length of the common prefix of `a` and `b`.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -70,9 +76,8 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 /// The prefix offset for a node whose keys lie in `[lo, hi)` (`None`: unbounded).
 fn prefix_of(lo: Option<RecordRef>, hi: Option<RecordRef>) -> u32 {
     match (lo, hi) {
-        (Some(lo), Some(hi)) => {
-            u32::try_from(common_prefix(lo.get().key(), hi.get().key())).unwrap_or(u32::MAX)
-        }
+        (Some(lo), Some(hi)) => u32::try_from(common_prefix(lo.get().key(), hi.get().key()))
+            .expect("keys are bounded by KEY_BYTES_MAX"),
         _ => 0,
     }
 }
@@ -160,6 +165,15 @@ impl Node {
         self.keys[i].load(Ordering::Acquire)
     }
 
+    /// Puts `record` in slot `at`, with its head at this node's prefix. The node is locked
+    /// or not yet shared.
+    fn set_slot(&self, at: usize, record: *mut Record) {
+        // SAFETY: records handed to the index are live.
+        let key = unsafe { &*record }.key();
+        self.heads[at].store(head(key, self.prefix as usize), Ordering::Relaxed);
+        self.keys[at].store(record, Ordering::Release);
+    }
+
     /// `key` against slot `i`: heads first, the record only on a tie. A slot read while a
     /// writer moves things may be empty or stale; the caller's version check catches that.
     #[inline]
@@ -205,41 +219,6 @@ impl Node {
         lo
     }
 
-    /// Inserts `key` (with `head`) at `at` and, in an inner node, `child` after it. The node
-    /// is locked and has room.
-    fn insert_at(&self, at: usize, key: *mut Record, child: Option<*mut Node>) {
-        let n = self.count();
-        debug_assert!(n < CAP);
-        for j in (at..n).rev() {
-            self.keys[j + 1].store(self.key(j), Ordering::Release);
-            self.heads[j + 1].store(self.heads[j].load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        if let Some(child) = child {
-            for j in (at + 1..=n).rev() {
-                let moved = self.children[j].load(Ordering::Acquire);
-                self.children[j + 1].store(moved, Ordering::Release);
-            }
-            self.children[at + 1].store(child, Ordering::Release);
-        }
-        // SAFETY: records handed to the index are live.
-        let k = unsafe { &*key }.key();
-        self.heads[at].store(head(k, self.prefix as usize), Ordering::Relaxed);
-        self.keys[at].store(key, Ordering::Release);
-        self.count.store(n as u32 + 1, Ordering::Relaxed);
-    }
-}
-
-/// One step down from an inner node: the child, its version, which child it is, and the
-/// separators around it (`None` where the child's range ends at the parent's).
-struct Down<'a> {
-    child: &'a Node,
-    version: u64,
-    index: usize,
-    lo: Option<RecordRef>,
-    hi: Option<RecordRef>,
-}
-
-impl Node {
     /// The child of this inner node (read at `version`) towards `probe` (see
     /// [`Ordered::leaf`] for `right`), or `None` if the node changed: start over.
     #[inline]
@@ -269,6 +248,36 @@ impl Node {
             hi: hi.map(RecordRef),
         })
     }
+
+    /// Inserts `key` at `at` and, in an inner node, `child` after it. The node is locked and
+    /// has room.
+    fn insert_at(&self, at: usize, key: *mut Record, child: Option<*mut Node>) {
+        let n = self.count();
+        debug_assert!(n < CAP);
+        for j in (at..n).rev() {
+            self.keys[j + 1].store(self.key(j), Ordering::Release);
+            self.heads[j + 1].store(self.heads[j].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if let Some(child) = child {
+            for j in (at + 1..=n).rev() {
+                let moved = self.children[j].load(Ordering::Acquire);
+                self.children[j + 1].store(moved, Ordering::Release);
+            }
+            self.children[at + 1].store(child, Ordering::Release);
+        }
+        self.set_slot(at, key);
+        self.count.store(n as u32 + 1, Ordering::Relaxed);
+    }
+}
+
+/// One step down from an inner node: the child, its version, which child it is, and the
+/// separators around it (`None` where the child's range ends at the parent's).
+struct Down<'a> {
+    child: &'a Node,
+    version: u64,
+    index: usize,
+    lo: Option<RecordRef>,
+    hi: Option<RecordRef>,
 }
 
 /// Where a descent goes: towards a key, or to the right edge.
@@ -310,16 +319,23 @@ impl Ordered {
         unsafe { &*self.root.load(Ordering::Acquire) }
     }
 
+    /// The root and its version, once it is unlocked and still the root.
+    fn start(&self) -> (&Node, u64) {
+        loop {
+            let root = self.root();
+            let version = root.stable_version();
+            if ptr::eq(root, self.root()) {
+                return (root, version);
+            }
+        }
+    }
+
     /// Descends to the leaf whose range holds `probe`; on a separator equal to it, to the
     /// right child (`right`), where the separator's key is, or to the left one, which holds
     /// the keys just below it.
     fn leaf(&self, probe: Probe<'_>, right: bool) -> Leaf<'_> {
         'restart: loop {
-            let mut node = self.root();
-            let mut version = node.stable_version();
-            if !ptr::eq(node, self.root()) {
-                continue 'restart; // the root was split meanwhile
-            }
+            let (mut node, mut version) = self.start();
             let (mut lo, mut hi) = (None, None);
             while !node.leaf {
                 let Some(down) = node.down(version, probe, right) else {
@@ -344,11 +360,7 @@ impl Ordered {
     pub(crate) fn insert(&self, record: RecordRef) {
         let key = record.get().key();
         'restart: loop {
-            let mut node = self.root();
-            let mut version = node.stable_version();
-            if !ptr::eq(node, self.root()) {
-                continue 'restart;
-            }
+            let (mut node, mut version) = self.start();
             // The parent, its version, and which child `node` is.
             let mut parent: Option<(&Node, u64, usize)> = None;
             let mut hi = None;
@@ -385,7 +397,9 @@ impl Ordered {
                         continue 'restart;
                     }
                     debug_assert!(
-                        at == n || node.key(at) != record.0.as_ptr(),
+                        at == n
+                            // SAFETY: slots below the count point at live records.
+                            || compare(unsafe { &*node.key(at) }.key(), key).is_ne(),
                         "a key was inserted twice"
                     );
                     node.insert_at(at, record.0.as_ptr(), None);
@@ -396,11 +410,9 @@ impl Ordered {
                     continue 'restart;
                 };
                 hi = down.hi.or(hi);
-                let i = down.index;
-                let (child, child_version) = (down.child, down.version);
-                parent = Some((node, version, i));
-                node = child;
-                version = child_version;
+                parent = Some((node, version, down.index));
+                node = down.child;
+                version = down.version;
             }
         }
     }
@@ -416,11 +428,7 @@ impl Ordered {
         // A leaf's separator stays in the right leaf; an inner node's moves up.
         let first = if node.leaf { mid } else { mid + 1 };
         for (to, from) in (first..n).enumerate() {
-            let key = node.key(from);
-            // SAFETY: keys of a locked node are live records.
-            let k = unsafe { &*key }.key();
-            right.keys[to].store(key, Ordering::Relaxed);
-            right.heads[to].store(head(k, right.prefix as usize), Ordering::Relaxed);
+            right.set_slot(to, node.key(from));
         }
         if !node.leaf {
             for (to, from) in (first..=n).enumerate() {
@@ -435,8 +443,7 @@ impl Ordered {
             Some((parent, index)) => parent.insert_at(index, separator, Some(right)),
             None => {
                 let root = Node::new(false, 0);
-                root.keys[0].store(separator, Ordering::Relaxed);
-                root.heads[0].store(head(sep.get().key(), 0), Ordering::Relaxed);
+                root.set_slot(0, separator);
                 root.children[0].store(ptr::from_ref(node).cast_mut(), Ordering::Relaxed);
                 root.children[1].store(right, Ordering::Relaxed);
                 root.count.store(1, Ordering::Relaxed);
@@ -488,9 +495,80 @@ impl Ordered {
         }
     }
 
+    /// Makes an empty tree of `runs` (recovery): distinct records in any order, each with its
+    /// [`sort_key`]. Each run is sorted on a thread of its own; then each thread merges one
+    /// key range of all runs, splitting at quantiles of the longest run, and the tree is
+    /// built from those stretches.
+    pub(crate) fn build(&mut self, mut runs: Vec<Vec<(u64, RecordRef)>>) {
+        type Entry = (u64, RecordRef);
+        fn order(a: &Entry, b: &Entry) -> Cmp {
+            a.0.cmp(&b.0)
+                .then_with(|| compare(a.1.get().key(), b.1.get().key()))
+        }
+        runs.retain(|run| !run.is_empty());
+        let threads = runs.len().max(1);
+        std::thread::scope(|s| {
+            for run in &mut runs {
+                s.spawn(move || run.sort_unstable_by(order));
+            }
+        });
+        // In each run, a key range starts at the first entry not below its splitter.
+        let longest = runs
+            .iter()
+            .max_by_key(|r| r.len())
+            .map_or(&[][..], Vec::as_slice);
+        let splitters: Vec<Entry> = (1..threads)
+            .map(|p| longest[longest.len() * p / threads])
+            .collect();
+        let cuts: Vec<Vec<usize>> = runs
+            .iter()
+            .map(|run| {
+                let mut cuts = vec![0];
+                cuts.extend(
+                    splitters
+                        .iter()
+                        .map(|sp| run.partition_point(|e| order(e, sp).is_lt())),
+                );
+                cuts.push(run.len());
+                cuts
+            })
+            .collect();
+        let stretches: Vec<Vec<RecordRef>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|p| {
+                    let mut heads: Vec<&[Entry]> = runs
+                        .iter()
+                        .zip(&cuts)
+                        .map(|(run, cuts)| &run[cuts[p]..cuts[p + 1]])
+                        .collect();
+                    s.spawn(move || {
+                        let mut merged = Vec::with_capacity(heads.iter().map(|h| h.len()).sum());
+                        // A k-way merge over a handful of runs: the smallest head, by scanning.
+                        while let Some((i, _)) = heads
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, h)| !h.is_empty())
+                            .min_by(|(_, a), (_, b)| order(&a[0], &b[0]))
+                        {
+                            let (first, rest) = heads[i].split_first().expect("non-empty run");
+                            heads[i] = rest;
+                            merged.push(first.1);
+                        }
+                        merged
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("merging thread"))
+                .collect()
+        });
+        self.build_sorted(stretches);
+    }
+
     /// Makes an empty tree of `stretches`, which are sorted, distinct and follow each other
-    /// in key order (recovery). Each stretch's leaves are built on a thread of their own.
-    pub(crate) fn build(&mut self, stretches: Vec<Vec<RecordRef>>) {
+    /// in key order. Each stretch's leaves are built on a thread of their own.
+    fn build_sorted(&mut self, stretches: Vec<Vec<RecordRef>>) {
         let stretches: Vec<Vec<RecordRef>> =
             stretches.into_iter().filter(|s| !s.is_empty()).collect();
         let root = self.root.get_mut();
@@ -503,7 +581,6 @@ impl Ordered {
         if stretches.is_empty() {
             return;
         }
-        let total = stretches.len();
         // Each leaf's range ends where the next leaf starts; the last one is unbounded.
         let leaves: Vec<(Box<Node>, RecordRef)> = std::thread::scope(|s| {
             let workers: Vec<_> = stretches
@@ -525,10 +602,7 @@ impl Ordered {
                             let hi = chunks.get(c + 1).map(|n| n[0]).or(next);
                             let leaf = Node::new(true, prefix_of(lo, hi));
                             for (j, record) in chunk.iter().enumerate() {
-                                let k = record.get().key();
-                                leaf.keys[j].store(record.0.as_ptr(), Ordering::Relaxed);
-                                leaf.heads[j]
-                                    .store(head(k, leaf.prefix as usize), Ordering::Relaxed);
+                                leaf.set_slot(j, record.0.as_ptr());
                             }
                             leaf.count.store(chunk.len() as u32, Ordering::Relaxed);
                             leaves.push((leaf, chunk[0]));
@@ -542,7 +616,6 @@ impl Ordered {
                 .flat_map(|w| w.join().expect("building leaves"))
                 .collect()
         });
-        debug_assert!(total > 0);
         let mut level: Vec<(*mut Node, RecordRef)> = leaves
             .into_iter()
             .map(|(leaf, first)| (Box::into_raw(leaf), first))
@@ -557,9 +630,7 @@ impl Ordered {
                 for (j, (child, first)) in group.iter().enumerate() {
                     inner.children[j].store(*child, Ordering::Relaxed);
                     if j > 0 {
-                        let k = first.get().key();
-                        inner.keys[j - 1].store(first.0.as_ptr(), Ordering::Relaxed);
-                        inner.heads[j - 1].store(head(k, inner.prefix as usize), Ordering::Relaxed);
+                        inner.set_slot(j - 1, first.0.as_ptr());
                     }
                 }
                 inner
@@ -641,7 +712,7 @@ pub(crate) struct Range<'a> {
     done: bool,
 }
 
-impl Range<'_> {
+impl<'a> Range<'a> {
     fn below_end(&self, key: &[u8]) -> bool {
         match &self.range.hi {
             Bound::Included(hi) => key <= hi.as_slice(),
@@ -662,9 +733,7 @@ impl Range<'_> {
         self.done = true;
         None
     }
-}
 
-impl<'a> Range<'a> {
     /// The next record from the front (`forward`) or the back, if it is inside the range
     /// and before the other end.
     fn advance(&mut self, forward: bool) -> Option<RecordRef> {

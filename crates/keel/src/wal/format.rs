@@ -132,21 +132,32 @@ pub(crate) enum Entry<'a> {
     Delta(&'a [u8], &'a [u8]),
 }
 
+impl<'a> Entry<'a> {
+    /// The key written.
+    pub(crate) fn key(&self) -> &'a [u8] {
+        match *self {
+            Entry::Put(key, _) | Entry::Delete(key) | Entry::Delta(key, _) => key,
+        }
+    }
+}
+
 impl<'a> Frame<'a> {
-    /// Parses a payload whose checksum already matched, checking every entry (so that
-    /// [`Frame::entries`] cannot fail). `None` if its structure is invalid.
-    pub(crate) fn parse(payload: &'a [u8]) -> Option<Frame<'a>> {
+    /// The timestamp and entry count in front of a payload, and the encoded entries after.
+    fn header(payload: &'a [u8]) -> Option<Frame<'a>> {
         let (ts, rest) = payload.split_at_checked(8)?;
         let (count, body) = rest.split_at_checked(4)?;
-        let frame = Frame {
+        Some(Frame {
             ts: Ts(u64::from_le_bytes(ts.try_into().ok()?)),
             count: u32::from_le_bytes(count.try_into().ok()?) as usize,
             body,
-        };
-        let mut entries = Entries {
-            rest: body,
-            left: frame.count,
-        };
+        })
+    }
+
+    /// Parses a payload whose checksum already matched, checking every entry (so that
+    /// [`Frame::entries`] cannot fail). `None` if its structure is invalid.
+    pub(crate) fn parse(payload: &'a [u8]) -> Option<Frame<'a>> {
+        let frame = Frame::header(payload)?;
+        let mut entries = frame.entries();
         for _ in 0..frame.count {
             if let Entry::Delta(_, delta) = entries.decode()? {
                 crate::split::Delta::decode(delta)?;
@@ -157,13 +168,7 @@ impl<'a> Frame<'a> {
 
     /// A payload that [`Frame::parse`] accepted before, without checking it again.
     pub(crate) fn parsed(payload: &'a [u8]) -> Frame<'a> {
-        let (ts, rest) = payload.split_at(8);
-        let (count, body) = rest.split_at(4);
-        Frame {
-            ts: Ts(u64::from_le_bytes(ts.try_into().expect("8 bytes"))),
-            count: u32::from_le_bytes(count.try_into().expect("4 bytes")) as usize,
-            body,
-        }
+        Frame::header(payload).expect("checked by Frame::parse")
     }
 
     /// A frame with no entries is a timestamp lease, not a commit (no commit without writes

@@ -162,7 +162,7 @@ fn sorted_build_takes_more_inserts() {
             stretches.push(part.to_vec());
             stretches.push(Vec::new());
         }
-        built.build(stretches);
+        built.build_sorted(stretches);
         check_structure(&built, &model);
         for i in (0..total).rev() {
             model.insert(key(i * 2 + 1));
