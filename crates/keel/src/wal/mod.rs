@@ -166,6 +166,7 @@ impl Log {
             gather: Gather::new(),
             woken: Vec::new(),
             mode,
+            populated: 0,
         };
         let handle = std::thread::Builder::new()
             .name("keel-wal-flusher".into())
@@ -423,7 +424,17 @@ struct Flusher {
     /// Scratch for [`Shared::wake_waiters`].
     woken: Vec<Waiter>,
     mode: Durability,
+    /// Ring pages ([`RING_PAGE_BYTES`]) already faulted in, bit `i` for page `i`.
+    populated: u64,
 }
+
+/// The ring is faulted in this many bytes at a time, a huge page.
+const RING_PAGE_BYTES: usize = crate::memory::HUGE_PAGE_BYTES;
+const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
+const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
+/// How far ahead of the writers the flusher faults in ring pages: far more than the
+/// writers fill while it sleeps (at most 5 ms).
+const RING_PAGES_AHEAD: usize = 2;
 
 impl Flusher {
     fn run(mut self) {
@@ -460,8 +471,28 @@ impl Flusher {
             if shutdown && self.written == self.shared.reserved.load(Ordering::Acquire) {
                 return;
             }
+            self.populate_ahead();
             if ready == self.written {
                 self.sleep();
+            }
+        }
+    }
+
+    /// Faults in the ring pages the writers reach next, on the first lap, so that a commit
+    /// does not stop to zero a fresh 2 MiB page while it holds a log slot. After the first
+    /// lap every page is in and this costs one compare.
+    fn populate_ahead(&mut self) {
+        if self.populated == u64::MAX >> (64 - RING_PAGES) {
+            return;
+        }
+        let reserved = self.shared.reserved.load(Ordering::Acquire);
+        let first = (reserved % RING_BYTES as u64) as usize / RING_PAGE_BYTES;
+        for page in (first..=first + RING_PAGES_AHEAD).map(|p| p % RING_PAGES) {
+            if self.populated & (1 << page) == 0 {
+                self.shared
+                    .ring
+                    .populate(page * RING_PAGE_BYTES, RING_PAGE_BYTES);
+                self.populated |= 1 << page;
             }
         }
     }
