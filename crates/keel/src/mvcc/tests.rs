@@ -33,3 +33,62 @@ fn visibility_follows_timestamps_and_trim_keeps_what_snapshots_need() {
     // SAFETY: nobody else holds it.
     unsafe { Record::free_versions(ptr) };
 }
+
+/// Installs under a horizon that trails by one version, so every install cuts a version off
+/// and may build the new one in its block: values of every size (and tombstones) must still
+/// read back exactly, at their own timestamps, and the chain must stay short.
+#[test]
+fn installs_that_reuse_cut_versions_keep_every_value_exact() {
+    let me = LockOwner(9);
+    let arena = Arena::new();
+    let ptr = Record::new_locked(&arena, b"k", 0, me, None);
+    // SAFETY: freed at the end of the test, used only here.
+    let record = unsafe { ptr.as_ref() };
+    let value = |i: u64| -> Option<Vec<u8>> {
+        let len = usize::try_from(i / 4 * 3 % 41).unwrap();
+        (i % 7 != 3).then(|| vec![u8::try_from(i % 251).unwrap(); len])
+    };
+    let mut live = 0i64;
+    let mut addresses = vec![std::ptr::null::<Version>()];
+    let mut reused = 0;
+    for i in 1..=500u64 {
+        let v = value(i);
+        live += record.install(me, Ts(i * 10), v.as_deref(), Ts((i - 1) * 10));
+        let head = std::ptr::from_ref(record.head().unwrap());
+        if i > 2 && head == addresses[usize::try_from(i - 2).unwrap()] {
+            reused += 1;
+        }
+        addresses.push(head);
+        assert_eq!(record.value_at(Ts(i * 10)), v.as_deref(), "version {i}");
+        if i > 1 {
+            let before = value(i - 1);
+            assert_eq!(
+                record.value_at(Ts(i * 10 - 1)),
+                before.as_deref(),
+                "version {}",
+                i - 1
+            );
+        }
+        let mut chain = 0;
+        let mut at = record.head();
+        while let Some(version) = at {
+            chain += 1;
+            at = version.next();
+        }
+        assert_eq!(
+            i64::from(chain),
+            live,
+            "install returns the change in chain length"
+        );
+        assert!(
+            chain <= 2,
+            "the horizon trails by one version, so at most two stay"
+        );
+    }
+    assert!(
+        reused > 100,
+        "only {reused} installs reused a cut version's block"
+    );
+    // SAFETY: nobody else holds it.
+    unsafe { Record::free_versions(ptr) };
+}
