@@ -330,12 +330,10 @@ impl Conn {
         let started = Instant::now();
         let n = pending.cmds.len() as u64;
         if n >= 2 {
-            // Start every key's index lookup now, so that the pipeline's cache misses overlap.
-            for (cmd, args) in pending.iter() {
-                for key in data::keys(cmd, args) {
-                    self.shared.db.prefetch(key);
-                }
-            }
+            // Start loading every key's index bucket, record and version now, so that the
+            // pipeline's cache misses overlap.
+            let keys = pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
+            self.shared.db.prefetch_all(keys);
         }
         let batched = pending.cmds.len() >= 2
             && pending.cmds.iter().any(|(c, _)| !data::is_read_only(*c))

@@ -73,6 +73,10 @@ pub(crate) trait Store: Send + Sync {
     fn len(&self) -> usize;
 }
 
+/// Most keys [`MemStore::prefetch_records`] takes at once: enough loads in flight to cover a
+/// miss's latency.
+pub(crate) const PREFETCH_BATCH: usize = 32;
+
 /// The in-memory record store.
 pub(crate) struct MemStore {
     index: Index,
@@ -115,6 +119,30 @@ impl MemStore {
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
         self.index.prefetch(hash);
+    }
+
+    /// Second and third steps after [`MemStore::prefetch`] for a batch: starts loading the
+    /// record each hash probably names (the first tag match in its bucket), then each such
+    /// record's newest version. A wrong guess costs a wasted load, nothing else: records
+    /// are never freed.
+    pub(crate) fn prefetch_records(&self, hashes: &[u64]) {
+        debug_assert!(hashes.len() <= PREFETCH_BATCH);
+        let mut records = [None; PREFETCH_BATCH];
+        for (slot, &hash) in records.iter_mut().zip(hashes) {
+            *slot = self.index.candidate(hash);
+            if let Some(record) = *slot {
+                let at = record.0.as_ptr().cast::<u8>();
+                // The header and key, and the line after, where a small record keeps its
+                // first version.
+                crate::memory::prefetch(at);
+                crate::memory::prefetch(at.wrapping_add(64));
+            }
+        }
+        for record in records.iter().flatten() {
+            if let Some(version) = record.get().head() {
+                crate::memory::prefetch(version);
+            }
+        }
     }
 
     /// Links every record into the empty ordered index; ends recovery's

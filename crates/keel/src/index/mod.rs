@@ -216,6 +216,25 @@ impl Index {
         self.table().prefetch(hash);
     }
 
+    /// The record in the first tag match of `hash`'s first bucket, without comparing keys
+    /// (which would wait for the record): a guess, for prefetching.
+    #[inline]
+    pub(crate) fn candidate(&self, hash: u64) -> Option<RecordRef> {
+        let tag = tag_of(hash);
+        let table = self.table();
+        let bucket = &table.buckets()[bucket_of(hash, table.mask)];
+        for slot in &bucket.slots {
+            let entry = slot.load(Ordering::Acquire);
+            if entry == 0 {
+                return None;
+            }
+            if entry >> POINTER_BITS == tag {
+                return Some(record_of(entry));
+            }
+        }
+        None
+    }
+
     #[inline]
     pub(crate) fn get(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
         self.table().find(key, hash)
