@@ -134,7 +134,7 @@ impl Log {
     ) -> Log {
         assert!(start_lsn.is_multiple_of(8));
         let shared = Arc::new(Shared {
-            ring: Region::new(RING_BYTES),
+            ring: Region::sequential(RING_BYTES),
             reserved: CachePadded::new(AtomicU64::new(start_lsn)),
             released: CachePadded::new(AtomicU64::new(start_lsn)),
             durable: CachePadded::new(AtomicU64::new(start_lsn)),
@@ -428,8 +428,8 @@ struct Flusher {
     populated: u64,
 }
 
-/// The ring is faulted in this many bytes at a time, a huge page.
-const RING_PAGE_BYTES: usize = crate::memory::HUGE_PAGE_BYTES;
+/// The ring is faulted in this many bytes at a time.
+const RING_PAGE_BYTES: usize = 2 << 20;
 const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
 const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
 /// How far ahead of the writers the flusher faults in ring pages: far more than the
@@ -479,7 +479,7 @@ impl Flusher {
     }
 
     /// Faults in the ring pages the writers reach next, on the first lap, so that a commit
-    /// does not stop to zero a fresh 2 MiB page while it holds a log slot. After the first
+    /// does not stop for page faults while it holds a log slot. After the first
     /// lap every page is in and this costs one compare.
     fn populate_ahead(&mut self) {
         if self.populated == u64::MAX >> (64 - RING_PAGES) {
