@@ -995,21 +995,7 @@ impl Db {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn prefetch_all<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
-        const WINDOW: usize = crate::store::PREFETCH_BATCH;
-        let mut keys = keys.into_iter();
-        loop {
-            let mut hashes = [0u64; WINDOW];
-            let mut n = 0;
-            for key in keys.by_ref().take(WINDOW) {
-                hashes[n] = hash(key);
-                self.shared.store.prefetch(hashes[n]);
-                n += 1;
-            }
-            self.shared.store.prefetch_records(&hashes[..n]);
-            if n < WINDOW {
-                return;
-            }
-        }
+        self.shared.store.prefetch_all(keys.into_iter().map(hash));
     }
 
     /// How many records are split now (cheap: one load).

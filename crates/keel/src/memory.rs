@@ -92,9 +92,9 @@ impl Region {
     }
 
     /// Faults in `len` bytes from `offset` as a write would, without touching them, so the
-    /// next write there does not stop for page faults. A hint: pages already there are left alone, and a kernel without
-    /// `MADV_POPULATE_WRITE` (before 5.14) just does nothing. Safe while other threads write
-    /// the range: it changes no byte.
+    /// next write there does not stop for page faults. A hint: pages already there are left
+    /// alone, and a kernel without `MADV_POPULATE_WRITE` (before 5.14) just does nothing.
+    /// Safe while other threads write the range: it changes no byte.
     pub(crate) fn populate(&self, offset: usize, len: usize) {
         assert!(offset + len <= self.bytes);
         // SAFETY: the range lies inside our mapping; populating changes no contents.
@@ -167,7 +167,8 @@ impl Arena {
         }
     }
 
-    /// Allocates `layout` (alignment at most [`ARENA_ALIGN`]). The memory lives until the arena is dropped.
+    /// Allocates `layout` (alignment at most [`ARENA_ALIGN`]). The memory lives until the
+    /// arena is dropped.
     pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
         assert!(layout.align() <= ARENA_ALIGN);
         let bytes = layout.size().next_multiple_of(ARENA_ALIGN);

@@ -73,10 +73,6 @@ pub(crate) trait Store: Send + Sync {
     fn len(&self) -> usize;
 }
 
-/// Most keys [`MemStore::prefetch_records`] takes at once: enough loads in flight to cover a
-/// miss's latency.
-pub(crate) const PREFETCH_BATCH: usize = 32;
-
 /// The in-memory record store.
 pub(crate) struct MemStore {
     index: Index,
@@ -121,26 +117,39 @@ impl MemStore {
         self.index.prefetch(hash);
     }
 
-    /// Second and third steps after [`MemStore::prefetch`] for a batch: starts loading the
-    /// record each hash probably names (the first tag match in its bucket), then each such
-    /// record's newest version. A wrong guess costs a wasted load, nothing else: records
-    /// are never freed.
-    pub(crate) fn prefetch_records(&self, hashes: &[u64]) {
-        debug_assert!(hashes.len() <= PREFETCH_BATCH);
-        let mut records = [None; PREFETCH_BATCH];
-        for (slot, &hash) in records.iter_mut().zip(hashes) {
-            *slot = self.index.candidate(hash);
-            if let Some(record) = *slot {
-                let at = record.0.as_ptr().cast::<u8>();
-                // The header and key, and the line after, where a small record keeps its
-                // first version.
-                crate::memory::prefetch(at);
-                crate::memory::prefetch(at.wrapping_add(64));
+    /// For a batch of lookups, in windows of 32 (enough loads in flight to cover a miss's
+    /// latency): starts loading every hash's index bucket, then the record each hash
+    /// probably names (the first tag match in its bucket), then each such record's newest
+    /// version. A wrong guess costs a wasted load, nothing else: records are never freed.
+    pub(crate) fn prefetch_all(&self, hashes: impl IntoIterator<Item = u64>) {
+        const WINDOW: usize = 32;
+        let mut hashes = hashes.into_iter();
+        loop {
+            let mut window = [0u64; WINDOW];
+            let mut n = 0;
+            for hash in hashes.by_ref().take(WINDOW) {
+                self.index.prefetch(hash);
+                window[n] = hash;
+                n += 1;
             }
-        }
-        for record in records.iter().flatten() {
-            if let Some(version) = record.get().head() {
-                crate::memory::prefetch(version);
+            let mut records = [None; WINDOW];
+            for (slot, &hash) in records.iter_mut().zip(&window[..n]) {
+                *slot = self.index.candidate(hash);
+                if let Some(record) = *slot {
+                    let at = record.0.as_ptr().cast::<u8>();
+                    // The header and key, and the line after, where a small record keeps
+                    // its first version.
+                    crate::memory::prefetch(at);
+                    crate::memory::prefetch(at.wrapping_add(64));
+                }
+            }
+            for record in records.iter().flatten() {
+                if let Some(version) = record.get().head() {
+                    crate::memory::prefetch(version);
+                }
+            }
+            if n < WINDOW {
+                return;
             }
         }
     }

@@ -94,6 +94,22 @@ impl Table {
         }
     }
 
+    /// See [`Index::candidate`]: `find`'s first bucket, tags only.
+    #[inline]
+    fn candidate(&self, hash: u64) -> Option<RecordRef> {
+        let tag = tag_of(hash);
+        for slot in &self.buckets()[bucket_of(hash, self.mask)].slots {
+            let entry = slot.load(Ordering::Acquire);
+            if entry == 0 {
+                return None;
+            }
+            if entry >> POINTER_BITS == tag {
+                return Some(record_of(entry));
+            }
+        }
+        None
+    }
+
     /// Inserts `new` unless a record with its key is present; returns the record that is in
     /// the table afterwards and whether it is `new`.
     fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
@@ -220,19 +236,7 @@ impl Index {
     /// (which would wait for the record): a guess, for prefetching.
     #[inline]
     pub(crate) fn candidate(&self, hash: u64) -> Option<RecordRef> {
-        let tag = tag_of(hash);
-        let table = self.table();
-        let bucket = &table.buckets()[bucket_of(hash, table.mask)];
-        for slot in &bucket.slots {
-            let entry = slot.load(Ordering::Acquire);
-            if entry == 0 {
-                return None;
-            }
-            if entry >> POINTER_BITS == tag {
-                return Some(record_of(entry));
-            }
-        }
-        None
+        self.table().candidate(hash)
     }
 
     #[inline]

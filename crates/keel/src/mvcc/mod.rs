@@ -48,8 +48,8 @@ impl Version {
             .expect("value length is bounded by VALUE_BYTES_MAX")
     }
 
-    /// The value capacity of a heap block for `len` bytes: rounded up to a word, so that a
-    /// block freed by one write of a key fits the next write of a similar value.
+    /// The value capacity of a heap block for `value`: its length rounded up to a word, so
+    /// that a block cut off by one write of a key fits the next write of a similar value.
     fn heap_cap(value: Option<&[u8]>) -> usize {
         value.map_or(0, <[u8]>::len).next_multiple_of(8)
     }
@@ -390,19 +390,17 @@ impl Record {
         let mut cut = self.trim(horizon);
         let mut reused = None;
         let mut freed = 0;
-        while let Some(dead) = cut {
+        if let Some(dead) = cut {
             // SAFETY: `trim` detached the chain from `dead` on: nobody reaches it, it is ours.
+            // Its successor is read before `reuse` overwrites the header.
             cut = NonNull::new(unsafe { dead.as_ref() }.next.load(Ordering::Relaxed));
             // SAFETY: as above.
             match unsafe { Version::reuse(dead, ts, value) } {
                 Ok(new) => reused = Some(new),
-                // SAFETY: as above; each detached version is visited once.
+                // SAFETY: as above; freed once, since `cut` has moved past it.
                 Err(dead) => unsafe { Version::free(dead) },
             }
-            freed += 1;
-            if reused.is_some() {
-                break;
-            }
+            freed = 1;
         }
         // SAFETY: what is left of the cut chain is unreachable and ours.
         freed += unsafe { Version::free_chain(cut) };

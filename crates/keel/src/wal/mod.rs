@@ -432,6 +432,8 @@ struct Flusher {
 const RING_PAGE_BYTES: usize = 2 << 20;
 const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
 const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
+/// [`Flusher::populated`] once every ring page is in.
+const RING_ALL_POPULATED: u64 = u64::MAX >> (64 - RING_PAGES);
 /// How far ahead of the writers the flusher faults in ring pages: far more than the
 /// writers fill while it sleeps (at most 5 ms).
 const RING_PAGES_AHEAD: usize = 2;
@@ -479,10 +481,10 @@ impl Flusher {
     }
 
     /// Faults in the ring pages the writers reach next, on the first lap, so that a commit
-    /// does not stop for page faults while it holds a log slot. After the first
-    /// lap every page is in and this costs one compare.
+    /// does not stop for page faults while it holds a log slot. After the first lap every
+    /// page is in and this costs one compare.
     fn populate_ahead(&mut self) {
-        if self.populated == u64::MAX >> (64 - RING_PAGES) {
+        if self.populated == RING_ALL_POPULATED {
             return;
         }
         let reserved = self.shared.reserved.load(Ordering::Acquire);
