@@ -974,17 +974,18 @@ impl Conn {
         }
     }
 
-    /// Commits `txn`. With `sync` durability the commit waits for its fsync, so it runs on
-    /// the blocking pool: the reply goes out only once the commit is durable, and concurrent
-    /// connections share fsyncs. So does a commit that `may_wait` for a split key's
-    /// reconciliation (see [`Conn::may_wait`]).
+    /// Commits `txn`. With `sync` durability the reply goes out only once the commit is
+    /// durable: the task waits for the fsync (`commit_async`; the log's flusher publishes
+    /// the commit and wakes the task), and concurrent connections share fsyncs. A commit
+    /// that `may_wait` for a split key's reconciliation (see [`Conn::may_wait`]) blocks in
+    /// its own work, so it runs on the blocking pool.
     async fn commit(&self, txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
-        if self.shared.db.durability() != keel::Durability::Sync && !may_wait {
-            return txn.commit_detailed();
+        if may_wait {
+            return tokio::task::spawn_blocking(move || txn.commit_detailed())
+                .await
+                .expect("a commit does not panic");
         }
-        tokio::task::spawn_blocking(move || txn.commit_detailed())
-            .await
-            .expect("a commit does not panic")
+        txn.commit_async().await
     }
 
     /// One attempt of a retry loop: `prepare` begins a transaction and runs the commands in it

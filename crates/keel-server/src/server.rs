@@ -17,9 +17,10 @@
 //! checkpoint), return. After that the leaked handle refuses writes; the process is expected
 //! to exit.
 //!
-//! With `sync` durability an engine commit blocks until its log frame is fsynced. Those
-//! commits run on tokio's blocking pool, so that many connections wait at once and share one
-//! fsync (group commit) while the async workers keep serving.
+//! With `sync` durability a reply waits until its commit's log frame is fsynced. The commit
+//! runs on the worker (`Txn::commit_async`) and the task waits without a thread: the log's
+//! flusher publishes the commit once it is durable and wakes the task, so many connections
+//! wait at once and share one fsync (group commit) while the workers keep serving.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -23,7 +23,7 @@ use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
 use crate::wal::format::{Entry, segment_name};
 use crate::wal::reader::{self, SegmentFrames};
-use crate::wal::{Durability, Log, LogFailed};
+use crate::wal::{Durability, Log, LogFailed, Tail};
 use crate::{Error, Ts};
 
 /// Settings for a database.
@@ -205,7 +205,7 @@ struct CheckpointState {
 }
 
 pub(crate) struct Shared {
-    pub(crate) oracle: Oracle,
+    pub(crate) oracle: Arc<Oracle>,
     pub(crate) store: MemStore,
     pub(crate) log: Option<Log>,
     pub(crate) splitter: Splitter,
@@ -565,7 +565,7 @@ impl Db {
     /// An empty in-memory database (the durability option is ignored: there are no files).
     pub fn with_options(options: Options) -> Db {
         let shared = Arc::new(Shared {
-            oracle: Oracle::new(Ts(0)),
+            oracle: Arc::new(Oracle::new(Ts(0))),
             store: MemStore::new(options.capacity_hint),
             log: None,
             splitter: Splitter::new(options.split_settings()),
@@ -763,14 +763,18 @@ impl Db {
                 (file, end_lsn)
             }
         };
+        let oracle = Arc::new(Oracle::new(last_ts));
         let log = Log::start(
             Arc::clone(&disk),
             dir.clone(),
-            segment,
-            segment_first_lsn,
-            end_lsn,
+            Tail {
+                segment,
+                segment_first_lsn,
+                start_lsn: end_lsn,
+            },
             options.durability,
             options.segment_bytes,
+            Some(Arc::clone(&oracle)),
         );
         recovery.last_ts = last_ts;
         recovery.elapsed = started.elapsed();
@@ -786,7 +790,7 @@ impl Db {
             _lock: lock,
         };
         let shared = Arc::new(Shared {
-            oracle: Oracle::new(last_ts),
+            oracle,
             store: shared_store,
             log: Some(log),
             splitter: Splitter::new(settings),

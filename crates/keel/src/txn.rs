@@ -41,6 +41,9 @@ use crate::wal::format::Logged;
 
 /// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
+/// How many rounds of exponential spinning (about 250 pause instructions in all) an async
+/// committer spends waiting for its predecessors before it sleeps (see [`CommitFuture`]).
+const PUBLISH_SPINS: usize = 7;
 
 /// How long a committer waits for a record lock held by another committer before aborting.
 /// Locks are taken in key order, so waiting cannot deadlock; a holder keeps its locks only
@@ -189,6 +192,116 @@ pub struct Committed {
     pub split_only: bool,
     /// The values behind the transaction's tickets, by ticket number.
     tracked: Vec<Option<Vec<u8>>>,
+}
+
+/// What is left of a commit once its committer's own work is done.
+enum Step {
+    /// Nothing: the result.
+    Done(Result<Result<Committed, Conflict>, CommitError>),
+    /// Commit timestamp `ts` must be published (the watermark must pass it) before the
+    /// transaction lets go of its slot, whatever the outcome. With `durable_end`, only once
+    /// the log is durable up to it; without, it can be marked finished at once.
+    Publish {
+        ts: Ts,
+        outcome: Outcome,
+        durable_end: Option<u64>,
+    },
+    /// A split-only commit that must be durable up to `end` before it is acknowledged.
+    Durable { end: u64, committed: Committed },
+}
+
+/// How a commit that took a timestamp turned out.
+enum Outcome {
+    Committed { versions: i64, announced: bool },
+    Aborted(Conflict),
+    LogFailed(crate::LogFailed),
+}
+
+/// What [`CommitFuture`] waits for.
+enum State {
+    Ready(Result<Result<Committed, Conflict>, CommitError>),
+    Publish { ts: Ts, outcome: Outcome },
+    Durable { end: u64, committed: Committed },
+}
+
+/// The rest of a commit started by [`Txn::commit_async`]: the wait for durability and
+/// publication. Resolves to what [`Txn::commit_detailed`] returns.
+#[must_use = "the commit is acknowledged only when the future resolves"]
+pub struct CommitFuture<'db> {
+    txn: Txn<'db>,
+    /// `None` once resolved.
+    state: Option<State>,
+}
+
+impl std::future::Future for CommitFuture<'_> {
+    type Output = Result<Result<Committed, Conflict>, CommitError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = &mut *self;
+        let db = this.txn.db;
+        loop {
+            match this.state.take().expect("polled after it resolved") {
+                State::Ready(result) => return Poll::Ready(result),
+                State::Publish { ts, outcome } => {
+                    // A predecessor that is only installing is microseconds away: spin a
+                    // little before sleeping. One waiting for an fsync is not, and the task
+                    // sleeps until the flusher's advance wakes it.
+                    let backoff = Backoff::new();
+                    for _ in 0..PUBLISH_SPINS {
+                        if db.oracle.advance() >= ts.0 {
+                            break;
+                        }
+                        backoff.spin();
+                    }
+                    if db.oracle.advance() >= ts.0 {
+                        return Poll::Ready(this.txn.conclude(ts, outcome, true));
+                    }
+                    if db.log_failed() {
+                        return Poll::Ready(this.txn.conclude(ts, outcome, false));
+                    }
+                    let passed = db.oracle.watch(ts, cx.waker());
+                    this.state = Some(State::Publish { ts, outcome });
+                    // The failure check after registering pairs with the log's failure
+                    // path, which sets the flag before it wakes the watchers.
+                    if !passed && !db.log_failed() {
+                        return Poll::Pending;
+                    }
+                }
+                State::Durable { end, committed } => {
+                    let log = db.log.as_ref().expect("a durable wait has a log");
+                    if !log.watch_durable(end, cx.waker()) {
+                        this.state = Some(State::Durable { end, committed });
+                        return Poll::Pending;
+                    }
+                    return Poll::Ready(match log.durable_lsn() >= end {
+                        true => Ok(Ok(this.txn.conclude_split_only(committed))),
+                        false => Err(CommitError::Log(
+                            log.failed()
+                                .expect("a durable wait ends early only on failure"),
+                        )),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CommitFuture<'_> {
+    /// Dropped while waiting for publication: wait here, blocking, so that the transaction
+    /// keeps its slot until the watermark passes its timestamp (or the log fails).
+    fn drop(&mut self) {
+        if let Some(State::Publish { ts, .. }) = self.state {
+            let db = self.txn.db;
+            let backoff = Backoff::new();
+            while db.oracle.advance() < ts.0 && !db.log_failed() {
+                backoff.snooze();
+            }
+        }
+    }
 }
 
 impl Committed {
@@ -626,17 +739,153 @@ impl<'db> Txn<'db> {
 
     /// [`Txn::commit`], also telling where the commit sits in the serial order.
     pub fn commit_detailed(mut self) -> Result<Result<Committed, Conflict>, CommitError> {
+        match self.commit_work() {
+            Step::Done(result) => result,
+            Step::Publish {
+                ts,
+                outcome,
+                durable_end,
+            } => {
+                let failed = || self.db.log_failed();
+                if let (Some(end), Some(log)) = (durable_end, &self.db.log)
+                    && let Err(error) = log.wait_durable(end)
+                {
+                    // Not published: nobody may read what the disk does not hold.
+                    return Err(CommitError::Log(error));
+                }
+                let published = self.db.oracle.publish(ts, failed);
+                self.conclude(ts, outcome, published)
+            }
+            Step::Durable { end, committed } => {
+                if let Some(log) = &self.db.log
+                    && let Err(error) = log.wait_durable(end)
+                {
+                    return Err(CommitError::Log(error));
+                }
+                Ok(Ok(self.conclude_split_only(committed)))
+            }
+        }
+    }
+
+    /// [`Txn::commit_detailed`] for async code: it never blocks the thread on the disk.
+    ///
+    /// The commit's own work (locking, validation, logging, installing) runs in this call, as
+    /// in `commit_detailed`. What the returned future waits for is what `commit_detailed`
+    /// would block on: with `sync` durability, the fsync that makes the commit durable. Here
+    /// the log's flusher publishes the commit once it is durable, and wakes the task; a
+    /// thread is never parked for it. The future is ready at once when there is nothing to
+    /// wait for.
+    ///
+    /// Dropping the future before it is ready is allowed, but then the drop waits (blocking)
+    /// until the commit is published or the log fails, as `commit_detailed` would have: the
+    /// timestamp must be published before the transaction's slot is given back.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let mut txn = db.begin().unwrap();
+    /// txn.put(b"k", b"v").unwrap();
+    /// // Without `sync` durability there is nothing to wait for: ready at the first poll.
+    /// let waker = std::task::Waker::noop();
+    /// let mut cx = std::task::Context::from_waker(&waker);
+    /// let mut commit = std::pin::pin!(txn.commit_async());
+    /// let std::task::Poll::Ready(Ok(Ok(committed))) = commit.as_mut().poll(&mut cx) else {
+    ///     panic!("an in-memory commit waits for nothing");
+    /// };
+    /// assert_eq!(db.snapshot().unwrap().get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    /// # let _ = committed;
+    /// ```
+    pub fn commit_async(mut self) -> CommitFuture<'db> {
+        let state = match self.commit_work() {
+            Step::Done(result) => State::Ready(result),
+            Step::Publish {
+                ts,
+                outcome,
+                durable_end,
+            } => {
+                match (durable_end, &self.db.log) {
+                    (Some(end), Some(log)) => log.finish_when_durable(end, ts),
+                    _ => {
+                        self.db.oracle.finish(ts);
+                        self.db.oracle.advance();
+                    }
+                }
+                State::Publish { ts, outcome }
+            }
+            Step::Durable { end, committed } => State::Durable { end, committed },
+        };
+        CommitFuture {
+            txn: self,
+            state: Some(state),
+        }
+    }
+
+    /// A commit whose timestamp the watermark has passed (`published`), or that gave up
+    /// waiting because the log failed: the result, and the statistics.
+    fn conclude(
+        &mut self,
+        ts: Ts,
+        outcome: Outcome,
+        published: bool,
+    ) -> Result<Result<Committed, Conflict>, CommitError> {
+        let (versions, announced) = match outcome {
+            Outcome::Aborted(conflict) => return Ok(Err(conflict)),
+            Outcome::LogFailed(error) => return Err(CommitError::Log(error)),
+            Outcome::Committed { .. } if !published => {
+                let error = self
+                    .db
+                    .log
+                    .as_ref()
+                    .and_then(|log| log.failed())
+                    .expect("publication stops only after a log failure");
+                return Err(CommitError::Log(error));
+            }
+            Outcome::Committed {
+                versions,
+                announced,
+            } => (versions, announced),
+        };
+        let stats = self.db.oracle.stats(self.slot);
+        let live = stats.versions.load(std::sync::atomic::Ordering::Relaxed);
+        stats
+            .versions
+            .store(live + versions, std::sync::atomic::Ordering::Relaxed);
+        SlotStats::bump(&stats.commits);
+        if announced {
+            SlotStats::bump(&stats.split_commits);
+        }
+        if ts.0.is_multiple_of(COLLECT_EVERY) {
+            self.db.oracle.collect();
+        }
+        Ok(Ok(Committed {
+            ts,
+            split_only: false,
+            tracked: self.take_tracked(),
+        }))
+    }
+
+    /// A split-only commit, durable if it had to be: the statistics, and the result.
+    fn conclude_split_only(&mut self, mut committed: Committed) -> Committed {
+        let stats = self.db.oracle.stats(self.slot);
+        SlotStats::bump(&stats.commits);
+        SlotStats::bump(&stats.split_commits);
+        committed.tracked = self.take_tracked();
+        committed
+    }
+
+    /// The committer's own work: everything up to the wait for durability and publication,
+    /// which [`Step`] says is left.
+    fn commit_work(&mut self) -> Step {
         let stats = self.db.oracle.stats(self.slot);
         if self.writes.entries.is_empty() {
             SlotStats::bump(&stats.read_only_commits);
-            return Ok(Ok(Committed {
+            return Step::Done(Ok(Ok(Committed {
                 ts: self.read_ts,
                 split_only: false,
                 tracked: self.take_tracked(),
-            }));
+            })));
         }
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
-            return Err(CommitError::Log(error));
+            return Step::Done(Err(CommitError::Log(error)));
         }
         let me = self.me();
         let mut writes = std::mem::take(&mut self.writes.entries);
@@ -695,10 +944,10 @@ impl<'db> Txn<'db> {
                     Locking::Busy | Locking::SplitOpening => {
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
-                        return Ok(Err(Conflict {
+                        return Step::Done(Ok(Err(Conflict {
                             key: entry.key.clone(),
                             reason: ConflictReason::WriteLocked,
-                        }));
+                        })));
                     }
                 }
                 if let (Write::Ops(ops), true) = (&entry.write, untracked) {
@@ -779,9 +1028,9 @@ impl<'db> Txn<'db> {
                         match op.apply(&entry.key, value.as_deref()) {
                             Ok(v) => value = Some(v),
                             Err(e) => {
-                                leave(&self);
+                                leave(self);
                                 self.unlock_all(&locked, &slices, me);
-                                return Err(CommitError::Apply(e));
+                                return Step::Done(Err(CommitError::Apply(e)));
                             }
                         }
                         for &(ticket, _) in entry.tickets.iter().filter(|(_, k)| *k == n + 1) {
@@ -802,21 +1051,23 @@ impl<'db> Txn<'db> {
             if self.stashed.load(std::sync::atomic::Ordering::Relaxed) {
                 conflict.reason = ConflictReason::Split;
             }
-            leave(&self);
+            leave(self);
             self.unlock_all(&locked, &slices, me);
-            self.db.oracle.publish(commit_ts, || self.db.log_failed());
             let counter = match conflict.reason {
                 ConflictReason::Phantom => &stats.aborts_phantom,
                 ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
                 _ => &stats.aborts_write_locked,
             };
             SlotStats::bump(counter);
-            return Ok(Err(conflict));
+            return Step::Publish {
+                ts: commit_ts,
+                outcome: Outcome::Aborted(conflict),
+                durable_end: None,
+            };
         }
 
         // 5. Log the commit (only validated commits reach the log), install, unlock, wait
         //    for durability if asked, and publish in timestamp order.
-        let failed = || self.db.log_failed();
         let mut log_end = None;
         if let Some(log) = &self.db.log {
             let entries = writes.iter().zip(&values).enumerate().map(|(i, (e, v))| {
@@ -830,10 +1081,13 @@ impl<'db> Txn<'db> {
             match log.append(commit_ts, writes.len(), entries) {
                 Ok(end) => log_end = Some((log, end)),
                 Err(error) => {
-                    leave(&self);
+                    leave(self);
                     self.unlock_all(&locked, &slices, me);
-                    self.db.oracle.publish(commit_ts, failed);
-                    return Err(CommitError::Log(error));
+                    return Step::Publish {
+                        ts: commit_ts,
+                        outcome: Outcome::LogFailed(error),
+                        durable_end: None,
+                    };
                 }
             }
         }
@@ -850,42 +1104,19 @@ impl<'db> Txn<'db> {
                 .install(me, commit_ts, value.as_deref(), horizon);
             record.get().unlock(me);
         }
-        leave(&self);
-        if let Some((log, end)) = log_end {
-            let wait = match self.durability.unwrap_or(log.mode()) {
-                Durability::Sync => true,
-                Durability::Async { .. } | Durability::None => false,
-            };
-            // Not published on failure: nobody may read what the disk does not hold.
-            if wait && let Err(error) = log.wait_durable(end) {
-                return Err(CommitError::Log(error));
-            }
-        }
-        if !self.db.oracle.publish(commit_ts, failed) {
-            let error = self
-                .db
-                .log
-                .as_ref()
-                .and_then(|log| log.failed())
-                .expect("publish gives up only after a log failure");
-            return Err(CommitError::Log(error));
-        }
-        let live = stats.versions.load(std::sync::atomic::Ordering::Relaxed);
-        stats
-            .versions
-            .store(live + versions, std::sync::atomic::Ordering::Relaxed);
-        SlotStats::bump(&stats.commits);
-        if announced {
-            SlotStats::bump(&stats.split_commits);
-        }
-        if commit_ts.0.is_multiple_of(COLLECT_EVERY) {
-            self.db.oracle.collect();
-        }
-        Ok(Ok(Committed {
+        leave(self);
+        let durable_end = log_end.and_then(|(log, end)| {
+            let wait = self.durability.unwrap_or(log.mode()) == Durability::Sync;
+            wait.then_some(end)
+        });
+        Step::Publish {
             ts: commit_ts,
-            split_only: false,
-            tracked: self.take_tracked(),
-        }))
+            outcome: Outcome::Committed {
+                versions,
+                announced,
+            },
+            durable_end,
+        }
     }
 
     /// The tickets' values, once every one is known.
@@ -908,8 +1139,7 @@ impl<'db> Txn<'db> {
         &mut self,
         writes: &[WriteEntry],
         slices: &[Option<&'static SplitRecord>],
-    ) -> Option<Result<Result<Committed, Conflict>, CommitError>> {
-        let stats = self.db.oracle.stats(self.slot);
+    ) -> Option<Step> {
         let mut guards = Vec::with_capacity(writes.len());
         let mut deltas = Vec::with_capacity(writes.len());
         for (entry, sr) in writes.iter().zip(slices) {
@@ -936,7 +1166,7 @@ impl<'db> Txn<'db> {
                 Err(error) => {
                     drop(guards);
                     self.db.oracle.announce(self.slot, 0);
-                    return Some(Err(CommitError::Log(error)));
+                    return Some(Step::Done(Err(CommitError::Log(error))));
                 }
             }
         }
@@ -945,19 +1175,18 @@ impl<'db> Txn<'db> {
         }
         drop(guards);
         self.db.oracle.announce(self.slot, 0);
-        if durable_lsn > 0
-            && let Some(log) = &self.db.log
-            && let Err(error) = log.wait_durable(durable_lsn)
-        {
-            return Some(Err(CommitError::Log(error)));
-        }
-        SlotStats::bump(&stats.commits);
-        SlotStats::bump(&stats.split_commits);
-        Some(Ok(Ok(Committed {
+        let committed = Committed {
             ts: tag,
             split_only: true,
-            tracked: self.take_tracked(),
-        })))
+            tracked: Vec::new(),
+        };
+        if durable_lsn > 0 {
+            return Some(Step::Durable {
+                end: durable_lsn,
+                committed,
+            });
+        }
+        Some(Step::Done(Ok(Ok(self.conclude_split_only(committed)))))
     }
 
     /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another

@@ -584,3 +584,139 @@ fn timestamps_keep_rising_across_a_crash() {
     assert!(ts > seen, "commit at {ts:?} after a snapshot at {seen:?}");
     assert!(db.snapshot().unwrap().read_ts() >= ts);
 }
+
+/// Drives a future on this thread: parks until woken. A lost wakeup shows as a panic, not as
+/// a slow test: every wait must end with a wake.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        let parked = std::time::Instant::now();
+        std::thread::park_timeout(Duration::from_secs(20));
+        assert!(
+            parked.elapsed() < Duration::from_secs(20),
+            "a pending commit was never woken"
+        );
+    }
+}
+
+/// `commit_async` with `sync` durability, many committers at once, and a power loss in the
+/// middle: every commit acknowledged before the crash survives it, whole (both of its keys),
+/// and was visible to a fresh snapshot as soon as it was acknowledged.
+#[test]
+fn async_sync_commits_are_durable_and_visible_when_acknowledged() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let acked = Mutex::new(Vec::new());
+    let crashed = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (db, acked, crashed) = (&db, &acked, &crashed);
+            s.spawn(move || {
+                for i in 0..400 {
+                    let (a, b) = (format!("a{t}-{i:03}"), format!("b{t}-{i:03}"));
+                    let mut txn = db.begin().unwrap();
+                    txn.put(a.as_bytes(), b"1").unwrap();
+                    txn.put(b.as_bytes(), b"2").unwrap();
+                    match block_on(txn.commit_async()) {
+                        Ok(outcome) => {
+                            outcome.expect("disjoint keys never conflict");
+                            assert_eq!(
+                                db.snapshot().unwrap().get(a.as_bytes()).unwrap(),
+                                Some(b"1".to_vec()),
+                                "acknowledged but not visible"
+                            );
+                            acked.lock().unwrap().push((a, b));
+                        }
+                        Err(e) => {
+                            assert!(
+                                crashed.load(Ordering::SeqCst),
+                                "failed without a crash: {e}"
+                            );
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        // Let them get going, then pull the plug.
+        while acked.lock().unwrap().len() < 500 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        crashed.store(true, Ordering::SeqCst);
+        disk.crash();
+    });
+    let acked = acked.into_inner().unwrap();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    for (a, b) in &acked {
+        assert!(
+            got.contains_key(a) && got.contains_key(b),
+            "acknowledged {a} lost"
+        );
+    }
+    for key in got.keys().filter(|k| k.starts_with('a')) {
+        let b = format!("b{}", &key[1..]);
+        assert!(
+            got.contains_key(&b),
+            "{key} recovered without {b}: half a commit"
+        );
+    }
+    assert!(acked.len() >= 500);
+}
+
+/// Committers waiting in `commit_async` when an fsync fails get the error (they are woken,
+/// not left waiting), and their commits never become visible.
+#[test]
+fn async_commit_waiting_on_a_failed_fsync_gets_the_error() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    put(&db, "before", "1").unwrap();
+    disk.inject(Fault::SyncError);
+    let mut txn = db.begin().unwrap();
+    txn.put(b"failed", b"1").unwrap();
+    let err = block_on(txn.commit_async()).unwrap_err();
+    assert!(err.to_string().contains("fsync"), "{err}");
+    assert_eq!(db.snapshot().unwrap().get(b"failed").unwrap(), None);
+    let mut txn = db.begin().unwrap();
+    txn.put(b"later", b"1").unwrap();
+    assert!(
+        block_on(txn.commit_async()).is_err(),
+        "the log stays failed"
+    );
+}
+
+/// A `commit_async` future dropped before it resolves still commits (its work is done) and
+/// does not stop the watermark: later commits publish and see it.
+#[test]
+fn dropping_a_pending_async_commit_keeps_the_database_moving() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    for i in 0..50 {
+        let mut txn = db.begin().unwrap();
+        txn.put(format!("dropped{i}").as_bytes(), b"1").unwrap();
+        drop(txn.commit_async());
+    }
+    put(&db, "after", "1").unwrap();
+    let got = contents(&db);
+    assert_eq!(got.len(), 51, "{got:?}");
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(contents(&db).len(), 51);
+}

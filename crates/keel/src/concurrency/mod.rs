@@ -64,6 +64,10 @@ pub(crate) struct Oracle {
     /// aborted). Timestamps in flight are bounded by the open transactions, which the ring
     /// outnumbers, so an entry is never overwritten before the watermark passes it.
     done: Box<[AtomicU64]>,
+    /// Tasks waiting for the watermark to pass a timestamp ([`Oracle::watch`]), and the
+    /// smallest such timestamp (`u64::MAX`: none), which [`Oracle::advance`] checks.
+    watchers: parking_lot::Mutex<Vec<(u64, std::task::Waker)>>,
+    watch_min: CachePadded<AtomicU64>,
 }
 
 /// A claimed registry slot. Index into the slot array.
@@ -109,6 +113,8 @@ impl Oracle {
             done: (0..(2 * slots).next_power_of_two())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            watchers: parking_lot::Mutex::new(Vec::new()),
+            watch_min: CachePadded::new(AtomicU64::new(u64::MAX)),
         }
     }
 
@@ -203,30 +209,94 @@ impl Oracle {
     /// an unfinished one does. Gives up (returns `false`) if `failed` turns true while
     /// waiting: after a log failure a predecessor may never finish.
     pub(crate) fn publish(&self, ts: Ts, failed: impl Fn() -> bool) -> bool {
-        let mask = self.done.len() as u64 - 1;
-        self.done[(ts.0 & mask) as usize].store(ts.0, Ordering::Release);
+        self.finish(ts);
         let backoff = Backoff::new();
         loop {
-            let mut visible = self.visible.load(Ordering::Acquire);
-            while self.done[((visible + 1) & mask) as usize].load(Ordering::Acquire) == visible + 1
-            {
-                match self.visible.compare_exchange_weak(
-                    visible,
-                    visible + 1,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => visible += 1,
-                    Err(now) => visible = now,
-                }
-            }
-            if visible >= ts.0 {
+            if self.advance() >= ts.0 {
                 return true;
             }
             if backoff.is_completed() && failed() {
                 return false;
             }
             sync::spin(&backoff);
+        }
+    }
+
+    /// Marks commit `ts` finished, without waiting for the watermark: the caller (or whoever
+    /// it hands the wait to, see [`Oracle::watch`]) must still keep its slot until the
+    /// watermark passes `ts`, which bounds the timestamps in flight by the slots.
+    pub(crate) fn finish(&self, ts: Ts) {
+        let mask = self.done.len() as u64 - 1;
+        self.done[(ts.0 & mask) as usize].store(ts.0, Ordering::Release);
+    }
+
+    /// Advances the watermark over every finished timestamp after it, wakes the watchers it
+    /// passes, and returns it.
+    pub(crate) fn advance(&self) -> u64 {
+        let mask = self.done.len() as u64 - 1;
+        let mut visible = self.visible.load(Ordering::Acquire);
+        let mut moved = false;
+        while self.done[((visible + 1) & mask) as usize].load(Ordering::Acquire) == visible + 1 {
+            // SeqCst: pairs with `watch`, which stores `watch_min` and then loads `visible`.
+            // Of the two, at least one sees the other's store.
+            match self.visible.compare_exchange_weak(
+                visible,
+                visible + 1,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    visible += 1;
+                    moved = true;
+                }
+                Err(now) => visible = now,
+            }
+        }
+        if moved && self.watch_min.load(Ordering::SeqCst) <= visible {
+            self.wake_watchers();
+        }
+        visible
+    }
+
+    /// Asks for `waker` to be woken once the watermark passes `ts`. Returns whether it
+    /// already has (then nothing is registered).
+    pub(crate) fn watch(&self, ts: Ts, waker: &std::task::Waker) -> bool {
+        if self.visible.load(Ordering::Acquire) >= ts.0 {
+            return true;
+        }
+        let mut watchers = self.watchers.lock();
+        watchers.push((ts.0, waker.clone()));
+        self.watch_min.fetch_min(ts.0, Ordering::SeqCst);
+        drop(watchers);
+        if self.visible.load(Ordering::SeqCst) >= ts.0 {
+            // An advance may have missed us; whoever wakes us next finds us gone or woken.
+            self.wake_watchers();
+            return true;
+        }
+        false
+    }
+
+    /// Wakes every watcher, whatever its timestamp: after a log failure, when the watermark
+    /// may never move again, so that they see the failure.
+    pub(crate) fn wake_all_watchers(&self) {
+        let mut watchers = self.watchers.lock();
+        let woken = std::mem::take(&mut *watchers);
+        self.watch_min.store(u64::MAX, Ordering::SeqCst);
+        drop(watchers);
+        for (_, waker) in woken {
+            waker.wake();
+        }
+    }
+
+    fn wake_watchers(&self) {
+        let mut watchers = self.watchers.lock();
+        let visible = self.visible.load(Ordering::SeqCst);
+        let woken: Vec<_> = watchers.extract_if(.., |(ts, _)| *ts <= visible).collect();
+        let min = watchers.iter().map(|(ts, _)| *ts).min().unwrap_or(u64::MAX);
+        self.watch_min.store(min, Ordering::SeqCst);
+        drop(watchers);
+        for (_, waker) in woken {
+            waker.wake();
         }
     }
 

@@ -11,7 +11,9 @@
 //!
 //! Waiting committers register in a waiter list and park; after each fsync the flusher
 //! unparks exactly those it made durable, so they all become runnable at once instead of
-//! taking turns on one mutex. Before writing a batch in `sync` mode the flusher gathers:
+//! taking turns on one mutex. An async committer (`Txn::commit_async`) registers its commit
+//! timestamp instead: the flusher marks it finished in the oracle once durable and advances
+//! the watermark, which wakes the committer's task. Before writing a batch in `sync` mode the flusher gathers:
 //! while fewer committers wait than waited last time, and they keep arriving, it waits a
 //! bounded moment (scaled by what an fsync costs) so that one fsync covers them all (see
 //! `Gather`). A lone committer expects no company and never waits.
@@ -29,6 +31,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::Waker;
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -36,6 +39,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 
 use crate::Ts;
+use crate::concurrency::Oracle;
 use crate::io::{AppendFile, Disk};
 use crate::memory::Region;
 use format::{FRAME_HEADER_BYTES, frame_bytes, segment_header, segment_name};
@@ -101,12 +105,33 @@ pub(crate) struct Shared {
     sync_wanted: AtomicU64,
     pub(crate) fsyncs: AtomicU64,
     pub(crate) frames: AtomicU64,
+    /// Where [`Wake::Finish`] waiters are marked finished.
+    oracle: Option<Arc<Oracle>>,
 }
 
-/// A committer parked until the log is durable up to `end`.
+/// Someone waiting until the log is durable up to `end`.
 struct Waiter {
     end: u64,
-    thread: Thread,
+    wake: Wake,
+}
+
+/// What the flusher does for a waiter once its frame is durable.
+enum Wake {
+    /// Unparks a committer's thread ([`Log::wait_durable`]).
+    Thread(Thread),
+    /// Wakes a task ([`Log::watch_durable`]).
+    Task(Waker),
+    /// Marks a commit timestamp finished in the oracle ([`Log::finish_when_durable`]): the
+    /// commit is published without its committer having to run.
+    Finish(Ts),
+}
+
+/// Where a starting log appends: `segment` (already created, its header written and
+/// durable, holding data from `segment_first_lsn` up to `start_lsn`).
+pub(crate) struct Tail {
+    pub(crate) segment: Box<dyn AppendFile>,
+    pub(crate) segment_first_lsn: u64,
+    pub(crate) start_lsn: u64,
 }
 
 /// The write-ahead log of one database.
@@ -121,17 +146,20 @@ thread_local! {
 }
 
 impl Log {
-    /// Starts the log at `start_lsn`, appending to `segment` (already created, its header
-    /// written and durable, holding data up to `start_lsn`).
+    /// Starts the log at `tail.start_lsn`, appending to `tail.segment`.
     pub(crate) fn start(
         disk: Arc<dyn Disk>,
         dir: PathBuf,
-        segment: Box<dyn AppendFile>,
-        segment_first_lsn: u64,
-        start_lsn: u64,
+        tail: Tail,
         mode: Durability,
         segment_bytes_target: u64,
+        oracle: Option<Arc<Oracle>>,
     ) -> Log {
+        let Tail {
+            segment,
+            segment_first_lsn,
+            start_lsn,
+        } = tail;
         assert!(start_lsn.is_multiple_of(8));
         let shared = Arc::new(Shared {
             ring: Region::sequential(RING_BYTES),
@@ -152,6 +180,7 @@ impl Log {
             sync_wanted: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             frames: AtomicU64::new(0),
+            oracle,
         });
         let flusher = Flusher {
             shared: Arc::clone(&shared),
@@ -231,7 +260,7 @@ impl Log {
             return Ok(());
         }
         s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        s.register(end);
+        s.register(end, Wake::Thread(std::thread::current()));
         // Registered before this check: either we see the durable LSN (or the failure), or
         // the flusher, which publishes it before taking the list, sees us and unparks us.
         while s.durable.load(Ordering::Acquire) < end {
@@ -239,6 +268,44 @@ impl Log {
             std::thread::park_timeout(Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// Asks for `waker` to be woken once the log is durable up to `end` (or has failed).
+    /// Returns whether it already is (then nothing is registered). The task polls again:
+    /// this only registers.
+    pub(crate) fn watch_durable(&self, end: u64, waker: &Waker) -> bool {
+        let s = &*self.shared;
+        if s.durable.load(Ordering::Acquire) >= end || s.failed.load(Ordering::Acquire) {
+            return true;
+        }
+        s.sync_wanted.fetch_max(end, Ordering::SeqCst);
+        s.register(end, Wake::Task(waker.clone()));
+        // As in `wait_durable`: registered before this check, so either we see it or the
+        // flusher sees us.
+        s.durable.load(Ordering::Acquire) >= end || s.failed.load(Ordering::Acquire)
+    }
+
+    /// Hands commit `ts`, whose frame ends at `end`, to the flusher: once the frame is
+    /// durable, the flusher marks `ts` finished in the oracle and advances the watermark, so
+    /// the commit becomes visible without its committer running again. The committer keeps
+    /// its slot and waits for the watermark ([`Oracle::watch`]). After a log failure `ts` is
+    /// never finished: nobody may read what the disk does not hold.
+    pub(crate) fn finish_when_durable(&self, end: u64, ts: Ts) {
+        let s = &*self.shared;
+        let oracle = s.oracle.as_ref().expect("a database log has the oracle");
+        if s.durable.load(Ordering::Acquire) >= end {
+            oracle.finish(ts);
+            oracle.advance();
+            return;
+        }
+        s.sync_wanted.fetch_max(end, Ordering::SeqCst);
+        s.register(end, Wake::Finish(ts));
+        // The flusher may have published `durable` past `end` and taken the list before we
+        // registered: finish it ourselves. Finishing twice is harmless (the same store).
+        if s.durable.load(Ordering::Acquire) >= end {
+            oracle.finish(ts);
+            oracle.advance();
+        }
     }
 
     /// The LSN up to which the log is durable.
@@ -290,6 +357,9 @@ impl Shared {
         drop(failure);
         self.failed.store(true, Ordering::Release);
         self.wake_waiters(u64::MAX, &mut Vec::new());
+        if let Some(oracle) = &self.oracle {
+            oracle.wake_all_watchers();
+        }
         self.wake_space_waiters();
     }
 
@@ -301,12 +371,11 @@ impl Shared {
         }
     }
 
-    /// Adds the calling thread to the waiters for `end`, and wakes the flusher if it is idle
-    /// or if this registration completes the batch it is gathering.
-    fn register(&self, end: u64) {
-        let thread = std::thread::current();
+    /// Adds a waiter for `end`, and wakes the flusher if it is idle or if this registration
+    /// completes the batch it is gathering.
+    fn register(&self, end: u64, wake: Wake) {
         let mut waiters = self.waiters.lock();
-        waiters.push(Waiter { end, thread });
+        waiters.push(Waiter { end, wake });
         let waiting = waiters.len();
         self.waiting.store(waiting, Ordering::SeqCst);
         drop(waiters);
@@ -329,9 +398,31 @@ impl Shared {
         // In log order, which is nearly commit-timestamp order: committers publish in
         // timestamp order, so the earliest should get a CPU first.
         woken.sort_unstable_by_key(|w| w.end);
-        // Outside the lock: the woken threads can register again at once.
+        // Finish first and advance the watermark once, so that the tasks woken below find
+        // their commits visible. Not after a failure (`durable` is then `u64::MAX`): those
+        // frames may not be on disk.
+        let durable_now = !self.failed.load(Ordering::Acquire);
+        if let Some(oracle) = &self.oracle
+            && durable_now
+        {
+            let mut finished = false;
+            for w in woken.iter() {
+                if let Wake::Finish(ts) = w.wake {
+                    oracle.finish(ts);
+                    finished = true;
+                }
+            }
+            if finished {
+                oracle.advance();
+            }
+        }
+        // Outside the lock: the woken can register again at once.
         for w in woken.drain(..) {
-            w.thread.unpark();
+            match w.wake {
+                Wake::Thread(thread) => thread.unpark(),
+                Wake::Task(waker) => waker.wake(),
+                Wake::Finish(_) => {}
+            }
         }
         registered
     }

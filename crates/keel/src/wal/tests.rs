@@ -37,11 +37,14 @@ fn slow_log(sync_cost: Duration, fail_at: usize) -> (Log, Arc<AtomicUsize>) {
     let log = Log::start(
         Arc::new(SimDisk::new()),
         PathBuf::from("/sim/wal"),
-        Box::new(segment),
-        0,
-        0,
+        Tail {
+            segment: Box::new(segment),
+            segment_first_lsn: 0,
+            start_lsn: 0,
+        },
         Durability::Sync,
         u64::MAX,
+        None,
     );
     (log, syncs)
 }
