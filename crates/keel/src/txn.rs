@@ -41,8 +41,9 @@ use crate::wal::format::Logged;
 
 /// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
-/// How many rounds of exponential spinning (about 250 pause instructions in all) an async
-/// committer spends waiting for its predecessors before it sleeps (see [`CommitFuture`]).
+/// How many rounds of exponential spinning (about 120 pause instructions in all) an async
+/// committer that is not waiting for an fsync spends on its predecessors before its task
+/// sleeps (see [`Txn::commit_async`]).
 const PUBLISH_SPINS: usize = 7;
 
 /// How long a committer waits for a record lock held by another committer before aborting.
@@ -247,16 +248,6 @@ impl std::future::Future for CommitFuture<'_> {
             match this.state.take().expect("polled after it resolved") {
                 State::Ready(result) => return Poll::Ready(result),
                 State::Publish { ts, outcome } => {
-                    // A predecessor that is only installing is microseconds away: spin a
-                    // little before sleeping. One waiting for an fsync is not, and the task
-                    // sleeps until the flusher's advance wakes it.
-                    let backoff = Backoff::new();
-                    for _ in 0..PUBLISH_SPINS {
-                        if db.oracle.advance() >= ts.0 {
-                            break;
-                        }
-                        backoff.spin();
-                    }
                     if db.oracle.advance() >= ts.0 {
                         return Poll::Ready(this.txn.conclude(ts, outcome, true));
                     }
@@ -803,10 +794,20 @@ impl<'db> Txn<'db> {
                 durable_end,
             } => {
                 match (durable_end, &self.db.log) {
+                    // The frame's fsync is far away: no spinning, the task sleeps until the
+                    // flusher's advance wakes it.
                     (Some(end), Some(log)) => log.finish_when_durable(end, ts),
                     _ => {
+                        // A predecessor that is only installing is microseconds away: spin a
+                        // little before the task goes to sleep.
                         self.db.oracle.finish(ts);
-                        self.db.oracle.advance();
+                        let backoff = Backoff::new();
+                        for _ in 0..PUBLISH_SPINS {
+                            if self.db.oracle.advance() >= ts.0 {
+                                break;
+                            }
+                            backoff.spin();
+                        }
                     }
                 }
                 State::Publish { ts, outcome }
