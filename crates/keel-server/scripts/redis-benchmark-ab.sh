@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # keel serve vs redis-server, interleaved: per round both servers start fresh, and every test
 # runs on keel and then at once on Redis, so that drift in a shared machine hits both alike.
-# Async pairing only (keel async:1000 vs Redis appendonly yes + appendfsync everysec).
+# PAIRING=async (the default): keel async:1000 vs Redis appendonly yes + appendfsync everysec;
+# PAIRING=sync: keel sync vs Redis appendfsync always.
 #
 #   crates/keel-server/scripts/redis-benchmark-ab.sh [rounds] [requests -P 1] [requests -P 16]
 #
@@ -14,6 +15,11 @@ rounds=${1:-3}
 n1=${2:-300000}
 n16=${3:-1000000}
 keel=${KEEL_BIN:-target/release/keel}
+case ${PAIRING:-async} in
+  async) durability=async:1000 appendfsync=everysec ;;
+  sync) durability=sync appendfsync=always ;;
+  *) echo "PAIRING must be async or sync, not ${PAIRING}" >&2; exit 2 ;;
+esac
 work=$(mktemp -d /tmp/keel-ab.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 kport=16391
@@ -35,11 +41,11 @@ for round in $(seq "$rounds"); do
     n=$n1; [ "$p" = 16 ] && n=$n16
     rm -rf "$work/keel" "$work/redis"; mkdir -p "$work/redis"
     # shellcheck disable=SC2086 # KEEL_ARGS is a list of flags
-    "$keel" serve --port $kport --dir "$work/keel" --durability async:1000 ${KEEL_ARGS:-} \
+    "$keel" serve --port $kport --dir "$work/keel" --durability "$durability" ${KEEL_ARGS:-} \
       >/dev/null 2>&1 &
     kpid=$!
     redis-server --port $rport --dir "$work/redis" --save '' --appendonly yes \
-      --appendfsync everysec --daemonize no >/dev/null 2>&1 &
+      --appendfsync "$appendfsync" --daemonize no >/dev/null 2>&1 &
     rpid=$!
     wait_port $kport; wait_port $rport
     for t in set get incr mset; do
