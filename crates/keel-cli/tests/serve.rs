@@ -235,3 +235,109 @@ fn sigterm_during_startup_exits_cleanly() {
         assert!(status.success(), "keel serve exited with {status}");
     }
 }
+
+/// `sync`: a reply means the write is in the log. Clients write concurrently (single
+/// commands, pipelines, `MULTI`), the server is killed with SIGKILL mid-stream, and a restart
+/// finds every acknowledged write, and each `MULTI` whole or not at all.
+#[test]
+fn sigkill_under_sync_loses_no_acknowledged_write() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut first = start(dir.path(), "sync");
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|t| {
+            let url = format!("redis://{}/", first.addr);
+            let (acked, count) = (Arc::clone(&acked), Arc::clone(&count));
+            std::thread::spawn(move || {
+                let mut c = redis::Client::open(url)
+                    .expect("url")
+                    .get_connection()
+                    .expect("connect");
+                for i in 0.. {
+                    let (one, p1, p2, m) = (
+                        format!("one:{t}:{i}"),
+                        format!("pipe:{t}:{i}:a"),
+                        format!("pipe:{t}:{i}:b"),
+                        format!("multi:{t}:{i}"),
+                    );
+                    let done = redis::cmd("SET").arg(&one).arg(i).query::<()>(&mut c);
+                    if done.is_err() {
+                        return;
+                    }
+                    acked.lock().unwrap().push(one);
+                    let done = redis::pipe()
+                        .cmd("SET")
+                        .arg(&p1)
+                        .arg(i)
+                        .cmd("SET")
+                        .arg(&p2)
+                        .arg(i)
+                        .query::<()>(&mut c);
+                    if done.is_err() {
+                        return;
+                    }
+                    acked.lock().unwrap().extend([p1, p2]);
+                    let done = redis::pipe()
+                        .atomic()
+                        .cmd("SET")
+                        .arg(format!("{m}:a"))
+                        .arg(i)
+                        .cmd("SET")
+                        .arg(format!("{m}:b"))
+                        .arg(i)
+                        .query::<()>(&mut c);
+                    if done.is_err() {
+                        return;
+                    }
+                    acked
+                        .lock()
+                        .unwrap()
+                        .extend([format!("{m}:a"), format!("{m}:b")]);
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    while count.load(Ordering::SeqCst) < 200 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.child.kill().expect("SIGKILL");
+    first.child.wait().expect("reaped");
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let second = start(dir.path(), "sync");
+    let mut c = redis::Client::open(format!("redis://{}/", second.addr))
+        .expect("url")
+        .get_connection()
+        .expect("connect");
+    for chunk in acked.chunks(500) {
+        let found: i64 = redis::cmd("EXISTS")
+            .arg(chunk)
+            .query(&mut c)
+            .expect("EXISTS");
+        assert_eq!(
+            found,
+            chunk.len() as i64,
+            "an acknowledged write is missing"
+        );
+    }
+    let multis: Vec<String> = redis::cmd("KEYS")
+        .arg("multi:*")
+        .query(&mut c)
+        .expect("KEYS");
+    for key in &multis {
+        let other = match key.strip_suffix(":a") {
+            Some(stem) => format!("{stem}:b"),
+            None => format!("{}:a", key.strip_suffix(":b").expect("a or b")),
+        };
+        assert!(multis.contains(&other), "{key} recovered without {other}");
+    }
+    assert!(acked.len() >= 1000);
+    sigterm(second);
+}
