@@ -11,6 +11,17 @@ struct Running {
     banner: Vec<String>,
 }
 
+/// A test that fails midway must not leave its server running: killed on drop (after a
+/// clean SIGTERM exit this does nothing).
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn start(dir: &std::path::Path, durability: &str) -> Running {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
