@@ -66,7 +66,7 @@ pub(crate) struct Oracle {
     done: Box<[AtomicU64]>,
     /// Tasks waiting for the watermark to pass a timestamp ([`Oracle::watch`]), and the
     /// smallest such timestamp (`u64::MAX`: none), which [`Oracle::advance`] checks.
-    watchers: parking_lot::Mutex<Vec<(u64, std::task::Waker)>>,
+    watchers: Mutex<Vec<(u64, std::task::Waker)>>,
     watch_min: CachePadded<AtomicU64>,
 }
 
@@ -113,7 +113,7 @@ impl Oracle {
             done: (0..(2 * slots).next_power_of_two())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            watchers: parking_lot::Mutex::new(Vec::new()),
+            watchers: Mutex::new(Vec::new()),
             watch_min: CachePadded::new(AtomicU64::new(u64::MAX)),
         }
     }
@@ -237,12 +237,10 @@ impl Oracle {
         let mut visible = self.visible.load(Ordering::Acquire);
         let mut moved = false;
         while self.done[((visible + 1) & mask) as usize].load(Ordering::Acquire) == visible + 1 {
-            // SeqCst: pairs with `watch`, which stores `watch_min` and then loads `visible`.
-            // Of the two, at least one sees the other's store.
             match self.visible.compare_exchange_weak(
                 visible,
                 visible + 1,
-                Ordering::SeqCst,
+                Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
@@ -252,8 +250,14 @@ impl Oracle {
                 Err(now) => visible = now,
             }
         }
-        if moved && self.watch_min.load(Ordering::SeqCst) <= visible {
-            self.wake_watchers();
+        if moved {
+            // The handshake with `watch`, which stores `watch_min` and then loads `visible`:
+            // with a fence on both sides, at least one sees the other's store, so a watcher
+            // is either told the watermark passed or found here and woken.
+            sync::fence(Ordering::SeqCst);
+            if self.watch_min.load(Ordering::SeqCst) <= visible {
+                self.wake_watchers();
+            }
         }
         visible
     }
@@ -264,10 +268,11 @@ impl Oracle {
         if self.visible.load(Ordering::Acquire) >= ts.0 {
             return true;
         }
-        let mut watchers = self.watchers.lock();
+        let mut watchers = sync::lock(&self.watchers);
         watchers.push((ts.0, waker.clone()));
         self.watch_min.fetch_min(ts.0, Ordering::SeqCst);
         drop(watchers);
+        sync::fence(Ordering::SeqCst);
         if self.visible.load(Ordering::SeqCst) >= ts.0 {
             // An advance may have missed us; whoever wakes us next finds us gone or woken.
             self.wake_watchers();
@@ -279,7 +284,7 @@ impl Oracle {
     /// Wakes every watcher, whatever its timestamp: after a log failure, when the watermark
     /// may never move again, so that they see the failure.
     pub(crate) fn wake_all_watchers(&self) {
-        let mut watchers = self.watchers.lock();
+        let mut watchers = sync::lock(&self.watchers);
         let woken = std::mem::take(&mut *watchers);
         self.watch_min.store(u64::MAX, Ordering::SeqCst);
         drop(watchers);
@@ -289,7 +294,7 @@ impl Oracle {
     }
 
     fn wake_watchers(&self) {
-        let mut watchers = self.watchers.lock();
+        let mut watchers = sync::lock(&self.watchers);
         let visible = self.visible.load(Ordering::SeqCst);
         let woken: Vec<_> = watchers.extract_if(.., |(ts, _)| *ts <= visible).collect();
         let min = watchers.iter().map(|(ts, _)| *ts).min().unwrap_or(u64::MAX);
@@ -350,6 +355,15 @@ mod sync {
     pub(crate) use parking_lot::Mutex;
     #[cfg(not(keel_loom))]
     pub(crate) use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
+
+    #[cfg(not(keel_loom))]
+    pub(crate) fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+        m.lock()
+    }
+    #[cfg(keel_loom)]
+    pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
+        m.lock().expect("no panic while holding it")
+    }
 
     #[cfg(not(keel_loom))]
     pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<parking_lot::MutexGuard<'_, T>> {

@@ -69,6 +69,38 @@ mod model {
         });
     }
 
+    /// A task that waits for the watermark (`watch`) while another thread finishes the
+    /// timestamp and advances it: the watcher either learns at once that the watermark has
+    /// passed, or is woken. Never neither (a lost wakeup would leave a commit unanswered).
+    #[test]
+    fn loom_a_watcher_is_told_or_woken() {
+        use loom::sync::atomic::AtomicBool;
+        struct Flag(Arc<AtomicBool>);
+        impl std::task::Wake for Flag {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        loom::model(|| {
+            let oracle = Arc::new(Oracle::with_slots(Ts(0), 2));
+            let other = Arc::clone(&oracle);
+            let committer = loom::thread::spawn(move || {
+                let ts = other.next_commit_ts();
+                other.finish(ts);
+                other.advance();
+            });
+            let woken = Arc::new(AtomicBool::new(false));
+            let waker = std::task::Waker::from(std::sync::Arc::new(Flag(Arc::clone(&woken))));
+            let passed = oracle.watch(Ts(1), &waker);
+            committer.join().expect("committer");
+            assert!(
+                passed || woken.load(Ordering::SeqCst),
+                "the watermark passed a watcher that was neither told nor woken"
+            );
+            assert_eq!(oracle.visible(), Ts(1));
+        });
+    }
+
     #[test]
     fn loom_watermark_is_published_in_order() {
         loom::model(|| {
