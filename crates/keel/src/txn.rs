@@ -287,10 +287,7 @@ impl Drop for CommitFuture<'_> {
     fn drop(&mut self) {
         if let Some(State::Publish { ts, .. }) = self.state {
             let db = self.txn.db;
-            let backoff = Backoff::new();
-            while db.oracle.advance() < ts.0 && !db.log_failed() {
-                backoff.snooze();
-            }
+            db.oracle.wait_published(ts, || db.log_failed());
         }
     }
 }

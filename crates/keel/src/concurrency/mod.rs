@@ -210,6 +210,12 @@ impl Oracle {
     /// waiting: after a log failure a predecessor may never finish.
     pub(crate) fn publish(&self, ts: Ts, failed: impl Fn() -> bool) -> bool {
         self.finish(ts);
+        self.wait_published(ts, failed)
+    }
+
+    /// Waits, spinning, until the watermark passes `ts` (`true`), or gives up once `failed`
+    /// turns true (`false`). Someone must have finished `ts`, or will.
+    pub(crate) fn wait_published(&self, ts: Ts, failed: impl Fn() -> bool) -> bool {
         let backoff = Backoff::new();
         loop {
             if self.advance() >= ts.0 {
@@ -256,7 +262,7 @@ impl Oracle {
             // is either told the watermark passed or found here and woken.
             sync::fence(Ordering::SeqCst);
             if self.watch_min.load(Ordering::SeqCst) <= visible {
-                self.wake_watchers();
+                self.wake_watchers(visible);
             }
         }
         visible
@@ -273,30 +279,20 @@ impl Oracle {
         self.watch_min.fetch_min(ts.0, Ordering::SeqCst);
         drop(watchers);
         sync::fence(Ordering::SeqCst);
-        if self.visible.load(Ordering::SeqCst) >= ts.0 {
+        let visible = self.visible.load(Ordering::SeqCst);
+        if visible >= ts.0 {
             // An advance may have missed us; whoever wakes us next finds us gone or woken.
-            self.wake_watchers();
+            self.wake_watchers(visible);
             return true;
         }
         false
     }
 
-    /// Wakes every watcher, whatever its timestamp: after a log failure, when the watermark
-    /// may never move again, so that they see the failure.
-    pub(crate) fn wake_all_watchers(&self) {
+    /// Wakes the watchers of timestamps up to `upto`: the watermark, or `u64::MAX` after a
+    /// log failure (the watermark may never move again, and they must see the failure).
+    pub(crate) fn wake_watchers(&self, upto: u64) {
         let mut watchers = sync::lock(&self.watchers);
-        let woken = std::mem::take(&mut *watchers);
-        self.watch_min.store(u64::MAX, Ordering::SeqCst);
-        drop(watchers);
-        for (_, waker) in woken {
-            waker.wake();
-        }
-    }
-
-    fn wake_watchers(&self) {
-        let mut watchers = sync::lock(&self.watchers);
-        let visible = self.visible.load(Ordering::SeqCst);
-        let woken: Vec<_> = watchers.extract_if(.., |(ts, _)| *ts <= visible).collect();
+        let woken: Vec<_> = watchers.extract_if(.., |(ts, _)| *ts <= upto).collect();
         let min = watchers.iter().map(|(ts, _)| *ts).min().unwrap_or(u64::MAX);
         self.watch_min.store(min, Ordering::SeqCst);
         drop(watchers);

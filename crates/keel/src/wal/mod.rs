@@ -13,10 +13,10 @@
 //! unparks exactly those it made durable, so they all become runnable at once instead of
 //! taking turns on one mutex. An async committer (`Txn::commit_async`) registers its commit
 //! timestamp instead: the flusher marks it finished in the oracle once durable and advances
-//! the watermark, which wakes the committer's task. Before writing a batch in `sync` mode the flusher gathers:
-//! while fewer committers wait than waited last time, and they keep arriving, it waits a
-//! bounded moment (scaled by what an fsync costs) so that one fsync covers them all (see
-//! `Gather`). A lone committer expects no company and never waits.
+//! the watermark, which wakes the committer's task. Before writing a batch in `sync` mode
+//! the flusher gathers: while fewer committers wait than waited last time, and they keep
+//! arriving, it waits a bounded moment (scaled by what an fsync costs) so that one fsync
+//! covers them all (see `Gather`). A lone committer expects no company and never waits.
 //!
 //! The first failed write or fsync poisons the log for good: every waiting committer and
 //! every later commit gets the error, and nothing is retried (the kernel may have dropped the
@@ -293,15 +293,13 @@ impl Log {
     pub(crate) fn finish_when_durable(&self, end: u64, ts: Ts) {
         let s = &*self.shared;
         let oracle = s.oracle.as_ref().expect("a database log has the oracle");
-        if s.durable.load(Ordering::Acquire) >= end {
-            oracle.finish(ts);
-            oracle.advance();
-            return;
+        if s.durable.load(Ordering::Acquire) < end {
+            s.sync_wanted.fetch_max(end, Ordering::SeqCst);
+            s.register(end, Wake::Finish(ts));
         }
-        s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        s.register(end, Wake::Finish(ts));
-        // The flusher may have published `durable` past `end` and taken the list before we
-        // registered: finish it ourselves. Finishing twice is harmless (the same store).
+        // Durable already, or the flusher published `durable` past `end` and took the list
+        // before we registered: finish it ourselves. Finishing twice is harmless (the same
+        // store).
         if s.durable.load(Ordering::Acquire) >= end {
             oracle.finish(ts);
             oracle.advance();
@@ -358,7 +356,7 @@ impl Shared {
         self.failed.store(true, Ordering::Release);
         self.wake_waiters(u64::MAX, &mut Vec::new());
         if let Some(oracle) = &self.oracle {
-            oracle.wake_all_watchers();
+            oracle.wake_watchers(u64::MAX);
         }
         self.wake_space_waiters();
     }
