@@ -56,6 +56,19 @@ pub struct Args {
     /// run on the same few cores, fewer may use less CPU per request: measure.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Where connections run: auto | on | off [default: auto]. `on`: one thread serves every
+    /// connection and keeps polling while requests keep coming (no sleep, no hand-offs
+    /// between threads), best while one core keeps up, as for unpipelined clients on the same
+    /// machine. `off`: the worker pool (--threads), best once one core does not keep up.
+    /// `auto`: the poller, moving connections to the pool while it is saturated and a core is
+    /// idle, and probing the poller again later. CONFIG SET poller changes it at run time.
+    #[arg(long, value_name = "auto|on|off")]
+    poller: Option<String>,
+    /// How long the poller keeps polling after its last request before it sleeps, in
+    /// microseconds (0 to 1000000; 0: sleep at once) [default: 100]. Polling keeps a core
+    /// busy while any client sends at least one request per this interval.
+    #[arg(long, value_name = "US")]
+    idle_poll_us: Option<u64>,
 }
 
 fn config(args: Args) -> anyhow::Result<Config> {
@@ -111,6 +124,12 @@ fn config(args: Args) -> anyhow::Result<Config> {
         );
         config.threads = n;
     }
+    if let Some(p) = args.poller {
+        config.poller = keel_server::parse_poller(&p)?;
+    }
+    if let Some(us) = args.idle_poll_us {
+        config.idle_poll_us = us;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -133,6 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let config = config(args)?;
+    let config_poller = config.poller.name();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.threads > 0 {
         runtime.worker_threads(config.threads);
@@ -158,7 +178,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(m) = server.metrics_addr() {
             say!("metrics on     http://{m}/metrics");
         }
-        say!("threads        {threads}");
+        say!("threads        {threads} (poller {})", config_poller);
         match server.recovery() {
             None => {
                 say!("data directory none (durability none: data lives in memory only)");

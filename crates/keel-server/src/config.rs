@@ -8,6 +8,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::lanes::{IDLE_POLL_US_DEFAULT, IDLE_POLL_US_MAX, PollerMode};
+
 /// Default `proto-max-bulk-len`: keel's largest value, so that a bulk the engine would refuse is
 /// refused before it is buffered.
 pub const PROTO_MAX_BULK_LEN_DEFAULT: i64 = keel::limits::VALUE_BYTES_MAX as i64;
@@ -80,6 +82,17 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
+    /// `poller` is not `auto`, `on` or `off`.
+    #[error("poller must be auto, on or off, not {0:?}")]
+    Poller(String),
+    /// `idle-poll-us` is out of its range.
+    #[error("idle-poll-us must be between 0 and {max} (microseconds), not {value}")]
+    IdlePoll {
+        /// What was asked.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
     /// `proto-max-bulk-len` is out of its range.
     #[error("proto-max-bulk-len must be between 1024 and {max}, not {value}")]
     BulkLen {
@@ -151,6 +164,11 @@ pub struct Config {
     pub split_phase_ms: u64,
     /// Worker threads serving connections; 0: one per core.
     pub threads: usize,
+    /// Where connections run: the poller thread, the worker pool, or whichever the load
+    /// calls for (see the `lanes` module).
+    pub poller: PollerMode,
+    /// How long the poller keeps polling after its last read before it sleeps.
+    pub idle_poll_us: u64,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -172,8 +190,26 @@ impl Default for Config {
             split: keel::SplitMode::Auto,
             split_phase_ms: SPLIT_PHASE_MS_DEFAULT,
             threads: 0,
+            poller: PollerMode::Auto,
+            idle_poll_us: IDLE_POLL_US_DEFAULT,
         }
     }
+}
+
+/// Parses a `poller` setting.
+pub fn parse_poller(s: &str) -> Result<PollerMode, ConfigError> {
+    s.parse().map_err(|_| ConfigError::Poller(s.to_owned()))
+}
+
+/// Checks an `idle-poll-us` setting.
+pub fn check_idle_poll(us: u64) -> Result<(), ConfigError> {
+    if us > IDLE_POLL_US_MAX {
+        return Err(ConfigError::IdlePoll {
+            value: us,
+            max: IDLE_POLL_US_MAX,
+        });
+    }
+    Ok(())
 }
 
 /// Largest `proto-max-bulk-len`: a request is buffered whole before it runs.
@@ -207,6 +243,10 @@ pub struct FileConfig {
     pub split_phase_ms: Option<u64>,
     /// See [`Config::threads`].
     pub threads: Option<usize>,
+    /// See [`Config::poller`]: `"auto"`, `"on"` or `"off"`.
+    pub poller: Option<String>,
+    /// See [`Config::idle_poll_us`].
+    pub idle_poll_us: Option<u64>,
 }
 
 /// A boolean written either as TOML `true`/`false` or as Redis's `yes`/`no`.
@@ -277,6 +317,12 @@ impl FileConfig {
         if let Some(n) = self.threads {
             config.threads = n;
         }
+        if let Some(p) = self.poller {
+            config.poller = parse_poller(&p)?;
+        }
+        if let Some(us) = self.idle_poll_us {
+            config.idle_poll_us = us;
+        }
         Ok(())
     }
 }
@@ -294,6 +340,7 @@ impl Config {
                 max: THREADS_MAX,
             });
         }
+        check_idle_poll(self.idle_poll_us)?;
         check_bulk_len(self.proto_max_bulk_len)
     }
 
@@ -391,6 +438,28 @@ mod tests {
                 Err(ConfigError::SplitPhase { value, .. }) if value == bad
             ));
         }
+    }
+
+    #[test]
+    fn poller() {
+        let mut config = Config::default();
+        assert_eq!(config.poller, PollerMode::Auto);
+        assert_eq!(config.idle_poll_us, IDLE_POLL_US_DEFAULT);
+        FileConfig::parse("poller = \"off\"\nidle-poll-us = 0")
+            .expect("valid file")
+            .apply(&mut config)
+            .expect("valid values");
+        assert_eq!((config.poller, config.idle_poll_us), (PollerMode::Off, 0));
+        let bad = FileConfig::parse("poller = \"sometimes\"").expect("valid TOML");
+        assert_eq!(
+            bad.apply(&mut config),
+            Err(ConfigError::Poller("sometimes".into()))
+        );
+        config.idle_poll_us = IDLE_POLL_US_MAX + 1;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::IdlePoll { value, .. }) if value == IDLE_POLL_US_MAX + 1
+        ));
     }
 
     #[test]

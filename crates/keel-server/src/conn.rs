@@ -25,8 +25,10 @@
 //! off, and runs the next attempt right after it, in the joined phase, on the same thread
 //! ([`Conn::attempt`]). `KEEL.*` commands never read, so they never wait for this.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +39,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
+use crate::lanes::Lane;
 use crate::reply::{Out, Proto};
 use crate::resp::{self, Limits, Parsed, Request};
 use crate::server::{ClientInfo, Shared};
@@ -128,7 +131,8 @@ struct Conn {
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops.
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream, addr: SocketAddr) {
+/// Runs on `lane`'s runtime, and moves to the other when the lanes say so (see `lanes`).
+pub async fn serve(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr, lane: Lane) {
     let id = shared.next_client_id.fetch_add(1, Relaxed);
     let laddr = stream.local_addr().unwrap_or(shared.local_addr);
     let info = Arc::new(ClientInfo {
@@ -144,26 +148,90 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream, addr: SocketAddr) {
     });
     shared.clients.lock().insert(id, info.clone());
     tracing::debug!(id, %addr, "client connected");
-    let mut conn = Conn {
-        authenticated: shared.requirepass.read().is_none(),
-        shared: shared.clone(),
-        info: info.clone(),
+    let authenticated = shared.requirepass.read().is_none();
+    let conn = Conn {
+        authenticated,
+        shared,
+        info,
         proto: Proto::Resp2,
         multi: None,
         watch: None,
     };
-    if let Err(e) = conn.run(stream).await {
-        tracing::debug!(id, error = %e, "connection ended with an I/O error");
+    drive(conn, stream, Carry::default(), lane).await;
+}
+
+/// Runs `conn` on `lane` until it ends, or until it moves: then this task spawns its
+/// continuation on the other lane's runtime and ends. (Boxed: the future contains itself.)
+fn drive(
+    mut conn: Conn,
+    stream: std::net::TcpStream,
+    carry: Carry,
+    lane: Lane,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let id = conn.info.id;
+        let ended = match TcpStream::from_std(stream) {
+            Ok(stream) => conn.run(stream, carry, lane).await,
+            Err(e) => Err(e),
+        };
+        match ended {
+            Ok(Exit::Done) => {}
+            Ok(Exit::Move(stream, carry)) => match stream.into_std() {
+                Ok(stream) => {
+                    let to = conn.shared.lanes.lane();
+                    let shared = conn.shared.clone();
+                    shared.lanes.moves.fetch_add(1, Relaxed);
+                    shared
+                        .lanes
+                        .handle(to)
+                        .spawn(shared.tracker.track_future(drive(conn, stream, carry, to)));
+                    return;
+                }
+                Err(e) => tracing::debug!(id, error = %e, "connection could not move"),
+            },
+            Err(e) => tracing::debug!(id, error = %e, "connection ended with an I/O error"),
+        }
+        tracing::debug!(id, "client disconnected");
+    })
+}
+
+/// What a connection carries from one lane to the other besides itself: bytes of requests
+/// read but not run yet (at most one partial request).
+#[derive(Default)]
+struct Carry {
+    input: BytesMut,
+    needed: usize,
+}
+
+/// How [`Conn::run`] ended.
+enum Exit {
+    /// The connection is over.
+    Done,
+    /// The connection should continue on the other lane.
+    Move(TcpStream, Carry),
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shared.clients.lock().remove(&self.info.id);
     }
-    shared.clients.lock().remove(&id);
-    tracing::debug!(id, "client disconnected");
 }
 
 impl Conn {
-    async fn run(&mut self, mut stream: TcpStream) -> std::io::Result<()> {
-        let mut input = BytesMut::with_capacity(READ_BYTES);
+    async fn run(
+        &mut self,
+        mut stream: TcpStream,
+        carry: Carry,
+        lane: Lane,
+    ) -> std::io::Result<Exit> {
+        let Carry {
+            mut input,
+            mut needed,
+        } = carry;
+        if input.capacity() == 0 {
+            input.reserve(READ_BYTES);
+        }
         let mut output = BytesMut::with_capacity(READ_BYTES);
-        let mut needed = 0usize;
         // Both kept across requests, so that a request allocates nothing in the common case.
         let mut ranges = Vec::new();
         let mut pending = Pending::default();
@@ -240,7 +308,7 @@ impl Conn {
             self.run_pending(&mut pending, &mut output).await;
             self.flush(&mut stream, &mut output).await?;
             if next == Next::Close {
-                return Ok(());
+                return Ok(Exit::Done);
             }
             if ranges.capacity() > ARGS_KEPT_MAX {
                 ranges = Vec::new();
@@ -252,7 +320,7 @@ impl Conn {
                     bytes = input.len(),
                     "closing client that reached the query buffer limit"
                 );
-                return Ok(());
+                return Ok(Exit::Done);
             }
             if needed > input.len() {
                 input.reserve(needed.min(QUERY_BYTES_MAX + 1) - input.len());
@@ -263,15 +331,22 @@ impl Conn {
             // (then the connection sleeps until either comes). A client that always has
             // more to read would never get there: it meets this check instead.
             if kill.is_cancelled() {
-                return Ok(());
+                return Ok(Exit::Done);
+            }
+            // Every reply is written and nothing is half run: the place to change lanes.
+            if self.shared.lanes.lane() != lane {
+                return Ok(Exit::Move(stream, Carry { input, needed }));
             }
             let n = tokio::select! {
                 biased;
                 r = stream.read_buf(&mut input) => r?,
-                () = &mut killed => return Ok(()),
+                () = &mut killed => return Ok(Exit::Done),
             };
             if n == 0 {
-                return Ok(());
+                return Ok(Exit::Done);
+            }
+            if lane == Lane::Poller {
+                self.shared.lanes.state.active();
             }
             self.shared
                 .counters

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use crate::config::check_bulk_len;
+use crate::config::{check_bulk_len, check_idle_poll, parse_poller};
 use crate::data::Fail;
 use crate::glob;
 use crate::reply::Out;
@@ -153,6 +153,8 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
         ("durability", c.durability.to_string()),
         ("split", c.split.to_string()),
         ("split-phase-ms", c.split_phase_ms.to_string()),
+        ("poller", shared.lanes.setting().name().into()),
+        ("idle-poll-us", shared.lanes.idle_poll_us().to_string()),
     ]
 }
 
@@ -207,6 +209,15 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                             bad("argument must be between 1 and 4294967295 inclusive")
                         })?;
                 }
+                "poller" => {
+                    parse_poller(&value).map_err(|e| bad(&e.to_string()))?;
+                }
+                "idle-poll-us" => {
+                    let us: u64 = value
+                        .parse()
+                        .map_err(|_| bad("argument couldn't be parsed into an integer"))?;
+                    check_idle_poll(us).map_err(|e| bad(&e.to_string()))?;
+                }
                 "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability"
                 | "split" | "split-phase-ms" => {
                     return Err(bad("can't set immutable config"));
@@ -231,6 +242,12 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                 "maxclients" => shared
                     .maxclients
                     .store(value.parse().expect("validated above"), Relaxed),
+                "poller" => shared
+                    .lanes
+                    .set_setting(parse_poller(&value).expect("validated above")),
+                "idle-poll-us" => shared
+                    .lanes
+                    .set_idle_poll_us(value.parse().expect("validated above")),
                 _ => unreachable!("validated above"),
             }
         }
@@ -397,6 +414,22 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             c.latency_quantile_ns(0.5) as f64 / 1000.0,
             c.latency_quantile_ns(0.99) as f64 / 1000.0,
             c.latency_quantile_ns(0.999) as f64 / 1000.0,
+        );
+    }
+    if want("keel") {
+        let l = &shared.lanes;
+        let _ = write!(
+            t,
+            "# Lanes\r\npoller:{}\r\nlane:{}\r\nlane_switches:{}\r\nconnection_moves:{}\r\n\
+             poller_idle_pct:{:.1}\r\n\
+             spare_cores:{:.2}\r\nidle_poll_us:{}\r\n\r\n",
+            l.setting().name(),
+            l.lane().name(),
+            l.switches.load(Relaxed),
+            l.moves.load(Relaxed),
+            l.poller_idle_permille.load(Relaxed) as f64 / 10.0,
+            l.spare_millicores.load(Relaxed) as f64 / 1000.0,
+            l.idle_poll_us(),
         );
     }
     if want("split") {

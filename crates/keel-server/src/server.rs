@@ -59,6 +59,9 @@ pub enum StartError {
         #[source]
         source: keel::OpenError,
     },
+    /// Starting the poller thread failed.
+    #[error("cannot start the poller thread: {0}")]
+    Poller(#[source] std::io::Error),
     /// Binding the listening socket failed.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -177,6 +180,10 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     pub started: Instant,
     pub counters: Counters,
+    /// Where connections run.
+    pub lanes: crate::lanes::Lanes,
+    /// Every connection task, whichever runtime runs it: shutdown waits for them.
+    pub tracker: tokio_util::task::TaskTracker,
 }
 
 impl Shared {
@@ -235,6 +242,8 @@ impl Server {
             dir: config.dir.clone(),
             source,
         })?;
+        let lanes = crate::lanes::Lanes::start(config.poller, config.idle_poll_us)
+            .map_err(StartError::Poller)?;
         let db: &'static Db = Box::leak(Box::new(db));
         let shared = Arc::new(Shared {
             db,
@@ -249,6 +258,8 @@ impl Server {
             shutdown: CancellationToken::new(),
             started: Instant::now(),
             counters: Counters::default(),
+            lanes,
+            tracker: tokio_util::task::TaskTracker::new(),
         });
         Ok(Server {
             shared,
@@ -291,7 +302,11 @@ impl Server {
         if let Some(m) = metrics {
             tokio::spawn(serve_metrics(m, shared.clone()));
         }
-        let tracker = tokio_util::task::TaskTracker::new();
+        let tracker = shared.tracker.clone();
+        tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.lanes.control(shared.shutdown.clone()).await }
+        });
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
@@ -313,10 +328,17 @@ impl Server {
                 continue;
             }
             let _ = stream.set_nodelay(true);
-            let shared = shared.clone();
-            tracker.spawn(async move {
-                crate::conn::serve(shared, stream, addr).await;
-            });
+            // Registered again by the lane's runtime.
+            let stream = match stream.into_std() {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accepted connection lost");
+                    continue;
+                }
+            };
+            let lane = shared.lanes.lane();
+            let serve = crate::conn::serve(shared.clone(), stream, addr, lane);
+            shared.lanes.handle(lane).spawn(tracker.track_future(serve));
         }
         tracing::info!("shutting down: no longer accepting connections");
         tracker.close();
@@ -326,6 +348,9 @@ impl Server {
         {
             tracing::warn!("some connections did not finish within the shutdown grace period");
         }
+        // Closes any connection still on the poller.
+        let stopping = shared.clone();
+        let _ = tokio::task::spawn_blocking(move || stopping.lanes.stop()).await;
         let db = shared.db.clone();
         let closed = tokio::task::spawn_blocking(move || db.close())
             .await
