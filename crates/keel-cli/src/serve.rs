@@ -62,6 +62,8 @@ pub struct Args {
     /// machine. `off`: the worker pool (--threads), best once one core does not keep up.
     /// `auto`: the poller, moving connections to the pool while it is saturated and a core is
     /// idle, and probing the poller again later. CONFIG SET poller changes it at run time.
+    /// On the poller a long command (KEYS over millions of keys) delays the other
+    /// connections until it ends, as in Redis.
     #[arg(long, value_name = "auto|on|off")]
     poller: Option<String>,
     /// How long the poller keeps polling after its last request before it sleeps, in

@@ -535,6 +535,25 @@ pub fn prometheus(shared: &Shared) -> String {
             ("{reason=\"phantom\"}".into(), s.aborts_phantom),
         ],
     );
+    let l = &shared.lanes;
+    counter(
+        "keel_lane_switches_total",
+        "Times connections were sent from one lane (poller, pool) to the other.",
+        "counter",
+        &one(l.switches.load(Relaxed)),
+    );
+    counter(
+        "keel_connection_moves_total",
+        "Connections that moved from one lane to the other.",
+        "counter",
+        &one(l.moves.load(Relaxed)),
+    );
+    counter(
+        "keel_lane_pool",
+        "1 while connections are sent to the worker pool, 0 while to the poller.",
+        "gauge",
+        &one(u64::from(l.lane() == crate::lanes::Lane::Pool)),
+    );
     counter(
         "keel_split_records",
         "Keys split into per-core slices now.",

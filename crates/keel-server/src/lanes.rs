@@ -313,9 +313,12 @@ impl Lanes {
                 .store((poller_idle * 1000.0) as u64, Relaxed);
             self.spare_millicores
                 .store((spare * 1000.0) as u64, Relaxed);
-            if self.setting() != PollerMode::Auto {
+            // After CONFIG SET (or with auto off) start from where connections are now.
+            if self.setting() != PollerMode::Auto || policy.lane != self.lane() {
                 policy = Policy::new(now, self.lane());
-                continue;
+                if self.setting() != PollerMode::Auto {
+                    continue;
+                }
             }
             let sample = Sample {
                 now,

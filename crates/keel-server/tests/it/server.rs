@@ -253,6 +253,10 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.contains("keel_commits_total 1"), "{body}");
     assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));
     assert!(body.contains("keel_command_duration_seconds_bucket{le=\"+Inf\"}"));
+    assert!(
+        body.contains("keel_lane_pool 0"),
+        "starts on the poller: {body}"
+    );
 }
 
 /// With `sync` durability every acknowledged write is in the log, and concurrent writers share
