@@ -20,7 +20,8 @@
 //!   ([`SPARE_CORES`]) for a second thread to use;
 //! - back to the poller on a probe: after a while on the pool ([`PROBE_FIRST`], doubling up
 //!   to [`PROBE_MAX`] each time the poller saturates again soon after), connections go back,
-//!   and stay if the poller keeps up.
+//!   and stay if the poller keeps up. No probe while the process uses [`PROBE_CPU_MAX`] cores
+//!   or more: that load cannot fit on one thread.
 //!
 //! A connection moves at a request boundary: after it has written every reply and before it
 //! reads again, it hands its socket, its state (`MULTI` queue, `WATCH` snapshot, bytes of a
@@ -49,6 +50,9 @@ pub const SPARE_CORES: f64 = 0.25;
 pub const PROBE_FIRST: Duration = Duration::from_secs(2);
 /// The longest wait between probes.
 pub const PROBE_MAX: Duration = Duration::from_secs(30);
+/// No probe while the process uses this many cores or more: a load like that cannot fit on
+/// one thread, and sending it there would only stall it (on a large machine, badly).
+pub const PROBE_CPU_MAX: f64 = 1.5;
 /// A poller stint shorter than this that ends saturated counts as a failed probe.
 const PROBE_HELD: Duration = Duration::from_secs(10);
 /// Default `idle-poll-us`.
@@ -165,6 +169,7 @@ pub struct Lanes {
     /// The last tick's samples, in thousandths, for `INFO`.
     pub poller_idle_permille: AtomicU64,
     pub spare_millicores: AtomicU64,
+    pub process_millicores: AtomicU64,
 }
 
 impl Lanes {
@@ -222,6 +227,7 @@ impl Lanes {
             moves: AtomicU64::new(0),
             poller_idle_permille: AtomicU64::new(1000),
             spare_millicores: AtomicU64::new(0),
+            process_millicores: AtomicU64::new(0),
         })
     }
 
@@ -292,6 +298,7 @@ impl Lanes {
         let mut last = Instant::now();
         let mut idle = self.state.idle_now();
         let mut cpu = CpuIdle::read();
+        let mut used = ProcessCpu::read();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -302,11 +309,19 @@ impl Lanes {
             let idle_now = self.state.idle_now();
             let poller_idle = (idle_now.saturating_sub(idle) as f64 / wall).min(1.0);
             let cpu_now = CpuIdle::read();
-            // Without /proc/stat (not Linux), assume a core is spare.
+            let used_now = ProcessCpu::read();
+            // Without /proc (not Linux), assume a core is spare and the process is light.
             let spare = match (cpu, cpu_now) {
                 (Some(a), Some(b)) => b.cores_since(a, wall),
                 _ => 1.0,
             };
+            let process_cores = match (used, used_now) {
+                (Some(a), Some(b)) => b.cores_since(a, wall),
+                _ => 0.0,
+            };
+            used = used_now;
+            self.process_millicores
+                .store((process_cores * 1000.0) as u64, Relaxed);
             // `idle_now` can read a little low when the poller wakes as it is read.
             (last, idle, cpu) = (now, idle_now.max(idle), cpu_now);
             self.poller_idle_permille
@@ -324,6 +339,7 @@ impl Lanes {
                 now,
                 poller_idle,
                 spare_cores: spare,
+                process_cores,
                 pool_workers: self.pool_workers,
             };
             if let Some(lane) = policy.step(sample) {
@@ -378,6 +394,10 @@ async fn spin(state: Arc<PollerState>) {
     }
 }
 
+/// A clock tick of `/proc`'s CPU times: the kernel reports in USER_HZ, 100 on every Linux ABI
+/// keel runs on.
+const TICK_NS: f64 = 10_000_000.0;
+
 /// Idle CPU time of the whole machine, from `/proc/stat`.
 #[derive(Debug, Clone, Copy)]
 struct CpuIdle {
@@ -400,8 +420,33 @@ impl CpuIdle {
 
     /// Idle cores, on average, between `earlier` and this sample, `wall_ns` apart.
     fn cores_since(self, earlier: CpuIdle, wall_ns: f64) -> f64 {
-        // The kernel reports in USER_HZ, 100 on every Linux ABI keel runs on.
-        const TICK_NS: f64 = 10_000_000.0;
+        (self.ticks.saturating_sub(earlier.ticks) as f64 * TICK_NS) / wall_ns
+    }
+}
+
+/// CPU time this process has used, from `/proc/self/stat`.
+#[derive(Debug, Clone, Copy)]
+struct ProcessCpu {
+    /// utime + stime, in clock ticks.
+    ticks: u64,
+}
+
+impl ProcessCpu {
+    fn read() -> Option<ProcessCpu> {
+        let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &text[text.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some(ProcessCpu {
+            ticks: utime + stime,
+        })
+    }
+
+    /// Cores used, on average, between `earlier` and this sample, `wall_ns` apart.
+    fn cores_since(self, earlier: ProcessCpu, wall_ns: f64) -> f64 {
         (self.ticks.saturating_sub(earlier.ticks) as f64 * TICK_NS) / wall_ns
     }
 }
@@ -414,6 +459,8 @@ pub struct Sample {
     pub poller_idle: f64,
     /// Idle cores on the machine, on average over the tick.
     pub spare_cores: f64,
+    /// Cores this process used, on average over the tick.
+    pub process_cores: f64,
     pub pool_workers: usize,
 }
 
@@ -429,6 +476,8 @@ pub struct Policy {
     backoff: Duration,
     /// The current stint on the poller is a probe.
     probing: bool,
+    /// The process's CPU use, smoothed over about five ticks.
+    process_cores: f64,
 }
 
 impl Policy {
@@ -439,11 +488,13 @@ impl Policy {
             saturated: 0,
             backoff: PROBE_FIRST,
             probing: false,
+            process_cores: 0.0,
         }
     }
 
     /// The lane to move to, if any.
     pub fn step(&mut self, s: Sample) -> Option<Lane> {
+        self.process_cores += (s.process_cores - self.process_cores) * 0.2;
         match self.lane {
             Lane::Poller => {
                 let pool_helps = s.pool_workers >= 2 && s.spare_cores >= SPARE_CORES;
@@ -468,6 +519,11 @@ impl Policy {
                 if s.now.duration_since(self.since) < self.backoff {
                     return None;
                 }
+                if self.process_cores >= PROBE_CPU_MAX {
+                    // Too busy for one thread: look again after another backoff.
+                    self.since = s.now;
+                    return None;
+                }
                 self.enter(Lane::Poller, s.now)
             }
         }
@@ -486,11 +542,61 @@ impl Policy {
 mod tests {
     use super::*;
 
+    #[test]
+    fn no_probe_while_the_process_uses_more_than_one_thread_can() {
+        let t0 = Instant::now();
+        let mut p = Policy::new(t0, Lane::Pool);
+        let busy = |now| Sample {
+            process_cores: 6.0,
+            ..sample(now, 1.0, 8.0)
+        };
+        let mut now = t0;
+        for _ in 0..(PROBE_MAX.as_millis() / TICK.as_millis() * 3) {
+            now += TICK;
+            assert_eq!(p.step(busy(now)), None, "a 6-core load stays on the pool");
+        }
+        // The load drops to what one thread can serve: the next probe goes ahead.
+        let mut probed = false;
+        for _ in 0..(PROBE_MAX.as_millis() / TICK.as_millis() * 2) {
+            now += TICK;
+            if p.step(sample(now, 1.0, 8.0)) == Some(Lane::Poller) {
+                probed = true;
+                break;
+            }
+        }
+        assert!(probed);
+    }
+
+    #[test]
+    fn proc_readers_parse_this_machine() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let idle = CpuIdle::read().expect("/proc/stat");
+        let start = ProcessCpu::read().expect("/proc/self/stat");
+        // Burn CPU until the process's ticks move: they would not if the wrong field were
+        // read. (Slow machines only make this take longer.)
+        let began = Instant::now();
+        let mut x = 0u64;
+        while ProcessCpu::read().expect("again").ticks < start.ticks + 5 {
+            for i in 0..1_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+            assert!(
+                began.elapsed() < Duration::from_secs(60),
+                "CPU time never moved"
+            );
+        }
+        assert!(CpuIdle::read().expect("again").ticks >= idle.ticks);
+    }
+
     fn sample(now: Instant, poller_idle: f64, spare_cores: f64) -> Sample {
         Sample {
             now,
             poller_idle,
             spare_cores,
+            process_cores: 1.0,
             pool_workers: 2,
         }
     }
