@@ -60,8 +60,8 @@ pub struct Args {
     /// connection and keeps polling while requests keep coming (no sleep, no hand-offs
     /// between threads), best while one core keeps up, as for unpipelined clients on the same
     /// machine. `off`: the worker pool (--threads), best once one core does not keep up.
-    /// `auto`: the poller, moving connections to the pool while it is saturated and a core is
-    /// idle, and probing the poller again later. CONFIG SET poller changes it at run time.
+    /// `auto`: the poller, trying the pool while the poller is busy and a core is partly idle,
+    /// and keeping whichever lane serves more commands per second. CONFIG SET poller changes it at run time.
     /// On the poller a long command (KEYS over millions of keys) delays the other
     /// connections until it ends, as in Redis.
     #[arg(long, value_name = "auto|on|off")]

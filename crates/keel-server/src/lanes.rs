@@ -11,17 +11,23 @@
 //!
 //! Neither is best everywhere. On 2 cores shared with `redis-benchmark`, unpipelined requests
 //! leave the client saturated and the server slack, and the poller serves them ~10% faster than
-//! the pool; pipelined ones saturate one server thread while the client has slack, and the pool
-//! serves them ~25% faster. So with `poller auto` (the default) a controller watches both and
-//! moves connections:
+//! the pool; pipelined ones keep one server thread busy while the client has slack, and the
+//! pool serves them ~25% faster. Which one wins is not visible from load figures alone (a
+//! poller 10% idle can still be the bottleneck), so with `poller auto` (the default) a
+//! controller tries the other lane and keeps whichever served more commands per second:
 //!
-//! - to the pool when the poller is saturated (under [`SATURATED_IDLE`] of its time idle for
-//!   [`SATURATED_TICKS`] ticks in a row) and the machine has a core's share idle
-//!   ([`SPARE_CORES`]) for a second thread to use;
-//! - back to the poller on a probe: after a while on the pool ([`PROBE_FIRST`], doubling up
-//!   to [`PROBE_MAX`] each time the poller saturates again soon after), connections go back,
-//!   and stay if the poller keeps up. No probe while the process uses [`PROBE_CPU_MAX`] cores
-//!   or more: that load cannot fit on one thread.
+//! - from the poller it tries the pool when the poller is busy (under [`BUSY_IDLE`] idle) and
+//!   the machine has a share of a core idle ([`SPARE_CORES`]) for a second thread to use, and
+//!   stays there only if the pool serves [`MARGIN`] more; failed trials back off from
+//!   [`TRIAL_FIRST`] to [`BACKOFF_MAX`];
+//! - from the pool it probes the poller after [`PROBE_FIRST`] (doubling up to
+//!   [`BACKOFF_MAX`] while probes fail) and stays there unless it serves [`MARGIN`] less. No
+//!   probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load cannot fit on one
+//!   thread.
+//!
+//! Each measurement skips the tick in which connections move, then counts commands over
+//! [`MEASURE_TICKS`] ticks. Load figures are smoothed over a few ticks: `/proc` counts CPU
+//! time in 10 ms steps.
 //!
 //! A connection moves at a request boundary: after it has written every reply and before it
 //! reads again, it hands its socket, its state (`MULTI` queue, `WATCH` snapshot, bytes of a
@@ -39,22 +45,28 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the controller samples.
 pub const TICK: Duration = Duration::from_millis(50);
-/// The poller counts as saturated while it is idle less than this share of a tick.
-pub const SATURATED_IDLE: f64 = 0.05;
-/// Ticks in a row the poller must be saturated before connections move to the pool.
-pub const SATURATED_TICKS: u32 = 2;
-/// Idle CPU (in cores, over the machine) the pool needs to be of use: without it a second
-/// thread would only take time from the clients.
+/// The poller is busy enough to try the pool while it is idle less than this share of the
+/// time (smoothed).
+pub const BUSY_IDLE: f64 = 0.2;
+/// Idle CPU (in cores, over the machine, smoothed) the pool needs to be of use: without it a
+/// second thread would only take time from the clients.
 pub const SPARE_CORES: f64 = 0.25;
+/// Ticks a measurement counts commands over, after the tick in which connections move.
+pub const MEASURE_TICKS: usize = 4;
+/// How much more the other lane must serve to be kept (trial), or how much less it may serve
+/// and still be kept (probe of the poller, which is cheaper when it keeps up).
+pub const MARGIN: f64 = 0.05;
+/// Wait after a failed trial of the pool before the next.
+pub const TRIAL_FIRST: Duration = Duration::from_secs(1);
 /// How long connections stay on the pool before the first probe of the poller.
 pub const PROBE_FIRST: Duration = Duration::from_secs(2);
-/// The longest wait between probes.
-pub const PROBE_MAX: Duration = Duration::from_secs(30);
+/// The longest wait between trials, or between probes.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// No probe while the process uses this many cores or more: a load like that cannot fit on
 /// one thread, and sending it there would only stall it (on a large machine, badly).
 pub const PROBE_CPU_MAX: f64 = 1.5;
-/// A poller stint shorter than this that ends saturated counts as a failed probe.
-const PROBE_HELD: Duration = Duration::from_secs(10);
+/// Weight of a new tick in the smoothed load figures.
+const SMOOTHING: f64 = 0.3;
 /// Default `idle-poll-us`.
 pub const IDLE_POLL_US_DEFAULT: u64 = 100;
 /// Largest `idle-poll-us`.
@@ -291,7 +303,8 @@ impl Lanes {
     }
 
     /// Samples every [`TICK`] and moves connections as [`Policy`] decides, until `shutdown`.
-    pub async fn control(&self, shutdown: CancellationToken) {
+    /// `commands` counts the commands served.
+    pub async fn control(&self, shutdown: CancellationToken, commands: &AtomicU64) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut policy = Policy::new(Instant::now(), self.lane());
@@ -299,13 +312,19 @@ impl Lanes {
         let mut idle = self.state.idle_now();
         let mut cpu = CpuIdle::read();
         let mut used = ProcessCpu::read();
+        let mut served = commands.load(Relaxed);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
             let now = Instant::now();
-            let wall = nanos(now - last).max(1) as f64;
+            let elapsed = now - last;
+            let wall = nanos(elapsed).max(1) as f64;
+            // CONFIG RESETSTAT may zero the count: that tick then counts nothing.
+            let served_now = commands.load(Relaxed);
+            let tick_commands = served_now.saturating_sub(served);
+            served = served_now;
             let idle_now = self.state.idle_now();
             let poller_idle = (idle_now.saturating_sub(idle) as f64 / wall).min(1.0);
             let cpu_now = CpuIdle::read();
@@ -340,6 +359,8 @@ impl Lanes {
                 poller_idle,
                 spare_cores: spare,
                 process_cores,
+                commands: tick_commands,
+                elapsed,
                 pool_workers: self.pool_workers,
             };
             if let Some(lane) = policy.step(sample) {
@@ -461,7 +482,20 @@ pub struct Sample {
     pub spare_cores: f64,
     /// Cores this process used, on average over the tick.
     pub process_cores: f64,
+    /// Commands served in the tick.
+    pub commands: u64,
+    /// How long the tick was.
+    pub elapsed: Duration,
     pub pool_workers: usize,
+}
+
+/// What the controller is doing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    /// Settled on a lane.
+    Steady,
+    /// Trying `lane` (just moved there) against `before`, the rate measured on the other lane.
+    Trial { before: f64 },
 }
 
 /// The controller's decisions, apart from the clock and the measurements so that tests can
@@ -469,14 +503,18 @@ pub struct Sample {
 #[derive(Debug)]
 pub struct Policy {
     lane: Lane,
-    /// When the current lane was entered.
+    state: State,
+    /// When the lane was entered.
     since: Instant,
-    saturated: u32,
-    /// How long the next stint on the pool lasts before probing the poller.
-    backoff: Duration,
-    /// The current stint on the poller is a probe.
-    probing: bool,
-    /// The process's CPU use, smoothed over about five ticks.
+    /// Commands per second of the ticks since the lane was entered (the first skipped).
+    rates: Vec<f64>,
+    /// Earliest next trial of the pool, and the wait after the next failed one.
+    next_trial: Instant,
+    trial_backoff: Duration,
+    /// Wait on the pool before the next probe of the poller.
+    probe_backoff: Duration,
+    idle: f64,
+    spare: f64,
     process_cores: f64,
 }
 
@@ -484,57 +522,85 @@ impl Policy {
     pub fn new(now: Instant, lane: Lane) -> Policy {
         Policy {
             lane,
+            state: State::Steady,
             since: now,
-            saturated: 0,
-            backoff: PROBE_FIRST,
-            probing: false,
+            rates: Vec::with_capacity(MEASURE_TICKS + 1),
+            next_trial: now,
+            trial_backoff: TRIAL_FIRST,
+            probe_backoff: PROBE_FIRST,
+            idle: 1.0,
+            spare: 0.0,
             process_cores: 0.0,
         }
     }
 
     /// The lane to move to, if any.
     pub fn step(&mut self, s: Sample) -> Option<Lane> {
-        self.process_cores += (s.process_cores - self.process_cores) * 0.2;
-        match self.lane {
-            Lane::Poller => {
-                let pool_helps = s.pool_workers >= 2 && s.spare_cores >= SPARE_CORES;
-                if s.poller_idle < SATURATED_IDLE && pool_helps {
-                    self.saturated += 1;
-                } else {
-                    self.saturated = 0;
-                }
-                if self.saturated < SATURATED_TICKS {
-                    return None;
-                }
-                // A probe that saturated soon failed: wait longer before the next. Otherwise
-                // the load has changed since the last move: start over.
-                self.backoff = if self.probing && s.now.duration_since(self.since) < PROBE_HELD {
-                    (self.backoff * 2).min(PROBE_MAX)
-                } else {
-                    PROBE_FIRST
-                };
-                self.enter(Lane::Pool, s.now)
+        self.idle += (s.poller_idle - self.idle) * SMOOTHING;
+        self.spare += (s.spare_cores - self.spare) * SMOOTHING;
+        self.process_cores += (s.process_cores - self.process_cores) * SMOOTHING;
+        self.rates
+            .push(s.commands as f64 / s.elapsed.as_secs_f64().max(1e-3));
+        // The first tick on a lane is the move itself.
+        let measured = (self.rates.len() > MEASURE_TICKS).then(|| {
+            let last = &self.rates[self.rates.len() - MEASURE_TICKS..];
+            last.iter().sum::<f64>() / MEASURE_TICKS as f64
+        });
+        if self.rates.len() > MEASURE_TICKS {
+            self.rates.remove(0);
+        }
+        let rate = measured?;
+        match (self.lane, self.state) {
+            (Lane::Poller, State::Steady) => {
+                let pool_may_help = s.pool_workers >= 2
+                    && self.idle < BUSY_IDLE
+                    && self.spare >= SPARE_CORES
+                    && s.now >= self.next_trial;
+                pool_may_help.then(|| self.enter(Lane::Pool, State::Trial { before: rate }, s.now))
             }
-            Lane::Pool => {
-                if s.now.duration_since(self.since) < self.backoff {
+            (Lane::Pool, State::Steady) => {
+                let due = s.now.duration_since(self.since) >= self.probe_backoff;
+                if !due {
                     return None;
                 }
                 if self.process_cores >= PROBE_CPU_MAX {
-                    // Too busy for one thread: look again after another backoff.
+                    // Too busy for one thread: look again after another wait.
                     self.since = s.now;
                     return None;
                 }
-                self.enter(Lane::Poller, s.now)
+                Some(self.enter(Lane::Poller, State::Trial { before: rate }, s.now))
+            }
+            (Lane::Pool, State::Trial { before }) => {
+                if rate >= before * (1.0 + MARGIN) {
+                    // The pool serves more: stay, and probe the poller after the first wait.
+                    self.probe_backoff = PROBE_FIRST;
+                    self.state = State::Steady;
+                    return None;
+                }
+                self.next_trial = s.now + self.trial_backoff;
+                self.trial_backoff = (self.trial_backoff * 2).min(BACKOFF_MAX);
+                Some(self.enter(Lane::Poller, State::Steady, s.now))
+            }
+            (Lane::Poller, State::Trial { before }) => {
+                if rate >= before * (1.0 - MARGIN) {
+                    // The poller keeps up: the load has changed, so trials start over.
+                    self.trial_backoff = TRIAL_FIRST;
+                    self.next_trial = s.now + TRIAL_FIRST;
+                    self.state = State::Steady;
+                    return None;
+                }
+                self.probe_backoff = (self.probe_backoff * 2).min(BACKOFF_MAX);
+                Some(self.enter(Lane::Pool, State::Steady, s.now))
             }
         }
     }
 
-    fn enter(&mut self, lane: Lane, now: Instant) -> Option<Lane> {
-        self.probing = lane == Lane::Poller;
+    fn enter(&mut self, lane: Lane, state: State, now: Instant) -> Lane {
         self.lane = lane;
+        self.state = state;
         self.since = now;
-        self.saturated = 0;
-        Some(lane)
+        self.rates.clear();
+        lane
     }
 }
 
@@ -542,29 +608,209 @@ impl Policy {
 mod tests {
     use super::*;
 
-    #[test]
-    fn no_probe_while_the_process_uses_more_than_one_thread_can() {
-        let t0 = Instant::now();
-        let mut p = Policy::new(t0, Lane::Pool);
-        let busy = |now| Sample {
-            process_cores: 6.0,
-            ..sample(now, 1.0, 8.0)
-        };
-        let mut now = t0;
-        for _ in 0..(PROBE_MAX.as_millis() / TICK.as_millis() * 3) {
-            now += TICK;
-            assert_eq!(p.step(busy(now)), None, "a 6-core load stays on the pool");
-        }
-        // The load drops to what one thread can serve: the next probe goes ahead.
-        let mut probed = false;
-        for _ in 0..(PROBE_MAX.as_millis() / TICK.as_millis() * 2) {
-            now += TICK;
-            if p.step(sample(now, 1.0, 8.0)) == Some(Lane::Poller) {
-                probed = true;
-                break;
+    /// A load that the poller serves at `poller` commands/s and the pool at `pool`, with the
+    /// poller's idle share and the machine's spare cores it leaves while on the poller.
+    #[derive(Clone, Copy)]
+    struct World {
+        poller: f64,
+        pool: f64,
+        idle: f64,
+        spare: f64,
+        process: f64,
+        workers: usize,
+    }
+
+    impl World {
+        fn new(poller: f64, pool: f64, idle: f64, spare: f64) -> World {
+            World {
+                poller,
+                pool,
+                idle,
+                spare,
+                process: 1.0,
+                workers: 2,
             }
         }
-        assert!(probed);
+    }
+
+    /// Drives `p` for `ticks` ticks; returns the ticks spent on each lane and the moves.
+    struct Run {
+        policy: Policy,
+        lane: Lane,
+        now: Instant,
+        moves: Vec<(Instant, Lane)>,
+    }
+
+    impl Run {
+        fn new(lane: Lane) -> Run {
+            let now = Instant::now();
+            Run {
+                policy: Policy::new(now, lane),
+                lane,
+                now,
+                moves: Vec::new(),
+            }
+        }
+
+        /// Ticks on the poller and on the pool.
+        fn run(&mut self, w: World, ticks: u32) -> (u32, u32) {
+            let mut on = (0, 0);
+            for _ in 0..ticks {
+                self.now += TICK;
+                let (rate, idle) = match self.lane {
+                    Lane::Poller => {
+                        on.0 += 1;
+                        (w.poller, w.idle)
+                    }
+                    Lane::Pool => {
+                        on.1 += 1;
+                        (w.pool, 1.0)
+                    }
+                };
+                let sample = Sample {
+                    now: self.now,
+                    poller_idle: idle,
+                    spare_cores: w.spare,
+                    process_cores: w.process,
+                    commands: (rate * TICK.as_secs_f64()) as u64,
+                    elapsed: TICK,
+                    pool_workers: w.workers,
+                };
+                if let Some(lane) = self.policy.step(sample) {
+                    self.lane = lane;
+                    self.moves.push((self.now, lane));
+                }
+            }
+            on
+        }
+    }
+
+    fn ticks(d: Duration) -> u32 {
+        u32::try_from(d.as_millis() / TICK.as_millis()).expect("short")
+    }
+
+    #[test]
+    fn a_client_bound_load_stays_on_the_poller() {
+        // Unpipelined on 2 cores: the client takes its core, nothing is spare.
+        let mut r = Run::new(Lane::Poller);
+        let (_, pool) = r.run(
+            World::new(60_000.0, 52_000.0, 0.08, 0.05),
+            ticks(BACKOFF_MAX * 4),
+        );
+        assert_eq!((pool, r.moves.len()), (0, 0), "{:?}", r.moves);
+        // Nor with a spare core while the poller has slack.
+        let (_, pool) = r.run(
+            World::new(60_000.0, 52_000.0, 0.5, 1.0),
+            ticks(BACKOFF_MAX * 4),
+        );
+        assert_eq!((pool, r.moves.len()), (0, 0));
+        // Nor with a one-worker pool.
+        let w = World {
+            workers: 1,
+            ..World::new(60_000.0, 90_000.0, 0.0, 1.0)
+        };
+        assert_eq!(r.run(w, ticks(BACKOFF_MAX * 4)).1, 0);
+    }
+
+    #[test]
+    fn a_load_the_pool_serves_better_moves_there_and_stays() {
+        // Pipelined on 2 cores: the poller is busy, a core is partly idle, the pool wins.
+        let mut r = Run::new(Lane::Poller);
+        let start = r.now;
+        let w = World::new(400_000.0, 520_000.0, 0.1, 0.4);
+        let (poller, pool) = r.run(w, ticks(Duration::from_secs(120)));
+        let first = r.moves.first().expect("moved");
+        assert_eq!(first.1, Lane::Pool);
+        assert!(
+            first.0 - start < Duration::from_secs(1),
+            "{:?}",
+            first.0 - start
+        );
+        // Probes of the poller fail and back off: 2, 4, 8, 16, 30, 30 ... seconds.
+        assert!(
+            pool > poller * 15,
+            "{poller} ticks on the poller, {pool} on the pool"
+        );
+        let probes: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Poller).collect();
+        assert!((4..=9).contains(&probes.len()), "{probes:?}");
+        let gaps: Vec<_> = probes.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
+        assert!(
+            gaps.iter().all(|g| *g <= BACKOFF_MAX + TICK * 8),
+            "{gaps:?}"
+        );
+    }
+
+    #[test]
+    fn a_busy_poller_the_pool_cannot_beat_keeps_its_connections() {
+        // Busy and a core is idle, but the pool is no faster (say, a lock-bound load).
+        let mut r = Run::new(Lane::Poller);
+        let (poller, pool) = r.run(
+            World::new(100_000.0, 99_000.0, 0.02, 0.6),
+            ticks(Duration::from_secs(120)),
+        );
+        assert!(
+            poller > pool * 15,
+            "{poller} ticks on the poller, {pool} on the pool"
+        );
+        let trials: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Pool).collect();
+        let gaps: Vec<_> = trials.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(
+            gaps.windows(2).all(|g| g[1] >= g[0]),
+            "trials back off: {gaps:?}"
+        );
+        assert!(
+            gaps.last().expect("several trials") >= &BACKOFF_MAX,
+            "{gaps:?}"
+        );
+    }
+
+    #[test]
+    fn no_probe_while_the_process_uses_more_than_one_thread_can() {
+        let mut r = Run::new(Lane::Pool);
+        let big = World {
+            process: 6.0,
+            ..World::new(100_000.0, 600_000.0, 0.0, 8.0)
+        };
+        r.run(big, ticks(BACKOFF_MAX * 3));
+        assert!(r.moves.is_empty(), "{:?}", r.moves);
+        // The load drops to what one thread serves as well: the next probe stays.
+        let light = World {
+            process: 0.3,
+            ..World::new(30_000.0, 30_000.0, 0.7, 1.5)
+        };
+        let (poller, _) = r.run(light, ticks(BACKOFF_MAX * 2));
+        assert_eq!(r.moves.len(), 1, "{:?}", r.moves);
+        assert_eq!(r.lane, Lane::Poller);
+        assert!(poller > 0);
+    }
+
+    #[test]
+    fn when_the_load_changes_the_lane_follows() {
+        let mut r = Run::new(Lane::Poller);
+        r.run(
+            World::new(400_000.0, 520_000.0, 0.1, 0.4),
+            ticks(Duration::from_secs(60)),
+        );
+        assert_eq!(r.lane, Lane::Pool);
+        // Now unpipelined: the poller serves more, and the next probe keeps it.
+        r.run(
+            World::new(60_000.0, 52_000.0, 0.08, 0.05),
+            ticks(BACKOFF_MAX * 2),
+        );
+        assert_eq!(r.lane, Lane::Poller);
+        let settled = r.moves.len();
+        r.run(
+            World::new(60_000.0, 52_000.0, 0.08, 0.05),
+            ticks(BACKOFF_MAX * 2),
+        );
+        assert_eq!(r.moves.len(), settled, "and stays");
+        // Pipelined again: back to the pool within a trial.
+        r.run(
+            World::new(400_000.0, 520_000.0, 0.1, 0.4),
+            ticks(Duration::from_secs(3)),
+        );
+        assert_eq!(r.lane, Lane::Pool);
     }
 
     #[test]
@@ -589,108 +835,5 @@ mod tests {
             );
         }
         assert!(CpuIdle::read().expect("again").ticks >= idle.ticks);
-    }
-
-    fn sample(now: Instant, poller_idle: f64, spare_cores: f64) -> Sample {
-        Sample {
-            now,
-            poller_idle,
-            spare_cores,
-            process_cores: 1.0,
-            pool_workers: 2,
-        }
-    }
-
-    #[test]
-    fn a_saturated_poller_with_a_spare_core_moves_to_the_pool() {
-        let t0 = Instant::now();
-        let mut p = Policy::new(t0, Lane::Poller);
-        assert_eq!(
-            p.step(sample(t0 + TICK, 0.01, 0.6)),
-            None,
-            "one tick is not enough"
-        );
-        assert_eq!(p.step(sample(t0 + TICK * 2, 0.01, 0.6)), Some(Lane::Pool));
-    }
-
-    #[test]
-    fn the_poller_stays_when_it_keeps_up_or_nothing_is_spare() {
-        let t0 = Instant::now();
-        let mut p = Policy::new(t0, Lane::Poller);
-        for i in 1..100 {
-            // Slack on the poller (client-bound), or no idle core for a second thread.
-            let s = if i % 2 == 0 {
-                sample(t0 + TICK * i, 0.12, 0.6)
-            } else {
-                sample(t0 + TICK * i, 0.0, 0.1)
-            };
-            assert_eq!(p.step(s), None, "tick {i}");
-        }
-        let mut one = Policy::new(t0, Lane::Poller);
-        for i in 1..10 {
-            let s = Sample {
-                pool_workers: 1,
-                ..sample(t0 + TICK * i, 0.0, 1.0)
-            };
-            assert_eq!(one.step(s), None, "a one-worker pool is no better");
-        }
-    }
-
-    #[test]
-    fn probes_back_off_while_the_poller_keeps_saturating() {
-        let t0 = Instant::now();
-        let mut p = Policy::new(t0, Lane::Poller);
-        let mut now = t0;
-        let mut stints = Vec::new();
-        for _ in 0..8 {
-            // Saturate the poller until it moves.
-            loop {
-                now += TICK;
-                if p.step(sample(now, 0.0, 0.8)) == Some(Lane::Pool) {
-                    break;
-                }
-            }
-            let left = now;
-            // Then count how long the pool lasts before the probe.
-            loop {
-                now += TICK;
-                if p.step(sample(now, 0.0, 0.8)) == Some(Lane::Poller) {
-                    break;
-                }
-            }
-            stints.push(now - left);
-        }
-        assert!(stints[0] >= PROBE_FIRST && stints[0] < PROBE_FIRST + TICK * 2);
-        assert!(stints.windows(2).all(|w| w[1] >= w[0]), "{stints:?}");
-        assert!(stints.last().unwrap() >= &PROBE_MAX, "{stints:?}");
-        assert!(stints.iter().all(|s| *s <= PROBE_MAX + TICK), "{stints:?}");
-    }
-
-    #[test]
-    fn a_probe_that_keeps_up_stays_and_the_backoff_starts_over() {
-        let t0 = Instant::now();
-        let mut p = Policy::new(t0, Lane::Poller);
-        let mut now = t0;
-        // Three failed probes grow the backoff.
-        for _ in 0..3 {
-            while p.step(sample(now, 0.0, 0.8)) != Some(Lane::Pool) {
-                now += TICK;
-            }
-            while p.step(sample(now, 0.0, 0.8)) != Some(Lane::Poller) {
-                now += TICK;
-            }
-        }
-        assert!(p.backoff > PROBE_FIRST);
-        // The load drops: the poller keeps up for a long time.
-        for _ in 0..(PROBE_HELD.as_millis() / TICK.as_millis() + 2) {
-            now += TICK;
-            assert_eq!(p.step(sample(now, 0.3, 0.8)), None);
-        }
-        // Load returns: move to the pool, and the next probe comes after the first backoff.
-        now += TICK;
-        assert_eq!(p.step(sample(now, 0.0, 0.8)), None);
-        now += TICK;
-        assert_eq!(p.step(sample(now, 0.0, 0.8)), Some(Lane::Pool));
-        assert_eq!(p.backoff, PROBE_FIRST);
     }
 }

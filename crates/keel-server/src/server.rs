@@ -305,7 +305,13 @@ impl Server {
         let tracker = shared.tracker.clone();
         tokio::spawn({
             let shared = shared.clone();
-            async move { shared.lanes.control(shared.shutdown.clone()).await }
+            async move {
+                let commands = &shared.counters.commands_processed;
+                shared
+                    .lanes
+                    .control(shared.shutdown.clone(), commands)
+                    .await;
+            }
         });
         loop {
             let accepted = tokio::select! {
