@@ -26,7 +26,8 @@
 //!   thread.
 //!
 //! Each measurement skips the tick in which connections move, then counts commands over
-//! [`MEASURE_TICKS`] ticks. Load figures are smoothed over a few ticks: `/proc` counts CPU
+//! [`MEASURE_TICKS`] ticks; a measurement whose ticks differ by more than [`STEADY_SPREAD`]
+//! saw the load change and decides nothing. Load figures are smoothed over a few ticks: `/proc` counts CPU
 //! time in 10 ms steps.
 //!
 //! A connection moves at a request boundary: after it has written every reply and before it
@@ -56,6 +57,9 @@ pub const MEASURE_TICKS: usize = 4;
 /// How much more the other lane must serve to be kept (trial), or how much less it may serve
 /// and still be kept (probe of the poller, which is cheaper when it keeps up).
 pub const MARGIN: f64 = 0.05;
+/// A measurement counts only if its ticks' rates lie within this factor of each other: one
+/// that spans a change of load (clients coming or going) compares nothing.
+pub const STEADY_SPREAD: f64 = 1.3;
 /// Wait after a failed trial of the pool before the next.
 pub const TRIAL_FIRST: Duration = Duration::from_secs(1);
 /// How long connections stay on the pool before the first probe of the poller.
@@ -544,15 +548,20 @@ impl Policy {
         // The first tick on a lane is the move itself.
         let measured = (self.rates.len() > MEASURE_TICKS).then(|| {
             let last = &self.rates[self.rates.len() - MEASURE_TICKS..];
-            last.iter().sum::<f64>() / MEASURE_TICKS as f64
+            let (lo, hi) = last
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+            let mean = last.iter().sum::<f64>() / MEASURE_TICKS as f64;
+            (mean, lo > 0.0 && hi <= lo * STEADY_SPREAD)
         });
         if self.rates.len() > MEASURE_TICKS {
             self.rates.remove(0);
         }
-        let rate = measured?;
+        let (rate, steady) = measured?;
         match (self.lane, self.state) {
             (Lane::Poller, State::Steady) => {
                 let pool_may_help = s.pool_workers >= 2
+                    && steady
                     && self.idle < BUSY_IDLE
                     && self.spare >= SPARE_CORES
                     && s.now >= self.next_trial;
@@ -560,7 +569,7 @@ impl Policy {
             }
             (Lane::Pool, State::Steady) => {
                 let due = s.now.duration_since(self.since) >= self.probe_backoff;
-                if !due {
+                if !due || !steady {
                     return None;
                 }
                 if self.process_cores >= PROBE_CPU_MAX {
@@ -571,7 +580,11 @@ impl Policy {
                 Some(self.enter(Lane::Poller, State::Trial { before: rate }, s.now))
             }
             (Lane::Pool, State::Trial { before }) => {
-                if rate >= before * (1.0 + MARGIN) {
+                tracing::debug!(pool = rate, poller = before, steady, "trial of the pool");
+                // Kept only if it serves more under a steady load; a trial during which the
+                // load changed counts as failed too, so that a jumpy load is not tried on
+                // and on.
+                if steady && rate >= before * (1.0 + MARGIN) {
                     // The pool serves more: stay, and probe the poller after the first wait.
                     self.probe_backoff = PROBE_FIRST;
                     self.state = State::Steady;
@@ -582,6 +595,11 @@ impl Policy {
                 Some(self.enter(Lane::Poller, State::Steady, s.now))
             }
             (Lane::Poller, State::Trial { before }) => {
+                tracing::debug!(poller = rate, pool = before, steady, "probe of the poller");
+                if !steady {
+                    // No verdict: back, and probe again after the same wait.
+                    return Some(self.enter(Lane::Pool, State::Steady, s.now));
+                }
                 if rate >= before * (1.0 - MARGIN) {
                     // The poller keeps up: the load has changed, so trials start over.
                     self.trial_backoff = TRIAL_FIRST;
@@ -783,6 +801,41 @@ mod tests {
         assert_eq!(r.moves.len(), 1, "{:?}", r.moves);
         assert_eq!(r.lane, Lane::Poller);
         assert!(poller > 0);
+    }
+
+    #[test]
+    fn a_measurement_across_a_change_of_load_decides_nothing() {
+        let busy = World::new(400_000.0, 520_000.0, 0.1, 0.4);
+        // Rates that jump between ticks (clients coming and going): no trial at all.
+        let mut r = Run::new(Lane::Poller);
+        for i in 0..ticks(Duration::from_secs(60)) {
+            let rate = if i % 2 == 0 { 400_000.0 } else { 150_000.0 };
+            r.run(
+                World {
+                    poller: rate,
+                    ..busy
+                },
+                1,
+            );
+        }
+        assert!(r.moves.is_empty(), "{:?}", r.moves);
+        // A trial during which the clients leave (the pool looks worse, then better than
+        // the poller was): back to the poller either way.
+        for after in [50_000.0, 900_000.0] {
+            let mut r = Run::new(Lane::Poller);
+            while r.lane == Lane::Poller {
+                r.run(busy, 1);
+            }
+            r.run(busy, 2);
+            r.run(
+                World {
+                    pool: after,
+                    ..busy
+                },
+                3,
+            );
+            assert_eq!(r.lane, Lane::Poller, "{:?}", r.moves);
+        }
     }
 
     #[test]
