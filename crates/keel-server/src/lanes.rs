@@ -19,7 +19,10 @@
 //! - from the poller it tries the pool when the poller is busy (under [`BUSY_IDLE`] idle) and
 //!   the machine has a share of a core idle ([`SPARE_CORES`]) for a second thread to use, and
 //!   stays there only if the pool serves [`MARGIN`] more; failed trials back off from
-//!   [`TRIAL_FIRST`] to [`BACKOFF_MAX`];
+//!   [`TRIAL_FIRST`] to [`BACKOFF_MAX`]. A poller that is not idle at all
+//!   ([`SATURATED_IDLE`], [`SATURATED_TICKS`] ticks running) beside a spare core moves to the
+//!   pool at once, without a trial: short bursts of pipelined load would be half over before
+//!   a trial ends, and the probes below undo a wrong move;
 //! - from the pool it probes the poller after [`PROBE_FIRST`] (doubling up to
 //!   [`BACKOFF_MAX`] while probes fail) and stays there unless it serves [`MARGIN`] less. No
 //!   probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load cannot fit on one
@@ -46,6 +49,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the controller samples.
 pub const TICK: Duration = Duration::from_millis(50);
+/// The poller is saturated while it is idle less than this share of a tick.
+pub const SATURATED_IDLE: f64 = 0.05;
+/// Ticks in a row a saturated poller, with a spare core beside it, waits before connections
+/// move to the pool without a trial (the probes of the poller then check the move).
+pub const SATURATED_TICKS: u32 = 2;
 /// The poller is busy enough to try the pool while it is idle less than this share of the
 /// time (smoothed).
 pub const BUSY_IDLE: f64 = 0.2;
@@ -520,6 +528,11 @@ pub struct Policy {
     idle: f64,
     spare: f64,
     process_cores: f64,
+    /// Ticks in a row the poller was saturated.
+    saturated: u32,
+    /// Connections are on the pool after a move on saturation that no measurement has
+    /// confirmed yet.
+    unproven: bool,
 }
 
 impl Policy {
@@ -533,6 +546,8 @@ impl Policy {
             trial_backoff: TRIAL_FIRST,
             probe_backoff: PROBE_FIRST,
             idle: 1.0,
+            saturated: 0,
+            unproven: false,
             spare: 0.0,
             process_cores: 0.0,
         }
@@ -556,6 +571,22 @@ impl Policy {
         });
         if self.rates.len() > MEASURE_TICKS {
             self.rates.remove(0);
+        }
+        // A poller with no idle time at all, and a core idle beside it, needs no trial.
+        if self.lane == Lane::Poller
+            && self.state == State::Steady
+            && s.poller_idle < SATURATED_IDLE
+            && s.spare_cores >= SPARE_CORES
+        {
+            self.saturated += 1;
+        } else {
+            self.saturated = 0;
+        }
+        if self.saturated >= SATURATED_TICKS && s.pool_workers >= 2 && s.now >= self.next_trial {
+            // Unmeasured: check it sooner than a move a trial has confirmed.
+            self.probe_backoff = PROBE_FIRST / 2;
+            self.unproven = true;
+            return Some(self.enter(Lane::Pool, State::Steady, s.now));
         }
         let (rate, steady) = measured?;
         match (self.lane, self.state) {
@@ -587,6 +618,7 @@ impl Policy {
                 if steady && rate >= before * (1.0 + MARGIN) {
                     // The pool serves more: stay, and probe the poller after the first wait.
                     self.probe_backoff = PROBE_FIRST;
+                    self.unproven = false;
                     self.state = State::Steady;
                     return None;
                 }
@@ -601,12 +633,20 @@ impl Policy {
                     return Some(self.enter(Lane::Pool, State::Steady, s.now));
                 }
                 if rate >= before * (1.0 - MARGIN) {
-                    // The poller keeps up: the load has changed, so trials start over.
-                    self.trial_backoff = TRIAL_FIRST;
-                    self.next_trial = s.now + TRIAL_FIRST;
+                    if self.unproven {
+                        // The move on saturation was no gain: it counts as a failed trial.
+                        self.next_trial = s.now + self.trial_backoff;
+                        self.trial_backoff = (self.trial_backoff * 2).min(BACKOFF_MAX);
+                    } else {
+                        // The pool had won a trial, so the load has changed: start over.
+                        self.trial_backoff = TRIAL_FIRST;
+                        self.next_trial = s.now + TRIAL_FIRST;
+                    }
+                    self.unproven = false;
                     self.state = State::Steady;
                     return None;
                 }
+                self.unproven = false;
                 self.probe_backoff = (self.probe_backoff * 2).min(BACKOFF_MAX);
                 Some(self.enter(Lane::Pool, State::Steady, s.now))
             }
@@ -614,6 +654,7 @@ impl Policy {
     }
 
     fn enter(&mut self, lane: Lane, state: State, now: Instant) -> Lane {
+        self.saturated = 0;
         self.lane = lane;
         self.state = state;
         self.since = now;
@@ -760,6 +801,25 @@ mod tests {
     }
 
     #[test]
+    fn a_saturated_poller_beside_a_spare_core_moves_without_a_trial() {
+        let mut r = Run::new(Lane::Poller);
+        let start = r.now;
+        r.run(World::new(400_000.0, 520_000.0, 0.0, 0.6), SATURATED_TICKS);
+        assert_eq!(r.moves, vec![(start + TICK * SATURATED_TICKS, Lane::Pool)]);
+        // Probes (after 1 s, 2 s, 4 s) confirm it: the pool stays.
+        let (poller, pool) = r.run(
+            World::new(400_000.0, 520_000.0, 0.0, 0.6),
+            ticks(Duration::from_secs(10)),
+        );
+        assert_eq!(r.lane, Lane::Pool);
+        assert_eq!(r.moves.len(), 7, "three probes: {:?}", r.moves);
+        assert!(
+            pool > poller * 10,
+            "{poller} ticks on the poller, {pool} on the pool"
+        );
+    }
+
+    #[test]
     fn a_busy_poller_the_pool_cannot_beat_keeps_its_connections() {
         // Busy and a core is idle, but the pool is no faster (say, a lock-bound load).
         let mut r = Run::new(Lane::Poller);
@@ -767,8 +827,9 @@ mod tests {
             World::new(100_000.0, 99_000.0, 0.02, 0.6),
             ticks(Duration::from_secs(120)),
         );
+        // Moves on saturation cost a probe's wait each, but fewer and fewer.
         assert!(
-            poller > pool * 15,
+            poller > pool * 8,
             "{poller} ticks on the poller, {pool} on the pool"
         );
         let trials: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Pool).collect();
