@@ -77,6 +77,9 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// No probe while the process uses this many cores or more: a load like that cannot fit on
 /// one thread, and sending it there would only stall it (on a large machine, badly).
 pub const PROBE_CPU_MAX: f64 = 1.5;
+/// After this long without a command, the next load is treated as new: trials and probes
+/// start again from their first waits.
+pub const QUIET_RESET: Duration = Duration::from_secs(1);
 /// Weight of a new tick in the smoothed load figures.
 const SMOOTHING: f64 = 0.3;
 /// Default `idle-poll-us`.
@@ -516,8 +519,11 @@ enum State {
 pub struct Policy {
     lane: Lane,
     state: State,
-    /// When the lane was entered.
-    since: Instant,
+    /// Time with commands flowing since the lane was entered (or a probe was put off): an
+    /// idle server makes no probe due.
+    busy: Duration,
+    /// Time without a command, running.
+    quiet: Duration,
     /// Commands per second of the ticks since the lane was entered (the first skipped).
     rates: Vec<f64>,
     /// Earliest next trial of the pool, and the wait after the next failed one.
@@ -540,7 +546,8 @@ impl Policy {
         Policy {
             lane,
             state: State::Steady,
-            since: now,
+            busy: Duration::ZERO,
+            quiet: Duration::ZERO,
             rates: Vec::with_capacity(MEASURE_TICKS + 1),
             next_trial: now,
             trial_backoff: TRIAL_FIRST,
@@ -555,6 +562,19 @@ impl Policy {
 
     /// The lane to move to, if any.
     pub fn step(&mut self, s: Sample) -> Option<Lane> {
+        if s.commands == 0 {
+            self.quiet += s.elapsed;
+            if self.quiet >= QUIET_RESET {
+                // Whatever load comes next is new: no backoff learned from the last one.
+                self.trial_backoff = TRIAL_FIRST;
+                self.probe_backoff = PROBE_FIRST;
+                self.next_trial = s.now;
+                self.busy = Duration::ZERO;
+            }
+        } else {
+            self.quiet = Duration::ZERO;
+            self.busy += s.elapsed;
+        }
         self.idle += (s.poller_idle - self.idle) * SMOOTHING;
         self.spare += (s.spare_cores - self.spare) * SMOOTHING;
         self.process_cores += (s.process_cores - self.process_cores) * SMOOTHING;
@@ -586,7 +606,7 @@ impl Policy {
             // Unmeasured: check it sooner than a move a trial has confirmed.
             self.probe_backoff = PROBE_FIRST / 2;
             self.unproven = true;
-            return Some(self.enter(Lane::Pool, State::Steady, s.now));
+            return Some(self.enter(Lane::Pool, State::Steady));
         }
         let (rate, steady) = measured?;
         match (self.lane, self.state) {
@@ -596,19 +616,19 @@ impl Policy {
                     && self.idle < BUSY_IDLE
                     && self.spare >= SPARE_CORES
                     && s.now >= self.next_trial;
-                pool_may_help.then(|| self.enter(Lane::Pool, State::Trial { before: rate }, s.now))
+                pool_may_help.then(|| self.enter(Lane::Pool, State::Trial { before: rate }))
             }
             (Lane::Pool, State::Steady) => {
-                let due = s.now.duration_since(self.since) >= self.probe_backoff;
+                let due = self.busy >= self.probe_backoff;
                 if !due || !steady {
                     return None;
                 }
                 if self.process_cores >= PROBE_CPU_MAX {
                     // Too busy for one thread: look again after another wait.
-                    self.since = s.now;
+                    self.busy = Duration::ZERO;
                     return None;
                 }
-                Some(self.enter(Lane::Poller, State::Trial { before: rate }, s.now))
+                Some(self.enter(Lane::Poller, State::Trial { before: rate }))
             }
             (Lane::Pool, State::Trial { before }) => {
                 tracing::debug!(pool = rate, poller = before, steady, "trial of the pool");
@@ -624,13 +644,13 @@ impl Policy {
                 }
                 self.next_trial = s.now + self.trial_backoff;
                 self.trial_backoff = (self.trial_backoff * 2).min(BACKOFF_MAX);
-                Some(self.enter(Lane::Poller, State::Steady, s.now))
+                Some(self.enter(Lane::Poller, State::Steady))
             }
             (Lane::Poller, State::Trial { before }) => {
                 tracing::debug!(poller = rate, pool = before, steady, "probe of the poller");
                 if !steady {
                     // No verdict: back, and probe again after the same wait.
-                    return Some(self.enter(Lane::Pool, State::Steady, s.now));
+                    return Some(self.enter(Lane::Pool, State::Steady));
                 }
                 if rate >= before * (1.0 - MARGIN) {
                     if self.unproven {
@@ -648,16 +668,16 @@ impl Policy {
                 }
                 self.unproven = false;
                 self.probe_backoff = (self.probe_backoff * 2).min(BACKOFF_MAX);
-                Some(self.enter(Lane::Pool, State::Steady, s.now))
+                Some(self.enter(Lane::Pool, State::Steady))
             }
         }
     }
 
-    fn enter(&mut self, lane: Lane, state: State, now: Instant) -> Lane {
+    fn enter(&mut self, lane: Lane, state: State) -> Lane {
         self.saturated = 0;
         self.lane = lane;
         self.state = state;
-        self.since = now;
+        self.busy = Duration::ZERO;
         self.rates.clear();
         lane
     }
@@ -897,6 +917,23 @@ mod tests {
             );
             assert_eq!(r.lane, Lane::Poller, "{:?}", r.moves);
         }
+    }
+
+    #[test]
+    fn idle_time_makes_no_probe_due() {
+        let burst = World::new(400_000.0, 520_000.0, 0.0, 0.6);
+        let idle = World::new(0.0, 0.0, 1.0, 1.8);
+        let mut r = Run::new(Lane::Poller);
+        r.run(burst, ticks(Duration::from_secs(10)));
+        assert_eq!(r.lane, Lane::Pool);
+        // Short bursts between pauses (a benchmark's separate runs): each is too short to
+        // be probed, however long the pauses.
+        let settled = r.moves.len();
+        for _ in 0..10 {
+            r.run(idle, ticks(Duration::from_secs(3)));
+            r.run(burst, ticks(PROBE_FIRST) - 4);
+        }
+        assert_eq!(r.moves.len(), settled, "{:?}", &r.moves[settled..]);
     }
 
     #[test]
