@@ -23,10 +23,11 @@
 //!   ([`SATURATED_IDLE`], [`SATURATED_TICKS`] ticks running) beside a spare core moves to the
 //!   pool at once, without a trial: short bursts of pipelined load would be half over before
 //!   a trial ends, and the probes below undo a wrong move;
-//! - from the pool it probes the poller after [`PROBE_FIRST`] (doubling up to
+//! - from the pool it probes the poller after [`PROBE_FIRST`] of busy time (doubling up to
 //!   [`BACKOFF_MAX`] while probes fail) and stays there unless it serves [`MARGIN`] less. No
 //!   probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load cannot fit on one
-//!   thread.
+//!   thread. After [`QUIET_RESET`] without a command the next load is new, and the waits
+//!   start over.
 //!
 //! Each measurement skips the tick in which connections move, then counts commands over
 //! [`MEASURE_TICKS`] ticks; a measurement whose ticks differ by more than [`STEADY_SPREAD`]
@@ -572,6 +573,11 @@ impl Policy {
                 self.busy = Duration::ZERO;
             }
         } else {
+            if self.quiet >= QUIET_RESET {
+                // The figures smoothed over the pause say nothing about the new load.
+                (self.idle, self.spare, self.process_cores) =
+                    (s.poller_idle, s.spare_cores, s.process_cores);
+            }
             self.quiet = Duration::ZERO;
             self.busy += s.elapsed;
         }
@@ -934,6 +940,25 @@ mod tests {
             r.run(burst, ticks(PROBE_FIRST) - 4);
         }
         assert_eq!(r.moves.len(), settled, "{:?}", &r.moves[settled..]);
+    }
+
+    #[test]
+    fn a_new_load_after_a_pause_is_judged_on_its_own_figures() {
+        // Idle for a while (the smoothed figures say "idle poller"), then a load the pool
+        // serves better: the trial starts as soon as a measurement exists.
+        let mut r = Run::new(Lane::Poller);
+        r.run(
+            World::new(0.0, 0.0, 1.0, 1.8),
+            ticks(Duration::from_secs(5)),
+        );
+        let start = r.now;
+        r.run(
+            World::new(400_000.0, 520_000.0, 0.1, 0.4),
+            MEASURE_TICKS as u32 + 1,
+        );
+        assert_eq!(r.moves.len(), 1, "{:?}", r.moves);
+        assert_eq!(r.moves[0].1, Lane::Pool);
+        assert!(r.moves[0].0 <= start + TICK * (MEASURE_TICKS as u32 + 1));
     }
 
     #[test]
