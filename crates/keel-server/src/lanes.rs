@@ -326,8 +326,8 @@ impl Lanes {
         let mut policy = Policy::new(Instant::now(), self.lane());
         let mut last = Instant::now();
         let mut idle = self.state.idle_now();
-        let mut cpu = CpuIdle::read();
-        let mut used = ProcessCpu::read();
+        let mut cpu = CpuTicks::machine_idle();
+        let mut used = CpuTicks::process_used();
         let mut served = commands.load(Relaxed);
         loop {
             tokio::select! {
@@ -343,8 +343,8 @@ impl Lanes {
             served = served_now;
             let idle_now = self.state.idle_now();
             let poller_idle = (idle_now.saturating_sub(idle) as f64 / wall).min(1.0);
-            let cpu_now = CpuIdle::read();
-            let used_now = ProcessCpu::read();
+            let cpu_now = CpuTicks::machine_idle();
+            let used_now = CpuTicks::process_used();
             // Without /proc (not Linux), assume a core is spare and the process is light.
             let spare = match (cpu, cpu_now) {
                 (Some(a), Some(b)) => b.cores_since(a, wall),
@@ -435,41 +435,26 @@ async fn spin(state: Arc<PollerState>) {
 /// keel runs on.
 const TICK_NS: f64 = 10_000_000.0;
 
-/// Idle CPU time of the whole machine, from `/proc/stat`.
+/// A count of `/proc` CPU-time ticks: the machine's idle time or this process's use.
 #[derive(Debug, Clone, Copy)]
-struct CpuIdle {
-    /// idle + iowait, in clock ticks.
-    ticks: u64,
-}
+struct CpuTicks(u64);
 
-impl CpuIdle {
-    fn read() -> Option<CpuIdle> {
+impl CpuTicks {
+    /// The machine's idle time (idle + iowait), from `/proc/stat`.
+    fn machine_idle() -> Option<CpuTicks> {
         let text = std::fs::read_to_string("/proc/stat").ok()?;
         let line = text.lines().next()?.strip_prefix("cpu ")?;
         let fields: Vec<u64> = line
             .split_whitespace()
             .filter_map(|f| f.parse().ok())
             .collect();
-        Some(CpuIdle {
-            ticks: fields.get(3)? + fields.get(4).copied().unwrap_or(0),
-        })
+        Some(CpuTicks(
+            fields.get(3)? + fields.get(4).copied().unwrap_or(0),
+        ))
     }
 
-    /// Idle cores, on average, between `earlier` and this sample, `wall_ns` apart.
-    fn cores_since(self, earlier: CpuIdle, wall_ns: f64) -> f64 {
-        (self.ticks.saturating_sub(earlier.ticks) as f64 * TICK_NS) / wall_ns
-    }
-}
-
-/// CPU time this process has used, from `/proc/self/stat`.
-#[derive(Debug, Clone, Copy)]
-struct ProcessCpu {
-    /// utime + stime, in clock ticks.
-    ticks: u64,
-}
-
-impl ProcessCpu {
-    fn read() -> Option<ProcessCpu> {
+    /// This process's CPU time (utime + stime), from `/proc/self/stat`.
+    fn process_used() -> Option<CpuTicks> {
         let text = std::fs::read_to_string("/proc/self/stat").ok()?;
         // Fields after the command name, which is in parentheses and may hold spaces.
         let rest = &text[text.rfind(')')? + 1..];
@@ -477,14 +462,12 @@ impl ProcessCpu {
         // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
         let utime: u64 = fields.get(11)?.parse().ok()?;
         let stime: u64 = fields.get(12)?.parse().ok()?;
-        Some(ProcessCpu {
-            ticks: utime + stime,
-        })
+        Some(CpuTicks(utime + stime))
     }
 
-    /// Cores used, on average, between `earlier` and this sample, `wall_ns` apart.
-    fn cores_since(self, earlier: ProcessCpu, wall_ns: f64) -> f64 {
-        (self.ticks.saturating_sub(earlier.ticks) as f64 * TICK_NS) / wall_ns
+    /// Cores, on average, between `earlier` and this sample, `wall_ns` apart.
+    fn cores_since(self, earlier: CpuTicks, wall_ns: f64) -> f64 {
+        (self.0.saturating_sub(earlier.0) as f64 * TICK_NS) / wall_ns
     }
 }
 
@@ -994,13 +977,13 @@ mod tests {
         if !cfg!(target_os = "linux") {
             return;
         }
-        let idle = CpuIdle::read().expect("/proc/stat");
-        let start = ProcessCpu::read().expect("/proc/self/stat");
+        let idle = CpuTicks::machine_idle().expect("/proc/stat");
+        let start = CpuTicks::process_used().expect("/proc/self/stat");
         // Burn CPU until the process's ticks move: they would not if the wrong field were
         // read. (Slow machines only make this take longer.)
         let began = Instant::now();
         let mut x = 0u64;
-        while ProcessCpu::read().expect("again").ticks < start.ticks + 5 {
+        while CpuTicks::process_used().expect("again").0 < start.0 + 5 {
             for i in 0..1_000_000u64 {
                 x = x.wrapping_mul(31).wrapping_add(i);
             }
@@ -1010,6 +993,6 @@ mod tests {
                 "CPU time never moved"
             );
         }
-        assert!(CpuIdle::read().expect("again").ticks >= idle.ticks);
+        assert!(CpuTicks::machine_idle().expect("again").0 >= idle.0);
     }
 }
