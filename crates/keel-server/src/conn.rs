@@ -130,9 +130,9 @@ struct Conn {
     watch: Option<Watch>,
 }
 
-/// Serves one client until it quits, is killed, breaks the protocol or the server stops.
-/// Runs on `lane`'s runtime, and moves to the other when the lanes say so (see `lanes`).
-pub async fn serve(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr, lane: Lane) {
+/// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
+/// the lane connections go to now, moving when the lanes say so (see `lanes`).
+pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr) {
     let id = shared.next_client_id.fetch_add(1, Relaxed);
     let laddr = stream.local_addr().unwrap_or(shared.local_addr);
     let info = Arc::new(ClientInfo {
@@ -157,7 +157,20 @@ pub async fn serve(shared: Arc<Shared>, stream: std::net::TcpStream, addr: Socke
         multi: None,
         watch: None,
     };
-    drive(conn, stream, Carry::default(), lane).await;
+    conn.spawn(stream, Carry::default());
+}
+
+impl Conn {
+    /// Runs the connection as a task on the lane connections go to now.
+    fn spawn(self, stream: std::net::TcpStream, carry: Carry) {
+        let lane = self.shared.lanes.lane();
+        let shared = self.shared.clone();
+        shared.lanes.handle(lane).spawn(
+            shared
+                .tracker
+                .track_future(drive(self, stream, carry, lane)),
+        );
+    }
 }
 
 /// Runs `conn` on `lane` until it ends, or until it moves: then this task spawns its
@@ -178,14 +191,8 @@ fn drive(
             Ok(Exit::Done) => {}
             Ok(Exit::Move(stream, carry)) => match stream.into_std() {
                 Ok(stream) => {
-                    let to = conn.shared.lanes.lane();
-                    let shared = conn.shared.clone();
-                    shared.lanes.moves.fetch_add(1, Relaxed);
-                    shared
-                        .lanes
-                        .handle(to)
-                        .spawn(shared.tracker.track_future(drive(conn, stream, carry, to)));
-                    return;
+                    conn.shared.lanes.moves.fetch_add(1, Relaxed);
+                    return conn.spawn(stream, carry);
                 }
                 Err(e) => tracing::debug!(id, error = %e, "connection could not move"),
             },

@@ -415,8 +415,6 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             c.latency_quantile_ns(0.99) as f64 / 1000.0,
             c.latency_quantile_ns(0.999) as f64 / 1000.0,
         );
-    }
-    if want("keel") {
         let l = &shared.lanes;
         let _ = write!(
             t,

@@ -100,6 +100,14 @@ pub enum PollerMode {
 }
 
 impl PollerMode {
+    /// The lane connections go to when this is set.
+    fn first_lane(self) -> Lane {
+        match self {
+            PollerMode::Off => Lane::Pool,
+            PollerMode::Auto | PollerMode::On => Lane::Poller,
+        }
+    }
+
     /// The setting's name.
     pub fn name(self) -> &'static str {
         match self {
@@ -238,12 +246,8 @@ impl Lanes {
                 // Connections still here are dropped (closed) with the runtime.
                 runtime.shutdown_background();
             })?;
-        let lane = match setting {
-            PollerMode::Off => Lane::Pool,
-            PollerMode::Auto | PollerMode::On => Lane::Poller,
-        };
         Ok(Lanes {
-            lane: AtomicU8::new(lane as u8),
+            lane: AtomicU8::new(setting.first_lane() as u8),
             setting: AtomicU8::new(setting as u8),
             pool,
             pool_workers,
@@ -296,10 +300,7 @@ impl Lanes {
     /// hands the choice back to the controller, starting from the poller.
     pub fn set_setting(&self, setting: PollerMode) {
         self.setting.store(setting as u8, Relaxed);
-        self.set_lane(match setting {
-            PollerMode::Off => Lane::Pool,
-            PollerMode::Auto | PollerMode::On => Lane::Poller,
-        });
+        self.set_lane(setting.first_lane());
     }
 
     pub fn idle_poll_us(&self) -> u64 {

@@ -342,9 +342,7 @@ impl Server {
                     continue;
                 }
             };
-            let lane = shared.lanes.lane();
-            let serve = crate::conn::serve(shared.clone(), stream, addr, lane);
-            shared.lanes.handle(lane).spawn(tracker.track_future(serve));
+            crate::conn::start(shared.clone(), stream, addr);
         }
         tracing::info!("shutting down: no longer accepting connections");
         tracker.close();
