@@ -639,7 +639,10 @@ impl Policy {
             (Lane::Poller, State::Trial { before }) => {
                 tracing::debug!(poller = rate, pool = before, steady, "probe of the poller");
                 if !steady {
-                    // No verdict: back, and probe again after the same wait.
+                    // No verdict, but back off as after a failed probe: a load too jumpy to
+                    // measure on the poller is one the pool absorbs, and each probe costs
+                    // the ticks it spends on the slower lane.
+                    self.probe_backoff = (self.probe_backoff * 2).min(BACKOFF_MAX);
                     return Some(self.enter(Lane::Pool, State::Steady));
                 }
                 if rate >= before * (1.0 - MARGIN) {
@@ -907,6 +910,23 @@ mod tests {
             );
             assert_eq!(r.lane, Lane::Poller, "{:?}", r.moves);
         }
+    }
+
+    #[test]
+    fn probes_that_find_the_poller_jumpy_back_off() {
+        // Pipelined, on the pool: on the poller the rate jumps from tick to tick, so no
+        // probe gets a verdict. Each still costs its ticks there: they must grow apart.
+        let mut r = Run::new(Lane::Pool);
+        let steady = World::new(400_000.0, 520_000.0, 0.1, 0.4);
+        for i in 0..ticks(Duration::from_secs(120)) {
+            let poller = if i % 2 == 0 { 400_000.0 } else { 250_000.0 };
+            r.run(World { poller, ..steady }, 1);
+        }
+        let probes: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Poller).collect();
+        assert!((4..=9).contains(&probes.len()), "{probes:?}");
+        let gaps: Vec<_> = probes.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
+        assert_eq!(r.lane, Lane::Pool);
     }
 
     #[test]
