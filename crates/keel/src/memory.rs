@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-const HUGE_PAGE_BYTES: usize = 2 << 20;
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// A zeroed anonymous mapping, unmapped on drop; huge-page-advised unless made for
 /// sequential use ([`Region::sequential`]).

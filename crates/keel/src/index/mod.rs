@@ -10,12 +10,16 @@
 //!
 //! Inserts publish with one compare-and-swap. When the table is three-quarters full it grows:
 //! inserts are held off (see [`Index`]) while the entries are copied into a table twice the
-//! size, which is then published.
+//! size, which is then published. That table is mapped and faulted in ahead of time, by a
+//! helper thread started when the current one is half full: faulting in fresh memory is most
+//! of a growth's cost (32 MiB took ~150 ms on the VMs here), and while inserts are held
+//! off every writer waits for it.
 //! Lookups never wait: one that still holds the old table sees every record inserted before
 //! the growth began, which is all it may see. Old tables are freed when the index is dropped,
 //! since a reader may still be probing one; their total size is below the final table's.
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -145,6 +149,56 @@ impl Table {
         }
     }
 
+    /// Fills this table, empty and not yet published, with every entry of `old` (whose
+    /// inserts are held off). A record's hash lives in the record, so each entry costs a
+    /// miss to read it and another for its new bucket: entries go in windows, every load of
+    /// a window started before the first is used, so that the misses overlap instead of
+    /// queuing. The keys in `old` are distinct, so nothing is compared.
+    fn rehash_from(&self, old: &Table) {
+        const WINDOW: usize = 64;
+        let mut entries = old
+            .buckets()
+            .iter()
+            .flat_map(|b| b.slots.iter())
+            .map(|slot| slot.load(Ordering::Relaxed))
+            .filter(|&entry| entry != 0);
+        loop {
+            let mut window = [0u64; WINDOW];
+            let mut n = 0;
+            for entry in entries.by_ref().take(WINDOW) {
+                crate::memory::prefetch(record_of(entry).0.as_ptr());
+                window[n] = entry;
+                n += 1;
+            }
+            let mut hashes = [0u64; WINDOW];
+            for (hash, &entry) in hashes.iter_mut().zip(&window[..n]) {
+                *hash = record_of(entry).get().hash();
+                self.prefetch(*hash);
+            }
+            for (&entry, &hash) in window[..n].iter().zip(&hashes) {
+                self.place(entry, hash);
+            }
+            if n < WINDOW {
+                return;
+            }
+        }
+    }
+
+    /// Puts `entry` (its tag and record; the key's hash is `hash`) in the first empty slot
+    /// of its probe sequence, in a table no one else sees yet.
+    fn place(&self, entry: u64, hash: u64) {
+        let mut b = bucket_of(hash, self.mask);
+        loop {
+            for slot in &self.buckets()[b].slots {
+                if slot.load(Ordering::Relaxed) == 0 {
+                    slot.store(entry, Ordering::Relaxed);
+                    return;
+                }
+            }
+            b = (b + 1) & self.mask;
+        }
+    }
+
     fn entries(&self) -> impl Iterator<Item = RecordRef> + '_ {
         self.buckets()
             .iter()
@@ -201,6 +255,10 @@ pub(crate) struct Index {
     /// Boxed so that the `Table` structs readers point at never move.
     #[allow(clippy::vec_box)]
     retired: Mutex<Vec<Box<Table>>>,
+    /// The table the next growth will fill, once a helper thread has faulted it in.
+    next: Arc<Mutex<Option<Box<Table>>>>,
+    /// A helper was started for the current table's successor.
+    preparing: AtomicBool,
 }
 
 impl Index {
@@ -217,6 +275,8 @@ impl Index {
             growing: AtomicBool::new(false),
             grow: Mutex::new(()),
             retired: Mutex::new(Vec::new()),
+            next: Arc::new(Mutex::new(None)),
+            preparing: AtomicBool::new(false),
         }
     }
 
@@ -278,11 +338,39 @@ impl Index {
                 let counted = stripe.unflushed.fetch_add(1, Ordering::Relaxed) + 1;
                 if counted >= self.batch(table.capacity()) {
                     let taken = stripe.unflushed.swap(0, Ordering::Relaxed);
-                    self.len.fetch_add(taken, Ordering::Relaxed);
+                    let len = self.len.fetch_add(taken, Ordering::Relaxed) + taken;
+                    if len >= table.capacity() / 2 && !self.preparing.swap(true, Ordering::Relaxed)
+                    {
+                        self.prepare_next((table.mask + 1) * 2);
+                    }
                 }
             }
             return (record, inserted);
         }
+    }
+
+    /// Starts a helper thread that maps a table of `buckets` and faults it in, for the next
+    /// growth to take ([`Index::grow_table`]). If the thread cannot start, or the growth comes
+    /// first, the growth maps its own.
+    fn prepare_next(&self, buckets: usize) {
+        let next = Arc::clone(&self.next);
+        // Without the thread, the growth maps and faults in its table itself, as it would
+        // if it came first.
+        let _ = std::thread::Builder::new()
+            .name("keel-index-grow".into())
+            .spawn(move || {
+                let table = Table::with_buckets(buckets);
+                // A huge page at a time: faulting in holds the process's memory-map lock,
+                // and a writer that needs it (any mmap) would wait for the whole table, then
+                // every thread that faults after that writer would too.
+                let bytes = table.region.bytes();
+                for offset in (0..bytes).step_by(crate::memory::HUGE_PAGE_BYTES) {
+                    table
+                        .region
+                        .populate(offset, crate::memory::HUGE_PAGE_BYTES.min(bytes - offset));
+                }
+                *next.lock() = Some(table);
+            });
     }
 
     fn grow_table(&self) {
@@ -297,11 +385,13 @@ impl Index {
                 std::hint::spin_loop();
             }
         }
-        let new = Table::with_buckets((old.mask + 1) * 2);
-        for record in old.entries() {
-            let (_, inserted) = new.insert(record);
-            assert!(inserted, "a key appeared twice in the index");
-        }
+        let buckets = (old.mask + 1) * 2;
+        let new = match self.next.lock().take() {
+            Some(prepared) if prepared.mask + 1 == buckets => prepared,
+            _ => Table::with_buckets(buckets),
+        };
+        new.rehash_from(old);
+        self.preparing.store(false, Ordering::Relaxed);
         let old = self.table.swap(Box::into_raw(new), Ordering::AcqRel);
         self.growing.store(false, Ordering::SeqCst);
         // SAFETY: `old` came from `Box::into_raw` and is no longer the current table.

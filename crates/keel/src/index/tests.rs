@@ -1,6 +1,7 @@
 use super::*;
 use crate::memory::Arena;
 use crate::mvcc::LockOwner;
+use std::ptr;
 
 /// A fresh record for `key` (shared with the ordered index's tests).
 pub(super) fn record(arena: &Arena, key: &[u8]) -> RecordRef {
@@ -98,6 +99,63 @@ fn concurrent_inserts_through_many_growths_lose_nothing() {
     });
     assert_eq!(index.len(), (THREADS * EACH) as usize);
     for k in 0..THREADS * EACH {
+        let key = k.to_be_bytes();
+        assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
+    }
+}
+
+#[test]
+fn a_growth_fills_the_table_prepared_for_it() {
+    let arena = Arena::new();
+    let index = Index::new(8);
+    let mut keys = 0u32;
+    let mut insert = |index: &Index| {
+        assert!(index.insert(record(&arena, &keys.to_be_bytes())).1);
+        keys += 1;
+    };
+    // Half full: a helper maps and faults in the next table.
+    while !index.preparing.load(Ordering::Relaxed) {
+        insert(&index);
+    }
+    let started = std::time::Instant::now();
+    let prepared = loop {
+        if let Some(table) = index.next.lock().as_deref() {
+            break ptr::from_ref(table);
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no helper"
+        );
+        std::thread::yield_now();
+    };
+    let old = index.table.load(Ordering::Acquire);
+    while index.table.load(Ordering::Acquire) == old {
+        insert(&index);
+    }
+    assert_eq!(
+        index.table.load(Ordering::Acquire).cast_const(),
+        prepared,
+        "the growth took the prepared table"
+    );
+    // A leftover of the wrong size (its growth came before its helper finished) is not used;
+    // no helper starts meanwhile (`preparing`), so nothing replaces it.
+    index.preparing.store(true, Ordering::Relaxed);
+    let leftover = Table::with_buckets(2);
+    let leftover_at = ptr::from_ref(&*leftover);
+    *index.next.lock() = Some(leftover);
+    let grown = index.table.load(Ordering::Acquire);
+    while index.table.load(Ordering::Acquire) == grown {
+        insert(&index);
+    }
+    assert_ne!(
+        index.table.load(Ordering::Acquire).cast_const(),
+        leftover_at
+    );
+    // SAFETY: replaced tables are retired, not freed, while the index lives.
+    let grown_buckets = unsafe { &*grown }.mask + 1;
+    assert_eq!(index.table().mask + 1, grown_buckets * 2);
+    assert_eq!(index.len(), keys as usize);
+    for k in 0..keys {
         let key = k.to_be_bytes();
         assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
     }
