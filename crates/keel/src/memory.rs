@@ -8,6 +8,7 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -118,6 +119,8 @@ impl Drop for Region {
 /// Bump allocator for records: 16-byte-aligned blocks from huge-page chunks, never freed
 /// one by one. Threads allocate from shards of their own (by a per-thread number), so that
 /// threads creating records at once do not pass one lock's cache line back and forth.
+/// Helper threads fault in the huge pages ahead of each shard's allocation
+/// ([`POPULATE_AHEAD`]), so that creating a record does not wait for fresh memory.
 pub(crate) struct Arena {
     shards: Box<[CachePadded<Mutex<ArenaInner>>]>,
 }
@@ -125,8 +128,16 @@ pub(crate) struct Arena {
 struct ArenaInner {
     next: usize,
     end: usize,
-    chunks: Vec<Region>,
+    /// Shared with the helper threads that fault pages in ahead of `next`.
+    chunks: Vec<Arc<Region>>,
 }
+
+/// Huge pages of the current chunk kept faulted in ahead of the one being allocated from.
+/// A fresh huge page takes milliseconds to fault in on the VMs here (see
+/// [`Region::sequential`]), and the thread that first writes it waits that long: for a
+/// server thread serving many clients, a stall of all of them. Whenever allocation enters a
+/// new huge page, a helper thread faults in the next ones instead.
+const POPULATE_AHEAD: usize = 2;
 
 const CHUNK_BYTES: usize = 32 << 20;
 /// Blocks are rounded to this. A cache line (64) would keep a small record's header and key
@@ -177,17 +188,24 @@ impl Arena {
             // Large records get a region of their own so chunks are not wasted.
             let region = Region::new(bytes);
             let start = region.start();
-            inner.chunks.push(region);
+            inner.chunks.push(Arc::new(region));
             return start;
         }
         if inner.next + bytes > inner.end {
             let region = Region::new(CHUNK_BYTES);
             inner.next = region.start().as_ptr() as usize;
             inner.end = inner.next + region.bytes();
-            inner.chunks.push(region);
+            inner.chunks.push(Arc::new(region));
         }
         let at = inner.next;
         inner.next += bytes;
+        // Chunks start on a huge-page boundary, so this is where a block enters a new page.
+        if at.is_multiple_of(HUGE_PAGE_BYTES)
+            || at / HUGE_PAGE_BYTES != (inner.next - 1) / HUGE_PAGE_BYTES
+        {
+            let chunk = inner.chunks.last().expect("a chunk is current");
+            populate_ahead(chunk, inner.next - chunk.start().as_ptr() as usize);
+        }
         NonNull::new(at as *mut u8).expect("arena addresses are non-null")
     }
 
@@ -195,9 +213,30 @@ impl Arena {
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().chunks.iter().map(Region::bytes).sum::<usize>())
+            .map(|shard| shard.lock().chunks.iter().map(|c| c.bytes()).sum::<usize>())
             .sum()
     }
+}
+
+/// Faults in, on a helper thread, the [`POPULATE_AHEAD`] huge pages of `chunk` after the one
+/// holding `offset`. Without the thread (it could not start) the allocator faults them in
+/// itself when it gets there, as it would anyway.
+fn populate_ahead(chunk: &Arc<Region>, offset: usize) {
+    let from = (offset / HUGE_PAGE_BYTES + 1) * HUGE_PAGE_BYTES;
+    let to = (from + POPULATE_AHEAD * HUGE_PAGE_BYTES).min(chunk.bytes());
+    if from >= to {
+        return;
+    }
+    let chunk = Arc::clone(chunk);
+    let _ = std::thread::Builder::new()
+        .name("keel-arena-fault".into())
+        .spawn(move || {
+            // A page at a time (pages already in are skipped): faulting in holds the process's
+            // memory-map lock, which an mmap elsewhere would otherwise wait on for longer.
+            for page in (from..to).step_by(HUGE_PAGE_BYTES) {
+                chunk.populate(page, HUGE_PAGE_BYTES);
+            }
+        });
 }
 
 /// Hints the CPU to start loading the cache line at `at`; never faults.
@@ -210,4 +249,48 @@ pub(crate) fn prefetch<T>(at: *const T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = at;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the page holding `at` is in memory (faulted in).
+    fn resident(at: usize) -> bool {
+        let page = at & !4095;
+        let mut vec = 0u8;
+        // SAFETY: one page of a mapping we own; `vec` has room for its one entry.
+        let rc = unsafe { libc::mincore(page as *mut libc::c_void, 4096, &mut vec) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec & 1 == 1
+    }
+
+    #[test]
+    fn allocation_entering_a_huge_page_faults_in_the_next_ones() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let arena = Arena::new();
+        let block = Layout::from_size_align(4096, ARENA_ALIGN).expect("layout");
+        let first = arena.alloc(block).as_ptr() as usize;
+        let chunk = first - first % HUGE_PAGE_BYTES;
+        // Nothing has written the chunk's later pages.
+        let ahead = chunk + POPULATE_AHEAD * HUGE_PAGE_BYTES + 4096;
+        // Into the second huge page: its successors get faulted in by a helper.
+        let mut last = first;
+        while last < chunk + HUGE_PAGE_BYTES {
+            last = arena.alloc(block).as_ptr() as usize;
+        }
+        let began = std::time::Instant::now();
+        while !resident(ahead) {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(60),
+                "the page {} huge pages on was never faulted in",
+                POPULATE_AHEAD
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Beyond the window nothing is.
+        assert!(!resident(chunk + (POPULATE_AHEAD + 2) * HUGE_PAGE_BYTES));
+    }
 }
