@@ -88,6 +88,8 @@ fn config_set_poller_moves_connections_with_their_state() {
     assert!(bad.contains("idle-poll-us"), "{bad}");
     let _: () = query(&mut admin, &["CONFIG", "SET", "idle-poll-us", "0"]);
     assert_eq!(info_field(&mut admin, "idle_poll_us"), "0");
+    // No spinning means none under load either.
+    assert_eq!(info_field(&mut admin, "spin_us"), "0");
     assert_eq!(
         query::<String>(&mut c, &["PING"]),
         "PONG",
