@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
+const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// A zeroed anonymous mapping, unmapped on drop; huge-page-advised unless made for
 /// sequential use ([`Region::sequential`]).
@@ -95,17 +95,22 @@ impl Region {
     /// Faults in `len` bytes from `offset` as a write would, without touching them, so the
     /// next write there does not stop for page faults. A hint: pages already there are left
     /// alone, and a kernel without `MADV_POPULATE_WRITE` (before 5.14) just does nothing.
-    /// Safe while other threads write the range: it changes no byte.
+    /// Safe while other threads write the range: it changes no byte. Goes a huge page at a
+    /// time: faulting in holds the process's memory-map lock, and a writer that needs it (any
+    /// mmap) would otherwise wait for the whole range, and every thread that faults after
+    /// that writer with it.
     pub(crate) fn populate(&self, offset: usize, len: usize) {
         assert!(offset + len <= self.bytes);
-        // SAFETY: the range lies inside our mapping; populating changes no contents.
-        unsafe {
-            libc::madvise(
-                self.start.as_ptr().add(offset).cast(),
-                len,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
+        for from in (offset..offset + len).step_by(HUGE_PAGE_BYTES) {
+            // SAFETY: the range lies inside our mapping; populating changes no contents.
+            unsafe {
+                libc::madvise(
+                    self.start.as_ptr().add(from).cast(),
+                    HUGE_PAGE_BYTES.min(offset + len - from),
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+        }
     }
 }
 
@@ -199,10 +204,9 @@ impl Arena {
         }
         let at = inner.next;
         inner.next += bytes;
-        // Chunks start on a huge-page boundary, so this is where a block enters a new page.
-        if at.is_multiple_of(HUGE_PAGE_BYTES)
-            || at / HUGE_PAGE_BYTES != (inner.next - 1) / HUGE_PAGE_BYTES
-        {
+        // The block enters a new huge page: its last byte is on another page than the byte
+        // before it (chunks start on a page boundary).
+        if (at - 1) / HUGE_PAGE_BYTES != (inner.next - 1) / HUGE_PAGE_BYTES {
             let chunk = inner.chunks.last().expect("a chunk is current");
             populate_ahead(chunk, inner.next - chunk.start().as_ptr() as usize);
         }
@@ -230,13 +234,7 @@ fn populate_ahead(chunk: &Arc<Region>, offset: usize) {
     let chunk = Arc::clone(chunk);
     let _ = std::thread::Builder::new()
         .name("keel-arena-fault".into())
-        .spawn(move || {
-            // A page at a time (pages already in are skipped): faulting in holds the process's
-            // memory-map lock, which an mmap elsewhere would otherwise wait on for longer.
-            for page in (from..to).step_by(HUGE_PAGE_BYTES) {
-                chunk.populate(page, HUGE_PAGE_BYTES);
-            }
-        });
+        .spawn(move || chunk.populate(from, to - from));
 }
 
 /// Hints the CPU to start loading the cache line at `at`; never faults.

@@ -360,15 +360,7 @@ impl Index {
             .name("keel-index-grow".into())
             .spawn(move || {
                 let table = Table::with_buckets(buckets);
-                // A huge page at a time: faulting in holds the process's memory-map lock,
-                // and a writer that needs it (any mmap) would wait for the whole table, then
-                // every thread that faults after that writer would too.
-                let bytes = table.region.bytes();
-                for offset in (0..bytes).step_by(crate::memory::HUGE_PAGE_BYTES) {
-                    table
-                        .region
-                        .populate(offset, crate::memory::HUGE_PAGE_BYTES.min(bytes - offset));
-                }
+                table.region.populate(0, table.region.bytes());
                 *next.lock() = Some(table);
             });
     }
