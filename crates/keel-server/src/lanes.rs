@@ -398,18 +398,6 @@ impl Lanes {
                 .store((poller_idle * 1000.0) as u64, Relaxed);
             self.spare_millicores
                 .store((spare * 1000.0) as u64, Relaxed);
-            let rate = tick_commands as f64 / elapsed.as_secs_f64().max(1e-3);
-            self.state.spin_ns.store(
-                spin_ns(self.state.idle_poll_ns.load(Relaxed), rate),
-                Relaxed,
-            );
-            // After CONFIG SET (or with auto off) start from where connections are now.
-            if self.setting() != PollerMode::Auto || policy.lane != self.lane() {
-                policy = Policy::new(now, self.lane());
-                if self.setting() != PollerMode::Auto {
-                    continue;
-                }
-            }
             let sample = Sample {
                 now,
                 poller_idle,
@@ -419,6 +407,17 @@ impl Lanes {
                 elapsed,
                 pool_workers: self.pool_workers,
             };
+            self.state.spin_ns.store(
+                spin_ns(self.state.idle_poll_ns.load(Relaxed), sample.rate()),
+                Relaxed,
+            );
+            // After CONFIG SET (or with auto off) start from where connections are now.
+            if self.setting() != PollerMode::Auto || policy.lane != self.lane() {
+                policy = Policy::new(now, self.lane());
+                if self.setting() != PollerMode::Auto {
+                    continue;
+                }
+            }
             if let Some(lane) = policy.step(sample) {
                 self.set_lane(lane);
             }
@@ -528,6 +527,13 @@ pub struct Sample {
     pub pool_workers: usize,
 }
 
+impl Sample {
+    /// Commands per second over the tick.
+    fn rate(&self) -> f64 {
+        self.commands as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
+}
+
 /// What the controller is doing.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
@@ -607,8 +613,7 @@ impl Policy {
         self.idle += (s.poller_idle - self.idle) * SMOOTHING;
         self.spare += (s.spare_cores - self.spare) * SMOOTHING;
         self.process_cores += (s.process_cores - self.process_cores) * SMOOTHING;
-        self.rates
-            .push(s.commands as f64 / s.elapsed.as_secs_f64().max(1e-3));
+        self.rates.push(s.rate());
         // The first tick on a lane is the move itself.
         let measured = (self.rates.len() > MEASURE_TICKS).then(|| {
             let last = &self.rates[self.rates.len() - MEASURE_TICKS..];
@@ -763,6 +768,18 @@ mod tests {
             }
         }
 
+        /// When connections moved to `lane`, and the gaps between those moves.
+        fn moves_to(&self, lane: Lane) -> (Vec<Instant>, Vec<Duration>) {
+            let at: Vec<_> = self
+                .moves
+                .iter()
+                .filter(|m| m.1 == lane)
+                .map(|m| m.0)
+                .collect();
+            let gaps = at.windows(2).map(|w| w[1] - w[0]).collect();
+            (at, gaps)
+        }
+
         /// Ticks on the poller and on the pool.
         fn run(&mut self, w: World, ticks: u32) -> (u32, u32) {
             let mut on = (0, 0);
@@ -842,9 +859,8 @@ mod tests {
             pool > poller * 15,
             "{poller} ticks on the poller, {pool} on the pool"
         );
-        let probes: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Poller).collect();
+        let (probes, gaps) = r.moves_to(Lane::Poller);
         assert!((4..=9).contains(&probes.len()), "{probes:?}");
-        let gaps: Vec<_> = probes.windows(2).map(|w| w[1].0 - w[0].0).collect();
         assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
         assert!(
             gaps.iter().all(|g| *g <= BACKOFF_MAX + TICK * 8),
@@ -884,8 +900,7 @@ mod tests {
             poller > pool * 8,
             "{poller} ticks on the poller, {pool} on the pool"
         );
-        let trials: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Pool).collect();
-        let gaps: Vec<_> = trials.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        let (_, gaps) = r.moves_to(Lane::Pool);
         assert!(
             gaps.windows(2).all(|g| g[1] >= g[0]),
             "trials back off: {gaps:?}"
@@ -961,9 +976,8 @@ mod tests {
             let poller = if i % 2 == 0 { 400_000.0 } else { 250_000.0 };
             r.run(World { poller, ..steady }, 1);
         }
-        let probes: Vec<_> = r.moves.iter().filter(|m| m.1 == Lane::Poller).collect();
+        let (probes, gaps) = r.moves_to(Lane::Poller);
         assert!((4..=9).contains(&probes.len()), "{probes:?}");
-        let gaps: Vec<_> = probes.windows(2).map(|w| w[1].0 - w[0].0).collect();
         assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
         assert_eq!(r.lane, Lane::Pool);
     }
