@@ -3,9 +3,9 @@
 //! A read-write [`Txn`] reads the snapshot at its `read_ts`, remembers every record it read,
 //! every absent key it looked up and every range it scanned, and buffers its writes. Commit:
 //!
-//! 1. lock the write set in key order (creating records for new keys, locked, in both
-//!    indexes); a lock held by someone else is waited on briefly, then the commit aborts —
-//!    no deadlock is possible and no wait is unbounded;
+//! 1. lock the write set in one global order, by key hash and then key (creating records
+//!    for new keys, locked, in both indexes); a lock held by someone else is waited on
+//!    briefly, then the commit aborts — no deadlock is possible and no wait is unbounded;
 //! 2. compute the values of commutative operations from the newest committed value (stable
 //!    under the lock);
 //! 3. take `commit_ts`;
@@ -47,7 +47,7 @@ const COLLECT_EVERY: u64 = 256;
 const PUBLISH_SPINS: usize = 7;
 
 /// How long a committer waits for a record lock held by another committer before aborting.
-/// Locks are taken in key order, so waiting cannot deadlock; a holder keeps its locks only
+/// Locks are taken in one global order (hash, then key), so waiting cannot deadlock; a holder keeps its locks only
 /// while it validates, logs and installs (never across an fsync), so the wait is short unless
 /// the holder was descheduled, which yielding lets it recover from.
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
@@ -55,6 +55,43 @@ const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a commit starts over because a record it applies commutative operations to
 /// moved into a split phase while it was locking.
 const SPLIT_RESTARTS_MAX: u32 = 64;
+
+/// The error of the smallest key whose operations fail against its committed value, among
+/// `writes` (locked as `locked`; those going to split slices are not applied at commit).
+fn first_apply_error(
+    writes: &[WriteEntry],
+    locked: &[RecordRef],
+    slices: &[Option<&'static SplitRecord>],
+) -> Option<Error> {
+    let mut first: Option<(&[u8], Error)> = None;
+    for (i, (entry, record)) in writes.iter().zip(locked).enumerate() {
+        let Write::Ops(ops) = &entry.write else {
+            continue;
+        };
+        if slices.get(i).is_some_and(Option::is_some)
+            || first
+                .as_ref()
+                .is_some_and(|(k, _)| *k <= entry.key.as_slice())
+        {
+            continue;
+        }
+        let mut value = record
+            .get()
+            .head()
+            .and_then(|v| v.value())
+            .map(<[u8]>::to_vec);
+        for op in ops {
+            match op.apply(&entry.key, value.as_deref()) {
+                Ok(v) => value = Some(v),
+                Err(e) => {
+                    first = Some((&entry.key, e));
+                    break;
+                }
+            }
+        }
+    }
+    first.map(|(_, e)| e)
+}
 
 /// What [`Txn::lock`] achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +131,32 @@ struct WriteEntry {
     write: Write,
     /// Tickets ([`Txn::track`]) for the value after the first `n` of this entry's operations,
     /// resolved at commit: `(ticket, n)`. Only on `Write::Ops` entries.
-    tickets: Vec<(u32, usize)>,
+    tickets: Tickets,
+}
+
+/// An entry's tickets: usually none or one (an `INCR`), which take no allocation.
+#[derive(Default)]
+struct Tickets {
+    first: Option<(u32, usize)>,
+    rest: Vec<(u32, usize)>,
+}
+
+impl Tickets {
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn push(&mut self, ticket: (u32, usize)) {
+        if self.first.is_none() {
+            self.first = Some(ticket);
+        } else {
+            self.rest.push(ticket);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.first.into_iter().chain(self.rest.iter().copied())
+    }
 }
 
 /// Buffered writes: a vector in arrival order, with a hash index once it grows.
@@ -151,7 +213,7 @@ impl WriteSet {
             key: key.to_vec(),
             hash,
             write,
-            tickets: Vec::new(),
+            tickets: Tickets::default(),
         });
         if let Some(index) = &mut self.index {
             index.insert(key.to_vec(), position);
@@ -560,7 +622,7 @@ impl<'db> Txn<'db> {
             value = Some(op.apply(&key, value.as_deref())?);
             after.push(value.clone());
         }
-        for (ticket, n) in std::mem::take(&mut self.writes.entries[i].tickets) {
+        for (ticket, n) in std::mem::take(&mut self.writes.entries[i].tickets).iter() {
             self.tracked[ticket as usize] = Tracked::Known(after[n - 1].clone());
         }
         Ok(())
@@ -907,7 +969,9 @@ impl<'db> Txn<'db> {
         }
         let me = self.me();
         let mut writes = std::mem::take(&mut self.writes.entries);
-        writes.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        // Lock order: by hash, then key. Any order that every commit agrees on rules out
+        // deadlock; this one compares keys only when hashes tie.
+        writes.sort_unstable_by(|a, b| a.hash.cmp(&b.hash).then_with(|| a.key.cmp(&b.key)));
         let splitter = &self.db.splitter;
 
         // 1. Lock the write set. Commutative operations on a record split in the open phase
@@ -1011,7 +1075,7 @@ impl<'db> Txn<'db> {
                 }
                 if !fits {
                     // The phase closed under us, or restarts ran out: start over. Locking the
-                    // records meant for slices here would take locks out of key order (and
+                    // records meant for slices here would take locks out of order (and
                     // deadlock against a committer holding them and waiting for ours).
                     self.db.oracle.announce(self.slot, 0);
                     self.unlock_all(&locked, &slices, me);
@@ -1037,23 +1101,28 @@ impl<'db> Txn<'db> {
                 Write::Put(v) => Some(std::mem::take(v)),
                 Write::Delete => None,
                 Write::Ops(ops) => {
-                    let mut value = record
-                        .get()
-                        .head()
-                        .and_then(|v| v.value())
-                        .map(<[u8]>::to_vec);
+                    // The first operation reads the committed value in place.
+                    let committed = record.get().head().and_then(|v| v.value());
+                    let mut value: Option<Vec<u8>> = None;
                     for (n, op) in ops.iter().enumerate() {
-                        match op.apply(&entry.key, value.as_deref()) {
+                        let current = if n == 0 { committed } else { value.as_deref() };
+                        match op.apply(&entry.key, current) {
                             Ok(v) => value = Some(v),
                             Err(e) => {
+                                // Entries are in lock order; the error reported is the one
+                                // of the smallest key, as in a run in key order.
+                                let e = first_apply_error(&writes, &locked, &slices).unwrap_or(e);
                                 leave(self);
                                 self.unlock_all(&locked, &slices, me);
                                 return Step::Done(Err(CommitError::Apply(e)));
                             }
                         }
-                        for &(ticket, _) in entry.tickets.iter().filter(|(_, k)| *k == n + 1) {
+                        for (ticket, _) in entry.tickets.iter().filter(|&(_, k)| k == n + 1) {
                             self.tracked[ticket as usize] = Tracked::Known(value.clone());
                         }
+                    }
+                    if ops.is_empty() {
+                        value = committed.map(<[u8]>::to_vec);
                     }
                     value
                 }
