@@ -26,9 +26,9 @@
 //! - from the pool it probes the poller after [`PROBE_FIRST`] of busy time (doubling up to
 //!   [`BACKOFF_MAX`] while probes fail) and stays there unless it serves [`MARGIN`] less,
 //!   or, if the poller had no slack in the probe ([`SATURATED_IDLE`]), unless it serves less
-//!   at all. No probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load cannot fit on one
-//!   thread. After [`QUIET_RESET`] without a command the next load is new, and the waits
-//!   start over.
+//!   at all. No probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load
+//!   cannot fit on one thread. After [`QUIET_RESET`] without a command the next load is new,
+//!   and the waits start over.
 //!
 //! Each measurement skips the tick in which connections move, then counts commands over
 //! [`MEASURE_TICKS`] ticks; a measurement whose ticks differ by more than [`STEADY_SPREAD`]
@@ -820,6 +820,14 @@ mod tests {
             (at, gaps)
         }
 
+        /// Runs `w` one tick at a time until connections leave the lane they are on.
+        fn until_moved(&mut self, w: World) {
+            let lane = self.lane;
+            while self.lane == lane {
+                self.run(w, 1);
+            }
+        }
+
         /// Ticks on the poller and on the pool.
         fn run(&mut self, w: World, ticks: u32) -> (u32, u32) {
             let mut on = (0, 0);
@@ -1014,9 +1022,7 @@ mod tests {
         // A trial during which the clients leave: judged once the pool's ticks settle at
         // the lower rate, and back to the poller.
         let mut r = Run::new(Lane::Poller);
-        while r.lane == Lane::Poller {
-            r.run(busy, 1);
-        }
+        r.until_moved(busy);
         r.run(busy, 2);
         r.run(
             World {
@@ -1028,9 +1034,7 @@ mod tests {
         assert_eq!(r.lane, Lane::Poller, "{:?}", r.moves);
         // A trial whose ticks never settle: back to the poller after the extra ticks.
         let mut r = Run::new(Lane::Poller);
-        while r.lane == Lane::Poller {
-            r.run(busy, 1);
-        }
+        r.until_moved(busy);
         let moved = r.now;
         for i in 0.. {
             let pool = if i % 2 == 0 { 520_000.0 } else { 250_000.0 };
@@ -1051,9 +1055,7 @@ mod tests {
         // serves 30% more than the poller: it is kept.
         let busy = World::new(400_000.0, 520_000.0, 0.1, 0.4);
         let mut r = Run::new(Lane::Poller);
-        while r.lane == Lane::Poller {
-            r.run(busy, 1);
-        }
+        r.until_moved(busy);
         for pool in [300_000.0, 700_000.0, 350_000.0] {
             r.run(World { pool, ..busy }, 1);
         }

@@ -47,9 +47,9 @@ const COLLECT_EVERY: u64 = 256;
 const PUBLISH_SPINS: usize = 7;
 
 /// How long a committer waits for a record lock held by another committer before aborting.
-/// Locks are taken in one global order (hash, then key), so waiting cannot deadlock; a holder keeps its locks only
-/// while it validates, logs and installs (never across an fsync), so the wait is short unless
-/// the holder was descheduled, which yielding lets it recover from.
+/// Locks are taken in one global order (hash, then key), so waiting cannot deadlock; a holder
+/// keeps its locks only while it validates, logs and installs (never across an fsync), so the
+/// wait is short unless the holder was descheduled, which yielding lets it recover from.
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How often a commit starts over because a record it applies commutative operations to
