@@ -69,8 +69,9 @@ pub struct Args {
     /// How long the poller keeps polling after its last request before it sleeps, in
     /// microseconds (0 to 1000000; 0: sleep at once) [default: 100]. Polling keeps a core
     /// busy while any client sends at least one request per this interval. Under 10 000
-    /// commands/s or more it polls at least 2000 µs (unless this is 0): a poller that sleeps
-    /// in a short gap of a heavy load makes the next requests wait for it to wake.
+    /// commands/s or more it polls at least 2000 µs (unless this is 0 or durability is sync):
+    /// a poller that sleeps in a short gap of a heavy load makes the next requests wait for
+    /// it to wake. Under sync the gaps are fsyncs, and the flusher needs the core.
     #[arg(long, value_name = "US")]
     idle_poll_us: Option<u64>,
 }

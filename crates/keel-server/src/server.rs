@@ -242,8 +242,12 @@ impl Server {
             dir: config.dir.clone(),
             source,
         })?;
-        let lanes = crate::lanes::Lanes::start(config.poller, config.idle_poll_us)
-            .map_err(StartError::Poller)?;
+        let lanes = crate::lanes::Lanes::start(
+            config.poller,
+            config.idle_poll_us,
+            config.durability == crate::config::Durability::Sync,
+        )
+        .map_err(StartError::Poller)?;
         let db: &'static Db = Box::leak(Box::new(db));
         let shared = Arc::new(Shared {
             db,
