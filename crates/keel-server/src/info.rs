@@ -352,7 +352,8 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             t,
             "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\n\
              aof_enabled:{}\r\nkeel_durability:{}\r\nkeel_dir:{}\r\nkeel_log_frames:{}\r\n\
-             keel_log_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\nkeel_checkpoints:{}\r\n\
+             keel_log_fsyncs:{}\r\nkeel_log_inline_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\n\
+             keel_checkpoints:{}\r\n\
              rdb_last_save_time:{}\r\nkeel_checkpoint_age_seconds:{}\r\n\
              keel_log_bytes_since_checkpoint:{}\r\n\r\n",
             u8::from(files),
@@ -363,6 +364,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 .map_or(String::new(), |d| d.display().to_string()),
             stats.log_frames,
             stats.log_fsyncs,
+            stats.log_inline_fsyncs,
             if stats.log_fsyncs == 0 {
                 0.0
             } else {
@@ -613,6 +615,12 @@ pub fn prometheus(shared: &Shared) -> String {
         "fsyncs of the log (one covers every commit that arrived meanwhile).",
         "counter",
         &one(s.log_fsyncs),
+    );
+    counter(
+        "keel_log_inline_fsyncs_total",
+        "fsyncs of the log run by the poller itself (sync durability), not the flusher thread.",
+        "counter",
+        &one(s.log_inline_fsyncs),
     );
     counter(
         "keel_checkpoints_total",

@@ -110,8 +110,8 @@ pub const BUSY_SPIN_RATE: f64 = 10_000.0;
 /// Under `sync` durability the gaps in a busy load are fsyncs, not a client held up: every
 /// connection waits for the flusher, which needs a core to run on. A poller spinning through
 /// those gaps takes that core from the flusher and from the clients. At -P 1 with 50 clients
-/// on 2 cores it left the client waiting for a core 10% of the time, and keeping the spin at
-/// 100 µs served 12–30% more (median 18%, five rounds; BENCHMARKS.md).
+/// on 2 cores it left the client waiting for a core 10% of the time; keeping the spin at
+/// 100 µs served 9% more INCR (median of five rounds, 18% in an earlier five; BENCHMARKS.md).
 fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool) -> u64 {
     if idle_poll_ns != 0 && commands_per_s >= BUSY_SPIN_RATE && !replies_wait_for_fsync {
         idle_poll_ns.max(nanos(BUSY_SPIN))
@@ -119,6 +119,12 @@ fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool)
         idle_poll_ns
     }
 }
+/// Under `sync`, the poller flushes the log inline after a pass that read nothing, or after
+/// this many passes in a row that did (see [`spin`]). Flushing after every pass blocked a
+/// busy poller in fsyncs it could have overlapped with work: `MSET` -P 1 served 11% less
+/// than with the flusher thread. Waiting for a drained pass alone would let a stream of
+/// reads hold writers for up to the flusher thread's 5 ms.
+pub const INLINE_FLUSH_BUSY_PASSES: u32 = 16;
 /// Largest `idle-poll-us`.
 pub const IDLE_POLL_US_MAX: u64 = 1_000_000;
 
@@ -197,6 +203,9 @@ pub struct PollerState {
     idle_poll_ns: AtomicU64,
     /// How long the spinner polls after the last request now ([`spin_ns`]).
     spin_ns: AtomicU64,
+    /// Under `sync` durability, the database whose log the poller writes and fsyncs itself
+    /// ([`keel::Db::flush_log_here`]) once its loop has drained the sockets, as Redis does.
+    inline_log: Option<&'static keel::Db>,
 }
 
 impl PollerState {
@@ -217,9 +226,16 @@ impl PollerState {
     #[inline]
     pub fn active(&self) {
         self.activity.fetch_add(1, Relaxed);
-        // Only the poller thread runs the spinner and these connections, so this check
-        // cannot race the spinner going to sleep.
-        if self.sleeping.load(Relaxed) && self.idle_poll_ns.load(Relaxed) != 0 {
+        if self.idle_poll_ns.load(Relaxed) != 0 {
+            self.wake_spinner();
+        }
+    }
+
+    /// Wakes the spinner if it sleeps. Only the poller thread runs the spinner and calls
+    /// this, so the check cannot race the spinner going to sleep.
+    #[inline]
+    fn wake_spinner(&self) {
+        if self.sleeping.load(Relaxed) {
             self.sleeping.store(false, Relaxed);
             self.wake.notify_one();
         }
@@ -248,12 +264,13 @@ pub struct Lanes {
 }
 
 impl Lanes {
-    /// Starts the poller thread; the pool is the runtime this is called on.
-    /// `replies_wait_for_fsync`: durability is `sync`.
+    /// Starts the poller thread; the pool is the runtime this is called on. `inline_log`:
+    /// under `sync` durability, the database whose log the poller flushes itself (replies
+    /// then wait for fsyncs: see [`spin_ns`]).
     pub fn start(
         setting: PollerMode,
         idle_poll_us: u64,
-        replies_wait_for_fsync: bool,
+        inline_log: Option<&'static keel::Db>,
     ) -> std::io::Result<Lanes> {
         let pool = Handle::current();
         let pool_workers = pool.metrics().num_workers();
@@ -266,6 +283,7 @@ impl Lanes {
             wake: Notify::new(),
             idle_poll_ns: AtomicU64::new(idle_poll_us * 1000),
             spin_ns: AtomicU64::new(idle_poll_us * 1000),
+            inline_log,
         });
         let (parked, unparked) = (state.clone(), state.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -286,6 +304,14 @@ impl Lanes {
         let thread = std::thread::Builder::new()
             .name("keel-poller".into())
             .spawn(move || {
+                if spinner.inline_log.is_some() {
+                    // A commit here that waits for the log wakes the spinner, which flushes
+                    // it, instead of the flusher thread.
+                    let woken = spinner.clone();
+                    keel::Db::flush_log_inline_on_this_thread(Some(std::rc::Rc::new(move || {
+                        woken.wake_spinner()
+                    })));
+                }
                 runtime.spawn(spin(spinner));
                 runtime.block_on(stopped.cancelled());
                 // Connections still here are dropped (closed) with the runtime.
@@ -305,7 +331,7 @@ impl Lanes {
             poller_idle_permille: AtomicU64::new(1000),
             spare_millicores: AtomicU64::new(0),
             process_millicores: AtomicU64::new(0),
-            replies_wait_for_fsync,
+            replies_wait_for_fsync: inline_log.is_some(),
         })
     }
 
@@ -462,16 +488,41 @@ fn nanos(d: Duration) -> u64 {
 /// Keeps the poller thread awake while its connections are busy: yielding makes the runtime
 /// poll the sockets without blocking. Also counts the idle time of those polls. The clock is
 /// read only on polls that found nothing: a busy poller does not pay for it.
+///
+/// Under `sync` durability it also writes and fsyncs the log for the commits its passes
+/// made, and does not sleep while any of them still waits (the flusher thread may hold the
+/// log for a moment).
 async fn spin(state: Arc<PollerState>) {
     loop {
         let mut seen = state.activity.load(Relaxed);
         let mut idle_since = Instant::now();
         let mut prev = idle_since;
         let mut busy = false;
+        let mut busy_passes = 0u32;
         loop {
             tokio::task::yield_now().await;
             let activity = state.activity.load(Relaxed);
-            if activity != seen {
+            // Under `sync`, flush once the sockets are drained (a pass that read nothing), as
+            // Redis does at the end of its pass; while reads keep coming, every
+            // [`INLINE_FLUSH_BUSY_PASSES`] passes.
+            busy_passes += u32::from(activity != seen);
+            let flush = if state.inline_log.is_some()
+                && (activity == seen || busy_passes >= INLINE_FLUSH_BUSY_PASSES)
+            {
+                busy_passes = 0;
+                state
+                    .inline_log
+                    .map(keel::Db::flush_log_here)
+                    .unwrap_or_default()
+            } else {
+                keel::LogFlush::default()
+            };
+            if activity != seen || flush.waiting {
+                // Time spent waiting for the disk is idle time, as it is for Redis in its
+                // fsync: a poller blocked there is not short of CPU, and the pool would not
+                // serve these commits any sooner. (On an empty poll, the gap below counts
+                // it.)
+                state.idle_ns.fetch_add(nanos(flush.took), Relaxed);
                 seen = activity;
                 busy = true;
                 continue;
@@ -481,6 +532,7 @@ async fn spin(state: Arc<PollerState>) {
                 // The first empty poll after work: idle from here.
                 busy = false;
                 idle_since = now;
+                state.idle_ns.fetch_add(nanos(flush.took), Relaxed);
             } else {
                 state.idle_ns.fetch_add(nanos(now - prev), Relaxed);
             }

@@ -541,6 +541,8 @@ pub struct Stats {
     pub log_frames: u64,
     /// fsyncs of the log.
     pub log_fsyncs: u64,
+    /// Of those, fsyncs run by a thread flushing inline ([`Db::flush_log_here`]).
+    pub log_inline_fsyncs: u64,
     /// Checkpoints written since open.
     pub checkpoints: u64,
     /// Time since the newest checkpoint was written by this process, or since the database
@@ -913,6 +915,29 @@ impl Db {
         }
     }
 
+    /// Makes the calling thread flush the log itself under `sync` durability, as Redis's event
+    /// loop does, instead of handing every batch to the flusher thread: a commit on this
+    /// thread that waits for the log asynchronously ([`Txn::commit_async`]) calls `on_wait`
+    /// instead of waking the flusher thread, and the thread promises to call
+    /// [`Db::flush_log_here`] soon (from its event loop). The flusher thread still
+    /// writes whatever is left within 5 ms, so a missed call costs latency, never a lost or
+    /// stuck commit. A commit that blocks its thread ([`Txn::commit`]) wakes the flusher as
+    /// usual. Applies to every database used on this thread; `None` undoes it.
+    pub fn flush_log_inline_on_this_thread(on_wait: Option<std::rc::Rc<dyn Fn()>>) {
+        crate::wal::flush_inline_on_this_thread(on_wait);
+    }
+
+    /// Under `sync` durability, writes and fsyncs the log on the calling thread for the
+    /// commits that wait for it, unless the flusher thread is doing so at this moment; a no-op
+    /// otherwise. Says whether it flushed, and whether commits still wait for the log (call
+    /// again soon).
+    pub fn flush_log_here(&self) -> crate::wal::LogFlush {
+        self.shared
+            .log
+            .as_ref()
+            .map_or_else(Default::default, Log::flush_here)
+    }
+
     /// Counters summed over all transactions so far.
     pub fn stats(&self) -> Stats {
         let oracle = &self.shared.oracle;
@@ -940,6 +965,7 @@ impl Db {
             record_bytes: self.shared.store.arena_bytes() as u64,
             log_frames: log.map_or(0, |l| l.frames.load(Relaxed)),
             log_fsyncs: log.map_or(0, |l| l.fsyncs.load(Relaxed)),
+            log_inline_fsyncs: log.map_or(0, |l| l.inline_fsyncs.load(Relaxed)),
             checkpoints: self.shared.checkpoints.load(Relaxed),
             checkpoint_age: since_checkpoint.map(|(_, age)| age),
             log_bytes_since_checkpoint: since_checkpoint.map_or(0, |(logged, _)| logged),

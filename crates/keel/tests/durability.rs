@@ -612,6 +612,153 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
     }
 }
 
+/// Drives a future as an event loop that flushes the log itself does: polls, then writes and
+/// fsyncs what its commits wait for ([`Db::flush_log_here`]), and parks only when nothing of
+/// its own waits for the log.
+fn block_on_flushing<F: std::future::Future>(db: &Db, f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut polls = 0;
+    loop {
+        let ready = block_on(std::future::poll_fn(|cx| {
+            polls += 1;
+            std::task::Poll::Ready(f.as_mut().poll(cx))
+        }));
+        if let std::task::Poll::Ready(v) = ready {
+            return v;
+        }
+        if !db.flush_log_here().waiting {
+            std::thread::park_timeout(Duration::from_millis(1));
+        }
+        assert!(polls < 1_000_000, "a commit never completed");
+    }
+}
+
+/// Installs an inline-flush hook on this thread that counts its calls.
+fn flush_inline_here() -> std::rc::Rc<std::cell::Cell<u64>> {
+    let calls = std::rc::Rc::new(std::cell::Cell::new(0));
+    let counted = calls.clone();
+    Db::flush_log_inline_on_this_thread(Some(std::rc::Rc::new(move || {
+        counted.set(counted.get() + 1)
+    })));
+    calls
+}
+
+/// Threads that flush the log themselves (as the server's poller does under `sync`), beside
+/// threads that leave it to the flusher, and a power loss in the middle: every commit
+/// acknowledged before the crash survives it whole, and none is half there.
+#[test]
+fn inline_flushers_and_the_flusher_thread_lose_no_acknowledged_commit() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let acked = Mutex::new(Vec::new());
+    let crashed = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let (db, acked, crashed) = (&db, &acked, &crashed);
+            s.spawn(move || {
+                let inline = t % 2 == 0;
+                let hook_calls = inline.then(flush_inline_here);
+                for i in 0..400 {
+                    let (a, b) = (format!("a{t}-{i:03}"), format!("b{t}-{i:03}"));
+                    let mut txn = db.begin().unwrap();
+                    txn.put(a.as_bytes(), b"1").unwrap();
+                    txn.put(b.as_bytes(), b"2").unwrap();
+                    let outcome = if inline {
+                        block_on_flushing(db, txn.commit_async())
+                    } else {
+                        block_on(txn.commit_async())
+                    };
+                    match outcome {
+                        Ok(outcome) => {
+                            outcome.expect("disjoint keys never conflict");
+                            acked.lock().unwrap().push((a, b));
+                        }
+                        Err(e) => {
+                            assert!(
+                                crashed.load(Ordering::SeqCst),
+                                "failed without a crash: {e}"
+                            );
+                            break;
+                        }
+                    }
+                }
+                if let Some(calls) = hook_calls {
+                    assert!(calls.get() > 0, "waiting commits called the hook");
+                    Db::flush_log_inline_on_this_thread(None);
+                }
+            });
+        }
+        while acked.lock().unwrap().len() < 500 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        crashed.store(true, Ordering::SeqCst);
+        disk.crash();
+    });
+    let acked = acked.into_inner().unwrap();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let got = contents(&db);
+    for (a, b) in &acked {
+        assert!(
+            got.contains_key(a) && got.contains_key(b),
+            "acknowledged {a} lost"
+        );
+    }
+    for key in got.keys().filter(|k| k.starts_with('a')) {
+        let b = format!("b{}", &key[1..]);
+        assert!(got.contains_key(&b), "{key} recovered without {b}");
+    }
+}
+
+/// On an inline-flushing thread, a commit that waits asynchronously calls the hook instead
+/// of waking the flusher thread, one that blocks does not; an fsync that fails under an
+/// inline flush fails its commit, and the log stays failed for everyone.
+#[test]
+fn inline_flush_calls_the_hook_and_reports_a_failed_fsync() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let calls = flush_inline_here();
+    for i in 0..20 {
+        let mut txn = db.begin().unwrap();
+        txn.put(format!("async{i:02}").as_bytes(), b"1").unwrap();
+        block_on_flushing(&db, txn.commit_async()).unwrap().unwrap();
+    }
+    // Each commit calls it once, unless the flusher thread's timed round made its frame
+    // durable before the commit registered.
+    let hooked = calls.get();
+    assert!(
+        (1..=20).contains(&hooked),
+        "{hooked} hook calls for 20 commits"
+    );
+    put(&db, "blocking", "1").unwrap();
+    assert_eq!(
+        calls.get(),
+        hooked,
+        "a blocking commit wakes the flusher thread instead"
+    );
+    assert_eq!(
+        db.flush_log_here(),
+        keel::LogFlush::default(),
+        "nothing waits"
+    );
+    disk.inject(Fault::SyncError);
+    let mut txn = db.begin().unwrap();
+    txn.put(b"failed", b"1").unwrap();
+    let err = block_on_flushing(&db, txn.commit_async()).unwrap_err();
+    assert!(err.to_string().contains("fsync"), "{err}");
+    assert_eq!(db.snapshot().unwrap().get(b"failed").unwrap(), None);
+    assert!(put(&db, "later", "1").is_err(), "the log stays failed");
+    Db::flush_log_inline_on_this_thread(None);
+    disk.crash();
+    drop(db);
+    let got = contents(&Db::open(dir(), sim_options(&disk)).unwrap());
+    let mut want: Vec<String> = (0..20).map(|i| format!("async{i:02}")).collect();
+    want.push("blocking".into());
+    assert_eq!(got.into_keys().collect::<Vec<_>>(), want);
+}
+
 /// `commit_async` with `sync` durability, many committers at once, and a power loss in the
 /// middle: every commit acknowledged before the crash survives it, whole (both of its keys),
 /// and was visible to a fresh snapshot as soon as it was acknowledged.

@@ -303,6 +303,9 @@ fn sync_durability_logs_and_groups_commits() {
     assert!(field("keel_log_frames") >= 408, "{info}");
     let fsyncs = field("keel_log_fsyncs");
     assert!(fsyncs > 0, "{info}");
+    // Unpipelined clients stay on the poller, which fsyncs their commits itself.
+    assert!(field("keel_log_inline_fsyncs") > 0, "{info}");
+    assert!(field("keel_log_inline_fsyncs") <= fsyncs, "{info}");
     // Nothing checkpointed yet: the age counts from start, every frame would be replayed.
     assert!(field("keel_checkpoint_age_seconds") < 600, "{info}");
     assert!(

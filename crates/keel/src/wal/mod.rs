@@ -18,6 +18,13 @@
 //! arriving, it waits a bounded moment (scaled by what an fsync costs) so that one fsync
 //! covers them all (see `Gather`). A lone committer expects no company and never waits.
 //!
+//! A thread that runs an event loop (the server's poller) may flush instead, as Redis does:
+//! a commit of its own that waits calls the thread's hook rather than waking the flusher,
+//! and from its loop the thread writes and fsyncs the batch itself ([`Log::flush_here`]),
+//! with no gather and no hand-off between threads. A round of writing runs under one lock,
+//! whoever runs it; the flusher thread still runs one at least every 5 ms, so nothing waits
+//! on an event loop that stopped.
+//!
 //! The first failed write or fsync poisons the log for good: every waiting committer and
 //! every later commit gets the error, and nothing is retried (the kernel may have dropped the
 //! dirty pages, so no later fsync could vouch for them). Recovery from the files is the only
@@ -29,6 +36,7 @@ pub(crate) mod reader;
 use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::Waker;
@@ -70,6 +78,16 @@ pub enum Durability {
     None,
 }
 
+/// What [`Log::flush_here`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogFlush {
+    /// How long it spent writing and fsyncing the log on the calling thread, mostly waiting
+    /// for the disk (zero if it did not).
+    pub took: Duration,
+    /// Commits still wait for the log: call again soon.
+    pub waiting: bool,
+}
+
 /// The log failed; the database refuses writes from now on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the write-ahead log failed, so the database is read-only until restarted: {0}")]
@@ -104,7 +122,13 @@ pub(crate) struct Shared {
     /// a timestamp lease).
     sync_wanted: AtomicU64,
     pub(crate) fsyncs: AtomicU64,
+    /// fsyncs run by a thread flushing inline.
+    pub(crate) inline_fsyncs: AtomicU64,
     pub(crate) frames: AtomicU64,
+    /// When a thread last flushed inline ([`Log::flush_here`]), in ns since `base`; 0: never.
+    /// While that is recent the flusher thread leaves the log to it.
+    inline_round_ns: AtomicU64,
+    base: Instant,
     /// Where [`Wake::Finish`] waiters are marked finished.
     oracle: Option<Arc<Oracle>>,
 }
@@ -137,12 +161,29 @@ pub(crate) struct Tail {
 /// The write-ahead log of one database.
 pub(crate) struct Log {
     shared: Arc<Shared>,
+    /// What writes and fsyncs the log: the flusher thread, or a thread flushing inline
+    /// ([`Log::flush_here`]), whichever holds the lock.
+    writer: Arc<Mutex<Flusher>>,
     flusher: Mutex<Option<JoinHandle<()>>>,
     mode: Durability,
 }
 
 thread_local! {
     static ENCODE_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Set on a thread that flushes the log itself ([`flush_inline_on_this_thread`]): called
+    /// instead of waking the flusher thread when a commit on this thread starts waiting.
+    static INLINE_FLUSH: RefCell<Option<Rc<dyn Fn()>>> = const { RefCell::new(None) };
+}
+
+/// Makes the calling thread flush the log itself under `sync` durability, as Redis's event
+/// loop does: a commit on this thread that waits for the log (asynchronously: a task, or a
+/// commit the flusher finishes) no longer wakes the flusher thread; `on_wait` is called
+/// instead, and the thread promises to call [`Log::flush_here`] soon. The flusher thread
+/// still writes whatever is left within its 5 ms sleep, so a missed call costs latency, not
+/// a hang. A commit that parks its thread ([`Log::wait_durable`]) wakes the flusher as
+/// always. `None` undoes it.
+pub(crate) fn flush_inline_on_this_thread(on_wait: Option<Rc<dyn Fn()>>) {
+    INLINE_FLUSH.with(|hook| *hook.borrow_mut() = on_wait);
 }
 
 impl Log {
@@ -179,7 +220,10 @@ impl Log {
             shutdown: AtomicBool::new(false),
             sync_wanted: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            inline_fsyncs: AtomicU64::new(0),
             frames: AtomicU64::new(0),
+            inline_round_ns: AtomicU64::new(0),
+            base: Instant::now(),
             oracle,
         });
         let flusher = Flusher {
@@ -197,12 +241,16 @@ impl Log {
             mode,
             populated: 0,
         };
+        let writer = Arc::new(Mutex::new(flusher));
+        let thread_writer = Arc::clone(&writer);
+        let thread_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("keel-wal-flusher".into())
-            .spawn(move || flusher.run())
+            .spawn(move || run_flusher(&thread_shared, &thread_writer, mode))
             .expect("spawning the log flusher thread");
         Log {
             shared,
+            writer,
             flusher: Mutex::new(Some(handle)),
             mode,
         }
@@ -260,7 +308,8 @@ impl Log {
             return Ok(());
         }
         s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        s.register(end, Wake::Thread(std::thread::current()));
+        // This thread parks: it cannot flush inline, so the flusher thread must come.
+        s.register(end, Wake::Thread(std::thread::current()), false);
         // Registered before this check: either we see the durable LSN (or the failure), or
         // the flusher, which publishes it before taking the list, sees us and unparks us.
         while s.durable.load(Ordering::Acquire) < end {
@@ -279,7 +328,7 @@ impl Log {
             return true;
         }
         s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        s.register(end, Wake::Task(waker.clone()));
+        s.register(end, Wake::Task(waker.clone()), true);
         // As in `wait_durable`: registered before this check, so either we see it or the
         // flusher sees us.
         s.durable.load(Ordering::Acquire) >= end || s.failed.load(Ordering::Acquire)
@@ -295,7 +344,7 @@ impl Log {
         let oracle = s.oracle.as_ref().expect("a database log has the oracle");
         if s.durable.load(Ordering::Acquire) < end {
             s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-            s.register(end, Wake::Finish(ts));
+            s.register(end, Wake::Finish(ts), true);
         }
         // Durable already, or the flusher published `durable` past `end` and took the list
         // before we registered: finish it ourselves. Finishing twice is harmless (the same
@@ -303,6 +352,39 @@ impl Log {
         if s.durable.load(Ordering::Acquire) >= end {
             oracle.finish(ts);
             oracle.advance();
+        }
+    }
+
+    /// Under `sync`, writes and fsyncs on the calling thread whatever commits wait for, if
+    /// the flusher thread is not doing so right now (see [`flush_inline_on_this_thread`]).
+    /// Returns whether commits still wait for the log afterwards (the flusher thread had the
+    /// log, or more arrived), so that the caller keeps calling.
+    pub(crate) fn flush_here(&self) -> LogFlush {
+        let s = &*self.shared;
+        if self.mode != Durability::Sync
+            || s.waiting.load(Ordering::SeqCst) == 0
+            || s.failed.load(Ordering::Acquire)
+            || s.shutdown.load(Ordering::Acquire)
+        {
+            return LogFlush::default();
+        }
+        let mut took = Duration::ZERO;
+        if let Some(mut writer) = self.writer.try_lock() {
+            // The same round as the flusher thread's, without the gather: what waits now is
+            // what this thread's last pass committed.
+            let started = Instant::now();
+            let synced = writer.synced;
+            let _ = writer.round(false);
+            took = started.elapsed();
+            if writer.synced != synced {
+                s.inline_fsyncs.fetch_add(1, Ordering::Relaxed);
+            }
+            s.inline_round_ns
+                .store(nanos_since(s.base), Ordering::Relaxed);
+        }
+        LogFlush {
+            took,
+            waiting: s.waiting.load(Ordering::SeqCst) != 0 && !s.failed.load(Ordering::Acquire),
         }
     }
 
@@ -370,13 +452,18 @@ impl Shared {
     }
 
     /// Adds a waiter for `end`, and wakes the flusher if it is idle or if this registration
-    /// completes the batch it is gathering.
-    fn register(&self, end: u64, wake: Wake) {
+    /// completes the batch it is gathering. On a thread that flushes inline (and may: `inline`)
+    /// it calls that thread's hook instead.
+    fn register(&self, end: u64, wake: Wake, inline: bool) {
         let mut waiters = self.waiters.lock();
         waiters.push(Waiter { end, wake });
         let waiting = waiters.len();
         self.waiting.store(waiting, Ordering::SeqCst);
         drop(waiters);
+        if inline && let Some(hook) = INLINE_FLUSH.with(|hook| hook.borrow().clone()) {
+            hook();
+            return;
+        }
         // SeqCst pairs with the flusher's store of the target then load of `waiting`: if we
         // read a stale target (0) we kick, and otherwise the flusher counts us.
         if waiting >= self.gather_target.load(Ordering::SeqCst) {
@@ -527,45 +614,157 @@ const RING_ALL_POPULATED: u64 = u64::MAX >> (64 - RING_PAGES);
 /// writers fill while it sleeps (at most 5 ms).
 const RING_PAGES_AHEAD: usize = 2;
 
+/// What one round of writing left to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Everything ready was written: sleep until kicked.
+    Idle,
+    /// More may be ready: go round again.
+    More,
+    /// The log failed, or shut down with everything durable: the flusher thread ends.
+    Done,
+}
+
+/// The flusher thread: gathers (in `sync` mode, without holding the writer, so that a thread
+/// flushing inline is not kept out), then runs a round, and sleeps when it is idle.
+fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
+    loop {
+        if shared.failed.load(Ordering::Acquire) {
+            // A thread flushing inline failed; it has woken everyone.
+            return;
+        }
+        let shutdown = shared.shutdown.load(Ordering::Acquire);
+        let inline = shared.inline_round_ns.load(Ordering::Relaxed);
+        if !shutdown && inline != 0 && nanos_since(shared.base) - inline < INLINE_LEASE_NS {
+            // An event loop flushes the log itself, and goes on doing so while it has
+            // commits: gathering and fsyncing here would only take the lock and a core from
+            // it. Look again after a sleep; once it has stopped, the next round is ours.
+            shared.wait_for_kick(Duration::from_nanos(INLINE_LEASE_NS));
+            continue;
+        }
+        if mode == Durability::Sync && !shutdown {
+            let plan = writer.lock().gather_plan();
+            if let Some(plan) = plan {
+                shared.gather(plan);
+            }
+        }
+        let round = writer.lock().round(shutdown);
+        match round {
+            Round::Done => return,
+            Round::More => {}
+            Round::Idle => {
+                let timeout = match mode {
+                    Durability::Async { interval } => interval.min(Duration::from_millis(5)),
+                    _ => Duration::from_millis(5),
+                };
+                shared.wait_for_kick(timeout);
+            }
+        }
+    }
+}
+
+/// How long after a thread's inline flush the flusher thread leaves the log to it.
+const INLINE_LEASE_NS: u64 = 5_000_000;
+
+fn nanos_since(base: Instant) -> u64 {
+    u64::try_from(base.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// How the gather waits: for `target` waiters, giving up after `quiet` without an arrival or
+/// after `patience` in all.
+#[derive(Debug, Clone, Copy)]
+struct GatherPlan {
+    target: usize,
+    quiet: Duration,
+    patience: Duration,
+}
+
+impl Shared {
+    /// Sleeps until kicked or `timeout`, and consumes the kick.
+    fn wait_for_kick(&self, timeout: Duration) {
+        let mut guard = self.wake.lock();
+        if !self.wake_pending.load(Ordering::SeqCst) {
+            self.wake_cv.wait_for(&mut guard, timeout);
+        }
+        self.wake_pending.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits, briefly, for more committers to join the next batch before it is written and
+    /// fsynced, so that one fsync covers them all (see [`Gather`] for how long).
+    fn gather(&self, plan: GatherPlan) {
+        let GatherPlan {
+            target,
+            quiet,
+            patience,
+        } = plan;
+        let mut last_arrival = Instant::now();
+        let deadline = last_arrival + patience;
+        self.gather_target.store(target, Ordering::SeqCst);
+        let mut seen = self.waiting.load(Ordering::SeqCst);
+        while seen < target && !self.shutdown.load(Ordering::Acquire) {
+            let until = deadline.min(last_arrival + quiet);
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            // Woken early only by the registration that completes the batch (or a kick
+            // left over from before; the loop then just waits again).
+            self.wait_for_kick(until - now);
+            let waiting = self.waiting.load(Ordering::SeqCst);
+            if waiting != seen {
+                seen = waiting;
+                last_arrival = Instant::now();
+            }
+        }
+        self.gather_target.store(0, Ordering::SeqCst);
+    }
+}
+
 impl Flusher {
-    fn run(mut self) {
-        loop {
-            let shutdown = self.shared.shutdown.load(Ordering::Acquire);
-            if self.mode == Durability::Sync && !shutdown {
-                self.gather();
+    /// Writes the ready frames, fsyncs when due (waking whoever that made durable), rotates
+    /// the segment when full. A failure poisons the log.
+    fn round(&mut self, shutdown: bool) -> Round {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Round::Done;
+        }
+        let (ready, frames) = self.ready_end();
+        if ready > self.written
+            && let Err(e) = self.write(ready, frames)
+        {
+            self.shared.fail("writing the log", &e);
+            return Round::Done;
+        }
+        let sync_due = match self.mode {
+            Durability::Sync | Durability::None => true,
+            Durability::Async { interval } => {
+                self.last_sync.elapsed() >= interval
+                    || self.shared.sync_wanted.load(Ordering::SeqCst) > self.synced
             }
-            let (ready, frames) = self.ready_end();
-            if ready > self.written
-                && let Err(e) = self.write(ready, frames)
-            {
-                return self.shared.fail("writing the log", &e);
-            }
-            let sync_due = match self.mode {
-                Durability::Sync | Durability::None => true,
-                Durability::Async { interval } => {
-                    self.last_sync.elapsed() >= interval
-                        || self.shared.sync_wanted.load(Ordering::SeqCst) > self.synced
-                }
-            };
-            if self.written > self.synced
-                && (sync_due || shutdown)
-                && let Err(e) = self.sync()
-            {
-                return self.shared.fail("fsync of the log", &e);
-            }
-            if self.segment_bytes >= self.segment_bytes_target
-                && self.synced == self.written
-                && let Err(e) = self.rotate()
-            {
-                return self.shared.fail("starting a new log segment", &e);
-            }
-            if shutdown && self.written == self.shared.reserved.load(Ordering::Acquire) {
-                return;
-            }
-            self.populate_ahead();
-            if ready == self.written {
-                self.sleep();
-            }
+        };
+        if self.written > self.synced
+            && (sync_due || shutdown)
+            && let Err(e) = self.sync()
+        {
+            self.shared.fail("fsync of the log", &e);
+            return Round::Done;
+        }
+        if self.segment_bytes >= self.segment_bytes_target
+            && self.synced == self.written
+            && let Err(e) = self.rotate()
+        {
+            self.shared.fail("starting a new log segment", &e);
+            return Round::Done;
+        }
+        if shutdown && self.written == self.shared.reserved.load(Ordering::Acquire) {
+            return Round::Done;
+        }
+        self.populate_ahead();
+        if ready == self.written {
+            Round::Idle
+        } else {
+            Round::More
         }
     }
 
@@ -588,53 +787,18 @@ impl Flusher {
         }
     }
 
-    fn sleep(&self) {
-        let timeout = match self.mode {
-            Durability::Async { interval } => interval.min(Duration::from_millis(5)),
-            _ => Duration::from_millis(5),
-        };
-        self.wait_for_kick(timeout);
-    }
-
-    /// Sleeps until kicked or `timeout`, and consumes the kick.
-    fn wait_for_kick(&self, timeout: Duration) {
-        let s = &*self.shared;
-        let mut guard = s.wake.lock();
-        if !s.wake_pending.load(Ordering::SeqCst) {
-            s.wake_cv.wait_for(&mut guard, timeout);
-        }
-        s.wake_pending.store(false, Ordering::SeqCst);
-    }
-
-    /// Waits, briefly, for more committers to join the next batch before it is written and
-    /// fsynced, so that one fsync covers them all (see [`Gather`] for how long).
-    fn gather(&mut self) {
-        let s = &*self.shared;
+    /// How to gather before the next batch, if at all: not when a lone committer (or none)
+    /// is expected, nor when nothing waits to be written.
+    fn gather_plan(&self) -> Option<GatherPlan> {
         let target = self.gather.expected;
-        if target < 2 || s.reserved.load(Ordering::Acquire) == self.written {
-            return;
+        if target < 2 || self.shared.reserved.load(Ordering::Acquire) == self.written {
+            return None;
         }
-        let quiet = self.gather.quiet();
-        let mut last_arrival = Instant::now();
-        let deadline = last_arrival + self.gather.patience();
-        s.gather_target.store(target, Ordering::SeqCst);
-        let mut seen = s.waiting.load(Ordering::SeqCst);
-        while seen < target && !s.shutdown.load(Ordering::Acquire) {
-            let until = deadline.min(last_arrival + quiet);
-            let now = Instant::now();
-            if now >= until {
-                break;
-            }
-            // Woken early only by the registration that completes the batch (or a kick
-            // left over from before; the loop then just waits again).
-            self.wait_for_kick(until - now);
-            let waiting = s.waiting.load(Ordering::SeqCst);
-            if waiting != seen {
-                seen = waiting;
-                last_arrival = Instant::now();
-            }
-        }
-        s.gather_target.store(0, Ordering::SeqCst);
+        Some(GatherPlan {
+            target,
+            quiet: self.gather.quiet(),
+            patience: self.gather.patience(),
+        })
     }
 
     /// The end of the contiguous run of filled frames from `written`, and how many frames
