@@ -919,10 +919,10 @@ impl Db {
     /// loop does, instead of handing every batch to the flusher thread: a commit on this
     /// thread that waits for the log asynchronously ([`Txn::commit_async`]) calls `on_wait`
     /// instead of waking the flusher thread, and the thread promises to call
-    /// [`Db::flush_log_here`] soon (from its event loop). The flusher thread still
-    /// writes whatever is left within 5 ms, so a missed call costs latency, never a lost or
-    /// stuck commit. A commit that blocks its thread ([`Txn::commit`]) wakes the flusher as
-    /// usual. Applies to every database used on this thread; `None` undoes it.
+    /// [`Db::flush_log_here`] soon (from its event loop). The flusher thread still writes
+    /// whatever is left 5–10 ms after the last inline flush, so a missed call costs latency,
+    /// never a lost or stuck commit. A commit that blocks its thread ([`Txn::commit`]) wakes
+    /// the flusher as usual. Applies to every database used on this thread; `None` undoes it.
     pub fn flush_log_inline_on_this_thread(on_wait: Option<std::rc::Rc<dyn Fn()>>) {
         crate::wal::flush_inline_on_this_thread(on_wait);
     }

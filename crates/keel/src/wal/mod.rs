@@ -22,8 +22,8 @@
 //! a commit of its own that waits calls the thread's hook rather than waking the flusher,
 //! and from its loop the thread writes and fsyncs the batch itself ([`Log::flush_here`]),
 //! with no gather and no hand-off between threads. A round of writing runs under one lock,
-//! whoever runs it; the flusher thread still runs one at least every 5 ms, so nothing waits
-//! on an event loop that stopped.
+//! whoever runs it. The flusher thread steps back while inline rounds keep coming and takes
+//! over 5 ms after they stop, so nothing waits long on an event loop that stopped.
 //!
 //! The first failed write or fsync poisons the log for good: every waiting committer and
 //! every later commit gets the error, and nothing is retried (the kernel may have dropped the
@@ -78,7 +78,7 @@ pub enum Durability {
     None,
 }
 
-/// What [`Log::flush_here`] did.
+/// What [`Db::flush_log_here`](crate::Db::flush_log_here) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogFlush {
     /// How long it spent writing and fsyncing the log on the calling thread, mostly waiting
@@ -179,8 +179,8 @@ thread_local! {
 /// loop does: a commit on this thread that waits for the log (asynchronously: a task, or a
 /// commit the flusher finishes) no longer wakes the flusher thread; `on_wait` is called
 /// instead, and the thread promises to call [`Log::flush_here`] soon. The flusher thread
-/// still writes whatever is left within its 5 ms sleep, so a missed call costs latency, not
-/// a hang. A commit that parks its thread ([`Log::wait_durable`]) wakes the flusher as
+/// still writes whatever is left about 5–10 ms after the last inline round, so a missed call
+/// costs latency, not a hang. A commit that parks its thread ([`Log::wait_durable`]) wakes the flusher as
 /// always. `None` undoes it.
 pub(crate) fn flush_inline_on_this_thread(on_wait: Option<Rc<dyn Fn()>>) {
     INLINE_FLUSH.with(|hook| *hook.borrow_mut() = on_wait);
@@ -357,8 +357,8 @@ impl Log {
 
     /// Under `sync`, writes and fsyncs on the calling thread whatever commits wait for, if
     /// the flusher thread is not doing so right now (see [`flush_inline_on_this_thread`]).
-    /// Returns whether commits still wait for the log afterwards (the flusher thread had the
-    /// log, or more arrived), so that the caller keeps calling.
+    /// Says how long that took, and whether commits still wait for the log afterwards (the
+    /// flusher thread had the log, or more arrived), so that the caller keeps calling.
     pub(crate) fn flush_here(&self) -> LogFlush {
         let s = &*self.shared;
         if self.mode != Durability::Sync
