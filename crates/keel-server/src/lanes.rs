@@ -120,7 +120,7 @@ fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool)
     }
 }
 /// Under `sync`, the poller flushes the log inline after a pass that read nothing, or after
-/// this many passes in a row that did (see [`spin`]). Flushing after every pass blocked a
+/// this many passes in a row that did (see `spin`). Flushing after every pass blocked a
 /// busy poller in fsyncs it could have overlapped with work: `MSET` -P 1 served 11% less
 /// than with the flusher thread. Waiting for a drained pass alone would let a stream of
 /// reads hold writers for up to the flusher thread's 5 ms.
@@ -266,7 +266,7 @@ pub struct Lanes {
 impl Lanes {
     /// Starts the poller thread; the pool is the runtime this is called on. `inline_log`:
     /// under `sync` durability, the database whose log the poller flushes itself (replies
-    /// then wait for fsyncs: see [`spin_ns`]).
+    /// then wait for fsyncs: see `spin_ns`).
     pub fn start(
         setting: PollerMode,
         idle_poll_us: u64,
