@@ -108,8 +108,9 @@ pub const BUSY_SPIN_RATE: f64 = 10_000.0;
 /// An `idle-poll-us` of 0 (no spinning) is kept.
 ///
 /// Under `sync` durability the gaps in a busy load are fsyncs, not a client held up: every
-/// connection waits for the flusher, which needs a core to run on. A poller spinning through
-/// those gaps takes that core from the flusher and from the clients. At -P 1 with 50 clients
+/// connection waits for the log. A poller spinning through those gaps took a core from the
+/// flusher thread and from the clients (measured before the poller flushed the log itself;
+/// with inline fsyncs a raised spin measured 0.96 and 1.03, no better). At -P 1 with 50 clients
 /// on 2 cores it left the client waiting for a core 10% of the time; keeping the spin at
 /// 100 µs served 9% more INCR (median of five rounds, 18% in an earlier five; BENCHMARKS.md).
 fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool) -> u64 {
