@@ -260,8 +260,6 @@ pub struct Lanes {
     pub poller_idle_permille: AtomicU64,
     pub spare_millicores: AtomicU64,
     pub process_millicores: AtomicU64,
-    /// Durability is `sync`: replies wait for the log's fsync (see [`spin_ns`]).
-    replies_wait_for_fsync: bool,
 }
 
 impl Lanes {
@@ -332,7 +330,6 @@ impl Lanes {
             poller_idle_permille: AtomicU64::new(1000),
             spare_millicores: AtomicU64::new(0),
             process_millicores: AtomicU64::new(0),
-            replies_wait_for_fsync: inline_log.is_some(),
         })
     }
 
@@ -458,7 +455,8 @@ impl Lanes {
                 spin_ns(
                     self.state.idle_poll_ns.load(Relaxed),
                     sample.rate(),
-                    self.replies_wait_for_fsync,
+                    // Durability is `sync`: replies wait for the log's fsync.
+                    self.state.inline_log.is_some(),
                 ),
                 Relaxed,
             );
@@ -506,17 +504,17 @@ async fn spin(state: Arc<PollerState>) {
             // Under `sync`, flush once the sockets are drained (a pass that read nothing), as
             // Redis does at the end of its pass; while reads keep coming, every
             // [`INLINE_FLUSH_BUSY_PASSES`] passes.
-            busy_passes += u32::from(activity != seen);
-            let flush = if state.inline_log.is_some()
-                && (activity == seen || busy_passes >= INLINE_FLUSH_BUSY_PASSES)
-            {
-                busy_passes = 0;
-                state
-                    .inline_log
-                    .map(keel::Db::flush_log_here)
-                    .unwrap_or_default()
-            } else {
-                keel::LogFlush::default()
+            let flush = match state.inline_log {
+                Some(db) => {
+                    busy_passes += u32::from(activity != seen);
+                    if activity == seen || busy_passes >= INLINE_FLUSH_BUSY_PASSES {
+                        busy_passes = 0;
+                        db.flush_log_here()
+                    } else {
+                        keel::LogFlush::default()
+                    }
+                }
+                None => keel::LogFlush::default(),
             };
             if activity != seen || flush.waiting {
                 // Time spent waiting for the disk is idle time, as it is for Redis in its

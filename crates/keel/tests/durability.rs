@@ -585,9 +585,9 @@ fn timestamps_keep_rising_across_a_crash() {
     assert!(db.snapshot().unwrap().read_ts() >= ts);
 }
 
-/// Drives a future on this thread: parks until woken. A lost wakeup shows as a panic, not as
-/// a slow test: every wait must end with a wake.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// Drives a future on this thread: polls it, and calls `between` each time it is pending
+/// (`between` waits for the wake: the waker unparks this thread).
+fn drive<F: std::future::Future>(f: F, mut between: impl FnMut()) -> F::Output {
     use std::sync::Arc;
     use std::task::{Context, Poll, Wake, Waker};
     struct Unpark(std::thread::Thread);
@@ -603,34 +603,35 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
+        between();
+    }
+}
+
+/// Drives a future on this thread: parks until woken. A lost wakeup shows as a panic, not as
+/// a slow test: every wait must end with a wake.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    drive(f, || {
         let parked = std::time::Instant::now();
         std::thread::park_timeout(Duration::from_secs(20));
         assert!(
             parked.elapsed() < Duration::from_secs(20),
             "a pending commit was never woken"
         );
-    }
+    })
 }
 
 /// Drives a future as an event loop that flushes the log itself does: polls, then writes and
 /// fsyncs what its commits wait for ([`Db::flush_log_here`]), and parks only when nothing of
 /// its own waits for the log.
 fn block_on_flushing<F: std::future::Future>(db: &Db, f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
     let mut polls = 0;
-    loop {
-        let ready = block_on(std::future::poll_fn(|cx| {
-            polls += 1;
-            std::task::Poll::Ready(f.as_mut().poll(cx))
-        }));
-        if let std::task::Poll::Ready(v) = ready {
-            return v;
-        }
+    drive(f, || {
         if !db.flush_log_here().waiting {
             std::thread::park_timeout(Duration::from_millis(1));
         }
+        polls += 1;
         assert!(polls < 1_000_000, "a commit never completed");
-    }
+    })
 }
 
 /// Installs an inline-flush hook on this thread that counts its calls.

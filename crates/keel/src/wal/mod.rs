@@ -180,10 +180,21 @@ thread_local! {
 /// commit the flusher finishes) no longer wakes the flusher thread; `on_wait` is called
 /// instead, and the thread promises to call [`Log::flush_here`] soon. The flusher thread
 /// still writes whatever is left about 5–10 ms after the last inline round, so a missed call
-/// costs latency, not a hang. A commit that parks its thread ([`Log::wait_durable`]) wakes the flusher as
-/// always. `None` undoes it.
+/// costs latency, not a hang. A commit that parks its thread ([`Log::wait_durable`]) wakes
+/// the flusher as always. `None` undoes it.
 pub(crate) fn flush_inline_on_this_thread(on_wait: Option<Rc<dyn Fn()>>) {
     INLINE_FLUSH.with(|hook| *hook.borrow_mut() = on_wait);
+}
+
+/// Calls this thread's inline-flush hook; false if it has none.
+fn call_inline_hook() -> bool {
+    INLINE_FLUSH.with(|hook| match &*hook.borrow() {
+        Some(hook) => {
+            hook();
+            true
+        }
+        None => false,
+    })
 }
 
 impl Log {
@@ -308,8 +319,7 @@ impl Log {
             return Ok(());
         }
         s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        // This thread parks: it cannot flush inline, so the flusher thread must come.
-        s.register(end, Wake::Thread(std::thread::current()), false);
+        s.register(end, Wake::Thread(std::thread::current()));
         // Registered before this check: either we see the durable LSN (or the failure), or
         // the flusher, which publishes it before taking the list, sees us and unparks us.
         while s.durable.load(Ordering::Acquire) < end {
@@ -328,7 +338,7 @@ impl Log {
             return true;
         }
         s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-        s.register(end, Wake::Task(waker.clone()), true);
+        s.register(end, Wake::Task(waker.clone()));
         // As in `wait_durable`: registered before this check, so either we see it or the
         // flusher sees us.
         s.durable.load(Ordering::Acquire) >= end || s.failed.load(Ordering::Acquire)
@@ -344,7 +354,7 @@ impl Log {
         let oracle = s.oracle.as_ref().expect("a database log has the oracle");
         if s.durable.load(Ordering::Acquire) < end {
             s.sync_wanted.fetch_max(end, Ordering::SeqCst);
-            s.register(end, Wake::Finish(ts), true);
+            s.register(end, Wake::Finish(ts));
         }
         // Durable already, or the flusher published `durable` past `end` and took the list
         // before we registered: finish it ourselves. Finishing twice is harmless (the same
@@ -452,16 +462,16 @@ impl Shared {
     }
 
     /// Adds a waiter for `end`, and wakes the flusher if it is idle or if this registration
-    /// completes the batch it is gathering. On a thread that flushes inline (and may: `inline`)
-    /// it calls that thread's hook instead.
-    fn register(&self, end: u64, wake: Wake, inline: bool) {
+    /// completes the batch it is gathering. On a thread that flushes inline it calls that
+    /// thread's hook instead, unless the waiter parks the thread (which then cannot flush).
+    fn register(&self, end: u64, wake: Wake) {
+        let parks = matches!(wake, Wake::Thread(_));
         let mut waiters = self.waiters.lock();
         waiters.push(Waiter { end, wake });
         let waiting = waiters.len();
         self.waiting.store(waiting, Ordering::SeqCst);
         drop(waiters);
-        if inline && let Some(hook) = INLINE_FLUSH.with(|hook| hook.borrow().clone()) {
-            hook();
+        if !parks && call_inline_hook() {
             return;
         }
         // SeqCst pairs with the flusher's store of the target then load of `waiting`: if we
@@ -614,19 +624,8 @@ const RING_ALL_POPULATED: u64 = u64::MAX >> (64 - RING_PAGES);
 /// writers fill while it sleeps (at most 5 ms).
 const RING_PAGES_AHEAD: usize = 2;
 
-/// What one round of writing left to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Round {
-    /// Everything ready was written: sleep until kicked.
-    Idle,
-    /// More may be ready: go round again.
-    More,
-    /// The log failed, or shut down with everything durable: the flusher thread ends.
-    Done,
-}
-
 /// The flusher thread: gathers (in `sync` mode, without holding the writer, so that a thread
-/// flushing inline is not kept out), then runs a round, and sleeps when it is idle.
+/// flushing inline is not kept out), then runs a round and sleeps until kicked.
 fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
     loop {
         if shared.failed.load(Ordering::Acquire) {
@@ -648,18 +647,15 @@ fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
                 shared.gather(plan);
             }
         }
-        let round = writer.lock().round(shutdown);
-        match round {
-            Round::Done => return,
-            Round::More => {}
-            Round::Idle => {
-                let timeout = match mode {
-                    Durability::Async { interval } => interval.min(Duration::from_millis(5)),
-                    _ => Duration::from_millis(5),
-                };
-                shared.wait_for_kick(timeout);
-            }
+        let carry_on = writer.lock().round(shutdown);
+        if !carry_on {
+            return;
         }
+        let timeout = match mode {
+            Durability::Async { interval } => interval.min(Duration::from_millis(5)),
+            _ => Duration::from_millis(5),
+        };
+        shared.wait_for_kick(timeout);
     }
 }
 
@@ -724,17 +720,18 @@ impl Shared {
 
 impl Flusher {
     /// Writes the ready frames, fsyncs when due (waking whoever that made durable), rotates
-    /// the segment when full. A failure poisons the log.
-    fn round(&mut self, shutdown: bool) -> Round {
+    /// the segment when full. A failure poisons the log. Returns false once the flusher
+    /// thread should end: the log failed, or it shut down with everything durable.
+    fn round(&mut self, shutdown: bool) -> bool {
         if self.shared.failed.load(Ordering::Acquire) {
-            return Round::Done;
+            return false;
         }
         let (ready, frames) = self.ready_end();
         if ready > self.written
             && let Err(e) = self.write(ready, frames)
         {
             self.shared.fail("writing the log", &e);
-            return Round::Done;
+            return false;
         }
         let sync_due = match self.mode {
             Durability::Sync | Durability::None => true,
@@ -748,24 +745,20 @@ impl Flusher {
             && let Err(e) = self.sync()
         {
             self.shared.fail("fsync of the log", &e);
-            return Round::Done;
+            return false;
         }
         if self.segment_bytes >= self.segment_bytes_target
             && self.synced == self.written
             && let Err(e) = self.rotate()
         {
             self.shared.fail("starting a new log segment", &e);
-            return Round::Done;
+            return false;
         }
         if shutdown && self.written == self.shared.reserved.load(Ordering::Acquire) {
-            return Round::Done;
+            return false;
         }
         self.populate_ahead();
-        if ready == self.written {
-            Round::Idle
-        } else {
-            Round::More
-        }
+        true
     }
 
     /// Faults in the ring pages the writers reach next, on the first lap, so that a commit
