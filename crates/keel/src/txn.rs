@@ -46,6 +46,10 @@ const COLLECT_EVERY: u64 = 256;
 /// sleeps (see [`Txn::commit_async`]).
 const PUBLISH_SPINS: usize = 7;
 
+/// Value bytes a record created by commutative operations keeps room for in its embedded
+/// slot (see `mvcc::Record`): eight decimal digits, a counter below 10^8.
+const OPS_FIRST_VALUE_RESERVE: usize = 8;
+
 /// How long a committer waits for a record lock held by another committer before aborting.
 /// Locks are taken in one global order (hash, then key), so waiting cannot deadlock; a holder
 /// keeps its locks only while it validates, logs and installs (never across an fsync), so the
@@ -1004,8 +1008,10 @@ impl<'db> Txn<'db> {
                 let reserve = match &entry.write {
                     Write::Put(v) => Some(v.len()),
                     Write::Delete => None,
-                    // Room for any decimal i64; other operations allocate their version.
-                    Write::Ops(_) => Some(20),
+                    // Room for a small counter's first value: a 20-byte key's record
+                    // stays at 96 bytes, where room for any i64 would make it 112. A longer
+                    // first value, and any later one, gets a version of its own.
+                    Write::Ops(_) => Some(OPS_FIRST_VALUE_RESERVE),
                 };
                 let (record, created) = self
                     .db

@@ -106,6 +106,50 @@ fn commutative_adds_do_not_conflict() {
     assert_eq!(s.get(b"m").unwrap(), Some(b"9".to_vec()));
 }
 
+/// A key created by a commutative operation keeps room for a short first value in its
+/// record; first values at, around and far past that room all read back, and so do the
+/// values written after them.
+#[test]
+fn first_values_of_new_counters_of_every_length_read_back() {
+    let db = Db::in_memory();
+    let firsts = [
+        0,
+        7,
+        -1,
+        9_999_999,
+        99_999_999,
+        -9_999_999,
+        100_000_000,
+        -99_999_999,
+    ];
+    let firsts = firsts.into_iter().chain([i64::MAX, i64::MIN]);
+    for (i, first) in firsts.clone().enumerate() {
+        db.transact(|t| t.add(format!("counter:{i}").as_bytes(), first))
+            .unwrap();
+    }
+    let s = db.snapshot().unwrap();
+    for (i, first) in firsts.clone().enumerate() {
+        let got = s.get(format!("counter:{i}").as_bytes()).unwrap();
+        assert_eq!(
+            got,
+            Some(first.to_string().into_bytes()),
+            "first value {first}"
+        );
+    }
+    drop(s);
+    for (i, first) in firsts.clone().enumerate() {
+        let step = if first > 0 { -1 } else { 1 };
+        db.transact(|t| t.add(format!("counter:{i}").as_bytes(), step))
+            .unwrap();
+    }
+    let s = db.snapshot().unwrap();
+    for (i, first) in firsts.enumerate() {
+        let then = if first > 0 { first - 1 } else { first + 1 };
+        let got = s.get(format!("counter:{i}").as_bytes()).unwrap();
+        assert_eq!(got, Some(then.to_string().into_bytes()), "after {first}");
+    }
+}
+
 #[test]
 fn add_to_non_integer_fails_naming_the_key() {
     let db = Db::in_memory();

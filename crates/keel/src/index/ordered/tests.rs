@@ -58,7 +58,7 @@ fn check_node(
         return;
     }
     for c in 0..=n {
-        let child = unsafe { &*node.children[c].load(Ordering::Relaxed) };
+        let child = unsafe { &*node.children()[c].load(Ordering::Relaxed) };
         let child_lo = if c > 0 { Some(key(c - 1)) } else { lo };
         let child_hi = if c < n { Some(key(c)) } else { hi };
         check_node(child, child_lo, child_hi, depth + 1, leaf_depths, in_leaves);
