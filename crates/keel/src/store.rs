@@ -107,7 +107,7 @@ impl MemStore {
         if let Some(record) = self.index.get(key, hash) {
             return (record, false);
         }
-        let new = RecordRef(Record::new_locked(&self.arena, key, hash, me, reserve));
+        let new = RecordRef(Record::new_locked(&self.arena, key, me, reserve));
         self.index.insert(new)
     }
 

@@ -89,7 +89,7 @@ impl Table {
                 if entry >> POINTER_BITS == tag {
                     let record = record_of(entry);
                     let r = record.get();
-                    if r.hash() == hash && r.key() == key {
+                    if r.key() == key {
                         return Some(record);
                     }
                 }
@@ -118,6 +118,8 @@ impl Table {
     /// the table afterwards and whether it is `new`.
     fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
         let r = new.get();
+        // Records keep no hash (it would cost every key 8 bytes): hashing a short key again
+        // is a few nanoseconds.
         let (key, hash) = (r.key(), r.hash());
         let tag = tag_of(hash);
         let address = new.0.as_ptr() as u64;
@@ -140,7 +142,7 @@ impl Table {
                 if entry >> POINTER_BITS == tag {
                     let record = record_of(entry);
                     let other = record.get();
-                    if other.hash() == hash && other.key() == key {
+                    if other.key() == key {
                         return (record, false);
                     }
                 }

@@ -5,13 +5,7 @@ use std::ptr;
 
 /// A fresh record for `key` (shared with the ordered index's tests).
 pub(super) fn record(arena: &Arena, key: &[u8]) -> RecordRef {
-    RecordRef(Record::new_locked(
-        arena,
-        key,
-        hash(key),
-        LockOwner(1),
-        None,
-    ))
+    RecordRef(Record::new_locked(arena, key, LockOwner(1), None))
 }
 
 #[test]

@@ -177,7 +177,8 @@ pub(crate) struct Record {
     /// `0` when unlocked, otherwise the [`LockOwner`] of the committing transaction.
     lock: AtomicU64,
     head: AtomicPtr<Version>,
-    hash: u64,
+    // No copy of the key's hash: the index compares keys after a tag match, and the few
+    // that need it (a growing index, the split coordinator) compute it again.
     key_len: u32,
     /// Value bytes the embedded slot can still hold; `u32::MAX` when there is no slot or it
     /// has been used. Read and written only under the lock.
@@ -219,7 +220,6 @@ impl Record {
     pub(crate) fn new_locked(
         arena: &Arena,
         key: &[u8],
-        hash: u64,
         owner: LockOwner,
         reserve: Option<usize>,
     ) -> NonNull<Record> {
@@ -239,7 +239,6 @@ impl Record {
             ptr.as_ptr().write(Record {
                 lock: AtomicU64::new(owner.0),
                 head: AtomicPtr::new(ptr::null_mut()),
-                hash,
                 key_len,
                 embedded_cap: AtomicU32::new(cap),
                 split: AtomicPtr::new(ptr::null_mut()),
@@ -277,8 +276,9 @@ impl Record {
         }
     }
 
+    /// The key's hash ([`crate::index::hash`]), computed.
     pub(crate) fn hash(&self) -> u64 {
-        self.hash
+        crate::index::hash(self.key())
     }
 
     /// The record's split state, if it was ever split.

@@ -4,7 +4,7 @@ use super::*;
 fn visibility_follows_timestamps_and_trim_keeps_what_snapshots_need() {
     let me = LockOwner(9);
     let arena = Arena::new();
-    let ptr = Record::new_locked(&arena, b"k", 0, me, Some(1));
+    let ptr = Record::new_locked(&arena, b"k", me, Some(1));
     // SAFETY: freed at the end of the test, used only here.
     let record = unsafe { ptr.as_ref() };
     assert_eq!(record.install(me, Ts(10), Some(b"a"), Ts(0)), 1);
@@ -41,7 +41,7 @@ fn visibility_follows_timestamps_and_trim_keeps_what_snapshots_need() {
 fn installs_that_reuse_cut_versions_keep_every_value_exact() {
     let me = LockOwner(9);
     let arena = Arena::new();
-    let ptr = Record::new_locked(&arena, b"k", 0, me, None);
+    let ptr = Record::new_locked(&arena, b"k", me, None);
     // SAFETY: freed at the end of the test, used only here.
     let record = unsafe { ptr.as_ref() };
     let value = |i: u64| -> Option<Vec<u8>> {
