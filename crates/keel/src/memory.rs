@@ -145,11 +145,11 @@ struct ArenaInner {
 const POPULATE_AHEAD: usize = 2;
 
 const CHUNK_BYTES: usize = 32 << 20;
-/// Blocks are rounded to this: a word, what records and versions need. A cache line (64)
-/// would keep a small record's header and key in one line, but rounds a record of a 16-byte
-/// key and a 3-byte value from 83 bytes to 128: a third of the memory a new key touches, and
-/// first-touching memory costs more here than the extra line on a read. 16 would round it to
-/// 96 rather than 88.
+/// Blocks are rounded to this: a word, what records and versions need. 16 would round the
+/// record of a 20-byte key holding a counter from 88 bytes to 96. A cache line (64) would
+/// keep a small record's header and key in one line, but rounds a record of a 16-byte key
+/// and a 3-byte value from 75 bytes to 128: two fifths of the memory a new key touches, and
+/// first-touching memory costs more here than the extra line on a read.
 pub(crate) const ARENA_ALIGN: usize = 8;
 
 /// How many per-thread shards (arena) or stripes (index) a structure keeps: one per core.
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn blocks_are_rounded_to_a_word_only() {
         let arena = Arena::new();
-        // A record of a 16-byte key and a 3-byte value.
+        // 83 bytes: 88 rounded to a word, 96 rounded to 16.
         let record = Layout::from_size_align(83, 8).expect("layout");
         let first = arena.alloc(record).as_ptr() as usize;
         let second = arena.alloc(record).as_ptr() as usize;

@@ -47,7 +47,9 @@ const COLLECT_EVERY: u64 = 256;
 const PUBLISH_SPINS: usize = 7;
 
 /// Value bytes a record created by commutative operations keeps room for in its embedded
-/// slot (see `mvcc::Record`): eight decimal digits, a counter below 10^8.
+/// slot (see `mvcc::Record`): eight decimal digits, a counter below 10^8. Room for any i64
+/// (20) would make a 20-byte key's record 104 bytes instead of 88. A longer first value,
+/// like every later one, gets a version of its own.
 const OPS_FIRST_VALUE_RESERVE: usize = 8;
 
 /// How long a committer waits for a record lock held by another committer before aborting.
@@ -1008,9 +1010,6 @@ impl<'db> Txn<'db> {
                 let reserve = match &entry.write {
                     Write::Put(v) => Some(v.len()),
                     Write::Delete => None,
-                    // Room for a small counter's first value: a 20-byte key's record
-                    // stays at 96 bytes, where room for any i64 would make it 112. A longer
-                    // first value, and any later one, gets a version of its own.
                     Write::Ops(_) => Some(OPS_FIRST_VALUE_RESERVE),
                 };
                 let (record, created) = self

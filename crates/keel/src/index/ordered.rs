@@ -90,13 +90,11 @@ struct Node {
     /// Even when free, odd while a writer holds the node; every change adds 2.
     version: AtomicU64,
     count: AtomicU32,
-    /// Fixed at creation.
-    leaf: bool,
     /// Offset of the heads (fixed at creation): the keys of this node's range share their
     /// first `prefix` bytes.
     prefix: u32,
-    /// Inner only (null in a leaf, fixed at creation): the children, which follow this node
-    /// in its [`Inner`]. Reached through this pointer, which covers the whole block, rather
+    /// Null in a leaf (which is what makes it one); in an inner node, the children, which
+    /// follow this node in its [`Inner`]. Fixed at creation. Reached through this pointer, which covers the whole block, rather
     /// than by casting a `&Node` to its `Inner`: a reference covers only its own type.
     children: AtomicPtr<[AtomicPtr<Node>; CAP + 1]>,
     heads: [AtomicU64; CAP],
@@ -114,11 +112,10 @@ struct Inner {
 const _: () = assert!(size_of::<Node>() == 576 && size_of::<Inner>() == 896);
 
 impl Node {
-    fn empty(leaf: bool, prefix: u32) -> Node {
+    fn empty(prefix: u32) -> Node {
         Node {
             version: AtomicU64::new(0),
             count: AtomicU32::new(0),
-            leaf,
             prefix,
             children: AtomicPtr::new(ptr::null_mut()),
             heads: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -127,7 +124,7 @@ impl Node {
     }
 
     fn new_leaf(prefix: u32) -> Box<Node> {
-        Box::new(Node::empty(true, prefix))
+        Box::new(Node::empty(prefix))
     }
 
     /// A new node, leaked: it lives until [`Node::free`].
@@ -136,7 +133,7 @@ impl Node {
             Box::into_raw(Node::new_leaf(prefix))
         } else {
             let inner = Box::into_raw(Box::new(Inner {
-                node: Node::empty(false, prefix),
+                node: Node::empty(prefix),
                 children: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
             }));
             // SAFETY: a fresh, live allocation that is never freed before `Node::free`; the
@@ -154,20 +151,21 @@ impl Node {
     /// # Safety
     /// Nobody can reach `node` any more, and it is freed once.
     unsafe fn free(node: *mut Node) {
-        // SAFETY: the caller guarantees `node` is live and ours; an inner node was
-        // allocated as the `Inner` that starts with it, and its children pointer, derived
-        // from that block's, leads back to it.
+        // SAFETY: the caller guarantees `node` is live and ours. An inner node was allocated
+        // as the `Inner` it starts (`repr(C)`), and the tree keeps only pointers derived from
+        // the whole allocation's.
         unsafe {
-            if (*node).leaf {
+            if (*node).is_leaf() {
                 drop(Box::from_raw(node));
             } else {
-                let children = (*node).children.load(Ordering::Relaxed);
-                let inner = children
-                    .byte_sub(std::mem::offset_of!(Inner, children))
-                    .cast::<Inner>();
-                drop(Box::from_raw(inner));
+                drop(Box::from_raw(node.cast::<Inner>()));
             }
         }
+    }
+
+    #[inline]
+    fn is_leaf(&self) -> bool {
+        self.children.load(Ordering::Relaxed).is_null()
     }
 
     /// An inner node's children.
@@ -405,7 +403,7 @@ impl Ordered {
         'restart: loop {
             let (mut node, mut version) = self.start();
             let (mut lo, mut hi) = (None, None);
-            while !node.leaf {
+            while !node.is_leaf() {
                 let Some(down) = node.down(version, probe, right) else {
                     continue 'restart;
                 };
@@ -459,7 +457,7 @@ impl Ordered {
                     }
                     continue 'restart;
                 }
-                if node.leaf {
+                if node.is_leaf() {
                     let at = node.rank(n, Probe::Key(key), false);
                     if !node.try_lock(version) {
                         continue 'restart;
@@ -492,18 +490,20 @@ impl Ordered {
         let mid = n / 2;
         let separator = node.key(mid);
         let sep = RecordRef(NonNull::new(separator).expect("a full node's keys are set"));
-        let right_ptr = Node::alloc(node.leaf, prefix_of(Some(sep), hi));
+        let leaf = node.is_leaf();
+        let right_ptr = Node::alloc(leaf, prefix_of(Some(sep), hi));
         // SAFETY: fresh and live; nodes are freed only with the tree.
         let right = unsafe { &*right_ptr };
         // A leaf's separator stays in the right leaf; an inner node's moves up.
-        let first = if node.leaf { mid } else { mid + 1 };
+        let first = if leaf { mid } else { mid + 1 };
         for (to, from) in (first..n).enumerate() {
             right.set_slot(to, node.key(from));
         }
-        if !node.leaf {
+        if !leaf {
+            let (from_children, to_children) = (node.children(), right.children());
             for (to, from) in (first..=n).enumerate() {
-                let child = node.children()[from].load(Ordering::Acquire);
-                right.children()[to].store(child, Ordering::Relaxed);
+                let child = from_children[from].load(Ordering::Acquire);
+                to_children[to].store(child, Ordering::Relaxed);
             }
         }
         right.count.store((n - first) as u32, Ordering::Relaxed);
@@ -520,8 +520,9 @@ impl Ordered {
                 // which, unlike one made from `&Node`, covers an inner node's children too.
                 let old_root = self.root.load(Ordering::Acquire);
                 debug_assert!(ptr::eq(old_root, node));
-                root.children()[0].store(old_root, Ordering::Relaxed);
-                root.children()[1].store(right, Ordering::Relaxed);
+                let children = root.children();
+                children[0].store(old_root, Ordering::Relaxed);
+                children[1].store(right, Ordering::Relaxed);
                 root.count.store(1, Ordering::Relaxed);
                 self.root.store(root_ptr, Ordering::Release);
             }
@@ -742,7 +743,7 @@ impl Drop for Ordered {
             // SAFETY: exclusive access; every node is reachable exactly once from the root.
             unsafe {
                 let n = &*node;
-                if !n.leaf {
+                if !n.is_leaf() {
                     let children = n.children();
                     stack.extend((0..=n.count()).map(|i| children[i].load(Ordering::Relaxed)));
                 }

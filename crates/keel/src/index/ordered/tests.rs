@@ -52,7 +52,7 @@ fn check_node(
         );
         assert!(k.len() >= node.prefix as usize);
     }
-    if node.leaf {
+    if node.is_leaf() {
         leaf_depths.insert(depth);
         in_leaves.extend((0..n).map(|i| key(i).to_vec()));
         return;
