@@ -63,6 +63,7 @@ pub struct Options {
     /// operations waited this many times for its lock within one phase length. Default: 64.
     pub split_contention: u32,
     disk: Option<Arc<dyn Disk>>,
+    ts_lease_step: u64,
 }
 
 impl Default for Options {
@@ -78,6 +79,7 @@ impl Default for Options {
             split_phase: Duration::from_millis(20),
             split_contention: 64,
             disk: None,
+            ts_lease_step: TS_LEASE_STEP,
         }
     }
 }
@@ -95,6 +97,7 @@ impl std::fmt::Debug for Options {
             .field("split_phase", &self.split_phase)
             .field("split_contention", &self.split_contention)
             .field("simulated_disk", &self.disk.is_some())
+            .field("ts_lease_step", &self.ts_lease_step)
             .finish()
     }
 }
@@ -167,6 +170,14 @@ impl Options {
         self.disk = Some(Arc::new(disk));
         self
     }
+
+    /// How many commit timestamps one lease frame covers (at least 2; default 2^20): for
+    /// tests, which reach a lease's end in a few commits with a small step.
+    #[doc(hidden)]
+    pub fn ts_lease_step(mut self, step: u64) -> Options {
+        self.ts_lease_step = step.max(2);
+        self
+    }
 }
 
 /// What opening a database found and did.
@@ -212,15 +223,31 @@ pub(crate) struct Shared {
     files: Option<Files>,
     recovered_versions: AtomicI64,
     checkpoints: AtomicU64,
-    /// Commit timestamps are handed out only below this lease, which a log frame records
-    /// (see [`Shared::next_commit_ts`]); `u64::MAX` without a log.
+    /// Commit timestamps are handed out only below this lease, which a durable log frame
+    /// records (see [`Shared::next_commit_ts`]); `u64::MAX` without a log.
     ts_lease: AtomicU64,
-    ts_lease_lock: Mutex<()>,
+    /// The next lease, logged and on its way to disk; held while a lease is logged.
+    lease_renewal: Mutex<Option<LeaseRenewal>>,
+    /// The end LSN of `lease_renewal`'s frame, 0 if none: commits check it without the lock
+    /// while the frame is on its way.
+    lease_renewal_end: AtomicU64,
+    /// Commits from this timestamp on renew the lease: half a step below it.
+    ts_lease_renew_at: AtomicU64,
+}
+
+/// A lease frame logged ahead of need, not yet known to be durable.
+#[derive(Debug, Clone, Copy)]
+struct LeaseRenewal {
+    lease: u64,
+    /// The LSN just past its frame.
+    end: u64,
 }
 
 /// How far one timestamp lease reaches: one lease frame (and fsync) per this many
-/// timestamps, and the clock may jump by up to this much at a restart.
-const TS_LEASE_STEP: u64 = 1 << 16;
+/// timestamps, and the clock may jump by up to twice this much at a restart (a lease
+/// renewed ahead reaches that far). Half a step is how many commits a renewal's fsync has
+/// before a commit must wait for it: half of 2^16 took 0.4 s at -P 1, 60 ms at -P 16.
+const TS_LEASE_STEP: u64 = 1 << 20;
 
 impl Shared {
     /// Takes the next commit timestamp, which the caller must publish (see
@@ -229,39 +256,108 @@ impl Shared {
     /// Timestamps must never go backwards across a restart: a snapshot may have read at a
     /// timestamp that no logged commit carries (one taken by a commit that then lost its
     /// validation, say), and a commit after the restart must still come after it. So the
-    /// clock runs under a lease: before handing out a timestamp at or above the lease, an
-    /// empty commit frame at a new lease `TS_LEASE_STEP` higher is logged and made durable.
-    /// Recovery resumes the clock above the highest frame timestamp, hence above every
-    /// timestamp handed out before the crash.
+    /// clock runs under a lease: a timestamp is handed out only below a lease that an empty
+    /// log frame records and that is durable. The next lease, a step higher, is logged half a
+    /// step ahead ([`Shared::renew_ts_lease`]); a commit waits for it only if the clock
+    /// reaches the current lease before that frame is durable. Recovery resumes the clock
+    /// above the highest frame timestamp, hence above every timestamp handed out before the
+    /// crash.
     pub(crate) fn next_commit_ts(&self) -> Ts {
         let ts = self.oracle.next_commit_ts();
-        if ts.0 >= self.ts_lease.load(Ordering::Acquire) {
-            self.extend_ts_lease(Some(ts));
+        if ts.0 >= self.ts_lease_renew_at.load(Ordering::Acquire) {
+            self.renew_ts_lease(ts);
         }
         ts
     }
 
+    /// For a timestamp past the renewal point: waits for a new lease if `ts` is not under
+    /// the current one, and otherwise logs the next lease ahead of need, or publishes it
+    /// once it is durable, without waiting.
+    ///
+    /// A commit that waited for the lease's fsync held up its thread, which for the server's
+    /// poller is every connection: under `async:1000` those fsyncs took 20–400 ms on the
+    /// VMs here, once every lease step. Renewing half a step ahead leaves that many commits
+    /// for the fsync to finish in.
+    #[cold]
+    fn renew_ts_lease(&self, ts: Ts) {
+        let Some(log) = &self.log else { return };
+        if ts.0 >= self.ts_lease.load(Ordering::Acquire) {
+            self.extend_ts_lease(Some(ts));
+            return;
+        }
+        if log.durable_lsn() < self.lease_renewal_end.load(Ordering::Acquire) {
+            return; // the next lease is still on its way to disk
+        }
+        // A thread holding the lock is renewing the lease (or waiting for it) already.
+        let Some(mut renewal) = self.lease_renewal.try_lock() else {
+            return;
+        };
+        match *renewal {
+            Some(next) if log.durable_lsn() >= next.end => {
+                self.publish_lease(&mut renewal, next.lease);
+            }
+            Some(_) => {}
+            // Renewed since this thread looked: nothing to do.
+            None if ts.0 < self.ts_lease_renew_at.load(Ordering::Acquire) => {}
+            None => {
+                let lease = self.ts_lease.load(Ordering::Acquire) + self.ts_lease_step();
+                // After a log failure no commit can succeed any more: nothing to renew.
+                if let Ok(end) = log.append(Ts(lease), 0, std::iter::empty()) {
+                    log.request_durable(end);
+                    *renewal = Some(LeaseRenewal { lease, end });
+                    self.lease_renewal_end.store(end, Ordering::Release);
+                }
+            }
+        }
+    }
+
     /// Logs a new timestamp lease above `ts` (above the clock and the current lease when
-    /// `None`: a checkpoint renews the lease after the log position it replays from) and
-    /// waits until it is durable. After a log failure the lease stays where it was: no
-    /// commit can succeed any more.
+    /// `None`: a checkpoint renews the lease after the log position it replays from, and
+    /// opening a database renews it before the first commit) and waits until it is durable.
+    /// A renewal already on its way that covers `ts` is waited for instead. After a log
+    /// failure the lease stays where it was: no commit can succeed any more.
     #[cold]
     fn extend_ts_lease(&self, ts: Option<Ts>) {
         let Some(log) = &self.log else { return };
-        let _guard = self.ts_lease_lock.lock();
+        let mut renewal = self.lease_renewal.lock();
         let current = self.ts_lease.load(Ordering::Acquire);
-        let base = match ts {
-            Some(ts) if ts.0 < current => return, // extended meanwhile
-            Some(ts) => ts.0,
-            None => current.max(self.oracle.last_commit_ts().0),
+        let base = match (ts, *renewal) {
+            (Some(ts), _) if ts.0 < current => return, // extended meanwhile
+            (Some(ts), Some(next)) if next.lease > ts.0 => {
+                if log.wait_durable(next.end).is_ok() {
+                    self.publish_lease(&mut renewal, next.lease);
+                }
+                return;
+            }
+            (Some(ts), _) => ts.0,
+            (None, _) => current.max(self.oracle.last_commit_ts().0),
         };
-        let lease = base + TS_LEASE_STEP;
+        // Above any renewal on its way, which this one therefore replaces.
+        let lease = base + self.ts_lease_step();
         let logged = log
             .append(Ts(lease), 0, std::iter::empty())
             .and_then(|end| log.wait_durable(end));
         if logged.is_ok() {
-            self.ts_lease.store(lease, Ordering::Release);
+            self.publish_lease(&mut renewal, lease);
         }
+    }
+
+    /// Raises the lease to `lease`, whose frame is durable, and clears the renewal on its
+    /// way (which is at or below it). Called with the renewal lock held.
+    fn publish_lease(&self, renewal: &mut Option<LeaseRenewal>, lease: u64) {
+        let lease = self.ts_lease.fetch_max(lease, Ordering::AcqRel).max(lease);
+        self.ts_lease_renew_at.store(
+            lease.saturating_sub(self.ts_lease_step() / 2),
+            Ordering::Release,
+        );
+        *renewal = None;
+        self.lease_renewal_end.store(0, Ordering::Release);
+    }
+
+    fn ts_lease_step(&self) -> u64 {
+        self.files
+            .as_ref()
+            .map_or(TS_LEASE_STEP, |files| files.options.ts_lease_step)
     }
 
     /// Counts versions added (or freed, negative) outside a transaction's slot.
@@ -575,7 +671,9 @@ impl Db {
             recovered_versions: AtomicI64::new(0),
             checkpoints: AtomicU64::new(0),
             ts_lease: AtomicU64::new(u64::MAX),
-            ts_lease_lock: Mutex::new(()),
+            lease_renewal: Mutex::new(None),
+            lease_renewal_end: AtomicU64::new(0),
+            ts_lease_renew_at: AtomicU64::new(u64::MAX),
         });
         Db::from_shared(shared, None)
     }
@@ -799,10 +897,19 @@ impl Db {
             files: Some(files),
             recovered_versions: AtomicI64::new(versions),
             checkpoints: AtomicU64::new(0),
-            // The first timestamp handed out logs a lease.
+            // Nothing above the recovered clock is leased yet: renewed below, so that the
+            // first commit does not wait for the lease's fsync.
             ts_lease: AtomicU64::new(last_ts.0 + 1),
-            ts_lease_lock: Mutex::new(()),
+            lease_renewal: Mutex::new(None),
+            lease_renewal_end: AtomicU64::new(0),
+            ts_lease_renew_at: AtomicU64::new(last_ts.0 + 1),
         });
+        let before = shared.log.as_ref().map_or(0, Log::tail);
+        shared.extend_ts_lease(None);
+        if let (Some(files), Some(log)) = (&shared.files, &shared.log) {
+            // Like a checkpoint's own lease frame, this one is not log written since.
+            files.checkpoint.lock().baseline_lsn += log.tail() - before;
+        }
         Ok(Db::from_shared(shared, Some(recovery)))
     }
 

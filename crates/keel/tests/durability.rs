@@ -585,6 +585,108 @@ fn timestamps_keep_rising_across_a_crash() {
     assert!(db.snapshot().unwrap().read_ts() >= ts);
 }
 
+fn commit_put(db: &Db, key: &str) -> keel::Ts {
+    let mut txn = db.begin().expect("begin");
+    txn.put(key.as_bytes(), b"v").expect("put");
+    txn.commit()
+        .expect("commit")
+        .expect("no concurrent writers")
+}
+
+/// The next timestamp lease is logged half a step ahead and made durable in the background:
+/// commits go on while its fsync is slow, and only a commit past the end of the current
+/// lease waits for it. (A commit that waited at every lease step held up the server's whole
+/// event loop for an fsync.)
+#[test]
+fn commits_do_not_wait_for_a_lease_renewed_ahead() {
+    let disk = SimDisk::new();
+    // No fsync but those asked for: the interval is never reached.
+    let options = sim_options(&disk)
+        .durability(Durability::Async {
+            interval: Duration::from_secs(3600),
+        })
+        .ts_lease_step(64);
+    let db = Db::open(dir(), options).unwrap();
+    let commit_until = |ts: u64| {
+        let mut last = commit_put(&db, &format!("k{ts}"));
+        while last.0 < ts {
+            last = commit_put(&db, &format!("k{}", last.0 + 1));
+        }
+        assert_eq!(last.0, ts, "one timestamp per commit");
+    };
+    // A fresh database leases timestamps 1 to 64 at open; from 33 on, commits log the next
+    // lease (to 128). With every fsync held, none of them may wait for it.
+    let fsyncs = db.stats().log_fsyncs;
+    disk.hold_syncs();
+    commit_until(64);
+    disk.release_syncs();
+    let began = std::time::Instant::now();
+    while db.stats().log_fsyncs == fsyncs {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the renewal was never fsynced"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // That fsync made the next lease durable: timestamps 65 to 96 need no fsync at all.
+    disk.hold_syncs();
+    std::thread::scope(|s| {
+        let (sent, received) = std::sync::mpsc::channel();
+        let commit_until = &commit_until;
+        s.spawn(move || {
+            commit_until(96);
+            sent.send(()).unwrap();
+        });
+        let done = received.recv_timeout(Duration::from_secs(20));
+        disk.release_syncs();
+        done.expect("commits under a lease renewed ahead waited for an fsync");
+    });
+    // 97 logs the lease after (to 192); 128 is the last under the current one, and 129 must
+    // wait until the renewal is durable.
+    disk.hold_syncs();
+    commit_until(128);
+    std::thread::scope(|s| {
+        let (sent, received) = std::sync::mpsc::channel();
+        let db = &db;
+        s.spawn(move || sent.send(commit_put(db, "past the lease")).unwrap());
+        let early = received.recv_timeout(Duration::from_millis(200));
+        disk.release_syncs();
+        assert!(
+            early.is_err(),
+            "a commit past the lease went on before the next lease was durable"
+        );
+        let ts = received
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the commit goes on once the next lease is durable");
+        assert_eq!(ts.0, 129);
+    });
+}
+
+/// Leases renewed ahead keep timestamps rising across a crash: in `async` mode only lease
+/// frames were fsynced here, and a snapshot read at the newest timestamp handed out.
+#[test]
+fn timestamps_keep_rising_across_a_crash_with_leases_renewed_ahead() {
+    let disk = SimDisk::new();
+    let options = |disk: &SimDisk| {
+        sim_options(disk)
+            .durability(Durability::Async {
+                interval: Duration::from_secs(3600),
+            })
+            .ts_lease_step(16)
+    };
+    let db = Db::open(dir(), options(&disk)).unwrap();
+    for i in 0..300 {
+        commit_put(&db, &format!("k{i}"));
+    }
+    let seen = db.snapshot().unwrap().read_ts();
+    assert!(seen.0 >= 300);
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), options(&disk)).unwrap();
+    let ts = commit_put(&db, "after");
+    assert!(ts > seen, "commit at {ts:?} after a snapshot at {seen:?}");
+}
+
 /// Drives a future on this thread: polls it, and calls `between` each time it is pending
 /// (`between` waits for the wake: the waker unparks this thread).
 fn drive<F: std::future::Future>(f: F, mut between: impl FnMut()) -> F::Output {

@@ -76,6 +76,8 @@ impl State {
 pub struct SimDisk {
     state: Arc<Mutex<State>>,
     epoch: u64,
+    /// While true, fsyncs wait ([`SimDisk::hold_syncs`]).
+    syncs_held: Arc<(Mutex<bool>, parking_lot::Condvar)>,
 }
 
 impl SimDisk {
@@ -105,6 +107,27 @@ impl SimDisk {
         SimDisk {
             state: Arc::clone(&self.state),
             epoch: self.state.lock().epoch,
+            syncs_held: Arc::clone(&self.syncs_held),
+        }
+    }
+
+    /// Makes every fsync (of a file) wait until [`SimDisk::release_syncs`]: a disk whose
+    /// flushes take as long as the test likes.
+    pub fn hold_syncs(&self) {
+        *self.syncs_held.0.lock() = true;
+    }
+
+    /// Lets held and later fsyncs go on.
+    pub fn release_syncs(&self) {
+        *self.syncs_held.0.lock() = false;
+        self.syncs_held.1.notify_all();
+    }
+
+    fn wait_for_syncs(&self) {
+        let (held, released) = &*self.syncs_held;
+        let mut held = held.lock();
+        while *held {
+            released.wait(&mut held);
         }
     }
 
@@ -212,6 +235,7 @@ impl AppendFile for SimAppend {
     }
 
     fn sync(&mut self) -> io::Result<()> {
+        self.disk.wait_for_syncs();
         let mut state = self.disk.live()?;
         state.ops += 1;
         if state.faults.front() == Some(&Fault::SyncError) {

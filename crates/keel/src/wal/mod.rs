@@ -398,6 +398,16 @@ impl Log {
         }
     }
 
+    /// Asks for the log to be durable up to `end` soon, without waiting: in `async` mode the
+    /// flusher fsyncs for it before its interval is up.
+    pub(crate) fn request_durable(&self, end: u64) {
+        let s = &*self.shared;
+        if s.durable.load(Ordering::Acquire) < end {
+            s.sync_wanted.fetch_max(end, Ordering::SeqCst);
+            s.kick();
+        }
+    }
+
     /// The LSN up to which the log is durable.
     pub(crate) fn durable_lsn(&self) -> u64 {
         self.shared.durable.load(Ordering::Acquire)
