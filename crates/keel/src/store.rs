@@ -202,6 +202,8 @@ impl Store for MemStore {
 
 impl Drop for MemStore {
     fn drop(&mut self) {
+        // A growth in progress reads the records.
+        self.index.close();
         for record in self.index.records() {
             // SAFETY: the store is being dropped, so nobody else holds a handle; each record
             // is in the index exactly once. The arena frees the records themselves after.

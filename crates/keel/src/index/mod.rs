@@ -8,22 +8,29 @@
 //! Reads take no lock and write nothing shared. Entries are never removed (records live as
 //! long as the database), so an empty slot ends a probe and there is no ABA.
 //!
-//! Inserts publish with one compare-and-swap. When the table is three-quarters full it grows:
-//! inserts are held off (see [`Index`]) while the entries are copied into a table twice the
-//! size, which is then published. That table is mapped and faulted in ahead of time, by a
-//! helper thread started when the current one is half full: faulting in fresh memory is most
-//! of a growth's cost (32 MiB took ~150 ms on the VMs here), and while inserts are held
-//! off every writer waits for it.
+//! Inserts publish with one compare-and-swap. The table grows to twice its size in the
+//! background: a helper thread started when it is half full maps and faults in the next
+//! table (faulting in fresh memory took ~150 ms for 32 MiB on the VMs here), and once the
+//! table is three-quarters full copies every entry into it while inserts go on into the
+//! current table, then publishes it. An insert into a bucket the copy has passed puts its
+//! record in the new table too ([`Table::forward`]). Only the publication holds inserts off,
+//! while those in progress finish: microseconds, where copying held every insert for the
+//! whole copy (30–40 ms at 400 000 keys, and longer as the table grows; on the server's
+//! single poller thread, every connection). An insert waits for a copy only if the table
+//! reaches 15/16 full first, and grows it itself if no helper could start.
 //! Lookups never wait: one that still holds the old table sees every record inserted before
-//! the growth began, which is all it may see. Old tables are freed when the index is dropped,
-//! since a reader may still be probing one; their total size is below the final table's.
+//! the new one was published, which is all it may see. Old tables are freed when the index
+//! is dropped, since a reader may still be probing one; their total size is below the final
+//! table's.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::memory::Region;
 use crate::mvcc::{Record, RecordRef};
@@ -45,6 +52,10 @@ struct Table {
     /// lookup lands on a random bucket and TLB misses cost as much as cache misses.
     region: Region,
     mask: usize,
+    /// The table a growth is filling from this one; null until it begins.
+    moved_to: AtomicPtr<Table>,
+    /// Buckets the growth has claimed, in order, each before it reads it.
+    frontier: AtomicUsize,
 }
 
 impl Table {
@@ -53,6 +64,8 @@ impl Table {
         Box::new(Table {
             region: Region::new(count * size_of::<Bucket>()),
             mask: count - 1,
+            moved_to: AtomicPtr::new(std::ptr::null_mut()),
+            frontier: AtomicUsize::new(0),
         })
     }
 
@@ -115,8 +128,8 @@ impl Table {
     }
 
     /// Inserts `new` unless a record with its key is present; returns the record that is in
-    /// the table afterwards and whether it is `new`.
-    fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
+    /// the table afterwards, and the bucket `new` went into (`None`: the key was present).
+    fn insert(&self, new: RecordRef) -> (RecordRef, Option<usize>) {
         let r = new.get();
         // Records keep no hash (it would cost every key 8 bytes): hashing a short key again
         // is a few nanoseconds.
@@ -134,8 +147,9 @@ impl Table {
             for slot in &self.buckets()[b].slots {
                 let mut entry = slot.load(Ordering::Acquire);
                 if entry == 0 {
-                    match slot.compare_exchange(0, entry_new, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => return (new, true),
+                    // Sequentially consistent: see `forward`.
+                    match slot.compare_exchange(0, entry_new, Ordering::SeqCst, Ordering::Acquire) {
+                        Ok(_) => return (new, Some(b)),
                         Err(now) => entry = now,
                     }
                 }
@@ -143,7 +157,7 @@ impl Table {
                     let record = record_of(entry);
                     let other = record.get();
                     if other.key() == key {
-                        return (record, false);
+                        return (record, None);
                     }
                 }
             }
@@ -151,53 +165,51 @@ impl Table {
         }
     }
 
-    /// Fills this table, empty and not yet published, with every entry of `old` (whose
-    /// inserts are held off). A record's hash lives in the record, so each entry costs a
-    /// miss to read it and another for its new bucket: entries go in windows, every load of
-    /// a window started before the first is used, so that the misses overlap instead of
-    /// queuing. The keys in `old` are distinct, so nothing is compared.
-    fn rehash_from(&self, old: &Table) {
-        const WINDOW: usize = 64;
-        let mut entries = old
-            .buckets()
-            .iter()
-            .flat_map(|b| b.slots.iter())
-            .map(|slot| slot.load(Ordering::Relaxed))
-            .filter(|&entry| entry != 0);
-        loop {
-            let mut window = [0u64; WINDOW];
-            let mut n = 0;
-            for entry in entries.by_ref().take(WINDOW) {
-                crate::memory::prefetch(record_of(entry).0.as_ptr());
-                window[n] = entry;
-                n += 1;
-            }
-            let mut hashes = [0u64; WINDOW];
-            for (hash, &entry) in hashes.iter_mut().zip(&window[..n]) {
-                *hash = record_of(entry).get().hash();
-                self.prefetch(*hash);
-            }
-            for (&entry, &hash) in window[..n].iter().zip(&hashes) {
-                self.place(entry, hash);
-            }
-            if n < WINDOW {
-                return;
-            }
+    /// After `record` went into `bucket` of this table: if a growth has claimed that bucket
+    /// already, and so may have read it before the record was there, puts the record in the
+    /// table the growth fills too. Both sides are sequentially consistent (the growth stores
+    /// the frontier, then reads the bucket; the insert wrote the bucket, then reads the
+    /// frontier), so at least one sees the other's write: the record is copied, by the
+    /// growth or here, and the target's insert-if-absent keeps one entry.
+    fn forward(&self, bucket: usize, record: RecordRef) {
+        // The frontier first: the growth stores `moved_to` before it claims any bucket.
+        if self.frontier.load(Ordering::SeqCst) > bucket {
+            let to = self.moved_to.load(Ordering::SeqCst);
+            // SAFETY: set before the frontier moved; tables live as long as the index.
+            unsafe { &*to }.insert(record);
         }
     }
 
-    /// Puts `entry` (its tag and record; the key's hash is `hash`) in the first empty slot
-    /// of its probe sequence, in a table no one else sees yet.
-    fn place(&self, entry: u64, hash: u64) {
-        let mut b = bucket_of(hash, self.mask);
-        loop {
-            for slot in &self.buckets()[b].slots {
-                if slot.load(Ordering::Relaxed) == 0 {
-                    slot.store(entry, Ordering::Relaxed);
-                    return;
+    /// Copies every entry of `from` into this table, the one `from` is moving to, while
+    /// inserts go on into `from`: bucket by bucket, each claimed before it is read (see
+    /// [`Table::forward`]). The records a few buckets ahead are loaded early: hashing each
+    /// key reads its record, a cache miss.
+    fn fill_from(&self, from: &Table) {
+        const AHEAD: usize = 4;
+        let prefetch = |b: usize| {
+            if let Some(bucket) = from.buckets().get(b) {
+                for slot in &bucket.slots {
+                    let entry = slot.load(Ordering::Relaxed);
+                    if entry == 0 {
+                        break;
+                    }
+                    crate::memory::prefetch(record_of(entry).0.as_ptr());
                 }
             }
-            b = (b + 1) & self.mask;
+        };
+        (0..AHEAD).for_each(prefetch);
+        for (b, bucket) in from.buckets().iter().enumerate() {
+            prefetch(b + AHEAD);
+            from.frontier.store(b + 1, Ordering::SeqCst);
+            for slot in &bucket.slots {
+                // Slots fill in order and are never emptied; one filled after this read
+                // is forwarded by its inserter.
+                let entry = slot.load(Ordering::SeqCst);
+                if entry == 0 {
+                    break;
+                }
+                self.insert(record_of(entry));
+            }
         }
     }
 
@@ -239,29 +251,59 @@ struct Stripe {
     unflushed: AtomicUsize,
 }
 
-/// The hash index. Owns no records: the store frees them.
+/// The hash index. Owns no records: the store frees them, after [`Index::close`].
 ///
 /// Inserters touch no shared cache line but the bucket they write: each announces itself
 /// and counts its records on its thread's [`Stripe`], and adds its count to the shared
 /// length only every `batch` records (a sixteenth of the table over the stripes), which the
-/// load-factor check allows for. A growth raises `growing`, then waits for every stripe to
-/// go idle (both sides use sequentially consistent accesses, so either the inserter sees
-/// the flag and backs off, or the grower sees the inserter and waits).
+/// load-factor checks allow for. Publishing a grown table raises `publishing`, then waits
+/// for every stripe to go idle (both sides use sequentially consistent accesses, so either
+/// the inserter sees the flag and backs off, or the grower sees the inserter and waits):
+/// an insert in progress may still be forwarding its record into the new table.
 pub(crate) struct Index {
+    inner: Arc<Inner>,
+    /// Helper threads started for growths, joined by [`Index::close`].
+    helpers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+pub(crate) struct Inner {
     table: AtomicPtr<Table>,
     len: CachePadded<AtomicUsize>,
     stripes: Box<[CachePadded<Stripe>]>,
-    growing: AtomicBool,
-    /// Held by the grower for the whole growth; inserters that saw `growing` wait on it.
+    publishing: AtomicBool,
+    /// Held while a grown table is published; inserters that saw `publishing` wait on it.
+    publish: Mutex<()>,
+    /// Held for a whole growth: one at a time, and an insert that finds the table too full
+    /// waits on it for the growth in progress.
     grow: Mutex<()>,
     /// Boxed so that the `Table` structs readers point at never move.
     #[allow(clippy::vec_box)]
     retired: Mutex<Vec<Box<Table>>>,
     /// The table the next growth will fill, once a helper thread has faulted it in.
-    next: Arc<Mutex<Option<Box<Table>>>>,
+    next: Mutex<Option<Box<Table>>>,
     /// A helper was started for the current table's successor.
     preparing: AtomicBool,
+    /// An insert found the current table three-quarters full and woke the helpers.
+    grow_asked: AtomicBool,
+    /// Helpers wait here for `grow_asked` (or `closing`).
+    helper_wake: Mutex<()>,
+    helper_cv: Condvar,
+    closing: AtomicBool,
 }
+
+impl std::ops::Deref for Index {
+    type Target = Inner;
+
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+/// Share of the table filled (counted with the stripes' slack) at which a helper grows it.
+const GROW_AT: (usize, usize) = (3, 4);
+/// Share of the table filled at which an insert waits for the growth (or grows it): below
+/// it, probes always find an empty slot soon.
+const FULL_AT: (usize, usize) = (15, 16);
 
 impl Index {
     /// An index sized for about `capacity_hint` keys before it first grows.
@@ -269,19 +311,126 @@ impl Index {
         let buckets = (capacity_hint.max(SLOTS) * 4 / 3 / SLOTS + 1).next_power_of_two();
         let table = Box::into_raw(Table::with_buckets(buckets));
         Index {
-            table: AtomicPtr::new(table),
-            len: CachePadded::new(AtomicUsize::new(0)),
-            stripes: (0..crate::memory::shard_count())
-                .map(|_| CachePadded::default())
-                .collect(),
-            growing: AtomicBool::new(false),
-            grow: Mutex::new(()),
-            retired: Mutex::new(Vec::new()),
-            next: Arc::new(Mutex::new(None)),
-            preparing: AtomicBool::new(false),
+            inner: Arc::new(Inner {
+                table: AtomicPtr::new(table),
+                len: CachePadded::new(AtomicUsize::new(0)),
+                stripes: (0..crate::memory::shard_count())
+                    .map(|_| CachePadded::default())
+                    .collect(),
+                publishing: AtomicBool::new(false),
+                publish: Mutex::new(()),
+                grow: Mutex::new(()),
+                retired: Mutex::new(Vec::new()),
+                next: Mutex::new(None),
+                preparing: AtomicBool::new(false),
+                grow_asked: AtomicBool::new(false),
+                helper_wake: Mutex::new(()),
+                helper_cv: Condvar::new(),
+                closing: AtomicBool::new(false),
+            }),
+            helpers: Mutex::new(Vec::new()),
         }
     }
 
+    /// Inserts `new` unless its key is present. Returns the record in the index for that key
+    /// and whether it is `new` (if not, the caller still owns `new`).
+    pub(crate) fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
+        let stripe = &self.stripes[crate::memory::thread_number() % self.stripes.len()];
+        loop {
+            stripe.active.fetch_add(1, Ordering::SeqCst);
+            if self.publishing.load(Ordering::SeqCst) {
+                stripe.active.fetch_sub(1, Ordering::Release);
+                drop(self.publish.lock()); // wait for the new table
+                continue;
+            }
+            let table = self.table();
+            if !self.below(table, FULL_AT) {
+                stripe.active.fetch_sub(1, Ordering::Release);
+                self.grow(table); // waits for the growth in progress, or grows it here
+                continue;
+            }
+            if !self.below(table, GROW_AT) && !self.grow_asked.swap(true, Ordering::Relaxed) {
+                drop(self.helper_wake.lock());
+                self.helper_cv.notify_all();
+            }
+            let (record, bucket) = table.insert(new);
+            if let Some(bucket) = bucket {
+                table.forward(bucket, record);
+            }
+            stripe.active.fetch_sub(1, Ordering::Release);
+            if bucket.is_some() {
+                let counted = stripe.unflushed.fetch_add(1, Ordering::Relaxed) + 1;
+                if counted >= self.batch(table.capacity()) {
+                    let taken = stripe.unflushed.swap(0, Ordering::Relaxed);
+                    let len = self.len.fetch_add(taken, Ordering::Relaxed) + taken;
+                    if len >= table.capacity() / 2 && !self.preparing.swap(true, Ordering::Relaxed)
+                    {
+                        self.start_helper(table);
+                    }
+                }
+            }
+            return (record, bucket.is_some());
+        }
+    }
+
+    /// Starts a helper thread that maps the table `from` grows into and faults it in, then
+    /// grows `from` into it once an insert finds `from` three-quarters full. If the thread
+    /// cannot start, an insert that finds the table too full grows it itself.
+    fn start_helper(&self, from: &Table) {
+        let inner = Arc::clone(&self.inner);
+        let from = std::ptr::from_ref(from) as usize;
+        let spawned = std::thread::Builder::new()
+            .name("keel-index-grow".into())
+            .spawn(move || {
+                // SAFETY: tables live as long as the index, which joins this thread before
+                // it goes.
+                let from = unsafe { &*(from as *const Table) };
+                let table = Table::with_buckets((from.mask + 1) * 2);
+                table.region.populate(0, table.region.bytes());
+                *inner.next.lock() = Some(table);
+                let mut wake = inner.helper_wake.lock();
+                loop {
+                    if inner.closing.load(Ordering::Acquire) || !std::ptr::eq(inner.table(), from) {
+                        return; // closing, or grown without us
+                    }
+                    if !inner.below(from, GROW_AT) {
+                        break;
+                    }
+                    // An insert notifies at the threshold; the timeout covers a notice sent
+                    // between the check above and this wait.
+                    inner
+                        .helper_cv
+                        .wait_for(&mut wake, Duration::from_millis(5));
+                }
+                drop(wake);
+                inner.grow(from);
+            });
+        if let Ok(handle) = spawned {
+            let mut helpers = self.helpers.lock();
+            // Finished helpers go now, so that the list stays short.
+            let (done, running): (Vec<_>, Vec<_>) =
+                helpers.drain(..).partition(JoinHandle::is_finished);
+            *helpers = running;
+            helpers.push(handle);
+            drop(helpers);
+            done.into_iter().for_each(|h| drop(h.join()));
+        }
+    }
+
+    /// Stops the helper threads: they grow nothing more, and a growth in progress finishes
+    /// first. The store calls this before it frees the records, which a growth reads.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        drop(self.helper_wake.lock());
+        self.helper_cv.notify_all();
+        for helper in std::mem::take(&mut *self.helpers.lock()) {
+            // A helper that panicked has nothing left to stop.
+            drop(helper.join());
+        }
+    }
+}
+
+impl Inner {
     fn table(&self) -> &Table {
         // SAFETY: the current table is never freed while the index lives (old ones are
         // retired, not freed).
@@ -311,85 +460,45 @@ impl Index {
         (capacity / 16 / self.stripes.len()).max(1)
     }
 
-    /// Whether `table` has room for one more record, allowing for unflushed counts.
-    fn has_room(&self, table: &Table) -> bool {
+    /// Whether `table` is filled below `share` of its slots, allowing for unflushed counts.
+    fn below(&self, table: &Table, (num, den): (usize, usize)) -> bool {
         let slack = self.batch(table.capacity()) * self.stripes.len();
-        self.len.load(Ordering::Relaxed) + slack < table.capacity() * 3 / 4
+        self.len.load(Ordering::Relaxed) + slack < table.capacity() / den * num
     }
 
-    /// Inserts `new` unless its key is present. Returns the record in the index for that key
-    /// and whether it is `new` (if not, the caller still owns `new`).
-    pub(crate) fn insert(&self, new: RecordRef) -> (RecordRef, bool) {
-        let stripe = &self.stripes[crate::memory::thread_number() % self.stripes.len()];
-        loop {
-            stripe.active.fetch_add(1, Ordering::SeqCst);
-            if self.growing.load(Ordering::SeqCst) {
-                stripe.active.fetch_sub(1, Ordering::Release);
-                drop(self.grow.lock()); // wait for the growth to finish
-                continue;
-            }
-            let table = self.table();
-            if !self.has_room(table) {
-                stripe.active.fetch_sub(1, Ordering::Release);
-                self.grow_table();
-                continue;
-            }
-            let (record, inserted) = table.insert(new);
-            stripe.active.fetch_sub(1, Ordering::Release);
-            if inserted {
-                let counted = stripe.unflushed.fetch_add(1, Ordering::Relaxed) + 1;
-                if counted >= self.batch(table.capacity()) {
-                    let taken = stripe.unflushed.swap(0, Ordering::Relaxed);
-                    let len = self.len.fetch_add(taken, Ordering::Relaxed) + taken;
-                    if len >= table.capacity() / 2 && !self.preparing.swap(true, Ordering::Relaxed)
-                    {
-                        self.prepare_next((table.mask + 1) * 2);
-                    }
-                }
-            }
-            return (record, inserted);
+    /// Grows `from` into a table twice its size (the one a helper prepared, if it is there),
+    /// unless it is no longer the current table; waits for a growth in progress first.
+    /// Inserts go on into `from` meanwhile, until the new table is published.
+    fn grow(&self, from: &Table) {
+        let _one = self.grow.lock();
+        if !std::ptr::eq(self.table(), from) {
+            return; // grown meanwhile
         }
-    }
-
-    /// Starts a helper thread that maps a table of `buckets` and faults it in, for the next
-    /// growth to take ([`Index::grow_table`]). If the thread cannot start, or the growth comes
-    /// first, the growth maps its own.
-    fn prepare_next(&self, buckets: usize) {
-        let next = Arc::clone(&self.next);
-        // Without the thread, the growth maps and faults in its table itself, as it would
-        // if it came first.
-        let _ = std::thread::Builder::new()
-            .name("keel-index-grow".into())
-            .spawn(move || {
-                let table = Table::with_buckets(buckets);
-                table.region.populate(0, table.region.bytes());
-                *next.lock() = Some(table);
-            });
-    }
-
-    fn grow_table(&self) {
-        let _exclusive = self.grow.lock();
-        let old = self.table();
-        if self.has_room(old) {
-            return; // another thread grew it
-        }
-        self.growing.store(true, Ordering::SeqCst);
-        for stripe in &self.stripes {
-            while stripe.active.load(Ordering::SeqCst) != 0 {
-                std::hint::spin_loop();
-            }
-        }
-        let buckets = (old.mask + 1) * 2;
-        let new = match self.next.lock().take() {
+        let buckets = (from.mask + 1) * 2;
+        let to = match self.next.lock().take() {
             Some(prepared) if prepared.mask + 1 == buckets => prepared,
             _ => Table::with_buckets(buckets),
         };
-        new.rehash_from(old);
+        let to = Box::into_raw(to);
+        from.moved_to.store(to, Ordering::SeqCst);
+        // SAFETY: from `Box::into_raw` just above; freed only with the index.
+        unsafe { &*to }.fill_from(from);
+        {
+            let _publishing = self.publish.lock();
+            self.publishing.store(true, Ordering::SeqCst);
+            for stripe in &self.stripes {
+                while stripe.active.load(Ordering::SeqCst) != 0 {
+                    std::hint::spin_loop();
+                }
+            }
+            self.table.store(to, Ordering::SeqCst);
+            self.publishing.store(false, Ordering::SeqCst);
+        }
+        self.grow_asked.store(false, Ordering::Relaxed);
         self.preparing.store(false, Ordering::Relaxed);
-        let old = self.table.swap(Box::into_raw(new), Ordering::AcqRel);
-        self.growing.store(false, Ordering::SeqCst);
-        // SAFETY: `old` came from `Box::into_raw` and is no longer the current table.
-        self.retired.lock().push(unsafe { Box::from_raw(old) });
+        let from = std::ptr::from_ref(from).cast_mut();
+        // SAFETY: `from` came from `Box::into_raw` and is no longer the current table.
+        self.retired.lock().push(unsafe { Box::from_raw(from) });
     }
 
     /// Number of records (exact when no insert is in progress).
@@ -410,7 +519,13 @@ impl Index {
 
 impl Drop for Index {
     fn drop(&mut self) {
-        // SAFETY: exclusive access; the pointer came from `Box::into_raw`.
+        self.close();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the last owner (helpers are joined or gone); from `Box::into_raw`.
         drop(unsafe { Box::from_raw(*self.table.get_mut()) });
     }
 }

@@ -154,3 +154,84 @@ fn a_growth_fills_the_table_prepared_for_it() {
         assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
     }
 }
+
+/// Between three-quarters and 15/16 full, inserts go on while a growth is under way: here the
+/// test holds the growth off entirely, and 100 000 inserts into a table of 131 072 slots
+/// still finish. (Inserts used to wait from three-quarters on, for the whole copy.)
+#[test]
+fn inserts_do_not_wait_for_a_growth_in_progress() {
+    let arena = Arena::new();
+    let index = Index::new(1 << 16);
+    assert_eq!(index.table().capacity(), 131_072);
+    let table = index.table.load(Ordering::Acquire);
+    const KEYS: u32 = 100_000;
+    std::thread::scope(|s| {
+        let growth = index.grow.lock();
+        let (done, finished) = std::sync::mpsc::channel();
+        let (arena, index_ref) = (&arena, &index);
+        s.spawn(move || {
+            for k in 0..KEYS {
+                assert!(index_ref.insert(record(arena, &k.to_be_bytes())).1);
+            }
+            done.send(()).unwrap();
+        });
+        let waited = finished.recv_timeout(std::time::Duration::from_secs(30));
+        let unchanged = index.table.load(Ordering::Acquire) == table;
+        drop(growth);
+        waited.expect("inserts past three-quarters waited for the growth");
+        assert!(unchanged, "no growth while the test held it off");
+        assert!(
+            !index.below(index.table(), GROW_AT),
+            "the inserts passed three-quarters"
+        );
+    });
+    // Let go, the helper grows the table.
+    let started = std::time::Instant::now();
+    while index.table.load(Ordering::Acquire) == table {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the helper never grew the table"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(index.table().capacity(), 262_144);
+    for k in 0..KEYS {
+        let key = k.to_be_bytes();
+        assert_eq!(index.get(&key, hash(&key)).unwrap().get().key(), key);
+    }
+}
+
+/// An insert into a bucket a growth has already claimed puts its record in the new table
+/// too; one into a bucket not yet claimed leaves it for the growth to copy.
+#[test]
+fn inserts_behind_a_growth_frontier_are_forwarded() {
+    let arena = Arena::new();
+    let from = Table::with_buckets(64);
+    let to = Table::with_buckets(128);
+    from.moved_to
+        .store(ptr::from_ref(&*to).cast_mut(), Ordering::SeqCst);
+    from.frontier.store(32, Ordering::SeqCst);
+    let (mut behind, mut ahead) = (0, 0);
+    for k in 0u32..200 {
+        let key = k.to_be_bytes();
+        let (r, bucket) = from.insert(record(&arena, &key));
+        let bucket = bucket.expect("new key");
+        from.forward(bucket, r);
+        let copied = to.find(&key, hash(&key));
+        if bucket < 32 {
+            behind += 1;
+            assert_eq!(copied, Some(r), "key {k} in claimed bucket {bucket}");
+        } else {
+            ahead += 1;
+            assert_eq!(copied, None, "key {k} in unclaimed bucket {bucket}");
+        }
+    }
+    assert!(behind > 50 && ahead > 50, "{behind} {ahead}");
+    // The growth's copy then adds the rest, and keeps one entry per key.
+    to.fill_from(&from);
+    assert_eq!(to.entries().count(), 200);
+    for k in 0u32..200 {
+        let key = k.to_be_bytes();
+        assert_eq!(to.find(&key, hash(&key)), from.find(&key, hash(&key)));
+    }
+}
