@@ -244,9 +244,10 @@ struct LeaseRenewal {
 }
 
 /// How far one timestamp lease reaches: one lease frame (and fsync) per this many
-/// timestamps, and the clock may jump by up to twice this much at a restart (a lease
-/// renewed ahead reaches that far). Half a step is how many commits a renewal's fsync has
-/// before a commit must wait for it: half of 2^16 took 0.4 s at -P 1, 60 ms at -P 16.
+/// timestamps, and the clock may jump by up to one and a half steps at a restart (a lease
+/// is renewed half a step early). Half a step is the commits a renewal's fsync has before a
+/// commit must wait for it: with the earlier 2^16, half a step lasted 0.4 s of INCR -P 1 and
+/// 60 ms of -P 16, no longer than the slowest fsyncs seen here.
 const TS_LEASE_STEP: u64 = 1 << 20;
 
 impl Shared {
