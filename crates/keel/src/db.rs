@@ -244,8 +244,9 @@ struct LeaseRenewal {
 }
 
 /// How far one timestamp lease reaches: one lease frame (and fsync) per this many
-/// timestamps, and the clock may jump by up to one and a half steps at a restart (a lease
-/// is renewed half a step early). Half a step is the commits a renewal's fsync has before a
+/// timestamps, and the clock may jump by less than three steps at a restart (a lease is
+/// renewed half a step early, and a checkpoint logs one a step above the current lease,
+/// which may itself be a step and a half ahead of the clock). Half a step is the commits a renewal's fsync has before a
 /// commit must wait for it: with the earlier 2^16, half a step lasted 0.4 s of INCR -P 1 and
 /// 60 ms of -P 16, no longer than the slowest fsyncs seen here.
 const TS_LEASE_STEP: u64 = 1 << 20;
