@@ -114,6 +114,28 @@ impl Region {
     }
 }
 
+impl Region {
+    /// Gives `len` bytes from `offset` back to the kernel: they read as zero from now on, and
+    /// the next write there faults them in afresh. `offset` and `len` are multiples of 4 KiB,
+    /// and nobody may be reading or writing the range meanwhile.
+    pub(crate) fn discard(&self, offset: usize, len: usize) {
+        assert!(offset + len <= self.bytes && offset.is_multiple_of(4096));
+        // SAFETY: the range lies inside our mapping and, by the caller's word, is unused.
+        let rc = unsafe {
+            libc::madvise(
+                self.start.as_ptr().add(offset).cast(),
+                len,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc != 0 {
+            // Not given back, but it must still read as zero.
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(self.start.as_ptr().add(offset), 0, len) };
+        }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `new` mapped, once.

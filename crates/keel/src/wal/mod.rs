@@ -54,7 +54,9 @@ use format::{FRAME_HEADER_BYTES, frame_bytes, segment_header, segment_name};
 
 /// Ring size: larger than the largest frame, so one frame always fits.
 const RING_BYTES: usize = 64 << 20;
-const _: () = assert!(format::PAYLOAD_BYTES_MAX + FRAME_HEADER_BYTES < RING_BYTES);
+// Writers get the ring a page at a time ([`Flusher::release`]), so a frame has one page less.
+const _: () =
+    assert!(format::PAYLOAD_BYTES_MAX + FRAME_HEADER_BYTES <= RING_BYTES - RING_PAGE_BYTES);
 const _: () = assert!(RING_BYTES.is_multiple_of(8));
 
 /// Bounds of the gather's quiet gap (see [`Gather::quiet`]).
@@ -216,7 +218,7 @@ impl Log {
         let shared = Arc::new(Shared {
             ring: Region::sequential(RING_BYTES),
             reserved: CachePadded::new(AtomicU64::new(start_lsn)),
-            released: CachePadded::new(AtomicU64::new(start_lsn)),
+            released: CachePadded::new(AtomicU64::new(page_floor(start_lsn))),
             durable: CachePadded::new(AtomicU64::new(start_lsn)),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -624,8 +626,14 @@ struct Flusher {
     populated: u64,
 }
 
-/// The ring is faulted in this many bytes at a time.
+/// The ring is faulted in, given back and released to the writers this many bytes at a
+/// time.
 const RING_PAGE_BYTES: usize = 2 << 20;
+
+/// The start of the ring page `lsn` falls in, as an LSN.
+fn page_floor(lsn: u64) -> u64 {
+    lsn - lsn % RING_PAGE_BYTES as u64
+}
 const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
 const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
 /// [`Flusher::populated`] once every ring page is in.
@@ -771,9 +779,9 @@ impl Flusher {
         true
     }
 
-    /// Faults in the ring pages the writers reach next, on the first lap, so that a commit
-    /// does not stop for page faults while it holds a log slot. After the first lap every
-    /// page is in and this costs one compare.
+    /// Faults in the ring pages the writers reach next (each lap: [`Flusher::release`] gives
+    /// pages back behind the flusher), so that a commit does not stop for page faults while
+    /// it holds a log slot.
     fn populate_ahead(&mut self) {
         if self.populated == RING_ALL_POPULATED {
             return;
@@ -839,18 +847,34 @@ impl Flusher {
         if !b.is_empty() {
             self.segment.append(b)?;
         }
-        // SAFETY: as above; zeroing before release keeps stale header words from looking
-        // like filled frames on the next lap.
-        unsafe {
-            std::ptr::write_bytes(base.add(from), 0, first);
-            std::ptr::write_bytes(base, 0, len - first);
-        }
         s.frames.fetch_add(frames, Ordering::Relaxed);
         self.segment_bytes += len as u64;
         self.written = end;
-        s.released.store(end, Ordering::Release);
-        s.wake_space_waiters();
+        self.release();
         Ok(())
+    }
+
+    /// Hands the ring pages the log has now passed entirely back to the writers, for their
+    /// next lap. Each goes back to the kernel first, which zeroes it (so that no stale header
+    /// word looks like a filled frame on the next lap) and keeps none of it resident until
+    /// [`Flusher::populate_ahead`] faults it in again ahead of the writers: the ring holds a
+    /// few pages in memory, not all 64 MiB (at 632 000 keys, ~90 bytes a key). Only whole
+    /// pages are released, so no writer can be in a page as it is given back.
+    fn release(&mut self) {
+        let s = &*self.shared;
+        let passed = page_floor(self.written);
+        let mut released = s.released.load(Ordering::Relaxed);
+        if released >= passed {
+            return;
+        }
+        while released < passed {
+            let page = (released % RING_BYTES as u64) as usize / RING_PAGE_BYTES;
+            s.ring.discard(page * RING_PAGE_BYTES, RING_PAGE_BYTES);
+            self.populated &= !(1 << page);
+            released += RING_PAGE_BYTES as u64;
+        }
+        s.released.store(released, Ordering::Release);
+        s.wake_space_waiters();
     }
 
     fn sync(&mut self) -> io::Result<()> {

@@ -138,3 +138,35 @@ fn gather_waits_for_company_only_when_it_had_some() {
     free.after_sync(Duration::ZERO, 64);
     assert_eq!(free.patience(), Duration::ZERO);
 }
+
+/// Ring pages go back to the kernel once the flusher has written past them: after more than
+/// two laps, only the pages around the writers are resident, not all 64 MiB.
+#[test]
+fn the_ring_keeps_only_pages_near_the_writers_in_memory() {
+    let (log, _) = slow_log(Duration::ZERO, usize::MAX);
+    let value = vec![7u8; 60 << 10];
+    let mut end = 0;
+    for i in 0..(RING_BYTES * 5 / 2 / value.len()) as u64 {
+        let key = i.to_be_bytes();
+        let entries = [(&key[..], Logged::Put(&value))];
+        end = log.append(Ts(i + 1), 1, entries.iter().copied()).unwrap();
+    }
+    log.wait_durable(end).unwrap();
+    let ring = log.shared().ring.start().as_ptr() as usize;
+    let resident_pages = (0..RING_PAGES)
+        .filter(|page| {
+            (0..RING_PAGE_BYTES).step_by(4096).any(|at| {
+                let mut vec = 0u8;
+                let addr = ring + page * RING_PAGE_BYTES + at;
+                // SAFETY: one page of the ring's mapping; `vec` has room for its one entry.
+                let rc = unsafe { libc::mincore(addr as *mut libc::c_void, 4096, &mut vec) };
+                assert_eq!(rc, 0, "mincore: {}", io::Error::last_os_error());
+                vec & 1 == 1
+            })
+        })
+        .count();
+    assert!(
+        resident_pages <= RING_PAGES_AHEAD + 2,
+        "{resident_pages} of {RING_PAGES} ring pages resident"
+    );
+}
