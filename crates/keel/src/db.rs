@@ -231,8 +231,9 @@ pub(crate) struct Shared {
     /// The end LSN of `lease_renewal`'s frame, 0 if none: commits check it without the lock
     /// while the frame is on its way.
     lease_renewal_end: AtomicU64,
-    /// Commits from this timestamp on renew the lease: half a step below it.
-    ts_lease_renew_at: AtomicU64,
+    /// How many timestamps one lease covers ([`Options::ts_lease_step`]); commits renew the
+    /// lease from half a step below it on.
+    ts_lease_step: u64,
 }
 
 /// A lease frame logged ahead of need, not yet known to be durable.
@@ -266,7 +267,7 @@ impl Shared {
     /// crash.
     pub(crate) fn next_commit_ts(&self) -> Ts {
         let ts = self.oracle.next_commit_ts();
-        if ts.0 >= self.ts_lease_renew_at.load(Ordering::Acquire) {
+        if ts.0 + self.ts_lease_step / 2 >= self.ts_lease.load(Ordering::Acquire) {
             self.renew_ts_lease(ts);
         }
         ts
@@ -300,9 +301,9 @@ impl Shared {
             }
             Some(_) => {}
             // Renewed since this thread looked: nothing to do.
-            None if ts.0 < self.ts_lease_renew_at.load(Ordering::Acquire) => {}
+            None if ts.0 + self.ts_lease_step / 2 < self.ts_lease.load(Ordering::Acquire) => {}
             None => {
-                let lease = self.ts_lease.load(Ordering::Acquire) + self.ts_lease_step();
+                let lease = self.ts_lease.load(Ordering::Acquire) + self.ts_lease_step;
                 // After a log failure no commit can succeed any more: nothing to renew.
                 if let Ok(end) = log.append(Ts(lease), 0, std::iter::empty()) {
                     log.request_durable(end);
@@ -335,7 +336,7 @@ impl Shared {
             (None, _) => current.max(self.oracle.last_commit_ts().0),
         };
         // Above any renewal on its way, which this one therefore replaces.
-        let lease = base + self.ts_lease_step();
+        let lease = base + self.ts_lease_step;
         let logged = log
             .append(Ts(lease), 0, std::iter::empty())
             .and_then(|end| log.wait_durable(end));
@@ -347,19 +348,9 @@ impl Shared {
     /// Raises the lease to `lease`, whose frame is durable, and clears the renewal on its
     /// way (which is at or below it). Called with the renewal lock held.
     fn publish_lease(&self, renewal: &mut Option<LeaseRenewal>, lease: u64) {
-        let lease = self.ts_lease.fetch_max(lease, Ordering::AcqRel).max(lease);
-        self.ts_lease_renew_at.store(
-            lease.saturating_sub(self.ts_lease_step() / 2),
-            Ordering::Release,
-        );
+        self.ts_lease.fetch_max(lease, Ordering::AcqRel);
         *renewal = None;
         self.lease_renewal_end.store(0, Ordering::Release);
-    }
-
-    fn ts_lease_step(&self) -> u64 {
-        self.files
-            .as_ref()
-            .map_or(TS_LEASE_STEP, |files| files.options.ts_lease_step)
     }
 
     /// Counts versions added (or freed, negative) outside a transaction's slot.
@@ -675,7 +666,7 @@ impl Db {
             ts_lease: AtomicU64::new(u64::MAX),
             lease_renewal: Mutex::new(None),
             lease_renewal_end: AtomicU64::new(0),
-            ts_lease_renew_at: AtomicU64::new(u64::MAX),
+            ts_lease_step: options.ts_lease_step,
         });
         Db::from_shared(shared, None)
     }
@@ -881,6 +872,7 @@ impl Db {
         recovery.last_ts = last_ts;
         recovery.elapsed = started.elapsed();
         let settings = options.split_settings();
+        let ts_lease_step = options.ts_lease_step;
         let files = Files {
             disk,
             dir,
@@ -904,7 +896,7 @@ impl Db {
             ts_lease: AtomicU64::new(last_ts.0 + 1),
             lease_renewal: Mutex::new(None),
             lease_renewal_end: AtomicU64::new(0),
-            ts_lease_renew_at: AtomicU64::new(last_ts.0 + 1),
+            ts_lease_step,
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);

@@ -112,9 +112,7 @@ impl Region {
             };
         }
     }
-}
 
-impl Region {
     /// Gives `len` bytes from `offset` back to the kernel: they read as zero from now on, and
     /// the next write there faults them in afresh. `offset` and `len` are multiples of 4 KiB,
     /// and nobody may be reading or writing the range meanwhile.

@@ -18,12 +18,12 @@ fn dir() -> PathBuf {
     PathBuf::from("/sim/db")
 }
 
-fn put(db: &Db, key: &str, value: &str) -> Result<(), CommitError> {
+/// Commits one put; returns its commit timestamp.
+fn put(db: &Db, key: &str, value: &str) -> Result<keel::Ts, CommitError> {
     let mut txn = db.begin().expect("begin");
     txn.put(key.as_bytes(), value.as_bytes()).expect("put");
     txn.commit()
-        .map(|outcome| outcome.expect("no concurrent writers"))?;
-    Ok(())
+        .map(|outcome| outcome.expect("no concurrent writers"))
 }
 
 fn contents(db: &Db) -> BTreeMap<String, String> {
@@ -147,7 +147,7 @@ fn full_disk_gives_an_error_and_loses_nothing_acknowledged() {
     let mut failure = None;
     for i in 0..1000 {
         match put(&db, &format!("k{i:04}"), &"v".repeat(50)) {
-            Ok(()) => acked.push(format!("k{i:04}")),
+            Ok(_) => acked.push(format!("k{i:04}")),
             Err(e) => {
                 failure = Some(e);
                 break;
@@ -585,14 +585,6 @@ fn timestamps_keep_rising_across_a_crash() {
     assert!(db.snapshot().unwrap().read_ts() >= ts);
 }
 
-fn commit_put(db: &Db, key: &str) -> keel::Ts {
-    let mut txn = db.begin().expect("begin");
-    txn.put(key.as_bytes(), b"v").expect("put");
-    txn.commit()
-        .expect("commit")
-        .expect("no concurrent writers")
-}
-
 /// The next timestamp lease is logged half a step ahead and made durable in the background:
 /// commits go on while its fsync is slow, and only a commit past the end of the current
 /// lease waits for it. (A commit that waited at every lease step held up the server's whole
@@ -608,9 +600,9 @@ fn commits_do_not_wait_for_a_lease_renewed_ahead() {
         .ts_lease_step(64);
     let db = Db::open(dir(), options).unwrap();
     let commit_until = |ts: u64| {
-        let mut last = commit_put(&db, &format!("k{ts}"));
+        let mut last = put(&db, &format!("k{ts}"), "v").unwrap();
         while last.0 < ts {
-            last = commit_put(&db, &format!("k{}", last.0 + 1));
+            last = put(&db, &format!("k{}", last.0 + 1), "v").unwrap();
         }
         assert_eq!(last.0, ts, "one timestamp per commit");
     };
@@ -648,7 +640,7 @@ fn commits_do_not_wait_for_a_lease_renewed_ahead() {
     std::thread::scope(|s| {
         let (sent, received) = std::sync::mpsc::channel();
         let db = &db;
-        s.spawn(move || sent.send(commit_put(db, "past the lease")).unwrap());
+        s.spawn(move || sent.send(put(db, "past the lease", "v").unwrap()).unwrap());
         let early = received.recv_timeout(Duration::from_millis(200));
         disk.release_syncs();
         assert!(
@@ -676,14 +668,14 @@ fn timestamps_keep_rising_across_a_crash_with_leases_renewed_ahead() {
     };
     let db = Db::open(dir(), options(&disk)).unwrap();
     for i in 0..300 {
-        commit_put(&db, &format!("k{i}"));
+        put(&db, &format!("k{i}"), "v").unwrap();
     }
     let seen = db.snapshot().unwrap().read_ts();
     assert!(seen.0 >= 300);
     disk.crash();
     drop(db);
     let db = Db::open(dir(), options(&disk)).unwrap();
-    let ts = commit_put(&db, "after");
+    let ts = put(&db, "after", "v").unwrap();
     assert!(ts > seen, "commit at {ts:?} after a snapshot at {seen:?}");
 }
 

@@ -305,6 +305,11 @@ const GROW_AT: (usize, usize) = (3, 4);
 /// it, probes always find an empty slot soon.
 const FULL_AT: (usize, usize) = (15, 16);
 
+/// `num / den` of `table`'s slots.
+fn share(table: &Table, (num, den): (usize, usize)) -> usize {
+    table.capacity() / den * num
+}
+
 impl Index {
     /// An index sized for about `capacity_hint` keys before it first grows.
     pub(crate) fn new(capacity_hint: usize) -> Index {
@@ -344,12 +349,13 @@ impl Index {
                 continue;
             }
             let table = self.table();
-            if !self.below(table, FULL_AT) {
+            let filled = self.filled(table);
+            if filled >= share(table, FULL_AT) {
                 stripe.active.fetch_sub(1, Ordering::Release);
                 self.grow(table); // waits for the growth in progress, or grows it here
                 continue;
             }
-            if !self.below(table, GROW_AT) && !self.grow_asked.swap(true, Ordering::Relaxed) {
+            if filled >= share(table, GROW_AT) && !self.grow_asked.swap(true, Ordering::Relaxed) {
                 drop(self.helper_wake.lock());
                 self.helper_cv.notify_all();
             }
@@ -393,7 +399,7 @@ impl Index {
                     if inner.closing.load(Ordering::Acquire) || !std::ptr::eq(inner.table(), from) {
                         return; // closing, or grown without us
                     }
-                    if !inner.below(from, GROW_AT) {
+                    if inner.filled(from) >= share(from, GROW_AT) {
                         break;
                     }
                     // An insert notifies at the threshold; the timeout covers a notice sent
@@ -460,10 +466,10 @@ impl Inner {
         (capacity / 16 / self.stripes.len()).max(1)
     }
 
-    /// Whether `table` is filled below `share` of its slots, allowing for unflushed counts.
-    fn below(&self, table: &Table, (num, den): (usize, usize)) -> bool {
-        let slack = self.batch(table.capacity()) * self.stripes.len();
-        self.len.load(Ordering::Relaxed) + slack < table.capacity() / den * num
+    /// Slots of `table` taken, at most: the length plus what the stripes may not have added
+    /// to it yet.
+    fn filled(&self, table: &Table) -> usize {
+        self.len.load(Ordering::Relaxed) + self.batch(table.capacity()) * self.stripes.len()
     }
 
     /// Grows `from` into a table twice its size (the one a helper prepared, if it is there),

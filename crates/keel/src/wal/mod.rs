@@ -622,22 +622,21 @@ struct Flusher {
     /// Scratch for [`Shared::wake_waiters`].
     woken: Vec<Waiter>,
     mode: Durability,
-    /// Ring pages ([`RING_PAGE_BYTES`]) already faulted in, bit `i` for page `i`.
+    /// Ring pages ([`RING_PAGE_BYTES`]) faulted in and not given back since, bit `i` for
+    /// page `i`.
     populated: u64,
 }
 
 /// The ring is faulted in, given back and released to the writers this many bytes at a
 /// time.
 const RING_PAGE_BYTES: usize = 2 << 20;
+const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
+const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
 
 /// The start of the ring page `lsn` falls in, as an LSN.
 fn page_floor(lsn: u64) -> u64 {
     lsn - lsn % RING_PAGE_BYTES as u64
 }
-const RING_PAGES: usize = RING_BYTES / RING_PAGE_BYTES;
-const _: () = assert!(RING_BYTES.is_multiple_of(RING_PAGE_BYTES) && RING_PAGES <= 64);
-/// [`Flusher::populated`] once every ring page is in.
-const RING_ALL_POPULATED: u64 = u64::MAX >> (64 - RING_PAGES);
 /// How far ahead of the writers the flusher faults in ring pages: far more than the
 /// writers fill while it sleeps (at most 5 ms).
 const RING_PAGES_AHEAD: usize = 2;
@@ -783,9 +782,6 @@ impl Flusher {
     /// pages back behind the flusher), so that a commit does not stop for page faults while
     /// it holds a log slot.
     fn populate_ahead(&mut self) {
-        if self.populated == RING_ALL_POPULATED {
-            return;
-        }
         let reserved = self.shared.reserved.load(Ordering::Acquire);
         let first = (reserved % RING_BYTES as u64) as usize / RING_PAGE_BYTES;
         for page in (first..=first + RING_PAGES_AHEAD).map(|p| p % RING_PAGES) {
@@ -865,7 +861,7 @@ impl Flusher {
         let passed = page_floor(self.written);
         let mut released = s.released.load(Ordering::Relaxed);
         if released >= passed {
-            return;
+            return; // still inside the page it last released up to
         }
         while released < passed {
             let page = (released % RING_BYTES as u64) as usize / RING_PAGE_BYTES;
