@@ -1023,20 +1023,46 @@ impl Db {
     /// [`Db::flush_log_here`] soon (from its event loop). The flusher thread still writes
     /// whatever is left 5–10 ms after the last inline flush, so a missed call costs latency,
     /// never a lost or stuck commit. A commit that blocks its thread ([`Txn::commit`]) wakes
-    /// the flusher as usual. Applies to every database used on this thread; `None` undoes it.
+    /// the flusher as usual. Under `async` durability the same goes for a wait for the log to
+    /// be written ([`Db::log_written`]). Applies to every database used on this thread; `None`
+    /// undoes it.
     pub fn flush_log_inline_on_this_thread(on_wait: Option<std::rc::Rc<dyn Fn()>>) {
         crate::wal::flush_inline_on_this_thread(on_wait);
     }
 
     /// Under `sync` durability, writes and fsyncs the log on the calling thread for the
-    /// commits that wait for it, unless the flusher thread is doing so at this moment; a no-op
-    /// otherwise. Says whether it flushed, and whether commits still wait for the log (call
-    /// again soon).
+    /// commits that wait for it; under `async`, writes it (no fsync) for the replies that
+    /// wait for it ([`Db::log_written`]). Does nothing if the flusher thread is writing at
+    /// this moment, or if nobody waits. Says how long it waited for the disk, and whether
+    /// commits or replies still wait for the log (call again soon).
     pub fn flush_log_here(&self) -> crate::wal::LogFlush {
         self.shared
             .log
             .as_ref()
             .map_or_else(Default::default, Log::flush_here)
+    }
+
+    /// Under `async` durability: resolves once every commit made so far, by any
+    /// transaction, is written to the operating system. From then on a crash of this
+    /// process (`kill -9`) cannot lose them; a crash of the machine still may, until the next
+    /// fsync. A server awaits this before it sends replies, as Redis writes its append-only
+    /// file before replying under `appendfsync everysec`: then no client has seen a commit,
+    /// its own or another's, that a crash of the server loses.
+    ///
+    /// On a thread that flushes inline ([`Db::flush_log_inline_on_this_thread`]) the wait
+    /// calls the thread's hook and the thread writes the log from its loop
+    /// ([`Db::flush_log_here`]), once for everything its pass committed; elsewhere the
+    /// flusher thread writes at once. Ready at once under `sync` durability (a commit is
+    /// acknowledged and visible only once durable, unless it asked for less itself) and
+    /// without files. Resolves to the log's failure if the log failed first: the commits may
+    /// then be lost.
+    pub fn log_written(&self) -> crate::wal::LogWritten<'_> {
+        let log = self
+            .shared
+            .log
+            .as_ref()
+            .filter(|log| matches!(log.mode(), Durability::Async { .. }));
+        crate::wal::LogWritten::new(log)
     }
 
     /// Counters summed over all transactions so far.

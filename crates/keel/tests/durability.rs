@@ -517,7 +517,7 @@ fn newer_format_is_refused_with_a_clear_error() {
     let body = manifest.len() - 4;
     let crc = crc32c::crc32c(&manifest[..body]);
     manifest[body..].copy_from_slice(&crc.to_le_bytes());
-    let mut file = files.create(&path).unwrap();
+    let file = files.create(&path).unwrap();
     file.append(&manifest).unwrap();
     file.sync().unwrap();
     let err = Db::open(dir(), sim_options(&disk)).unwrap_err();
@@ -954,4 +954,133 @@ fn dropping_a_pending_async_commit_keeps_the_database_moving() {
     drop(db);
     let db = Db::open(dir(), sim_options(&disk)).unwrap();
     assert_eq!(contents(&db).len(), 51);
+}
+
+/// Polls `future` on this thread until it resolves or `limit` passes.
+fn resolves_within<F: std::future::Future>(future: F, limit: Duration) -> Option<F::Output> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    let began = std::time::Instant::now();
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        std::thread::park_timeout(limit.checked_sub(began.elapsed())?);
+    }
+}
+
+/// Whether any log segment on `disk` holds `needle`, as the OS has it now (written, durable
+/// or not): what a `kill -9` of the process leaves.
+fn log_holds(disk: &SimDisk, needle: &[u8]) -> bool {
+    use keel::Disk;
+    disk.list(&dir())
+        .unwrap()
+        .iter()
+        .filter(|name| name.ends_with(".log"))
+        .any(|name| {
+            let data = disk.read(&dir().join(name)).unwrap();
+            data.windows(needle.len()).any(|w| w == needle)
+        })
+}
+
+/// An `async` database on `disk` whose timestamp lease is 64 long, so that commit 33 asks
+/// for an fsync (of the next lease) that nobody waits for.
+fn async_db_with_short_leases(disk: &SimDisk) -> Db {
+    let options = sim_options(disk)
+        .durability(Durability::Async {
+            interval: Duration::from_secs(3600),
+        })
+        .ts_lease_step(64);
+    Db::open(dir(), options).unwrap()
+}
+
+/// Lets fsyncs go on when dropped, so that a failing test does not hang in `Db::drop`.
+struct SyncsHeld<'a>(&'a SimDisk);
+
+impl Drop for SyncsHeld<'_> {
+    fn drop(&mut self) {
+        self.0.release_syncs();
+    }
+}
+
+/// Holds every fsync and commits until the flusher thread is stuck in one (the lease
+/// renewal's), as behind a slow disk. No commit waits for it. Fsyncs go on once the result
+/// is dropped.
+fn hold_the_flusher_in_an_fsync<'a>(disk: &'a SimDisk, db: &Db) -> SyncsHeld<'a> {
+    disk.hold_syncs();
+    let held = SyncsHeld(disk);
+    let mut i = 0;
+    let began = std::time::Instant::now();
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(20), "no fsync began");
+        let ts = put(db, &format!("filler{i}"), "v").unwrap();
+        assert!(ts.0 < 64, "past the lease: the commits would wait");
+        i += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    held
+}
+
+/// Under `async`, `Db::log_written` (what the server awaits before replying) waits for the
+/// log's write to the OS, never for an fsync: while the flusher thread is stuck in a slow
+/// fsync, it still resolves, and the commit is then in the file though not yet durable.
+#[test]
+fn log_written_resolves_during_a_slow_fsync_with_the_commit_in_the_file() {
+    let disk = SimDisk::new();
+    let db = async_db_with_short_leases(&disk);
+    let held = hold_the_flusher_in_an_fsync(&disk, &db);
+    put(&db, "during", "v").unwrap();
+    assert!(
+        !log_holds(&disk, b"during"),
+        "the commit is not written yet"
+    );
+    let written = resolves_within(db.log_written(), Duration::from_secs(5));
+    let in_file = log_holds(&disk, b"during");
+    drop(held);
+    written
+        .expect("log_written waited for an fsync")
+        .expect("the log did not fail");
+    assert!(
+        in_file,
+        "log_written resolved before the commit was in the file"
+    );
+}
+
+/// On a thread that flushes the log inline (the server's poller), `Db::log_written` calls
+/// the thread's hook instead of writing or waking the flusher thread, and resolves once
+/// the thread writes the log with `Db::flush_log_here`.
+#[test]
+fn log_written_on_an_inline_thread_waits_for_its_own_write() {
+    let disk = SimDisk::new();
+    let db = async_db_with_short_leases(&disk);
+    // The flusher thread writes every 5 ms by itself: hold it in an fsync so that it stays
+    // out of the way.
+    let _held = hold_the_flusher_in_an_fsync(&disk, &db);
+    let called = std::rc::Rc::new(std::cell::Cell::new(0));
+    let hook = std::rc::Rc::clone(&called);
+    Db::flush_log_inline_on_this_thread(Some(std::rc::Rc::new(move || hook.set(hook.get() + 1))));
+    put(&db, "inline", "v").unwrap();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut written = std::pin::pin!(db.log_written());
+    assert!(
+        written.as_mut().poll(&mut cx).is_pending(),
+        "not written yet"
+    );
+    assert_eq!(called.get(), 1, "the wait called the thread's hook");
+    assert!(!log_holds(&disk, b"inline"), "nobody else wrote it");
+    let flush = db.flush_log_here();
+    assert!(!flush.waiting, "the write covered every reply that waited");
+    assert!(log_holds(&disk, b"inline"));
+    assert!(matches!(
+        written.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Ok(()))
+    ));
+    Db::flush_log_inline_on_this_thread(None);
 }

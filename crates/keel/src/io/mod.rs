@@ -46,12 +46,13 @@ impl std::fmt::Debug for FileBytes {
     }
 }
 
-/// A file opened for appending.
-pub trait AppendFile: Send {
+/// A file opened for appending. One thread appends at a time; another may `sync` meanwhile
+/// (the log fsyncs in `async` mode without holding up the thread that writes it).
+pub trait AppendFile: Send + Sync {
     /// Appends all of `buf`, or fails; after a failure the file's length is unknown.
-    fn append(&mut self, buf: &[u8]) -> io::Result<()>;
-    /// Makes everything appended so far durable.
-    fn sync(&mut self) -> io::Result<()>;
+    fn append(&self, buf: &[u8]) -> io::Result<()>;
+    /// Makes everything appended before the call durable.
+    fn sync(&self) -> io::Result<()>;
 }
 
 /// The file-system operations the engine uses, and nothing else.
@@ -96,7 +97,7 @@ pub(crate) fn write_atomic(
     bytes: &[u8],
 ) -> io::Result<()> {
     let tmp: PathBuf = dir.join(format!("{name}.tmp"));
-    let mut file = disk.create(&tmp)?;
+    let file = disk.create(&tmp)?;
     file.append(bytes)?;
     file.sync()?;
     drop(file);

@@ -13,10 +13,10 @@ pub struct OsDisk;
 struct OsFile(File);
 
 impl AppendFile for OsFile {
-    fn append(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.0.write_all(buf)
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
+        (&self.0).write_all(buf)
     }
-    fn sync(&mut self) -> io::Result<()> {
+    fn sync(&self) -> io::Result<()> {
         self.0.sync_data()
     }
 }

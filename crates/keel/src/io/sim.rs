@@ -76,8 +76,15 @@ impl State {
 pub struct SimDisk {
     state: Arc<Mutex<State>>,
     epoch: u64,
-    /// While true, fsyncs wait ([`SimDisk::hold_syncs`]).
-    syncs_held: Arc<(Mutex<bool>, parking_lot::Condvar)>,
+    /// Fsyncs wait while held ([`SimDisk::hold_syncs`]).
+    syncs_held: Arc<(Mutex<SyncGate>, parking_lot::Condvar)>,
+}
+
+#[derive(Default)]
+struct SyncGate {
+    held: bool,
+    /// Fsyncs waiting at the gate now.
+    waiting: usize,
 }
 
 impl SimDisk {
@@ -114,21 +121,28 @@ impl SimDisk {
     /// Makes every fsync (of a file) wait until [`SimDisk::release_syncs`]: a disk whose
     /// flushes take as long as the test likes.
     pub fn hold_syncs(&self) {
-        *self.syncs_held.0.lock() = true;
+        self.syncs_held.0.lock().held = true;
     }
 
     /// Lets held and later fsyncs go on.
     pub fn release_syncs(&self) {
-        *self.syncs_held.0.lock() = false;
+        self.syncs_held.0.lock().held = false;
         self.syncs_held.1.notify_all();
     }
 
+    /// How many fsyncs are held at this moment ([`SimDisk::hold_syncs`]).
+    pub fn syncs_waiting(&self) -> usize {
+        self.syncs_held.0.lock().waiting
+    }
+
     fn wait_for_syncs(&self) {
-        let (held, released) = &*self.syncs_held;
-        let mut held = held.lock();
-        while *held {
-            released.wait(&mut held);
+        let (gate, released) = &*self.syncs_held;
+        let mut gate = gate.lock();
+        gate.waiting += 1;
+        while gate.held {
+            released.wait(&mut gate);
         }
+        gate.waiting -= 1;
     }
 
     fn live(&self) -> io::Result<parking_lot::MutexGuard<'_, State>> {
@@ -206,7 +220,7 @@ struct SimAppend {
 }
 
 impl AppendFile for SimAppend {
-    fn append(&mut self, buf: &[u8]) -> io::Result<()> {
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
         let mut state = self.disk.live()?;
         state.ops += 1;
         let used = state.used();
@@ -234,7 +248,7 @@ impl AppendFile for SimAppend {
         Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
+    fn sync(&self) -> io::Result<()> {
         self.disk.wait_for_syncs();
         let mut state = self.disk.live()?;
         state.ops += 1;

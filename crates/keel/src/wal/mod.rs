@@ -25,6 +25,12 @@
 //! whoever runs it. The flusher thread steps back while inline rounds keep coming and takes
 //! over 5 ms after they stop, so nothing waits long on an event loop that stopped.
 //!
+//! In `async` mode commits do not wait, but a server must not reply before the log is written
+//! to the OS (a kill -9 would lose what it acknowledged): [`Log::watch_written`] waits for the
+//! `written` LSN, which the flusher thread, or an event loop flushing inline, advances with a
+//! write and no fsync. There the flusher fsyncs outside the writer lock, so such a write
+//! never waits for the disk.
+//!
 //! The first failed write or fsync poisons the log for good: every waiting committer and
 //! every later commit gets the error, and nothing is retried (the kernel may have dropped the
 //! dirty pages, so no later fsync could vouch for them). Recovery from the files is the only
@@ -84,10 +90,52 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogFlush {
     /// How long it spent writing and fsyncing the log on the calling thread, mostly waiting
-    /// for the disk (zero if it did not).
+    /// for the disk (zero if it did not, and for a write without fsync under `async`: that
+    /// is work, not a wait).
     pub took: Duration,
     /// Commits still wait for the log: call again soon.
     pub waiting: bool,
+}
+
+/// Resolves once the log is written to the operating system up to the point it was made at
+/// ([`Db::log_written`](crate::Db::log_written)).
+#[must_use = "a future does nothing unless awaited"]
+pub struct LogWritten<'db> {
+    /// `None`: nothing to wait for.
+    log: Option<&'db Log>,
+    end: u64,
+}
+
+impl<'db> LogWritten<'db> {
+    /// Waits for everything appended to `log` so far; `None`: for nothing.
+    pub(crate) fn new(log: Option<&'db Log>) -> LogWritten<'db> {
+        LogWritten {
+            end: log.map_or(0, Log::tail),
+            log,
+        }
+    }
+}
+
+impl std::future::Future for LogWritten<'_> {
+    type Output = Result<(), LogFailed>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(log) = self.log else {
+            return std::task::Poll::Ready(Ok(()));
+        };
+        if !log.watch_written(self.end, cx.waker()) {
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(match log.written_lsn() >= self.end {
+            true => Ok(()),
+            false => Err(log
+                .failed()
+                .expect("a wait for the log ends early only on failure")),
+        })
+    }
 }
 
 /// The log failed; the database refuses writes from now on.
@@ -100,6 +148,10 @@ pub(crate) struct Shared {
     reserved: CachePadded<AtomicU64>,
     released: CachePadded<AtomicU64>,
     durable: CachePadded<AtomicU64>,
+    /// The LSN up to which frames are written to the operating system: from there a crash
+    /// of this process alone (kill -9) no longer loses them, though a crash of the machine
+    /// still may until they are durable.
+    written: CachePadded<AtomicU64>,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
     /// Set when the flusher has been asked to look again; it sleeps on `wake_cv` while
@@ -112,6 +164,11 @@ pub(crate) struct Shared {
     waiters: Mutex<Vec<Waiter>>,
     /// `waiters.len()`, readable without the lock (written under it).
     waiting: AtomicUsize,
+    /// Tasks waiting until the log is written up to a point ([`Log::watch_written`]).
+    written_waiters: Mutex<Vec<(u64, Waker)>>,
+    /// `written_waiters.len()`, readable without the lock (written under it).
+    written_waiting: AtomicUsize,
+    mode: Durability,
     /// While the flusher gathers: how many waiters it waits for (0 when not gathering). The
     /// committer whose registration reaches it wakes the flusher; the others need not.
     gather_target: AtomicUsize,
@@ -188,6 +245,11 @@ pub(crate) fn flush_inline_on_this_thread(on_wait: Option<Rc<dyn Fn()>>) {
     INLINE_FLUSH.with(|hook| *hook.borrow_mut() = on_wait);
 }
 
+/// Whether this thread flushes the log inline ([`flush_inline_on_this_thread`]).
+fn has_inline_hook() -> bool {
+    INLINE_FLUSH.with(|hook| hook.borrow().is_some())
+}
+
 /// Calls this thread's inline-flush hook; false if it has none.
 fn call_inline_hook() -> bool {
     INLINE_FLUSH.with(|hook| match &*hook.borrow() {
@@ -220,6 +282,7 @@ impl Log {
             reserved: CachePadded::new(AtomicU64::new(start_lsn)),
             released: CachePadded::new(AtomicU64::new(page_floor(start_lsn))),
             durable: CachePadded::new(AtomicU64::new(start_lsn)),
+            written: CachePadded::new(AtomicU64::new(start_lsn)),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             wake_pending: AtomicBool::new(false),
@@ -227,6 +290,9 @@ impl Log {
             wake_cv: Condvar::new(),
             waiters: Mutex::new(Vec::new()),
             waiting: AtomicUsize::new(0),
+            written_waiters: Mutex::new(Vec::new()),
+            written_waiting: AtomicUsize::new(0),
+            mode,
             gather_target: AtomicUsize::new(0),
             space: Mutex::new(()),
             space_cv: Condvar::new(),
@@ -243,7 +309,7 @@ impl Log {
             shared: Arc::clone(&shared),
             disk,
             dir,
-            segment,
+            segment: Arc::from(segment),
             segment_bytes: start_lsn - segment_first_lsn,
             segment_bytes_target,
             written: start_lsn,
@@ -373,6 +439,9 @@ impl Log {
     /// flusher thread had the log, or more arrived), so that the caller keeps calling.
     pub(crate) fn flush_here(&self) -> LogFlush {
         let s = &*self.shared;
+        if matches!(self.mode, Durability::Async { .. }) {
+            return self.write_here();
+        }
         if self.mode != Durability::Sync
             || s.waiting.load(Ordering::SeqCst) == 0
             || s.failed.load(Ordering::Acquire)
@@ -398,6 +467,68 @@ impl Log {
             took,
             waiting: s.waiting.load(Ordering::SeqCst) != 0 && !s.failed.load(Ordering::Acquire),
         }
+    }
+
+    /// Under `async`, writes to the OS (no fsync) on the calling thread the frames that
+    /// replies wait for ([`Log::watch_written`]), unless the flusher thread is writing at
+    /// this moment. Says whether replies still wait (call again soon). `took` stays zero:
+    /// writing to the page cache is work, not a wait for the disk.
+    fn write_here(&self) -> LogFlush {
+        let s = &*self.shared;
+        if s.written_waiting.load(Ordering::SeqCst) == 0
+            || s.failed.load(Ordering::Acquire)
+            || s.shutdown.load(Ordering::Acquire)
+        {
+            return LogFlush::default();
+        }
+        if let Some(mut writer) = self.writer.try_lock() {
+            writer.write_ready();
+        }
+        LogFlush {
+            took: Duration::ZERO,
+            waiting: s.written_waiting.load(Ordering::SeqCst) != 0
+                && !s.failed.load(Ordering::Acquire),
+        }
+    }
+
+    /// Asks for `waker` to be woken once the log is written to the OS up to `end` (or has
+    /// failed); returns whether it already is (then nothing is registered). On a thread
+    /// that flushes the log inline ([`flush_inline_on_this_thread`]) it calls the thread's
+    /// hook, and the thread writes from its loop ([`Log::flush_here`]); elsewhere it writes
+    /// the log itself unless another thread is writing it, and then kicks the flusher
+    /// thread. A frame before `end` that its committer is still filling goes out when that
+    /// committer waits in turn, or at the flusher's next round (within 5 ms).
+    pub(crate) fn watch_written(&self, end: u64, waker: &Waker) -> bool {
+        let s = &*self.shared;
+        if s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire) {
+            return true;
+        }
+        // Off an event loop, write it here if nobody else is writing: the flusher thread may
+        // be in an fsync, which can take hundreds of milliseconds.
+        if !has_inline_hook()
+            && let Some(mut writer) = self.writer.try_lock()
+        {
+            writer.write_ready();
+            drop(writer);
+            if s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire) {
+                return true;
+            }
+        }
+        let mut waiters = s.written_waiters.lock();
+        waiters.push((end, waker.clone()));
+        s.written_waiting.store(waiters.len(), Ordering::SeqCst);
+        drop(waiters);
+        if !call_inline_hook() {
+            s.kick();
+        }
+        // Registered before this check: either we see it, or the writer, which publishes
+        // `written` before it looks for waiters, sees us.
+        s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire)
+    }
+
+    /// The LSN up to which the log is written to the OS.
+    pub(crate) fn written_lsn(&self) -> u64 {
+        self.shared.written.load(Ordering::Acquire)
     }
 
     /// Asks for the log to be durable up to `end` soon, without waiting: in `async` mode the
@@ -459,6 +590,7 @@ impl Shared {
         drop(failure);
         self.failed.store(true, Ordering::Release);
         self.wake_waiters(u64::MAX, &mut Vec::new());
+        self.wake_written(u64::MAX);
         if let Some(oracle) = &self.oracle {
             oracle.wake_watchers(u64::MAX);
         }
@@ -483,7 +615,7 @@ impl Shared {
         let waiting = waiters.len();
         self.waiting.store(waiting, Ordering::SeqCst);
         drop(waiters);
-        if !parks && call_inline_hook() {
+        if !parks && self.mode == Durability::Sync && call_inline_hook() {
             return;
         }
         // SeqCst pairs with the flusher's store of the target then load of `waiting`: if we
@@ -532,6 +664,21 @@ impl Shared {
             }
         }
         registered
+    }
+
+    /// Wakes the tasks waiting for the log to be written up to `written` or less (all of
+    /// them, after a failure: `u64::MAX`).
+    fn wake_written(&self, written: u64) {
+        if self.written_waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut waiters = self.written_waiters.lock();
+        let woken: Vec<(u64, Waker)> = waiters.extract_if(.., |(end, _)| *end <= written).collect();
+        self.written_waiting.store(waiters.len(), Ordering::SeqCst);
+        drop(waiters);
+        for (_, waker) in woken {
+            waker.wake();
+        }
     }
 
     fn wake_space_waiters(&self) {
@@ -612,7 +759,8 @@ struct Flusher {
     shared: Arc<Shared>,
     disk: Arc<dyn Disk>,
     dir: PathBuf,
-    segment: Box<dyn AppendFile>,
+    /// Appended under the writer's lock; in `async` mode fsynced outside it.
+    segment: Arc<dyn AppendFile>,
     segment_bytes: u64,
     segment_bytes_target: u64,
     written: u64,
@@ -664,7 +812,10 @@ fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
                 shared.gather(plan);
             }
         }
-        let carry_on = writer.lock().round(shutdown);
+        let carry_on = match mode {
+            Durability::Async { .. } if !shutdown => async_round(shared, writer),
+            _ => writer.lock().round(shutdown),
+        };
         if !carry_on {
             return;
         }
@@ -674,6 +825,29 @@ fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
         };
         shared.wait_for_kick(timeout);
     }
+}
+
+/// A flusher round in `async` mode: writes under the lock, but fsyncs outside it, so that a
+/// thread writing the log for its replies ([`Log::flush_here`]) never waits for the disk.
+/// Only starting a new segment fsyncs under the lock (once every `segment_bytes`).
+fn async_round(shared: &Shared, writer: &Mutex<Flusher>) -> bool {
+    let due = {
+        let mut w = writer.lock();
+        if !w.write_ready() {
+            return false;
+        }
+        (w.written > w.synced && w.sync_due()).then(|| (Arc::clone(&w.segment), w.written))
+    };
+    if let Some((segment, upto)) = due {
+        let started = Instant::now();
+        // Appends may go on meanwhile; this covers at least what was written up to `upto`.
+        if let Err(e) = segment.sync() {
+            shared.fail("fsync of the log", &e);
+            return false;
+        }
+        writer.lock().synced_to(upto, started);
+    }
+    writer.lock().end_round(false)
 }
 
 /// How long after a thread's inline flush the flusher thread leaves the log to it.
@@ -740,6 +914,21 @@ impl Flusher {
     /// the segment when full. A failure poisons the log. Returns false once the flusher
     /// thread should end: the log failed, or it shut down with everything durable.
     fn round(&mut self, shutdown: bool) -> bool {
+        if !self.write_ready() {
+            return false;
+        }
+        if self.written > self.synced
+            && (self.sync_due() || shutdown)
+            && let Err(e) = self.sync()
+        {
+            self.shared.fail("fsync of the log", &e);
+            return false;
+        }
+        self.end_round(shutdown)
+    }
+
+    /// Writes the contiguous run of filled frames; false if the log failed (now or before).
+    fn write_ready(&mut self) -> bool {
         if self.shared.failed.load(Ordering::Acquire) {
             return false;
         }
@@ -750,26 +939,37 @@ impl Flusher {
             self.shared.fail("writing the log", &e);
             return false;
         }
-        let sync_due = match self.mode {
+        true
+    }
+
+    /// Whether what is written should be fsynced now.
+    fn sync_due(&self) -> bool {
+        match self.mode {
             Durability::Sync | Durability::None => true,
             Durability::Async { interval } => {
                 self.last_sync.elapsed() >= interval
                     || self.shared.sync_wanted.load(Ordering::SeqCst) > self.synced
             }
-        };
-        if self.written > self.synced
-            && (sync_due || shutdown)
-            && let Err(e) = self.sync()
-        {
-            self.shared.fail("fsync of the log", &e);
-            return false;
         }
-        if self.segment_bytes >= self.segment_bytes_target
-            && self.synced == self.written
-            && let Err(e) = self.rotate()
-        {
-            self.shared.fail("starting a new log segment", &e);
-            return false;
+    }
+
+    /// The end of a round: starts a new segment once this one is full, faults in ring pages.
+    /// Returns false once the flusher thread should end: the log failed, or it shut down
+    /// with everything durable.
+    fn end_round(&mut self, shutdown: bool) -> bool {
+        if self.segment_bytes >= self.segment_bytes_target {
+            // The full segment is made durable before the next one starts: recovery takes a
+            // torn frame only at the end of the last segment.
+            if self.written > self.synced
+                && let Err(e) = self.sync()
+            {
+                self.shared.fail("fsync of the log", &e);
+                return false;
+            }
+            if let Err(e) = self.rotate() {
+                self.shared.fail("starting a new log segment", &e);
+                return false;
+            }
         }
         if shutdown && self.written == self.shared.reserved.load(Ordering::Acquire) {
             return false;
@@ -846,6 +1046,9 @@ impl Flusher {
         s.frames.fetch_add(frames, Ordering::Relaxed);
         self.segment_bytes += len as u64;
         self.written = end;
+        // SeqCst pairs with a watcher's registration then load (`Log::watch_written`).
+        s.written.store(end, Ordering::SeqCst);
+        s.wake_written(end);
         self.release();
         Ok(())
     }
@@ -876,18 +1079,24 @@ impl Flusher {
     fn sync(&mut self) -> io::Result<()> {
         let started = Instant::now();
         self.segment.sync()?;
+        self.synced_to(self.written, started);
+        Ok(())
+    }
+
+    /// Publishes an fsync, begun at `started`, that made the log durable up to `upto`, and
+    /// wakes whoever waited for that.
+    fn synced_to(&mut self, upto: u64, started: Instant) {
         self.shared.fsyncs.fetch_add(1, Ordering::Relaxed);
-        self.synced = self.written;
+        self.synced = self.synced.max(upto);
         self.last_sync = Instant::now();
         let took = self.last_sync - started;
         self.shared.durable.store(self.synced, Ordering::Release);
         let registered = self.shared.wake_waiters(self.synced, &mut self.woken);
         self.gather.after_sync(took, registered);
-        Ok(())
     }
 
     fn rotate(&mut self) -> io::Result<()> {
-        self.segment = create_segment(&*self.disk, &self.dir, self.written)?;
+        self.segment = Arc::from(create_segment(&*self.disk, &self.dir, self.written)?);
         self.segment_bytes = 0;
         Ok(())
     }

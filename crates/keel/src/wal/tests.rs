@@ -14,11 +14,11 @@ struct SlowFile {
 }
 
 impl AppendFile for SlowFile {
-    fn append(&mut self, _buf: &[u8]) -> io::Result<()> {
+    fn append(&self, _buf: &[u8]) -> io::Result<()> {
         Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
+    fn sync(&self) -> io::Result<()> {
         std::thread::sleep(self.sync_cost);
         if self.syncs.fetch_add(1, Ordering::Relaxed) + 1 >= self.fail_at {
             return Err(io::Error::other("injected fsync error"));
