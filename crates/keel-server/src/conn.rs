@@ -369,6 +369,15 @@ impl Conn {
         if output.is_empty() {
             return Ok(());
         }
+        // Under `async`, no reply goes out before the commits it reports or has read are
+        // written to the OS, as Redis writes its AOF first: a kill -9 then loses nothing a
+        // client was told. If the log failed first they may be lost, and the connection
+        // closes without the replies.
+        self.shared
+            .db
+            .log_written()
+            .await
+            .map_err(std::io::Error::other)?;
         stream.write_all(output).await?;
         self.shared
             .counters

@@ -204,9 +204,13 @@ pub struct PollerState {
     idle_poll_ns: AtomicU64,
     /// How long the spinner polls after the last request now ([`spin_ns`]).
     spin_ns: AtomicU64,
-    /// Under `sync` durability, the database whose log the poller writes and fsyncs itself
-    /// ([`keel::Db::flush_log_here`]) once its loop has drained the sockets, as Redis does.
+    /// The database whose log the poller writes itself ([`keel::Db::flush_log_here`]) once
+    /// its loop has drained the sockets, as Redis does: under `sync` it also fsyncs (the
+    /// replies wait for that), under `async` it only writes (the replies wait for the write,
+    /// [`keel::Db::log_written`]). `None` without a log.
     inline_log: Option<&'static keel::Db>,
+    /// Durability is `sync`: replies wait for fsyncs.
+    replies_wait_for_fsync: bool,
 }
 
 impl PollerState {
@@ -264,12 +268,13 @@ pub struct Lanes {
 
 impl Lanes {
     /// Starts the poller thread; the pool is the runtime this is called on. `inline_log`:
-    /// under `sync` durability, the database whose log the poller flushes itself (replies
-    /// then wait for fsyncs: see `spin_ns`).
+    /// the database whose log the poller writes itself, if it has one;
+    /// `replies_wait_for_fsync`: its durability is `sync` (see `spin_ns`).
     pub fn start(
         setting: PollerMode,
         idle_poll_us: u64,
         inline_log: Option<&'static keel::Db>,
+        replies_wait_for_fsync: bool,
     ) -> std::io::Result<Lanes> {
         let pool = Handle::current();
         let pool_workers = pool.metrics().num_workers();
@@ -283,6 +288,7 @@ impl Lanes {
             idle_poll_ns: AtomicU64::new(idle_poll_us * 1000),
             spin_ns: AtomicU64::new(idle_poll_us * 1000),
             inline_log,
+            replies_wait_for_fsync,
         });
         let (parked, unparked) = (state.clone(), state.clone());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -304,8 +310,8 @@ impl Lanes {
             .name("keel-poller".into())
             .spawn(move || {
                 if spinner.inline_log.is_some() {
-                    // A commit here that waits for the log wakes the spinner, which flushes
-                    // it, instead of the flusher thread.
+                    // A commit or a reply here that waits for the log wakes the spinner,
+                    // which writes it, instead of the flusher thread.
                     let woken = spinner.clone();
                     keel::Db::flush_log_inline_on_this_thread(Some(std::rc::Rc::new(move || {
                         woken.wake_spinner()
@@ -455,8 +461,7 @@ impl Lanes {
                 spin_ns(
                     self.state.idle_poll_ns.load(Relaxed),
                     sample.rate(),
-                    // Durability is `sync`: replies wait for the log's fsync.
-                    self.state.inline_log.is_some(),
+                    self.state.replies_wait_for_fsync,
                 ),
                 Relaxed,
             );
@@ -489,8 +494,9 @@ fn nanos(d: Duration) -> u64 {
 /// read only on polls that found nothing: a busy poller does not pay for it.
 ///
 /// Under `sync` durability it also writes and fsyncs the log for the commits its passes
-/// made, and does not sleep while any of them still waits (the flusher thread may hold the
-/// log for a moment).
+/// made, under `async` it writes the log (no fsync) for the replies that wait for it, and it
+/// does not sleep while any of them still waits (the flusher thread may hold the log for a
+/// moment).
 async fn spin(state: Arc<PollerState>) {
     loop {
         let mut seen = state.activity.load(Relaxed);
@@ -501,8 +507,8 @@ async fn spin(state: Arc<PollerState>) {
         loop {
             tokio::task::yield_now().await;
             let activity = state.activity.load(Relaxed);
-            // Under `sync`, flush once the sockets are drained (a pass that read nothing), as
-            // Redis does at the end of its pass; while reads keep coming, every
+            // Flush once the sockets are drained (a pass that read nothing), as Redis does at
+            // the end of its pass; while reads keep coming, every
             // [`INLINE_FLUSH_BUSY_PASSES`] passes.
             let flush = match state.inline_log {
                 Some(db) => {
