@@ -21,8 +21,9 @@ pub struct Args {
     /// Data directory: the write-ahead log and checkpoints [default: ./keel-data].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
-    /// sync (reply after fsync; concurrent writers share fsyncs) | async:<ms> (reply at once,
-    /// fsync at least every ms) | none (memory only, no files) [default: sync].
+    /// sync (reply after fsync; concurrent writers share fsyncs) | async:<ms> (reply once
+    /// written to the OS, fsync at least every ms: a kill -9 loses nothing replied to, a
+    /// machine crash up to ms) | none (memory only, no files) [default: sync].
     #[arg(long, value_name = "MODE")]
     durability: Option<String>,
     /// Password clients must give with AUTH (or HELLO ... AUTH) before anything else.

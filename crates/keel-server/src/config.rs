@@ -25,7 +25,7 @@ pub const SPLIT_PHASE_MS_MAX: u64 = 10_000;
 pub enum Durability {
     /// Acknowledge after fsync (group commit).
     Sync,
-    /// Acknowledge at once; fsync every `ms` milliseconds.
+    /// Acknowledge once written to the OS (no fsync); fsync every `ms` milliseconds.
     Async {
         /// The fsync interval.
         ms: u64,
