@@ -1052,7 +1052,8 @@ impl Db {
     /// On a thread that flushes inline ([`Db::flush_log_inline_on_this_thread`]) the wait
     /// calls the thread's hook and the thread writes the log from its loop
     /// ([`Db::flush_log_here`]), once for everything its pass committed; elsewhere the
-    /// flusher thread writes at once. Ready at once under `sync` durability (a commit is
+    /// waiting thread writes the log itself, or, if another thread is writing it, wakes the
+    /// flusher thread. Ready at once under `sync` durability (a commit is
     /// acknowledged and visible only once durable, unless it asked for less itself) and
     /// without files. Resolves to the log's failure if the log failed first: the commits may
     /// then be lost.
