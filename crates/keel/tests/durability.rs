@@ -1084,3 +1084,37 @@ fn log_written_on_an_inline_thread_waits_for_its_own_write() {
     ));
     Db::flush_log_inline_on_this_thread(None);
 }
+
+/// Starting a new segment fsyncs the full one under the writer lock; under `async` the
+/// flusher fsyncs it outside the lock first, so a reply's write of the log does not wait for
+/// that bulk fsync either.
+#[test]
+fn log_written_resolves_while_a_full_segment_is_fsynced() {
+    let disk = SimDisk::new();
+    let options = sim_options(&disk)
+        .durability(Durability::Async {
+            interval: Duration::from_secs(3600),
+        })
+        .segment_bytes(4096);
+    let db = Db::open(dir(), options).unwrap();
+    // No fsync is due before the segment is full: the first one is the rotation's.
+    disk.hold_syncs();
+    let held = SyncsHeld(&disk);
+    let value = "v".repeat(100);
+    let began = std::time::Instant::now();
+    let mut i = 0;
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(20), "no fsync began");
+        put(&db, &format!("fill{i}"), &value).unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    put(&db, "after", "v").unwrap();
+    let written = resolves_within(db.log_written(), Duration::from_secs(5));
+    let in_file = log_holds(&disk, b"after");
+    drop(held);
+    written
+        .expect("log_written waited for the full segment's fsync")
+        .expect("the log did not fail");
+    assert!(in_file);
+}

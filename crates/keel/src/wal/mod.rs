@@ -829,14 +829,19 @@ fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
 
 /// A flusher round in `async` mode: writes under the lock, but fsyncs outside it, so that a
 /// thread writing the log for its replies ([`Log::flush_here`]) never waits for the disk.
-/// Only starting a new segment fsyncs under the lock (once every `segment_bytes`).
+/// Only starting a new segment fsyncs under the lock (once every `segment_bytes`), and only
+/// what was written during the bulk fsync just before.
 fn async_round(shared: &Shared, writer: &Mutex<Flusher>) -> bool {
     let due = {
         let mut w = writer.lock();
         if !w.write_ready() {
             return false;
         }
-        (w.written > w.synced && w.sync_due()).then(|| (Arc::clone(&w.segment), w.written))
+        // A full segment is fsynced under the lock before the next starts: fsync the bulk of
+        // it here first, so that only what comes in meanwhile is left for then.
+        let full = w.segment_bytes >= w.segment_bytes_target;
+        (w.written > w.synced && (w.sync_due() || full))
+            .then(|| (Arc::clone(&w.segment), w.written))
     };
     if let Some((segment, upto)) = due {
         let started = Instant::now();
