@@ -121,6 +121,8 @@ pub const BUSY_SPIN_RATE: f64 = 10_000.0;
 /// with inline fsyncs a raised spin measured 0.96 and 1.03, no better). At -P 1 with 50 clients
 /// on 2 cores it left the client waiting for a core 10% of the time; keeping the spin at
 /// 100 µs served 9% more INCR (median of five rounds, 18% in an earlier five; BENCHMARKS.md).
+/// A load that fsynced nothing in the last tick (reads only) has no such gaps: its replies do
+/// not wait for the log, and it spins as under `async`.
 fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool) -> u64 {
     if idle_poll_ns != 0 && commands_per_s >= BUSY_SPIN_RATE && !replies_wait_for_fsync {
         idle_poll_ns.max(nanos(BUSY_SPIN))
@@ -403,6 +405,11 @@ impl Lanes {
         self.state.spin_ns.load(Relaxed) / 1000
     }
 
+    /// The log's fsyncs so far (0 without a log).
+    fn log_fsyncs(&self) -> u64 {
+        self.state.inline_log.map_or(0, |db| db.stats().log_fsyncs)
+    }
+
     /// Stops the poller thread and waits for it (connections still on it are closed).
     pub fn stop(&self) {
         self.stop.cancel();
@@ -422,6 +429,7 @@ impl Lanes {
         let mut cpu = CpuTicks::machine_idle();
         let mut used = CpuTicks::process_used();
         let mut served = commands.load(Relaxed);
+        let mut fsyncs = self.log_fsyncs();
         let mut reads = self.state.activity.load(Relaxed);
         loop {
             tokio::select! {
@@ -460,6 +468,7 @@ impl Lanes {
                 .store((poller_idle * 1000.0) as u64, Relaxed);
             self.spare_millicores
                 .store((spare * 1000.0) as u64, Relaxed);
+            let fsyncs_now = self.log_fsyncs();
             let sample = Sample {
                 now,
                 poller_idle,
@@ -474,10 +483,12 @@ impl Lanes {
                 spin_ns(
                     self.state.idle_poll_ns.load(Relaxed),
                     sample.rate(),
-                    self.state.replies_wait_for_fsync,
+                    // Under `sync`, replies waited for fsyncs in this tick.
+                    self.state.replies_wait_for_fsync && fsyncs_now != fsyncs,
                 ),
                 Relaxed,
             );
+            fsyncs = fsyncs_now;
             // After CONFIG SET (or with auto off) start from where connections are now.
             if self.setting() != PollerMode::Auto || policy.lane != self.lane() {
                 policy = Policy::new(now, self.lane());

@@ -182,3 +182,43 @@ fn moving_under_load_loses_and_reorders_nothing() {
     let moved = moves(&mut admin);
     assert!(flips > 10 && moved > 10, "{flips} flips, {moved} moves");
 }
+
+/// Under `sync`, the poller spins only `idle-poll-us` past its last request while writes wait
+/// for fsyncs (those gaps are the disk's); a load that fsyncs nothing, reads only, spins as
+/// long as under `async`.
+#[test]
+fn under_sync_a_read_only_load_spins_longer_and_writes_do_not() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().to_path_buf();
+    let server = TestServer::with(move |c| {
+        c.dir = path;
+        c.durability = keel_server::Durability::Sync;
+    });
+    let mut admin = server.client();
+    let mut c = server.client();
+    let short = keel_server::lanes::IDLE_POLL_US_DEFAULT.to_string();
+    let long = keel_server::lanes::BUSY_SPIN.as_micros().to_string();
+    // Pipelines of 200 commands: well above the rate from which the spin is raised.
+    let run_until =
+        |c: &mut redis::Connection, admin: &mut redis::Connection, cmd: &str, spin: &str| {
+            let began = std::time::Instant::now();
+            while info_field(admin, "spin_us") != spin {
+                assert!(
+                    began.elapsed() < Duration::from_secs(20),
+                    "{cmd}: spin stayed at {}",
+                    info_field(admin, "spin_us")
+                );
+                let mut pipe = redis::pipe();
+                for i in 0..200 {
+                    pipe.cmd(cmd).arg(format!("k{i}"));
+                    if cmd == "SET" {
+                        pipe.arg("v");
+                    }
+                }
+                let _: Vec<Value> = pipe.query(c).expect("pipeline");
+            }
+        };
+    run_until(&mut c, &mut admin, "GET", &long);
+    run_until(&mut c, &mut admin, "SET", &short);
+    run_until(&mut c, &mut admin, "GET", &long);
+}
