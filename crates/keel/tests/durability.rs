@@ -14,6 +14,14 @@ fn sim_options(disk: &SimDisk) -> Options {
     Options::default().disk(disk.reboot()).recovery_threads(2)
 }
 
+/// Options for a database on `disk` under `async` that fsyncs only when asked: a test never
+/// reaches the interval.
+fn sim_async_options(disk: &SimDisk) -> Options {
+    sim_options(disk).durability(Durability::Async {
+        interval: Duration::from_secs(3600),
+    })
+}
+
 fn dir() -> PathBuf {
     PathBuf::from("/sim/db")
 }
@@ -64,9 +72,7 @@ fn sync_commits_survive_power_loss() {
 #[test]
 fn async_loses_at_most_the_unsynced_window_never_part_of_a_commit() {
     let disk = SimDisk::new();
-    let options = sim_options(&disk).durability(Durability::Async {
-        interval: Duration::from_secs(3600),
-    });
+    let options = sim_async_options(&disk);
     let db = Db::open(dir(), options).unwrap();
     for i in 0..50 {
         db.transact(|txn| {
@@ -593,11 +599,7 @@ fn timestamps_keep_rising_across_a_crash() {
 fn commits_do_not_wait_for_a_lease_renewed_ahead() {
     let disk = SimDisk::new();
     // No fsync but those asked for: the interval is never reached.
-    let options = sim_options(&disk)
-        .durability(Durability::Async {
-            interval: Duration::from_secs(3600),
-        })
-        .ts_lease_step(64);
+    let options = sim_async_options(&disk).ts_lease_step(64);
     let db = Db::open(dir(), options).unwrap();
     let commit_until = |ts: u64| {
         let mut last = put(&db, &format!("k{ts}"), "v").unwrap();
@@ -659,13 +661,7 @@ fn commits_do_not_wait_for_a_lease_renewed_ahead() {
 #[test]
 fn timestamps_keep_rising_across_a_crash_with_leases_renewed_ahead() {
     let disk = SimDisk::new();
-    let options = |disk: &SimDisk| {
-        sim_options(disk)
-            .durability(Durability::Async {
-                interval: Duration::from_secs(3600),
-            })
-            .ts_lease_step(16)
-    };
+    let options = |disk: &SimDisk| sim_async_options(disk).ts_lease_step(16);
     let db = Db::open(dir(), options(&disk)).unwrap();
     for i in 0..300 {
         put(&db, &format!("k{i}"), "v").unwrap();
@@ -686,11 +682,7 @@ fn timestamps_keep_rising_across_a_crash_with_leases_renewed_ahead() {
 fn commits_over_several_laps_of_the_log_ring_all_recover() {
     let disk = SimDisk::new();
     // No fsync but at close: SimDisk copies the whole file at each one.
-    let options = |disk: &SimDisk| {
-        sim_options(disk).durability(Durability::Async {
-            interval: Duration::from_secs(3600),
-        })
-    };
+    let options = |disk: &SimDisk| sim_async_options(disk);
     let value = |k: u32| -> Vec<u8> {
         (0..128 << 10)
             .map(|i: u32| (i.wrapping_mul(31) ^ k) as u8)
@@ -993,11 +985,7 @@ fn log_holds(disk: &SimDisk, needle: &[u8]) -> bool {
 /// An `async` database on `disk` whose timestamp lease is 64 long, so that commit 33 asks
 /// for an fsync (of the next lease) that nobody waits for.
 fn async_db_with_short_leases(disk: &SimDisk) -> Db {
-    let options = sim_options(disk)
-        .durability(Durability::Async {
-            interval: Duration::from_secs(3600),
-        })
-        .ts_lease_step(64);
+    let options = sim_async_options(disk).ts_lease_step(64);
     Db::open(dir(), options).unwrap()
 }
 
@@ -1036,16 +1024,19 @@ fn log_written_resolves_during_a_slow_fsync_with_the_commit_in_the_file() {
     let disk = SimDisk::new();
     let db = async_db_with_short_leases(&disk);
     let held = hold_the_flusher_in_an_fsync(&disk, &db);
-    put(&db, "during", "v").unwrap();
-    assert!(
-        !log_holds(&disk, b"during"),
-        "the commit is not written yet"
-    );
+    commit_and_await_written(&db, &disk, "during", held);
+}
+
+/// With the flusher thread stuck in an fsync (`held`): commits `key`, then awaits
+/// `Db::log_written`, which must resolve within 5 s with the commit in the file.
+fn commit_and_await_written(db: &Db, disk: &SimDisk, key: &str, held: SyncsHeld<'_>) {
+    put(db, key, "v").unwrap();
+    assert!(!log_holds(disk, key.as_bytes()), "not written yet");
     let written = resolves_within(db.log_written(), Duration::from_secs(5));
-    let in_file = log_holds(&disk, b"during");
+    let in_file = log_holds(disk, key.as_bytes());
     drop(held);
     written
-        .expect("log_written waited for an fsync")
+        .expect("log_written waited for the flusher's fsync")
         .expect("the log did not fail");
     assert!(
         in_file,
@@ -1091,11 +1082,7 @@ fn log_written_on_an_inline_thread_waits_for_its_own_write() {
 #[test]
 fn log_written_resolves_while_a_full_segment_is_fsynced() {
     let disk = SimDisk::new();
-    let options = sim_options(&disk)
-        .durability(Durability::Async {
-            interval: Duration::from_secs(3600),
-        })
-        .segment_bytes(4096);
+    let options = sim_async_options(&disk).segment_bytes(4096);
     let db = Db::open(dir(), options).unwrap();
     // No fsync is due before the segment is full: the first one is the rotation's.
     disk.hold_syncs();
@@ -1109,12 +1096,5 @@ fn log_written_resolves_while_a_full_segment_is_fsynced() {
         i += 1;
         std::thread::sleep(Duration::from_millis(1));
     }
-    put(&db, "after", "v").unwrap();
-    let written = resolves_within(db.log_written(), Duration::from_secs(5));
-    let in_file = log_holds(&disk, b"after");
-    drop(held);
-    written
-        .expect("log_written waited for the full segment's fsync")
-        .expect("the log did not fail");
-    assert!(in_file);
+    commit_and_await_written(&db, &disk, "after", held);
 }

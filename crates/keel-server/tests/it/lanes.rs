@@ -189,11 +189,7 @@ fn moving_under_load_loses_and_reorders_nothing() {
 #[test]
 fn under_sync_a_read_only_load_spins_longer_and_writes_do_not() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().to_path_buf();
-    let server = TestServer::with(move |c| {
-        c.dir = path;
-        c.durability = keel_server::Durability::Sync;
-    });
+    let server = TestServer::sync_in(dir.path());
     let mut admin = server.client();
     let mut c = server.client();
     let short = keel_server::lanes::IDLE_POLL_US_DEFAULT.to_string();

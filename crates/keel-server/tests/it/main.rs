@@ -27,6 +27,15 @@ impl TestServer {
         TestServer::with(|_| {})
     }
 
+    /// A server with `sync` durability, its files in `dir`.
+    pub fn sync_in(dir: &std::path::Path) -> TestServer {
+        let dir = dir.to_path_buf();
+        TestServer::with(move |c| {
+            c.dir = dir;
+            c.durability = keel_server::Durability::Sync;
+        })
+    }
+
     pub fn with(tune: impl FnOnce(&mut Config)) -> TestServer {
         let mut config = Config::default();
         config.port = 0;

@@ -264,11 +264,7 @@ fn metrics_endpoint_serves_prometheus_text() {
 #[test]
 fn sync_durability_logs_and_groups_commits() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().to_path_buf();
-    let server = TestServer::with(move |c| {
-        c.dir = path;
-        c.durability = keel_server::Durability::Sync;
-    });
+    let server = TestServer::sync_in(dir.path());
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let url = server.url(false);
