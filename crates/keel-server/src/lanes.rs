@@ -278,14 +278,15 @@ pub struct Lanes {
 
 impl Lanes {
     /// Starts the poller thread; the pool is the runtime this is called on. `inline_log`:
-    /// the database whose log the poller writes itself, if it has one;
-    /// `replies_wait_for_fsync`: its durability is `sync` (see `spin_ns`).
+    /// the database whose log the poller writes itself, if it has one (under `sync` replies
+    /// then wait for fsyncs: see `spin_ns`).
     pub fn start(
         setting: PollerMode,
         idle_poll_us: u64,
         inline_log: Option<&'static keel::Db>,
-        replies_wait_for_fsync: bool,
     ) -> std::io::Result<Lanes> {
+        let replies_wait_for_fsync =
+            inline_log.is_some_and(|db| db.durability() == keel::Durability::Sync);
         let pool = Handle::current();
         let pool_workers = pool.metrics().num_workers();
         let state = Arc::new(PollerState {
@@ -405,9 +406,13 @@ impl Lanes {
         self.state.spin_ns.load(Relaxed) / 1000
     }
 
-    /// The log's fsyncs so far (0 without a log).
+    /// The log's fsyncs so far, where replies wait for them (`sync`); 0 otherwise, where
+    /// the count decides nothing.
     fn log_fsyncs(&self) -> u64 {
-        self.state.inline_log.map_or(0, |db| db.stats().log_fsyncs)
+        match self.state.inline_log {
+            Some(db) if self.state.replies_wait_for_fsync => db.stats().log_fsyncs,
+            _ => 0,
+        }
     }
 
     /// Stops the poller thread and waits for it (connections still on it are closed).

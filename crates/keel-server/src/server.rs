@@ -244,13 +244,8 @@ impl Server {
         })?;
         let db: &'static Db = Box::leak(Box::new(db));
         let inline_log = (config.durability != crate::config::Durability::None).then_some(db);
-        let lanes = crate::lanes::Lanes::start(
-            config.poller,
-            config.idle_poll_us,
-            inline_log,
-            config.durability == crate::config::Durability::Sync,
-        )
-        .map_err(StartError::Poller)?;
+        let lanes = crate::lanes::Lanes::start(config.poller, config.idle_poll_us, inline_log)
+            .map_err(StartError::Poller)?;
         let shared = Arc::new(Shared {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),

@@ -168,6 +168,7 @@ pub(crate) struct Shared {
     written_waiters: Mutex<Vec<(u64, Waker)>>,
     /// `written_waiters.len()`, readable without the lock (written under it).
     written_waiting: AtomicUsize,
+    /// The log's durability (also the flusher's and the database's).
     mode: Durability,
     /// While the flusher gathers: how many waiters it waits for (0 when not gathering). The
     /// committer whose registration reaches it wakes the flusher; the others need not.
@@ -224,7 +225,6 @@ pub(crate) struct Log {
     /// ([`Log::flush_here`]), whichever holds the lock.
     writer: Arc<Mutex<Flusher>>,
     flusher: Mutex<Option<JoinHandle<()>>>,
-    mode: Durability,
 }
 
 thread_local! {
@@ -317,7 +317,7 @@ impl Log {
             last_sync: Instant::now(),
             gather: Gather::new(),
             woken: Vec::new(),
-            mode,
+            woken_written: Vec::new(),
             populated: 0,
         };
         let writer = Arc::new(Mutex::new(flusher));
@@ -325,18 +325,17 @@ impl Log {
         let thread_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("keel-wal-flusher".into())
-            .spawn(move || run_flusher(&thread_shared, &thread_writer, mode))
+            .spawn(move || run_flusher(&thread_shared, &thread_writer))
             .expect("spawning the log flusher thread");
         Log {
             shared,
             writer,
             flusher: Mutex::new(Some(handle)),
-            mode,
         }
     }
 
     pub(crate) fn mode(&self) -> Durability {
-        self.mode
+        self.shared.mode
     }
 
     pub(crate) fn shared(&self) -> &Shared {
@@ -439,11 +438,12 @@ impl Log {
     /// flusher thread had the log, or more arrived), so that the caller keeps calling.
     pub(crate) fn flush_here(&self) -> LogFlush {
         let s = &*self.shared;
-        if matches!(self.mode, Durability::Async { .. }) {
-            return self.write_here();
+        match s.mode {
+            Durability::Sync => {}
+            Durability::Async { .. } => return self.write_here(),
+            Durability::None => return LogFlush::default(),
         }
-        if self.mode != Durability::Sync
-            || s.waiting.load(Ordering::SeqCst) == 0
+        if s.waiting.load(Ordering::SeqCst) == 0
             || s.failed.load(Ordering::Acquire)
             || s.shutdown.load(Ordering::Acquire)
         {
@@ -481,9 +481,7 @@ impl Log {
         {
             return LogFlush::default();
         }
-        if let Some(mut writer) = self.writer.try_lock() {
-            writer.write_ready();
-        }
+        self.try_write();
         LogFlush {
             took: Duration::ZERO,
             waiting: s.written_waiting.load(Ordering::SeqCst) != 0
@@ -506,13 +504,10 @@ impl Log {
         // Off an event loop, write it here if nobody else is writing: the flusher thread may
         // be in an fsync, which can take hundreds of milliseconds.
         if !has_inline_hook()
-            && let Some(mut writer) = self.writer.try_lock()
+            && self.try_write()
+            && (s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire))
         {
-            writer.write_ready();
-            drop(writer);
-            if s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire) {
-                return true;
-            }
+            return true;
         }
         let mut waiters = s.written_waiters.lock();
         waiters.push((end, waker.clone()));
@@ -524,6 +519,16 @@ impl Log {
         // Registered before this check: either we see it, or the writer, which publishes
         // `written` before it looks for waiters, sees us.
         s.written.load(Ordering::SeqCst) >= end || s.failed.load(Ordering::Acquire)
+    }
+
+    /// Writes the filled frames (no fsync) unless another thread holds the writer; says
+    /// whether it did.
+    fn try_write(&self) -> bool {
+        let Some(mut writer) = self.writer.try_lock() else {
+            return false;
+        };
+        writer.write_ready();
+        true
     }
 
     /// The LSN up to which the log is written to the OS.
@@ -590,7 +595,7 @@ impl Shared {
         drop(failure);
         self.failed.store(true, Ordering::Release);
         self.wake_waiters(u64::MAX, &mut Vec::new());
-        self.wake_written(u64::MAX);
+        self.wake_written(u64::MAX, &mut Vec::new());
         if let Some(oracle) = &self.oracle {
             oracle.wake_watchers(u64::MAX);
         }
@@ -667,16 +672,17 @@ impl Shared {
     }
 
     /// Wakes the tasks waiting for the log to be written up to `written` or less (all of
-    /// them, after a failure: `u64::MAX`).
-    fn wake_written(&self, written: u64) {
+    /// them, after a failure: `u64::MAX`). `woken` is scratch space, as in
+    /// [`Shared::wake_waiters`]: the poller writes once a pass.
+    fn wake_written(&self, written: u64, woken: &mut Vec<(u64, Waker)>) {
         if self.written_waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut waiters = self.written_waiters.lock();
-        let woken: Vec<(u64, Waker)> = waiters.extract_if(.., |(end, _)| *end <= written).collect();
+        woken.extend(waiters.extract_if(.., |(end, _)| *end <= written));
         self.written_waiting.store(waiters.len(), Ordering::SeqCst);
         drop(waiters);
-        for (_, waker) in woken {
+        for (_, waker) in woken.drain(..) {
             waker.wake();
         }
     }
@@ -767,9 +773,9 @@ struct Flusher {
     synced: u64,
     last_sync: Instant,
     gather: Gather,
-    /// Scratch for [`Shared::wake_waiters`].
+    /// Scratch for [`Shared::wake_waiters`] and [`Shared::wake_written`].
     woken: Vec<Waiter>,
-    mode: Durability,
+    woken_written: Vec<(u64, Waker)>,
     /// Ring pages ([`RING_PAGE_BYTES`]) faulted in and not given back since, bit `i` for
     /// page `i`.
     populated: u64,
@@ -791,7 +797,8 @@ const RING_PAGES_AHEAD: usize = 2;
 
 /// The flusher thread: gathers (in `sync` mode, without holding the writer, so that a thread
 /// flushing inline is not kept out), then runs a round and sleeps until kicked.
-fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>, mode: Durability) {
+fn run_flusher(shared: &Shared, writer: &Mutex<Flusher>) {
+    let mode = shared.mode;
     loop {
         if shared.failed.load(Ordering::Acquire) {
             // A thread flushing inline failed; it has woken everyone.
@@ -922,14 +929,22 @@ impl Flusher {
         if !self.write_ready() {
             return false;
         }
+        if self.written > self.synced && (self.sync_due() || shutdown) && !self.sync_written() {
+            return false;
+        }
+        self.end_round(shutdown)
+    }
+
+    /// Fsyncs what is written and not yet durable; false if that failed (the log is
+    /// poisoned).
+    fn sync_written(&mut self) -> bool {
         if self.written > self.synced
-            && (self.sync_due() || shutdown)
             && let Err(e) = self.sync()
         {
             self.shared.fail("fsync of the log", &e);
             return false;
         }
-        self.end_round(shutdown)
+        true
     }
 
     /// Writes the contiguous run of filled frames; false if the log failed (now or before).
@@ -949,7 +964,7 @@ impl Flusher {
 
     /// Whether what is written should be fsynced now.
     fn sync_due(&self) -> bool {
-        match self.mode {
+        match self.shared.mode {
             Durability::Sync | Durability::None => true,
             Durability::Async { interval } => {
                 self.last_sync.elapsed() >= interval
@@ -965,10 +980,7 @@ impl Flusher {
         if self.segment_bytes >= self.segment_bytes_target {
             // The full segment is made durable before the next one starts: recovery takes a
             // torn frame only at the end of the last segment.
-            if self.written > self.synced
-                && let Err(e) = self.sync()
-            {
-                self.shared.fail("fsync of the log", &e);
+            if !self.sync_written() {
                 return false;
             }
             if let Err(e) = self.rotate() {
@@ -1053,7 +1065,7 @@ impl Flusher {
         self.written = end;
         // SeqCst pairs with a watcher's registration then load (`Log::watch_written`).
         s.written.store(end, Ordering::SeqCst);
-        s.wake_written(end);
+        s.wake_written(end, &mut self.woken_written);
         self.release();
         Ok(())
     }
