@@ -519,12 +519,18 @@ type StopSignal = Arc<(Mutex<bool>, Condvar)>;
 struct Owner {
     shared: Arc<Shared>,
     checkpointer: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
+    collector: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
     coordinator: Mutex<Option<JoinHandle<()>>>,
     recovery: Option<Recovery>,
 }
 
 impl Owner {
     fn shut_down(&self) -> Result<(), CloseError> {
+        if let Some((handle, stop)) = self.collector.lock().take() {
+            *stop.0.lock() = true;
+            stop.1.notify_all();
+            handle.join().expect("the collector does not panic");
+        }
         // The coordinator reconciles an open phase before it stops.
         if let Some(handle) = self.coordinator.lock().take() {
             self.shared.splitter.stop();
@@ -620,8 +626,11 @@ pub struct Stats {
     pub split_joins: u64,
     /// Versions held in memory, over all keys (live and reclaimable-but-not-yet-reclaimed).
     pub versions: u64,
-    /// Records (keys ever written, including deleted ones whose record remains).
+    /// Records: keys written and not deleted, and deleted ones the collector has not
+    /// reclaimed yet.
     pub records: u64,
+    /// Records of deleted keys the collector has freed since open.
+    pub reclaimed_records: u64,
     /// Bytes mapped for records (keys and their first versions); later versions are
     /// allocated separately.
     pub record_bytes: u64,
@@ -675,9 +684,19 @@ impl Db {
         let owner = Arc::new(Owner {
             shared: Arc::clone(&shared),
             checkpointer: Mutex::new(None),
+            collector: Mutex::new(None),
             coordinator: Mutex::new(None),
             recovery,
         });
+        {
+            let stop = Arc::new((Mutex::new(false), Condvar::new()));
+            let (worker, signal) = (Arc::clone(&shared), Arc::clone(&stop));
+            let handle = std::thread::Builder::new()
+                .name("keel-gc".into())
+                .spawn(move || collector(&worker, &signal))
+                .expect("spawning the collector thread");
+            *owner.collector.lock() = Some((handle, stop));
+        }
         if shared.splitter.enabled() {
             let worker = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
@@ -1090,6 +1109,7 @@ impl Db {
             split_joins: splitter.counters.joins.load(Relaxed),
             versions: u64::try_from(versions).unwrap_or(0),
             records: self.shared.store.len() as u64,
+            reclaimed_records: self.shared.store.gc_counters().freed.load(Relaxed),
             record_bytes: self.shared.store.arena_bytes() as u64,
             log_frames: log.map_or(0, |l| l.frames.load(Relaxed)),
             log_fsyncs: log.map_or(0, |l| l.fsyncs.load(Relaxed)),
@@ -1100,6 +1120,21 @@ impl Db {
             visible_ts: oracle.visible(),
             gc_horizon_ts: oracle.horizon(),
         }
+    }
+
+    /// Runs the collector now, as its thread does every 10 ms, until what deleted keys
+    /// left is freed or `passes` passes have run (a snapshot open from before a delete
+    /// holds its key's memory until it ends). Returns how many records it freed.
+    pub fn reclaim_deleted(&self, passes: usize) -> u64 {
+        let mut freed = 0;
+        for _ in 0..passes {
+            let pass = self.shared.gc_pass();
+            freed += pass.freed as u64;
+            if pass.blocked_at.is_none() && pass.waiting == 0 && pass.unlinked == 0 {
+                break;
+            }
+        }
+        freed
     }
 
     /// Keys of the records split now (see [`SplitMode`]).
@@ -1153,7 +1188,14 @@ impl Db {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn prefetch_all<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        // The guesses read index tables and records, which the collector frees only after
+        // every registered reader that could have found them has gone: register for it.
+        let oracle = &self.shared.oracle;
+        let Some((slot, _)) = oracle.register() else {
+            return; // a hint: skipped when every slot is taken
+        };
         self.shared.store.prefetch_all(keys.into_iter().map(hash));
+        oracle.unregister(slot);
     }
 
     /// How many records are split now (cheap: one load).
@@ -1165,6 +1207,50 @@ impl Db {
     /// few hundred transactions; versions are reclaimed when their key is next written.
     pub fn collect_garbage(&self) {
         self.shared.oracle.collect();
+    }
+}
+
+/// How often the collector looks for deleted keys to reclaim.
+const GC_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The collector thread: a pass every [`GC_INTERVAL`] (see `gc`).
+fn collector(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
+    loop {
+        {
+            let mut stopped = stop.0.lock();
+            if !*stopped {
+                stop.1.wait_for(&mut stopped, GC_INTERVAL);
+            }
+            if *stopped {
+                return;
+            }
+        }
+        shared.gc_pass();
+    }
+}
+
+impl Shared {
+    /// One pass of the collector (`gc::pass`) at a freshly computed horizon. If retired
+    /// memory waits for a watermark that nothing has moved past since, takes an empty
+    /// timestamp, so that the next pass can free it.
+    pub(crate) fn gc_pass(&self) -> crate::gc::Pass {
+        let mut state = self.store.gc.lock();
+        self.oracle.collect();
+        let horizon = self.oracle.horizon();
+        let visible = || {
+            std::sync::atomic::fence(Ordering::SeqCst);
+            self.oracle.visible()
+        };
+        let pass = crate::gc::pass(&self.store, &mut state, horizon, visible, &self.splitter);
+        if let Some(at) = pass.blocked_at
+            && self.oracle.visible() <= at
+            && !self.log_failed()
+        {
+            let ts = self.next_commit_ts();
+            self.oracle.finish(ts);
+            self.oracle.advance();
+        }
+        pass
     }
 }
 

@@ -25,6 +25,7 @@ mod commutative;
 mod concurrency;
 mod db;
 mod error;
+mod gc;
 mod index;
 mod io;
 pub mod limits;

@@ -3,8 +3,9 @@
 //!
 //! Both are read at random all the time, so TLB misses matter as much as cache misses: the
 //! regions are mapped directly, aligned to 2 MiB and advised for transparent huge pages.
-//! Records never die before the database does, so the arena only bump-allocates and frees
-//! everything at once when dropped.
+//! The arena bump-allocates; blocks the collector frees go to free lists by size, which
+//! allocation takes from first, so a store that keeps creating and deleting keys reuses its
+//! memory instead of growing.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -148,6 +149,11 @@ impl Drop for Region {
 /// ([`POPULATE_AHEAD`]), so that creating a record does not wait for fresh memory.
 pub(crate) struct Arena {
     shards: Box<[CachePadded<Mutex<ArenaInner>>]>,
+    /// Freed blocks by size (a multiple of [`ARENA_ALIGN`]): the head of a list threaded
+    /// through the blocks' first words.
+    free: Mutex<std::collections::HashMap<usize, usize>>,
+    /// Blocks in `free`: allocation looks there only when there are some.
+    free_blocks: CachePadded<AtomicUsize>,
 }
 
 struct ArenaInner {
@@ -201,14 +207,21 @@ impl Arena {
                     }))
                 })
                 .collect(),
+            free: Mutex::new(std::collections::HashMap::new()),
+            free_blocks: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Allocates `layout` (alignment at most [`ARENA_ALIGN`]). The memory lives until the
-    /// arena is dropped.
+    /// Allocates `layout` (alignment at most [`ARENA_ALIGN`], size at least a word). The
+    /// memory lives until [`Arena::free`] or until the arena is dropped.
     pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        assert!(layout.align() <= ARENA_ALIGN);
+        assert!(layout.align() <= ARENA_ALIGN && layout.size() >= size_of::<usize>());
         let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
+        if self.free_blocks.load(Ordering::Relaxed) > 0
+            && let Some(block) = self.take_free(bytes)
+        {
+            return block;
+        }
         let mut inner = self.shards[thread_number() % self.shards.len()].lock();
         if bytes > CHUNK_BYTES / 4 {
             // Large records get a region of their own so chunks are not wasted.
@@ -232,6 +245,54 @@ impl Arena {
             populate_ahead(chunk, inner.next - chunk.start().as_ptr() as usize);
         }
         NonNull::new(at as *mut u8).expect("arena addresses are non-null")
+    }
+
+    /// A freed block of exactly `bytes`, if there is one.
+    fn take_free(&self, bytes: usize) -> Option<NonNull<u8>> {
+        let mut free = self.free.lock();
+        let head = free.get_mut(&bytes)?;
+        let block = *head as *mut usize;
+        // SAFETY: a freed block of ours, whose first word links the next one (0: none).
+        let next = unsafe { block.read() };
+        if next == 0 {
+            free.remove(&bytes);
+        } else {
+            *head = next;
+        }
+        self.free_blocks.fetch_sub(1, Ordering::Relaxed);
+        NonNull::new(block.cast::<u8>())
+    }
+
+    /// Gives back a block from [`Arena::alloc`] with the same `layout`. A block of a region
+    /// of its own is unmapped; others go to the free list of their size.
+    ///
+    /// # Safety
+    /// `ptr` came from this arena's `alloc(layout)`, nobody uses it any more, and it is
+    /// freed once.
+    pub(crate) unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
+        let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
+        if bytes > CHUNK_BYTES / 4 {
+            for shard in self.shards.iter() {
+                let mut inner = shard.lock();
+                if let Some(i) = inner.chunks.iter().position(|c| c.start() == ptr) {
+                    inner.chunks.swap_remove(i);
+                    return;
+                }
+            }
+            unreachable!("a large block has a region of its own");
+        }
+        let mut free = self.free.lock();
+        let head = free.entry(bytes).or_insert(0);
+        // SAFETY: the block is ours now and at least a word long and aligned.
+        unsafe { ptr.as_ptr().cast::<usize>().write(*head) };
+        *head = ptr.as_ptr() as usize;
+        self.free_blocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes held in free lists, ready for reuse.
+    #[cfg(test)]
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.free_blocks.load(Ordering::Relaxed)
     }
 
     /// Bytes mapped by the arena.
@@ -293,6 +354,35 @@ mod tests {
         let second = arena.alloc(record).as_ptr() as usize;
         assert_eq!(second - first, 88);
         assert_eq!(first % 8, 0);
+    }
+
+    #[test]
+    fn freed_blocks_are_reused_by_size() {
+        let arena = Arena::new();
+        let small = Layout::from_size_align(40, 8).expect("layout");
+        let other = Layout::from_size_align(48, 8).expect("layout");
+        let a = arena.alloc(small);
+        let b = arena.alloc(small);
+        // SAFETY: blocks of ours, freed once.
+        unsafe {
+            arena.free(a, small);
+            arena.free(b, small);
+        }
+        assert_eq!(arena.free_blocks(), 2);
+        // Another size does not take them.
+        let c = arena.alloc(other);
+        assert!(c != a && c != b);
+        let again = [arena.alloc(small), arena.alloc(small)];
+        assert!(again.contains(&a) && again.contains(&b));
+        assert_eq!(arena.free_blocks(), 0);
+        // A block with a region of its own is unmapped.
+        let large = Layout::from_size_align(CHUNK_BYTES, 8).expect("layout");
+        let before = arena.mapped_bytes();
+        let l = arena.alloc(large);
+        assert!(arena.mapped_bytes() > before);
+        // SAFETY: ours, freed once.
+        unsafe { arena.free(l, large) };
+        assert_eq!(arena.mapped_bytes(), before);
     }
 
     #[test]

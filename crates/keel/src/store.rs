@@ -69,7 +69,8 @@ pub(crate) trait Store: Send + Sync {
     /// Records whose keys fall in `range`, in key order.
     fn scan(&self, range: KeyRange) -> Self::Scan<'_>;
 
-    /// Number of records (including deleted keys whose record remains).
+    /// Number of records (including deleted keys whose record the collector has not taken
+    /// yet).
     fn len(&self) -> usize;
 }
 
@@ -78,6 +79,11 @@ pub(crate) struct MemStore {
     index: Index,
     ordered: Ordered,
     arena: Arena,
+    /// Records that may have died, for the collector (`gc`).
+    candidates: crate::gc::Candidates,
+    /// The collector's own state (its thread's, and the drop's).
+    pub(crate) gc: parking_lot::Mutex<crate::gc::State>,
+    gc_counters: crate::gc::Counters,
 }
 
 impl MemStore {
@@ -86,7 +92,42 @@ impl MemStore {
             index: Index::new(capacity_hint),
             ordered: Ordered::new(),
             arena: Arena::new(),
+            candidates: crate::gc::Candidates::new(),
+            gc: parking_lot::Mutex::new(crate::gc::State::default()),
+            gc_counters: crate::gc::Counters::default(),
         }
+    }
+
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    pub(crate) fn ordered(&self) -> &Ordered {
+        &self.ordered
+    }
+
+    pub(crate) fn candidates(&self) -> &crate::gc::Candidates {
+        &self.candidates
+    }
+
+    pub(crate) fn gc_counters(&self) -> &crate::gc::Counters {
+        &self.gc_counters
+    }
+
+    /// `record` holds only absence from `ts` on (a tombstone committed at `ts`, or `Ts(0)`:
+    /// an empty record its creator left): the collector will look at it.
+    #[inline]
+    pub(crate) fn note_dead(&self, record: RecordRef, ts: crate::Ts) {
+        self.candidates.note(record, ts);
+    }
+
+    /// Frees an unlinked record and its versions.
+    ///
+    /// # Safety
+    /// The record is in neither index, nobody can hold it any more, and it is freed once.
+    pub(crate) unsafe fn free_record(&self, record: RecordRef) {
+        // SAFETY: guaranteed by the caller; the record came from this store's arena.
+        unsafe { Record::free(record.0, &self.arena) };
     }
 
     /// Bytes mapped for records.
@@ -156,13 +197,20 @@ impl MemStore {
 
     /// Links every record into the empty ordered index; ends recovery's
     /// [`MemStore::get_or_create_unordered`]. `runs` hold every record, in any order, each
-    /// with its sort key ([`Ordered::build`]).
+    /// with its sort key ([`Ordered::build`]). Records recovered deleted go to the collector.
     pub(crate) fn link_recovered(&mut self, runs: Vec<Vec<(u64, RecordRef)>>) {
         assert_eq!(
             runs.iter().map(Vec::len).sum::<usize>(),
             self.index.len(),
             "every record is in exactly one run"
         );
+        for (_, record) in runs.iter().flatten() {
+            if let Some(head) = record.get().head()
+                && head.value().is_none()
+            {
+                self.candidates.note(*record, head.ts());
+            }
+        }
         self.ordered.build(runs);
     }
 }
@@ -183,8 +231,15 @@ impl Store for MemStore {
         reserve: Option<usize>,
     ) -> (RecordRef, bool) {
         // A record that lost the race to create the key stays in the arena unused; such
-        // races are rare.
-        let (record, created) = self.get_or_create_unordered(key, hash, me, reserve);
+        // races are rare. A record the collector took is on its way out of the index: wait
+        // for it to go, then make a new one.
+        let (record, created) = loop {
+            let (record, created) = self.get_or_create_unordered(key, hash, me, reserve);
+            if created || !record.get().is_dead() {
+                break (record, created);
+            }
+            std::thread::yield_now();
+        };
         if created {
             self.ordered.insert(record);
         }
@@ -204,9 +259,11 @@ impl Drop for MemStore {
     fn drop(&mut self) {
         // A growth in progress reads the records.
         self.index.close();
-        for record in self.index.records() {
-            // SAFETY: the store is being dropped, so nobody else holds a handle; each record
-            // is in the index exactly once. The arena frees the records themselves after.
+        let retired = self.gc.get_mut();
+        // SAFETY: the store is being dropped, so nobody else holds a handle; each record is
+        // in the index or retired by the collector, exactly once. The arena frees the
+        // records themselves after.
+        for record in self.index.records().chain(retired.retired_records()) {
             unsafe { Record::free_versions(record.0) };
         }
     }

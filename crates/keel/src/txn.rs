@@ -107,6 +107,8 @@ enum Locking {
     Busy,
     /// The record is split in the phase open now, and the write can go to a slice.
     SplitOpening,
+    /// The collector took the record: look the key up again.
+    Dead,
 }
 
 enum Read {
@@ -1012,14 +1014,19 @@ impl<'db> Txn<'db> {
                     Write::Delete => None,
                     Write::Ops(_) => Some(OPS_FIRST_VALUE_RESERVE),
                 };
-                let (record, created) = self
-                    .db
-                    .store
-                    .get_or_create_locked(&entry.key, entry.hash, me, reserve);
-                let outcome = if created {
-                    Locking::Held
-                } else {
-                    self.lock(record, me, &entry.write, slices_allowed && untracked)
+                let (record, outcome) = loop {
+                    let (record, created) = self
+                        .db
+                        .store
+                        .get_or_create_locked(&entry.key, entry.hash, me, reserve);
+                    let outcome = if created {
+                        Locking::Held
+                    } else {
+                        self.lock(record, me, &entry.write, slices_allowed && untracked)
+                    };
+                    if !matches!(outcome, Locking::Dead) {
+                        break (record, outcome);
+                    }
                 };
                 match outcome {
                     Locking::Held => {}
@@ -1028,7 +1035,7 @@ impl<'db> Txn<'db> {
                         restarts += 1;
                         continue 'lock;
                     }
-                    Locking::Busy | Locking::SplitOpening => {
+                    Locking::Busy | Locking::SplitOpening | Locking::Dead => {
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
                         return Step::Done(Ok(Err(Conflict {
@@ -1194,6 +1201,9 @@ impl<'db> Txn<'db> {
             versions += record
                 .get()
                 .install(me, commit_ts, value.as_deref(), horizon);
+            if value.is_none() {
+                self.db.store.note_dead(*record, commit_ts);
+            }
             record.get().unlock(me);
         }
         leave(self);
@@ -1292,6 +1302,9 @@ impl<'db> Txn<'db> {
         if r.try_lock(me) {
             return Locking::Held;
         }
+        if r.is_dead() {
+            return Locking::Dead;
+        }
         let splitter = &self.db.splitter;
         let sliceable = |sr: &SplitRecord| match write {
             Write::Ops(ops) => slices && sr.accepts(ops),
@@ -1323,6 +1336,9 @@ impl<'db> Txn<'db> {
             if r.try_lock(me) {
                 return Locking::Held;
             }
+            if r.is_dead() {
+                return Locking::Dead;
+            }
             if std::time::Instant::now() >= deadline {
                 return Locking::Busy;
             }
@@ -1347,10 +1363,16 @@ impl<'db> Txn<'db> {
         }
     }
 
+    /// Unlocks the write set of a commit that stops short. A record it created and leaves
+    /// empty goes to the collector.
     fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
         for (i, record) in locked.iter().enumerate() {
             if slices.get(i).is_none_or(Option::is_none) {
+                let empty = record.get().head().is_none();
                 record.get().unlock(me);
+                if empty {
+                    self.db.store.note_dead(*record, Ts(0));
+                }
             }
         }
     }
@@ -1376,8 +1398,7 @@ impl<'db> Txn<'db> {
                 Read::Absent { key, hash } => self.db.store.get(key, *hash),
             };
             if let Some(record) = record {
-                let r = record.get();
-                let s = r.staleness(self.read_ts, me);
+                let (r, s) = self.staleness_of_key(record, me);
                 if s != Staleness::Fresh {
                     return Err(conflict(r, s, ConflictReason::ReadChanged));
                 }
@@ -1386,13 +1407,41 @@ impl<'db> Txn<'db> {
         for range in &self.ranges {
             for record in self.db.store.scan(range.clone()) {
                 let r = record.get();
-                let s = r.staleness(self.read_ts, me);
+                // A dead record holds only a tombstone at or below the horizon, so it did
+                // not change; a new record for its key is in the range if it was made
+                // before our timestamp (it enters the tree only after the dead one left).
+                let s = match r.staleness(self.read_ts, me) {
+                    Staleness::Dead => Staleness::Fresh,
+                    s => s,
+                };
                 if s != Staleness::Fresh {
                     return Err(conflict(r, s, ConflictReason::Phantom));
                 }
             }
         }
         Ok(())
+    }
+
+    /// The staleness of the key `record` holds. A record the collector took is unchanged
+    /// (it holds only a tombstone the horizon has passed, or nothing), but a commit after
+    /// our snapshot may have written the key into a new record: the one the index holds
+    /// now decides, if it is another.
+    fn staleness_of_key<'r>(
+        &self,
+        mut record: RecordRef,
+        me: LockOwner,
+    ) -> (&'r crate::mvcc::Record, Staleness) {
+        loop {
+            let r: &'r crate::mvcc::Record = record.get();
+            let s = r.staleness(self.read_ts, me);
+            if s != Staleness::Dead {
+                return (r, s);
+            }
+            match self.db.store.get(r.key(), hash(r.key())) {
+                Some(now) if now != record => record = now,
+                _ => return (r, Staleness::Fresh),
+            }
+        }
     }
 }
 

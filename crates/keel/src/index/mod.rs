@@ -5,8 +5,11 @@
 //! when the tag matches, the record it points at, which holds the key inline. Probing is
 //! linear over buckets.
 //!
-//! Reads take no lock and write nothing shared. Entries are never removed (records live as
-//! long as the database), so an empty slot ends a probe and there is no ABA.
+//! Reads take no lock and write nothing shared. An empty slot ends a probe. The collector
+//! (`gc`, one thread) removes a dead record's entry by overwriting it with [`TOMBSTONE`],
+//! which probes pass over and inserts never reuse, so a slot never goes back to empty and
+//! there is no ABA; growths copy only live entries, and the collector has the table rebuilt
+//! at its size (or half of it) once tombstones fill a quarter of it.
 //!
 //! Inserts publish with one compare-and-swap. The table grows to twice its size in the
 //! background: a helper thread started when it is half full maps and faults in the next
@@ -19,9 +22,8 @@
 //! single poller thread, every connection). An insert waits for a copy only if the table
 //! reaches 15/16 full first, and grows it itself if no helper could start.
 //! Lookups never wait: one that still holds the old table sees every record inserted before
-//! the new one was published, which is all it may see. Old tables are freed when the index
-//! is dropped, since a reader may still be probing one; their total size is below the final
-//! table's.
+//! the new one was published, which is all it may see. Old tables go to the collector, which
+//! frees them once every transaction that could still be probing one has ended.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -40,6 +42,8 @@ pub(crate) mod ordered;
 const SLOTS: usize = 8;
 const POINTER_BITS: u32 = 48;
 const POINTER_MASK: u64 = (1 << POINTER_BITS) - 1;
+/// A removed entry. Its pointer bits are no record's (user addresses fit in 47 bits).
+const TOMBSTONE: u64 = u64::MAX;
 
 #[repr(C, align(64))]
 struct Bucket {
@@ -56,6 +60,8 @@ struct Table {
     moved_to: AtomicPtr<Table>,
     /// Buckets the growth has claimed, in order, each before it reads it.
     frontier: AtomicUsize,
+    /// Slots holding [`TOMBSTONE`].
+    tombstones: AtomicUsize,
 }
 
 impl Table {
@@ -66,6 +72,7 @@ impl Table {
             mask: count - 1,
             moved_to: AtomicPtr::new(std::ptr::null_mut()),
             frontier: AtomicUsize::new(0),
+            tombstones: AtomicUsize::new(0),
         })
     }
 
@@ -99,7 +106,7 @@ impl Table {
                 if entry == 0 {
                     return None;
                 }
-                if entry >> POINTER_BITS == tag {
+                if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
                     let record = record_of(entry);
                     let r = record.get();
                     if r.key() == key {
@@ -120,7 +127,7 @@ impl Table {
             if entry == 0 {
                 return None;
             }
-            if entry >> POINTER_BITS == tag {
+            if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
                 return Some(record_of(entry));
             }
         }
@@ -153,12 +160,34 @@ impl Table {
                         Err(now) => entry = now,
                     }
                 }
-                if entry >> POINTER_BITS == tag {
+                if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
                     let record = record_of(entry);
                     let other = record.get();
                     if other.key() == key {
                         return (record, None);
                     }
+                }
+            }
+            b = (b + 1) & self.mask;
+        }
+    }
+
+    /// Replaces `record`'s entry with a tombstone; returns whether it was there. Only the
+    /// collector removes, and never during a growth.
+    fn remove(&self, record: RecordRef) -> bool {
+        let hash = record.get().hash();
+        let address = record.0.as_ptr() as u64;
+        let mut b = bucket_of(hash, self.mask);
+        loop {
+            for slot in &self.buckets()[b].slots {
+                let entry = slot.load(Ordering::Acquire);
+                if entry == 0 {
+                    return false;
+                }
+                if entry != TOMBSTONE && entry & POINTER_MASK == address {
+                    slot.store(TOMBSTONE, Ordering::Release);
+                    self.tombstones.fetch_add(1, Ordering::Relaxed);
+                    return true;
                 }
             }
             b = (b + 1) & self.mask;
@@ -193,7 +222,9 @@ impl Table {
                     if entry == 0 {
                         break;
                     }
-                    crate::memory::prefetch(record_of(entry).0.as_ptr());
+                    if entry != TOMBSTONE {
+                        crate::memory::prefetch(record_of(entry).0.as_ptr());
+                    }
                 }
             }
         };
@@ -203,12 +234,14 @@ impl Table {
             from.frontier.store(b + 1, Ordering::SeqCst);
             for slot in &bucket.slots {
                 // Slots fill in order and are never emptied; one filled after this read
-                // is forwarded by its inserter.
+                // is forwarded by its inserter. Tombstones stay behind.
                 let entry = slot.load(Ordering::SeqCst);
                 if entry == 0 {
                     break;
                 }
-                self.insert(record_of(entry));
+                if entry != TOMBSTONE {
+                    self.insert(record_of(entry));
+                }
             }
         }
     }
@@ -219,7 +252,7 @@ impl Table {
             .flat_map(|b| b.slots.iter())
             .filter_map(|slot| {
                 let entry = slot.load(Ordering::Acquire);
-                (entry != 0).then(|| record_of(entry))
+                (entry != 0 && entry != TOMBSTONE).then(|| record_of(entry))
             })
     }
 }
@@ -276,9 +309,12 @@ pub(crate) struct Inner {
     /// Held for a whole growth: one at a time, and an insert that finds the table too full
     /// waits on it for the growth in progress.
     grow: Mutex<()>,
+    /// Tables replaced by growths, for the collector to free ([`Index::take_retired`]).
     /// Boxed so that the `Table` structs readers point at never move.
     #[allow(clippy::vec_box)]
     retired: Mutex<Vec<Box<Table>>>,
+    /// The first table's bucket count: a rebuild never shrinks below it.
+    min_buckets: usize,
     /// The table the next growth will fill, once a helper thread has faulted it in.
     next: Mutex<Option<Box<Table>>>,
     /// A helper was started for the current table's successor.
@@ -326,6 +362,7 @@ impl Index {
                 publish: Mutex::new(()),
                 grow: Mutex::new(()),
                 retired: Mutex::new(Vec::new()),
+                min_buckets: buckets,
                 next: Mutex::new(None),
                 preparing: AtomicBool::new(false),
                 grow_asked: AtomicBool::new(false),
@@ -368,8 +405,14 @@ impl Index {
                 let counted = stripe.unflushed.fetch_add(1, Ordering::Relaxed) + 1;
                 if counted >= self.batch(table.capacity()) {
                     let taken = stripe.unflushed.swap(0, Ordering::Relaxed);
-                    let len = self.len.fetch_add(taken, Ordering::Relaxed) + taken;
-                    if len >= table.capacity() / 2 && !self.preparing.swap(true, Ordering::Relaxed)
+                    // Wrapping: the collector subtracts removals from `len` while the stripes
+                    // still hold some of the insertions.
+                    let len = self
+                        .len
+                        .fetch_add(taken, Ordering::Relaxed)
+                        .wrapping_add(taken);
+                    if (table.capacity() / 2..=isize::MAX as usize).contains(&len)
+                        && !self.preparing.swap(true, Ordering::Relaxed)
                     {
                         self.start_helper(table);
                     }
@@ -384,22 +427,25 @@ impl Index {
     /// cannot start, an insert that finds the table too full grows it itself.
     fn start_helper(&self, from: &Table) {
         let inner = Arc::clone(&self.inner);
+        // The table is current (the caller is inserting into it), so it is not freed yet;
+        // the helper reads nothing of it later but its address, until `grow` checks under
+        // the growth lock that it is still current.
+        let buckets = from.mask + 1;
+        let grow_at = share(from, GROW_AT);
         let from = std::ptr::from_ref(from) as usize;
         let spawned = std::thread::Builder::new()
             .name("keel-index-grow".into())
             .spawn(move || {
-                // SAFETY: tables live as long as the index, which joins this thread before
-                // it goes.
-                let from = unsafe { &*(from as *const Table) };
-                let table = Table::with_buckets((from.mask + 1) * 2);
+                let current = || std::ptr::eq(inner.table(), from as *const Table);
+                let table = Table::with_buckets(buckets * 2);
                 table.region.populate(0, table.region.bytes());
                 *inner.next.lock() = Some(table);
                 let mut wake = inner.helper_wake.lock();
                 loop {
-                    if inner.closing.load(Ordering::Acquire) || !std::ptr::eq(inner.table(), from) {
+                    if inner.closing.load(Ordering::Acquire) || !current() {
                         return; // closing, or grown without us
                     }
-                    if inner.filled(from) >= share(from, GROW_AT) {
+                    if inner.filled_with(buckets * SLOTS, 0) >= grow_at {
                         break;
                     }
                     // An insert notifies at the threshold; the timeout covers a notice sent
@@ -409,7 +455,7 @@ impl Index {
                         .wait_for(&mut wake, Duration::from_millis(5));
                 }
                 drop(wake);
-                inner.grow(from);
+                inner.grow_if_current(from as *const Table);
             });
         if let Ok(handle) = spawned {
             let mut helpers = self.helpers.lock();
@@ -421,6 +467,29 @@ impl Index {
             drop(helpers);
             done.into_iter().for_each(|h| drop(h.join()));
         }
+    }
+
+    /// Removes the entries of `records` (the collector's, under no growth); returns how
+    /// many were there. Rebuilds the table if tombstones then fill a quarter of it.
+    pub(crate) fn remove_all(&self, records: &[RecordRef]) -> usize {
+        let grow = self.grow.lock();
+        let table = self.table();
+        let removed = records.iter().filter(|r| table.remove(**r)).count();
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        drop(grow);
+        if table.tombstones.load(Ordering::Relaxed) >= table.capacity() / 4 {
+            self.grow(table);
+        }
+        removed
+    }
+
+    /// Tables that growths replaced. The caller frees them once no reader can be probing
+    /// them: every transaction open now has ended.
+    pub(crate) fn take_retired(&self) -> Vec<RetiredTable> {
+        std::mem::take(&mut *self.retired.lock())
+            .into_iter()
+            .map(RetiredTable)
+            .collect()
     }
 
     /// Stops the helper threads: they grow nothing more, and a growth in progress finishes
@@ -438,8 +507,8 @@ impl Index {
 
 impl Inner {
     fn table(&self) -> &Table {
-        // SAFETY: the current table is never freed while the index lives (old ones are
-        // retired, not freed).
+        // SAFETY: the current table is never freed; a replaced one is freed by the collector
+        // only after every transaction that could have loaded it has ended.
         unsafe { &*self.table.load(Ordering::Acquire) }
     }
 
@@ -466,21 +535,47 @@ impl Inner {
         (capacity / 16 / self.stripes.len()).max(1)
     }
 
-    /// Slots of `table` taken, at most: the length plus what the stripes may not have added
-    /// to it yet.
+    /// Slots of `table` taken, at most: the length, the tombstones, and what the stripes
+    /// may not have added to the length yet.
     fn filled(&self, table: &Table) -> usize {
-        self.len.load(Ordering::Relaxed) + self.batch(table.capacity()) * self.stripes.len()
+        self.filled_with(table.capacity(), table.tombstones.load(Ordering::Relaxed))
     }
 
-    /// Grows `from` into a table twice its size (the one a helper prepared, if it is there),
-    /// unless it is no longer the current table; waits for a growth in progress first.
-    /// Inserts go on into `from` meanwhile, until the new table is published.
+    fn filled_with(&self, capacity: usize, tombstones: usize) -> usize {
+        self.len() + tombstones + self.batch(capacity) * self.stripes.len()
+    }
+
+    /// [`Inner::grow`] for a table known only by address, which may have been freed.
+    fn grow_if_current(&self, from: *const Table) {
+        let _one = self.grow.lock();
+        if std::ptr::eq(self.table(), from) {
+            // SAFETY: the current table is live, and under the growth lock it stays current.
+            self.grow_locked(unsafe { &*from });
+        }
+    }
+
+    /// Rebuilds `from` into a new table (the one a helper prepared, if it is the size
+    /// wanted), unless it is no longer the current table; waits for a growth in progress
+    /// first. The new table is twice the size if live entries fill a quarter of `from`,
+    /// half of it if they fill under a sixteenth, else the same (tombstones are left
+    /// behind). Inserts go on into `from` meanwhile, until the new table is published.
     fn grow(&self, from: &Table) {
         let _one = self.grow.lock();
         if !std::ptr::eq(self.table(), from) {
             return; // grown meanwhile
         }
-        let buckets = (from.mask + 1) * 2;
+        self.grow_locked(from);
+    }
+
+    fn grow_locked(&self, from: &Table) {
+        let (live, capacity) = (self.len(), from.capacity());
+        let buckets = if live >= capacity / 4 {
+            (from.mask + 1) * 2
+        } else if live < capacity / 16 && from.mask + 1 > self.min_buckets {
+            (from.mask + 1) >> 1
+        } else {
+            from.mask + 1
+        };
         let to = match self.next.lock().take() {
             Some(prepared) if prepared.mask + 1 == buckets => prepared,
             _ => Table::with_buckets(buckets),
@@ -507,14 +602,23 @@ impl Inner {
         self.retired.lock().push(unsafe { Box::from_raw(from) });
     }
 
+    /// Buckets of the current table.
+    #[cfg(test)]
+    pub(crate) fn buckets(&self) -> usize {
+        self.table().mask + 1
+    }
+
     /// Number of records (exact when no insert is in progress).
     pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
-            + self
-                .stripes
-                .iter()
-                .map(|s| s.unflushed.load(Ordering::Relaxed))
-                .sum::<usize>()
+        let unflushed = self
+            .stripes
+            .iter()
+            .map(|s| s.unflushed.load(Ordering::Relaxed))
+            .fold(0, usize::wrapping_add);
+        // `len` alone may have wrapped below zero (removals counted before the insertions
+        // a stripe holds back); the sum may read a moment's mix, never below zero for long.
+        let len = self.len.load(Ordering::Relaxed).wrapping_add(unflushed);
+        if len > isize::MAX as usize { 0 } else { len }
     }
 
     /// Every record, for teardown and checks. Not a consistent snapshot under inserts.
@@ -522,6 +626,10 @@ impl Inner {
         self.table().entries()
     }
 }
+
+/// A table a growth replaced, owned by the collector until no reader can be probing it;
+/// dropping it unmaps it.
+pub(crate) struct RetiredTable(#[allow(dead_code)] Box<Table>);
 
 impl Drop for Index {
     fn drop(&mut self) {

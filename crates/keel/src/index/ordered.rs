@@ -11,10 +11,17 @@
 //! Concurrency is optimistic lock coupling (Leis et al., "The ART of practical
 //! synchronization"): every node has a version word, odd while a writer holds it. Readers
 //! take no lock: they read a node, then check its version is unchanged, and start over if
-//! not. Writers lock only the nodes they change. Nothing is ever removed (records live as
-//! long as the database), so nodes are never freed before the tree and a reader can never
-//! touch freed memory, whatever it raced with. Full nodes are split on the way down, so a
+//! not. Writers lock only the nodes they change. Full nodes are split on the way down, so a
 //! split only ever needs the parent, which then has room.
+//!
+//! Removal (the collector's, one thread) takes a dead record out of its leaf and nothing
+//! more: nodes are never merged, and separators (which point at records) stay. So that
+//! neither empty leaves nor separators pointing at dead records pile up, the collector
+//! rebuilds the tree from its live records once removals since the last rebuild reach a
+//! share of the live ones ([`Ordered::rebuild`]): inserts go on into the old tree meanwhile
+//! and are replayed into the new one, only publishing it holds them off, and the old tree's
+//! nodes, and the records removed before it, are freed after a grace period (every
+//! transaction open at the swap has ended), since readers may still be in it.
 //!
 //! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
 //! values (which its version check then rejects), never undefined ones.
@@ -22,7 +29,12 @@
 use std::cmp::Ordering as Cmp;
 use std::ops::Bound;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
 
 use crate::mvcc::{Record, RecordRef};
 use crate::store::KeyRange;
@@ -365,10 +377,54 @@ struct Leaf<'a> {
 /// The B+tree. Holds no records: it points at records the store owns.
 pub(crate) struct Ordered {
     root: AtomicPtr<Node>,
+    /// Inserts in progress, per stripe of threads: a rebuild publishes when none is.
+    stripes: Box<[CachePadded<AtomicUsize>]>,
+    /// Raised while a rebuild publishes its tree; inserters that see it wait on `publish`.
+    publishing: AtomicBool,
+    publish: Mutex<()>,
+    /// A rebuild is reading the tree: inserts are also noted in `pending` for replay.
+    rebuilding: AtomicBool,
+    pending: Mutex<Vec<RecordRef>>,
 }
 
-// SAFETY: nodes are shared only through atomics and freed only in `drop`; records outlive
-// the tree (the store owns both).
+/// The nodes of a tree a rebuild replaced, owned by the collector until no reader can be
+/// in them; dropping it frees them (not the records).
+pub(crate) struct RetiredTree(*mut Node);
+
+// SAFETY: a detached tree of plain nodes, freed once, by whoever drops it.
+unsafe impl Send for RetiredTree {}
+
+impl Drop for RetiredTree {
+    fn drop(&mut self) {
+        // SAFETY: detached from the tree that owned it, and no reader is left in it (the
+        // collector's grace period).
+        unsafe { free_tree(self.0) };
+    }
+}
+
+/// Frees `root` and every node under it.
+///
+/// # Safety
+/// Nobody can reach any of the nodes any more, and they are freed once.
+unsafe fn free_tree(root: *mut Node) {
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        // SAFETY: exclusive access, by the caller's word; every node is reachable exactly
+        // once from the root.
+        unsafe {
+            let n = &*node;
+            if !n.is_leaf() {
+                let children = n.children();
+                stack.extend((0..=n.count()).map(|i| children[i].load(Ordering::Relaxed)));
+            }
+            Node::free(node);
+        }
+    }
+}
+
+// SAFETY: nodes are shared only through atomics and freed only in `drop` or, after a rebuild,
+// by the collector after its grace period; records outlive the tree's use of them (the store
+// owns both).
 unsafe impl Send for Ordered {}
 // SAFETY: as above.
 unsafe impl Sync for Ordered {}
@@ -377,6 +433,13 @@ impl Ordered {
     pub(crate) fn new() -> Ordered {
         Ordered {
             root: AtomicPtr::new(Box::into_raw(Node::new_leaf(0))),
+            stripes: (0..crate::memory::shard_count())
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            publishing: AtomicBool::new(false),
+            publish: Mutex::new(()),
+            rebuilding: AtomicBool::new(false),
+            pending: Mutex::new(Vec::new()),
         }
     }
 
@@ -424,6 +487,122 @@ impl Ordered {
     /// Links `record` in. Its key must not be in the tree and must not be inserted by anyone
     /// else meanwhile (the point index hands out one record per key).
     pub(crate) fn insert(&self, record: RecordRef) {
+        let stripe = &self.stripes[crate::memory::thread_number() % self.stripes.len()];
+        loop {
+            // The handshake with `rebuild`'s publication, as the point index's with a growth:
+            // both sides store, then load, sequentially consistent.
+            stripe.fetch_add(1, Ordering::SeqCst);
+            if self.publishing.load(Ordering::SeqCst) {
+                stripe.fetch_sub(1, Ordering::Release);
+                drop(self.publish.lock()); // wait for the new tree
+                continue;
+            }
+            self.insert_here(record);
+            if self.rebuilding.load(Ordering::SeqCst) {
+                self.pending.lock().push(record);
+            }
+            stripe.fetch_sub(1, Ordering::Release);
+            return;
+        }
+    }
+
+    /// Takes `record` out of its leaf. Returns `None` if it was not there, else whether it
+    /// is a separator (its leaf's low fence: then a separator on the path to it, since a
+    /// separator is its subtree's smallest key when made), which must stay readable until
+    /// the next [`Ordered::rebuild`] has replaced the tree. Only the collector removes.
+    pub(crate) fn remove(&self, record: RecordRef) -> Option<bool> {
+        let key = record.get().key();
+        loop {
+            let leaf = self.leaf(Probe::Key(key), true);
+            let node = leaf.node;
+            let n = node.count();
+            let at = node.rank(n, Probe::Key(key), false);
+            let found = at < n && ptr::eq(node.key(at), record.0.as_ptr());
+            if !found {
+                if node.unchanged(leaf.version) {
+                    return None;
+                }
+                continue;
+            }
+            if !node.try_lock(leaf.version) {
+                continue;
+            }
+            for j in at..n - 1 {
+                node.keys[j].store(node.key(j + 1), Ordering::Release);
+                node.heads[j].store(node.heads[j + 1].load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            node.keys[n - 1].store(ptr::null_mut(), Ordering::Release);
+            node.count.store(n as u32 - 1, Ordering::Relaxed);
+            node.unlock();
+            return Some(leaf.lo == Some(record));
+        }
+    }
+
+    /// Whether `record` is in the tree.
+    fn contains(&self, record: RecordRef) -> bool {
+        self.seek(true, Bound::Included(record.get().key()))
+            .is_some_and(|at| at.record == record)
+    }
+
+    /// Replaces the tree with one built from its records, so that empty leaves and
+    /// separators of removed records go (the collector's, which removes nothing meanwhile).
+    /// Inserts go on into the old tree while its records are read and the new one is
+    /// built, and are replayed into the new one; publishing it holds them off only while
+    /// the last of them are replayed. Returns the old tree, which readers may still be in.
+    pub(crate) fn rebuild(&self) -> RetiredTree {
+        self.rebuilding.store(true, Ordering::SeqCst);
+        let all = KeyRange {
+            lo: Bound::Unbounded,
+            hi: Bound::Unbounded,
+        };
+        let live: Vec<RecordRef> = self.range(all).collect();
+        let mut fresh = Ordered::new();
+        fresh.build_sorted(vec![live]);
+        let replay = |fresh: &Ordered, pending: Vec<RecordRef>| {
+            for record in pending {
+                if !fresh.contains(record) {
+                    fresh.insert_here(record);
+                }
+            }
+        };
+        replay(&fresh, std::mem::take(&mut *self.pending.lock()));
+        let old = {
+            let _publishing = self.publish.lock();
+            self.publishing.store(true, Ordering::SeqCst);
+            for stripe in self.stripes.iter() {
+                while stripe.load(Ordering::SeqCst) != 0 {
+                    std::hint::spin_loop();
+                }
+            }
+            replay(&fresh, std::mem::take(&mut *self.pending.lock()));
+            let placeholder = Box::into_raw(Node::new_leaf(0));
+            let new_root = fresh.root.swap(placeholder, Ordering::Relaxed);
+            let old = self.root.swap(new_root, Ordering::SeqCst);
+            self.rebuilding.store(false, Ordering::SeqCst);
+            self.publishing.store(false, Ordering::SeqCst);
+            old
+        };
+        RetiredTree(old)
+    }
+
+    /// Nodes in the tree (a count for tests and statistics; not a snapshot under writers).
+    #[cfg(test)]
+    pub(crate) fn nodes(&self) -> usize {
+        let mut stack = vec![self.root()];
+        let mut count = 0;
+        while let Some(node) = stack.pop() {
+            count += 1;
+            if !node.is_leaf() {
+                for child in &node.children()[..=node.count()] {
+                    // SAFETY: nodes live while the tree does (tests only, no rebuild).
+                    stack.push(unsafe { &*child.load(Ordering::Acquire) });
+                }
+            }
+        }
+        count
+    }
+
+    fn insert_here(&self, record: RecordRef) {
         let key = record.get().key();
         'restart: loop {
             let (mut node, mut version) = self.start();
@@ -738,18 +917,8 @@ impl Ordered {
 
 impl Drop for Ordered {
     fn drop(&mut self) {
-        let mut stack = vec![*self.root.get_mut()];
-        while let Some(node) = stack.pop() {
-            // SAFETY: exclusive access; every node is reachable exactly once from the root.
-            unsafe {
-                let n = &*node;
-                if !n.is_leaf() {
-                    let children = n.children();
-                    stack.extend((0..=n.count()).map(|i| children[i].load(Ordering::Relaxed)));
-                }
-                Node::free(node);
-            }
-        }
+        // SAFETY: exclusive access.
+        unsafe { free_tree(*self.root.get_mut()) };
     }
 }
 

@@ -234,3 +234,44 @@ fn inserts_behind_a_growth_frontier_are_forwarded() {
         assert_eq!(to.find(&key, hash(&key)), from.find(&key, hash(&key)));
     }
 }
+
+#[test]
+fn removed_entries_are_not_found_and_rebuilds_keep_the_table_bounded() {
+    let arena = Arena::new();
+    let index = Index::new(1024);
+    let mut buckets = Vec::new();
+    for round in 0u32..12 {
+        let records: Vec<RecordRef> = (0u32..5_000)
+            .map(|i| {
+                let key = [round.to_be_bytes(), i.to_be_bytes()].concat();
+                let (r, inserted) = index.insert(record(&arena, &key));
+                assert!(inserted);
+                r
+            })
+            .collect();
+        assert_eq!(index.len(), 5_000);
+        // Half now, half after: a lookup passes tombstones to entries behind them.
+        let (first, second) = records.split_at(2_500);
+        assert_eq!(index.remove_all(first), 2_500);
+        for r in second {
+            assert_eq!(index.get(r.get().key(), r.get().hash()), Some(*r));
+        }
+        for r in first {
+            assert!(index.get(r.get().key(), r.get().hash()).is_none());
+        }
+        assert_eq!(index.remove_all(second), 2_500);
+        assert_eq!(index.remove_all(second), 0, "removed once");
+        assert_eq!(index.len(), 0);
+        buckets.push(index.buckets());
+        // Replaced tables are the caller's to free.
+        drop(index.take_retired());
+    }
+    // 60 000 keys went through; the table is sized for the 5 000 live at once.
+    assert!(
+        buckets[11] <= buckets[2],
+        "the table kept growing with dead entries: {buckets:?}"
+    );
+    // A new record for a removed key goes in.
+    let key = [0u32.to_be_bytes(), 7u32.to_be_bytes()].concat();
+    assert!(index.insert(record(&arena, &key)).1);
+}

@@ -1,9 +1,12 @@
 //! Records and their version chains.
 //!
 //! A [`Record`] is one key: a lock word, the head of its version chain and the key bytes,
-//! in one allocation. Records are created on the first write to a key and live until the
-//! database is dropped (a deleted key keeps its record with a tombstone version), so a
-//! `&Record` handed out by the index stays valid for the database's lifetime.
+//! in one allocation. Records are created on the first write to a key. A deleted key keeps
+//! its record, with a tombstone version, until the collector (`gc`) finds that no snapshot
+//! can see anything but the tombstone: it then locks the record for good ([`DEAD_OWNER`]),
+//! unlinks it from both indexes, and frees it once every transaction that was open at the
+//! unlink has ended. A `&Record` handed to a transaction therefore stays valid while the
+//! transaction holds its registry slot.
 //!
 //! A [`Version`] is one committed value: its commit timestamp, the next older version and the
 //! value bytes inline, in one allocation. Chains are ordered newest first with strictly
@@ -180,8 +183,9 @@ pub(crate) struct Record {
     // No copy of the key's hash: the index compares keys after a tag match, and the few
     // that need it (a growing index, the split coordinator) compute it again.
     key_len: u32,
-    /// Value bytes the embedded slot can still hold; `u32::MAX` when there is no slot or it
-    /// has been used. Read and written only under the lock.
+    /// Value bytes the embedded slot holds, with [`SLOT_USED`] set once a version was built
+    /// in it; [`NO_SLOT`] when there is none. Written only under the lock; read to free the
+    /// record (the block's size follows from it).
     embedded_cap: AtomicU32,
     /// The record's split state (`split`), once it has been split; never freed before the
     /// database.
@@ -190,6 +194,13 @@ pub(crate) struct Record {
 }
 
 const NO_SLOT: u32 = u32::MAX;
+/// Set in `embedded_cap` once the slot holds a version; the capacity stays in the low bits.
+const SLOT_USED: u32 = 1 << 31;
+const _: () = assert!(crate::limits::VALUE_BYTES_MAX < SLOT_USED as usize);
+
+/// The lock owner of a record the collector took for good: it is unlinked (or about to be)
+/// and will be freed. A committer that meets it looks the key up again.
+pub(crate) const DEAD_OWNER: LockOwner = LockOwner(u64::MAX - 2);
 
 /// Identifies the transaction holding a record lock; never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,12 +218,26 @@ pub(crate) enum Staleness {
     Changed,
     /// The record is split: it changes without versions until it is reconciled.
     Split,
+    /// The collector took the record: it is unchanged, but a newer record for its key may
+    /// exist in the index, and that one decides.
+    Dead,
 }
 
 impl Record {
     /// Offset of the embedded version slot from the record's start.
     fn slot_offset(key_len: usize) -> usize {
         (size_of::<Record>() + key_len).next_multiple_of(align_of::<Version>())
+    }
+
+    /// The arena block of a record of a `key_len`-byte key with an embedded slot for
+    /// `reserve` value bytes (`None`: no slot).
+    fn block(key_len: usize, reserve: Option<usize>) -> Layout {
+        let bytes = match reserve {
+            Some(value) => Self::slot_offset(key_len) + Version::layout(value).size(),
+            None => size_of::<Record>() + key_len,
+        };
+        Layout::from_size_align(bytes, align_of::<Record>())
+            .expect("sizes are bounded by KEY_BYTES_MAX and VALUE_BYTES_MAX")
     }
 
     /// Allocates a record with an empty chain, locked by `owner`, with an embedded slot for a
@@ -224,12 +249,7 @@ impl Record {
         reserve: Option<usize>,
     ) -> NonNull<Record> {
         let key_len = u32::try_from(key.len()).expect("key length is bounded by KEY_BYTES_MAX");
-        let bytes = match reserve {
-            Some(value) => Self::slot_offset(key.len()) + Version::layout(value).size(),
-            None => size_of::<Record>() + key.len(),
-        };
-        let layout = Layout::from_size_align(bytes, align_of::<Record>())
-            .expect("sizes are bounded by KEY_BYTES_MAX and VALUE_BYTES_MAX");
+        let layout = Self::block(key.len(), reserve);
         let ptr = arena.alloc(layout).cast::<Record>();
         let cap = reserve.map_or(NO_SLOT, |v| {
             u32::try_from(v).expect("bounded by VALUE_BYTES_MAX")
@@ -246,6 +266,51 @@ impl Record {
             ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
             ptr
         }
+    }
+
+    /// Frees the record: its versions, and its block back to `arena`.
+    ///
+    /// # Safety
+    /// Nobody can reach the record any more (it is unlinked from both indexes and no
+    /// transaction that could have found it is still open), and this is called once.
+    pub(crate) unsafe fn free(ptr: NonNull<Record>, arena: &Arena) {
+        // SAFETY: the caller guarantees exclusive access.
+        let record = unsafe { ptr.as_ref() };
+        let cap = record.embedded_cap.load(Ordering::Relaxed);
+        let reserve = (cap != NO_SLOT).then_some((cap & !SLOT_USED) as usize);
+        let layout = Self::block(record.key_len as usize, reserve);
+        // SAFETY: exclusive access, once; the block came from `arena` with this layout.
+        unsafe {
+            Self::free_versions(ptr);
+            arena.free(ptr.cast(), layout);
+        }
+    }
+
+    /// The collector's claim: locks the record for good if nobody holds it, it was never
+    /// split, and no snapshot at or above `horizon` can see anything in it but absence (an
+    /// empty chain, or a tombstone at or below `horizon`). Returns whether it did.
+    pub(crate) fn try_take(&self, horizon: Ts) -> bool {
+        if self
+            .lock
+            .compare_exchange(0, DEAD_OWNER.0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        let absent = self
+            .head()
+            .is_none_or(|v| v.value().is_none() && v.ts <= horizon);
+        if absent && self.split().is_none() {
+            return true;
+        }
+        self.lock.store(0, Ordering::Release);
+        false
+    }
+
+    /// Whether the collector took the record for good ([`DEAD_OWNER`]).
+    #[inline]
+    pub(crate) fn is_dead(&self) -> bool {
+        self.lock.load(Ordering::Acquire) == DEAD_OWNER.0
     }
 
     /// Frees every version of the chain that has its own allocation. The record itself
@@ -333,6 +398,9 @@ impl Record {
         if owner == crate::split::SPLIT_OWNER.0 {
             return Staleness::Split;
         }
+        if owner == DEAD_OWNER.0 {
+            return Staleness::Dead;
+        }
         if owner != 0 && owner != me.0 {
             return Staleness::Locked;
         }
@@ -417,10 +485,10 @@ impl Record {
     fn new_version(&self, ts: Ts, value: Option<&[u8]>) -> NonNull<Version> {
         let cap = self.embedded_cap.load(Ordering::Relaxed);
         let len = value.map_or(0, <[u8]>::len);
-        if cap == NO_SLOT || len > cap as usize {
+        if cap & SLOT_USED != 0 || len > cap as usize {
             return Version::new(ts, value);
         }
-        self.embedded_cap.store(NO_SLOT, Ordering::Relaxed);
+        self.embedded_cap.store(cap | SLOT_USED, Ordering::Relaxed);
         // SAFETY: the slot lies inside this record's block (sized in `new_locked` for `cap`
         // value bytes), is aligned for `Version`, and has never been used: we hold the lock
         // and just marked it used.
@@ -453,22 +521,23 @@ impl Record {
 }
 
 /// A record pointer that may cross threads: records are immutable apart from their atomics
-/// and live as long as the database.
+/// and live while a registered transaction could hold them (see the module docs).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecordRef(pub(crate) NonNull<Record>);
 
-// SAFETY: `Record` is only mutated through atomics, and records outlive every user of the
-// database (freed in `Drop` of the store, which has exclusive access).
+// SAFETY: `Record` is only mutated through atomics, and records outlive every user that could
+// have found them (freed by the collector after a grace period, or in `Drop` of the store).
 unsafe impl Send for RecordRef {}
 // SAFETY: as above.
 unsafe impl Sync for RecordRef {}
 
 impl RecordRef {
-    /// The record. Valid while the store that handed out the handle lives, which every
-    /// holder of a handle guarantees by borrowing the database.
+    /// The record. Valid while the holder keeps the registry slot it held when it found the
+    /// handle (every transaction, snapshot and scan does), or the store is exclusively its.
     #[inline]
     pub(crate) fn get<'a>(self) -> &'a Record {
-        // SAFETY: records live as long as the store; callers hold a borrow of the store.
+        // SAFETY: the collector frees a record only after every slot registered when it was
+        // unlinked is released (`gc`); callers found the handle while registered.
         unsafe { self.0.as_ref() }
     }
 }

@@ -124,14 +124,16 @@ fn decay(splitter: &Splitter) {
 /// Adopts proposals, locks every active record for the phase `word`, and returns them.
 fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
     let splitter = &shared.splitter;
-    let proposals = {
-        let mut p = splitter.proposals.lock();
-        p.seen.clear();
-        std::mem::take(&mut p.list)
-    };
     let mut records = splitter.records.lock();
-    for (record, kind) in proposals {
-        adopt(splitter, &mut records, record, kind);
+    {
+        // Adopted under the proposals' lock: the collector takes no record while it is
+        // held, and none that was proposed (`Splitter::proposal_gate`), and adopted ones are
+        // split, which it never takes; so none of these is freed under us.
+        let mut p = splitter.proposals.lock();
+        for (record, kind) in std::mem::take(&mut p.list) {
+            adopt(splitter, &mut records, record, kind);
+        }
+        p.seen.clear();
     }
     let mut members = Vec::new();
     for sr in records.iter() {

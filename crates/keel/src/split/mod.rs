@@ -314,6 +314,16 @@ pub(crate) struct Splitter {
     slices: usize,
 }
 
+/// The proposals, held by the collector ([`Splitter::proposal_gate`]).
+pub(crate) struct ProposalGate<'a>(parking_lot::MutexGuard<'a, Proposals>);
+
+impl ProposalGate<'_> {
+    /// Whether `record` was ever proposed for splitting.
+    pub(crate) fn proposed(&self, record: RecordRef) -> bool {
+        self.0.seen.contains(&(record.0.as_ptr() as usize))
+    }
+}
+
 /// Records proposed for splitting, not yet adopted by the coordinator.
 #[derive(Default)]
 struct Proposals {
@@ -390,11 +400,22 @@ impl Splitter {
 
     fn propose(&self, record: RecordRef, kind: Kind) {
         let mut proposals = self.proposals.lock();
+        // Under the lock the collector takes records under (`proposal_gate`): either it
+        // sees this proposal, or this sees the record taken.
+        if record.get().is_dead() {
+            return;
+        }
         if proposals.seen.insert(record.0.as_ptr() as usize) {
             proposals.list.push((record, kind));
             drop(proposals);
             self.wake.notify_all();
         }
+    }
+
+    /// Holds the proposals while the collector takes records, so that it never takes one
+    /// proposed for splitting (the coordinator adopts those without a registry slot).
+    pub(crate) fn proposal_gate(&self) -> ProposalGate<'_> {
+        ProposalGate(self.proposals.lock())
     }
 
     /// A transaction needs `sr` joined (it read it, or writes it with something that cannot

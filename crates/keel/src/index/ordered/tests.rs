@@ -288,3 +288,47 @@ fn insert_speed() {
     let elapsed = started.elapsed();
     println!("{:.0} ns per insert", elapsed.as_nanos() as f64 / n as f64);
 }
+
+#[test]
+fn removal_and_rebuild_keep_order_and_free_empty_leaves() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut live = BTreeSet::new();
+    let mut records = Vec::new();
+    for i in 0u32..20_000 {
+        let key = format!("k{:08}", rng.random_range(0..1_000_000u32) * 7 + i % 7).into_bytes();
+        if live.insert(key.clone()) {
+            let r = record(&arena, &key);
+            list.insert(r);
+            records.push(r);
+        }
+    }
+    let nodes_full = list.nodes();
+    // Remove nine in ten; separators report themselves.
+    let mut kept = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        if i % 10 == 0 {
+            kept.push(*r);
+            continue;
+        }
+        assert!(list.remove(*r).is_some());
+        assert!(list.remove(*r).is_none(), "removed once");
+        live.remove(r.get().key());
+    }
+    check_structure(&list, &live);
+    assert_eq!(list.nodes(), nodes_full, "removal frees no node by itself");
+    drop(list.rebuild());
+    check_structure(&list, &live);
+    assert!(
+        list.nodes() * 5 < nodes_full,
+        "a rebuild drops the empty leaves: {} of {nodes_full} nodes left",
+        list.nodes()
+    );
+    // Inserts go on after it.
+    let r = record(&arena, b"k~after");
+    list.insert(r);
+    live.insert(b"k~after".to_vec());
+    check_structure(&list, &live);
+    assert_eq!(kept.len() + 1, live.len());
+}

@@ -1,0 +1,207 @@
+//! The collector: gives deleted keys' memory back.
+//!
+//! A commit that installs a tombstone (and one that aborts after creating a record) notes the
+//! record as a *candidate*. The collector thread (`keel-gc`, started by the database) takes
+//! each candidate once the GC horizon has passed its tombstone, so that no snapshot can see
+//! anything in it but absence: it locks the record for good ([`Record::try_take`]), takes it
+//! out of the ordered index and then out of the point index, and *retires* it.
+//!
+//! Retired memory (records, the point index's replaced tables, the ordered index's replaced
+//! trees) is freed after a grace period: once the horizon has passed the watermark read just
+//! after the unlink. Every holder of a record handle or an index node is a registered
+//! transaction, snapshot or scan (the registry slot is held from before the lookup to after
+//! the last use), and one that could have found the unlinked memory registered before the
+//! unlink, so its `read_ts` is at or below that watermark and holds the horizon down until it
+//! ends (the registry's store-then-load handshake, model-checked in `concurrency`). The
+//! registry slot is the epoch: transactions move between threads (the server's lanes), so a
+//! thread-bound epoch (crossbeam-epoch's, seize's local guards) could not cover them, and an
+//! owned guard per transaction takes a global lock. Where nothing commits, the collector
+//! takes an empty timestamp itself so that the watermark, and with it the horizon, moves on.
+//!
+//! A record that is a separator in the ordered index (its leaf's low fence) stays until the
+//! tree is rebuilt ([`Ordered::rebuild`](crate::index::ordered::Ordered::rebuild)), which
+//! the collector does once removals since the last rebuild reach half the live records.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::Ts;
+use crate::index::RetiredTable;
+use crate::index::ordered::RetiredTree;
+use crate::mvcc::RecordRef;
+
+/// Removals since the last rebuild of the ordered index that make the next one due, at
+/// least: below it a rebuild costs more than the empty leaves it frees.
+const REBUILD_REMOVALS_MIN: usize = 8192;
+
+/// Records noted dead, with the timestamp from which they hold only absence.
+type Noted = Vec<(RecordRef, Ts)>;
+
+/// Candidates noted by committers, sharded by thread so that deleting commits on many cores
+/// do not meet on one lock.
+pub(crate) struct Candidates {
+    shards: Box<[CachePadded<Mutex<Noted>>]>,
+    count: CachePadded<AtomicUsize>,
+}
+
+impl Candidates {
+    pub(crate) fn new() -> Candidates {
+        Candidates {
+            shards: (0..crate::memory::shard_count())
+                .map(|_| CachePadded::new(Mutex::new(Vec::new())))
+                .collect(),
+            count: CachePadded::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// `record` may hold nothing but absence from `ts` on: a tombstone committed at `ts`, or
+    /// (`Ts(0)`) a record its creator left empty.
+    pub(crate) fn note(&self, record: RecordRef, ts: Ts) {
+        let shard = &self.shards[crate::memory::thread_number() % self.shards.len()];
+        shard.lock().push((record, ts));
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn drain_into(&self, out: &mut Vec<(RecordRef, Ts)>) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            self.count.fetch_sub(shard.len(), Ordering::Relaxed);
+            out.append(&mut shard);
+        }
+    }
+}
+
+/// Memory unlinked in one pass, freed together once the horizon passes `after`.
+struct Batch {
+    after: Ts,
+    records: Vec<RecordRef>,
+    #[allow(dead_code)] // held only to be dropped
+    tables: Vec<RetiredTable>,
+    #[allow(dead_code)] // held only to be dropped
+    tree: Option<RetiredTree>,
+}
+
+/// The collector's state; only the collector thread (and the store's drop) touch it.
+#[derive(Default)]
+pub(crate) struct State {
+    /// Candidates whose tombstone the horizon has not passed yet.
+    waiting: Vec<(RecordRef, Ts)>,
+    /// Unlinked records the ordered index may still use as separators.
+    separators: Vec<RecordRef>,
+    removed_since_rebuild: usize,
+    retired: VecDeque<Batch>,
+}
+
+/// What a pass left behind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// Records freed in this pass.
+    pub(crate) freed: usize,
+    /// Records unlinked in this pass.
+    pub(crate) unlinked: usize,
+    /// The oldest retired batch's watermark, which the horizon must pass before it is freed.
+    pub(crate) blocked_at: Option<Ts>,
+    /// Candidates still waiting for the horizon.
+    pub(crate) waiting: usize,
+}
+
+/// Counters for [`crate::Stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) freed: AtomicU64,
+    pub(crate) rebuilds: AtomicU64,
+}
+
+impl State {
+    /// Retired records not freed yet (unlinked, or separators awaiting a rebuild).
+    pub(crate) fn retired_records(&self) -> impl Iterator<Item = RecordRef> + '_ {
+        self.retired
+            .iter()
+            .flat_map(|b| b.records.iter().copied())
+            .chain(self.separators.iter().copied())
+    }
+}
+
+/// One pass of the collector over `store`, at GC horizon `horizon`. `visible` reads the
+/// watermark (after the unlinks, sequentially consistent); `proposed` holds the splitter's
+/// proposals while records are taken and says whether one was proposed for splitting (such a
+/// record is left alone: the split coordinator will adopt it without a registry slot).
+pub(crate) fn pass(
+    store: &crate::store::MemStore,
+    state: &mut State,
+    horizon: Ts,
+    visible: impl Fn() -> Ts,
+    splitter: &crate::split::Splitter,
+) -> Pass {
+    let mut out = Pass::default();
+    // 1. Free what every transaction open at its unlink has left.
+    while state.retired.front().is_some_and(|b| b.after < horizon) {
+        let batch = state.retired.pop_front().expect("checked non-empty");
+        for record in &batch.records {
+            // SAFETY: unlinked from both indexes before `after` was read, and the horizon
+            // is past `after`: no registered holder is left (module docs). Retired once.
+            unsafe { store.free_record(*record) };
+        }
+        out.freed += batch.records.len();
+    }
+    // 2. Take the candidates the horizon has passed.
+    store.candidates().drain_into(&mut state.waiting);
+    let mut taken = Vec::new();
+    if !state.waiting.is_empty() {
+        let gate = splitter.proposal_gate();
+        state.waiting.retain(|&(record, ts)| {
+            if ts > horizon {
+                return true;
+            }
+            let r = record.get();
+            if gate.proposed(record) || !r.try_take(horizon) {
+                // Written again, being written, split, or proposed: not dead. Whoever
+                // deletes it again notes it again.
+                return false;
+            }
+            taken.push(record);
+            false
+        });
+    }
+    out.waiting = state.waiting.len();
+    // 3. Unlink: the ordered index first, so that a new record for the same key (which
+    //    waits until the point index lets go of this one) never meets it in the tree.
+    let mut batch = Batch {
+        after: Ts(0),
+        records: Vec::with_capacity(taken.len()),
+        tables: Vec::new(),
+        tree: None,
+    };
+    for &record in &taken {
+        match store.ordered().remove(record) {
+            Some(true) => state.separators.push(record),
+            _ => batch.records.push(record),
+        }
+    }
+    store.index().remove_all(&taken);
+    out.unlinked = taken.len();
+    state.removed_since_rebuild += taken.len();
+    if state.removed_since_rebuild >= REBUILD_REMOVALS_MIN.max(store.index().len() / 2) {
+        batch.tree = Some(store.ordered().rebuild());
+        batch.records.append(&mut state.separators);
+        state.removed_since_rebuild = 0;
+        store.gc_counters().rebuilds.fetch_add(1, Ordering::Relaxed);
+    }
+    batch.tables = store.index().take_retired();
+    if !batch.records.is_empty() || !batch.tables.is_empty() || batch.tree.is_some() {
+        batch.after = visible();
+        state.retired.push_back(batch);
+    }
+    store
+        .gc_counters()
+        .freed
+        .fetch_add(out.freed as u64, Ordering::Relaxed);
+    out.blocked_at = state.retired.front().map(|b| b.after);
+    out
+}
