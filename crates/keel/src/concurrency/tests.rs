@@ -69,6 +69,42 @@ mod model {
         });
     }
 
+    /// The collector's grace period (`gc`): it unlinks a record, reads the watermark, takes
+    /// an empty timestamp (as `Shared::gc_pass` does when nothing commits), recomputes the
+    /// horizon and frees the record only if the horizon passed that watermark. A reader
+    /// that registers and then finds the record in the index must never see it freed.
+    #[test]
+    fn loom_nothing_found_while_registered_is_freed() {
+        use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+        loom::model(|| {
+            let oracle = Arc::new(Oracle::with_slots(Ts(0), 2));
+            let linked = Arc::new(AtomicUsize::new(1));
+            let freed = Arc::new(AtomicBool::new(false));
+            let (o, l, f) = (Arc::clone(&oracle), Arc::clone(&linked), Arc::clone(&freed));
+            let reader = loom::thread::spawn(move || {
+                let (slot, _) = o.register().expect("a free slot");
+                if l.load(Ordering::Acquire) == 1 {
+                    assert!(
+                        !f.load(Ordering::Acquire),
+                        "a record found while registered was freed"
+                    );
+                }
+                o.unregister(slot);
+            });
+            linked.store(0, Ordering::Release);
+            fence(Ordering::SeqCst);
+            let after = oracle.visible();
+            let ts = oracle.next_commit_ts();
+            oracle.finish(ts);
+            oracle.advance();
+            oracle.collect();
+            if oracle.horizon() > after {
+                freed.store(true, Ordering::Release);
+            }
+            reader.join().expect("reader");
+        });
+    }
+
     /// A task that waits for the watermark (`watch`) while another thread finishes the
     /// timestamp and advances it: the watcher either learns at once that the watermark has
     /// passed, or is woken. Never neither (a lost wakeup would leave a commit unanswered).
