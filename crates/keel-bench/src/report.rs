@@ -161,29 +161,20 @@ impl Axis {
     }
 }
 
-/// The fonts plotters draws text with, read once from the system (Debian: fonts-dejavu-core).
+/// DejaVu Sans, compiled in so that a plot needs no font on the machine it is drawn on
+/// (`fonts/LICENSE`: Bitstream Vera license, DejaVu changes in the public domain).
+static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
+
+/// Registers [`FONT`] as the "sans-serif" family plotters draws text with, once per process.
 fn register_font() -> anyhow::Result<()> {
-    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
-    FONT.get_or_init(|| {
-        let candidates = [
-            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/TTF/DejaVuSans.ttf",
-            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        ];
-        let bytes = candidates
-            .iter()
-            .find_map(|p| std::fs::read(p).ok())
-            .ok_or_else(|| {
-                format!("no font found for the plot (install fonts-dejavu-core); looked in {candidates:?}")
-            })?;
-        // The font registry wants 'static bytes; this runs once per process.
-        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, bytes)
-            .map_err(|_| "the font file could not be parsed".to_owned())
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, FONT)
+                .map_err(|_| "the embedded plot font could not be parsed".to_owned())
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 /// Draws committed txn/s against `axis`, one line per target, into a PNG at `path`.
@@ -215,8 +206,18 @@ pub fn plot(rows: &[Row], axis: Axis, title: &str, path: &Path) -> anyhow::Resul
         .y_label_area_size(90)
         .build_cartesian_2d(x_min..x_max, 0.0..y_max)
         .map_err(|e| draw(&e))?;
+    // Whole thread counts only: one label per count up to 16, else plotters' choice.
+    let x_labels = match axis {
+        Axis::Threads => ((x_max - x_min).round() as usize + 1).clamp(2, 17),
+        Axis::Theta | Axis::ReadRatio => 10,
+    };
     chart
         .configure_mesh()
+        .x_labels(x_labels)
+        .x_label_formatter(&|x| match axis {
+            Axis::Threads => format!("{x:.0}"),
+            Axis::Theta | Axis::ReadRatio => format!("{x:.2}"),
+        })
         .x_desc(axis.label())
         .y_desc("committed txn/s")
         .y_label_formatter(&|y| format!("{:.2}M", y / 1e6))
@@ -254,4 +255,189 @@ pub fn plot(rows: &[Row], axis: Axis, title: &str, path: &Path) -> anyhow::Resul
         .map_err(|e| draw(&e))?;
     root.present().map_err(|e| draw(&e))?;
     Ok(())
+}
+
+/// A plot to draw once the figures are safe: [`plot`]'s arguments.
+#[derive(Debug, Clone)]
+pub struct PlotRequest {
+    /// The PNG to write.
+    pub path: std::path::PathBuf,
+    /// The swept variable on the x axis.
+    pub axis: Axis,
+    /// The plot's caption.
+    pub title: String,
+}
+
+/// Checks, before anything is measured, that `path` can be created: its directory exists.
+/// A run that could not write its results at the end would otherwise be lost.
+pub fn check_output(path: &Path) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    anyhow::ensure!(
+        dir.is_dir(),
+        "cannot write {}: {} is not a directory",
+        path.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Reports a finished run, in an order that never loses figures: the table goes to `out`
+/// first, then the JSON file is written, then the plot is drawn. A plot that cannot be drawn,
+/// whatever the reason (a bad path, a font, a panic in the plotting library), is a warning on
+/// `err`, not an error: the run's figures are already printed and saved. A JSON file that
+/// cannot be written is an error, returned after the plot has been tried.
+pub fn emit(
+    rows: &[Row],
+    json: Option<&Path>,
+    plot_request: Option<&PlotRequest>,
+    out: &mut dyn std::io::Write,
+    err: &mut dyn std::io::Write,
+) -> anyhow::Result<()> {
+    out.write_all(table(rows).as_bytes())
+        .context("printing the table")?;
+    out.flush().context("printing the table")?;
+    let json_result = match json {
+        Some(path) => write_json(rows, path).map(|()| {
+            let _ = writeln!(out, "wrote {}", path.display());
+        }),
+        None => Ok(()),
+    };
+    if let Some(req) = plot_request {
+        let drawn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            plot(rows, req.axis, &req.title, &req.path)
+        }));
+        match drawn {
+            Ok(Ok(())) => {
+                let _ = writeln!(out, "wrote {}", req.path.display());
+            }
+            Ok(Err(e)) => {
+                let _ = writeln!(
+                    err,
+                    "warning: no plot: {e:#} (the figures above are complete)"
+                );
+            }
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                let _ = writeln!(
+                    err,
+                    "warning: no plot: drawing {} failed: {why} (the figures above are complete)",
+                    req.path.display()
+                );
+            }
+        }
+    }
+    json_result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(target: &str, threads: usize, txn_per_s: f64) -> Row {
+        Row {
+            target: target.to_owned(),
+            isolation: "strict serializable".to_owned(),
+            workload: "deut".to_owned(),
+            threads,
+            theta: 0.9,
+            read_ratio: 0.5,
+            records: 1000,
+            txn_per_s,
+            aborts_per_s: 0.0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            p999_us: 3.0,
+            runs_txn_per_s: vec![txn_per_s],
+            durability: "none".to_owned(),
+            pipeline: 1,
+            machine: machine(),
+            seed: 1,
+            command: "keel bench deut".to_owned(),
+        }
+    }
+
+    fn rows() -> Vec<Row> {
+        vec![
+            row("keel", 1, 600_000.0),
+            row("keel", 2, 1_200_000.0),
+            row("ceiling-hash", 1, 900_000.0),
+            row("ceiling-hash", 2, 1_800_000.0),
+        ]
+    }
+
+    #[test]
+    fn embedded_font_registers_and_a_plot_draws() {
+        use plotters::style::{FontDesc, FontFamily, FontStyle};
+        register_font().expect("the embedded font parses");
+        let (w, h) = FontDesc::new(FontFamily::SansSerif, 24.0, FontStyle::Normal)
+            .box_size("committed txn/s")
+            .expect("the registered family lays out text");
+        assert!(w > 50 && h > 10, "text box {w}x{h}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deut.png");
+        plot(&rows(), Axis::Threads, "deut: committed txn/s", &path).expect("plot draws");
+        let png = std::fs::read(&path).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+        assert!(
+            png.len() > 10_000,
+            "a 1000x640 plot with text is {} bytes",
+            png.len()
+        );
+    }
+
+    #[test]
+    fn a_plot_that_fails_keeps_the_table_and_the_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("results.json");
+        let unwritable = PlotRequest {
+            path: dir.path().join("no such directory").join("deut.png"),
+            axis: Axis::Threads,
+            title: "deut".to_owned(),
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        emit(&rows(), Some(&json), Some(&unwritable), &mut out, &mut err)
+            .expect("a failed plot is not an error");
+        let (out, err) = (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        );
+        assert!(out.starts_with(&table(&rows())), "table first: {out}");
+        assert!(out.contains(&format!("wrote {}", json.display())), "{out}");
+        assert!(err.starts_with("warning: no plot:"), "{err}");
+        assert!(!unwritable.path.exists());
+        let saved: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(saved.len(), 4);
+        assert_eq!(saved[1]["txn_per_s"], 1_200_000.0);
+
+        // Nothing to plot is a warning too, and a JSON path that cannot be written is an error
+        // returned after the table is out.
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let result = emit(
+            &[],
+            Some(&dir.path().join("nope").join("r.json")),
+            Some(&unwritable),
+            &mut out,
+            &mut err,
+        );
+        assert!(result.is_err());
+        assert!(String::from_utf8(out).unwrap().starts_with("target"));
+        assert!(String::from_utf8(err).unwrap().contains("nothing to plot"));
+    }
+
+    #[test]
+    fn outputs_are_checked_before_a_run() {
+        let dir = tempfile::tempdir().unwrap();
+        check_output(&dir.path().join("r.json")).unwrap();
+        check_output(Path::new("r.json")).unwrap();
+        assert!(check_output(&dir.path().join("missing").join("r.json")).is_err());
+    }
 }

@@ -148,6 +148,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("load average at start: {load:.2}");
     }
     println!("command: {command}");
+    // Fail (JSON) or warn (plot) now about an output that could not be written at the end.
+    if let Some(path) = &args.json {
+        report::check_output(path)?;
+    }
+    if let Some(path) = &args.plot
+        && let Err(e) = report::check_output(path)
+    {
+        eprintln!("warning: {e:#}; the run goes on, but its plot will not be drawn");
+    }
 
     let mut configs = Vec::new();
     let read_ratios = if args.read_ratio.is_empty() {
@@ -198,6 +207,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pb.finish_and_clear();
         streams.push(drawn.context("drawing the key streams")?);
     }
+    let plot_axis = if args.threads.len() > 1 {
+        Axis::Threads
+    } else if args.theta.len() > 1 {
+        Axis::Theta
+    } else if read_ratios.len() > 1 {
+        Axis::ReadRatio
+    } else {
+        Axis::Threads
+    };
     let base = &configs[0];
     let key_space = streams
         .iter()
@@ -331,24 +349,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.duration,
         args.warmup
     );
-    print!("{}", report::table(&rows));
-    if let Some(path) = &args.json {
-        report::write_json(&rows, path)?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.plot {
-        let axis = if args.threads.len() > 1 {
-            Axis::Threads
-        } else if args.theta.len() > 1 {
-            Axis::Theta
-        } else if read_ratios.len() > 1 {
-            Axis::ReadRatio
-        } else {
-            Axis::Threads
-        };
-        let title = format!("{workload}: committed txn/s ({} records)", base.records);
-        report::plot(&rows, axis, &title, path)?;
-        println!("wrote {}", path.display());
-    }
+    let plot = args.plot.as_ref().map(|path| report::PlotRequest {
+        path: path.clone(),
+        axis: plot_axis,
+        title: format!("{workload}: committed txn/s ({} records)", base.records),
+    });
+    report::emit(
+        &rows,
+        args.json.as_deref(),
+        plot.as_ref(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    )?;
     Ok(())
 }
