@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::Context as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The machine a run happened on: CPU model, cores, kernel, and the load average when the
 /// benchmark started (other work on a shared machine skews numbers).
@@ -38,7 +38,7 @@ pub fn load_average() -> Option<f64> {
 }
 
 /// One target under one configuration: the median of its runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Target name.
     pub target: String,
@@ -133,6 +133,13 @@ pub fn write_json(rows: &[Row], path: &Path) -> anyhow::Result<()> {
     std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// Reads the rows [`write_json`] wrote (to redraw a plot without running again).
+pub fn read_json(path: &Path) -> anyhow::Result<Vec<Row>> {
+    let json =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&json).with_context(|| format!("parsing {}", path.display()))
+}
+
 /// Which configuration variable a plot puts on its x axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Axis {
@@ -145,6 +152,20 @@ pub enum Axis {
 }
 
 impl Axis {
+    /// The variable the rows sweep: threads if they differ, else θ, else the read ratio.
+    pub fn of(rows: &[Row]) -> Axis {
+        let varies = |f: fn(&Row) -> f64| rows.iter().any(|r| f(r) != f(&rows[0]));
+        if varies(|r| r.threads as f64) {
+            Axis::Threads
+        } else if varies(|r| r.theta) {
+            Axis::Theta
+        } else if varies(|r| r.read_ratio) {
+            Axis::ReadRatio
+        } else {
+            Axis::Threads
+        }
+    }
+
     fn value(self, row: &Row) -> f64 {
         match self {
             Axis::Threads => row.threads as f64,
@@ -175,6 +196,13 @@ fn register_font() -> anyhow::Result<()> {
         })
         .clone()
         .map_err(anyhow::Error::msg)
+}
+
+/// The caption of a plot of `rows`: workload and records.
+pub fn title(rows: &[Row]) -> String {
+    rows.first().map_or_else(String::new, |r| {
+        format!("{}: committed txn/s ({} records)", r.workload, r.records)
+    })
 }
 
 /// Draws committed txn/s against `axis`, one line per target, into a PNG at `path`.
@@ -250,7 +278,7 @@ pub fn plot(rows: &[Row], axis: Axis, title: &str, path: &Path) -> anyhow::Resul
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(|e| draw(&e))?;
     root.present().map_err(|e| draw(&e))?;
@@ -314,10 +342,7 @@ pub fn emit(
                 let _ = writeln!(out, "wrote {}", req.path.display());
             }
             Ok(Err(e)) => {
-                let _ = writeln!(
-                    err,
-                    "warning: no plot: {e:#} (the figures above are complete)"
-                );
+                let _ = writeln!(err, "warning: no plot: {e:#}{}", redraw_hint(json, req));
             }
             Err(panic) => {
                 let why = panic
@@ -327,13 +352,26 @@ pub fn emit(
                     .unwrap_or_else(|| "a panic".to_owned());
                 let _ = writeln!(
                     err,
-                    "warning: no plot: drawing {} failed: {why} (the figures above are complete)",
-                    req.path.display()
+                    "warning: no plot: drawing {} failed: {why}{}",
+                    req.path.display(),
+                    redraw_hint(json, req)
                 );
             }
         }
     }
     json_result
+}
+
+/// What a failed plot's warning adds: the figures are complete, and how to draw it later.
+fn redraw_hint(json: Option<&Path>, req: &PlotRequest) -> String {
+    match json {
+        Some(json) if json.is_file() => format!(
+            " (the figures above are complete; redraw with `keel bench --replot {} --plot {}`)",
+            json.display(),
+            req.path.display()
+        ),
+        _ => " (the figures above are complete)".to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -417,6 +455,15 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         assert_eq!(saved.len(), 4);
         assert_eq!(saved[1]["txn_per_s"], 1_200_000.0);
+        assert!(err.contains("--replot"), "{err}");
+
+        // The saved rows redraw the plot later, without a run.
+        let back = read_json(&json).unwrap();
+        assert_eq!(back, rows());
+        assert_eq!(Axis::of(&back), Axis::Threads);
+        let redrawn = dir.path().join("deut.png");
+        plot(&back, Axis::of(&back), &title(&back), &redrawn).unwrap();
+        assert!(redrawn.is_file());
 
         // Nothing to plot is a warning too, and a JSON path that cannot be written is an error
         // returned after the table is out.

@@ -26,7 +26,8 @@ Example: keel bench deut --target keel,ceiling-array --threads 1,2 --theta 0.8,0
 )]
 pub struct Args {
     /// The workload: deut, deut-write, ycsb-a ... ycsb-f, incr1, like, bid or mgp.
-    workload: String,
+    #[arg(required_unless_present = "replot")]
+    workload: Option<String>,
     /// Client threads (connections in server mode); a comma-separated list sweeps them.
     #[arg(long, value_delimiter = ',', default_value = "2")]
     threads: Vec<usize>,
@@ -94,6 +95,10 @@ pub struct Args {
     /// ratio) into this PNG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Run nothing: draw --plot from the rows of an earlier run's --json file (for a plot
+    /// that could not be drawn at the end of that run).
+    #[arg(long, requires = "plot", conflicts_with = "json")]
+    replot: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -135,7 +140,17 @@ fn bar(len: u64, template: &str) -> ProgressBar {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let workload: Workload = args.workload.parse()?;
+    if let (Some(json), Some(png)) = (&args.replot, &args.plot) {
+        let rows = report::read_json(json)?;
+        report::plot(&rows, Axis::of(&rows), &report::title(&rows), png)?;
+        println!("wrote {}", png.display());
+        return Ok(());
+    }
+    let workload: Workload = args
+        .workload
+        .as_deref()
+        .context("a workload is required")?
+        .parse()?;
     anyhow::ensure!(args.runs >= 1, "--runs must be at least 1");
     anyhow::ensure!(
         args.threads.iter().all(|&t| t >= 1),
@@ -207,15 +222,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pb.finish_and_clear();
         streams.push(drawn.context("drawing the key streams")?);
     }
-    let plot_axis = if args.threads.len() > 1 {
-        Axis::Threads
-    } else if args.theta.len() > 1 {
-        Axis::Theta
-    } else if read_ratios.len() > 1 {
-        Axis::ReadRatio
-    } else {
-        Axis::Threads
-    };
     let base = &configs[0];
     let key_space = streams
         .iter()
@@ -351,8 +357,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let plot = args.plot.as_ref().map(|path| report::PlotRequest {
         path: path.clone(),
-        axis: plot_axis,
-        title: format!("{workload}: committed txn/s ({} records)", base.records),
+        axis: Axis::of(&rows),
+        title: report::title(&rows),
     });
     report::emit(
         &rows,
