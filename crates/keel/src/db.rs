@@ -512,34 +512,84 @@ pub enum CheckpointError {
     Begin(BeginError),
 }
 
-/// Tells the checkpointer to stop: a flag and the condition variable it sleeps on.
+/// Tells a periodic thread to stop: a flag and the condition variable it sleeps on.
 type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+
+/// A background thread that runs `tick` every interval until told to stop, or until `tick`
+/// says it is done (the checkpointer and the collector).
+struct Periodic {
+    handle: JoinHandle<()>,
+    stop: StopSignal,
+}
+
+impl Periodic {
+    fn spawn(
+        name: &str,
+        shared: &Arc<Shared>,
+        interval: Duration,
+        tick: fn(&Shared) -> bool,
+    ) -> Periodic {
+        let stop: StopSignal = Arc::new((Mutex::new(false), Condvar::new()));
+        let (worker, signal) = (Arc::clone(shared), Arc::clone(&stop));
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                loop {
+                    {
+                        let mut stopped = signal.0.lock();
+                        if !*stopped {
+                            signal.1.wait_for(&mut stopped, interval);
+                        }
+                        if *stopped {
+                            return;
+                        }
+                    }
+                    if !tick(&worker) {
+                        return;
+                    }
+                }
+            })
+            .unwrap_or_else(|e| panic!("spawning the {name} thread: {e}"));
+        Periodic { handle, stop }
+    }
+
+    /// Stops the thread and waits for it.
+    fn stop(self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        let name = self
+            .handle
+            .thread()
+            .name()
+            .unwrap_or("background")
+            .to_owned();
+        self.handle
+            .join()
+            .unwrap_or_else(|_| panic!("the {name} thread panicked"));
+    }
+}
 
 /// Stops the background work and closes the log when the last handle goes.
 struct Owner {
     shared: Arc<Shared>,
-    checkpointer: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
-    collector: Mutex<Option<(JoinHandle<()>, StopSignal)>>,
+    checkpointer: Mutex<Option<Periodic>>,
+    collector: Mutex<Option<Periodic>>,
     coordinator: Mutex<Option<JoinHandle<()>>>,
     recovery: Option<Recovery>,
 }
 
 impl Owner {
     fn shut_down(&self) -> Result<(), CloseError> {
-        if let Some((handle, stop)) = self.collector.lock().take() {
-            *stop.0.lock() = true;
-            stop.1.notify_all();
-            handle.join().expect("the collector does not panic");
+        if let Some(collector) = self.collector.lock().take() {
+            collector.stop();
         }
         // The coordinator reconciles an open phase before it stops.
         if let Some(handle) = self.coordinator.lock().take() {
             self.shared.splitter.stop();
             handle.join().expect("the split coordinator does not panic");
         }
-        if let Some((handle, stop)) = self.checkpointer.lock().take() {
-            *stop.0.lock() = true;
-            stop.1.notify_all();
-            handle.join().expect("the checkpointer does not panic");
+        if let Some(checkpointer) = self.checkpointer.lock().take() {
+            checkpointer.stop();
         }
         let Some(log) = &self.shared.log else {
             return Ok(());
@@ -684,19 +734,18 @@ impl Db {
         let owner = Arc::new(Owner {
             shared: Arc::clone(&shared),
             checkpointer: Mutex::new(None),
-            collector: Mutex::new(None),
+            collector: Mutex::new(Some(Periodic::spawn(
+                "keel-gc",
+                &shared,
+                GC_INTERVAL,
+                |shared| {
+                    shared.gc_pass();
+                    true
+                },
+            ))),
             coordinator: Mutex::new(None),
             recovery,
         });
-        {
-            let stop = Arc::new((Mutex::new(false), Condvar::new()));
-            let (worker, signal) = (Arc::clone(&shared), Arc::clone(&stop));
-            let handle = std::thread::Builder::new()
-                .name("keel-gc".into())
-                .spawn(move || collector(&worker, &signal))
-                .expect("spawning the collector thread");
-            *owner.collector.lock() = Some((handle, stop));
-        }
         if shared.splitter.enabled() {
             let worker = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
@@ -706,13 +755,12 @@ impl Db {
             *owner.coordinator.lock() = Some(handle);
         }
         if shared.files.is_some() {
-            let stop = Arc::new((Mutex::new(false), Condvar::new()));
-            let (worker, signal) = (Arc::clone(&shared), Arc::clone(&stop));
-            let handle = std::thread::Builder::new()
-                .name("keel-checkpointer".into())
-                .spawn(move || checkpointer(&worker, &signal))
-                .expect("spawning the checkpointer thread");
-            *owner.checkpointer.lock() = Some((handle, stop));
+            *owner.checkpointer.lock() = Some(Periodic::spawn(
+                "keel-checkpointer",
+                &shared,
+                Duration::from_millis(200),
+                checkpoint_tick,
+            ));
         }
         Db { shared, owner }
     }
@@ -1210,24 +1258,8 @@ impl Db {
     }
 }
 
-/// How often the collector looks for deleted keys to reclaim.
+/// How often the collector (`keel-gc`) looks for deleted keys to reclaim.
 const GC_INTERVAL: Duration = Duration::from_millis(10);
-
-/// The collector thread: a pass every [`GC_INTERVAL`] (see `gc`).
-fn collector(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
-    loop {
-        {
-            let mut stopped = stop.0.lock();
-            if !*stopped {
-                stop.1.wait_for(&mut stopped, GC_INTERVAL);
-            }
-            if *stopped {
-                return;
-            }
-        }
-        shared.gc_pass();
-    }
-}
 
 impl Shared {
     /// One pass of the collector (`gc::pass`) at a freshly computed horizon. If retired
@@ -1254,26 +1286,17 @@ impl Shared {
     }
 }
 
-fn checkpointer(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
-    loop {
-        {
-            let mut stopped = stop.0.lock();
-            if !*stopped {
-                stop.1.wait_for(&mut stopped, Duration::from_millis(200));
-            }
-            if *stopped {
-                return;
-            }
-        }
-        if shared.log_failed() {
-            return;
-        }
-        if shared.checkpoint_due() {
-            // A failed checkpoint leaves the previous one current; the log still holds
-            // everything, so the next attempt (or recovery) loses nothing.
-            let _ = shared.checkpoint();
-        }
+/// The checkpointer's tick: a checkpoint when one is due; stops once the log has failed.
+fn checkpoint_tick(shared: &Shared) -> bool {
+    if shared.log_failed() {
+        return false;
     }
+    if shared.checkpoint_due() {
+        // A failed checkpoint leaves the previous one current; the log still holds
+        // everything, so the next attempt (or recovery) loses nothing.
+        let _ = shared.checkpoint();
+    }
+    true
 }
 
 impl std::fmt::Debug for Db {

@@ -115,7 +115,6 @@ pub(crate) struct Pass {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) freed: AtomicU64,
-    pub(crate) rebuilds: AtomicU64,
 }
 
 impl State {
@@ -191,7 +190,6 @@ pub(crate) fn pass(
         batch.tree = Some(store.ordered().rebuild());
         batch.records.append(&mut state.separators);
         state.removed_since_rebuild = 0;
-        store.gc_counters().rebuilds.fetch_add(1, Ordering::Relaxed);
     }
     batch.tables = store.index().take_retired();
     if !batch.records.is_empty() || !batch.tables.is_empty() || batch.tree.is_some() {
