@@ -138,6 +138,7 @@ impl MemStore {
     /// Recovery's [`Store::get_or_create_locked`]: a new record goes into the point index
     /// only. Nothing may scan until [`MemStore::link_recovered`] has put every record in the
     /// ordered index, which is far cheaper in one sorted pass than key by key.
+    #[inline]
     pub(crate) fn get_or_create_unordered(
         &self,
         key: &[u8],
@@ -223,6 +224,7 @@ impl Store for MemStore {
         self.index.get(key, hash)
     }
 
+    #[inline]
     fn get_or_create_locked(
         &self,
         key: &[u8],

@@ -42,7 +42,8 @@ pub(crate) mod ordered;
 const SLOTS: usize = 8;
 const POINTER_BITS: u32 = 48;
 const POINTER_MASK: u64 = (1 << POINTER_BITS) - 1;
-/// A removed entry. Its pointer bits are no record's (user addresses fit in 47 bits).
+/// A removed entry. Its pointer bits are no record's (user addresses fit in 47 bits), and
+/// its tag is no key's ([`tag_of`]), so a probe that compares tags passes it by itself.
 const TOMBSTONE: u64 = u64::MAX;
 
 #[repr(C, align(64))]
@@ -95,7 +96,10 @@ impl Table {
         (self.mask + 1) * SLOTS
     }
 
-    #[inline]
+    // Always inlined: the commit path's lookups are its hottest code, and once the collector
+    // also called it the compiler stopped inlining it there (callgrind: +5% instructions per
+    // deut-write transaction).
+    #[inline(always)]
     fn find(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
         let tag = tag_of(hash);
         let mut b = bucket_of(hash, self.mask);
@@ -106,7 +110,7 @@ impl Table {
                 if entry == 0 {
                     return None;
                 }
-                if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
+                if entry >> POINTER_BITS == tag {
                     let record = record_of(entry);
                     let r = record.get();
                     if r.key() == key {
@@ -127,7 +131,7 @@ impl Table {
             if entry == 0 {
                 return None;
             }
-            if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
+            if entry >> POINTER_BITS == tag {
                 return Some(record_of(entry));
             }
         }
@@ -160,7 +164,7 @@ impl Table {
                         Err(now) => entry = now,
                     }
                 }
-                if entry >> POINTER_BITS == tag && entry != TOMBSTONE {
+                if entry >> POINTER_BITS == tag {
                     let record = record_of(entry);
                     let other = record.get();
                     if other.key() == key {
@@ -260,8 +264,9 @@ impl Table {
 #[inline]
 fn tag_of(hash: u64) -> u64 {
     // Zero tags are fine: a slot is empty only when the whole word is zero, and record
-    // pointers are never null.
-    hash >> POINTER_BITS
+    // pointers are never null. The all-ones tag is the tombstone's: keys' tags stop one
+    // short of it, which spares every probe a second comparison per slot.
+    (hash >> POINTER_BITS).min((TOMBSTONE >> POINTER_BITS) - 1)
 }
 
 #[inline]
@@ -525,7 +530,7 @@ impl Inner {
         self.table().candidate(hash)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, key: &[u8], hash: u64) -> Option<RecordRef> {
         self.table().find(key, hash)
     }
