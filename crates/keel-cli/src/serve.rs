@@ -75,6 +75,12 @@ pub struct Args {
     /// it to wake. Under sync the gaps are fsyncs, and the flusher needs the core.
     #[arg(long, value_name = "US")]
     idle_poll_us: Option<u64>,
+    /// When a pub/sub subscriber that does not read its messages is disconnected, as Redis
+    /// writes it: "pubsub <hard> <soft> <soft-seconds>" [default: "pubsub 32mb 8mb 60"]: at
+    /// once past the hard limit of unwritten bytes, or after staying past the soft one that
+    /// long (0 turns a limit off). CONFIG SET client-output-buffer-limit changes it at run time.
+    #[arg(long, value_name = "LIMITS")]
+    client_output_buffer_limit: Option<String>,
 }
 
 fn config(args: Args) -> anyhow::Result<Config> {
@@ -135,6 +141,12 @@ fn config(args: Args) -> anyhow::Result<Config> {
     }
     if let Some(us) = args.idle_poll_us {
         config.idle_poll_us = us;
+    }
+    if let Some(limit) = args.client_output_buffer_limit
+        && let Some(pubsub) = keel_server::OutputLimit::parse(&limit)
+            .map_err(|e| anyhow::anyhow!("--client-output-buffer-limit: {e}"))?
+    {
+        config.pubsub_output_limit = pubsub;
     }
     config.validate()?;
     Ok(config)

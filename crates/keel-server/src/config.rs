@@ -20,6 +20,117 @@ pub const SPLIT_PHASE_MS_DEFAULT: u64 = 20;
 /// reconciliation, and a wait of more than seconds is one clients time out on.
 pub const SPLIT_PHASE_MS_MAX: u64 = 10_000;
 
+/// `client-output-buffer-limit` for the `pubsub` class: bytes a subscriber may owe (queued
+/// or in its output, not yet written to its socket) before it is disconnected. 0 disables a
+/// limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputLimit {
+    /// Disconnect as soon as a subscriber owes more than this.
+    pub hard_bytes: u64,
+    /// Disconnect a subscriber that has owed more than this for longer than `soft_seconds`.
+    pub soft_bytes: u64,
+    /// See `soft_bytes`.
+    pub soft_seconds: u64,
+}
+
+impl Default for OutputLimit {
+    /// Redis's default: `pubsub 32mb 8mb 60`.
+    fn default() -> OutputLimit {
+        OutputLimit {
+            hard_bytes: 32 << 20,
+            soft_bytes: 8 << 20,
+            soft_seconds: 60,
+        }
+    }
+}
+
+/// Redis's reply to a `client-output-buffer-limit` value with the wrong number of words.
+pub const OUTPUT_LIMIT_ARITY: &str = "Wrong number of arguments in buffer limit configuration.";
+/// Redis's reply to an unknown client class.
+pub const OUTPUT_LIMIT_CLASS: &str =
+    "Invalid client class specified in buffer limit configuration.";
+/// Redis's reply to a limit that is not a size or a count of seconds.
+pub const OUTPUT_LIMIT_NUMBER: &str =
+    "Error in hard, soft or soft_seconds setting in buffer limit configuration.";
+/// What `client-output-buffer-limit` reports for the classes keel does not enforce: normal
+/// clients have no output limit (each reply is bounded by `reply_bytes_max` instead) and keel
+/// has no replicas; both are Redis's defaults.
+pub const OUTPUT_LIMIT_OTHERS: &str = "normal 0 0 0 slave 268435456 67108864 60";
+
+impl OutputLimit {
+    /// `client-output-buffer-limit`'s value, as Redis writes it.
+    pub fn redis_value(self) -> String {
+        format!(
+            "{OUTPUT_LIMIT_OTHERS} pubsub {} {} {}",
+            self.hard_bytes, self.soft_bytes, self.soft_seconds
+        )
+    }
+
+    /// Parses a `client-output-buffer-limit` value: `<class> <hard> <soft> <seconds>`,
+    /// repeated, sizes as Redis writes them (`32mb`, `1gb`, `1000`). Returns the `pubsub`
+    /// limit, if given. `normal` and `replica` (`slave`) are taken only at the values keel
+    /// behaves by ([`OUTPUT_LIMIT_OTHERS`]), so that a tool that writes back what it read
+    /// works, and nothing keel would ignore is accepted.
+    pub fn parse(value: &str) -> Result<Option<OutputLimit>, String> {
+        let words: Vec<&str> = value.split_whitespace().collect();
+        if words.is_empty() || !words.len().is_multiple_of(4) {
+            return Err(OUTPUT_LIMIT_ARITY.into());
+        }
+        let mut pubsub = None;
+        for class in words.chunks(4) {
+            let name = class[0].to_ascii_lowercase();
+            if !matches!(name.as_str(), "normal" | "replica" | "slave" | "pubsub") {
+                return Err(OUTPUT_LIMIT_CLASS.into());
+            }
+            let (Some(hard), Some(soft), Ok(seconds)) = (
+                parse_memory(class[1]),
+                parse_memory(class[2]),
+                class[3].parse::<u64>(),
+            ) else {
+                return Err(OUTPUT_LIMIT_NUMBER.into());
+            };
+            let limit = OutputLimit {
+                hard_bytes: hard,
+                soft_bytes: soft,
+                soft_seconds: seconds,
+            };
+            match name.as_str() {
+                "pubsub" => pubsub = Some(limit),
+                "normal" if (hard, soft, seconds) == (0, 0, 0) => {}
+                "replica" | "slave" if (hard, soft, seconds) == (268_435_456, 67_108_864, 60) => {}
+                _ => {
+                    return Err(format!(
+                        "keel enforces client-output-buffer-limit for the pubsub class only; \
+                         the others must stay {OUTPUT_LIMIT_OTHERS}"
+                    ));
+                }
+            }
+        }
+        Ok(pubsub)
+    }
+}
+
+/// A size as Redis writes it in its configuration: digits, then `b`, `k` (1000), `kb`
+/// (1024), `m`, `mb`, `g` or `gb`, in any case.
+fn parse_memory(word: &str) -> Option<u64> {
+    let lower = word.to_ascii_lowercase();
+    let digits = lower.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit: u64 = match &lower[digits.len()..] {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1024,
+        "m" => 1000 * 1000,
+        "mb" => 1024 * 1024,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
 /// How committed data is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
@@ -93,6 +204,9 @@ pub enum ConfigError {
         /// The largest allowed.
         max: u64,
     },
+    /// `client-output-buffer-limit` is not `<class> <hard> <soft> <seconds>`, repeated.
+    #[error("client-output-buffer-limit: {0}")]
+    OutputLimit(String),
     /// `proto-max-bulk-len` is out of its range.
     #[error("proto-max-bulk-len must be between 1024 and {max}, not {value}")]
     BulkLen {
@@ -169,6 +283,9 @@ pub struct Config {
     pub poller: PollerMode,
     /// How long the poller keeps polling after its last read before it sleeps.
     pub idle_poll_us: u64,
+    /// `client-output-buffer-limit pubsub`: when a subscriber that does not read its
+    /// messages is disconnected.
+    pub pubsub_output_limit: OutputLimit,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -192,6 +309,7 @@ impl Default for Config {
             threads: 0,
             poller: PollerMode::Auto,
             idle_poll_us: IDLE_POLL_US_DEFAULT,
+            pubsub_output_limit: OutputLimit::default(),
         }
     }
 }
@@ -247,6 +365,8 @@ pub struct FileConfig {
     pub poller: Option<String>,
     /// See [`Config::idle_poll_us`].
     pub idle_poll_us: Option<u64>,
+    /// See [`Config::pubsub_output_limit`], in Redis's form: `"pubsub 32mb 8mb 60"`.
+    pub client_output_buffer_limit: Option<String>,
 }
 
 /// A boolean written either as TOML `true`/`false` or as Redis's `yes`/`no`.
@@ -322,6 +442,11 @@ impl FileConfig {
         }
         if let Some(us) = self.idle_poll_us {
             config.idle_poll_us = us;
+        }
+        if let Some(limit) = self.client_output_buffer_limit
+            && let Some(pubsub) = OutputLimit::parse(&limit).map_err(ConfigError::OutputLimit)?
+        {
+            config.pubsub_output_limit = pubsub;
         }
         Ok(())
     }
@@ -460,6 +585,51 @@ mod tests {
             config.validate(),
             Err(ConfigError::IdlePoll { value, .. }) if value == IDLE_POLL_US_MAX + 1
         ));
+    }
+
+    #[test]
+    fn output_limit() {
+        let mut config = Config::default();
+        assert_eq!(
+            config.pubsub_output_limit.redis_value(),
+            "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60"
+        );
+        FileConfig::parse("client-output-buffer-limit = \"pubsub 1mb 1k 5\"")
+            .expect("valid file")
+            .apply(&mut config)
+            .expect("valid values");
+        assert_eq!(
+            config.pubsub_output_limit,
+            OutputLimit {
+                hard_bytes: 1 << 20,
+                soft_bytes: 1000,
+                soft_seconds: 5
+            }
+        );
+        let same = OutputLimit::parse(&config.pubsub_output_limit.redis_value());
+        assert_eq!(same, Ok(Some(config.pubsub_output_limit)));
+        assert_eq!(OutputLimit::parse("normal 0 0 0"), Ok(None));
+        assert_eq!(
+            OutputLimit::parse("pubsub 1mb"),
+            Err(OUTPUT_LIMIT_ARITY.into())
+        );
+        assert_eq!(
+            OutputLimit::parse("others 1 1 1"),
+            Err(OUTPUT_LIMIT_CLASS.into())
+        );
+        for bad in [
+            "pubsub x 1 1",
+            "pubsub 1 1 -1",
+            "pubsub 1tb 1 1",
+            "pubsub -1 1 1",
+        ] {
+            assert_eq!(
+                OutputLimit::parse(bad),
+                Err(OUTPUT_LIMIT_NUMBER.into()),
+                "{bad}"
+            );
+        }
+        assert!(OutputLimit::parse("normal 1mb 0 0").is_err());
     }
 
     #[test]

@@ -40,6 +40,7 @@ use tokio::net::TcpStream;
 
 use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
 use crate::lanes::Lane;
+use crate::pubsub::{self, Kind, Mailbox, Subs};
 use crate::reply::{Out, Proto};
 use crate::resp::{self, Limits, Parsed, Request};
 use crate::server::{ClientInfo, Shared};
@@ -128,6 +129,9 @@ struct Conn {
     authenticated: bool,
     multi: Option<Multi>,
     watch: Option<Watch>,
+    /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
+    /// (un)subscribed.
+    subs: Option<Box<Subs>>,
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
@@ -145,6 +149,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         lib: Default::default(),
         resp: 2.into(),
         kill: shared.shutdown.child_token(),
+        subscriptions: Default::default(),
     });
     shared.clients.lock().insert(id, info.clone());
     tracing::debug!(id, %addr, "client connected");
@@ -156,6 +161,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         proto: Proto::Resp2,
         multi: None,
         watch: None,
+        subs: None,
     };
     conn.spawn(stream, Carry::default());
 }
@@ -221,6 +227,17 @@ enum Exit {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.shared.clients.lock().remove(&self.info.id);
+        if let Some(subs) = &mut self.subs {
+            subs.leave(&self.shared.pubsub, &self.info);
+        }
+    }
+}
+
+/// Waits for a message in `mailbox`; never, without one.
+async fn mail(mailbox: Option<&Mailbox>) {
+    match mailbox {
+        Some(m) => m.notify.notified().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -313,7 +330,14 @@ impl Conn {
                 }
             }
             self.run_pending(&mut pending, &mut output).await;
-            self.flush(&mut stream, &mut output).await?;
+            // Messages that came meanwhile go out with the replies, a bounded batch at a time.
+            loop {
+                let more = self.deliver(&mut output, OUT_FLUSH_BYTES);
+                self.flush(&mut stream, &mut output).await?;
+                if !more {
+                    break;
+                }
+            }
             if next == Next::Close {
                 return Ok(Exit::Done);
             }
@@ -344,10 +368,13 @@ impl Conn {
             if self.shared.lanes.lane() != lane {
                 return Ok(Exit::Move(stream, Carry { input, needed }));
             }
+            // A subscriber also wakes for a message: the loop then writes it out.
+            let mailbox = self.subs.as_deref().map(|s| &*s.mailbox);
             let n = tokio::select! {
                 biased;
                 r = stream.read_buf(&mut input) => r?,
                 () = &mut killed => return Ok(Exit::Done),
+                () = mail(mailbox) => continue,
             };
             if n == 0 {
                 return Ok(Exit::Done);
@@ -378,7 +405,21 @@ impl Conn {
             .log_written()
             .await
             .map_err(std::io::Error::other)?;
-        stream.write_all(output).await?;
+        // A client that does not read must not keep a killed connection open (a subscriber
+        // cut off for its output buffer is one).
+        tokio::select! {
+            biased;
+            r = stream.write_all(output) => r?,
+            () = self.info.kill.cancelled() => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "client killed",
+                ));
+            }
+        }
+        if let Some(subs) = &self.subs {
+            subs.mailbox.written(self.shared.pubsub.limit());
+        }
         self.shared
             .counters
             .net_output_bytes
@@ -395,10 +436,28 @@ impl Conn {
         Out::new(buf, self.proto)
     }
 
+    /// Writes messages waiting for this subscriber into `output`, until it has grown by
+    /// `bytes_max`; whether more wait.
+    fn deliver(&self, output: &mut BytesMut, bytes_max: usize) -> bool {
+        match &self.subs {
+            Some(subs) => subs.mailbox.deliver(&mut self.out(output), bytes_max),
+            None => false,
+        }
+    }
+
+    /// Whether the connection is in Redis's pub/sub context (subscribed to anything).
+    fn subscribed(&self) -> bool {
+        self.subs.as_ref().is_some_and(|s| s.active())
+    }
+
     /// The command, if `args` may join a pipelined batch: a data command outside `MULTI` and
-    /// `WATCH`, from an authenticated client, with the right arity.
+    /// `WATCH`, from an authenticated client (not a RESP2 subscriber), with the right arity.
     fn batchable(&self, args: &[Bytes]) -> Option<Cmd> {
         if !self.authenticated || self.multi.is_some() || self.watch.is_some() {
+            return None;
+        }
+        // In RESP2 a subscriber may not run data commands: `command` says so.
+        if self.proto == Proto::Resp2 && self.subscribed() {
             return None;
         }
         let spec = table::lookup(&args[0])?;
@@ -418,6 +477,8 @@ impl Conn {
         if pending.cmds.is_empty() {
             return;
         }
+        // Messages published before these commands ran go before their replies.
+        self.deliver(output, usize::MAX);
         let started = Instant::now();
         let n = pending.cmds.len() as u64;
         if n >= 2 {
@@ -493,6 +554,8 @@ impl Conn {
 
     /// Dispatches one request.
     async fn command(&mut self, args: Vec<Bytes>, output: &mut BytesMut) -> Next {
+        // Messages published before this command ran go before its reply.
+        self.deliver(output, usize::MAX);
         let Some(spec) = table::lookup(&args[0]) else {
             let mut text = format!(
                 "ERR unknown command '{}', with args beginning with: ",
@@ -518,6 +581,14 @@ impl Conn {
         {
             self.flag_multi();
             self.out(output).error(NOAUTH);
+            return Next::Continue;
+        }
+        if self.proto == Proto::Resp2
+            && self.subscribed()
+            && !pubsub::allowed_in_context(spec.cmd)
+            && let Some(name) = full_name(spec, &args)
+        {
+            self.out(output).error(&pubsub::not_in_context(&name));
             return Next::Continue;
         }
         if self.multi.is_some()
@@ -548,9 +619,21 @@ impl Conn {
         let proto = self.proto;
         let multi = self.multi.as_mut().expect("called inside MULTI");
         let mut out = Out::new(output, proto);
-        if !(data::is_data(spec.cmd) || matches!(spec.cmd, Cmd::Ping | Cmd::Echo | Cmd::Time)) {
+        let queueable = data::is_data(spec.cmd)
+            || matches!(
+                spec.cmd,
+                Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Publish | Cmd::Spublish | Cmd::Pubsub
+            );
+        if !queueable {
             multi.dirty = true;
             out.error("ERR Command not allowed inside a transaction");
+            return;
+        }
+        if spec.cmd == Cmd::Pubsub
+            && let Err(Fail(text)) = pubsub::check_pubsub(&args)
+        {
+            multi.dirty = true;
+            out.error(&text);
             return;
         }
         let bytes: usize = args.iter().map(Bytes::len).sum();
@@ -580,6 +663,36 @@ impl Conn {
         }
         let mut out = self.out(output);
         match cmd {
+            Cmd::Ping if self.proto == Proto::Resp2 && self.subscribed() => {
+                pubsub::ping(args, &mut out);
+            }
+            Cmd::Subscribe | Cmd::Psubscribe | Cmd::Ssubscribe => {
+                let kind = kind_of(cmd);
+                let subs = self
+                    .subs
+                    .get_or_insert_with(|| Box::new(Subs::new(&self.info)));
+                subs.subscribe(&self.shared.pubsub, &self.info, kind, &args[1..], &mut out);
+            }
+            Cmd::Unsubscribe | Cmd::Punsubscribe | Cmd::Sunsubscribe => {
+                let kind = kind_of(cmd);
+                let subs = self
+                    .subs
+                    .get_or_insert_with(|| Box::new(Subs::new(&self.info)));
+                subs.unsubscribe(&self.shared.pubsub, &self.info, kind, &args[1..], &mut out);
+            }
+            Cmd::Publish | Cmd::Spublish => {
+                let receivers =
+                    self.shared
+                        .pubsub
+                        .publish(cmd == Cmd::Spublish, &args[1], &args[2]);
+                // A subscriber publishing to itself gets the message before the count, as
+                // from Redis.
+                if let Some(subs) = &self.subs {
+                    subs.mailbox.deliver(&mut out, usize::MAX);
+                }
+                out.int(receivers as i64);
+            }
+            Cmd::Pubsub => pubsub::pubsub(&self.shared.pubsub, args, &mut out)?,
             Cmd::Ping => match args.get(1) {
                 Some(msg) => out.bulk(msg),
                 None => out.simple("PONG"),
@@ -598,6 +711,11 @@ impl Conn {
                 return Ok(Next::Close);
             }
             Cmd::Reset => {
+                if let Some(mut subs) = self.subs.take() {
+                    subs.leave(&self.shared.pubsub, &self.info);
+                    // What arrived before the subscriptions ended still goes out, first.
+                    subs.mailbox.deliver(&mut out, usize::MAX);
+                }
                 self.multi = None;
                 self.watch = None;
                 self.set_proto(Proto::Resp2);
@@ -1172,13 +1290,19 @@ impl Conn {
                 }
                 out.array(multi.queue.len());
                 let mut failed = false;
-                for (cmd, args) in &multi.queue {
+                for (i, (cmd, args)) in multi.queue.iter().enumerate() {
                     let slot = out.buf.len();
                     let result = match cmd {
                         Cmd::Ping | Cmd::Echo | Cmd::Time => {
                             simple_in_exec(*cmd, args, &mut out);
                             Ok(())
                         }
+                        // Sent once the transaction has committed (below).
+                        Cmd::Publish | Cmd::Spublish => {
+                            out.later(i);
+                            Ok(())
+                        }
+                        Cmd::Pubsub => pubsub::pubsub(&shared.pubsub, args, &mut out),
                         _ => data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out),
                     };
                     if let Err(Fail(text)) = result {
@@ -1209,11 +1333,31 @@ impl Conn {
                     ctx.track_increments = false;
                     continue;
                 }
-                Err(done) => return done,
+                // Rolled back (or a watched key changed): no message was sent.
+                Err(Ok(())) => {
+                    out.fill_with(None, &mut |_, out| out.int(0));
+                    return Ok(());
+                }
+                Err(Err(fail)) => {
+                    out.forget_tracked();
+                    return Err(fail);
+                }
             };
             match committed {
                 Ok(Ok(committed)) => {
-                    out.fill(&committed);
+                    let subs = self.subs.as_deref();
+                    out.fill_with(Some(&committed), &mut |i, out| {
+                        let (cmd, args) = &multi.queue[i];
+                        let receivers =
+                            shared
+                                .pubsub
+                                .publish(*cmd == Cmd::Spublish, &args[1], &args[2]);
+                        // As from Redis, a message to this client comes before the count.
+                        if let Some(subs) = subs {
+                            subs.mailbox.deliver(out, usize::MAX);
+                        }
+                        out.int(receivers as i64);
+                    });
                     return Ok(());
                 }
                 Ok(Err(conflict)) => {
@@ -1256,6 +1400,35 @@ impl Conn {
             }
         }
     }
+}
+
+/// The subscription kind a (un)subscribe command works on.
+fn kind_of(cmd: Cmd) -> Kind {
+    match cmd {
+        Cmd::Psubscribe | Cmd::Punsubscribe => Kind::Pattern,
+        Cmd::Ssubscribe | Cmd::Sunsubscribe => Kind::Shard,
+        _ => Kind::Channel,
+    }
+}
+
+/// Redis's full name of the command `args` runs: `client|id` for a subcommand. `None` for an
+/// unknown subcommand, or one with the wrong number of arguments: Redis rejects those for
+/// that before anything else, and so does the command's handler here.
+fn full_name(spec: &Spec, args: &[Bytes]) -> Option<String> {
+    if spec.subcommands.is_empty() || args.len() == 1 {
+        return Some(spec.name.to_owned());
+    }
+    let sub = args[1].to_ascii_lowercase();
+    let &(name, arity) = spec
+        .subcommands
+        .iter()
+        .find(|(name, _)| name.as_bytes() == sub)?;
+    let fits = if arity >= 0 {
+        args.len() == arity as usize
+    } else {
+        args.len() >= arity.unsigned_abs() as usize
+    };
+    fits.then(|| format!("{}|{name}", spec.name))
 }
 
 fn ctx(shared: &Shared) -> Ctx<'_> {

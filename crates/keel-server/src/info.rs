@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use crate::config::{check_bulk_len, check_idle_poll, parse_poller};
+use crate::config::{OutputLimit, check_bulk_len, check_idle_poll, parse_poller};
 use crate::data::Fail;
 use crate::glob;
 use crate::reply::Out;
@@ -155,6 +155,10 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
         ("split-phase-ms", c.split_phase_ms.to_string()),
         ("poller", shared.lanes.setting().name().into()),
         ("idle-poll-us", shared.lanes.idle_poll_us().to_string()),
+        (
+            "client-output-buffer-limit",
+            shared.pubsub.limit().redis_value(),
+        ),
     ]
 }
 
@@ -218,6 +222,9 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                         .map_err(|_| bad("argument couldn't be parsed into an integer"))?;
                     check_idle_poll(us).map_err(|e| bad(&e.to_string()))?;
                 }
+                "client-output-buffer-limit" => {
+                    OutputLimit::parse(&value).map_err(|e| bad(&e))?;
+                }
                 "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability"
                 | "split" | "split-phase-ms" => {
                     return Err(bad("can't set immutable config"));
@@ -248,6 +255,11 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                 "idle-poll-us" => shared
                     .lanes
                     .set_idle_poll_us(value.parse().expect("validated above")),
+                "client-output-buffer-limit" => {
+                    if let Some(limit) = OutputLimit::parse(&value).expect("validated above") {
+                        shared.pubsub.set_limit(limit);
+                    }
+                }
                 _ => unreachable!("validated above"),
             }
         }
@@ -268,19 +280,21 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
 /// One `CLIENT LIST` line, newline-terminated.
 pub fn client_line(shared: &Shared, c: &ClientInfo) -> String {
     let (lib_name, lib_ver) = c.lib.lock().clone();
+    let [sub, psub, ssub] = c.subscriptions.each_ref().map(|n| n.load(Relaxed));
     let idle_s = shared
         .now_ms()
         .saturating_sub(c.last_active_ms.load(Relaxed))
         / 1000;
     format!(
-        "id={} addr={} laddr={} name={} age={} idle={} flags=N db=0 user=default resp={} \
-         lib-name={} lib-ver={}\n",
+        "id={} addr={} laddr={} name={} age={} idle={} flags={} db=0 sub={sub} psub={psub} \
+         ssub={ssub} user=default resp={} lib-name={} lib-ver={}\n",
         c.id,
         c.addr,
         c.laddr,
         c.name.lock(),
         c.created.elapsed().as_secs(),
         idle_s,
+        if sub + psub + ssub > 0 { "P" } else { "N" },
         c.resp.load(Relaxed),
         lib_name,
         lib_ver,
@@ -379,17 +393,22 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         );
     }
     if want("stats") {
+        let pubsub = shared.pubsub.counts();
         let _ = write!(
             t,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
-             protocol_errors:{}\r\n\r\n",
+             protocol_errors:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\n\
+             pubsubshard_channels:{}\r\n\r\n",
             c.connections_received.load(Relaxed),
             c.commands_processed.load(Relaxed),
             c.net_input_bytes.load(Relaxed),
             c.net_output_bytes.load(Relaxed),
             c.connections_rejected.load(Relaxed),
             c.protocol_errors.load(Relaxed),
+            pubsub.0,
+            pubsub.1,
+            pubsub.2,
         );
     }
     if want("replication") {

@@ -11,7 +11,8 @@
 //!
 //! Modules: [`resp`] parses requests (and is what the fuzz target drives), `reply` encodes
 //! replies, `table` lists the commands, `data` runs the data commands against the engine,
-//! `conn` runs a connection (and `MULTI`/`EXEC`/`WATCH`), `server` accepts and shuts down,
+//! `conn` runs a connection (and `MULTI`/`EXEC`/`WATCH`), `pubsub` keeps
+//! subscriptions and delivers messages, `server` accepts and shuts down,
 //! `info` answers `INFO`/`COMMAND`/`CONFIG` and the metrics endpoint, [`lanes`] decides which
 //! runtime serves connections (one busy-polling thread, or the worker pool). The engine stays
 //! synchronous; tokio is only for sockets.
@@ -22,13 +23,14 @@ mod data;
 mod glob;
 mod info;
 pub mod lanes;
+mod pubsub;
 mod reply;
 pub mod resp;
 mod server;
 mod table;
 
 pub use config::{
-    Config, ConfigError, Durability, FileConfig, PROTO_MAX_BULK_LEN_DEFAULT,
+    Config, ConfigError, Durability, FileConfig, OutputLimit, PROTO_MAX_BULK_LEN_DEFAULT,
     SPLIT_PHASE_MS_DEFAULT, SPLIT_PHASE_MS_MAX, YesNo, check_idle_poll, parse_poller, parse_split,
 };
 pub use server::{Handle, Server, StartError};

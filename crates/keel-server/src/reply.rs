@@ -32,9 +32,17 @@ pub struct Out<'a> {
     pub buf: &'a mut BytesMut,
     /// The protocol to encode for.
     pub proto: Proto,
-    /// Integer replies known only once the transaction commits ([`Out::tracked`]): where
-    /// each goes in `buf`, in order, and the engine's ticket for it.
-    tickets: Vec<(usize, Ticket)>,
+    /// Replies known only once the transaction commits ([`Out::tracked`], [`Out::later`]):
+    /// where each goes in `buf`, in order, and what it waits for.
+    tickets: Vec<(usize, Slot)>,
+}
+
+/// A reply written after the commit.
+enum Slot {
+    /// An integer the engine computes at commit.
+    Ticket(Ticket),
+    /// Whatever the caller of [`Out::fill_with`] writes for this number.
+    Later(usize),
 }
 
 impl<'a> Out<'a> {
@@ -53,12 +61,21 @@ impl Out<'_> {
     /// commit. The caller clears the pending ones ([`Out::forget_tracked`]) before it reuses
     /// the buffer for another attempt.
     pub fn tracked(&mut self, ticket: Ticket) {
-        self.tickets.push((self.buf.len(), ticket));
+        self.tickets.push((self.buf.len(), Slot::Ticket(ticket)));
     }
 
-    /// Whether some reply waits for the commit.
+    /// A reply the caller writes after the commit: [`Out::fill_with`] calls its function
+    /// with `n` where this reply goes (`EXEC` uses it for `PUBLISH`, whose message is sent
+    /// only once the transaction committed).
+    pub fn later(&mut self, n: usize) {
+        self.tickets.push((self.buf.len(), Slot::Later(n)));
+    }
+
+    /// Whether some reply waits for the engine's commit ([`Out::tracked`]).
     pub fn has_tracked(&self) -> bool {
-        !self.tickets.is_empty()
+        self.tickets
+            .iter()
+            .any(|(_, slot)| matches!(slot, Slot::Ticket(_)))
     }
 
     /// Drops the replies waiting for a commit that will not happen.
@@ -75,16 +92,36 @@ impl Out<'_> {
     /// buffer's spare capacity to the split-off part and turn the connection's output buffer
     /// into a reference-counted one, so that the very next write reserves again.
     pub fn fill(&mut self, committed: &Committed) {
+        self.fill_with(Some(committed), &mut |_, _| {
+            unreachable!("only EXEC defers replies, and it fills them itself")
+        });
+    }
+
+    /// [`Out::fill`], also writing each [`Out::later`] reply with `later`. Without a commit
+    /// (the transaction rolled back) only `later` replies may wait.
+    pub fn fill_with(
+        &mut self,
+        committed: Option<&Committed>,
+        later: &mut dyn FnMut(usize, &mut Out<'_>),
+    ) {
         let Some(&(first, _)) = self.tickets.first() else {
             return;
         };
         let tail = self.buf[first..].to_vec();
         self.buf.truncate(first);
         let mut from = first;
-        for (at, ticket) in std::mem::take(&mut self.tickets) {
+        for (at, slot) in std::mem::take(&mut self.tickets) {
             self.buf.put_slice(&tail[from - first..at - first]);
-            let value = committed.value(ticket).expect("an add leaves a value");
-            self.line(b':', value);
+            match slot {
+                Slot::Ticket(ticket) => {
+                    let value = committed
+                        .expect("an increment's reply waits for a commit")
+                        .value(ticket)
+                        .expect("an add leaves a value");
+                    self.line(b':', value);
+                }
+                Slot::Later(n) => later(n, self),
+            }
             from = at;
         }
         self.buf.put_slice(&tail[from - first..]);
@@ -167,6 +204,19 @@ impl Out<'_> {
     pub fn array(&mut self, n: usize) {
         self.number(
             b'*',
+            i64::try_from(n).expect("lengths are far below i64::MAX"),
+        );
+    }
+
+    /// The header of a push frame of `n` elements (an array in RESP2): pub/sub messages and
+    /// (un)subscribe replies.
+    pub fn push(&mut self, n: usize) {
+        let prefix = match self.proto {
+            Proto::Resp2 => b'*',
+            Proto::Resp3 => b'>',
+        };
+        self.number(
+            prefix,
             i64::try_from(n).expect("lengths are far below i64::MAX"),
         );
     }

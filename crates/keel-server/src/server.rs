@@ -164,6 +164,8 @@ pub struct ClientInfo {
     pub lib: Mutex<(String, String)>,
     pub resp: AtomicU8,
     pub kill: CancellationToken,
+    /// Channels, patterns and shard channels subscribed to, for `CLIENT LIST`.
+    pub subscriptions: [AtomicU64; 3],
 }
 
 /// State shared by all connections.
@@ -180,6 +182,8 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     pub started: Instant,
     pub counters: Counters,
+    /// Pub/sub subscriptions.
+    pub pubsub: crate::pubsub::Registry,
     /// Where connections run.
     pub lanes: crate::lanes::Lanes,
     /// Every connection task, whichever runtime runs it: shutdown waits for them.
@@ -246,6 +250,7 @@ impl Server {
         let inline_log = (config.durability != crate::config::Durability::None).then_some(db);
         let lanes = crate::lanes::Lanes::start(config.poller, config.idle_poll_us, inline_log)
             .map_err(StartError::Poller)?;
+        let pubsub = crate::pubsub::Registry::new(config.pubsub_output_limit);
         let shared = Arc::new(Shared {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),
@@ -259,6 +264,7 @@ impl Server {
             shutdown: CancellationToken::new(),
             started: Instant::now(),
             counters: Counters::default(),
+            pubsub,
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
         });

@@ -32,6 +32,16 @@ pub enum Cmd {
     Discard,
     Watch,
     Unwatch,
+    // Pub/sub.
+    Subscribe,
+    Unsubscribe,
+    Psubscribe,
+    Punsubscribe,
+    Ssubscribe,
+    Sunsubscribe,
+    Publish,
+    Spublish,
+    Pubsub,
     // Strings and keys.
     Get,
     Set,
@@ -109,6 +119,8 @@ const RO: &[&str] = &["readonly", "fast"];
 const RO_SLOW: &[&str] = &["readonly"];
 const WR: &[&str] = &["write", "denyoom", "fast"];
 const WR_SLOW: &[&str] = &["write"];
+const PUBSUB_SUB: &[&str] = &["pubsub", "noscript", "loading", "stale"];
+const PUBSUB_PUB: &[&str] = &["pubsub", "loading", "stale", "fast"];
 const CONN: &[&str] = &["fast", "loading", "stale"];
 const NOAUTH: &[&str] = &[
     "noscript",
@@ -367,6 +379,106 @@ pub static SPECS: &[Spec] = &[
         0,
         "transactions",
         "Forgets about watched keys of a transaction."
+    ),
+    spec!(
+        "subscribe",
+        Subscribe,
+        -2,
+        PUBSUB_SUB,
+        0,
+        0,
+        0,
+        "pubsub",
+        "Listens for messages published to channels."
+    ),
+    spec!(
+        "unsubscribe",
+        Unsubscribe,
+        -1,
+        PUBSUB_SUB,
+        0,
+        0,
+        0,
+        "pubsub",
+        "Stops listening to messages posted to channels."
+    ),
+    spec!(
+        "psubscribe",
+        Psubscribe,
+        -2,
+        PUBSUB_SUB,
+        0,
+        0,
+        0,
+        "pubsub",
+        "Listens for messages published to channels that match one or more patterns."
+    ),
+    spec!(
+        "punsubscribe",
+        Punsubscribe,
+        -1,
+        PUBSUB_SUB,
+        0,
+        0,
+        0,
+        "pubsub",
+        "Stops listening to messages published to channels that match one or more patterns."
+    ),
+    spec!(
+        "ssubscribe",
+        Ssubscribe,
+        -2,
+        PUBSUB_SUB,
+        1,
+        -1,
+        1,
+        "pubsub",
+        "Listens for messages published to shard channels."
+    ),
+    spec!(
+        "sunsubscribe",
+        Sunsubscribe,
+        -1,
+        PUBSUB_SUB,
+        1,
+        -1,
+        1,
+        "pubsub",
+        "Stops listening to messages posted to shard channels."
+    ),
+    spec!(
+        "publish",
+        Publish,
+        3,
+        PUBSUB_PUB,
+        0,
+        0,
+        0,
+        "pubsub",
+        "Posts a message to a channel."
+    ),
+    spec!(
+        "spublish",
+        Spublish,
+        3,
+        PUBSUB_PUB,
+        1,
+        1,
+        1,
+        "pubsub",
+        "Post a message to a shard channel"
+    ),
+    spec!(
+        "pubsub",
+        Pubsub,
+        -2,
+        &[],
+        0,
+        0,
+        0,
+        "pubsub",
+        "A container for Pub/Sub commands.",
+        crate::pubsub::PUBSUB_SUBCOMMANDS
     ),
     spec!(
         "get",
@@ -774,6 +886,7 @@ mod tests {
         assert_eq!(lookup(b"GeT").map(|s| s.cmd), Some(Cmd::Get));
         assert_eq!(lookup(b"KEEL.RANGE").map(|s| s.cmd), Some(Cmd::KeelRange));
         assert!(lookup(b"nosuchcommand").is_none());
+        assert_eq!(lookup(b"PSUBSCRIBE").map(|s| s.cmd), Some(Cmd::Psubscribe));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 mod basics;
 mod lanes;
 mod protocol;
+mod pubsub;
 mod server;
 mod split;
 mod txn;
