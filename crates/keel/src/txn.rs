@@ -980,6 +980,12 @@ impl<'db> Txn<'db> {
         // Lock order: by hash, then key. Any order that every commit agrees on rules out
         // deadlock; this one compares keys only when hashes tie.
         writes.sort_unstable_by(|a, b| a.hash.cmp(&b.hash).then_with(|| a.key.cmp(&b.key)));
+        // Locking looks the keys up one after another, each a chain of cache misses (bucket,
+        // record, newest version): start them all first, so that they overlap. We hold our
+        // registry slot, which keeps whatever the guesses touch from being freed.
+        if writes.len() > 1 {
+            self.db.store.prefetch_all(writes.iter().map(|e| e.hash));
+        }
         let splitter = &self.db.splitter;
 
         // 1. Lock the write set. Commutative operations on a record split in the open phase
