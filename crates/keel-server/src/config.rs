@@ -69,7 +69,7 @@ impl OutputLimit {
     /// Parses a `client-output-buffer-limit` value: `<class> <hard> <soft> <seconds>`,
     /// repeated, sizes as Redis writes them (`32mb`, `1gb`, `1000`). Returns the `pubsub`
     /// limit, if given. `normal` and `replica` (`slave`) are taken only at the values keel
-    /// behaves by ([`OUTPUT_LIMIT_OTHERS`]), so that a tool that writes back what it read
+    /// behaves by (`OUTPUT_LIMIT_OTHERS`), so that a tool that writes back what it read
     /// works, and nothing keel would ignore is accepted.
     pub fn parse(value: &str) -> Result<Option<OutputLimit>, String> {
         let words: Vec<&str> = value.split_whitespace().collect();

@@ -18,6 +18,12 @@
 //! replies null. Those reads make a later commit to a watched key conflict, so a conflicting
 //! `EXEC` is retried whole, re-checking the watched keys each time: never a lost update.
 //!
+//! Pub/sub (`pubsub`): a subscribed connection's task also wakes for its mailbox, and writes the
+//! messages waiting there before each command's reply and at the end of each pass. A RESP2
+//! subscriber runs only the commands Redis allows it. `PUBLISH` inside `MULTI` is sent once
+//! `EXEC` has committed, its count written into its slot ([`Out::later`]); a rolled-back `EXEC`
+//! sends nothing and writes 0 there.
+//!
 //! Split keys (the engine's Doppel mode): a transaction that reads a split key, or writes it
 //! with anything but `KEEL.ADD`/`KEEL.MAX`/`KEEL.MIN`, loses a conflict with reason `Split`
 //! (also when the engine made its write wait for the reconciliation). Every retry loop

@@ -541,4 +541,59 @@ fn many_publishers_and_subscribers_deliver_each_message_once_in_order() {
     }
     stop.store(true, Relaxed);
     mover.join().expect("mover");
+    let mut admin = server.client();
+    let info: String = query(&mut admin, &["INFO", "keel"]);
+    assert!(
+        info_counter(&info, "connection_moves") > 0,
+        "subscribers moved between lanes while receiving"
+    );
+}
+
+#[test]
+fn a_client_library_subscribes_in_resp2_and_resp3() {
+    let server = TestServer::start();
+    let mut publisher = server.client();
+
+    let mut con = server.client();
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe("news").expect("subscribe");
+    pubsub.psubscribe("n*").expect("psubscribe");
+    assert_eq!(query::<i64>(&mut publisher, &["PUBLISH", "news", "hi"]), 2);
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let first = pubsub.get_message().expect("message");
+    assert_eq!(first.get_channel_name(), "news");
+    assert_eq!(first.get_payload::<String>().expect("payload"), "hi");
+    assert!(!first.from_pattern());
+    let second = pubsub.get_message().expect("pmessage");
+    assert_eq!(second.get_pattern::<String>().expect("pattern"), "n*");
+    assert_eq!(second.get_payload::<String>().expect("payload"), "hi");
+    pubsub.unsubscribe("news").expect("unsubscribe");
+    pubsub.punsubscribe("n*").expect("punsubscribe");
+    drop(pubsub);
+    assert_eq!(query::<String>(&mut con, &["PING"]), "PONG");
+
+    let mut con = server.client_proto(true);
+    let (tx, rx) = std::sync::mpsc::channel();
+    con.set_push_sender(tx);
+    con.subscribe_resp3("news").expect("subscribe");
+    assert_eq!(
+        query::<i64>(&mut publisher, &["PUBLISH", "news", "pushed"]),
+        1
+    );
+    // The push came before the reply to a command sent after it was published.
+    let _: () = query(&mut con, &["SET", "k", "v"]);
+    let pushes: Vec<redis::PushInfo> = rx.try_iter().collect();
+    let message = pushes
+        .iter()
+        .find(|p| p.kind == redis::PushKind::Message)
+        .unwrap_or_else(|| panic!("no message among {pushes:?}"));
+    assert_eq!(
+        message.data,
+        vec![
+            Value::BulkString(b"news".to_vec()),
+            Value::BulkString(b"pushed".to_vec())
+        ]
+    );
 }
