@@ -150,6 +150,60 @@ fn restart_keeps_acknowledged_writes() {
     sigterm(third);
 }
 
+/// Deadlines are data: they survive a restart, and a key whose deadline passed while the
+/// server was down is gone when it comes back (and the expirer deletes it).
+#[test]
+fn ttls_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let connect = |r: &Running| {
+        redis::Client::open(format!("redis://{}/", r.addr))
+            .expect("url")
+            .get_connection()
+            .expect("connect")
+    };
+    let query = |c: &mut redis::Connection, args: &[&str]| -> redis::Value {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    let int = |v: redis::Value| -> i64 { redis::from_redis_value(v).expect("an integer") };
+    let first = start(dir.path(), "sync");
+    let mut c = connect(&first);
+    query(&mut c, &["SET", "long", "l", "EX", "1000"]);
+    query(&mut c, &["SET", "short", "s", "PX", "300"]);
+    query(&mut c, &["SET", "plain", "p"]);
+    assert_eq!(int(query(&mut c, &["DBSIZE"])), 3);
+    drop(c);
+    sigterm(first);
+    std::thread::sleep(Duration::from_millis(400));
+
+    let second = start(dir.path(), "sync");
+    let mut c = connect(&second);
+    let ttl = int(query(&mut c, &["TTL", "long"]));
+    assert!((990..=1000).contains(&ttl), "{ttl}");
+    assert_eq!(
+        query(&mut c, &["GET", "long"]),
+        redis::Value::BulkString(b"l".to_vec())
+    );
+    assert_eq!(
+        query(&mut c, &["GET", "plain"]),
+        redis::Value::BulkString(b"p".to_vec())
+    );
+    assert_eq!(query(&mut c, &["GET", "short"]), redis::Value::Nil);
+    assert_eq!(int(query(&mut c, &["TTL", "short"])), -2);
+    let started = std::time::Instant::now();
+    while int(query(&mut c, &["DBSIZE"])) != 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the expirer never deleted the short key"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigterm(second);
+}
+
 /// `--split` and `--split-phase-ms` (or `split` / `split-phase-ms` in `--config`) reach the
 /// engine; bad values are refused before anything starts.
 #[test]

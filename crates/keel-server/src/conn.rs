@@ -90,7 +90,8 @@ enum Next {
 struct Watch {
     /// The snapshot reads between `WATCH` and `EXEC` see: the latest `WATCH`'s.
     txn: Txn<'static>,
-    /// Each watched key with the commit timestamp of its version when it was watched.
+    /// Each watched engine key (a user key's plain key and meta record) with the commit
+    /// timestamp of its version when it was watched.
     keys: Vec<(Bytes, Option<keel::Ts>)>,
 }
 
@@ -523,6 +524,7 @@ impl Conn {
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
+                ctx.clock.reset();
                 let mut txn = shared.db.begin().map_err(|_| false)?;
                 for (cmd, args) in pending.iter() {
                     if data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
@@ -1072,7 +1074,8 @@ impl Conn {
     }
 
     fn watch_keys(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
-        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len());
+        // Two engine keys per user key: the plain key and the meta record (see `keyspace`).
+        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 2);
         if watched + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
@@ -1080,13 +1083,19 @@ impl Conn {
         // key watched earlier keeps the version recorded then).
         let mut txn = self.shared.db.begin().map_err(begin_error)?;
         let mut added: Vec<(Bytes, Option<keel::Ts>)> = Vec::new();
-        for key in keys {
-            let known = |w: &Vec<(Bytes, Option<keel::Ts>)>| w.iter().any(|(k, _)| k == key);
-            if known(&added) || self.watch.as_ref().is_some_and(|w| known(&w.keys)) {
-                continue;
+        for user_key in keys {
+            let engine_keys = [
+                Bytes::from(crate::keyspace::plain_key(user_key).into_owned()),
+                Bytes::from(crate::keyspace::meta_key(user_key).to_vec()),
+            ];
+            for key in engine_keys {
+                let known = |w: &Vec<(Bytes, Option<keel::Ts>)>| w.iter().any(|(k, _)| *k == key);
+                if known(&added) || self.watch.as_ref().is_some_and(|w| known(&w.keys)) {
+                    continue;
+                }
+                let ts = txn.version_ts(&key)?;
+                added.push((key, ts));
             }
-            let ts = txn.version_ts(key)?;
-            added.push((key.clone(), ts));
         }
         // Only once every key is read: a failed WATCH leaves the earlier watches as they were.
         let mut recorded = self.watch.take().map(|w| w.keys).unwrap_or_default();
@@ -1115,11 +1124,17 @@ impl Conn {
                     Err(e) => Err(begin_error(e)),
                 },
             };
-            if let Err(Fail(text)) = result {
-                out.buf.truncate(mark);
-                out.error(&text);
+            match result {
+                Ok(()) => return,
+                // The snapshot met a key past its deadline, which only a write may remove:
+                // run the command as a read-write transaction, which deletes it.
+                Err(_) if ctx.clock.rerun.load(Relaxed) => out.buf.truncate(mark),
+                Err(Fail(text)) => {
+                    out.buf.truncate(mark);
+                    out.error(&text);
+                    return;
+                }
             }
-            return;
         }
         let mut attempt = 1;
         let may_wait = self.may_wait([cmd].into_iter());
@@ -1128,6 +1143,7 @@ impl Conn {
             let mut more = false;
             let prepare = || {
                 out.forget_tracked();
+                ctx.clock.reset();
                 let mut txn = match shared.db.begin() {
                     Ok(t) => t,
                     Err(e) => {
@@ -1284,6 +1300,7 @@ impl Conn {
         loop {
             let prepare = || {
                 out.forget_tracked();
+                ctx.clock.reset();
                 let mut txn = shared.db.begin().map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading
                 // them makes a commit to one of them before ours conflict.
@@ -1443,6 +1460,7 @@ fn ctx(shared: &Shared) -> Ctx<'_> {
         cursors: &shared.cursors,
         reply_bytes_max: shared.config.reply_bytes_max,
         track_increments: true,
+        clock: Default::default(),
     }
 }
 

@@ -14,6 +14,7 @@ use keel::{Snapshot, Txn};
 use parking_lot::Mutex;
 
 use crate::glob;
+use crate::keyspace::{self as ks, Held};
 use crate::reply::Out;
 use crate::resp::string_to_i64;
 use crate::table::Cmd;
@@ -51,7 +52,7 @@ pub fn engine_error(e: &keel::Error) -> Fail {
 
 pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 pub const SYNTAX: &str = "ERR syntax error";
-const NOT_FLOAT: &str = "ERR value is not a valid float";
+pub const NOT_FLOAT: &str = "ERR value is not a valid float";
 const TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
 
 /// Most items one `KEYS` or `KEEL.RANGE` reply may hold: the reply is built in memory.
@@ -72,7 +73,8 @@ pub enum View<'a, 'db> {
 }
 
 impl<'db> View<'_, 'db> {
-    fn get_with<T>(
+    /// Reads `key` (an engine key) in place.
+    pub fn get_with<T>(
         &mut self,
         key: &[u8],
         f: impl FnOnce(Option<&[u8]>) -> T,
@@ -83,7 +85,8 @@ impl<'db> View<'_, 'db> {
         }
     }
 
-    fn txn(&mut self) -> &mut Txn<'db> {
+    /// The transaction of a write command.
+    pub fn txn(&mut self) -> &mut Txn<'db> {
         match self {
             View::Txn(t) => t,
             View::Snap(_) => panic!("a write command was given a read-only snapshot"),
@@ -91,7 +94,7 @@ impl<'db> View<'_, 'db> {
     }
 
     /// Calls `f` on each pair in `(lo, hi)`, in order (or reversed), until it says stop.
-    fn range(
+    pub fn range(
         &mut self,
         lo: Bound<Vec<u8>>,
         hi: Bound<Vec<u8>>,
@@ -167,6 +170,8 @@ pub struct Ctx<'a> {
     /// the commands again with this off (reading, as Redis does) when it needs every reply
     /// of an attempt that did not commit.
     pub track_increments: bool,
+    /// The attempt's clock (the caller resets it before each attempt).
+    pub clock: ks::Clock,
 }
 
 /// The error for a reply over the output buffer limit.
@@ -188,6 +193,10 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::Dbsize
             | Cmd::KeelRange
+            | Cmd::Ttl
+            | Cmd::Pttl
+            | Cmd::Expiretime
+            | Cmd::Pexpiretime
     )
 }
 
@@ -240,13 +249,14 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelMin
                 | Cmd::KeelAdd
         )
+        || crate::expiry::handles(cmd)
 }
 
-fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
+pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
     string_to_i64(arg).ok_or(NOT_INTEGER.into())
 }
 
-fn float_arg(arg: &[u8]) -> Option<f64> {
+pub fn float_arg(arg: &[u8]) -> Option<f64> {
     let s = std::str::from_utf8(arg).ok()?;
     if s.is_empty() || s.starts_with(|c: char| c.is_ascii_whitespace()) {
         return None;
@@ -257,7 +267,7 @@ fn float_arg(arg: &[u8]) -> Option<f64> {
 
 /// `INCRBYFLOAT`'s result text: 15 significant digits with trailing zeros trimmed, which is
 /// what Redis's long-double arithmetic prints for the common cases (`0.1 + 0.2` is `0.3`).
-fn format_float(x: f64) -> String {
+pub fn format_float(x: f64) -> String {
     let magnitude = if x == 0.0 {
         0
     } else {
@@ -287,24 +297,12 @@ fn lex_bound(arg: &[u8], low: bool) -> Result<Bound<Vec<u8>>, Fail> {
     }
 }
 
-/// The first key after every key starting with `prefix` (`None`: no such key).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
 fn prefix_bounds(pattern: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     let prefix = glob::literal_prefix(pattern);
     if prefix.is_empty() {
         return (Bound::Unbounded, Bound::Unbounded);
     }
-    let hi = prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
+    let hi = ks::prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
     (Bound::Included(prefix), hi)
 }
 
@@ -320,36 +318,41 @@ pub fn run(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
+    let clock = &ctx.clock;
     match cmd {
-        Cmd::Get => view.get_with(&args[1], |v| out.bulk_or_null(v))?,
-        Cmd::Set => set(args, view, out)?,
+        Cmd::Get => ks::read_string(view, clock, &args[1], |v| out.bulk_or_null(v))?,
+        Cmd::Set => set(args, view.txn(), clock, out)?,
         Cmd::Setnx => {
             let t = view.txn();
-            if t.get_with(&args[1], |v| v.is_some())? {
-                out.int(0);
-            } else {
-                t.put(&args[1], &args[2])?;
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], false)?;
+            if held == Held::Absent {
+                ks::put_string(t, &args[1], &args[2], 0, &held)?;
                 out.int(1);
+            } else {
+                out.int(0);
             }
         }
         Cmd::Getset => {
             let t = view.txn();
-            t.get_with(&args[1], |v| out.bulk_or_null(v))?;
-            t.put(&args[1], &args[2])?;
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            out.bulk_or_null(held.string()?);
+            ks::put_string(t, &args[1], &args[2], 0, &held)?;
         }
         Cmd::Getdel => {
             let t = view.txn();
-            if t.get_with(&args[1], |v| {
-                out.bulk_or_null(v);
-                v.is_some()
-            })? {
-                t.delete(&args[1])?;
-            }
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            out.bulk_or_null(held.string()?);
+            ks::delete(t, &args[1], &held)?;
         }
         Cmd::Mget => {
             out.array(args.len() - 1);
             for key in &args[1..] {
-                view.get_with(key, |v| out.bulk_or_null(v))?;
+                match ks::read_string(view, clock, key, |v| out.bulk_or_null(v)) {
+                    Ok(()) => {}
+                    // MGET answers nil for a key of another type.
+                    Err(Fail(e)) if e == ks::WRONGTYPE => out.null(),
+                    Err(e) => return Err(e),
+                }
                 if out.buf.len() > ctx.reply_bytes_max {
                     return Err(reply_too_big());
                 }
@@ -362,14 +365,15 @@ pub fn run(
             let t = view.txn();
             if cmd == Cmd::Msetnx {
                 for pair in args[1..].chunks(2) {
-                    if t.get_with(&pair[0], |v| v.is_some())? {
+                    if ks::lookup(&mut View::Txn(t), clock, &pair[0], false)? != Held::Absent {
                         out.int(0);
                         return Ok(());
                     }
                 }
             }
             for pair in args[1..].chunks(2) {
-                t.put(&pair[0], &pair[1])?;
+                let held = meta_held(t, clock, &pair[0])?;
+                ks::put_string(t, &pair[0], &pair[1], 0, &held)?;
             }
             if cmd == Cmd::Mset {
                 out.ok();
@@ -379,22 +383,23 @@ pub fn run(
         }
         Cmd::Append => {
             let t = view.txn();
-            let mut value = t.get(&args[1])?.unwrap_or_default();
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            let mut value = held.string()?.unwrap_or_default().to_vec();
             if (value.len() + args[2].len()) as u64 > ctx.bulk_bytes_max as u64 {
                 return Err(TOO_BIG.into());
             }
             value.extend_from_slice(&args[2]);
-            t.put(&args[1], &value)?;
+            ks::put_string(t, &args[1], &value, held.deadline(), &held)?;
             out.int(value.len() as i64);
         }
         Cmd::Strlen => {
-            let len = view.get_with(&args[1], |v| v.map_or(0, <[u8]>::len))?;
+            let len = ks::read_string(view, clock, &args[1], |v| v.map_or(0, <[u8]>::len))?;
             out.int(len as i64);
         }
         Cmd::Getrange => {
             let start = int_arg(&args[2])?;
             let end = int_arg(&args[3])?;
-            view.get_with(&args[1], |v| {
+            ks::read_string(view, clock, &args[1], |v| {
                 let v = v.unwrap_or_default();
                 out.bulk(substring(v, start, end));
             })?;
@@ -412,43 +417,55 @@ pub fn run(
             };
             let t = view.txn();
             if ctx.track_increments {
-                t.add(&args[1], delta)?;
-                out.tracked(t.track(&args[1])?);
-                return Ok(());
+                // A key with no meta record is a plain string or absent: the commutative
+                // add applies (it fails at commit if the value is not an integer).
+                let meta = ks::read_meta(&mut View::Txn(t), clock, &args[1])?;
+                if meta.is_none() {
+                    let key = ks::plain_key(&args[1]);
+                    t.add(&key, delta)?;
+                    out.tracked(t.track(&key)?);
+                    return Ok(());
+                }
             }
-            let current = t.get_with(&args[1], |v| v.map(string_to_i64))?;
-            let base = match current {
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            let base = match held.string()? {
                 None => 0,
-                Some(Some(n)) => n,
-                Some(None) => return Err(NOT_INTEGER.into()),
+                Some(v) => string_to_i64(v).ok_or(NOT_INTEGER)?,
             };
             let sum = base
                 .checked_add(delta)
                 .ok_or("ERR increment or decrement would overflow")?;
-            t.put(&args[1], sum.to_string().as_bytes())?;
+            ks::put_string(
+                t,
+                &args[1],
+                sum.to_string().as_bytes(),
+                held.deadline(),
+                &held,
+            )?;
             out.int(sum);
         }
         Cmd::Incrbyfloat => {
             let incr = float_arg(&args[2]).ok_or(NOT_FLOAT)?;
             let t = view.txn();
-            let base = match t.get(&args[1])? {
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            let base = match held.string()? {
                 None => 0.0,
-                Some(v) => float_arg(&v).ok_or(NOT_FLOAT)?,
+                Some(v) => float_arg(v).ok_or(NOT_FLOAT)?,
             };
             let sum = base + incr;
             if !sum.is_finite() {
                 return Err("ERR increment would produce NaN or Infinity".into());
             }
             let text = format_float(sum);
-            t.put(&args[1], text.as_bytes())?;
+            ks::put_string(t, &args[1], text.as_bytes(), held.deadline(), &held)?;
             out.bulk(text.as_bytes());
         }
         Cmd::Del | Cmd::Unlink => {
             let t = view.txn();
             let mut deleted = 0;
             for key in &args[1..] {
-                if t.get_with(key, |v| v.is_some())? {
-                    t.delete(key)?;
+                let held = ks::lookup(&mut View::Txn(t), clock, key, false)?;
+                if ks::delete(t, key, &held)? {
                     deleted += 1;
                 }
             }
@@ -457,46 +474,50 @@ pub fn run(
         Cmd::Exists => {
             let mut n = 0;
             for key in &args[1..] {
-                if view.get_with(key, |v| v.is_some())? {
+                if ks::lookup(view, clock, key, false)? != Held::Absent {
                     n += 1;
                 }
             }
             out.int(n);
         }
-        Cmd::Type => {
-            if view.get_with(&args[1], |v| v.is_some())? {
-                out.simple("string");
-            } else {
-                out.simple("none");
-            }
-        }
+        Cmd::Type => match ks::lookup(view, clock, &args[1], false)?.ty() {
+            Some(ty) => out.simple(ty.name()),
+            None => out.simple("none"),
+        },
         Cmd::Rename => {
             let t = view.txn();
-            let value = t.get(&args[1])?.ok_or("ERR no such key")?;
+            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
+            if held == Held::Absent {
+                return Err("ERR no such key".into());
+            }
             if args[1] != args[2] {
-                t.put(&args[2], &value)?;
-                t.delete(&args[1])?;
+                ks::rename(t, clock, &args[1], &args[2], &held)?;
             }
             out.ok();
         }
         Cmd::Keys => {
             let pattern = &args[1];
             let (lo, hi) = prefix_bounds(pattern);
-            let mut keys = Vec::new();
-            let mut too_many = false;
             let mut bytes = 0;
-            view.range(lo, hi, false, |k, _| {
-                if glob::matches(pattern, &k) {
-                    bytes += k.len() + 16;
-                    if keys.len() >= REPLY_ITEMS_MAX || bytes > ctx.reply_bytes_max {
-                        too_many = true;
-                        return ControlFlow::Break(());
+            let mut too_many = false;
+            let keys = ks::list(
+                view,
+                clock.now_ms(),
+                &lo,
+                &hi,
+                false,
+                REPLY_ITEMS_MAX + 1,
+                false,
+                &mut |k, _| {
+                    let hit = glob::matches(pattern, k);
+                    if hit {
+                        bytes += k.len() + 16;
+                        too_many |= bytes > ctx.reply_bytes_max;
                     }
-                    keys.push(k);
-                }
-                ControlFlow::Continue(())
-            });
-            if too_many {
+                    hit && !too_many
+                },
+            );
+            if too_many || keys.len() > REPLY_ITEMS_MAX {
                 return Err(format!(
                     "ERR keel: KEYS matches more than {REPLY_ITEMS_MAX} keys or the output \
                      buffer limit; use SCAN"
@@ -505,18 +526,11 @@ pub fn run(
             }
             out.array(keys.len());
             for k in &keys {
-                out.bulk(k);
+                out.bulk(&k.key);
             }
         }
         Cmd::Scan => scan(args, view, ctx, out)?,
-        Cmd::Dbsize => {
-            let mut n = 0;
-            view.range(Bound::Unbounded, Bound::Unbounded, false, |_, _| {
-                n += 1;
-                ControlFlow::Continue(())
-            });
-            out.int(n);
-        }
+        Cmd::Dbsize => out.int(ks::count(view) as i64),
         Cmd::Flushdb | Cmd::Flushall => {
             if args.len() > 2
                 || args.get(1).is_some_and(|a| {
@@ -535,18 +549,28 @@ pub fn run(
         }
         Cmd::KeelRange => keel_range(args, view, ctx, out)?,
         Cmd::KeelMax | Cmd::KeelMin | Cmd::KeelAdd => {
+            // Blind, by design (see `keyspace`): a read of the meta record would make every
+            // one a reader, and end split mode for the key.
             let n = int_arg(&args[2])?;
             let t = view.txn();
+            let key = ks::plain_key(&args[1]);
             match cmd {
-                Cmd::KeelMax => t.max(&args[1], n)?,
-                Cmd::KeelMin => t.min(&args[1], n)?,
-                _ => t.add(&args[1], n)?,
+                Cmd::KeelMax => t.max(&key, n)?,
+                Cmd::KeelMin => t.min(&key, n)?,
+                _ => t.add(&key, n)?,
             }
             out.ok();
         }
+        _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
         other => panic!("{other:?} is not a data command"),
     }
     Ok(())
+}
+
+/// What a blind string write needs to know about `key`: its meta record (absent for a plain
+/// string or no key; a plain value is simply overwritten).
+fn meta_held(t: &mut Txn<'_>, clock: &ks::Clock, key: &[u8]) -> Result<Held, Fail> {
+    Ok(ks::read_meta(&mut View::Txn(t), clock, key)?.map_or(Held::Absent, Held::Meta))
 }
 
 /// Deletes up to [`FLUSH_BATCH_KEYS`] keys in `txn`; `true` when more remain.
@@ -584,53 +608,119 @@ fn substring(v: &[u8], start: i64, end: i64) -> &[u8] {
     &v[start as usize..=end as usize]
 }
 
-fn set(args: &[Bytes], view: &mut View<'_, '_>, out: &mut Out<'_>) -> Result<(), Fail> {
-    let (mut nx, mut xx, mut get) = (false, false, false);
+fn set(args: &[Bytes], t: &mut Txn<'_>, clock: &ks::Clock, out: &mut Out<'_>) -> Result<(), Fail> {
+    let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+    let mut ttl: Option<(Ttl, &[u8])> = None;
     let mut i = 3;
     while i < args.len() {
         let opt = &args[i];
+        let next = args.get(i + 1);
         if opt.eq_ignore_ascii_case(b"nx") && !xx {
             nx = true;
         } else if opt.eq_ignore_ascii_case(b"xx") && !nx {
             xx = true;
         } else if opt.eq_ignore_ascii_case(b"get") {
             get = true;
-        } else if opt.eq_ignore_ascii_case(b"keepttl") {
-            // keel has no expiry yet, so there is no TTL to keep.
-        } else if ["ex", "px", "exat", "pxat"]
-            .iter()
-            .any(|o| opt.eq_ignore_ascii_case(o.as_bytes()))
+        } else if opt.eq_ignore_ascii_case(b"keepttl") && ttl.is_none() {
+            keepttl = true;
+        } else if let Some(unit) = Ttl::parse(opt)
+            && !keepttl
+            && ttl.is_none_or(|(u, _)| u == unit)
+            && let Some(next) = next
         {
-            if i + 1 >= args.len() {
-                return Err(SYNTAX.into());
-            }
-            return Err("ERR keel: key expiry (EX, PX, EXAT, PXAT) is not supported yet".into());
+            ttl = Some((unit, next));
+            i += 1;
         } else {
             return Err(SYNTAX.into());
         }
         i += 1;
     }
-    let t = view.txn();
-    let (key, value) = (&args[1], &args[2]);
-    if !nx && !xx && !get {
-        t.put(key, value)?;
+    let deadline = match ttl {
+        Some((unit, arg)) => Some(unit.deadline(arg, clock, "set")?),
+        None => None,
+    };
+    let key = &args[1];
+    let value = &args[2];
+    if !nx && !xx && !get && !keepttl && deadline.is_none() {
+        // The common SET: one read of the (usually absent) meta record, and the put.
+        let held = meta_held(t, clock, key)?;
+        ks::put_string(t, key, value, 0, &held)?;
         out.ok();
         return Ok(());
     }
-    let exists = t.get_with(key, |v| {
-        if get {
-            out.bulk_or_null(v);
-        }
-        v.is_some()
-    })?;
+    let held = ks::lookup(&mut View::Txn(t), clock, key, get)?;
+    if get {
+        out.bulk_or_null(held.string()?);
+    }
+    let exists = held != Held::Absent;
     let apply = !(nx && exists || xx && !exists);
     if apply {
-        t.put(key, value)?;
+        match deadline {
+            // A deadline already past: the key is set and expires at once.
+            Some(d) if d <= clock.now_ms() => {
+                ks::delete(t, key, &held)?;
+            }
+            Some(d) => ks::put_string(t, key, value, d, &held)?,
+            None => {
+                let keep = if keepttl { held.deadline() } else { 0 };
+                ks::put_string(t, key, value, keep, &held)?;
+            }
+        }
     }
     if !get {
         if apply { out.ok() } else { out.null() }
     }
     Ok(())
+}
+
+/// The unit of a TTL option (`EX`, `PX`, `EXAT`, `PXAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// Seconds from now.
+    Ex,
+    /// Milliseconds from now.
+    Px,
+    /// Unix time in seconds.
+    ExAt,
+    /// Unix time in milliseconds.
+    PxAt,
+}
+
+impl Ttl {
+    /// The option `opt` names, in any case.
+    pub fn parse(opt: &[u8]) -> Option<Ttl> {
+        [
+            (&b"ex"[..], Ttl::Ex),
+            (b"px", Ttl::Px),
+            (b"exat", Ttl::ExAt),
+            (b"pxat", Ttl::PxAt),
+        ]
+        .into_iter()
+        .find(|(name, _)| opt.eq_ignore_ascii_case(name))
+        .map(|(_, t)| t)
+    }
+
+    /// The deadline (unix ms) `arg` gives, with Redis's checks: positive, no overflow.
+    /// `cmd` names the command in the error.
+    pub fn deadline(self, arg: &[u8], clock: &ks::Clock, cmd: &str) -> Result<u64, Fail> {
+        let n = int_arg(arg)?;
+        let invalid = || -> Fail { format!("ERR invalid expire time in '{cmd}' command").into() };
+        if n <= 0 {
+            return Err(invalid());
+        }
+        let ms = match self {
+            Ttl::Ex | Ttl::ExAt => n.checked_mul(1000).ok_or_else(invalid)?,
+            Ttl::Px | Ttl::PxAt => n,
+        };
+        let ms = match self {
+            Ttl::Ex | Ttl::Px => {
+                let now = i64::try_from(clock.now_ms()).map_err(|_| invalid())?;
+                ms.checked_add(now).ok_or_else(invalid)?
+            }
+            Ttl::ExAt | Ttl::PxAt => ms,
+        };
+        u64::try_from(ms).map_err(|_| invalid())
+    }
 }
 
 fn setrange(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Result<(), Fail> {
@@ -639,7 +729,8 @@ fn setrange(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -
         return Err("ERR offset is out of range".into());
     }
     let patch = &args[3];
-    let current = t.get(&args[1])?;
+    let held = ks::lookup(&mut View::Txn(t), &ctx.clock, &args[1], true)?;
+    let current = held.string()?;
     if patch.is_empty() {
         out.int(current.map_or(0, |v| v.len() as i64));
         return Ok(());
@@ -648,12 +739,12 @@ fn setrange(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -
         return Err(TOO_BIG.into());
     }
     let offset = usize::try_from(offset).expect("bounded by proto-max-bulk-len");
-    let mut value = current.unwrap_or_default();
+    let mut value = current.unwrap_or_default().to_vec();
     if value.len() < offset + patch.len() {
         value.resize(offset + patch.len(), 0);
     }
     value[offset..offset + patch.len()].copy_from_slice(patch);
-    t.put(&args[1], &value)?;
+    ks::put_string(t, &args[1], &value, held.deadline(), &held)?;
     out.int(value.len() as i64);
     Ok(())
 }
@@ -670,7 +761,7 @@ fn scan(
         .ok_or("ERR invalid cursor")?;
     let mut pattern: Option<&[u8]> = None;
     let mut count = 10usize;
-    let mut strings = true;
+    let mut ty: Option<&[u8]> = None;
     let mut i = 2;
     while i < args.len() {
         let opt = &args[i];
@@ -684,7 +775,7 @@ fn scan(
             }
             count = usize::try_from(n).unwrap_or(usize::MAX).min(SCAN_COUNT_MAX);
         } else if opt.eq_ignore_ascii_case(b"type") {
-            strings = value.eq_ignore_ascii_case(b"string");
+            ty = Some(value);
         } else {
             return Err(SYNTAX.into());
         }
@@ -699,30 +790,31 @@ fn scan(
                 .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?,
         )
     };
-    let mut visited = 0;
-    let mut last = None;
-    let mut keys = Vec::new();
-    let mut more = false;
-    view.range(lo, Bound::Unbounded, false, |k, _| {
-        if visited == count {
-            more = true;
-            return ControlFlow::Break(());
-        }
-        visited += 1;
-        if strings && pattern.is_none_or(|p| glob::matches(p, &k)) {
-            keys.push(k.clone());
-        }
-        last = Some(k);
-        ControlFlow::Continue(())
-    });
-    let next = match (more, last) {
-        (true, Some(last)) => ctx.cursors.save(last),
+    // COUNT keys are visited; MATCH and TYPE filter what was visited, as in Redis.
+    let visited = ks::list(
+        view,
+        ctx.clock.now_ms(),
+        &lo,
+        &Bound::Unbounded,
+        false,
+        count,
+        false,
+        &mut |_, _| true,
+    );
+    let next = match visited.last() {
+        Some(last) if visited.len() == count => ctx.cursors.save(last.key.clone()),
         _ => 0,
     };
+    let keys: Vec<&[u8]> = visited
+        .iter()
+        .filter(|l| ty.is_none_or(|t| t.eq_ignore_ascii_case(l.ty.name().as_bytes())))
+        .filter(|l| pattern.is_none_or(|p| glob::matches(p, &l.key)))
+        .map(|l| &l.key[..])
+        .collect();
     out.array(2);
     out.bulk(next.to_string().as_bytes());
     out.array(keys.len());
-    for k in &keys {
+    for k in keys {
         out.bulk(k);
     }
     Ok(())
@@ -755,19 +847,26 @@ fn keel_range(
         }
     }
     let cap = limit.unwrap_or(usize::MAX).min(REPLY_ITEMS_MAX + 1);
-    let mut pairs = Vec::new();
     let mut bytes = 0;
-    if cap > 0 {
-        view.range(lo, hi, rev, |k, v| {
-            bytes += k.len() + v.len() + 32;
-            pairs.push((k, v));
-            if pairs.len() >= cap || bytes > ctx.reply_bytes_max {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
+    // Strings only (plain, and those with a TTL); a key of another type is skipped.
+    let pairs = ks::list(
+        view,
+        ctx.clock.now_ms(),
+        &lo,
+        &hi,
+        rev,
+        cap,
+        true,
+        &mut |k, ty| {
+            if ty != ks::Type::String || bytes > ctx.reply_bytes_max {
+                return false;
             }
-        });
-    }
+            bytes += k.len() + 32;
+            true
+        },
+    );
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = pairs.into_iter().map(|l| (l.key, l.value)).collect();
+    bytes += pairs.iter().map(|(_, v)| v.len()).sum::<usize>();
     if bytes > ctx.reply_bytes_max {
         return Err(reply_too_big());
     }
@@ -812,12 +911,5 @@ mod tests {
         assert_eq!(float_arg(b" 1"), None);
         assert_eq!(float_arg(b"nan"), None);
         assert_eq!(float_arg(b"1e3"), Some(1000.0));
-    }
-
-    #[test]
-    fn prefix_ranges() {
-        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
-        assert_eq!(prefix_end(b"\xff"), None);
     }
 }

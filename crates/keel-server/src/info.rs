@@ -399,7 +399,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
              protocol_errors:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\n\
-             pubsubshard_channels:{}\r\n\r\n",
+             pubsubshard_channels:{}\r\nexpired_keys:{}\r\nkeel_swept_keys:{}\r\n\r\n",
             c.connections_received.load(Relaxed),
             c.commands_processed.load(Relaxed),
             c.net_input_bytes.load(Relaxed),
@@ -409,6 +409,8 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             pubsub.0,
             pubsub.1,
             pubsub.2,
+            shared.reaper.expired_keys.load(Relaxed),
+            shared.reaper.swept_keys.load(Relaxed),
         );
     }
     if want("replication") {
@@ -473,13 +475,12 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     }
     if want("keyspace") {
         t.push_str("# Keyspace\r\n");
-        let keys = shared
-            .db
-            .snapshot()
-            .map(|s| s.range::<Vec<u8>>(..).count())
-            .unwrap_or(0);
-        if keys > 0 {
-            let _ = write!(t, "db0:keys={keys},expires=0,avg_ttl=0\r\n");
+        if let Ok(snap) = shared.db.snapshot() {
+            let keys = crate::keyspace::count(&mut crate::data::View::Snap(&snap));
+            let (expires, avg_ttl) = crate::keyspace::expiry_summary(&snap);
+            if keys > 0 {
+                let _ = write!(t, "db0:keys={keys},expires={expires},avg_ttl={avg_ttl}\r\n");
+            }
         }
         t.push_str("\r\n");
     }

@@ -20,10 +20,13 @@
 mod config;
 mod conn;
 mod data;
+mod expiry;
 mod glob;
 mod info;
+mod keyspace;
 pub mod lanes;
 mod pubsub;
+mod reaper;
 mod reply;
 pub mod resp;
 mod server;

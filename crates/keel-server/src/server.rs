@@ -188,6 +188,8 @@ pub struct Shared {
     pub lanes: crate::lanes::Lanes,
     /// Every connection task, whichever runtime runs it: shutdown waits for them.
     pub tracker: tokio_util::task::TaskTracker,
+    /// What the reaper (expirer and graveyard sweeper) has done.
+    pub reaper: Arc<crate::reaper::ReaperStats>,
 }
 
 impl Shared {
@@ -267,6 +269,7 @@ impl Server {
             pubsub,
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
+            reaper: Arc::default(),
         });
         Ok(Server {
             shared,
@@ -310,6 +313,10 @@ impl Server {
             tokio::spawn(serve_metrics(m, shared.clone()));
         }
         let tracker = shared.tracker.clone();
+        let reaper = crate::reaper::Reaper::start(shared.db, shared.reaper.clone());
+        if let Err(e) = &reaper {
+            tracing::error!(error = %e, "cannot start the reaper thread: keys will expire only when met");
+        }
         tokio::spawn({
             let shared = shared.clone();
             async move {
@@ -362,6 +369,9 @@ impl Server {
         // Closes any connection still on the poller.
         let stopping = shared.clone();
         let _ = tokio::task::spawn_blocking(move || stopping.lanes.stop()).await;
+        if let Ok(reaper) = reaper {
+            let _ = tokio::task::spawn_blocking(move || reaper.stop()).await;
+        }
         let db = shared.db.clone();
         let closed = tokio::task::spawn_blocking(move || db.close())
             .await

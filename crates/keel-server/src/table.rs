@@ -70,6 +70,19 @@ pub enum Cmd {
     Dbsize,
     Flushdb,
     Flushall,
+    // Expiry.
+    Expire,
+    Pexpire,
+    Expireat,
+    Pexpireat,
+    Ttl,
+    Pttl,
+    Expiretime,
+    Pexpiretime,
+    Persist,
+    Setex,
+    Psetex,
+    Getex,
     // keel's own.
     KeelRange,
     KeelMax,
@@ -121,6 +134,8 @@ const WR: &[&str] = &["write", "denyoom", "fast"];
 const WR_SLOW: &[&str] = &["write"];
 const PUBSUB_SUB: &[&str] = &["pubsub", "noscript", "loading", "stale"];
 const PUBSUB_PUB: &[&str] = &["pubsub", "loading", "stale", "fast"];
+const WR_FAST: &[&str] = &["write", "fast"];
+const WR_OOM: &[&str] = &["write", "denyoom"];
 const CONN: &[&str] = &["fast", "loading", "stale"];
 const NOAUTH: &[&str] = &[
     "noscript",
@@ -500,7 +515,7 @@ pub static SPECS: &[Spec] = &[
         1,
         1,
         "string",
-        "Sets the string value of a key (NX, XX, GET; no expiry yet)."
+        "Sets the string value of a key, ignoring its type. The key is created if it doesn't exist."
     ),
     spec!(
         "setnx",
@@ -776,6 +791,138 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Removes all keys from all databases."
+    ),
+    spec!(
+        "expire",
+        Expire,
+        -3,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Sets the expiration time of a key in seconds."
+    ),
+    spec!(
+        "pexpire",
+        Pexpire,
+        -3,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Sets the expiration time of a key in milliseconds."
+    ),
+    spec!(
+        "expireat",
+        Expireat,
+        -3,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Sets the expiration time of a key to a Unix timestamp."
+    ),
+    spec!(
+        "pexpireat",
+        Pexpireat,
+        -3,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Sets the expiration time of a key to a Unix milliseconds timestamp."
+    ),
+    spec!(
+        "ttl",
+        Ttl,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "generic",
+        "Returns the expiration time in seconds of a key."
+    ),
+    spec!(
+        "pttl",
+        Pttl,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "generic",
+        "Returns the expiration time in milliseconds of a key."
+    ),
+    spec!(
+        "expiretime",
+        Expiretime,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "generic",
+        "Returns the expiration time of a key as a Unix timestamp."
+    ),
+    spec!(
+        "pexpiretime",
+        Pexpiretime,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "generic",
+        "Returns the expiration time of a key as a Unix milliseconds timestamp."
+    ),
+    spec!(
+        "persist",
+        Persist,
+        2,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Removes the expiration time of a key."
+    ),
+    spec!(
+        "setex",
+        Setex,
+        4,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "string",
+        "Sets the string value and expiration time of a key. Creates the key if it doesn't exist."
+    ),
+    spec!(
+        "psetex",
+        Psetex,
+        4,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "string",
+        "Sets both string value and expiration time in milliseconds of a key. The key is created if it doesn't exist."
+    ),
+    spec!(
+        "getex",
+        Getex,
+        -2,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "string",
+        "Returns the string value of a key after setting its expiration time."
     ),
     spec!(
         "keel.range",

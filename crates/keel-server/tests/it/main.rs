@@ -2,6 +2,7 @@
 //! `redis` crate (a real client) or, for protocol edge cases, a raw TCP socket.
 
 mod basics;
+mod expiry;
 mod lanes;
 mod protocol;
 mod pubsub;

@@ -1,0 +1,235 @@
+//! The reaper: one background thread per server that removes keys past their deadline (the
+//! expirer) and the sub-keys of dropped collections (the graveyard sweeper), both as ordinary
+//! engine transactions, so that their effects are logged, checkpointed and serializable like
+//! any command's (`docs/types.md`).
+//!
+//! Expirer: lists the expiry index (`FF 'x' deadline key`) up to now in a snapshot, then
+//! deletes each key whose meta record still carries that deadline, in a transaction of at most
+//! [`BATCH_KEYS`] keys that reads each meta record (so it conflicts with, and loses to or
+//! waits for, a concurrent write of the key, which decides that key's fate instead). Sweeper:
+//! deletes a dead generation's sub-keys in transactions of at most [`BATCH_KEYS`], then its
+//! graveyard entry. Nobody else writes a dead generation's sub-keys (every writer reads the
+//! meta record that pointed to it), so these deletes are blind.
+//!
+//! It runs every [`INTERVAL`], and again at once while a pass finds a full batch. It never
+//! blocks a command; a pass that loses a conflict is simply tried again next time.
+
+use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use keel::Db;
+use parking_lot::{Condvar, Mutex};
+
+use crate::data::View;
+use crate::keyspace::{self as ks, Meta};
+
+/// How often the reaper looks for work when the last pass found little.
+pub const INTERVAL: Duration = Duration::from_millis(100);
+/// Most keys one reaper transaction deletes (expired keys, or one generation's sub-keys).
+pub const BATCH_KEYS: usize = 512;
+
+/// What the reaper has done, for `INFO`.
+#[derive(Default)]
+pub struct ReaperStats {
+    /// Keys deleted because their deadline passed.
+    pub expired_keys: AtomicU64,
+    /// Sub-keys of dropped collections deleted.
+    pub swept_keys: AtomicU64,
+}
+
+type StopSignal = Arc<(Mutex<bool>, Condvar)>;
+
+/// The running reaper thread.
+pub struct Reaper {
+    handle: JoinHandle<()>,
+    stop: StopSignal,
+}
+
+impl Reaper {
+    /// Starts the thread.
+    pub fn start(db: &'static Db, stats: Arc<ReaperStats>) -> std::io::Result<Reaper> {
+        let stop: StopSignal = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("keel-reaper".into())
+            .spawn(move || {
+                let mut busy = false;
+                loop {
+                    {
+                        let mut stopped = signal.0.lock();
+                        if !*stopped && !busy {
+                            signal.1.wait_for(&mut stopped, INTERVAL);
+                        }
+                        if *stopped {
+                            return;
+                        }
+                    }
+                    busy = pass(db, &stats);
+                }
+            })?;
+        Ok(Reaper { handle, stop })
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(self) {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if self.handle.join().is_err() {
+            tracing::error!("the reaper thread panicked");
+        }
+    }
+}
+
+/// One round of both jobs; whether either found a full batch (so there is more to do now).
+pub fn pass(db: &Db, stats: &ReaperStats) -> bool {
+    let expired = match expire_due(db, ks::unix_ms()) {
+        Ok(n) => {
+            stats.expired_keys.fetch_add(n.deleted, Relaxed);
+            n.full
+        }
+        Err(e) => {
+            tracing::debug!(error = %e.0, "expiry pass failed; retrying later");
+            false
+        }
+    };
+    let swept = match sweep(db) {
+        Ok(n) => {
+            stats.swept_keys.fetch_add(n.deleted, Relaxed);
+            n.full
+        }
+        Err(e) => {
+            tracing::debug!(error = %e.0, "graveyard pass failed; retrying later");
+            false
+        }
+    };
+    expired || swept
+}
+
+/// What a pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Keys deleted.
+    pub deleted: u64,
+    /// The pass stopped at its batch limit: more work is waiting.
+    pub full: bool,
+}
+
+fn begin_error(e: keel::BeginError) -> crate::data::Fail {
+    format!("ERR keel: {e}").into()
+}
+
+/// Deletes up to [`BATCH_KEYS`] keys whose deadline is at or before `now_ms`.
+pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
+    let due: Vec<(u64, Vec<u8>)> = {
+        let snap = db.snapshot().map_err(begin_error)?;
+        let lo = Bound::Included(vec![ks::INTERNAL, ks::EXPIRY]);
+        let hi = Bound::Included(ks::expiry_key(now_ms, &[]).to_vec());
+        let mut due = Vec::new();
+        View::Snap(&snap).range(lo, hi, false, |k, _| {
+            if let Some((deadline, key)) = ks::parse_expiry_key(&k) {
+                due.push((deadline, key.to_vec()));
+            }
+            if due.len() > BATCH_KEYS {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        due
+    };
+    let full = due.len() > BATCH_KEYS;
+    let due = &due[..due.len().min(BATCH_KEYS)];
+    if due.is_empty() {
+        return Ok(Done::default());
+    }
+    let mut txn = db.begin().map_err(begin_error)?;
+    let mut deleted = 0;
+    for (deadline, key) in due {
+        let meta = txn
+            .get_with(&ks::meta_key(key), |v| v.map(Meta::decode))?
+            .transpose()?;
+        match meta {
+            Some(m) if m.deadline == *deadline && m.expired(now_ms) => {
+                ks::expire(&mut txn, key, &m)?;
+                deleted += 1;
+            }
+            // A stale entry (never left behind by a command, but harmless to remove).
+            _ => txn.delete(&ks::expiry_key(*deadline, key))?,
+        }
+    }
+    match txn.commit() {
+        Ok(Ok(_)) => Ok(Done { deleted, full }),
+        Ok(Err(conflict)) => Err(format!("ERR keel: expiry pass conflicted: {conflict}").into()),
+        Err(e) => Err(format!("ERR keel: {e}").into()),
+    }
+}
+
+/// Deletes up to [`BATCH_KEYS`] sub-keys of dropped collections, and the graveyard entries of
+/// those with none left.
+pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
+    let snap = db.snapshot().map_err(begin_error)?;
+    let mut graves = Vec::new();
+    View::Snap(&snap).range(
+        Bound::Included(vec![ks::INTERNAL, ks::GRAVE]),
+        Bound::Excluded(vec![ks::INTERNAL, ks::GRAVE + 1]),
+        false,
+        |k, v| {
+            graves.push((k, v));
+            if graves.len() >= BATCH_KEYS {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        },
+    );
+    if graves.is_empty() {
+        return Ok(Done::default());
+    }
+    let mut doomed = Vec::new();
+    let mut empty = Vec::new();
+    for (grave, ty) in graves {
+        let generation = u64::from_be_bytes(
+            grave[2..]
+                .try_into()
+                .map_err(|_| crate::data::Fail::from("ERR keel: damaged graveyard entry"))?,
+        );
+        let ty = ty.first().and_then(|&c| ks::Type::from_code(c));
+        let prefixes = ty.map_or(ks::ALL_SUB_KINDS, ks::sub_prefixes);
+        for &kind in prefixes {
+            let (lo, hi) = ks::prefix_range(&ks::sub_prefix(kind, generation));
+            View::Snap(&snap).range(lo, hi, false, |k, _| {
+                doomed.push(k);
+                if doomed.len() >= BATCH_KEYS {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            if doomed.len() >= BATCH_KEYS {
+                break;
+            }
+        }
+        if doomed.len() >= BATCH_KEYS {
+            break;
+        }
+        // Everything of this generation is in `doomed`: its entry can go in the same commit.
+        empty.push(grave);
+    }
+    drop(snap);
+    let full = doomed.len() >= BATCH_KEYS;
+    let mut txn = db.begin().map_err(begin_error)?;
+    for k in doomed.iter().chain(&empty) {
+        txn.delete(k)?;
+    }
+    match txn.commit() {
+        Ok(Ok(_)) => Ok(Done {
+            deleted: doomed.len() as u64,
+            full,
+        }),
+        Ok(Err(conflict)) => Err(format!("ERR keel: graveyard pass conflicted: {conflict}").into()),
+        Err(e) => Err(format!("ERR keel: {e}").into()),
+    }
+}

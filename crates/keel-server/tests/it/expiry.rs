@@ -1,0 +1,395 @@
+//! Key expiry: TTL commands and their Redis replies, keys disappearing at their deadline under
+//! concurrent readers and writers, and expired keys' memory coming back. (Deadlines surviving
+//! a restart: `keel-cli/tests/serve.rs`, which restarts a server process.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+
+use crate::{TestServer, error, info_counter, info_field, query};
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+/// Polls `check` until it holds, for at most 10 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never happened: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ttl_commands_match_redis() {
+    let server = TestServer::start();
+    for resp3 in [false, true] {
+        let mut c = server.client_proto(resp3);
+        let _: () = query(&mut c, &["FLUSHDB"]);
+        // No key, no TTL.
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), -2);
+        assert_eq!(query::<i64>(&mut c, &["PTTL", "k"]), -2);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRETIME", "k"]), -2);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "10"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["PERSIST", "k"]), 0);
+        let _: () = query(&mut c, &["SET", "k", "v"]);
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), -1);
+        assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "k"]), -1);
+        assert_eq!(query::<i64>(&mut c, &["PERSIST", "k"]), 0);
+        // EXPIRE moves the string to its meta record; reads still see it.
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "100"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 100);
+        let pttl: i64 = query(&mut c, &["PTTL", "k"]);
+        assert!((99_000..=100_000).contains(&pttl), "{pttl}");
+        let at: i64 = query(&mut c, &["PEXPIRETIME", "k"]);
+        assert!((at - (unix_ms() + 100_000)).abs() < 2_000, "{at}");
+        assert_eq!(
+            query::<i64>(&mut c, &["EXPIRETIME", "k"]),
+            (at + 500) / 1000
+        );
+        assert_eq!(query::<String>(&mut c, &["GET", "k"]), "v");
+        assert_eq!(query::<String>(&mut c, &["TYPE", "k"]), "string");
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "k"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["STRLEN", "k"]), 1);
+        assert_eq!(query::<Vec<String>>(&mut c, &["KEYS", "*"]), ["k"]);
+        assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 1);
+        // NX / XX / GT / LT.
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "NX"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "GT"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "200", "gt"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "300", "LT"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "150", "LT"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "120", "XX"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 120);
+        assert_eq!(query::<i64>(&mut c, &["PERSIST", "k"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), -1);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "XX"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "GT"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "LT"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 50);
+        // Absolute forms.
+        let at = unix_ms() / 1000 + 1000;
+        assert_eq!(query::<i64>(&mut c, &["EXPIREAT", "k", &at.to_string()]), 1);
+        assert_eq!(query::<i64>(&mut c, &["EXPIRETIME", "k"]), at);
+        let pat = unix_ms() + 500_000;
+        assert_eq!(
+            query::<i64>(&mut c, &["PEXPIREAT", "k", &pat.to_string()]),
+            1
+        );
+        assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "k"]), pat);
+        assert_eq!(query::<i64>(&mut c, &["PEXPIRE", "k", "300000"]), 1);
+        // A deadline in the past deletes the key at once.
+        assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "-1"]), 1);
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "k"]), 0);
+        assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
+        // Errors, with Redis's texts, checked before the key.
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k", "10", "NX", "XX"]),
+            "ERR NX and XX, GT or LT options at the same time are not compatible"
+        );
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k", "10", "GT", "LT"]),
+            "ERR GT and LT options at the same time are not compatible"
+        );
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k", "10", "BOGUS"]),
+            "ERR Unsupported option BOGUS"
+        );
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k", "ten"]),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k", "9223372036854775807"]),
+            "ERR invalid expire time in 'expire' command"
+        );
+        assert_eq!(
+            error(&mut c, &["PEXPIRE", "k", "9223372036854775807"]),
+            "ERR invalid expire time in 'pexpire' command"
+        );
+        assert_eq!(
+            error(&mut c, &["EXPIRE", "k"]),
+            "ERR wrong number of arguments for 'expire' command"
+        );
+    }
+}
+
+#[test]
+fn set_and_friends_handle_ttls_like_redis() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let ttl = |c: &mut redis::Connection, k: &str| query::<i64>(c, &["TTL", k]);
+    let _: () = query(&mut c, &["SET", "a", "1", "EX", "100"]);
+    assert_eq!(ttl(&mut c, "a"), 100);
+    let _: () = query(&mut c, &["SET", "a", "1", "PX", "50000"]);
+    assert_eq!(ttl(&mut c, "a"), 50);
+    let at = unix_ms() / 1000 + 70;
+    let _: () = query(&mut c, &["SET", "a", "1", "EXAT", &at.to_string()]);
+    assert_eq!(query::<i64>(&mut c, &["EXPIRETIME", "a"]), at);
+    let pat = unix_ms() + 80_000;
+    let _: () = query(&mut c, &["SET", "a", "1", "PXAT", &pat.to_string()]);
+    assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "a"]), pat);
+    // INCR, APPEND and SETRANGE keep the TTL; SET without KEEPTTL drops it.
+    assert_eq!(query::<i64>(&mut c, &["INCR", "a"]), 2);
+    assert_eq!(query::<i64>(&mut c, &["INCRBY", "a", "3"]), 5);
+    assert_eq!(query::<String>(&mut c, &["INCRBYFLOAT", "a", "0.5"]), "5.5");
+    assert_eq!(query::<i64>(&mut c, &["APPEND", "a", "x"]), 4);
+    assert_eq!(query::<i64>(&mut c, &["SETRANGE", "a", "0", "9"]), 4);
+    assert_eq!(query::<String>(&mut c, &["GET", "a"]), "9.5x");
+    assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "a"]), pat);
+    let _: () = query(&mut c, &["SET", "a", "2", "KEEPTTL"]);
+    assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "a"]), pat);
+    assert_eq!(
+        query::<Option<String>>(&mut c, &["SET", "a", "3", "GET", "KEEPTTL"]),
+        Some("2".into())
+    );
+    assert_eq!(query::<i64>(&mut c, &["PEXPIRETIME", "a"]), pat);
+    let _: () = query(&mut c, &["SET", "a", "4"]);
+    assert_eq!(ttl(&mut c, "a"), -1);
+    assert_eq!(query::<String>(&mut c, &["GET", "a"]), "4");
+    // NX/XX with a TTL.
+    assert_eq!(
+        query::<Option<String>>(&mut c, &["SET", "a", "5", "NX", "EX", "10"]),
+        None
+    );
+    assert_eq!(ttl(&mut c, "a"), -1);
+    let _: () = query(&mut c, &["SET", "a", "5", "XX", "EX", "10"]);
+    assert_eq!(ttl(&mut c, "a"), 10);
+    // GETSET drops the TTL; RENAME carries it.
+    assert_eq!(query::<String>(&mut c, &["GETSET", "a", "6"]), "5");
+    assert_eq!(ttl(&mut c, "a"), -1);
+    let _: () = query(&mut c, &["SET", "a", "7", "EX", "30"]);
+    let _: () = query(&mut c, &["SET", "b", "old", "EX", "90"]);
+    let _: () = query(&mut c, &["RENAME", "a", "b"]);
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "a"]), 0);
+    assert_eq!(query::<String>(&mut c, &["GET", "b"]), "7");
+    assert_eq!(ttl(&mut c, "b"), 30);
+    let _: () = query(&mut c, &["SET", "plain", "p"]);
+    let _: () = query(&mut c, &["RENAME", "plain", "b"]);
+    assert_eq!(ttl(&mut c, "b"), -1);
+    assert_eq!(query::<String>(&mut c, &["GET", "b"]), "p");
+    let _: () = query(&mut c, &["EXPIRE", "b", "40"]);
+    let _: () = query(&mut c, &["RENAME", "b", "b"]);
+    assert_eq!(ttl(&mut c, "b"), 40);
+    // Only one expiry index entry per key whatever happened to it.
+    let info: String = query(&mut c, &["INFO", "keyspace"]);
+    assert!(info.contains("db0:keys=1,expires=1,avg_ttl="), "{info}");
+    // SETEX, PSETEX, GETEX.
+    let _: () = query(&mut c, &["SETEX", "s", "20", "v"]);
+    assert_eq!(ttl(&mut c, "s"), 20);
+    let _: () = query(&mut c, &["PSETEX", "s", "25000", "w"]);
+    assert_eq!(ttl(&mut c, "s"), 25);
+    assert_eq!(query::<String>(&mut c, &["GET", "s"]), "w");
+    assert_eq!(
+        error(&mut c, &["SETEX", "s", "0", "v"]),
+        "ERR invalid expire time in 'setex' command"
+    );
+    assert_eq!(
+        error(&mut c, &["PSETEX", "s", "-5", "v"]),
+        "ERR invalid expire time in 'psetex' command"
+    );
+    assert_eq!(query::<String>(&mut c, &["GETEX", "s"]), "w");
+    assert_eq!(ttl(&mut c, "s"), 25);
+    assert_eq!(query::<String>(&mut c, &["GETEX", "s", "EX", "60"]), "w");
+    assert_eq!(ttl(&mut c, "s"), 60);
+    assert_eq!(query::<String>(&mut c, &["GETEX", "s", "PERSIST"]), "w");
+    assert_eq!(ttl(&mut c, "s"), -1);
+    assert_eq!(query::<String>(&mut c, &["GETEX", "s", "PX", "70000"]), "w");
+    assert_eq!(ttl(&mut c, "s"), 70);
+    assert_eq!(
+        query::<String>(&mut c, &["GETEX", "s", "PXAT", "1"]),
+        "w",
+        "GETEX with a past deadline replies, then deletes"
+    );
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "s"]), 0);
+    assert_eq!(query::<Value>(&mut c, &["GETEX", "s"]), Value::Nil);
+    assert_eq!(
+        error(&mut c, &["GETEX", "s", "EX", "1", "PERSIST"]),
+        "ERR syntax error"
+    );
+    assert_eq!(
+        error(&mut c, &["GETEX", "s", "EX", "0"]),
+        "ERR invalid expire time in 'getex' command"
+    );
+    assert_eq!(
+        error(&mut c, &["SET", "s", "v", "EX", "1", "KEEPTTL"]),
+        "ERR syntax error"
+    );
+    assert_eq!(
+        error(&mut c, &["SET", "s", "v", "EX", "1", "PX", "5"]),
+        "ERR syntax error"
+    );
+    assert_eq!(error(&mut c, &["SET", "s", "v", "EX"]), "ERR syntax error");
+    assert_eq!(
+        error(&mut c, &["SET", "s", "v", "EX", "9223372036854775807"]),
+        "ERR invalid expire time in 'set' command"
+    );
+    // A past absolute deadline: SET succeeds and the key is gone.
+    let _: () = query(&mut c, &["SET", "s", "v", "PXAT", "1"]);
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "s"]), 0);
+    // User keys starting with 0xFF are ordinary keys, with or without a TTL.
+    let mut ff = redis::cmd("SET");
+    ff.arg(b"\xffm\x00x").arg("v").arg("EX").arg(100);
+    let _: () = ff.query(&mut c).expect("set");
+    let mut ff2 = redis::cmd("SET");
+    ff2.arg(b"\xff").arg("w");
+    let _: () = ff2.query(&mut c).expect("set");
+    let keys: Vec<Vec<u8>> = query(&mut c, &["KEYS", "*"]);
+    assert_eq!(
+        keys,
+        [b"b".to_vec(), b"\xff".to_vec(), b"\xffm\x00x".to_vec()]
+    );
+    let got: Vec<u8> = redis::cmd("GET")
+        .arg(b"\xffm\x00x")
+        .query(&mut c)
+        .expect("get");
+    assert_eq!(got, b"v");
+}
+
+/// Keys expire under clients reading and writing them: a reader sees a key's value until the
+/// deadline and never after (nobody rewrites them), and a counter with a TTL counts on, then
+/// starts over without a TTL once it has expired.
+#[test]
+fn keys_expire_under_concurrent_readers_and_writers() {
+    const KEYS: usize = 20;
+    let server = TestServer::start();
+    let mut c = server.client();
+    for i in 0..KEYS {
+        let _: () = query(
+            &mut c,
+            &[
+                "SET",
+                &format!("e{i}"),
+                "v",
+                "PX",
+                &(150 + 10 * i).to_string(),
+            ],
+        );
+        let _: () = query(&mut c, &["SET", &format!("n{i}"), "0", "PX", "300"]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let url = server.url(false);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                let mut gone = [false; KEYS];
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, gone) in gone.iter_mut().enumerate() {
+                        let v: Option<String> = query(&mut c, &["GET", &format!("e{i}")]);
+                        match v {
+                            Some(v) => {
+                                assert_eq!(v, "v");
+                                assert!(!*gone, "e{i} came back after it expired");
+                            }
+                            None => *gone = true,
+                        }
+                    }
+                }
+                gone
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let url = server.url(w == 1);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                let mut last = [0i64; KEYS];
+                let mut restarts = [0; KEYS];
+                while !stop.load(Ordering::Relaxed) {
+                    for i in (w..KEYS).step_by(2) {
+                        let n: i64 = query(&mut c, &["INCR", &format!("n{i}")]);
+                        if n != last[i] + 1 {
+                            assert_eq!(n, 1, "n{i} went from {} to {n}", last[i]);
+                            restarts[i] += 1;
+                        }
+                        last[i] = n;
+                    }
+                }
+                restarts
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(
+            r.join().expect("reader").iter().all(|&g| g),
+            "every e key expired"
+        );
+    }
+    for (w, t) in writers.into_iter().enumerate() {
+        let restarts = t.join().expect("writer");
+        for i in (w..KEYS).step_by(2) {
+            assert_eq!(restarts[i], 1, "n{i} started over exactly once");
+        }
+    }
+    for i in 0..KEYS {
+        assert_eq!(query::<i64>(&mut c, &["TTL", &format!("n{i}")]), -1);
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", &format!("e{i}")]), 0);
+    }
+    // The expirer removes what no client touched again: only the counters are left.
+    eventually("the expirer deleted the e keys", || {
+        query::<i64>(&mut c, &["DBSIZE"]) == KEYS as i64
+    });
+    let info: String = query(&mut c, &["INFO", "keyspace"]);
+    assert_eq!(
+        info_field(&info, "db0"),
+        format!("keys={KEYS},expires=0,avg_ttl=0")
+    );
+}
+
+/// Expired keys give their memory back: the expirer deletes them, and the engine's collector
+/// reclaims deleted records.
+#[test]
+fn expired_keys_memory_is_reclaimed() {
+    const KEYS: usize = 10_000;
+    let server = TestServer::start();
+    let mut c = server.client();
+    let records = |c: &mut redis::Connection| {
+        let info: String = query(c, &["INFO", "keel"]);
+        info_counter(&info, "keel_records")
+    };
+    let before = records(&mut c);
+    // One absolute deadline for all, so that none expires before the count below unless
+    // loading them took that long.
+    let started = Instant::now();
+    let deadline = (unix_ms() + 2_000).to_string();
+    for chunk in 0..KEYS / 1000 {
+        let mut pipe = redis::pipe();
+        for i in 0..1000 {
+            pipe.cmd("SET")
+                .arg(format!("k{chunk}:{i}"))
+                .arg("value")
+                .arg("PXAT")
+                .arg(&deadline)
+                .ignore();
+        }
+        let () = pipe.query(&mut c).expect("pipelined SET PXAT");
+    }
+    let loaded = records(&mut c);
+    if started.elapsed() < Duration::from_millis(1_500) {
+        // A meta record and an expiry index entry per key.
+        assert!(loaded >= before + 2 * KEYS as u64, "{before} -> {loaded}");
+    }
+    eventually("every key expired and was deleted", || {
+        query::<i64>(&mut c, &["DBSIZE"]) == 0
+    });
+    let info: String = query(&mut c, &["INFO", "stats"]);
+    assert_eq!(info_counter(&info, "expired_keys"), KEYS as u64);
+    eventually("the collector reclaimed the records", || {
+        records(&mut c) <= before + 100
+    });
+}
