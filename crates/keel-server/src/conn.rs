@@ -77,6 +77,7 @@ const ARGS_KEPT_MAX: usize = 4096;
 type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::CommitError>;
 
 const NOAUTH: &str = "NOAUTH Authentication required.";
+const PING_ARITY: &str = "ERR wrong number of arguments for 'ping' command";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// What the connection loop does after a command.
@@ -671,6 +672,8 @@ impl Conn {
         }
         let mut out = self.out(output);
         match cmd {
+            // PING's arity is -1, but it takes one message at most.
+            Cmd::Ping if args.len() > 2 => return Err(PING_ARITY.into()),
             Cmd::Ping if self.proto == Proto::Resp2 && self.subscribed() => {
                 pubsub::ping(args, &mut out);
             }
@@ -1316,10 +1319,7 @@ impl Conn {
                 for (i, (cmd, args)) in multi.queue.iter().enumerate() {
                     let slot = out.buf.len();
                     let result = match cmd {
-                        Cmd::Ping | Cmd::Echo | Cmd::Time => {
-                            simple_in_exec(*cmd, args, &mut out);
-                            Ok(())
-                        }
+                        Cmd::Ping | Cmd::Echo | Cmd::Time => simple_in_exec(*cmd, args, &mut out),
                         // Sent once the transaction has committed (below).
                         Cmd::Publish | Cmd::Spublish => {
                             out.later(i);
@@ -1464,8 +1464,9 @@ fn ctx(shared: &Shared) -> Ctx<'_> {
     }
 }
 
-fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) {
+fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
     match cmd {
+        Cmd::Ping if args.len() > 2 => return Err(PING_ARITY.into()),
         Cmd::Ping => match args.get(1) {
             Some(m) => out.bulk(m),
             None => out.simple("PONG"),
@@ -1480,6 +1481,7 @@ fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) {
             out.bulk(now.subsec_micros().to_string().as_bytes());
         }
     }
+    Ok(())
 }
 
 /// Waits before retrying a conflicting transaction: yields at first, then sleeps, bounded.

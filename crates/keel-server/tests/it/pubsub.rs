@@ -245,6 +245,10 @@ fn pubsub_errors_and_help() {
         error(&mut c, &["PUBLISH", "c"]),
         "ERR wrong number of arguments for 'publish' command"
     );
+    assert_eq!(
+        error(&mut c, &["PING", "a", "b"]),
+        "ERR wrong number of arguments for 'ping' command"
+    );
     let help: Vec<String> = query(&mut c, &["PUBSUB", "HELP"]);
     assert_eq!(help.len(), 14);
     assert!(help[0].starts_with("PUBSUB <subcommand>"));
