@@ -745,7 +745,9 @@ impl Conn {
                     3 => (&args[1][..], &args[2]),
                     _ => return Err(SYNTAX.into()),
                 };
-                if self.shared.requirepass.read().is_none() {
+                // Without a password the default user has none (`nopass`): `AUTH <password>`
+                // is an error, but `AUTH default <anything>` succeeds, as in Redis.
+                if args.len() == 2 && self.shared.requirepass.read().is_none() {
                     return Err(
                         "ERR AUTH <password> called without any password configured for \
                                 the default user. Are you sure your configuration is correct?"

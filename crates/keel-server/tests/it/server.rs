@@ -79,6 +79,12 @@ fn requirepass_auth_and_noauth() {
     let mut open = server.client();
     assert_eq!(query::<String>(&mut open, &["PING"]), "PONG");
     assert!(error(&mut open, &["AUTH", "x"]).starts_with("ERR AUTH <password> called without"));
+    // Without a password the default user takes any: so Redis answers.
+    assert_eq!(query::<String>(&mut open, &["AUTH", "default", "x"]), "OK");
+    assert_eq!(
+        error(&mut open, &["AUTH", "alice", "x"]),
+        "WRONGPASS invalid username-password pair or user is disabled."
+    );
 }
 
 #[test]
