@@ -631,7 +631,13 @@ impl Conn {
         let queueable = data::is_data(spec.cmd)
             || matches!(
                 spec.cmd,
-                Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Publish | Cmd::Spublish | Cmd::Pubsub
+                Cmd::Ping
+                    | Cmd::Echo
+                    | Cmd::Time
+                    | Cmd::Unwatch
+                    | Cmd::Publish
+                    | Cmd::Spublish
+                    | Cmd::Pubsub
             );
         if !queueable {
             multi.dirty = true;
@@ -1321,7 +1327,9 @@ impl Conn {
                 for (i, (cmd, args)) in multi.queue.iter().enumerate() {
                     let slot = out.buf.len();
                     let result = match cmd {
-                        Cmd::Ping | Cmd::Echo | Cmd::Time => simple_in_exec(*cmd, args, &mut out),
+                        Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch => {
+                            simple_in_exec(*cmd, args, &mut out)
+                        }
                         // Sent once the transaction has committed (below).
                         Cmd::Publish | Cmd::Spublish => {
                             out.later(i);
@@ -1474,6 +1482,8 @@ fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fai
             None => out.simple("PONG"),
         },
         Cmd::Echo => out.bulk(&args[1]),
+        // Queued, as in Redis: EXEC has already let go of the watched keys.
+        Cmd::Unwatch => out.ok(),
         _ => {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)

@@ -54,6 +54,8 @@ fn errors_in_multi() {
         "ERR WATCH inside MULTI is not allowed"
     );
     assert_eq!(query::<String>(&mut c, &["SET", "a", "1"]), "QUEUED");
+    // UNWATCH is queued (and answers OK in EXEC), as in Redis.
+    assert_eq!(query::<String>(&mut c, &["UNWATCH"]), "QUEUED");
     assert_eq!(query::<String>(&mut c, &["DISCARD"]), "OK");
     assert_eq!(query::<i64>(&mut c, &["EXISTS", "a"]), 0);
     // A queue-time error aborts the whole EXEC, as in Redis.
