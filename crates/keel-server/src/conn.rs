@@ -742,6 +742,12 @@ impl Conn {
             }
             Cmd::Select => match resp::string_to_i64(&args[1]) {
                 Some(0) => out.ok(),
+                // Redis reads the index as a C int first.
+                Some(n) if i32::try_from(n).is_err() => {
+                    return Err("ERR value is out of range, value must between -2147483648 \
+                                and 2147483647"
+                        .into());
+                }
                 Some(_) => return Err("ERR DB index is out of range".into()),
                 None => return Err(NOT_INTEGER.into()),
             },

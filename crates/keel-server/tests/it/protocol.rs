@@ -134,6 +134,10 @@ fn unknown_commands_and_arity_keep_the_connection() {
         error(&mut c, &["SELECT", "1"]),
         "ERR DB index is out of range"
     );
+    assert_eq!(
+        error(&mut c, &["SELECT", "2147483648"]),
+        "ERR value is out of range, value must between -2147483648 and 2147483647"
+    );
     assert_eq!(query::<String>(&mut c, &["SELECT", "0"]), "OK");
     assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
 }
