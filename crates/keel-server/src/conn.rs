@@ -566,15 +566,8 @@ impl Conn {
         // Messages published before this command ran go before its reply.
         self.deliver(output, usize::MAX);
         let Some(spec) = table::lookup(&args[0]) else {
-            let mut text = format!(
-                "ERR unknown command '{}', with args beginning with: ",
-                shorten(&args[0])
-            );
-            for a in &args[1..] {
-                text.push_str(&format!("'{}' ", shorten(a)));
-            }
             self.flag_multi();
-            self.out(output).error(&text);
+            self.out(output).error_bytes(&unknown_command(&args));
             return Next::Continue;
         };
         if !spec.arity_ok(args.len()) {
@@ -1514,6 +1507,33 @@ async fn backoff(attempt: u32) {
 
 fn begin_error(e: keel::BeginError) -> Fail {
     format!("ERR keel: {e}").into()
+}
+
+/// Redis's `'%.*s'` of an argument: C's printf stops at the first NUL byte and at `max` bytes.
+fn c_str(arg: &[u8], max: usize) -> &[u8] {
+    let end = arg.iter().position(|&b| b == 0).unwrap_or(arg.len());
+    &arg[..end.min(max)]
+}
+
+/// Redis's error for an unknown command: the name, then the arguments, quoted, until their
+/// text reaches 128 bytes (the last one cut to fit), each as C's printf shows it.
+fn unknown_command(args: &[Bytes]) -> Vec<u8> {
+    const ARGS_BYTES_MAX: usize = 128;
+    let mut quoted = Vec::new();
+    for a in &args[1..] {
+        if quoted.len() >= ARGS_BYTES_MAX {
+            break;
+        }
+        let room = ARGS_BYTES_MAX - quoted.len();
+        quoted.push(b'\'');
+        quoted.extend_from_slice(c_str(a, room));
+        quoted.extend_from_slice(b"' ");
+    }
+    let mut text = b"ERR unknown command '".to_vec();
+    text.extend_from_slice(c_str(&args[0], 128));
+    text.extend_from_slice(b"', with args beginning with: ");
+    text.extend_from_slice(&quoted);
+    text
 }
 
 fn shorten(arg: &[u8]) -> String {

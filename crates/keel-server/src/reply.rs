@@ -153,11 +153,16 @@ impl Out<'_> {
     /// An error reply. `text` starts with the error code (`ERR`, `WRONGTYPE`, ...); CR and LF
     /// are replaced by spaces, as Redis does.
     pub fn error(&mut self, text: &str) {
-        let clean: String = text
-            .chars()
-            .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+        self.error_bytes(text.as_bytes());
+    }
+
+    /// An error reply from bytes that may not be UTF-8 (Redis quotes arguments as they came).
+    pub fn error_bytes(&mut self, text: &[u8]) {
+        let clean: Vec<u8> = text
+            .iter()
+            .map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c })
             .collect();
-        self.line(b'-', clean.as_bytes());
+        self.line(b'-', &clean);
     }
 
     /// An integer reply.

@@ -122,6 +122,15 @@ fn unknown_commands_and_arity_keep_the_connection() {
         error(&mut c, &["NOSUCH", "a", "b"]),
         "ERR unknown command 'NOSUCH', with args beginning with: 'a' 'b' "
     );
+    // Arguments as C's printf shows them: cut at a NUL byte, and at 128 bytes in all.
+    let long = "x".repeat(100);
+    assert_eq!(
+        error(&mut c, &["NOSUCH", "a\0b", &long, &long, "c"]),
+        format!(
+            "ERR unknown command 'NOSUCH', with args beginning with: 'a' '{long}' '{}' ",
+            &long[..21]
+        )
+    );
     assert_eq!(
         error(&mut c, &["GET"]),
         "ERR wrong number of arguments for 'get' command"
