@@ -1163,7 +1163,8 @@ impl Conn {
                 };
                 let result = if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
                     // Outside MULTI a flush may take several transactions.
-                    data::flush_batch(&mut txn).map(|m| more = m)
+                    data::check_flush_args(args)
+                        .and_then(|()| data::flush_batch(&mut txn).map(|m| more = m))
                 } else {
                     data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
                 };

@@ -532,13 +532,7 @@ pub fn run(
         Cmd::Scan => scan(args, view, ctx, out)?,
         Cmd::Dbsize => out.int(ks::count(view) as i64),
         Cmd::Flushdb | Cmd::Flushall => {
-            if args.len() > 2
-                || args.get(1).is_some_and(|a| {
-                    !a.eq_ignore_ascii_case(b"sync") && !a.eq_ignore_ascii_case(b"async")
-                })
-            {
-                return Err(SYNTAX.into());
-            }
+            check_flush_args(args)?;
             if flush_batch(view.txn())? {
                 return Err(format!(
                     "ERR keel: FLUSHDB inside MULTI deletes at most {FLUSH_BATCH_KEYS} keys"
@@ -571,6 +565,18 @@ pub fn run(
 /// string or no key; a plain value is simply overwritten).
 fn meta_held(t: &mut Txn<'_>, clock: &ks::Clock, key: &[u8]) -> Result<Held, Fail> {
     Ok(ks::read_meta(&mut View::Txn(t), clock, key)?.map_or(Held::Absent, Held::Meta))
+}
+
+/// `FLUSHDB`/`FLUSHALL` take nothing or one of `SYNC`, `ASYNC`.
+pub fn check_flush_args(args: &[Bytes]) -> Result<(), Fail> {
+    if args.len() > 2
+        || args
+            .get(1)
+            .is_some_and(|a| !a.eq_ignore_ascii_case(b"sync") && !a.eq_ignore_ascii_case(b"async"))
+    {
+        return Err(SYNTAX.into());
+    }
+    Ok(())
 }
 
 /// Deletes up to [`FLUSH_BATCH_KEYS`] keys in `txn`; `true` when more remain.

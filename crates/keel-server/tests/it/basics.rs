@@ -210,6 +210,8 @@ fn keys_scan_dbsize_flush() {
         .expect("scan items");
     assert_eq!(it.len(), 251);
     assert_eq!(error(&mut c, &["SCAN", "x"]), "ERR invalid cursor");
+    assert_eq!(error(&mut c, &["FLUSHDB", "x"]), "ERR syntax error");
+    assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 251);
     assert_eq!(query::<String>(&mut c, &["FLUSHDB"]), "OK");
     assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
     let _: () = query(&mut c, &["SET", "a", "1"]);
