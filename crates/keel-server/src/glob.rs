@@ -4,6 +4,11 @@
 
 /// Whether `text` matches `pattern`.
 pub fn matches(pattern: &[u8], text: &[u8]) -> bool {
+    if text.is_empty() {
+        // Redis's matcher never matches an empty string with a non-empty pattern, but
+        // `KEYS *` and `SCAN MATCH *` skip the matcher and list the empty key too.
+        return pattern.is_empty() || pattern == b"*";
+    }
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {
@@ -56,8 +61,8 @@ fn single(pattern: &[u8], p: usize, c: u8) -> Option<usize> {
                 if pattern[i] == b'\\' && i + 1 < pattern.len() {
                     hit |= pattern[i + 1] == c;
                     i += 2;
-                } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' && pattern[i + 2] != b']'
-                {
+                } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' {
+                    // As in Redis, also when the range ends in `]`: `[a-]` is `]` to `a`.
                     let (lo, hi) = (
                         pattern[i].min(pattern[i + 2]),
                         pattern[i].max(pattern[i + 2]),
@@ -118,6 +123,9 @@ mod tests {
             ("\\*", "*"),
             ("user:*", "user:1"),
             ("*a", "aaaa"),
+            ("", ""),
+            ("[a-]", "_"),
+            ("[a-]", "]"),
         ];
         for (p, t) in yes {
             assert!(matches(p.as_bytes(), t.as_bytes()), "{p} should match {t}");
@@ -129,6 +137,9 @@ mod tests {
             ("a*b*c", "axxbyy"),
             ("\\*", "a"),
             ("abc", "abcd"),
+            ("**", ""),
+            ("?", ""),
+            ("[a-]", "b"),
         ];
         for (p, t) in no {
             assert!(
