@@ -10,13 +10,16 @@
 //!
 //! Transactions: a command outside `MULTI` is its own engine transaction, retried on conflict.
 //! `EXEC` runs the queue as one engine transaction, also retried on conflict unless `WATCH`
-//! says otherwise. Each `WATCH` opens a fresh engine transaction, records the commit timestamp
-//! ([`Txn::version_ts`]) of each newly watched key as of that moment, and keeps the transaction
-//! as the snapshot later reads see (until the next `WATCH`). `EXEC` runs the queue in a new
-//! transaction that first calls `version_ts` on every watched key: if any differs from the one
-//! recorded, a watched key changed after its `WATCH` (even to an equal value) and `EXEC`
-//! replies null. Those reads make a later commit to a watched key conflict, so a conflicting
-//! `EXEC` is retried whole, re-checking the watched keys each time: never a lost update.
+//! says otherwise. Each `WATCH` opens a fresh engine transaction, records its snapshot
+//! timestamp for each newly watched key, and keeps the transaction as the snapshot later reads
+//! see (until the next `WATCH`). `EXEC` runs the queue in a new transaction that first reads
+//! the newest commit timestamp of every watched key, deletions included
+//! ([`Txn::newest_ts`]): if one is above the key's `WATCH`, a commit changed the key after
+//! it (even to an equal value, even a create then a delete) and `EXEC` replies null. The
+//! first `WATCH`'s transaction stays open until `EXEC` is done, so no such deletion is
+//! collected meanwhile. Those reads make a later commit to a watched key conflict, so a
+//! conflicting `EXEC` is retried whole, re-checking the watched keys each time: never a lost
+//! update.
 //!
 //! Pub/sub (`pubsub`): a subscribed connection's task also wakes for its mailbox, and writes the
 //! messages waiting there before each command's reply and at the end of each pass. A RESP2
@@ -91,9 +94,12 @@ enum Next {
 struct Watch {
     /// The snapshot reads between `WATCH` and `EXEC` see: the latest `WATCH`'s.
     txn: Txn<'static>,
-    /// Each watched engine key (a user key's plain key and meta record) with the commit
-    /// timestamp of its version when it was watched.
-    keys: Vec<(Bytes, Option<keel::Ts>)>,
+    /// The first `WATCH`'s transaction, once a later one replaced `txn`: while it is open
+    /// the collector keeps every deletion committed after it, which `EXEC` must see.
+    first: Option<Txn<'static>>,
+    /// Each watched engine key (a user key's plain key and meta record) with the snapshot
+    /// timestamp of the `WATCH` that watched it.
+    keys: Vec<(Bytes, keel::Ts)>,
 }
 
 struct Multi {
@@ -1092,26 +1098,32 @@ impl Conn {
         // A fresh snapshot: what the keys watched now hold now, and what later reads see (a
         // key watched earlier keeps the version recorded then).
         let mut txn = self.shared.db.begin().map_err(begin_error)?;
-        let mut added: Vec<(Bytes, Option<keel::Ts>)> = Vec::new();
-        for user_key in keys {
-            let engine_keys = [
-                Bytes::from(crate::keyspace::plain_key(user_key).into_owned()),
-                Bytes::from(crate::keyspace::meta_key(user_key).to_vec()),
-            ];
-            for key in engine_keys {
-                let known = |w: &Vec<(Bytes, Option<keel::Ts>)>| w.iter().any(|(k, _)| *k == key);
-                if known(&added) || self.watch.as_ref().is_some_and(|w| known(&w.keys)) {
-                    continue;
-                }
-                let ts = txn.version_ts(&key)?;
-                added.push((key, ts));
+        let engine_keys: Vec<Bytes> = keys
+            .iter()
+            .flat_map(|user_key| {
+                [
+                    Bytes::from(crate::keyspace::plain_key(user_key).into_owned()),
+                    Bytes::from(crate::keyspace::meta_key(user_key).to_vec()),
+                ]
+            })
+            .collect();
+        for key in &engine_keys {
+            // Rejects a key over the engine's limit, as any read of it does.
+            txn.newest_ts(key)?;
+        }
+        // Only once every key is checked: a failed WATCH leaves the earlier watches as they were.
+        let (mut recorded, first) = match self.watch.take() {
+            Some(w) => (w.keys, Some(w.first.unwrap_or(w.txn))),
+            None => (Vec::new(), None),
+        };
+        for key in engine_keys {
+            if !recorded.iter().any(|(k, _)| *k == key) {
+                recorded.push((key, txn.read_ts()));
             }
         }
-        // Only once every key is read: a failed WATCH leaves the earlier watches as they were.
-        let mut recorded = self.watch.take().map(|w| w.keys).unwrap_or_default();
-        recorded.extend(added);
         self.watch = Some(Watch {
             txn,
+            first,
             keys: recorded,
         });
         Ok(())
@@ -1303,8 +1315,12 @@ impl Conn {
         let proto = self.proto;
         let mark = output.len();
         let mut out = Out::new(output, proto);
-        // The read snapshot is done with; every attempt is a fresh transaction.
-        let watched = watch.map(|w| w.keys).unwrap_or_default();
+        // Every attempt is a fresh transaction; the WATCH transactions stay open until EXEC
+        // is done, so that no deletion of a watched key is collected before it is seen.
+        let (watched, _pins) = match watch {
+            Some(w) => (w.keys, Some((w.txn, w.first))),
+            None => (Vec::new(), None),
+        };
         let mut attempt = 1;
         let may_wait = self.may_wait(multi.queue.iter().map(|(c, _)| *c));
         let mut rejoin = false;
@@ -1315,8 +1331,8 @@ impl Conn {
                 let mut txn = shared.db.begin().map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading
                 // them makes a commit to one of them before ours conflict.
-                for (key, ts) in &watched {
-                    if txn.version_ts(key).map_err(|e| Err(e.into()))? != *ts {
+                for (key, watched_at) in &watched {
+                    if txn.newest_ts(key).map_err(|e| Err(e.into()))? > Some(*watched_at) {
                         shared.counters.watch_aborts.fetch_add(1, Relaxed);
                         out.null_array();
                         return Err(Ok(()));

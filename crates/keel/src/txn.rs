@@ -547,6 +547,29 @@ impl<'db> Txn<'db> {
         })
     }
 
+    /// The commit timestamp of the newest version of `key` this transaction's snapshot sees,
+    /// a deletion included (`None`: never written, or deleted so long ago that the collector
+    /// took the record), remembered as a read like [`Txn::version_ts`]. "Has anyone
+    /// committed to `key` after timestamp `t`?" is `newest_ts(key)? > Some(t)`, for as long as
+    /// a snapshot at or below `t` stays open (it keeps a later deletion from being
+    /// collected). Own buffered writes are ignored.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let watch = db.begin()?;
+    /// db.transact(|txn| txn.put(b"k", b"v"))?;
+    /// db.transact(|txn| txn.delete(b"k"))?;
+    /// let mut txn = db.begin()?;
+    /// assert_eq!(txn.version_ts(b"k")?, None);
+    /// assert!(txn.newest_ts(b"k")? > Some(watch.read_ts()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn newest_ts(&mut self, key: &[u8]) -> Result<Option<Ts>, Error> {
+        check_key(key)?;
+        let record = self.read_record(key, hash(key))?;
+        read_at(self.db, record, self.read_ts, |_, ts| ts)
+    }
+
     /// Reads `key`: this transaction's own writes first, then the snapshot.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         check_key(key)?;

@@ -212,6 +212,30 @@ fn watch_by_own_write_fails_exec_as_in_redis() {
     assert_eq!(query::<i64>(&mut a, &["GET", "k"]), 1);
 }
 
+/// A key absent at WATCH, created and deleted again before EXEC, was changed.
+#[test]
+fn watch_sees_a_create_then_delete() {
+    let server = TestServer::start();
+    let mut a = server.client();
+    let mut b = server.client();
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    let _: () = query(&mut b, &["SET", "k", "1"]);
+    let _: () = query(&mut b, &["DEL", "k"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "other", "1"]);
+    assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
+    // A key deleted before the WATCH and left alone is unchanged, also across a second WATCH.
+    let _: () = query(&mut a, &["WATCH", "k"]);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let _: () = query(&mut a, &["WATCH", "other2"]);
+    let _: () = query(&mut a, &["MULTI"]);
+    let _: () = query(&mut a, &["SET", "other", "2"]);
+    assert_eq!(
+        query::<Value>(&mut a, &["EXEC"]),
+        Value::Array(vec![Value::Okay])
+    );
+}
+
 /// Read-modify-write transfers between accounts from several connections, each a MULTI with
 /// reads and writes: conflicts are retried inside the server, and the total is conserved.
 #[test]
