@@ -1,7 +1,9 @@
 //! Integration tests: each starts a real server on a free loopback port and drives it with the
-//! `redis` crate (a real client) or, for protocol edge cases, a raw TCP socket.
+//! `redis` crate (a real client) or, for protocol edge cases, a raw TCP socket; `differential`
+//! sends the same random commands to keel and to a real `redis-server` and compares replies.
 
 mod basics;
+mod differential;
 mod expiry;
 mod lanes;
 mod protocol;
