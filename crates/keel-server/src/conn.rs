@@ -1090,23 +1090,33 @@ impl Conn {
     }
 
     fn watch_keys(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
-        // Two engine keys per user key: the plain key and the meta record (see `keyspace`).
-        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 2);
+        // Two or three engine keys per user key: the plain key, the meta record and a
+        // collection's size record (see `keyspace`).
+        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 3);
         if watched + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
         // A fresh snapshot: what the keys watched now hold now, and what later reads see (a
         // key watched earlier keeps the version recorded then).
         let mut txn = self.shared.db.begin().map_err(begin_error)?;
-        let engine_keys: Vec<Bytes> = keys
-            .iter()
-            .flat_map(|user_key| {
-                [
-                    Bytes::from(crate::keyspace::plain_key(user_key).into_owned()),
-                    Bytes::from(crate::keyspace::meta_key(user_key).to_vec()),
-                ]
-            })
-            .collect();
+        let mut engine_keys: Vec<Bytes> = Vec::with_capacity(keys.len() * 2);
+        for user_key in keys {
+            let meta_key = crate::keyspace::meta_key(user_key);
+            engine_keys.push(Bytes::from(
+                crate::keyspace::plain_key(user_key).into_owned(),
+            ));
+            engine_keys.push(Bytes::from(meta_key.to_vec()));
+            // A collection's size record too, so that adding or removing a field is seen.
+            // (Overwriting an existing field is not: see docs/types.md.)
+            let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
+            if let Some(Ok(m)) = meta
+                && m.ty != crate::keyspace::Type::String
+            {
+                engine_keys.push(Bytes::from(
+                    crate::keyspace::size_key(m.generation).to_vec(),
+                ));
+            }
+        }
         for key in &engine_keys {
             // Rejects a key over the engine's limit, as any read of it does.
             txn.newest_ts(key)?;

@@ -136,7 +136,8 @@ struct CursorTable {
 }
 
 impl Cursors {
-    fn save(&self, last_key: Vec<u8>) -> u64 {
+    /// Remembers where a scan stopped; the cursor number to give the client.
+    pub fn save(&self, last_key: Vec<u8>) -> u64 {
         let mut t = self.inner.lock();
         t.next += 1;
         // Spread ids so that clients cannot mistake them for offsets; never 0.
@@ -151,7 +152,8 @@ impl Cursors {
         id
     }
 
-    fn load(&self, id: u64) -> Option<Vec<u8>> {
+    /// Where the scan of cursor `id` stopped (`None`: unknown or forgotten).
+    pub fn load(&self, id: u64) -> Option<Vec<u8>> {
         self.inner.lock().by_id.get(&id).cloned()
     }
 }
@@ -197,7 +199,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Pttl
             | Cmd::Expiretime
             | Cmd::Pexpiretime
-    )
+    ) || crate::hashes::is_read_only(cmd)
 }
 
 /// Whether `cmd` only applies a commutative operation (`KEEL.ADD`/`MAX`/`MIN`): it reads
@@ -250,6 +252,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelAdd
         )
         || crate::expiry::handles(cmd)
+        || crate::hashes::handles(cmd)
 }
 
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
@@ -556,6 +559,7 @@ pub fn run(
             out.ok();
         }
         _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
+        _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
         other => panic!("{other:?} is not a data command"),
     }
     Ok(())

@@ -120,7 +120,6 @@ impl Meta {
     }
 
     /// A new, empty collection of type `ty` under a fresh generation.
-    #[allow(dead_code)] // TODO(#21): the collection commands land next.
     pub fn collection(ty: Type) -> Meta {
         Meta {
             ty,
@@ -172,7 +171,6 @@ impl Meta {
 
 /// A fresh random generation. 64 random bits: two collections drawing the same one is as
 /// likely as a 64-bit hash collision among the collections alive at once.
-#[allow(dead_code)] // TODO(#21): the collection commands land next.
 fn new_generation() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -307,7 +305,6 @@ pub fn sub_prefix(kind: u8, generation: u64) -> [u8; 10] {
 }
 
 /// A sub-key: `FF kind gen item`.
-#[allow(dead_code)] // TODO(#21): the collection commands land next.
 pub fn sub_key(kind: u8, generation: u64, item: &[u8]) -> KeyBuf {
     KeyBuf::of(&[&sub_prefix(kind, generation), item])
 }

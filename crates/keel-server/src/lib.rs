@@ -22,6 +22,7 @@ mod conn;
 mod data;
 mod expiry;
 mod glob;
+mod hashes;
 mod info;
 mod keyspace;
 pub mod lanes;

@@ -5,6 +5,7 @@
 mod basics;
 mod differential;
 mod expiry;
+mod hashes;
 mod lanes;
 mod protocol;
 mod pubsub;
