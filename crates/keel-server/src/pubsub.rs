@@ -221,6 +221,16 @@ impl Mailbox {
     }
 }
 
+/// Whether `channel` matches `pattern`, as Redis's matcher decides for pub/sub: also for the
+/// empty channel, which only the empty pattern matches (`KEYS *` lists the empty key only
+/// because Redis special-cases `*` there; `PSUBSCRIBE *` and `PUBSUB CHANNELS *` do not).
+fn matches(pattern: &[u8], channel: &[u8]) -> bool {
+    if channel.is_empty() {
+        return pattern.is_empty();
+    }
+    glob::matches(pattern, channel)
+}
+
 type Subscribers = HashMap<u64, Arc<Mailbox>>;
 type Channels = HashMap<Bytes, Subscribers>;
 
@@ -368,7 +378,7 @@ impl Registry {
         if !shard && self.pattern_count.load(Relaxed) > 0 {
             let patterns = self.patterns.read();
             for (pattern, subscribers) in patterns.iter() {
-                if !glob::matches(pattern, channel) {
+                if !matches(pattern, channel) {
                     continue;
                 }
                 for mailbox in subscribers.values() {
@@ -400,7 +410,7 @@ impl Registry {
             names.extend(
                 lock.read()
                     .keys()
-                    .filter(|c| pattern.is_none_or(|p| glob::matches(p, c)))
+                    .filter(|c| pattern.is_none_or(|p| matches(p, c)))
                     .cloned(),
             );
         }
@@ -710,6 +720,22 @@ mod tests {
         registry.remove(Kind::Shard, b"news", 1);
         assert_eq!(registry.counts(), (0, 0, 0));
         assert!(registry.active(false, None).is_empty());
+    }
+
+    #[test]
+    fn only_the_empty_pattern_matches_the_empty_channel() {
+        assert!(matches(b"", b""));
+        for pattern in ["*", "**", "?", "[a]", "a"] {
+            assert!(!matches(pattern.as_bytes(), b""), "{pattern}");
+        }
+        assert!(matches(b"*", b"a"));
+        let registry = Registry::new(OutputLimit::default());
+        let m = mailbox();
+        registry.add(Kind::Pattern, &Bytes::from_static(b"*"), &m);
+        registry.add(Kind::Channel, &Bytes::new(), &m);
+        assert_eq!(registry.publish(false, &Bytes::new(), &Bytes::new()), 1);
+        assert_eq!(registry.active(false, Some(b"*")), Vec::<Bytes>::new());
+        assert_eq!(registry.active(false, Some(b"")), vec![Bytes::new()]);
     }
 
     #[test]
