@@ -66,6 +66,8 @@ pub const MULTI_QUEUE_MAX: usize = 1 << 16;
 pub const MULTI_QUEUE_BYTES_MAX: usize = keel::limits::TXN_WRITE_BYTES_MAX;
 /// Keys one connection may watch.
 pub const WATCH_KEYS_MAX: usize = 1 << 16;
+/// Fields of one watched hash whose overwrite `EXEC` notices (see docs/types.md).
+pub const WATCH_FIELDS_MAX: usize = 1024;
 /// Attempts a conflicting single command or `EXEC` makes before it reports the conflict.
 pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
 /// Most pipelined data commands run as one transaction.
@@ -1090,9 +1092,9 @@ impl Conn {
     }
 
     fn watch_keys(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
-        // Two or three engine keys per user key: the plain key, the meta record and a
-        // collection's size record (see `keyspace`).
-        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 3);
+        // Two or more engine keys per user key: the plain key, the meta record and a
+        // collection's size record and fields (see `keyspace`).
+        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 2);
         if watched + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
@@ -1106,8 +1108,8 @@ impl Conn {
                 crate::keyspace::plain_key(user_key).into_owned(),
             ));
             engine_keys.push(Bytes::from(meta_key.to_vec()));
-            // A collection's size record too, so that adding or removing a field is seen.
-            // (Overwriting an existing field is not: see docs/types.md.)
+            // A collection's size record too, so that adding or removing a field is seen,
+            // and its first WATCH_FIELDS_MAX fields, so that overwriting one is.
             let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
             if let Some(Ok(m)) = meta
                 && m.ty != crate::keyspace::Type::String
@@ -1115,6 +1117,11 @@ impl Conn {
                 engine_keys.push(Bytes::from(
                     crate::keyspace::size_key(m.generation).to_vec(),
                 ));
+                for &kind in crate::keyspace::sub_prefixes(m.ty) {
+                    let prefix = crate::keyspace::sub_prefix(kind, m.generation);
+                    let fields = txn.range(crate::keyspace::prefix_range(&prefix));
+                    engine_keys.extend(fields.take(WATCH_FIELDS_MAX).map(|(k, _)| Bytes::from(k)));
+                }
             }
         }
         for key in &engine_keys {

@@ -309,6 +309,31 @@ fn prefix_bounds(pattern: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     (Bound::Included(prefix), hi)
 }
 
+/// A `SCAN` cursor, read as Redis reads it (C's `strtoul`, without leading space): an
+/// empty string is 0, a sign is allowed (a negative one wraps, as in C).
+pub fn parse_cursor(arg: &[u8]) -> Result<u64, Fail> {
+    const INVALID: &str = "ERR invalid cursor";
+    let (negative, digits) = match arg {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, arg),
+    };
+    if arg.is_empty() {
+        return Ok(0);
+    }
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(INVALID.into());
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(d - b'0')))
+            .ok_or(INVALID)?;
+    }
+    Ok(if negative { n.wrapping_neg() } else { n })
+}
+
 fn wrong_args(name: &str) -> Fail {
     format!("ERR wrong number of arguments for '{name}' command").into()
 }
@@ -666,10 +691,8 @@ fn set(args: &[Bytes], t: &mut Txn<'_>, clock: &ks::Clock, out: &mut Out<'_>) ->
     let apply = !(nx && exists || xx && !exists);
     if apply {
         match deadline {
-            // A deadline already past: the key is set and expires at once.
-            Some(d) if d <= clock.now_ms() => {
-                ks::delete(t, key, &held)?;
-            }
+            // A deadline already past is stored too, as Redis does: the key is expired at
+            // once (no reader sees it), and `DBSIZE` counts it until the reaper deletes it.
             Some(d) => ks::put_string(t, key, value, d, &held)?,
             None => {
                 let keep = if keepttl { held.deadline() } else { 0 };
@@ -765,10 +788,7 @@ fn scan(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let cursor: u64 = std::str::from_utf8(&args[1])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or("ERR invalid cursor")?;
+    let cursor = parse_cursor(&args[1])?;
     let mut pattern: Option<&[u8]> = None;
     let mut count = 10usize;
     let mut ty: Option<&[u8]> = None;
@@ -909,6 +929,25 @@ mod tests {
         assert_eq!(substring(v, 5, 3), b"");
         assert_eq!(substring(v, -1, -5), b"");
         assert_eq!(substring(b"", 0, -1), b"");
+    }
+
+    #[test]
+    fn cursors_parse_as_strtoul() {
+        assert_eq!(parse_cursor(b""), Ok(0));
+        assert_eq!(parse_cursor(b"0"), Ok(0));
+        assert_eq!(parse_cursor(b"+7"), Ok(7));
+        assert_eq!(parse_cursor(b"-1"), Ok(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            &b" 1"[..],
+            b"1 ",
+            b"x",
+            b"-",
+            b"18446744073709551616",
+            b"1.0",
+        ] {
+            assert!(parse_cursor(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -110,7 +110,11 @@ fn expire(
         } else if opt.eq_ignore_ascii_case(b"lt") {
             lt = true;
         } else {
-            return Err(format!("ERR Unsupported option {}", String::from_utf8_lossy(opt)).into());
+            // Redis formats it with `%s`: the text ends at a NUL byte.
+            let shown = opt.split(|&b| b == 0).next().unwrap_or_default();
+            return Err(
+                format!("ERR Unsupported option {}", String::from_utf8_lossy(shown)).into(),
+            );
         }
     }
     if nx && (xx || gt || lt) {
@@ -189,14 +193,15 @@ fn getex(
         }
         i += 1;
     }
-    let deadline = match ttl {
-        Some((unit, arg)) => Some(unit.deadline(arg, clock, "getex")?),
-        None => None,
-    };
+    // As in Redis: the key and its type first, then the expire time's value.
     let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
     let Some(value) = held.string()? else {
         out.null();
         return Ok(());
+    };
+    let deadline = match ttl {
+        Some((unit, arg)) => Some(unit.deadline(arg, clock, "getex")?),
+        None => None,
     };
     out.bulk(value);
     match deadline {

@@ -320,10 +320,14 @@ fn hscan(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let cursor: u64 = std::str::from_utf8(&args[2])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or("ERR invalid cursor")?;
+    let cursor = crate::data::parse_cursor(&args[2])?;
+    // As in Redis: the key and its type before the options.
+    let Some(m) = find(view, ctx, &args[1])? else {
+        out.array(2);
+        out.bulk(b"0");
+        out.array(0);
+        return Ok(());
+    };
     let mut pattern: Option<&[u8]> = None;
     let mut count = 10usize;
     let mut i = 3;
@@ -343,12 +347,6 @@ fn hscan(
         }
         i += 2;
     }
-    let Some(m) = find(view, ctx, &args[1])? else {
-        out.array(2);
-        out.bulk(b"0");
-        out.array(0);
-        return Ok(());
-    };
     let after = if cursor == 0 {
         None
     } else {

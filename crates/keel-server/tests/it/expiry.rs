@@ -216,10 +216,17 @@ fn set_and_friends_handle_ttls_like_redis() {
         error(&mut c, &["GETEX", "s", "EX", "1", "PERSIST"]),
         "ERR syntax error"
     );
+    // As in Redis, the expire time is checked only once the key is found.
+    assert_eq!(
+        query::<Value>(&mut c, &["GETEX", "s", "EX", "0"]),
+        Value::Nil
+    );
+    let _: () = query(&mut c, &["SET", "s", "v"]);
     assert_eq!(
         error(&mut c, &["GETEX", "s", "EX", "0"]),
         "ERR invalid expire time in 'getex' command"
     );
+    let _: () = query(&mut c, &["DEL", "s"]);
     assert_eq!(
         error(&mut c, &["SET", "s", "v", "EX", "1", "KEEPTTL"]),
         "ERR syntax error"
