@@ -12,6 +12,7 @@ mod pubsub;
 mod server;
 mod split;
 mod txn;
+mod types_bank;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
