@@ -6,6 +6,12 @@ mod basics;
 mod differential;
 mod expiry;
 mod hashes;
+#[path = "../../../keel/tests/it/history.rs"]
+#[allow(
+    dead_code,
+    reason = "the engine's checker; its other helpers serve the engine tests"
+)]
+mod history;
 mod lanes;
 mod protocol;
 mod pubsub;
@@ -13,6 +19,7 @@ mod server;
 mod split;
 mod txn;
 mod types_bank;
+mod types_history;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,0 +1,180 @@
+//! Strict serializability through the server over hash fields, checked by the engine's
+//! list-append checker (`crates/keel/tests/it/history.rs`, with real-time edges), while keys
+//! expire around it. Each list lives in a field of one of four hashes; a read-write
+//! transaction `WATCH`es the hashes it touches, reads its lists with `HGET`, then writes the
+//! longer lists with `HSET` in `MULTI … EXEC`; a read-only one reads its lists in one `MULTI`.
+//! Meanwhile TTLs come and go on the hashes and short-lived keys expire under the expirer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use redis::Value;
+
+use crate::history::{Elem, Key, Op, Outcome, TxnRecord, check, decode_list, encode_list};
+use crate::{TestServer, connect, query};
+
+const KEYS: Key = 8;
+const THREADS: u64 = 4;
+const TXNS_PER_THREAD: usize = 300;
+
+fn field_of(k: Key) -> (String, String) {
+    (format!("lh:{{{}}}", k % 4), format!("f{k}"))
+}
+
+fn bulk(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::Nil => None,
+        Value::BulkString(b) => Some(b),
+        other => panic!("a list value, not {other:?}"),
+    }
+}
+
+/// One thread's transactions: ops, outcome and real-time interval (from `tick`).
+fn client(url: &str, thread: u64, tick: &AtomicU64) -> Vec<TxnRecord> {
+    let mut c = connect(url);
+    let mut x = (thread + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    // Elements are unique across the history: the thread in the high bits.
+    let mut elem: Elem = thread << 40;
+    let mut history = Vec::new();
+    for i in 0..TXNS_PER_THREAD {
+        let n = 1 + next() % 3;
+        let mut keys: Vec<Key> = (0..n).map(|_| (next() % u64::from(KEYS)) as Key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let read_only = next() % 4 == 0;
+        let began = tick.fetch_add(1, Ordering::SeqCst);
+        let mut ops = Vec::new();
+        let outcome = if read_only {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for &k in &keys {
+                let (h, f) = field_of(k);
+                pipe.cmd("HGET").arg(h).arg(f);
+            }
+            let values: Vec<Value> = pipe.query(&mut c).expect("read-only MULTI");
+            for (&k, v) in keys.iter().zip(values) {
+                let value = decode_list(bulk(v).as_deref());
+                ops.push(Op::Read { key: k, value });
+            }
+            Outcome::Committed
+        } else {
+            let hashes: Vec<String> = keys.iter().map(|&k| field_of(k).0).collect();
+            let _: () = redis::cmd("WATCH")
+                .arg(&hashes)
+                .query(&mut c)
+                .expect("WATCH");
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for &k in &keys {
+                let (h, f) = field_of(k);
+                let v: Value = redis::cmd("HGET")
+                    .arg(&h)
+                    .arg(&f)
+                    .query(&mut c)
+                    .expect("HGET");
+                let mut list = decode_list(bulk(v).as_deref());
+                ops.push(Op::Read {
+                    key: k,
+                    value: list.clone(),
+                });
+                if next() % 3 != 0 {
+                    elem += 1;
+                    list.push(elem);
+                    ops.push(Op::Append { key: k, elem });
+                    pipe.cmd("HSET").arg(h).arg(f).arg(encode_list(&list));
+                }
+            }
+            let done: Option<Vec<Value>> = pipe.query(&mut c).expect("EXEC");
+            if done.is_some() {
+                Outcome::Committed
+            } else {
+                Outcome::Aborted
+            }
+        };
+        let ended = tick.fetch_add(1, Ordering::SeqCst);
+        history.push(TxnRecord {
+            name: format!("t{thread}.{i}"),
+            ops,
+            outcome,
+            position: None,
+            read_ts: None,
+            time: Some((began, ended)),
+        });
+    }
+    history
+}
+
+#[test]
+fn hash_fields_stay_strictly_serializable_while_keys_expire() {
+    let server = TestServer::start();
+    let tick = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let noise = {
+        let (url, stop) = (server.url(false), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = connect(&url);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let h = format!("lh:{{{}}}", n % 4);
+                // A TTL far ahead and gone again: the lists must not notice.
+                let _: i64 = query(&mut c, &["PEXPIRE", &h, "600000"]);
+                let _: i64 = query(&mut c, &["PERSIST", &h]);
+                let ttl = (1 + n % 10).to_string();
+                let _: () = query(&mut c, &["SET", &format!("tmp:{n}"), "v", "PX", &ttl]);
+                let _: i64 = query(&mut c, &["HSET", &format!("tmph:{n}"), "f", "1"]);
+                let _: i64 = query(&mut c, &["PEXPIRE", &format!("tmph:{n}"), &ttl]);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+
+    let clients: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (url, tick) = (server.url(t % 2 == 1), tick.clone());
+            std::thread::spawn(move || client(&url, t, &tick))
+        })
+        .collect();
+    let mut history = Vec::new();
+    for c in clients {
+        history.extend(c.join().expect("client thread"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    noise.join().expect("noise thread");
+
+    // A last read of every list, after everything: it sees every committed append.
+    let mut c = server.client();
+    let began = tick.fetch_add(1, Ordering::SeqCst);
+    let mut ops = Vec::new();
+    for k in 0..KEYS {
+        let (h, f) = field_of(k);
+        let v: Value = redis::cmd("HGET")
+            .arg(h)
+            .arg(f)
+            .query(&mut c)
+            .expect("HGET");
+        let value = decode_list(bulk(v).as_deref());
+        ops.push(Op::Read { key: k, value });
+    }
+    let ended = tick.fetch_add(1, Ordering::SeqCst);
+    history.push(TxnRecord {
+        time: Some((began, ended)),
+        ..TxnRecord::committed("final", ops)
+    });
+
+    let report = check(&history).unwrap_or_else(|e| panic!("not strictly serializable: {e}"));
+    assert!(report.committed > 300, "enough commits: {report:?}");
+    assert!(report.aborted > 0, "WATCH lost some races: {report:?}");
+    assert!(
+        report.rw_edges > 0,
+        "anti-dependencies were exercised: {report:?}"
+    );
+    assert!(report.list_len_max > 20, "lists grew: {report:?}");
+}
