@@ -152,6 +152,19 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
         ],
     ),
     (
+        "SCAN reads its cursor as strtoul does",
+        &[
+            &["SET", "a", "1"],
+            &["SCAN", ""],
+            &["SCAN", "+0"],
+            &["SCAN", "-0", "COUNT", "5"],
+            &["SCAN", " 0"],
+            &["SCAN", "0 "],
+            &["SCAN", "-"],
+            &["SCAN", "18446744073709551616"],
+        ],
+    ),
+    (
         "WATCH sees a key created and deleted again after it",
         &[
             &["WATCH", "a"],
