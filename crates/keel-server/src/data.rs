@@ -259,36 +259,6 @@ pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
     string_to_i64(arg).ok_or(NOT_INTEGER.into())
 }
 
-pub fn float_arg(arg: &[u8]) -> Option<f64> {
-    let s = std::str::from_utf8(arg).ok()?;
-    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_whitespace()) {
-        return None;
-    }
-    let x: f64 = s.parse().ok()?;
-    (!x.is_nan()).then_some(x)
-}
-
-/// `INCRBYFLOAT`'s result text: 15 significant digits with trailing zeros trimmed, which is
-/// what Redis's long-double arithmetic prints for the common cases (`0.1 + 0.2` is `0.3`).
-pub fn format_float(x: f64) -> String {
-    let magnitude = if x == 0.0 {
-        0
-    } else {
-        x.abs().log10().floor() as i32
-    };
-    let decimals = usize::try_from((14 - magnitude).max(0)).expect("non-negative");
-    let mut s = format!("{x:.decimals$}");
-    if s.contains('.') {
-        while s.ends_with('0') {
-            s.pop();
-        }
-        if s.ends_with('.') {
-            s.pop();
-        }
-    }
-    if s == "-0" { "0".into() } else { s }
-}
-
 /// Parses a `KEEL.RANGE` bound: `-`/`+` unbounded, `[x` inclusive, `(x` exclusive.
 fn lex_bound(arg: &[u8], low: bool) -> Result<Bound<Vec<u8>>, Fail> {
     match arg {
@@ -473,20 +443,17 @@ pub fn run(
             out.int(sum);
         }
         Cmd::Incrbyfloat => {
-            let incr = float_arg(&args[2]).ok_or(NOT_FLOAT)?;
             let t = view.txn();
             let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
-            let base = match held.string()? {
-                None => 0.0,
-                Some(v) => float_arg(v).ok_or(NOT_FLOAT)?,
-            };
-            let sum = base + incr;
-            if !sum.is_finite() {
-                return Err("ERR increment would produce NaN or Infinity".into());
-            }
-            let text = format_float(sum);
-            ks::put_string(t, &args[1], text.as_bytes(), held.deadline(), &held)?;
-            out.bulk(text.as_bytes());
+            // In C's long double, as Redis adds (see `long_double`).
+            let text = crate::long_double::add(held.string()?, &args[2]).map_err(|e| match e {
+                crate::long_double::Error::NotFinite => {
+                    Fail::from("ERR increment would produce NaN or Infinity")
+                }
+                _ => NOT_FLOAT.into(),
+            })?;
+            ks::put_string(t, &args[1], &text, held.deadline(), &held)?;
+            out.bulk(&text);
         }
         Cmd::Del | Cmd::Unlink => {
             let t = view.txn();
@@ -948,17 +915,5 @@ mod tests {
         ] {
             assert!(parse_cursor(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn float_text() {
-        assert_eq!(format_float(10.5 + 0.1), "10.6");
-        assert_eq!(format_float(0.1 + 0.2), "0.3");
-        assert_eq!(format_float(5000.0), "5000");
-        assert_eq!(format_float(-0.0), "0");
-        assert_eq!(format_float(3.0e-5), "0.00003");
-        assert_eq!(float_arg(b" 1"), None);
-        assert_eq!(float_arg(b"nan"), None);
-        assert_eq!(float_arg(b"1e3"), Some(1000.0));
     }
 }

@@ -15,11 +15,12 @@ use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{
-    Ctx, Fail, NOT_FLOAT, NOT_INTEGER, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View, float_arg,
-    format_float, int_arg, reply_too_big,
+    Ctx, Fail, NOT_FLOAT, NOT_INTEGER, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View, int_arg,
+    reply_too_big,
 };
 use crate::glob;
 use crate::keyspace::{self as ks, HASH_FIELD, Held, Meta, Type, WRONGTYPE};
+use crate::long_double;
 use crate::reply::{Out, Proto};
 use crate::resp::string_to_i64;
 use crate::table::Cmd;
@@ -285,26 +286,29 @@ pub fn run(
             out.int(sum);
         }
         Cmd::Hincrbyfloat => {
-            let incr = float_arg(&args[3]).ok_or(NOT_FLOAT)?;
+            // In C's long double, as Redis adds (see `long_double`); the increment is checked
+            // before the key's type, as in Redis.
+            match long_double::is_infinite(&args[3]) {
+                None => return Err(NOT_FLOAT.into()),
+                Some(true) => return Err("ERR value is NaN or Infinity".into()),
+                Some(false) => {}
+            }
             let t = view.txn();
             let meta = find_or_create(t, ctx, key)?;
             let fk = ks::sub_key(HASH_FIELD, meta.generation, &args[2]);
-            let current = t.get_with(&fk, |v| v.map(float_arg))?;
-            let base = match current {
-                None => 0.0,
-                Some(Some(x)) => x,
-                Some(None) => return Err("ERR hash value is not a float".into()),
-            };
-            let sum = base + incr;
-            if !sum.is_finite() {
-                return Err("ERR increment would produce NaN or Infinity".into());
-            }
-            let text = format_float(sum);
-            t.put(&fk, text.as_bytes())?;
+            let current = t.get(&fk)?;
+            let text = long_double::add(current.as_deref(), &args[3]).map_err(|e| match e {
+                long_double::Error::Current => Fail::from("ERR hash value is not a float"),
+                long_double::Error::Incr => NOT_FLOAT.into(),
+                long_double::Error::NotFinite => {
+                    "ERR increment would produce NaN or Infinity".into()
+                }
+            })?;
+            t.put(&fk, &text)?;
             if current.is_none() {
                 t.add(&ks::size_key(meta.generation), 1)?;
             }
-            out.bulk(text.as_bytes());
+            out.bulk(&text);
         }
         Cmd::Hscan => hscan(args, view, ctx, out)?,
         Cmd::Hrandfield => hrandfield(args, view, ctx, out)?,

@@ -26,6 +26,7 @@ mod hashes;
 mod info;
 mod keyspace;
 pub mod lanes;
+mod long_double;
 mod pubsub;
 mod reaper;
 mod reply;

@@ -29,8 +29,6 @@
 //! - `SELECT 1`..`SELECT 15`: keel has one database (documented); `SELECT 0` and bad indexes
 //!   are sent.
 //! - `AUTH` with a password set: the servers run without one (the errors are compared).
-//! - `INCRBYFLOAT` and `HINCRBYFLOAT`, for now: Redis adds in x87 long double and prints 17
-//!   decimals, which keel does not reproduce yet.
 //! - `SET` with an absolute deadline in the past: both servers store the key expired, and
 //!   `DBSIZE` counts it until each one's expiry cycle deletes it, at different moments.
 //! - `EXPIRE ... GT|LT` with relative times: two equal relative TTLs compare by the
@@ -149,6 +147,46 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
             &["SCAN", "0", "MATCH", "*"],
             &["SCAN", "0", "MATCH", "**"],
             &["SCAN", "0", "MATCH", "[a-]"],
+        ],
+    ),
+    (
+        "INCRBYFLOAT adds in C's long double and prints it as Redis does",
+        &[
+            &["SET", "a", "10.50"],
+            &["INCRBYFLOAT", "a", "0.1"],
+            &["INCRBYFLOAT", "a", "1000.1"],
+            &["INCRBYFLOAT", "a", "0x10"],
+            &["INCRBYFLOAT", "b", "1e308"],
+            &["INCRBYFLOAT", "b", "1e308"],
+            &["INCRBYFLOAT", "c", "1e5000"],
+            &["INCRBYFLOAT", "c", "inf"],
+            &["INCRBYFLOAT", "c", "nan"],
+            &["INCRBYFLOAT", "c", " 1"],
+            &["SET", "d", "abc"],
+            &["INCRBYFLOAT", "d", "xyz"],
+            &["INCRBYFLOAT", "e", "-0"],
+            &["SET", "f", "\u{0}7"],
+            &["INCRBYFLOAT", "f", "1"],
+            &["INCRBYFLOAT", "g", "1\u{0}"],
+        ],
+    ),
+    (
+        "HINCRBYFLOAT adds in C's long double and checks as Redis does",
+        &[
+            &["HINCRBYFLOAT", "h", "f", "1000.1"],
+            &["HINCRBYFLOAT", "h", "f", "10.6"],
+            &["HINCRBYFLOAT", "h", "f", "0x10"],
+            &["HINCRBYFLOAT", "h", "f", "inf"],
+            &["HINCRBYFLOAT", "h", "f", "abc"],
+            &["HSET", "h", "g", "abc", "i", "5"],
+            &["HINCRBYFLOAT", "h", "g", "1"],
+            &["HINCRBYFLOAT", "h", "i", "1.5"],
+            &["HINCRBYFLOAT", "h", "j", "1e308"],
+            &["HINCRBYFLOAT", "h", "j", "1e308"],
+            &["SET", "s", "1"],
+            &["HINCRBYFLOAT", "s", "f", "abc"],
+            &["HINCRBYFLOAT", "s", "f", "-inf"],
+            &["HINCRBYFLOAT", "s", "f", "1"],
         ],
     ),
     (
@@ -1250,8 +1288,38 @@ impl Gen {
     /// A float argument for `INCRBYFLOAT`.
     fn float_arg(&mut self) -> String {
         self.pick(&[
-            "0.1", "1.5", "-2.5", "3e2", "1e-3", "10", "-7", "0", "-0", "abc", "inf", "-inf",
-            "nan", "", " 1", "1 ", "0x10", "1.0e", ".5", "5.", "+1.25", "10.5",
+            "0.1",
+            "1.5",
+            "-2.5",
+            "3e2",
+            "1e-3",
+            "10",
+            "-7",
+            "0",
+            "-0",
+            "abc",
+            "inf",
+            "-inf",
+            "nan",
+            "",
+            " 1",
+            "1 ",
+            "0x10",
+            "1.0e",
+            ".5",
+            "5.",
+            "+1.25",
+            "10.5",
+            "1000.1",
+            "1e308",
+            "-1e308",
+            "1e4000",
+            "1e5000",
+            "1e-5000",
+            "0x1p-2",
+            "1.23456789012345678",
+            "infinity",
+            "1\u{0}2",
         ])
         .to_string()
     }
@@ -1373,7 +1441,7 @@ fn strings(g: &mut Gen) -> Vec<Vec<u8>> {
 /// Counters: INCR, INCRBY, DECR, DECRBY, INCRBYFLOAT.
 fn counters(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key();
-    match g.rng.below(5) {
+    match g.rng.below(6) {
         0 | 1 => cmd(&["INCR", key]),
         2 => cmd(&["DECR", key]),
         3 => cmd(&["INCRBY", key, &g.int_arg()]),
@@ -1482,7 +1550,7 @@ fn expiry(g: &mut Gen) -> Vec<Vec<u8>> {
 }
 
 /// Hashes: HSET, HSETNX, HGET, HMGET, HMSET, HGETALL, HDEL, HLEN, HEXISTS, HKEYS, HVALS,
-/// HINCRBY, HSTRLEN, HSCAN, HRANDFIELD. (Not HINCRBYFLOAT, for INCRBYFLOAT's reason.)
+/// HINCRBY, HINCRBYFLOAT, HSTRLEN, HSCAN, HRANDFIELD.
 fn hashes(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key();
     let pairs = |g: &mut Gen, name: &str| {
@@ -1511,7 +1579,8 @@ fn hashes(g: &mut Gen) -> Vec<Vec<u8>> {
         12 => cmd(&["HLEN", key]),
         13 => cmd(&["HEXISTS", key, g.field()]),
         14 => cmd(&[g.pick(&["HKEYS", "HVALS"]), key]),
-        15 | 16 => cmd(&["HINCRBY", key, g.field(), &g.int_arg()]),
+        15 => cmd(&["HINCRBY", key, g.field(), &g.int_arg()]),
+        16 => cmd(&["HINCRBYFLOAT", key, g.field(), &g.float_arg()]),
         17 => cmd(&["HSTRLEN", key, g.field()]),
         18 => {
             let mut args = vec!["HSCAN".to_string(), key.to_string(), "0".to_string()];
