@@ -561,3 +561,127 @@ fn a_server_that_churns_collections_and_ttls_stays_bounded() {
     drop(c);
     sigterm(server);
 }
+
+/// Issue 21's crash loop with types: cycles of clients writing hash fields, counting with
+/// `HINCRBY` and giving keys TTLs, each cycle ended by SIGKILL under `sync`; every restart must
+/// find every acknowledged field with its value, every counter at least at its acknowledged
+/// count (at most one increment more per client: the one in flight), every long TTL still
+/// set, and no key whose TTL passed.
+#[test]
+fn crash_loop_keeps_types_and_ttls() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    const CLIENTS: usize = 3;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // (hash, field, value) acknowledged; per client, increments acknowledged.
+    let fields = Arc::new(Mutex::new(Vec::<(String, String, u64)>::new()));
+    let increments = Arc::new(Mutex::new(vec![0u64; CLIENTS]));
+    for cycle in 0..4u64 {
+        let server = start(dir.path(), "sync");
+        let mut c = redis::Client::open(format!("redis://{}/", server.addr))
+            .expect("url")
+            .get_connection()
+            .expect("connect");
+        // What the previous cycles acknowledged is all there.
+        for chunk in fields.lock().unwrap().chunks(200) {
+            let mut pipe = redis::pipe();
+            for (h, f, _) in chunk {
+                pipe.cmd("HGET").arg(h).arg(f);
+            }
+            let got: Vec<Option<u64>> = pipe.query(&mut c).expect("HGET");
+            for ((h, f, v), got) in chunk.iter().zip(got) {
+                assert_eq!(got, Some(*v), "cycle {cycle}: {h} {f} lost");
+            }
+        }
+        for (t, &acked) in increments.lock().unwrap().iter().enumerate() {
+            let n: Option<u64> = redis::cmd("HGET")
+                .arg("counters")
+                .arg(format!("c{t}"))
+                .query(&mut c)
+                .expect("HGET");
+            let n = n.unwrap_or(0);
+            assert!(
+                n >= acked && n <= acked + cycle,
+                "cycle {cycle}: counter {t} is {n}, {acked} acknowledged"
+            );
+        }
+        for t in 0..CLIENTS {
+            let ttl: i64 = redis::cmd("TTL")
+                .arg(format!("long:{t}"))
+                .query(&mut c)
+                .expect("TTL");
+            assert!(
+                cycle == 0 || ttl > 0,
+                "cycle {cycle}: long:{t} lost its TTL ({ttl})"
+            );
+            let short: i64 = redis::cmd("EXISTS")
+                .arg(format!("short:{t}"))
+                .query(&mut c)
+                .expect("EXISTS");
+            assert_eq!(short, 0, "cycle {cycle}: short:{t} outlived its TTL");
+        }
+
+        let count = Arc::new(AtomicUsize::new(0));
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let url = format!("redis://{}/", server.addr);
+                let (fields, increments, count) = (
+                    Arc::clone(&fields),
+                    Arc::clone(&increments),
+                    Arc::clone(&count),
+                );
+                std::thread::spawn(move || {
+                    let mut c = redis::Client::open(url)
+                        .expect("url")
+                        .get_connection()
+                        .expect("connect");
+                    let setup = redis::pipe()
+                        .cmd("SET")
+                        .arg(format!("long:{t}"))
+                        .arg("v")
+                        .arg("EX")
+                        .arg(3600)
+                        .cmd("SET")
+                        .arg(format!("short:{t}"))
+                        .arg("v")
+                        .arg("PX")
+                        .arg(1)
+                        .query::<()>(&mut c);
+                    if setup.is_err() {
+                        return;
+                    }
+                    for i in 0u64.. {
+                        let (h, f) = (format!("h:{cycle}:{t}:{}", i % 7), format!("f{i}"));
+                        let done = redis::pipe()
+                            .atomic()
+                            .cmd("HSET")
+                            .arg(&h)
+                            .arg(&f)
+                            .arg(i)
+                            .cmd("HINCRBY")
+                            .arg("counters")
+                            .arg(format!("c{t}"))
+                            .arg(1)
+                            .query::<()>(&mut c);
+                        if done.is_err() {
+                            return;
+                        }
+                        fields.lock().unwrap().push((h, f, i));
+                        increments.lock().unwrap()[t] += 1;
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        while count.load(Ordering::SeqCst) < 150 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut server = server;
+        server.child.kill().expect("SIGKILL");
+        server.child.wait().expect("reaped");
+        for client in clients {
+            client.join().expect("client thread");
+        }
+    }
+    assert!(fields.lock().unwrap().len() >= 450);
+}
