@@ -111,9 +111,18 @@ enum Locking {
     Dead,
 }
 
+/// Reads a transaction remembers without allocating, the common case: a command reads a key or
+/// two (the server's commands read one absent meta record before each write).
+const READS_INLINE: usize = 2;
+/// Bytes of an absent key remembered inline; longer keys are copied to the heap.
+const ABSENT_KEY_INLINE_BYTES: usize = 32;
+
 enum Read {
     Record(RecordRef),
-    Absent { key: Box<[u8]>, hash: u64 },
+    Absent {
+        key: smallvec::SmallVec<[u8; ABSENT_KEY_INLINE_BYTES]>,
+        hash: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -402,7 +411,7 @@ pub struct Txn<'db> {
     durability: Option<Durability>,
     slot: SlotId,
     read_ts: Ts,
-    reads: Vec<Read>,
+    reads: smallvec::SmallVec<[Read; READS_INLINE]>,
     ranges: Vec<KeyRange>,
     writes: WriteSet,
     /// A write of this transaction waited for a split record's reconciliation: a failed
@@ -441,7 +450,7 @@ impl<'db> Txn<'db> {
             durability: None,
             slot,
             read_ts,
-            reads: Vec::new(),
+            reads: smallvec::SmallVec::new(),
             ranges: Vec::new(),
             writes: WriteSet::default(),
             stashed: std::sync::atomic::AtomicBool::new(false),
@@ -487,7 +496,7 @@ impl<'db> Txn<'db> {
         match record {
             Some(record) => self.remember(Read::Record(record))?,
             None => self.remember(Read::Absent {
-                key: key.into(),
+                key: smallvec::SmallVec::from_slice(key),
                 hash,
             })?,
         }

@@ -25,6 +25,39 @@ fn own_writes_and_snapshot_isolation() {
     assert_eq!(db.snapshot().unwrap().get(b"a").unwrap(), None);
 }
 
+/// A read of an absent key conflicts with its creation, whether the key is remembered inline
+/// (short) or on the heap (long), and whatever else the transaction read (reads spill from
+/// their inline slots to the heap).
+#[test]
+fn absent_reads_of_short_and_long_keys_conflict_with_their_creation() {
+    let db = Db::in_memory();
+    let long = vec![b'k'; 300];
+    for key in [
+        &b"short"[..],
+        &b"exactly-thirty-two-bytes-long-k!"[..],
+        &long,
+    ] {
+        for other_reads in [0, 1, 5] {
+            let mut reader = db.begin().unwrap();
+            for i in 0..other_reads {
+                reader.get(format!("other{i}").as_bytes()).unwrap();
+            }
+            assert_eq!(reader.get(key).unwrap(), None);
+            reader.put(b"out", b"1").unwrap();
+            db.transact(|t| t.put(key, b"now here")).unwrap();
+            let conflict = reader.commit().unwrap().unwrap_err();
+            assert_eq!(conflict.reason, ConflictReason::ReadChanged);
+            assert_eq!(conflict.key, key);
+            db.transact(|t| t.delete(key)).unwrap();
+            // Unchanged, the same read commits.
+            let mut reader = db.begin().unwrap();
+            assert_eq!(reader.get(key).unwrap(), None);
+            reader.put(b"out", b"2").unwrap();
+            assert!(reader.commit().unwrap().is_ok());
+        }
+    }
+}
+
 #[test]
 fn dropped_transaction_aborts() {
     let db = Db::in_memory();
