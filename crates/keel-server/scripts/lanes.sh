@@ -2,8 +2,10 @@
 # keel serve under each lane mode (--poller auto|on|off) beside redis-server and, if present,
 # valkey-server, interleaved (the order rotates each round, every server starts fresh per
 # pipeline depth): requests per second and the server's CPU time per request (from
-# /proc/PID/stat) for SET, GET, INCR and MSET, -c 50, at -P 1 and -P 16. This is the
-# measurement behind the lane design (ARCHITECTURE.md, "Server threads").
+# /proc/PID/stat) for SET, GET, INCR and MSET (TESTS picks others: a comma-separated
+# redis-benchmark -t list, e.g. TESTS=lpush,rpush,lpop,rpop,sadd,hset,spop,zadd,zpopmin,
+# lrange_100,lrange_300,lrange_500,lrange_600 for the data types), -c 50, at -P 1 and -P 16.
+# This is the measurement behind the lane design (ARCHITECTURE.md, "Server threads").
 #
 #   crates/keel-server/scripts/lanes.sh [rounds] [requests -P 1] [requests -P 16] > lanes.csv
 #
@@ -24,6 +26,7 @@ redis=${REDIS_BIN:-$(command -v redis-server || true)}
 valkey=${VALKEY_BIN:-$(command -v valkey-server || true)}
 bench=${BENCH_BIN:-$(command -v redis-benchmark)}
 dur=${DURABILITY:-async:1000}
+tests=${TESTS:-set,get,incr,mset}
 modes=${MODES:-"auto on off redis valkey"}
 [ -n "$valkey" ] || modes=${modes//valkey/}
 fsync=everysec
@@ -74,7 +77,7 @@ for round in $(seq "$rounds"); do
     for p in 1 16; do
       n=$n1; [ $p = 16 ] && n=$n16
       start "$mode"
-      for t in set get incr mset; do
+      for t in ${tests//,/ }; do
         c0=$(cpu_s $pid)
         rps=$("${pin_client[@]}" "$bench" -p $port -t $t -c 50 -n "$n" -r 1000000 -P $p \
           "${bench_threads[@]}" --csv -q | tail -n 1 | cut -d, -f2 | tr -d '"')
