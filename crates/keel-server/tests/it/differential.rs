@@ -3,7 +3,8 @@
 //! Each run starts `/usr/bin/redis-server` (no persistence) on a free loopback port and a keel
 //! server in-process, then sends both the same seeded random sequence of commands over raw
 //! RESP and requires equal replies: same RESP types, same bytes, same error texts. It runs once
-//! speaking RESP2 and once after `HELLO 3`. Redis is the reference; the installed one is what
+//! speaking RESP2 and once after `HELLO 3`. Now and then a few data commands go out in one
+//! write (pipelined), which keel runs as one batched transaction. Redis is the reference; the installed one is what
 //! CI installs (Debian's, 7.0 at the time of writing).
 //!
 //! Running more: `KEEL_DIFF_OPS=200000 KEEL_DIFF_SEED=7 cargo test -p keel-server --test it
@@ -294,9 +295,9 @@ fn differential(resp3: bool, default_seed: u64) {
     let mut harness = Harness::new(&servers, resp3);
     let mut trace = Vec::with_capacity(ops.min(1 << 20));
     for step_no in 0..ops {
-        let step = draw.step(&harness.state);
-        trace.push(step.clone());
-        let mut result = harness.run(&step);
+        let write = draw.next_write(&harness.state);
+        trace.push(write.clone());
+        let mut result = harness.run_write(&write);
         if result.is_ok() && (step_no + 1) % STATE_CHECK_EVERY == 0 {
             result = harness.check_contents();
         }
@@ -317,7 +318,7 @@ fn report(
     resp3: bool,
     seed: u64,
     step_no: usize,
-    trace: &[Step],
+    trace: &[Vec<Step>],
     mismatch: &Mismatch,
 ) -> String {
     let proto = if resp3 { "RESP3" } else { "RESP2" };
@@ -325,8 +326,8 @@ fn report(
         "keel and redis-server differ ({proto}, seed {seed}, step {step_no}):\n{mismatch}\n\
          the last steps:\n"
     );
-    for s in &trace[trace.len().saturating_sub(30)..] {
-        text.push_str(&format!("  {s}\n"));
+    for w in &trace[trace.len().saturating_sub(30)..] {
+        text.push_str(&format!("  {}\n", show(w)));
     }
     match shrink(servers, resp3, trace) {
         Some(short) => {
@@ -334,8 +335,8 @@ fn report(
                 "a shorter sequence that differs ({} steps):\n",
                 short.len()
             ));
-            for s in &short {
-                text.push_str(&format!("  {s}\n"));
+            for w in &short {
+                text.push_str(&format!("  {}\n", show(w)));
             }
         }
         None => text.push_str("(no shorter sequence reproduces it from empty servers)\n"),
@@ -343,16 +344,27 @@ fn report(
     text
 }
 
-/// Drops steps from `trace` while a fresh replay still differs at its last step.
-fn shrink(servers: &Servers, resp3: bool, trace: &[Step]) -> Option<Vec<Step>> {
+/// One write of steps: a step alone, or several pipelined.
+fn show(write: &[Step]) -> String {
+    match write {
+        [step] => step.to_string(),
+        steps => {
+            let steps: Vec<String> = steps.iter().map(Step::to_string).collect();
+            format!("pipelined: {}", steps.join(" | "))
+        }
+    }
+}
+
+/// Drops writes from `trace` while a fresh replay still differs at its last write.
+fn shrink(servers: &Servers, resp3: bool, trace: &[Vec<Step>]) -> Option<Vec<Vec<Step>>> {
     let started = Instant::now();
     let replays = std::cell::Cell::new(0);
-    let fails = |steps: &[Step]| -> bool {
+    let fails = |steps: &[Vec<Step>]| -> bool {
         replays.set(replays.get() + 1);
         let mut harness = Harness::new(servers, resp3);
         harness.flush_all();
         for (i, s) in steps.iter().enumerate() {
-            match harness.run(s) {
+            match harness.run_write(s) {
                 Ok(()) => {}
                 Err(_) => return i + 1 == steps.len(),
             }
@@ -372,7 +384,8 @@ fn shrink(servers: &Servers, resp3: bool, trace: &[Step]) -> Option<Vec<Step>> {
                 return Some(steps);
             }
             let end = (at + chunk).min(steps.len() - 1);
-            let candidate: Vec<Step> = steps[..at].iter().chain(&steps[end..]).cloned().collect();
+            let candidate: Vec<Vec<Step>> =
+                steps[..at].iter().chain(&steps[end..]).cloned().collect();
             if fails(&candidate) {
                 steps = candidate;
             } else {
@@ -802,6 +815,33 @@ impl Harness {
         self.flags[name].iter().any(|f| f == flag)
     }
 
+    /// Sends one write of steps (from [`Gen::next_write`]) to both servers and compares the
+    /// replies. Several steps are pipelined: written at once, their replies read after, so
+    /// keel runs them as one batch. They are data commands of the main client outside
+    /// `MULTI` and `WATCH`, none that the harness must follow up (`SCAN`).
+    fn run_write(&mut self, steps: &[Step]) -> Result<(), Mismatch> {
+        if let [step] = steps {
+            return self.run(step);
+        }
+        for s in steps {
+            self.main.keel.send(&s.args);
+            self.main.redis.send(&s.args);
+        }
+        for (i, s) in steps.iter().enumerate() {
+            let name = s.name();
+            let keel = normalize(&name, self.main.keel.read());
+            let redis = normalize(&name, self.main.redis.read());
+            if keel != redis {
+                return Err(Mismatch {
+                    what: format!("step {} of {} pipelined: {s}", i + 1, steps.len()),
+                    keel,
+                    redis,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Sends `step` to both servers and compares the replies.
     fn run(&mut self, step: &Step) -> Result<(), Mismatch> {
         let name = step.name();
@@ -1153,6 +1193,29 @@ impl Gen {
             in_multi: false,
             base_secs: now - now % 86_400 + 86_400,
         }
+    }
+
+    /// The next write: usually one step; sometimes, outside `MULTI` and `WATCH`, a few data
+    /// commands pipelined.
+    fn next_write(&mut self, state: &State) -> Vec<Step> {
+        if state.multi.is_some() || state.watching || !self.chance(1, 12) {
+            return vec![self.step(state)];
+        }
+        self.in_multi = false;
+        let n = 2 + self.rng.below(7);
+        let mut steps = Vec::with_capacity(n);
+        while steps.len() < n {
+            let args = self.family_command(false);
+            let step = Step {
+                who: Who::Main,
+                args,
+            };
+            // The harness follows a SCAN's cursor with more calls, which a pipeline cannot.
+            if !step.name().ends_with("scan") {
+                steps.push(step);
+            }
+        }
+        steps
     }
 
     /// The next step, given what the main client is in the middle of.
