@@ -102,6 +102,9 @@ struct Watch {
     /// Each watched engine key (a user key's plain key and meta record) with the snapshot
     /// timestamp of the `WATCH` that watched it.
     keys: Vec<(Bytes, keel::Ts)>,
+    /// The deadlines (unix ms) of watched keys that had one, still ahead, when watched: one
+    /// that has passed by `EXEC` aborts it, as in Redis, even if nothing deleted the key yet.
+    deadlines: Vec<u64>,
 }
 
 struct Multi {
@@ -1102,6 +1105,7 @@ impl Conn {
         // key watched earlier keeps the version recorded then).
         let mut txn = self.shared.db.begin().map_err(begin_error)?;
         let mut engine_keys: Vec<Bytes> = Vec::with_capacity(keys.len() * 2);
+        let mut deadlines = Vec::new();
         for user_key in keys {
             let meta_key = crate::keyspace::meta_key(user_key);
             engine_keys.push(Bytes::from(
@@ -1111,6 +1115,11 @@ impl Conn {
             // A collection's size record too, so that adding or removing a field is seen,
             // and its first WATCH_FIELDS_MAX fields, so that overwriting one is.
             let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
+            if let Some(Ok(m)) = &meta
+                && m.deadline > crate::keyspace::unix_ms()
+            {
+                deadlines.push(m.deadline);
+            }
             if let Some(Ok(m)) = meta
                 && m.ty != crate::keyspace::Type::String
             {
@@ -1129,19 +1138,21 @@ impl Conn {
             txn.newest_ts(key)?;
         }
         // Only once every key is checked: a failed WATCH leaves the earlier watches as they were.
-        let (mut recorded, first) = match self.watch.take() {
-            Some(w) => (w.keys, Some(w.first.unwrap_or(w.txn))),
-            None => (Vec::new(), None),
+        let (mut recorded, first, mut recorded_deadlines) = match self.watch.take() {
+            Some(w) => (w.keys, Some(w.first.unwrap_or(w.txn)), w.deadlines),
+            None => (Vec::new(), None, Vec::new()),
         };
         for key in engine_keys {
             if !recorded.iter().any(|(k, _)| *k == key) {
                 recorded.push((key, txn.read_ts()));
             }
         }
+        recorded_deadlines.extend(deadlines);
         self.watch = Some(Watch {
             txn,
             first,
             keys: recorded,
+            deadlines: recorded_deadlines,
         });
         Ok(())
     }
@@ -1334,9 +1345,9 @@ impl Conn {
         let mut out = Out::new(output, proto);
         // Every attempt is a fresh transaction; the WATCH transactions stay open until EXEC
         // is done, so that no deletion of a watched key is collected before it is seen.
-        let (watched, _pins) = match watch {
-            Some(w) => (w.keys, Some((w.txn, w.first))),
-            None => (Vec::new(), None),
+        let (watched, deadlines, _pins) = match watch {
+            Some(w) => (w.keys, w.deadlines, Some((w.txn, w.first))),
+            None => (Vec::new(), Vec::new(), None),
         };
         let mut attempt = 1;
         let may_wait = self.may_wait(multi.queue.iter().map(|(c, _)| *c));
@@ -1354,6 +1365,13 @@ impl Conn {
                         out.null_array();
                         return Err(Ok(()));
                     }
+                }
+                // A watched key whose deadline has passed since WATCH has expired (whether or
+                // not anything deleted it yet): Redis counts that as a change.
+                if deadlines.iter().any(|&d| d <= ctx.clock.now_ms()) {
+                    shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                    out.null_array();
+                    return Err(Ok(()));
                 }
                 out.array(multi.queue.len());
                 let mut failed = false;

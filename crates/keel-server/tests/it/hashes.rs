@@ -375,7 +375,7 @@ fn concurrent_field_writers_do_not_conflict() {
     assert_eq!(conflicts(&mut c), before, "a field write lost a validation");
 }
 
-/// `WATCH` sees a hash gain a field and a string gain a TTL.
+/// `WATCH` sees a hash gain a field, a string gain a TTL, and a key expire.
 #[test]
 fn watch_sees_fields_added_and_ttls_changed() {
     let server = TestServer::start();
@@ -395,6 +395,15 @@ fn watch_sees_fields_added_and_ttls_changed() {
         let reply: Value = redis::cmd("EXEC").query(&mut c).expect("EXEC");
         assert_eq!(reply, Value::Nil, "{change:?} went unseen");
     }
+    // A watched key whose deadline passes before EXEC, even if nothing deleted it yet.
+    let _: () = query(&mut c, &["SET", "t", "v", "PX", "150"]);
+    let _: () = query(&mut c, &["WATCH", "t"]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let _: () = query(&mut c, &["MULTI"]);
+    let _: () = query(&mut c, &["SET", "other", "1"]);
+    let reply: Value = redis::cmd("EXEC").query(&mut c).expect("EXEC");
+    assert_eq!(reply, Value::Nil, "the watched key expired");
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "other"]), 0);
     // Unchanged: EXEC runs.
     let _: () = query(&mut c, &["WATCH", "h"]);
     let _: () = query(&mut c, &["MULTI"]);
