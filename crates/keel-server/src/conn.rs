@@ -582,18 +582,14 @@ impl Conn {
             return Next::Continue;
         };
         if !spec.arity_ok(args.len()) {
-            self.flag_multi();
-            self.out(output).error(&format!(
-                "ERR wrong number of arguments for '{}' command",
-                spec.name
-            ));
+            let text = format!("ERR wrong number of arguments for '{}' command", spec.name);
+            self.reject(spec, &text, output);
             return Next::Continue;
         }
         if !self.authenticated
             && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
         {
-            self.flag_multi();
-            self.out(output).error(NOAUTH);
+            self.reject(spec, NOAUTH, output);
             return Next::Continue;
         }
         if self.proto == Proto::Resp2
@@ -601,7 +597,7 @@ impl Conn {
             && !pubsub::allowed_in_context(spec.cmd)
             && let Some(name) = full_name(spec, &args)
         {
-            self.out(output).error(&pubsub::not_in_context(&name));
+            self.reject(spec, &pubsub::not_in_context(&name), output);
             return Next::Continue;
         }
         if self.multi.is_some()
@@ -620,6 +616,23 @@ impl Conn {
                 Next::Continue
             }
         }
+    }
+
+    /// Refuses a command before it runs, as Redis's `rejectCommand` does: the error flags an
+    /// open `MULTI`, and a refused `EXEC` discards the transaction with an `EXECABORT` that
+    /// gives the reason (also outside `MULTI`).
+    fn reject(&mut self, spec: &Spec, text: &str, output: &mut BytesMut) {
+        if spec.cmd == Cmd::Exec {
+            self.multi = None;
+            self.watch = None;
+            let reason = text.strip_prefix("ERR ").unwrap_or(text);
+            self.out(output).error(&format!(
+                "EXECABORT Transaction discarded because of: {reason}"
+            ));
+            return;
+        }
+        self.flag_multi();
+        self.out(output).error(text);
     }
 
     fn flag_multi(&mut self) {

@@ -46,6 +46,14 @@
 //!   write since that `WATCH`, is sent to both but its replies are not compared.
 //! - Connection commands inside `MULTI` other than `PING` and `ECHO` are refused by keel
 //!   (documented); the generator does not queue them.
+//! - Pub/sub (the `pubsub` family): only the main client subscribes; the harness follows its
+//!   subscriptions to know how many frames each (un)subscribe sends, and after a `PUBLISH`
+//!   or `SPUBLISH` (by the second client, or by the main one under RESP3) reads the messages
+//!   the main client got on each server. Orders Redis leaves to its hash tables are compared
+//!   sorted: the messages of one publish (a channel and its matching patterns), the names an
+//!   `UNSUBSCRIBE` without arguments lists (their counts in order), `PUBSUB CHANNELS`.
+//!   (Un)subscribing inside `MULTI` is refused by keel (documented) and `PUBLISH` there is
+//!   not drawn: a rolled-back `EXEC` sends nothing in keel.
 //! - Replies whose order Redis leaves unspecified (`KEYS`, `SCAN`) are compared as sorted
 //!   sets; `SCAN` outside `MULTI` is iterated to its end on each server first (cursors are
 //!   opaque and differ by design), and so is `HSCAN`. A hash's fields (`HGETALL`, `HKEYS`, `HVALS`, `HSCAN`) are
@@ -88,6 +96,31 @@ fn differential_resp3() {
 /// Sequences that once differed, each named for what it caught. Each runs from empty servers,
 /// in RESP2 and in RESP3, and must get Redis's replies.
 const REGRESSIONS: &[(&str, &[&[&str]])] = &[
+    (
+        "a refused EXEC discards the transaction and says why",
+        &[
+            &["MULTI"],
+            &["SET", "a", "1"],
+            &["EXEC", "x"],
+            &["EXEC"],
+            &["GET", "a"],
+            &["SUBSCRIBE", "c"],
+            &["EXEC"],
+            &["RESET"],
+        ],
+    ),
+    (
+        "pub/sub patterns match the empty channel only when empty",
+        &[
+            &["SUBSCRIBE", ""],
+            &["PSUBSCRIBE", "*", ""],
+            &["PUBSUB", "CHANNELS", "*"],
+            &["PUBSUB", "CHANNELS", ""],
+            &["PUBLISH", "", "m"],
+            &["PUBLISH", "a", "m"],
+            &["RESET"],
+        ],
+    ),
     (
         "AUTH with a user name succeeds for the default user when no password is set",
         &[
@@ -738,6 +771,49 @@ struct State {
     watching: bool,
     /// Some client wrote since the latest `WATCH`.
     wrote_since_watch: bool,
+    /// The main client's channels, patterns and shard channels.
+    subs: [Vec<Vec<u8>>; 3],
+}
+
+impl State {
+    fn subscribed(&self) -> bool {
+        self.subs.iter().any(|s| !s.is_empty())
+    }
+}
+
+/// For a (un)subscribe command: which of [`State::subs`] it works on, and whether it
+/// subscribes.
+fn subscription(name: &str) -> Option<(usize, bool)> {
+    match name {
+        "subscribe" => Some((0, true)),
+        "psubscribe" => Some((1, true)),
+        "ssubscribe" => Some((2, true)),
+        "unsubscribe" => Some((0, false)),
+        "punsubscribe" => Some((1, false)),
+        "sunsubscribe" => Some((2, false)),
+        _ => None,
+    }
+}
+
+/// `UNSUBSCRIBE` without arguments lists the subscriptions in the server's hash order: the
+/// names sorted, each frame keeping its place's count.
+fn normalize_unsubscribe_all(frames: Vec<Reply>) -> Vec<Reply> {
+    let mut names: Vec<Reply> = frames
+        .iter()
+        .filter_map(|f| f.items().and_then(|i| i.get(1)).cloned())
+        .collect();
+    names.sort();
+    let mut names = names.into_iter();
+    frames
+        .into_iter()
+        .map(|f| match f {
+            Reply::Push(mut v) | Reply::Array(mut v) if v.len() == 3 => {
+                v[1] = names.next().expect("one name per frame");
+                Reply::Array(v)
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// A client on each server.
@@ -863,8 +939,69 @@ impl Harness {
         };
         pair.keel.send(&step.args);
         pair.redis.send(&step.args);
+        // (Un)subscribing sends a frame per name, or per subscription when none is named.
+        let subscribing = subscription(&name).filter(|_| main && !in_multi);
+        if let Some((kind, subscribe)) = subscribing {
+            let frames = match step.args.len() {
+                1 if subscribe => 1,
+                1 => self.state.subs[kind].len().max(1),
+                n => n - 1,
+            };
+            let mut keel: Vec<Reply> = (0..frames).map(|_| pair.keel.read()).collect();
+            let mut redis: Vec<Reply> = (0..frames).map(|_| pair.redis.read()).collect();
+            if step.args.len() == 1 && !subscribe {
+                keel = normalize_unsubscribe_all(keel);
+                redis = normalize_unsubscribe_all(redis);
+            }
+            if keel != redis {
+                return Err(Mismatch {
+                    what: format!("step: {step}"),
+                    keel: Reply::Array(keel),
+                    redis: Reply::Array(redis),
+                });
+            }
+            for frame in &keel {
+                let Some([_, Reply::Bulk(channel), _]) = frame.items() else {
+                    continue;
+                };
+                let subs = &mut self.state.subs[kind];
+                subs.retain(|c| c != channel);
+                if subscribe {
+                    subs.push(channel.clone());
+                }
+            }
+            return Ok(());
+        }
+        // Under RESP3 messages to the main client (its own PUBLISH) come before the reply.
+        let (mut keel_pushes, mut redis_pushes) = (Vec::new(), Vec::new());
         let mut keel = pair.keel.read();
+        while main && matches!(keel, Reply::Push(_)) {
+            keel_pushes.push(keel);
+            keel = pair.keel.read();
+        }
         let mut redis = pair.redis.read();
+        while main && matches!(redis, Reply::Push(_)) {
+            redis_pushes.push(redis);
+            redis = pair.redis.read();
+        }
+        keel_pushes.sort();
+        redis_pushes.sort();
+        if keel_pushes != redis_pushes {
+            return Err(Mismatch {
+                what: format!("messages before the reply to: {step}"),
+                keel: Reply::Array(keel_pushes),
+                redis: Reply::Array(redis_pushes),
+            });
+        }
+        if name == "pubsub"
+            && !in_multi
+            && step.args.get(1).is_some_and(|a| {
+                a.eq_ignore_ascii_case(b"channels") || a.eq_ignore_ascii_case(b"shardchannels")
+            })
+        {
+            keel = normalize("keys", keel);
+            redis = normalize("keys", redis);
+        }
         if (name == "scan" || name == "hscan") && !in_multi {
             keel = scan_to_end(&mut pair.keel, step, keel);
             redis = scan_to_end(&mut pair.redis, step, redis);
@@ -892,6 +1029,21 @@ impl Harness {
             self.state.wrote_since_watch = true;
         }
         if !main {
+            // The main client is the only subscriber: read what the publish sent it.
+            if let ("publish" | "spublish", Reply::Int(n)) = (name.as_str(), &keel) {
+                let n = usize::try_from(*n).expect("a count");
+                let mut keel: Vec<Reply> = (0..n).map(|_| self.main.keel.read()).collect();
+                let mut redis: Vec<Reply> = (0..n).map(|_| self.main.redis.read()).collect();
+                keel.sort();
+                redis.sort();
+                if keel != redis {
+                    return Err(Mismatch {
+                        what: format!("messages the main client got from: {step}"),
+                        keel: Reply::Array(keel),
+                        redis: Reply::Array(redis),
+                    });
+                }
+            }
             return Ok(());
         }
         if let Some(q) = &mut self.state.multi
@@ -914,7 +1066,8 @@ impl Harness {
                 self.state.watching = true;
                 self.state.wrote_since_watch = false;
             }
-            "unwatch" => self.state.watching = false,
+            // Refused to a RESP2 subscriber, which keeps watching.
+            "unwatch" if keel.is_ok() => self.state.watching = false,
             "reset" => {
                 self.state = State::default();
                 if self.resp3 {
@@ -1131,6 +1284,8 @@ struct Gen {
     /// Unix time (seconds) when the run started, rounded down to a day: absolute deadlines
     /// are drawn on a grid after it, the same for both servers.
     base_secs: i64,
+    /// The main client is subscribed to something.
+    subscribed: bool,
 }
 
 /// A command family: how often it is drawn, and how it draws one command.
@@ -1180,6 +1335,11 @@ static FAMILIES: &[Family] = &[
         draw: errors,
         spoil: false,
     },
+    Family {
+        weight: 4,
+        draw: pubsub,
+        spoil: false,
+    },
 ];
 
 impl Gen {
@@ -1192,6 +1352,7 @@ impl Gen {
             rng: Rng(seed),
             in_multi: false,
             base_secs: now - now % 86_400 + 86_400,
+            subscribed: false,
         }
     }
 
@@ -1210,8 +1371,12 @@ impl Gen {
                 who: Who::Main,
                 args,
             };
-            // The harness follows a SCAN's cursor with more calls, which a pipeline cannot.
-            if !step.name().ends_with("scan") {
+            // The harness follows a SCAN's cursor with more calls, and a subscription's frames
+            // and messages, which a pipeline cannot.
+            let name = step.name();
+            let pubsub = subscription(&name).is_some()
+                || matches!(name.as_str(), "publish" | "spublish" | "pubsub");
+            if !name.ends_with("scan") && !pubsub {
                 steps.push(step);
             }
         }
@@ -1221,6 +1386,30 @@ impl Gen {
     /// The next step, given what the main client is in the middle of.
     fn step(&mut self, state: &State) -> Step {
         self.in_multi = state.multi.is_some();
+        self.subscribed = state.subscribed();
+        // A subscriber: the second client publishes to it, or it leaves (under RESP2 it can
+        // do little else).
+        if self.subscribed && self.chance(1, 3) {
+            if self.chance(2, 3) {
+                let (name, channel) = if self.chance(1, 4) {
+                    ("SPUBLISH", self.channel())
+                } else {
+                    ("PUBLISH", self.channel())
+                };
+                let message = self.value();
+                return Step {
+                    who: Who::Other,
+                    args: cmd(&[name, channel, &message]),
+                };
+            }
+            if !self.in_multi {
+                let name = self.pick(&["UNSUBSCRIBE", "PUNSUBSCRIBE", "SUNSUBSCRIBE", "RESET"]);
+                return Step {
+                    who: Who::Main,
+                    args: cmd(&[name]),
+                };
+            }
+        }
         let queued = state.multi.as_ref().map_or(0, Vec::len);
         // Inside MULTI, end it after a few commands (EXEC mostly).
         if self.in_multi && self.chance(1 + queued as u32, 8) {
@@ -1422,6 +1611,16 @@ impl Gen {
     /// An absolute deadline in unix seconds on the grid of [`Gen::unix_secs`], never past.
     fn future_secs(&mut self) -> i64 {
         self.base_secs + 1000 * (1 + self.rng.below(20)) as i64
+    }
+
+    /// A pub/sub channel.
+    fn channel(&mut self) -> &'static str {
+        self.pick(&["c1", "c2", "news", "a", "", "x{1}"])
+    }
+
+    /// A pub/sub pattern.
+    fn channel_pattern(&mut self) -> &'static str {
+        self.pick(&["c*", "*", "c?", "n[ae]ws", "x*", "[c", "\\c1", "", "a"])
     }
 
     /// A plain write, for the second client.
@@ -1712,6 +1911,82 @@ fn connection(g: &mut Gen) -> Vec<Vec<u8>> {
 }
 
 /// Transactions: MULTI, EXEC, DISCARD, WATCH, UNWATCH, RESET.
+/// Pub/sub by the main client: (un)subscribing, its own PUBLISH, PUBSUB, PING. Inside `MULTI`
+/// only what keel queues and runs as Redis does.
+fn pubsub(g: &mut Gen) -> Vec<Vec<u8>> {
+    let names = |g: &mut Gen, name: &str, pattern: bool| {
+        let mut args = vec![name.to_string()];
+        for _ in 0..g.rng.below(4) {
+            let n = if pattern {
+                g.channel_pattern()
+            } else {
+                g.channel()
+            };
+            args.push(n.to_string());
+        }
+        args.iter()
+            .map(|a| a.as_bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    if g.in_multi {
+        return match g.rng.below(3) {
+            0 => cmd(&["PUBSUB", "NUMPAT"]),
+            1 => names(g, "PUBSUB NUMSUB", false)
+                .into_iter()
+                .flat_map(|a| {
+                    if a == b"PUBSUB NUMSUB" {
+                        vec![b"PUBSUB".to_vec(), b"NUMSUB".to_vec()]
+                    } else {
+                        vec![a]
+                    }
+                })
+                .collect(),
+            _ => cmd(&["PING"]),
+        };
+    }
+    match g.rng.below(12) {
+        0..=2 => names(g, "SUBSCRIBE", false),
+        3 | 4 => names(g, "PSUBSCRIBE", true),
+        5 => names(g, "SSUBSCRIBE", false),
+        6 => names(g, "UNSUBSCRIBE", false),
+        7 => names(g, "PUNSUBSCRIBE", true),
+        8 => names(g, "SUNSUBSCRIBE", false),
+        9 => {
+            let name = g.pick(&["PUBLISH", "SPUBLISH"]);
+            let channel = g.channel();
+            let message = g.value();
+            cmd(&[name, channel, &message])
+        }
+        10 => {
+            let sub = g.pick(&[
+                "CHANNELS",
+                "SHARDCHANNELS",
+                "NUMSUB",
+                "SHARDNUMSUB",
+                "NUMPAT",
+                "HELP",
+                "nosuch",
+            ]);
+            let mut args = vec!["PUBSUB".to_string(), sub.to_string()];
+            if g.chance(1, 2) {
+                args.push(if sub.ends_with("CHANNELS") {
+                    g.channel_pattern().to_string()
+                } else {
+                    g.channel().to_string()
+                });
+            }
+            args.iter().map(|a| a.as_bytes().to_vec()).collect()
+        }
+        _ => {
+            if g.chance(1, 2) {
+                cmd(&["PING"])
+            } else {
+                cmd(&["PING", &g.value()])
+            }
+        }
+    }
+}
+
 fn transactions(g: &mut Gen) -> Vec<Vec<u8>> {
     match g.rng.below(10) {
         0..=3 => cmd(&["MULTI"]),

@@ -109,6 +109,13 @@ fn resp2_subscriber_gets_messages_and_only_pubsub_commands() {
         )
         .as_bytes(),
     );
+    // A refused EXEC says why, as Redis's EXECABORT.
+    expect(
+        &mut sub,
+        b"EXEC\r\n",
+        format!("-EXECABORT Transaction discarded because of: Can't execute 'exec': {CONTEXT}\r\n")
+            .as_bytes(),
+    );
     expect(
         &mut sub,
         b"PING\r\nPING hi\r\n",
