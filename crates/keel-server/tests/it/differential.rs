@@ -224,6 +224,26 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
         ],
     ),
     (
+        "EXEC with arguments aborts the transaction and its WATCH",
+        &[
+            &["SET", "a", "1"],
+            &["WATCH", "a"],
+            &["EXEC", "x"],
+            &["SET", "a", "2"],
+            &["MULTI"],
+            &["SET", "b", "1"],
+            &["EXEC"],
+            &["MULTI"],
+            &["SET", "c", "1"],
+            &["EXEC", "x"],
+            &["EXEC"],
+            &["MULTI"],
+            &["DISCARD", "x"],
+            &["SET", "d", "1"],
+            &["EXEC"],
+        ],
+    ),
+    (
         "SCAN reads its cursor as strtoul does",
         &[
             &["SET", "a", "1"],
@@ -1062,13 +1082,18 @@ impl Harness {
                     self.restore_redis(before);
                 }
             }
+            // A refused EXEC ends MULTI and WATCH, in MULTI or not.
+            "exec" if matches!(&keel, Reply::Error(e) if e.starts_with(b"EXECABORT")) => {
+                self.state.multi = None;
+                self.state.watching = false;
+            }
             "watch" if keel.is_ok() => {
                 self.state.watching = true;
                 self.state.wrote_since_watch = false;
             }
             // Refused to a RESP2 subscriber, which keeps watching.
             "unwatch" if keel.is_ok() => self.state.watching = false,
-            "reset" => {
+            "reset" if !keel.is_error() => {
                 self.state = State::default();
                 if self.resp3 {
                     self.main.hello3();
