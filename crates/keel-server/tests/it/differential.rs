@@ -1074,7 +1074,8 @@ impl Harness {
         }
         match name.as_str() {
             "multi" if keel.is_ok() => self.state.multi = Some(Vec::new()),
-            "exec" | "discard" if in_multi => {
+            // With the wrong number of arguments they are refused, and MULTI goes on.
+            "exec" | "discard" if in_multi && !is_arity_error(&keel) => {
                 self.state.multi = None;
                 self.state.watching = false;
                 if keel.items().is_some_and(|v| v.iter().any(Reply::is_error)) {
@@ -1103,7 +1104,14 @@ impl Harness {
         }
         Ok(())
     }
+}
 
+/// Whether `reply` says the command had the wrong number of arguments.
+fn is_arity_error(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(e) if e.starts_with(b"ERR wrong number of arguments"))
+}
+
+impl Harness {
     /// Every key Redis holds now, with its `DUMP` and `PTTL`.
     fn dump_redis(&mut self) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
         let keys = match self.admin.call_str(&["KEYS", "*"]) {
@@ -2013,6 +2021,15 @@ fn pubsub(g: &mut Gen) -> Vec<Vec<u8>> {
 }
 
 fn transactions(g: &mut Gen) -> Vec<Vec<u8>> {
+    if g.chance(1, 12) {
+        // With the wrong number of arguments.
+        let name = g.pick(&["MULTI", "EXEC", "DISCARD", "UNWATCH", "RESET"]);
+        return if name == "RESET" || g.chance(1, 2) {
+            cmd(&[name, g.key()])
+        } else {
+            cmd(&["WATCH"])
+        };
+    }
     match g.rng.below(10) {
         0..=3 => cmd(&["MULTI"]),
         4..=6 => {
