@@ -1008,6 +1008,7 @@ impl Conn {
                     c
                 };
                 let mut ids: Option<Vec<u64>> = None;
+                let mut ty = None;
                 let mut i = 2;
                 while i < args.len() {
                     if args[i].eq_ignore_ascii_case(b"id") {
@@ -1021,10 +1022,7 @@ impl Conn {
                         ids = Some(list);
                         break;
                     } else if args[i].eq_ignore_ascii_case(b"type") && i + 1 < args.len() {
-                        // Only normal clients exist in keel.
-                        if !args[i + 1].eq_ignore_ascii_case(b"normal") {
-                            ids = Some(Vec::new());
-                        }
+                        ty = Some(client_type(&args[i + 1])?);
                         i += 2;
                     } else {
                         return Err(SYNTAX.into());
@@ -1032,7 +1030,9 @@ impl Conn {
                 }
                 let mut text = String::new();
                 for c in &clients {
-                    if ids.as_ref().is_none_or(|ids| ids.contains(&c.id)) {
+                    if ids.as_ref().is_none_or(|ids| ids.contains(&c.id))
+                        && ty.is_none_or(|t| t == type_of(c))
+                    {
                         text.push_str(&crate::info::client_line(&self.shared, c));
                     }
                 }
@@ -1058,6 +1058,7 @@ impl Conn {
             return Ok(Next::Continue);
         }
         let (mut id, mut addr, mut laddr, mut skipme) = (None, None, None, true);
+        let mut ty = None;
         let mut i = 2;
         while i + 1 < args.len() {
             let value = &args[i + 1];
@@ -1082,7 +1083,12 @@ impl Conn {
                         return Err(SYNTAX.into());
                     }
                 }
-                b"type" | b"user" | b"maxage" => {}
+                b"type" => ty = Some(client_type(value)?),
+                // Every keel client is the default user.
+                b"user" if value[..] == *b"default" => {}
+                b"user" => {
+                    return Err(format!("ERR No such user '{}'", shorten(value)).into());
+                }
                 _ => return Err(SYNTAX.into()),
             }
             i += 2;
@@ -1096,6 +1102,7 @@ impl Conn {
             let hit = id.is_none_or(|id| c.id == id)
                 && addr.as_ref().is_none_or(|a| c.addr.to_string() == *a)
                 && laddr.as_ref().is_none_or(|a| c.laddr.to_string() == *a)
+                && ty.is_none_or(|t| t == type_of(c))
                 && !(skipme && c.id == self.info.id);
             if hit {
                 c.kill.cancel();
@@ -1496,6 +1503,33 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// A client class as `CLIENT LIST|KILL TYPE` names it. keel's clients are normal, or pubsub
+/// while subscribed; it has no master or replica connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClientType {
+    Normal,
+    Pubsub,
+    Replication,
+}
+
+fn client_type(arg: &[u8]) -> Result<ClientType, Fail> {
+    match &arg.to_ascii_lowercase()[..] {
+        b"normal" => Ok(ClientType::Normal),
+        b"pubsub" => Ok(ClientType::Pubsub),
+        b"master" | b"replica" | b"slave" => Ok(ClientType::Replication),
+        _ => Err(format!("ERR Unknown client type '{}'", shorten(arg)).into()),
+    }
+}
+
+/// Redis's class of a client: pubsub while it is subscribed to anything.
+fn type_of(c: &ClientInfo) -> ClientType {
+    if c.subscriptions.iter().any(|n| n.load(Relaxed) > 0) {
+        ClientType::Pubsub
+    } else {
+        ClientType::Normal
     }
 }
 

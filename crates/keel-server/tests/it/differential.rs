@@ -110,6 +110,17 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
         ],
     ),
     (
+        "CLIENT LIST and KILL check client types and users as Redis does",
+        &[
+            &["CLIENT", "LIST", "TYPE", "nosuch"],
+            &["CLIENT", "KILL", "TYPE", "nosuch"],
+            &["CLIENT", "KILL", "TYPE", "master"],
+            &["CLIENT", "KILL", "TYPE", "Replica", "USER", "default"],
+            &["CLIENT", "KILL", "USER", "nosuch"],
+            &["CLIENT", "KILL", "MAXAGE", "100"],
+        ],
+    ),
+    (
         "pub/sub patterns match the empty channel only when empty",
         &[
             &["SUBSCRIBE", ""],

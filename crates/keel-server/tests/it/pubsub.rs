@@ -313,6 +313,23 @@ fn closed_and_killed_subscribers_leave_no_subscription() {
         }
     };
     assert_eq!(numsub(&mut admin), 3);
+    // Subscribed clients are of Redis's pubsub class.
+    let lines = |admin: &mut redis::Connection, ty: &str| {
+        query::<String>(admin, &["CLIENT", "LIST", "TYPE", ty])
+            .lines()
+            .count()
+    };
+    assert_eq!(lines(&mut admin, "pubsub"), 3);
+    assert_eq!(lines(&mut admin, "normal"), 1);
+    assert_eq!(lines(&mut admin, "replica"), 0);
+    assert_eq!(
+        error(&mut admin, &["CLIENT", "LIST", "TYPE", "nosuch"]),
+        "ERR Unknown client type 'nosuch'"
+    );
+    assert_eq!(
+        query::<i64>(&mut admin, &["CLIENT", "KILL", "TYPE", "master"]),
+        0
+    );
     assert_eq!(query::<i64>(&mut admin, &["PUBLISH", "ch", "x"]), 3);
     assert_eq!(query::<i64>(&mut admin, &["PUBLISH", "pq", "x"]), 3);
 
