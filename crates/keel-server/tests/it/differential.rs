@@ -4,7 +4,8 @@
 //! server in-process, then sends both the same seeded random sequence of commands over raw
 //! RESP and requires equal replies: same RESP types, same bytes, same error texts. It runs once
 //! speaking RESP2 and once after `HELLO 3`. Now and then a few data commands go out in one
-//! write (pipelined), which keel runs as one batched transaction. Redis is the reference; the installed one is what
+//! write (pipelined), which keel runs as one batched transaction, and a command goes out as
+//! an inline command (bare, single- or double-quoted arguments with escapes). Redis is the reference; the installed one is what
 //! CI installs (Debian's, 7.0 at the time of writing).
 //!
 //! Running more: `KEEL_DIFF_OPS=200000 KEEL_DIFF_SEED=7 cargo test -p keel-server --test it
@@ -668,6 +669,51 @@ impl Client {
         self.writer.write_all(&frame).expect("write a request");
     }
 
+    /// Writes `args` as an inline command: each argument bare, double-quoted with escapes or
+    /// single-quoted, picked by the argument's bytes (the same choice on both servers).
+    fn send_inline(&mut self, args: &[Vec<u8>]) {
+        let mut line = Vec::new();
+        for (i, a) in args.iter().enumerate() {
+            if i > 0 {
+                line.push(b' ');
+            }
+            let plain = a
+                .iter()
+                .all(|&c| c.is_ascii_graphic() && !b"\"'\\".contains(&c));
+            let pick = a
+                .iter()
+                .fold(i, |h, &c| h.wrapping_mul(31).wrapping_add(c.into()))
+                % 3;
+            if plain && !a.is_empty() && pick == 0 {
+                line.extend_from_slice(a);
+            } else if a
+                .iter()
+                .all(|&c| c == b' ' || c.is_ascii_graphic() && c != b'\'' && c != b'\\')
+                && pick == 1
+            {
+                line.push(b'\'');
+                line.extend_from_slice(a);
+                line.push(b'\'');
+            } else {
+                line.push(b'"');
+                for &c in a {
+                    match c {
+                        b'"' => line.extend_from_slice(b"\\\""),
+                        b'\\' => line.extend_from_slice(b"\\\\"),
+                        b'\n' => line.extend_from_slice(b"\\n"),
+                        b'\r' => line.extend_from_slice(b"\\r"),
+                        b'\t' => line.extend_from_slice(b"\\t"),
+                        c if c == b' ' || c.is_ascii_graphic() => line.push(c),
+                        c => line.extend_from_slice(format!("\\x{c:02x}").as_bytes()),
+                    }
+                }
+                line.push(b'"');
+            }
+        }
+        line.extend_from_slice(b"\r\n");
+        self.writer.write_all(&line).expect("write a request");
+    }
+
     fn call(&mut self, args: &[Vec<u8>]) -> Reply {
         self.send(args);
         self.read()
@@ -744,6 +790,9 @@ impl Client {
 enum Who {
     /// The client the sequence is about (`MULTI`, `WATCH`, ...).
     Main,
+    /// The main client, writing the step as an inline command (quoted as `redis-cli` would),
+    /// so that both servers' inline parsers must agree.
+    Inline,
     /// A second client, which writes between another's `WATCH` and `EXEC`.
     Other,
 }
@@ -756,6 +805,20 @@ struct Step {
 }
 
 impl Step {
+    /// Whether the main client sends it.
+    fn main(&self) -> bool {
+        self.who != Who::Other
+    }
+
+    /// Writes the step to `client`, inline or as a multibulk frame.
+    fn send(&self, client: &mut Client) {
+        if self.who == Who::Inline {
+            client.send_inline(&self.args);
+        } else {
+            client.send(&self.args);
+        }
+    }
+
     fn name(&self) -> String {
         String::from_utf8_lossy(&self.args[0]).to_ascii_lowercase()
     }
@@ -763,8 +826,10 @@ impl Step {
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.who == Who::Other {
-            write!(f, "(other client) ")?;
+        match self.who {
+            Who::Other => write!(f, "(other client) ")?,
+            Who::Inline => write!(f, "(inline) ")?,
+            Who::Main => {}
         }
         for (i, a) in self.args.iter().enumerate() {
             if i > 0 {
@@ -931,8 +996,8 @@ impl Harness {
             return self.run(step);
         }
         for s in steps {
-            self.main.keel.send(&s.args);
-            self.main.redis.send(&s.args);
+            s.send(&mut self.main.keel);
+            s.send(&mut self.main.redis);
         }
         for (i, s) in steps.iter().enumerate() {
             let name = s.name();
@@ -952,7 +1017,7 @@ impl Harness {
     /// Sends `step` to both servers and compares the replies.
     fn run(&mut self, step: &Step) -> Result<(), Mismatch> {
         let name = step.name();
-        let main = step.who == Who::Main;
+        let main = step.main();
         let in_multi = main && self.state.multi.is_some();
         // Allowance: keel rolls back a whole EXEC when a command in it fails; keep what Redis
         // held before, to restore it then.
@@ -968,8 +1033,8 @@ impl Harness {
         } else {
             &mut self.other
         };
-        pair.keel.send(&step.args);
-        pair.redis.send(&step.args);
+        step.send(&mut pair.keel);
+        step.send(&mut pair.redis);
         // (Un)subscribing sends a frame per name, or per subscription when none is named.
         let subscribing = subscription(&name).filter(|_| main && !in_multi);
         if let Some((kind, subscribe)) = subscribing {
@@ -1483,10 +1548,12 @@ impl Gen {
             };
         }
         let args = self.family_command(false);
-        Step {
-            who: Who::Main,
-            args,
-        }
+        let who = if self.chance(1, 16) {
+            Who::Inline
+        } else {
+            Who::Main
+        };
+        Step { who, args }
     }
 
     /// A command of a family picked by weight (only those `errors` may spoil, if `spoilable`).
