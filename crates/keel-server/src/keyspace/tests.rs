@@ -131,3 +131,54 @@ fn the_clock_is_read_once_per_attempt_and_never_goes_back() {
     let a = unix_ms();
     assert!(unix_ms() >= a);
 }
+
+/// A key past its deadline: a snapshot cannot delete it, so its lookup fails and asks for a
+/// rerun; a transaction sees it absent and deletes it (meta record and expiry index entry).
+#[test]
+fn an_expired_key_is_deleted_by_the_transaction_that_meets_it() {
+    let db = keel::Db::in_memory();
+    let deadline = unix_ms() - 1;
+    let mut t = db.begin().expect("begin");
+    put_string(&mut t, b"k", b"v", deadline, &Held::Absent).expect("put");
+    t.commit().expect("commit").expect("no conflict");
+    let engine_keys = |db: &keel::Db| {
+        db.snapshot()
+            .expect("snapshot")
+            .range::<Vec<u8>>(..)
+            .count()
+    };
+    assert_eq!(
+        engine_keys(&db),
+        2,
+        "the meta record and its expiry index entry"
+    );
+
+    let clock = Clock::default();
+    let snap = db.snapshot().expect("snapshot");
+    let got = read_string(&mut View::Snap(&snap), &clock, b"k", |v| {
+        v.map(<[u8]>::to_vec)
+    });
+    assert_eq!(got, Err(EXPIRED_IN_SNAPSHOT.into()));
+    assert!(clock.rerun.load(Relaxed));
+    drop(snap);
+
+    clock.reset();
+    let mut t = db.begin().expect("begin");
+    let got = read_string(&mut View::Txn(&mut t), &clock, b"k", |v| {
+        v.map(<[u8]>::to_vec)
+    });
+    assert_eq!(got, Ok(None));
+    assert!(!clock.rerun.load(Relaxed));
+    t.commit().expect("commit").expect("no conflict");
+    assert_eq!(engine_keys(&db), 0);
+
+    // A live deadline reads as the value, from a snapshot too.
+    let mut t = db.begin().expect("begin");
+    put_string(&mut t, b"k", b"w", unix_ms() + 60_000, &Held::Absent).expect("put");
+    t.commit().expect("commit").expect("no conflict");
+    let snap = db.snapshot().expect("snapshot");
+    let got = read_string(&mut View::Snap(&snap), &clock, b"k", |v| {
+        v.map(<[u8]>::to_vec)
+    });
+    assert_eq!(got, Ok(Some(b"w".to_vec())));
+}

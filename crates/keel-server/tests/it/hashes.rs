@@ -286,6 +286,19 @@ fn types_keep_to_themselves() {
     assert_eq!(query::<i64>(&mut c, &["TTL", "h"]), -1);
     assert_eq!(query::<i64>(&mut c, &["DEL", "h", "s", "nope"]), 2);
     assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
+    // KEEL.ADD reads nothing: on a hash or a string with a TTL its integer shadows them
+    // (docs/types.md), and DEL removes both.
+    let _: () = query(&mut c, &["HSET", "h", "f", "v"]);
+    let _: () = query(&mut c, &["SET", "t", "x", "EX", "100"]);
+    for key in ["h", "t"] {
+        let _: () = query(&mut c, &["KEEL.ADD", key, "5"]);
+        assert_eq!(query::<String>(&mut c, &["TYPE", key]), "string");
+        assert_eq!(query::<i64>(&mut c, &["GET", key]), 5);
+        assert_eq!(query::<i64>(&mut c, &["DEL", key]), 1);
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", key]), 0);
+        assert_eq!(query::<i64>(&mut c, &["TTL", key]), -2);
+    }
+    assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
 }
 
 /// A hash with a TTL expires whole, and the fields of hashes deleted, overwritten or expired
