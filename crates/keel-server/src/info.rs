@@ -557,6 +557,18 @@ pub fn prometheus(shared: &Shared) -> String {
             ("{reason=\"phantom\"}".into(), s.aborts_phantom),
         ],
     );
+    counter(
+        "keel_expired_keys_total",
+        "Keys the reaper deleted because their deadline passed.",
+        "counter",
+        &one(shared.reaper.expired_keys.load(Relaxed)),
+    );
+    counter(
+        "keel_swept_keys_total",
+        "Sub-keys of deleted, overwritten or expired collections the reaper deleted.",
+        "counter",
+        &one(shared.reaper.swept_keys.load(Relaxed)),
+    );
     let l = &shared.lanes;
     counter(
         "keel_lane_switches_total",

@@ -363,7 +363,7 @@ fn keys_expire_under_concurrent_readers_and_writers() {
 #[test]
 fn expired_keys_memory_is_reclaimed() {
     const KEYS: usize = 10_000;
-    let server = TestServer::start();
+    let server = TestServer::with(|c| c.metrics = Some("127.0.0.1:0".parse().expect("addr")));
     let mut c = server.client();
     let records = |c: &mut redis::Connection| {
         let info: String = query(c, &["INFO", "keel"]);
@@ -396,6 +396,11 @@ fn expired_keys_memory_is_reclaimed() {
     });
     let info: String = query(&mut c, &["INFO", "stats"]);
     assert_eq!(info_counter(&info, "expired_keys"), KEYS as u64);
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains(&format!("\nkeel_expired_keys_total {KEYS}\n")),
+        "{metrics}"
+    );
     eventually("the collector reclaimed the records", || {
         records(&mut c) <= before + 100
     });
