@@ -476,6 +476,12 @@ fn hrandfield(
     if bytes > ctx.reply_bytes_max || all.len() > REPLY_ITEMS_MAX {
         return Err(reply_too_big());
     }
+    if all.is_empty() {
+        // Not left by any command (the last field's HDEL deletes the key), but no reason to
+        // divide by zero below.
+        out.array(0);
+        return Ok(());
+    }
     let picked: Vec<usize> = if count > 0 {
         // Distinct fields: a random subset, in random order (partial Fisher-Yates).
         let k = usize::try_from(count).unwrap_or(usize::MAX).min(all.len());
