@@ -266,6 +266,7 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
         out.ok();
     } else if sub.eq_ignore_ascii_case(b"resetstat") && args.len() == 2 {
         shared.counters.reset();
+        shared.pubsub.disconnections.store(0, Relaxed);
         out.ok();
     } else {
         return Err(format!(
@@ -399,7 +400,8 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\n\
              total_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\n\
              protocol_errors:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\n\
-             pubsubshard_channels:{}\r\nexpired_keys:{}\r\nkeel_swept_keys:{}\r\n\r\n",
+             pubsubshard_channels:{}\r\nclient_output_buffer_limit_disconnections:{}\r\n\
+             expired_keys:{}\r\nkeel_swept_keys:{}\r\n\r\n",
             c.connections_received.load(Relaxed),
             c.commands_processed.load(Relaxed),
             c.net_input_bytes.load(Relaxed),
@@ -409,6 +411,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             pubsub.0,
             pubsub.1,
             pubsub.2,
+            shared.pubsub.disconnections.load(Relaxed),
             shared.reaper.expired_keys.load(Relaxed),
             shared.reaper.swept_keys.load(Relaxed),
         );
@@ -697,6 +700,23 @@ pub fn prometheus(shared: &Shared) -> String {
         "Transactions re-run by the server after a conflict.",
         "counter",
         &one(c.exec_retries.load(Relaxed)),
+    );
+    let (channels, patterns, shard_channels) = shared.pubsub.counts();
+    counter(
+        "keel_pubsub_channels",
+        "Pub/sub channels, patterns and shard channels with subscribers.",
+        "gauge",
+        &[
+            ("{kind=\"channel\"}".into(), channels as u64),
+            ("{kind=\"pattern\"}".into(), patterns as u64),
+            ("{kind=\"shard_channel\"}".into(), shard_channels as u64),
+        ],
+    );
+    counter(
+        "keel_client_output_buffer_limit_disconnections_total",
+        "Subscribers disconnected for owing more than client-output-buffer-limit pubsub.",
+        "counter",
+        &one(shared.pubsub.disconnections.load(Relaxed)),
     );
     counter(
         "keel_watch_aborts_total",

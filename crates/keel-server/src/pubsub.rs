@@ -147,12 +147,13 @@ pub struct Mailbox {
 }
 
 impl Mailbox {
-    /// Queues `message`, or disconnects the subscriber if it would owe more than `limit`.
-    fn push(&self, message: Message, limit: OutputLimit) {
+    /// Queues `message`, or disconnects the subscriber if it would owe more than `limit`:
+    /// then `true`.
+    fn push(&self, message: Message, limit: OutputLimit) -> bool {
         let bytes = message.bytes();
         let mut q = self.queue.lock();
         if q.cut {
-            return;
+            return false;
         }
         q.owed += bytes;
         let over_hard = limit.hard_bytes != 0 && q.owed > limit.hard_bytes;
@@ -176,7 +177,7 @@ impl Mailbox {
                 "closing a subscriber over client-output-buffer-limit pubsub"
             );
             self.kill.cancel();
-            return;
+            return true;
         }
         let was_empty = q.messages.is_empty();
         q.messages.push_back(message);
@@ -184,6 +185,7 @@ impl Mailbox {
         if was_empty {
             self.notify.notify_one();
         }
+        false
     }
 
     /// Whether messages wait.
@@ -272,6 +274,9 @@ pub struct Registry {
     hard_bytes: AtomicU64,
     soft_bytes: AtomicU64,
     soft_seconds: AtomicU64,
+    /// Subscribers disconnected for their output buffer (`INFO stats`
+    /// `client_output_buffer_limit_disconnections`).
+    pub disconnections: AtomicU64,
 }
 
 impl Registry {
@@ -285,6 +290,7 @@ impl Registry {
             hard_bytes: AtomicU64::new(limit.hard_bytes),
             soft_bytes: AtomicU64::new(limit.soft_bytes),
             soft_seconds: AtomicU64::new(limit.soft_seconds),
+            disconnections: AtomicU64::new(0),
         }
     }
 
@@ -357,20 +363,19 @@ impl Registry {
         let limit = self.limit();
         let kind = if shard { Kind::Shard } else { Kind::Channel };
         let mut receivers = 0;
+        let mut cut = 0;
         {
             let (lock, _) = self.map(kind, channel);
             let map = lock.read();
             if let Some(subscribers) = map.get(&channel[..]) {
                 for mailbox in subscribers.values() {
-                    mailbox.push(
-                        Message {
-                            pattern: None,
-                            channel: channel.clone(),
-                            payload: payload.clone(),
-                            shard,
-                        },
-                        limit,
-                    );
+                    let message = Message {
+                        pattern: None,
+                        channel: channel.clone(),
+                        payload: payload.clone(),
+                        shard,
+                    };
+                    cut += u64::from(mailbox.push(message, limit));
                 }
                 receivers += subscribers.len();
             }
@@ -382,18 +387,19 @@ impl Registry {
                     continue;
                 }
                 for mailbox in subscribers.values() {
-                    mailbox.push(
-                        Message {
-                            pattern: Some(pattern.clone()),
-                            channel: channel.clone(),
-                            payload: payload.clone(),
-                            shard,
-                        },
-                        limit,
-                    );
+                    let message = Message {
+                        pattern: Some(pattern.clone()),
+                        channel: channel.clone(),
+                        payload: payload.clone(),
+                        shard,
+                    };
+                    cut += u64::from(mailbox.push(message, limit));
                 }
                 receivers += subscribers.len();
             }
+        }
+        if cut > 0 {
+            self.disconnections.fetch_add(cut, Relaxed);
         }
         receivers
     }
@@ -754,13 +760,13 @@ mod tests {
         };
         // 299 bytes each with the frame.
         for _ in 0..3 {
-            m.push(message(), limit);
+            assert!(!m.push(message(), limit));
         }
         assert!(!m.kill.is_cancelled());
         // Delivered but not written still counts.
         let mut buf = BytesMut::new();
         m.deliver(&mut Out::new(&mut buf, Proto::Resp2), usize::MAX);
-        m.push(message(), limit);
+        assert!(m.push(message(), limit), "this push cut it off");
         assert!(m.kill.is_cancelled());
         assert!(!m.has_mail(), "a cut subscriber's messages are dropped");
     }

@@ -428,6 +428,10 @@ fn subscriber_that_does_not_read_is_cut_off() {
     assert!(rest.len() < sent * (payload.len() + 64));
     let info: String = query(&mut admin, &["INFO", "stats"]);
     assert_eq!(info_counter(&info, "pubsub_channels"), 1);
+    assert_eq!(
+        info_counter(&info, "client_output_buffer_limit_disconnections"),
+        1
+    );
     assert_eq!(query::<i64>(&mut admin, &["PUBLISH", "ch", "end"]), 1);
     assert_eq!(
         reader.join().expect("reader"),

@@ -254,7 +254,13 @@ fn metrics_endpoint_serves_prometheus_text() {
     let server = TestServer::with(|c| c.metrics = Some("127.0.0.1:0".parse().expect("addr")));
     let mut c = server.client();
     let _: () = query(&mut c, &["SET", "k", "v"]);
+    let mut sub = server.client();
+    let _: () = query(&mut sub, &["PSUBSCRIBE", "p*"]);
     let body = server.metrics();
+    assert!(
+        body.contains("keel_pubsub_channels{kind=\"pattern\"} 1"),
+        "{body}"
+    );
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
     assert!(body.contains("keel_commits_total 1"), "{body}");
     assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));
