@@ -200,6 +200,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Expiretime
             | Cmd::Pexpiretime
     ) || crate::hashes::is_read_only(cmd)
+        || crate::sets::is_read_only(cmd)
 }
 
 /// Whether `cmd` only applies a commutative operation (`KEEL.ADD`/`MAX`/`MIN`): it reads
@@ -253,6 +254,7 @@ pub fn is_data(cmd: Cmd) -> bool {
         )
         || crate::expiry::handles(cmd)
         || crate::hashes::handles(cmd)
+        || crate::sets::handles(cmd)
 }
 
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
@@ -552,6 +554,7 @@ pub fn run(
         }
         _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
         _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
+        _ if crate::sets::handles(cmd) => crate::sets::run(cmd, args, view, ctx, out)?,
         other => panic!("{other:?} is not a data command"),
     }
     Ok(())

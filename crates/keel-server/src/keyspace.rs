@@ -36,19 +36,27 @@ pub const META: u8 = b'm';
 pub const SIZE: u8 = b'n';
 /// After [`INTERNAL`]: a hash field, keyed by generation and field.
 pub const HASH_FIELD: u8 = b'h';
+/// After [`INTERNAL`]: a set member, keyed by generation and member.
+pub const SET_MEMBER: u8 = b's';
+/// After [`INTERNAL`]: a sorted set member's score, keyed by generation and member.
+pub const ZSET_SCORE: u8 = b'z';
+/// After [`INTERNAL`]: a sorted set's score index, keyed by generation, score and member.
+pub const ZSET_INDEX: u8 = b'Z';
 /// After [`INTERNAL`]: the expiry index, keyed by deadline and user key.
 pub const EXPIRY: u8 = b'x';
 /// After [`INTERNAL`]: the graveyard, keyed by generation.
 pub const GRAVE: u8 = b'g';
 
 /// Every kind of sub-key a generation may own (for a graveyard entry of an unknown type).
-pub const ALL_SUB_KINDS: &[u8] = &[HASH_FIELD, b's', b'z', b'Z', b'l'];
+pub const ALL_SUB_KINDS: &[u8] = &[HASH_FIELD, SET_MEMBER, ZSET_SCORE, ZSET_INDEX, b'l'];
 
 /// The sub-key prefixes a collection's generation owns, by type (besides its size record).
 pub fn sub_prefixes(ty: Type) -> &'static [u8] {
     match ty {
         Type::String => &[],
         Type::Hash => &[HASH_FIELD],
+        Type::Set => &[SET_MEMBER],
+        Type::ZSet => &[ZSET_SCORE, ZSET_INDEX],
     }
 }
 
@@ -65,6 +73,11 @@ pub enum Type {
     String,
     /// A hash: fields at `FF 'h' gen field`.
     Hash,
+    /// A set: members at `FF 's' gen member`.
+    Set,
+    /// A sorted set: scores at `FF 'z' gen member`, and the score index `FF 'Z' gen score
+    /// member`.
+    ZSet,
 }
 
 impl Type {
@@ -72,6 +85,8 @@ impl Type {
         match self {
             Type::String => b's',
             Type::Hash => b'h',
+            Type::Set => b'S',
+            Type::ZSet => b'z',
         }
     }
 
@@ -80,6 +95,8 @@ impl Type {
         match code {
             b's' => Some(Type::String),
             b'h' => Some(Type::Hash),
+            b'S' => Some(Type::Set),
+            b'z' => Some(Type::ZSet),
             _ => None,
         }
     }
@@ -89,6 +106,8 @@ impl Type {
         match self {
             Type::String => "string",
             Type::Hash => "hash",
+            Type::Set => "set",
+            Type::ZSet => "zset",
         }
     }
 }

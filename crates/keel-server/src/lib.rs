@@ -32,6 +32,7 @@ mod reaper;
 mod reply;
 pub mod resp;
 mod server;
+mod sets;
 mod table;
 
 pub use config::{

@@ -16,6 +16,7 @@ mod lanes;
 mod protocol;
 mod pubsub;
 mod server;
+mod sets;
 mod split;
 mod txn;
 mod types_bank;

@@ -1,0 +1,695 @@
+//! Set commands (`SADD`, `SREM`, `SINTER`, `SPOP`, `SSCAN`, ...), over the layout of
+//! `docs/types.md`: the meta record holds the set's generation; each member is its own engine
+//! key `FF 's' gen member` with an empty value; the size record `FF 'n' gen` is kept with the
+//! engine's commutative `add`.
+//!
+//! Adding a member reads the meta record and the member's key and adds to the size without
+//! reading it: two clients adding different members never conflict. Removing members (`SREM`,
+//! `SPOP`, `SMOVE`) reads the size, to delete the key with its last member as Redis does.
+//! Deleting or overwriting a whole set is O(1) (its generation goes to the graveyard), and so
+//! is `SPOP` of every member.
+//!
+//! Costs: `SPOP`/`SRANDMEMBER` read the members up to the one picked (a uniform pick needs a
+//! position, and there is no positional index: one would be a structure to keep in step with
+//! every write), so they are O(n) in the set's size, bounded by the reply limits. `SINTER`
+//! walks the smallest set and looks each member up in the others.
+//!
+//! Helpers shared with the sorted sets (`zsets`) live here too: finding a collection of a
+//! type, its size, shrinking it, random numbers and `SCAN`-style cursors.
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+
+use bytes::Bytes;
+use keel::Txn;
+
+use crate::data::{Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View};
+use crate::data::{int_arg, reply_too_big};
+use crate::glob;
+use crate::keyspace::{self as ks, Held, Meta, SET_MEMBER, Type, WRONGTYPE};
+use crate::reply::Out;
+use crate::resp::string_to_i64;
+use crate::table::Cmd;
+
+/// A set of at most this many members is returned whole by one `SSCAN`, with cursor 0, as
+/// Redis does for a small (listpack-encoded) set.
+pub const SSCAN_WHOLE_MEMBERS_MAX: u64 = 128;
+
+/// Whether this module runs `cmd`.
+pub fn handles(cmd: Cmd) -> bool {
+    is_read_only(cmd)
+        || matches!(
+            cmd,
+            Cmd::Sadd
+                | Cmd::Srem
+                | Cmd::Spop
+                | Cmd::Smove
+                | Cmd::Sinterstore
+                | Cmd::Sunionstore
+                | Cmd::Sdiffstore
+        )
+}
+
+/// Whether `cmd` is a set command that only reads.
+pub fn is_read_only(cmd: Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Smembers
+            | Cmd::Sismember
+            | Cmd::Smismember
+            | Cmd::Scard
+            | Cmd::Srandmember
+            | Cmd::Sinter
+            | Cmd::Sunion
+            | Cmd::Sdiff
+            | Cmd::Sintercard
+            | Cmd::Sscan
+    )
+}
+
+/// The collection of type `ty` at `key`: `None` if absent, `WRONGTYPE` if it holds something
+/// else.
+pub fn find_typed(
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    ty: Type,
+) -> Result<Option<Meta>, Fail> {
+    match ks::lookup(view, &ctx.clock, key, false)? {
+        Held::Absent => Ok(None),
+        Held::Meta(m) if m.ty == ty => Ok(Some(m)),
+        _ => Err(WRONGTYPE.into()),
+    }
+}
+
+/// The collection of type `ty` at `key` for a write: the existing one, or a new, empty one
+/// (created in `t` with no size record, so that the first `add` sets it).
+pub fn find_or_create(t: &mut Txn<'_>, ctx: &Ctx<'_>, key: &[u8], ty: Type) -> Result<Meta, Fail> {
+    if let Some(m) = find_typed(&mut View::Txn(t), ctx, key, ty)? {
+        return Ok(m);
+    }
+    let meta = Meta::collection(ty);
+    ks::put_meta(t, key, &meta, 0)?;
+    Ok(meta)
+}
+
+/// A collection's number of members (its size record).
+pub fn size(view: &mut View<'_, '_>, generation: u64) -> Result<i64, Fail> {
+    let n = view.get_with(&ks::size_key(generation), |v| v.map(string_to_i64))?;
+    match n {
+        None => Ok(0),
+        Some(Some(n)) => Ok(n),
+        Some(None) => Err("ERR keel: damaged collection size record".into()),
+    }
+}
+
+/// Accounts for `removed` members deleted from the collection `meta` at `key`: the key goes
+/// with its last member (with nothing left to sweep), else the size record is rewritten.
+pub fn shrink(t: &mut Txn<'_>, key: &[u8], meta: &Meta, removed: i64) -> Result<(), Fail> {
+    if removed == 0 {
+        return Ok(());
+    }
+    let left = size(&mut View::Txn(t), meta.generation)? - removed;
+    if left <= 0 {
+        t.delete(&ks::meta_key(key))?;
+        t.delete(&ks::size_key(meta.generation))?;
+        if meta.deadline != 0 {
+            t.delete(&ks::expiry_key(meta.deadline, key))?;
+        }
+    } else {
+        t.put(&ks::size_key(meta.generation), left.to_string().as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Replaces whatever `key` holds by a new, empty collection of type `ty` (no TTL), as the
+/// `...STORE` commands do; `None` (and the key deleted) when it is to stay empty.
+pub fn replace(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    ty: Type,
+    empty: bool,
+) -> Result<Option<Meta>, Fail> {
+    let held = ks::lookup(&mut View::Txn(t), &ctx.clock, key, false)?;
+    ks::delete(t, key, &held)?;
+    if empty {
+        return Ok(None);
+    }
+    let meta = Meta::collection(ty);
+    ks::put_meta(t, key, &meta, 0)?;
+    Ok(Some(meta))
+}
+
+/// A pseudo-random number: `RandomState` is seeded from the OS once per process (then per
+/// call bumped); good enough for picking members, which needs no secrecy.
+pub fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Relaxed));
+    h.finish()
+}
+
+/// `k` distinct indexes below `n`, in random order (partial Fisher-Yates).
+pub fn distinct_picks(n: usize, k: usize) -> Vec<usize> {
+    let k = k.min(n);
+    let mut idx: Vec<usize> = (0..n).collect();
+    for i in 0..k {
+        let j = i + (random() % (n - i) as u64) as usize;
+        idx.swap(i, j);
+    }
+    idx.truncate(k);
+    idx
+}
+
+/// A `SCAN`-family cursor, read as C's `strtoul` does (a leading sign is taken, wrapping).
+pub fn parse_cursor(arg: &[u8]) -> Result<u64, Fail> {
+    let invalid = || Fail::from("ERR invalid cursor");
+    let (negative, digits) = match arg {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, arg),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(invalid());
+    }
+    let n: u64 = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(invalid)?;
+    Ok(if negative { n.wrapping_neg() } else { n })
+}
+
+/// `MATCH` and `COUNT` of `SSCAN`/`ZSCAN` (from `args[3]` on), as Redis parses them.
+pub fn scan_options(args: &[Bytes]) -> Result<(Option<&[u8]>, usize), Fail> {
+    let mut pattern: Option<&[u8]> = None;
+    let mut count = 10usize;
+    let mut i = 3;
+    while i < args.len() {
+        let opt = &args[i];
+        let more = i + 1 < args.len();
+        if opt.eq_ignore_ascii_case(b"count") && more {
+            let n = int_arg(&args[i + 1])?;
+            if n < 1 {
+                return Err(SYNTAX.into());
+            }
+            count = usize::try_from(n).unwrap_or(usize::MAX).min(SCAN_COUNT_MAX);
+        } else if opt.eq_ignore_ascii_case(b"match") && more {
+            pattern = Some(&args[i + 1]);
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 2;
+    }
+    Ok((pattern, count))
+}
+
+fn member_key(generation: u64, member: &[u8]) -> ks::KeyBuf {
+    ks::sub_key(SET_MEMBER, generation, member)
+}
+
+fn is_member(view: &mut View<'_, '_>, generation: u64, member: &[u8]) -> Result<bool, Fail> {
+    Ok(view.get_with(&member_key(generation, member), |v| v.is_some())?)
+}
+
+/// Calls `f` on each member, in byte order, after `after` if given, until it says stop.
+fn each_member(
+    view: &mut View<'_, '_>,
+    generation: u64,
+    after: Option<&[u8]>,
+    mut f: impl FnMut(&[u8]) -> ControlFlow<()>,
+) {
+    let prefix = ks::sub_prefix(SET_MEMBER, generation);
+    let (lo, hi) = ks::prefix_range(&prefix);
+    let lo = match after {
+        Some(m) => std::ops::Bound::Excluded(member_key(generation, m).to_vec()),
+        None => lo,
+    };
+    view.range(lo, hi, false, |k, _| f(&k[prefix.len()..]));
+}
+
+/// Every member, in byte order; fails past the reply limits (the result is built in memory).
+fn members(view: &mut View<'_, '_>, ctx: &Ctx<'_>, generation: u64) -> Result<Vec<Vec<u8>>, Fail> {
+    let mut all = Vec::new();
+    let mut bytes = 0;
+    let mut over = false;
+    each_member(view, generation, None, |m| {
+        bytes += m.len() + 16;
+        all.push(m.to_vec());
+        over = bytes > ctx.reply_bytes_max || all.len() > REPLY_ITEMS_MAX;
+        if over {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    if over {
+        return Err(reply_too_big());
+    }
+    Ok(all)
+}
+
+/// Writes a set reply (an array in RESP2).
+fn reply_set<'m>(out: &mut Out<'_>, members: impl ExactSizeIterator<Item = &'m Vec<u8>>) {
+    out.set(members.len());
+    for m in members {
+        out.bulk(m);
+    }
+}
+
+/// Runs one set command (see [`handles`]).
+pub fn run(
+    cmd: Cmd,
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let key = &args[1];
+    match cmd {
+        Cmd::Sadd => {
+            let t = view.txn();
+            let meta = find_or_create(t, ctx, key, Type::Set)?;
+            let mut added = 0;
+            for m in &args[2..] {
+                let mk = member_key(meta.generation, m);
+                if !t.get_with(&mk, |v| v.is_some())? {
+                    t.put(&mk, &[])?;
+                    added += 1;
+                }
+            }
+            if added > 0 {
+                t.add(&ks::size_key(meta.generation), added)?;
+            }
+            out.int(added);
+        }
+        Cmd::Srem => {
+            let t = view.txn();
+            let Some(meta) = find_typed(&mut View::Txn(t), ctx, key, Type::Set)? else {
+                out.int(0);
+                return Ok(());
+            };
+            let mut removed = 0;
+            for m in &args[2..] {
+                let mk = member_key(meta.generation, m);
+                if t.get_with(&mk, |v| v.is_some())? {
+                    t.delete(&mk)?;
+                    removed += 1;
+                }
+            }
+            shrink(t, key, &meta, removed)?;
+            out.int(removed);
+        }
+        Cmd::Smembers => match find_typed(view, ctx, key, Type::Set)? {
+            None => out.set(0),
+            Some(m) => {
+                let all = members(view, ctx, m.generation)?;
+                reply_set(out, all.iter());
+            }
+        },
+        Cmd::Sismember => {
+            let found = match find_typed(view, ctx, key, Type::Set)? {
+                None => false,
+                Some(m) => is_member(view, m.generation, &args[2])?,
+            };
+            out.int(i64::from(found));
+        }
+        Cmd::Smismember => {
+            let meta = find_typed(view, ctx, key, Type::Set)?;
+            out.array(args.len() - 2);
+            for m in &args[2..] {
+                let found = match &meta {
+                    None => false,
+                    Some(meta) => is_member(view, meta.generation, m)?,
+                };
+                out.int(i64::from(found));
+            }
+        }
+        Cmd::Scard => {
+            let n = match find_typed(view, ctx, key, Type::Set)? {
+                None => 0,
+                Some(m) => size(view, m.generation)?,
+            };
+            out.int(n);
+        }
+        Cmd::Spop => spop(args, view.txn(), ctx, out)?,
+        Cmd::Srandmember => srandmember(args, view, ctx, out)?,
+        Cmd::Smove => smove(args, view.txn(), ctx, out)?,
+        Cmd::Sinter | Cmd::Sunion | Cmd::Sdiff => {
+            let result = combine(cmd, &args[1..], view, ctx, usize::MAX)?;
+            reply_set(out, result.iter());
+        }
+        Cmd::Sinterstore | Cmd::Sunionstore | Cmd::Sdiffstore => {
+            let op = match cmd {
+                Cmd::Sinterstore => Cmd::Sinter,
+                Cmd::Sunionstore => Cmd::Sunion,
+                _ => Cmd::Sdiff,
+            };
+            let t = view.txn();
+            let result = combine(op, &args[2..], &mut View::Txn(t), ctx, usize::MAX)?;
+            if let Some(meta) = replace(t, ctx, key, Type::Set, result.is_empty())? {
+                for m in &result {
+                    t.put(&member_key(meta.generation, m), &[])?;
+                }
+                let n = i64::try_from(result.len()).expect("bounded by REPLY_ITEMS_MAX");
+                t.put(&ks::size_key(meta.generation), n.to_string().as_bytes())?;
+            }
+            out.int(result.len() as i64);
+        }
+        Cmd::Sintercard => sintercard(args, view, ctx, out)?,
+        Cmd::Sscan => sscan(args, view, ctx, out)?,
+        other => panic!("{other:?} is not a set command"),
+    }
+    Ok(())
+}
+
+/// The members of `SINTER`/`SUNION`/`SDIFF` (`op`) of `keys`, at most `limit` of them (for
+/// `SINTERCARD`). Every key's type is checked first, as Redis does; a missing key is an
+/// empty set.
+fn combine(
+    op: Cmd,
+    keys: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    limit: usize,
+) -> Result<BTreeSet<Vec<u8>>, Fail> {
+    let mut sets = Vec::with_capacity(keys.len());
+    for key in keys {
+        sets.push(find_typed(view, ctx, key, Type::Set)?);
+    }
+    let mut result = BTreeSet::new();
+    let mut bytes = 0usize;
+    let mut keep = |result: &mut BTreeSet<Vec<u8>>, m: &[u8]| -> Result<bool, Fail> {
+        if result.insert(m.to_vec()) {
+            bytes += m.len() + 16;
+            if bytes > ctx.reply_bytes_max || result.len() > REPLY_ITEMS_MAX {
+                return Err(reply_too_big());
+            }
+        }
+        Ok(result.len() < limit)
+    };
+    match op {
+        Cmd::Sinter => {
+            if sets.iter().any(Option::is_none) {
+                return Ok(result);
+            }
+            let mut gens = Vec::with_capacity(sets.len());
+            for m in sets.iter().flatten() {
+                gens.push((size(view, m.generation)?, m.generation));
+            }
+            gens.sort_unstable();
+            let (_, smallest) = gens[0];
+            for m in members(view, ctx, smallest)? {
+                let mut everywhere = true;
+                for &(_, g) in &gens[1..] {
+                    if !is_member(view, g, &m)? {
+                        everywhere = false;
+                        break;
+                    }
+                }
+                if everywhere && !keep(&mut result, &m)? {
+                    break;
+                }
+            }
+        }
+        Cmd::Sunion => {
+            for m in sets.iter().flatten() {
+                for member in members(view, ctx, m.generation)? {
+                    keep(&mut result, &member)?;
+                }
+            }
+        }
+        _ => {
+            let Some(Some(first)) = sets.first() else {
+                return Ok(result);
+            };
+            let others: Vec<u64> = sets[1..].iter().flatten().map(|m| m.generation).collect();
+            for m in members(view, ctx, first.generation)? {
+                let mut elsewhere = false;
+                for &g in &others {
+                    if is_member(view, g, &m)? {
+                        elsewhere = true;
+                        break;
+                    }
+                }
+                if !elsewhere {
+                    keep(&mut result, &m)?;
+                }
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// `SINTERCARD numkeys key [key ...] [LIMIT limit]`.
+fn sintercard(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let numkeys = string_to_i64(&args[1])
+        .filter(|&n| n >= 1)
+        .ok_or("ERR numkeys should be greater than 0")?;
+    if numkeys > (args.len() - 2) as i64 {
+        return Err("ERR Number of keys can't be greater than number of args".into());
+    }
+    let numkeys = numkeys as usize;
+    let mut limit = 0i64;
+    let mut i = 2 + numkeys;
+    while i < args.len() {
+        if args[i].eq_ignore_ascii_case(b"limit") && i + 1 < args.len() {
+            limit = string_to_i64(&args[i + 1])
+                .filter(|&n| n >= 0)
+                .ok_or("ERR LIMIT can't be negative")?;
+            i += 2;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    let limit = if limit == 0 {
+        usize::MAX
+    } else {
+        usize::try_from(limit).unwrap_or(usize::MAX)
+    };
+    let result = combine(Cmd::Sinter, &args[2..2 + numkeys], view, ctx, limit)?;
+    out.int(result.len() as i64);
+    Ok(())
+}
+
+/// `SPOP key [count]`.
+fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Result<(), Fail> {
+    if args.len() > 3 {
+        return Err(SYNTAX.into());
+    }
+    let count = match args.get(2) {
+        None => None,
+        Some(a) => Some(
+            string_to_i64(a)
+                .filter(|&n| n >= 0)
+                .ok_or("ERR value is out of range, must be positive")?,
+        ),
+    };
+    let key = &args[1];
+    let Some(meta) = find_typed(&mut View::Txn(t), ctx, key, Type::Set)? else {
+        match count {
+            None => out.null(),
+            Some(_) => out.set(0),
+        }
+        return Ok(());
+    };
+    if count == Some(0) {
+        out.set(0);
+        return Ok(());
+    }
+    let all = members(&mut View::Txn(t), ctx, meta.generation)?;
+    let Some(count) = count else {
+        let pick = &all[(random() % all.len() as u64) as usize];
+        t.delete(&member_key(meta.generation, pick))?;
+        shrink(t, key, &meta, 1)?;
+        out.bulk(pick);
+        return Ok(());
+    };
+    let count = usize::try_from(count).unwrap_or(usize::MAX);
+    if count >= all.len() {
+        // Every member: the whole set goes, O(1), to the graveyard.
+        ks::drop_meta(t, key, &meta)?;
+        reply_set(out, all.iter());
+        return Ok(());
+    }
+    let picks = distinct_picks(all.len(), count);
+    out.set(picks.len());
+    for &i in &picks {
+        t.delete(&member_key(meta.generation, &all[i]))?;
+        out.bulk(&all[i]);
+    }
+    shrink(t, key, &meta, picks.len() as i64)?;
+    Ok(())
+}
+
+/// `SRANDMEMBER key [count]`.
+fn srandmember(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    if args.len() > 3 {
+        return Err(SYNTAX.into());
+    }
+    let count = match args.get(2) {
+        None => None,
+        Some(a) => {
+            let n = string_to_i64(a).ok_or(NOT_INTEGER)?;
+            if n == i64::MIN {
+                return Err("ERR value is out of range, value must between \
+                            -9223372036854775807 and 9223372036854775807"
+                    .into());
+            }
+            Some(n)
+        }
+    };
+    let meta = find_typed(view, ctx, &args[1], Type::Set)?;
+    let Some(count) = count else {
+        match meta {
+            None => out.null(),
+            Some(m) => {
+                let all = members(view, ctx, m.generation)?;
+                out.bulk(&all[(random() % all.len() as u64) as usize]);
+            }
+        }
+        return Ok(());
+    };
+    let Some(meta) = meta.filter(|_| count != 0) else {
+        out.array(0);
+        return Ok(());
+    };
+    let all = members(view, ctx, meta.generation)?;
+    let picks: Vec<usize> = if count > 0 {
+        distinct_picks(all.len(), usize::try_from(count).unwrap_or(usize::MAX))
+    } else {
+        let k = count.unsigned_abs();
+        if k > REPLY_ITEMS_MAX as u64 {
+            return Err(reply_too_big());
+        }
+        (0..k)
+            .map(|_| (random() % all.len() as u64) as usize)
+            .collect()
+    };
+    let bytes: usize = picks.iter().map(|&i| all[i].len() + 16).sum();
+    if bytes > ctx.reply_bytes_max {
+        return Err(reply_too_big());
+    }
+    out.array(picks.len());
+    for &i in &picks {
+        out.bulk(&all[i]);
+    }
+    Ok(())
+}
+
+/// `SMOVE source destination member`.
+fn smove(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Result<(), Fail> {
+    let (src, dst, member) = (&args[1], &args[2], &args[3]);
+    let src_held = ks::lookup(&mut View::Txn(t), &ctx.clock, src, false)?;
+    let dst_held = ks::lookup(&mut View::Txn(t), &ctx.clock, dst, false)?;
+    let Some(src_ty) = src_held.ty() else {
+        out.int(0);
+        return Ok(());
+    };
+    if src_ty != Type::Set || dst_held.ty().is_some_and(|ty| ty != Type::Set) {
+        return Err(WRONGTYPE.into());
+    }
+    let Held::Meta(src_meta) = src_held else {
+        unreachable!("a set has a meta record")
+    };
+    if src == dst {
+        let found = is_member(&mut View::Txn(t), src_meta.generation, member)?;
+        out.int(i64::from(found));
+        return Ok(());
+    }
+    let mk = member_key(src_meta.generation, member);
+    if !t.get_with(&mk, |v| v.is_some())? {
+        out.int(0);
+        return Ok(());
+    }
+    t.delete(&mk)?;
+    shrink(t, src, &src_meta, 1)?;
+    let dst_meta = match dst_held {
+        Held::Meta(m) => m,
+        _ => {
+            let meta = Meta::collection(Type::Set);
+            ks::put_meta(t, dst, &meta, 0)?;
+            meta
+        }
+    };
+    let dk = member_key(dst_meta.generation, member);
+    if !t.get_with(&dk, |v| v.is_some())? {
+        t.put(&dk, &[])?;
+        t.add(&ks::size_key(dst_meta.generation), 1)?;
+    }
+    out.int(1);
+    Ok(())
+}
+
+/// `SSCAN key cursor [MATCH pattern] [COUNT count]`.
+fn sscan(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let cursor = parse_cursor(&args[2])?;
+    let Some(meta) = find_typed(view, ctx, &args[1], Type::Set)? else {
+        out.array(2);
+        out.bulk(b"0");
+        out.array(0);
+        return Ok(());
+    };
+    let (pattern, mut count) = scan_options(args)?;
+    let after = if cursor == 0 {
+        None
+    } else {
+        Some(
+            ctx.cursors
+                .load(cursor)
+                .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?,
+        )
+    };
+    if cursor == 0 && size(view, meta.generation)? as u64 <= SSCAN_WHOLE_MEMBERS_MAX {
+        count = SSCAN_WHOLE_MEMBERS_MAX as usize + 1;
+    }
+    let mut visited = Vec::new();
+    let mut bytes = 0;
+    each_member(view, meta.generation, after.as_deref(), |m| {
+        bytes += m.len() + 16;
+        visited.push(m.to_vec());
+        if visited.len() >= count || bytes > ctx.reply_bytes_max {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    if bytes > ctx.reply_bytes_max {
+        return Err(reply_too_big());
+    }
+    let next = match visited.last() {
+        Some(last) if visited.len() == count => ctx.cursors.save(last.clone()),
+        _ => 0,
+    };
+    let hits: Vec<&Vec<u8>> = visited
+        .iter()
+        .filter(|m| pattern.is_none_or(|p| glob::matches(p, m)))
+        .collect();
+    out.array(2);
+    out.bulk(next.to_string().as_bytes());
+    out.array(hits.len());
+    for m in hits {
+        out.bulk(m);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
