@@ -1028,6 +1028,14 @@ impl Harness {
             && self.state.watching
             && self.state.wrote_since_watch
             && self.has_flag(&name, "readonly");
+        // Random picks: what the collection held before, to check the picks against.
+        let random =
+            main && !in_multi && !snapshot_read && is_random_pick(&name) && step.args.len() > 1;
+        let held = if random {
+            Some(self.members_in_redis(&name, &step.args[1]))
+        } else {
+            None
+        };
         let pair = if main {
             &mut self.main
         } else {
@@ -1098,9 +1106,15 @@ impl Harness {
             keel = normalize("keys", keel);
             redis = normalize("keys", redis);
         }
-        if (name == "scan" || name == "hscan") && !in_multi {
+        if matches!(name.as_str(), "scan" | "hscan" | "sscan" | "zscan") && !in_multi {
             keel = scan_to_end(&mut pair.keel, step, keel);
             redis = scan_to_end(&mut pair.redis, step, redis);
+        }
+        if let Some(held) = &held {
+            check_picks(step, held, &keel)?;
+            if name == "spop" && keel != redis {
+                self.follow_keels_pop(&step.args[1], &keel, &redis);
+            }
         }
         let queued = self.state.multi.clone().unwrap_or_default();
         let (keel, redis) = if main && name == "exec" {
@@ -1188,6 +1202,56 @@ fn is_arity_error(reply: &Reply) -> bool {
 }
 
 impl Harness {
+    /// The members (and for a sorted set, each one's score as Redis prints it) that Redis
+    /// holds at `key` for the random pick `name`; empty if it holds none or another type.
+    fn members_in_redis(&mut self, name: &str, key: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let reply = if name == "zrandmember" {
+            self.admin.call(&[
+                b"ZRANGE".to_vec(),
+                key.to_vec(),
+                b"0".to_vec(),
+                b"-1".to_vec(),
+                b"WITHSCORES".to_vec(),
+            ])
+        } else {
+            self.admin.call(&[b"SMEMBERS".to_vec(), key.to_vec()])
+        };
+        let items: Vec<Vec<u8>> = reply
+            .items()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.bytes().expect("a member is a bulk string").to_vec())
+            .collect();
+        if name == "zrandmember" {
+            items
+                .chunks(2)
+                .map(|p| (p[0].clone(), p[1].clone()))
+                .collect()
+        } else {
+            items.into_iter().map(|m| (m, Vec::new())).collect()
+        }
+    }
+
+    /// After an `SPOP` that popped other members from Redis than from keel (each valid): make
+    /// Redis's set what keel's is, by giving back what Redis popped and removing what keel
+    /// popped. (Never while watching, so no `WATCH` sees it: see [`sets`].)
+    fn follow_keels_pop(&mut self, key: &[u8], keel: &Reply, redis: &Reply) {
+        for (verb, popped) in [(&b"SADD"[..], redis), (b"SREM", keel)] {
+            let members = picked(popped);
+            if members.is_empty() {
+                continue;
+            }
+            let mut args = vec![verb.to_vec(), key.to_vec()];
+            args.extend(members);
+            let reply = self.admin.call(&args);
+            assert!(
+                matches!(reply, Reply::Int(_)),
+                "resyncing SPOP: {} replied {reply}",
+                escaped(verb)
+            );
+        }
+    }
+
     /// Every key Redis holds now, with its `DUMP` and `PTTL`.
     fn dump_redis(&mut self) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
         let keys = match self.admin.call_str(&["KEYS", "*"]) {
@@ -1262,6 +1326,7 @@ fn contents(kind: &str, key: &[u8]) -> Vec<Vec<Vec<u8>>> {
     match kind {
         "string" => vec![read("GET"), read("PTTL")],
         "hash" => vec![read("HGETALL"), read("PTTL")],
+        "set" => vec![read("SMEMBERS"), read("PTTL")],
         "none" => vec![],
         other => panic!("no contents read for type {other}: add one to `contents`"),
     }
@@ -1281,7 +1346,7 @@ fn scan_to_end(client: &mut Client, step: &Step, first: Reply) -> Reply {
         }
         let mut args = step.args.clone();
         // `SCAN cursor ...`, `HSCAN key cursor ...`.
-        let at = if step.name() == "hscan" { 2 } else { 1 };
+        let at = if step.name() == "scan" { 1 } else { 2 };
         args[at] = cursor.clone();
         reply = client.call(&args);
     }
@@ -1324,6 +1389,16 @@ fn normalize(name: &str, reply: Reply) -> Reply {
         }
         // Random picks: only the shape is compared.
         ("hrandfield", reply) => shape(reply),
+        (name, reply) if is_random_pick(name) => shape_of_picks(reply),
+        ("smembers" | "sinter" | "sunion" | "sdiff", Reply::Array(v)) => Reply::Array(sorted(v)),
+        ("smembers" | "sinter" | "sunion" | "sdiff", Reply::Set(v)) => Reply::Set(sorted(v)),
+        ("sscan", Reply::Array(v)) if v.len() == 2 => {
+            let mut v = v;
+            if let Some(Reply::Array(items)) = v.pop() {
+                v.push(Reply::Array(sorted(items)));
+            }
+            Reply::Array(v)
+        }
         ("keys", Reply::Array(v)) => Reply::Array(sorted(v)),
         ("keys", Reply::Set(v)) => Reply::Set(sorted(v)),
         ("scan", Reply::Array(v)) if v.len() == 2 => {
@@ -1335,6 +1410,95 @@ fn normalize(name: &str, reply: Reply) -> Reply {
         }
         (_, reply) => reply,
     }
+}
+
+/// Whether `name` picks members at random (its replies are checked, not compared).
+fn is_random_pick(name: &str) -> bool {
+    matches!(name, "spop" | "srandmember" | "zrandmember")
+}
+
+/// A random pick's reply with every string replaced by a placeholder (sets and arrays of
+/// pairs included): its structure only.
+fn shape_of_picks(reply: Reply) -> Reply {
+    match reply {
+        Reply::Bulk(_) => Reply::Bulk(b"<picked>".to_vec()),
+        Reply::Double(_) => Reply::Double(b"<score>".to_vec()),
+        Reply::Array(v) => Reply::Array(v.into_iter().map(shape_of_picks).collect()),
+        Reply::Set(v) => Reply::Set(v.into_iter().map(shape_of_picks).collect()),
+        other => other,
+    }
+}
+
+/// The members a random pick's reply names (scores left out).
+fn picked(reply: &Reply) -> Vec<Vec<u8>> {
+    match reply {
+        Reply::Bulk(b) => vec![b.clone()],
+        Reply::Array(v) | Reply::Set(v) => v.iter().flat_map(picked).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Checks keel's reply to a random pick against what the collection held (`held`: members,
+/// with scores as Redis prints them for a sorted set): every member picked is one it held,
+/// with its score; `SPOP` and a positive count pick each member at most once.
+fn check_picks(step: &Step, held: &[(Vec<u8>, Vec<u8>)], reply: &Reply) -> Result<(), Mismatch> {
+    let bad = |why: &str| Mismatch {
+        what: format!("step: {step}: {why}"),
+        keel: reply.clone(),
+        redis: Reply::Array(held.iter().map(|(m, _)| Reply::Bulk(m.clone())).collect()),
+    };
+    if reply.is_error() {
+        return Ok(());
+    }
+    let withscores = step.name() == "zrandmember"
+        && step.args.len() == 4
+        && step.args[3].eq_ignore_ascii_case(b"withscores");
+    let mut members = Vec::new();
+    let flat: Vec<Reply> = match reply {
+        Reply::Array(v) | Reply::Set(v) => v
+            .iter()
+            .flat_map(|r| match r {
+                Reply::Array(pair) => pair.clone(),
+                other => vec![other.clone()],
+            })
+            .collect(),
+        other => vec![other.clone()],
+    };
+    let mut it = flat.into_iter();
+    while let Some(r) = it.next() {
+        let member = match r {
+            Reply::Bulk(m) => m,
+            Reply::NullBulk | Reply::Null => continue,
+            other => return Err(bad(&format!("{other} is not a member"))),
+        };
+        let Some((_, score)) = held.iter().find(|(m, _)| *m == member) else {
+            return Err(bad(&format!("{} was not a member", escaped(&member))));
+        };
+        if withscores {
+            let text = match it.next() {
+                Some(Reply::Bulk(t) | Reply::Double(t)) => t,
+                other => return Err(bad(&format!("no score after a member: {other:?}"))),
+            };
+            if text != *score {
+                return Err(bad(&format!(
+                    "score {} for {}",
+                    escaped(&text),
+                    escaped(&member)
+                )));
+            }
+        }
+        members.push(member);
+    }
+    let distinct = step.name() == "spop" || step.args.get(2).is_some_and(|n| !n.starts_with(b"-"));
+    if distinct {
+        let mut unique = members.clone();
+        unique.sort();
+        unique.dedup();
+        if unique.len() != members.len() {
+            return Err(bad("a member picked twice"));
+        }
+    }
+    Ok(())
 }
 
 /// `v` sorted, duplicates kept (values of different fields may be equal).
@@ -1390,6 +1554,8 @@ struct Gen {
     rng: Rng,
     /// The main client is inside `MULTI` (families avoid what keel refuses there).
     in_multi: bool,
+    /// The main client is watching keys.
+    watching: bool,
     /// Unix time (seconds) when the run started, rounded down to a day: absolute deadlines
     /// are drawn on a grid after it, the same for both servers.
     base_secs: i64,
@@ -1435,6 +1601,11 @@ static FAMILIES: &[Family] = &[
         spoil: true,
     },
     Family {
+        weight: 15,
+        draw: sets,
+        spoil: true,
+    },
+    Family {
         weight: 4,
         draw: connection,
         spoil: false,
@@ -1460,6 +1631,7 @@ impl Gen {
         Gen {
             rng: Rng(seed),
             in_multi: false,
+            watching: false,
             base_secs: now - now % 86_400 + 86_400,
             subscribed: false,
         }
@@ -1495,6 +1667,7 @@ impl Gen {
     /// The next step, given what the main client is in the middle of.
     fn step(&mut self, state: &State) -> Step {
         self.in_multi = state.multi.is_some();
+        self.watching = state.watching;
         self.subscribed = state.subscribed();
         // A subscriber: the second client publishes to it, or it leaves (under RESP2 it can
         // do little else).
@@ -1732,6 +1905,19 @@ impl Gen {
     /// A pub/sub pattern.
     fn channel_pattern(&mut self) -> &'static str {
         self.pick(&["c*", "*", "c?", "n[ae]ws", "x*", "[c", "\\c1", "", "a"])
+    }
+
+    /// A set or sorted set member: few, so that commands collide; some are integers (Redis
+    /// keeps small integer sets apart).
+    fn member(&mut self) -> &'static str {
+        self.pick(&["a", "b", "c", "1", "2", "10", "-1", "x y", ""])
+    }
+
+    /// Some members, for the commands that take several.
+    fn members(&mut self, args: &mut Vec<String>) {
+        for _ in 0..=self.rng.below(4) {
+            args.push(self.member().to_string());
+        }
     }
 
     /// A plain write, for the second client.
@@ -1978,6 +2164,88 @@ fn hashes(g: &mut Gen) -> Vec<Vec<u8>> {
                 if g.chance(1, 2) {
                     args.push(g.pick(&["WITHVALUES", "withvalues", "bogus"]).to_string());
                 }
+            }
+            args.iter().map(|a| a.as_bytes().to_vec()).collect()
+        }
+    }
+}
+
+/// Sets: SADD, SREM, SMEMBERS, SISMEMBER, SMISMEMBER, SCARD, SPOP, SRANDMEMBER, SMOVE, SINTER,
+/// SUNION, SDIFF and their STORE forms, SINTERCARD, SSCAN. `SPOP` picks at random, so the
+/// harness makes Redis pop what keel popped; not inside `MULTI` (the harness cannot follow it
+/// there) nor while watching (a `WATCH` in Redis would see the harness's writes).
+fn sets(g: &mut Gen) -> Vec<Vec<u8>> {
+    let key = g.key().to_string();
+    let with = |g: &mut Gen, head: &[&str]| {
+        let mut args: Vec<String> = head.iter().map(|s| s.to_string()).collect();
+        g.members(&mut args);
+        args.iter().map(|a| a.as_bytes().to_vec()).collect()
+    };
+    let keys = |g: &mut Gen, head: &[&str]| {
+        let mut args: Vec<String> = head.iter().map(|s| s.to_string()).collect();
+        for _ in 0..=g.rng.below(3) {
+            args.push(g.key().to_string());
+        }
+        args.iter().map(|a| a.as_bytes().to_vec()).collect()
+    };
+    match g.rng.below(22) {
+        0..=4 => with(g, &["SADD", &key]),
+        5 | 6 => with(g, &["SREM", &key]),
+        7 => cmd(&["SMEMBERS", &key]),
+        8 => cmd(&["SISMEMBER", &key, g.member()]),
+        9 => with(g, &["SMISMEMBER", &key]),
+        10 => cmd(&["SCARD", &key]),
+        11 if !g.in_multi && !g.watching => {
+            if g.chance(1, 2) {
+                cmd(&["SPOP", &key])
+            } else {
+                cmd(&["SPOP", &key, g.pick(&["0", "1", "2", "5", "-1", "x"])])
+            }
+        }
+        11 | 12 => {
+            if g.chance(1, 3) {
+                cmd(&["SRANDMEMBER", &key])
+            } else {
+                cmd(&[
+                    "SRANDMEMBER",
+                    &key,
+                    g.pick(&["0", "1", "2", "10", "-1", "-5", "x"]),
+                ])
+            }
+        }
+        13 => cmd(&["SMOVE", &key, g.key(), g.member()]),
+        14 | 15 => {
+            let name = g.pick(&["SINTER", "SUNION", "SDIFF"]);
+            keys(g, &[name])
+        }
+        16 | 17 => {
+            let name = g.pick(&["SINTERSTORE", "SUNIONSTORE", "SDIFFSTORE"]);
+            keys(g, &[name, &key])
+        }
+        18 | 19 => {
+            let n = 1 + g.rng.below(3);
+            let mut args = vec!["SINTERCARD".to_string(), n.to_string()];
+            for _ in 0..n {
+                args.push(g.key().to_string());
+            }
+            if g.chance(1, 3) {
+                args.extend(["LIMIT".to_string(), g.pick(&["0", "1", "2", "-1"]).into()]);
+            }
+            if g.chance(1, 8) {
+                args[1] = g.pick(&["0", "-1", "9", "x"]).to_string();
+            }
+            args.iter().map(|a| a.as_bytes().to_vec()).collect()
+        }
+        _ => {
+            let mut args = vec!["SSCAN".to_string(), key.clone(), "0".to_string()];
+            if g.chance(1, 2) {
+                args.extend([
+                    "MATCH".to_string(),
+                    g.pick(&["*", "[ab]", "1*", "?"]).into(),
+                ]);
+            }
+            if g.chance(1, 3) {
+                args.extend(["COUNT".to_string(), g.pick(&["10", "100", "0"]).into()]);
             }
             args.iter().map(|a| a.as_bytes().to_vec()).collect()
         }

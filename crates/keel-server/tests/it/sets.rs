@@ -61,7 +61,10 @@ fn set_commands_match_redis() {
         assert_eq!(query::<Vec<String>>(&mut c, &["SMEMBERS", "d"]), ["e"]);
         // An empty result deletes the destination, whatever it held.
         let _: () = query(&mut c, &["SET", "str", "x", "EX", "100"]);
-        assert_eq!(query::<i64>(&mut c, &["SINTERSTORE", "str", "s", "nokey"]), 0);
+        assert_eq!(
+            query::<i64>(&mut c, &["SINTERSTORE", "str", "s", "nokey"]),
+            0
+        );
         assert_eq!(query::<i64>(&mut c, &["EXISTS", "str"]), 0);
         let _: () = query(&mut c, &["SET", "str", "x", "EX", "100"]);
         assert_eq!(query::<i64>(&mut c, &["SUNIONSTORE", "str", "s"]), 3);
@@ -124,7 +127,10 @@ fn set_commands_match_redis() {
         assert!(many.iter().all(|m| rest.contains(m)));
         let one: String = query(&mut c, &["SRANDMEMBER", "p"]);
         assert!(rest.contains(&one));
-        assert_eq!(query::<Value>(&mut c, &["SRANDMEMBER", "nokey"]), Value::Nil);
+        assert_eq!(
+            query::<Value>(&mut c, &["SRANDMEMBER", "nokey"]),
+            Value::Nil
+        );
         assert_eq!(
             error(&mut c, &["SRANDMEMBER", "p", "x"]),
             "ERR value is not an integer or out of range"
