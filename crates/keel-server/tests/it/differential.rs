@@ -1652,12 +1652,12 @@ impl Gen {
                 who: Who::Main,
                 args,
             };
-            // The harness follows a SCAN's cursor with more calls, and a subscription's frames
-            // and messages, which a pipeline cannot.
+            // The harness follows a SCAN's cursor with more calls, a subscription's frames
+            // and messages, and an SPOP's picks, which a pipeline cannot.
             let name = step.name();
             let pubsub = subscription(&name).is_some()
                 || matches!(name.as_str(), "publish" | "spublish" | "pubsub");
-            if !name.ends_with("scan") && !pubsub {
+            if !name.ends_with("scan") && !pubsub && name != "spop" {
                 steps.push(step);
             }
         }
