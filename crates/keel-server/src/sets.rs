@@ -164,9 +164,13 @@ pub fn distinct_picks(n: usize, k: usize) -> Vec<usize> {
     idx
 }
 
-/// A `SCAN`-family cursor, read as C's `strtoul` does (a leading sign is taken, wrapping).
+/// A `SCAN`-family cursor, read as C's `strtoul` does (a leading sign is taken, wrapping;
+/// an empty string is 0).
 pub fn parse_cursor(arg: &[u8]) -> Result<u64, Fail> {
     let invalid = || Fail::from("ERR invalid cursor");
+    if arg.is_empty() {
+        return Ok(0);
+    }
     let (negative, digits) = match arg {
         [b'-', rest @ ..] => (true, rest),
         [b'+', rest @ ..] => (false, rest),

@@ -103,7 +103,8 @@ fn cursors_read_as_strtoul() {
     assert_eq!(parse_cursor(b"0"), Ok(0));
     assert_eq!(parse_cursor(b"+12"), Ok(12));
     assert_eq!(parse_cursor(b"-1"), Ok(u64::MAX));
-    assert!(parse_cursor(b"").is_err());
+    assert_eq!(parse_cursor(b""), Ok(0));
+    assert!(parse_cursor(b"-").is_err());
     assert!(parse_cursor(b" 1").is_err());
     assert!(parse_cursor(b"1x").is_err());
     assert!(parse_cursor(b"18446744073709551616").is_err());
