@@ -91,6 +91,8 @@ enum Next {
     Continue,
     /// Write what is pending, then close (QUIT, protocol errors, SHUTDOWN).
     Close,
+    /// A blocking pop found nothing: wait for a push ([`Conn::block`]).
+    Block,
 }
 
 struct Watch {
@@ -151,6 +153,8 @@ struct Conn {
     /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
     /// (un)subscribed.
     subs: Option<Box<Subs>>,
+    /// The blocking pop that answered [`Next::Block`].
+    blocked: Option<(Cmd, Vec<Bytes>)>,
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
@@ -181,6 +185,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         multi: None,
         watch: None,
         subs: None,
+        blocked: None,
     };
     conn.spawn(stream, Carry::default());
 }
@@ -336,6 +341,12 @@ impl Conn {
                     let started = Instant::now();
                     next = self.command(args, &mut output).await;
                     self.shared.counters.record_latency(started.elapsed());
+                    if next == Next::Block {
+                        if !self.block(&mut stream, &mut input, &mut output).await? {
+                            return Ok(Exit::Done);
+                        }
+                        next = Next::Continue;
+                    }
                     self.shared
                         .counters
                         .commands_processed
@@ -482,7 +493,8 @@ impl Conn {
         let spec = table::lookup(&args[0])?;
         let ok = spec.arity_ok(args.len())
             && data::is_data(spec.cmd)
-            && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall);
+            && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall)
+            && !crate::lists::is_blocking(spec.cmd);
         ok.then_some(spec.cmd)
     }
 
@@ -555,6 +567,9 @@ impl Conn {
             match committed {
                 Ok(Ok(committed)) => {
                     out.fill(&committed);
+                    for (cmd, args) in pending.iter() {
+                        shared.blocked.committed(cmd, args);
+                    }
                     return true;
                 }
                 Ok(Err(conflict)) => {
@@ -690,7 +705,10 @@ impl Conn {
     ) -> Result<Next, Fail> {
         let cmd = spec.cmd;
         if data::is_data(cmd) {
-            self.data_command(cmd, args, output).await;
+            if self.data_command(cmd, args, output).await {
+                self.blocked = Some((cmd, args.to_vec()));
+                return Ok(Next::Block);
+            }
             return Ok(Next::Continue);
         }
         let mut out = self.out(output);
@@ -1039,6 +1057,27 @@ impl Conn {
                 out.verbatim(&text);
             }
             b"kill" => return self.client_kill(args, output),
+            b"unblock" => {
+                if args.len() > 4 {
+                    return Err("ERR unknown subcommand or wrong number of arguments for \
+                                'unblock'. Try CLIENT HELP."
+                        .into());
+                }
+                let id = resp::string_to_i64(&args[2]).ok_or(NOT_INTEGER)?;
+                let how = match args.get(3) {
+                    None => crate::blocking::Unblock::Timeout,
+                    Some(a) if a.eq_ignore_ascii_case(b"timeout") => {
+                        crate::blocking::Unblock::Timeout
+                    }
+                    Some(a) if a.eq_ignore_ascii_case(b"error") => crate::blocking::Unblock::Error,
+                    Some(_) => {
+                        return Err("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR".into());
+                    }
+                };
+                let unblocked =
+                    u64::try_from(id).is_ok_and(|id| self.shared.blocked.unblock(id, how));
+                out.int(i64::from(unblocked));
+            }
             _ => unreachable!("subcommands are listed in the table"),
         }
         Ok(Next::Continue)
@@ -1178,8 +1217,9 @@ impl Conn {
     }
 
     /// A data command outside `MULTI`: its own transaction (a snapshot when it only reads),
-    /// retried on conflict.
-    async fn data_command(&mut self, cmd: Cmd, args: &[Bytes], output: &mut BytesMut) {
+    /// retried on conflict. `true` (and nothing written) when a blocking pop found nothing to
+    /// pop.
+    async fn data_command(&mut self, cmd: Cmd, args: &[Bytes], output: &mut BytesMut) -> bool {
         let shared = &*self.shared;
         let ctx = ctx(shared);
         let proto = self.proto;
@@ -1195,17 +1235,18 @@ impl Conn {
                 },
             };
             match result {
-                Ok(()) => return,
+                Ok(()) => return false,
                 // The snapshot met a key past its deadline, which only a write may remove:
                 // run the command as a read-write transaction, which deletes it.
                 Err(_) if ctx.clock.rerun.load(Relaxed) => out.buf.truncate(mark),
                 Err(Fail(text)) => {
                     out.buf.truncate(mark);
                     out.error(&text);
-                    return;
+                    return false;
                 }
             }
         }
+        let mut would_block = false;
         let mut attempt = 1;
         let may_wait = self.may_wait([cmd].into_iter());
         let mut rejoin = false;
@@ -1225,11 +1266,26 @@ impl Conn {
                     // Outside MULTI a flush may take several transactions.
                     data::check_flush_args(args)
                         .and_then(|()| data::flush_batch(&mut txn).map(|m| more = m))
+                } else if crate::lists::is_blocking(cmd) {
+                    crate::lists::run_blocking(cmd, args, &mut txn, &ctx, &mut out).and_then(
+                        |served| {
+                            if served {
+                                Ok(())
+                            } else {
+                                Err(crate::lists::WOULD_BLOCK.into())
+                            }
+                        },
+                    )
                 } else {
                     data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
                 };
                 match result {
                     Ok(()) => Ok(txn),
+                    Err(Fail(text)) if text == crate::lists::WOULD_BLOCK => {
+                        out.buf.truncate(mark);
+                        would_block = true;
+                        Err(())
+                    }
                     Err(Fail(text)) => {
                         out.buf.truncate(mark);
                         out.error(&text);
@@ -1238,7 +1294,7 @@ impl Conn {
                 }
             };
             let Ok(committed) = self.attempt(rejoin, may_wait, prepare).await else {
-                return;
+                return would_block;
             };
             rejoin = false;
             match committed {
@@ -1248,7 +1304,8 @@ impl Conn {
                     if matches!(cmd, Cmd::Flushdb | Cmd::Flushall) {
                         out.ok();
                     }
-                    return;
+                    shared.blocked.committed(cmd, args);
+                    return false;
                 }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
@@ -1256,7 +1313,7 @@ impl Conn {
                         out.error(&format!(
                             "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
                         ));
-                        return;
+                        return false;
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
@@ -1265,12 +1322,74 @@ impl Conn {
                 Err(keel::CommitError::Apply(e)) => {
                     out.buf.truncate(mark);
                     out.error(&data::engine_error(&e).0);
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     out.buf.truncate(mark);
                     out.error(&format!("ERR keel: {e}"));
-                    return;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Waits in a blocking pop ([`Next::Block`]) until it pops, times out, is unblocked or
+    /// killed, or the client goes; `false` when the connection should end. Replies written
+    /// before the pop go out first. The socket is read meanwhile (pipelined requests wait in
+    /// `input`), so that a client that disconnects is noticed.
+    async fn block(
+        &mut self,
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<bool> {
+        let (cmd, args) = self.blocked.take().expect("set with Next::Block");
+        let timeout = crate::lists::timeout(crate::lists::timeout_arg_of(cmd, &args))
+            .expect("checked before blocking");
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        self.flush(stream, output).await?;
+        let shared = self.shared.clone();
+        let guard = shared
+            .blocked
+            .block(self.info.id, crate::lists::blocking_keys(cmd, &args));
+        let kill = self.info.kill.clone();
+        let mut retry = true;
+        loop {
+            // Registered: a push committed from now on wakes this client, and this attempt
+            // sees any committed before.
+            if retry && !self.data_command(cmd, &args, output).await {
+                return Ok(true);
+            }
+            retry = false;
+            let expired = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let mut out = Out::new(output, self.proto);
+            tokio::select! {
+                biased;
+                () = kill.cancelled() => return Ok(false),
+                () = guard.woken() => match guard.unblocked() {
+                    None => retry = true,
+                    Some(crate::blocking::Unblock::Error) => {
+                        out.error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                        return Ok(true);
+                    }
+                    Some(crate::blocking::Unblock::Timeout) => {
+                        timed_out(&mut out);
+                        return Ok(true);
+                    }
+                },
+                () = expired => {
+                    timed_out(&mut out);
+                    return Ok(true);
+                }
+                r = stream.read_buf(input) => {
+                    if r? == 0 || input.len() > QUERY_BYTES_MAX {
+                        return Ok(false);
+                    }
                 }
             }
         }
@@ -1449,6 +1568,9 @@ impl Conn {
             };
             match committed {
                 Ok(Ok(committed)) => {
+                    for (cmd, args) in &multi.queue {
+                        shared.blocked.committed(*cmd, args);
+                    }
                     let subs = self.subs.as_deref();
                     out.fill_with(Some(&committed), &mut |i, out| {
                         let (cmd, args) = &multi.queue[i];
@@ -1531,6 +1653,12 @@ fn type_of(c: &ClientInfo) -> ClientType {
     } else {
         ClientType::Normal
     }
+}
+
+/// The reply of a blocking pop whose timeout passed: a null array, also for `BLMOVE` (whose
+/// nil inside `MULTI` is a null bulk string), as from Redis.
+fn timed_out(out: &mut Out<'_>) {
+    out.null_array();
 }
 
 /// The subscription kind a (un)subscribe command works on.

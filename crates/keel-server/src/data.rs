@@ -201,6 +201,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Pexpiretime
     ) || crate::hashes::is_read_only(cmd)
         || crate::sets::is_read_only(cmd)
+        || crate::lists::is_read_only(cmd)
 }
 
 /// Whether `cmd` only applies a commutative operation (`KEEL.ADD`/`MAX`/`MIN`): it reads
@@ -255,6 +256,7 @@ pub fn is_data(cmd: Cmd) -> bool {
         || crate::expiry::handles(cmd)
         || crate::hashes::handles(cmd)
         || crate::sets::handles(cmd)
+        || crate::lists::handles(cmd)
 }
 
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
@@ -555,6 +557,7 @@ pub fn run(
         _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
         _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
         _ if crate::sets::handles(cmd) => crate::sets::run(cmd, args, view, ctx, out)?,
+        _ if crate::lists::handles(cmd) => crate::lists::run(cmd, args, view, ctx, out)?,
         other => panic!("{other:?} is not a data command"),
     }
     Ok(())

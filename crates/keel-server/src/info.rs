@@ -348,9 +348,10 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     if want("clients") {
         let _ = write!(
             t,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\nblocked_clients:{}\r\n\r\n",
             shared.clients.lock().len(),
             shared.maxclients.load(Relaxed),
+            shared.blocked.blocked_clients(),
         );
     }
     if want("memory") {

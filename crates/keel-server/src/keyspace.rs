@@ -42,13 +42,19 @@ pub const SET_MEMBER: u8 = b's';
 pub const ZSET_SCORE: u8 = b'z';
 /// After [`INTERNAL`]: a sorted set's score index, keyed by generation, score and member.
 pub const ZSET_INDEX: u8 = b'Z';
+/// After [`INTERNAL`]: a list element, keyed by generation and order-preserving index.
+pub const LIST_ITEM: u8 = b'l';
+/// After [`INTERNAL`]: a list's ends (head and tail index), keyed by generation and `00`/`01`.
+pub const LIST_ENDS: u8 = b'e';
 /// After [`INTERNAL`]: the expiry index, keyed by deadline and user key.
 pub const EXPIRY: u8 = b'x';
 /// After [`INTERNAL`]: the graveyard, keyed by generation.
 pub const GRAVE: u8 = b'g';
 
 /// Every kind of sub-key a generation may own (for a graveyard entry of an unknown type).
-pub const ALL_SUB_KINDS: &[u8] = &[HASH_FIELD, SET_MEMBER, ZSET_SCORE, ZSET_INDEX, b'l'];
+pub const ALL_SUB_KINDS: &[u8] = &[
+    HASH_FIELD, SET_MEMBER, ZSET_SCORE, ZSET_INDEX, LIST_ITEM, LIST_ENDS,
+];
 
 /// The sub-key prefixes a collection's generation owns, by type (besides its size record).
 pub fn sub_prefixes(ty: Type) -> &'static [u8] {
@@ -57,6 +63,7 @@ pub fn sub_prefixes(ty: Type) -> &'static [u8] {
         Type::Hash => &[HASH_FIELD],
         Type::Set => &[SET_MEMBER],
         Type::ZSet => &[ZSET_SCORE, ZSET_INDEX],
+        Type::List => &[LIST_ITEM, LIST_ENDS],
     }
 }
 
@@ -78,6 +85,8 @@ pub enum Type {
     /// A sorted set: scores at `FF 'z' gen member`, and the score index `FF 'Z' gen score
     /// member`.
     ZSet,
+    /// A list: elements at `FF 'l' gen index`, its ends at `FF 'e' gen 00|01`.
+    List,
 }
 
 impl Type {
@@ -87,6 +96,7 @@ impl Type {
             Type::Hash => b'h',
             Type::Set => b'S',
             Type::ZSet => b'z',
+            Type::List => b'l',
         }
     }
 
@@ -97,6 +107,7 @@ impl Type {
             b'h' => Some(Type::Hash),
             b'S' => Some(Type::Set),
             b'z' => Some(Type::ZSet),
+            b'l' => Some(Type::List),
             _ => None,
         }
     }
@@ -108,6 +119,7 @@ impl Type {
             Type::Hash => "hash",
             Type::Set => "set",
             Type::ZSet => "zset",
+            Type::List => "list",
         }
     }
 }
@@ -307,6 +319,12 @@ pub fn parse_expiry_key(k: &[u8]) -> Option<(u64, &[u8])> {
 /// A collection's size record.
 pub fn size_key(generation: u64) -> KeyBuf {
     KeyBuf::of(&[&[INTERNAL, SIZE], &generation.to_be_bytes()])
+}
+
+/// A list's head (`tail == false`: the index of its first element) or tail (one past its
+/// last) record.
+pub fn list_end_key(generation: u64, tail: bool) -> KeyBuf {
+    KeyBuf::of(&[&sub_prefix(LIST_ENDS, generation), &[u8::from(tail)]])
 }
 
 /// A collection's graveyard entry.

@@ -17,6 +17,7 @@
 //! runtime serves connections (one busy-polling thread, or the worker pool). The engine stays
 //! synchronous; tokio is only for sockets.
 
+mod blocking;
 mod config;
 mod conn;
 mod data;
@@ -26,6 +27,7 @@ mod hashes;
 mod info;
 mod keyspace;
 pub mod lanes;
+mod lists;
 mod long_double;
 mod pubsub;
 mod reaper;

@@ -184,6 +184,8 @@ pub struct Shared {
     pub counters: Counters,
     /// Pub/sub subscriptions.
     pub pubsub: crate::pubsub::Registry,
+    /// Clients blocked in `BLPOP` and its kin.
+    pub blocked: crate::blocking::Registry,
     /// Where connections run.
     pub lanes: crate::lanes::Lanes,
     /// Every connection task, whichever runtime runs it: shutdown waits for them.
@@ -267,6 +269,7 @@ impl Server {
             started: Instant::now(),
             counters: Counters::default(),
             pubsub,
+            blocked: Default::default(),
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
             reaper: Arc::default(),

@@ -118,6 +118,27 @@ pub enum Cmd {
     Sdiffstore,
     Sintercard,
     Sscan,
+    // Lists.
+    Lpush,
+    Rpush,
+    Lpushx,
+    Rpushx,
+    Lpop,
+    Rpop,
+    Llen,
+    Lrange,
+    Lindex,
+    Lset,
+    Lrem,
+    Ltrim,
+    Linsert,
+    Lpos,
+    Lmove,
+    Rpoplpush,
+    Blpop,
+    Brpop,
+    Blmove,
+    Brpoplpush,
     // keel's own.
     KeelRange,
     KeelMax,
@@ -171,6 +192,8 @@ const PUBSUB_SUB: &[&str] = &["pubsub", "noscript", "loading", "stale"];
 const PUBSUB_PUB: &[&str] = &["pubsub", "loading", "stale", "fast"];
 const WR_FAST: &[&str] = &["write", "fast"];
 const WR_OOM: &[&str] = &["write", "denyoom"];
+const WR_BLOCKING: &[&str] = &["write", "noscript", "blocking"];
+const WR_OOM_BLOCKING: &[&str] = &["write", "denyoom", "noscript", "blocking"];
 const CONN: &[&str] = &["fast", "loading", "stale"];
 const NOAUTH: &[&str] = &[
     "noscript",
@@ -308,7 +331,8 @@ pub static SPECS: &[Spec] = &[
             ("setinfo", 4),
             ("list", -2),
             ("kill", -3),
-            ("info", 2)
+            ("info", 2),
+            ("unblock", -3)
         ]
     ),
     spec!(
@@ -1321,6 +1345,226 @@ pub static SPECS: &[Spec] = &[
         1,
         "set",
         "Incrementally iterate Set elements."
+    ),
+    spec!(
+        "lpush",
+        Lpush,
+        -3,
+        WR,
+        1,
+        1,
+        1,
+        "list",
+        "Prepends one or more elements to a list. Creates the key if it doesn't exist."
+    ),
+    spec!(
+        "rpush",
+        Rpush,
+        -3,
+        WR,
+        1,
+        1,
+        1,
+        "list",
+        "Appends one or more elements to a list. Creates the key if it doesn't exist."
+    ),
+    spec!(
+        "lpushx",
+        Lpushx,
+        -3,
+        WR,
+        1,
+        1,
+        1,
+        "list",
+        "Prepends one or more elements to a list only when the list exists."
+    ),
+    spec!(
+        "rpushx",
+        Rpushx,
+        -3,
+        WR,
+        1,
+        1,
+        1,
+        "list",
+        "Appends an element to a list only when the list exists."
+    ),
+    spec!(
+        "lpop",
+        Lpop,
+        -2,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "list",
+        "Returns the first elements in a list after removing it. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "rpop",
+        Rpop,
+        -2,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "list",
+        "Returns and removes the last elements of a list. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "llen",
+        Llen,
+        2,
+        RO,
+        1,
+        1,
+        1,
+        "list",
+        "Returns the length of a list."
+    ),
+    spec!(
+        "lrange",
+        Lrange,
+        4,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "list",
+        "Returns a range of elements from a list."
+    ),
+    spec!(
+        "lindex",
+        Lindex,
+        3,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "list",
+        "Returns an element from a list by its index."
+    ),
+    spec!(
+        "lset",
+        Lset,
+        4,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "list",
+        "Sets the value of an element in a list by its index."
+    ),
+    spec!(
+        "lrem",
+        Lrem,
+        4,
+        WR_SLOW,
+        1,
+        1,
+        1,
+        "list",
+        "Removes elements from a list. Deletes the list if the last element was removed."
+    ),
+    spec!(
+        "ltrim",
+        Ltrim,
+        4,
+        WR_SLOW,
+        1,
+        1,
+        1,
+        "list",
+        "Removes elements from both ends a list. Deletes the list if all elements were trimmed."
+    ),
+    spec!(
+        "linsert",
+        Linsert,
+        5,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "list",
+        "Inserts an element before or after another element in a list."
+    ),
+    spec!(
+        "lpos",
+        Lpos,
+        -3,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "list",
+        "Returns the index of matching elements in a list."
+    ),
+    spec!(
+        "lmove",
+        Lmove,
+        5,
+        WR_OOM,
+        1,
+        2,
+        1,
+        "list",
+        "Returns an element after popping it from one list and pushing it to another. Deletes the list if the last element was moved."
+    ),
+    spec!(
+        "rpoplpush",
+        Rpoplpush,
+        3,
+        WR_OOM,
+        1,
+        2,
+        1,
+        "list",
+        "Returns the last element of a list after removing and pushing it to another list. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "blpop",
+        Blpop,
+        -3,
+        WR_BLOCKING,
+        1,
+        -2,
+        1,
+        "list",
+        "Removes and returns the first element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "brpop",
+        Brpop,
+        -3,
+        WR_BLOCKING,
+        1,
+        -2,
+        1,
+        "list",
+        "Removes and returns the last element in a list. Blocks until an element is available otherwise. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "blmove",
+        Blmove,
+        6,
+        WR_OOM_BLOCKING,
+        1,
+        2,
+        1,
+        "list",
+        "Pops an element from a list, pushes it to another list and returns it. Blocks until an element is available otherwise. Deletes the list if the last element was moved."
+    ),
+    spec!(
+        "brpoplpush",
+        Brpoplpush,
+        4,
+        WR_OOM_BLOCKING,
+        1,
+        2,
+        1,
+        "list",
+        "Pops an element from a list, pushes it to another list and returns it. Block until an element is available otherwise. Deletes the list if the last element was popped."
     ),
     spec!(
         "keel.range",

@@ -1327,6 +1327,7 @@ fn contents(kind: &str, key: &[u8]) -> Vec<Vec<Vec<u8>>> {
         "string" => vec![read("GET"), read("PTTL")],
         "hash" => vec![read("HGETALL"), read("PTTL")],
         "set" => vec![read("SMEMBERS"), read("PTTL")],
+        "list" => vec![[read("LRANGE"), cmd(&["0", "-1"])].concat(), read("PTTL")],
         "none" => vec![],
         other => panic!("no contents read for type {other}: add one to `contents`"),
     }
@@ -1604,6 +1605,16 @@ static FAMILIES: &[Family] = &[
         weight: 15,
         draw: sets,
         spoil: true,
+    },
+    Family {
+        weight: 15,
+        draw: lists,
+        spoil: true,
+    },
+    Family {
+        weight: 2,
+        draw: blocking,
+        spoil: false,
     },
     Family {
         weight: 4,
@@ -2038,7 +2049,7 @@ fn keys(g: &mut Gen) -> Vec<Vec<u8>> {
             if g.chance(1, 4) {
                 args.extend([
                     "TYPE".to_string(),
-                    g.pick(&["string", "hash", "none"]).into(),
+                    g.pick(&["string", "hash", "list", "none"]).into(),
                 ]);
             }
             if g.in_multi {
@@ -2250,6 +2261,151 @@ fn sets(g: &mut Gen) -> Vec<Vec<u8>> {
             args.iter().map(|a| a.as_bytes().to_vec()).collect()
         }
     }
+}
+
+/// A list element: mostly from a few, so that `LREM`, `LINSERT` and `LPOS` find matches.
+fn element(g: &mut Gen) -> String {
+    if g.chance(3, 4) {
+        g.pick(&["a", "b", "c", "1"]).to_string()
+    } else {
+        g.value()
+    }
+}
+
+/// Lists: every command but the blocking ones.
+fn lists(g: &mut Gen) -> Vec<Vec<u8>> {
+    let key = g.key();
+    let mut args: Vec<String> = Vec::new();
+    let mut push = |a: &str| args.push(a.to_string());
+    match g.rng.below(22) {
+        0..=4 => {
+            push(g.pick(&["LPUSH", "RPUSH", "LPUSHX", "RPUSHX", "lpush", "RPUSH"]));
+            push(key);
+            for _ in 0..=g.rng.below(3) {
+                push(&element(g));
+            }
+        }
+        5..=7 => {
+            push(g.pick(&["LPOP", "RPOP"]));
+            push(key);
+            if g.chance(1, 2) {
+                push(&(g.rng.below(4)).to_string());
+            } else if g.chance(1, 4) {
+                push(&g.int_arg());
+            }
+        }
+        8 => {
+            push("LLEN");
+            push(key);
+        }
+        9 | 10 => {
+            push("LRANGE");
+            push(key);
+            let (a, b) = (g.int_arg(), g.int_arg());
+            push(&a);
+            push(&b);
+        }
+        11 => {
+            push("LINDEX");
+            push(key);
+            push(&g.int_arg());
+        }
+        12 => {
+            push("LSET");
+            push(key);
+            push(&g.int_arg());
+            push(&element(g));
+        }
+        13 => {
+            push("LREM");
+            push(key);
+            push(&g.int().clamp(-3, 3).to_string());
+            push(&element(g));
+        }
+        14 => {
+            push("LTRIM");
+            push(key);
+            let (a, b) = (g.int_arg(), g.int_arg());
+            push(&a);
+            push(&b);
+        }
+        15 | 16 => {
+            push("LINSERT");
+            push(key);
+            push(g.pick(&["BEFORE", "AFTER", "after", "AROUND"]));
+            push(&element(g));
+            push(&element(g));
+        }
+        17 => {
+            push("LPOS");
+            push(key);
+            push(&element(g));
+            for _ in 0..g.rng.below(3) {
+                match g.rng.below(3) {
+                    0 => {
+                        push("RANK");
+                        push(&g.int().clamp(-3, 3).to_string());
+                    }
+                    1 => {
+                        push("COUNT");
+                        push(&g.int().clamp(-1, 3).to_string());
+                    }
+                    _ => {
+                        push("MAXLEN");
+                        push(&g.int().clamp(-1, 5).to_string());
+                    }
+                }
+            }
+        }
+        18 | 19 => {
+            push("LMOVE");
+            push(key);
+            push(g.key());
+            push(g.pick(&["LEFT", "RIGHT", "left", "UP"]));
+            push(g.pick(&["LEFT", "RIGHT", "right"]));
+        }
+        _ => {
+            push("RPOPLPUSH");
+            push(key);
+            push(g.key());
+        }
+    }
+    args.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+/// The blocking pops, only where the reply is deterministic: inside `MULTI` (they never
+/// block there), or with a short timeout (nothing else runs while they wait).
+fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
+    let timeout = if g.chance(1, 8) {
+        g.pick(&["x", "-1", "inf", "", "1e400"])
+    } else if g.in_multi {
+        g.pick(&["0", "0.01", "5"])
+    } else {
+        g.pick(&["0.01", "0.02", "0.001"])
+    };
+    let mut args: Vec<String> = Vec::new();
+    match g.rng.below(4) {
+        0 | 1 => {
+            args.push(g.pick(&["BLPOP", "BRPOP"]).to_string());
+            for _ in 0..=g.rng.below(3) {
+                args.push(g.key().to_string());
+            }
+        }
+        2 => {
+            args.push("BLMOVE".to_string());
+            args.push(g.key().to_string());
+            args.push(g.key().to_string());
+            args.push(g.pick(&["LEFT", "RIGHT", "DOWN"]).to_string());
+            args.push(g.pick(&["LEFT", "RIGHT"]).to_string());
+        }
+        _ => {
+            args.push("BRPOPLPUSH".to_string());
+            args.push(g.key().to_string());
+            args.push(g.key().to_string());
+        }
+    }
+    args.push(timeout.to_string());
+    args.iter().map(|a| a.as_bytes().to_vec()).collect()
 }
 
 /// Connection commands with deterministic replies: PING, ECHO, SELECT, AUTH (no password is

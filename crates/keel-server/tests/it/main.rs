@@ -13,6 +13,7 @@ mod hashes;
 )]
 mod history;
 mod lanes;
+mod lists;
 mod protocol;
 mod pubsub;
 mod server;

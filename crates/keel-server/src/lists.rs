@@ -1,0 +1,969 @@
+//! List commands (`LPUSH`, `LPOP`, `LRANGE`, `LINSERT`, `LMOVE`, ..., and the blocking
+//! `BLPOP`/`BRPOP`/`BLMOVE`/`BRPOPLPUSH`), over the layout of `docs/types.md`.
+//!
+//! Elements are engine keys `FF 'l' gen index`, the index an order-preserving signed 8-byte
+//! integer. The indices of a list are dense: exactly those from its head (`FF 'e' gen 00`, the
+//! index of the first element) up to its tail (`FF 'e' gen 01`, one past the last) exist. Its
+//! length is also kept in the collection size record `FF 'n' gen` with the engine's commutative
+//! `add`, so that a push replies with the new length without reading the other end.
+//!
+//! What conflicts with what: a push at the head reads and writes only the head record, a push
+//! at the tail only the tail record, so `LPUSH` and `RPUSH` never conflict. A pop reads its end,
+//! the popped elements and the next one (whether any remain, to delete the key with its last
+//! element as Redis does), not the other end: a consumer popping one end of a queue and a
+//! producer pushing at the other conflict only when the list is about to run empty.
+//! `LINSERT`, `LREM` and `LTRIM` keep the indices dense by moving elements: `LINSERT` moves
+//! those on the shorter side of the new element, `LREM` those between the end it scans from and
+//! the last element it removes. `LINDEX`, `LSET` and `LRANGE` go straight to an index.
+//!
+//! Blocking pops: outside `MULTI` the connection (`conn.rs`) runs [`run_blocking`], which pops
+//! like the non-blocking command or says that it would block; the connection then waits in the
+//! registry of `blocking.rs`. Inside `MULTI` they never block: nothing to pop is a null reply.
+
+use std::ops::{Bound, ControlFlow};
+
+use bytes::Bytes;
+use keel::Txn;
+
+use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, reply_too_big};
+use crate::keyspace::{self as ks, Held, LIST_ITEM, Meta, Type, WRONGTYPE};
+use crate::reply::Out;
+use crate::table::Cmd;
+
+/// The marker error of a blocking command outside `MULTI` that found nothing to pop: the caller
+/// blocks, and never shows it.
+pub const WOULD_BLOCK: &str = "ERR keel: would block";
+const OUT_OF_RANGE: &str = "ERR index out of range";
+
+/// Whether this module runs `cmd`.
+pub fn handles(cmd: Cmd) -> bool {
+    is_read_only(cmd)
+        || is_blocking(cmd)
+        || matches!(
+            cmd,
+            Cmd::Lpush
+                | Cmd::Rpush
+                | Cmd::Lpushx
+                | Cmd::Rpushx
+                | Cmd::Lpop
+                | Cmd::Rpop
+                | Cmd::Lset
+                | Cmd::Lrem
+                | Cmd::Ltrim
+                | Cmd::Linsert
+                | Cmd::Lmove
+                | Cmd::Rpoplpush
+        )
+}
+
+/// Whether `cmd` is a list command that only reads.
+pub fn is_read_only(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Llen | Cmd::Lrange | Cmd::Lindex | Cmd::Lpos)
+}
+
+/// Whether `cmd` blocks when it finds nothing to pop (outside `MULTI`).
+pub fn is_blocking(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush)
+}
+
+/// The key a committed `cmd` may have turned from absent into a non-empty list: clients
+/// blocked on it are woken. (`LPUSHX`/`RPUSHX`/`LINSERT` only grow a list that exists, and a
+/// list that exists has no client waiting for it for long: whoever pops it wakes the next.)
+pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
+    match cmd {
+        Cmd::Lpush | Cmd::Rpush => args.get(1),
+        Cmd::Lmove | Cmd::Rpoplpush | Cmd::Blmove | Cmd::Brpoplpush | Cmd::Rename => args.get(2),
+        _ => None,
+    }
+    .map(|a| &a[..])
+}
+
+/// The keys a blocking command waits on.
+pub fn blocking_keys(cmd: Cmd, args: &[Bytes]) -> &[Bytes] {
+    match cmd {
+        Cmd::Blpop | Cmd::Brpop => &args[1..args.len() - 1],
+        _ => &args[1..2],
+    }
+}
+
+/// The timeout argument of a blocking command.
+pub fn timeout_arg_of(cmd: Cmd, args: &[Bytes]) -> &[u8] {
+    match cmd {
+        Cmd::Blmove => &args[5],
+        Cmd::Brpoplpush => &args[3],
+        _ => &args[args.len() - 1],
+    }
+}
+
+/// A blocking command's timeout (`None`: wait forever), parsed as Redis does: seconds as a
+/// float, rounded up to whole milliseconds.
+pub fn timeout(arg: &[u8]) -> Result<Option<std::time::Duration>, Fail> {
+    let secs = std::str::from_utf8(arg)
+        .ok()
+        .filter(|s| !s.is_empty() && !s.starts_with(|c: char| c.is_ascii_whitespace()))
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|x| !x.is_nan())
+        .ok_or("ERR timeout is not a float or out of range")?;
+    let ms = (secs * 1000.0).ceil();
+    // Redis 7.0 converts the milliseconds to a C long long unchecked: past its range (as
+    // `inf`) they come out negative.
+    if ms < 0.0 || ms >= i64::MAX as f64 {
+        return Err("ERR timeout is negative".into());
+    }
+    if ms == 0.0 {
+        return Ok(None);
+    }
+    // Redis adds the timeout to the clock in ms; past i64 it is out of range.
+    let now = i64::try_from(ks::unix_ms()).unwrap_or(i64::MAX);
+    if ms as i64 > i64::MAX - now {
+        return Err("ERR timeout is out of range".into());
+    }
+    Ok(Some(std::time::Duration::from_millis(ms as u64)))
+}
+
+/// Which end of a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The head (left).
+    Head,
+    /// The tail (right).
+    Tail,
+}
+
+impl End {
+    fn parse(arg: &[u8]) -> Result<End, Fail> {
+        if arg.eq_ignore_ascii_case(b"left") {
+            Ok(End::Head)
+        } else if arg.eq_ignore_ascii_case(b"right") {
+            Ok(End::Tail)
+        } else {
+            Err(SYNTAX.into())
+        }
+    }
+}
+
+/// The order-preserving bytes of an index.
+fn index_bytes(index: i64) -> [u8; 8] {
+    ((index as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// The index of an element key.
+fn index_of(key: &[u8]) -> i64 {
+    let b: [u8; 8] = key[key.len() - 8..]
+        .try_into()
+        .expect("an element key ends in 8 bytes");
+    (u64::from_be_bytes(b) ^ (1 << 63)) as i64
+}
+
+fn item_key(generation: u64, index: i64) -> ks::KeyBuf {
+    ks::sub_key(LIST_ITEM, generation, &index_bytes(index))
+}
+
+fn damaged() -> Fail {
+    "ERR keel: damaged list record".into()
+}
+
+/// Reads the head (`tail == false`) or tail record.
+fn read_end(view: &mut View<'_, '_>, generation: u64, tail: bool) -> Result<i64, Fail> {
+    let v = view.get_with(&ks::list_end_key(generation, tail), |v| {
+        v.and_then(|b| <[u8; 8]>::try_from(b).ok())
+    })?;
+    v.map(i64::from_be_bytes).ok_or_else(damaged)
+}
+
+fn write_end(t: &mut Txn<'_>, generation: u64, tail: bool, index: i64) -> Result<(), Fail> {
+    t.put(&ks::list_end_key(generation, tail), &index.to_be_bytes())?;
+    Ok(())
+}
+
+/// Head and tail.
+fn ends(view: &mut View<'_, '_>, generation: u64) -> Result<(i64, i64), Fail> {
+    Ok((
+        read_end(view, generation, false)?,
+        read_end(view, generation, true)?,
+    ))
+}
+
+/// The list at `key`: `None` if absent, `WRONGTYPE` if it holds something else.
+fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Meta>, Fail> {
+    match ks::lookup(view, &ctx.clock, key, false)? {
+        Held::Absent => Ok(None),
+        Held::Meta(m) if m.ty == Type::List => Ok(Some(m)),
+        _ => Err(WRONGTYPE.into()),
+    }
+}
+
+/// Calls `f` on the elements with indices in `lo..=hi`, in order (reversed with `rev`), until
+/// it says stop.
+fn each(
+    view: &mut View<'_, '_>,
+    generation: u64,
+    lo: i64,
+    hi: i64,
+    rev: bool,
+    mut f: impl FnMut(i64, Vec<u8>) -> ControlFlow<()>,
+) {
+    if lo > hi {
+        return;
+    }
+    let lo = Bound::Included(item_key(generation, lo).to_vec());
+    let hi = Bound::Included(item_key(generation, hi).to_vec());
+    view.range(lo, hi, rev, |k, v| f(index_of(&k), v));
+}
+
+/// Removes the key of a list whose last element is gone (its elements already deleted): no
+/// graveyard entry, there is nothing left to sweep.
+fn drop_empty(t: &mut Txn<'_>, key: &[u8], meta: &Meta) -> Result<(), Fail> {
+    t.delete(&ks::meta_key(key))?;
+    if meta.deadline != 0 {
+        t.delete(&ks::expiry_key(meta.deadline, key))?;
+    }
+    t.delete(&ks::list_end_key(meta.generation, false))?;
+    t.delete(&ks::list_end_key(meta.generation, true))?;
+    t.delete(&ks::size_key(meta.generation))?;
+    Ok(())
+}
+
+/// Pushes `values` at `end` of the list `meta` (`None`: create it at `key`); the list's
+/// generation. The caller adds to the size record.
+fn push(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    meta: Option<Meta>,
+    end: End,
+    values: &[impl AsRef<[u8]>],
+) -> Result<u64, Fail> {
+    let tail = end == End::Tail;
+    let (generation, mut at) = match meta {
+        Some(m) => (
+            m.generation,
+            read_end(&mut View::Txn(t), m.generation, tail)?,
+        ),
+        None => {
+            let m = Meta::collection(Type::List);
+            ks::put_meta(t, key, &m, 0)?;
+            // The end not pushed at is written once, here.
+            write_end(t, m.generation, !tail, 0)?;
+            (m.generation, 0)
+        }
+    };
+    for v in values {
+        match end {
+            End::Head => {
+                at -= 1;
+                t.put(&item_key(generation, at), v.as_ref())?;
+            }
+            End::Tail => {
+                t.put(&item_key(generation, at), v.as_ref())?;
+                at += 1;
+            }
+        }
+    }
+    write_end(t, generation, tail, at)?;
+    Ok(generation)
+}
+
+/// Replies with a list's length after a change: tracked (resolved at commit, without reading
+/// the size record) when the caller allows it.
+fn reply_len(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    generation: u64,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let size = ks::size_key(generation);
+    if ctx.track_increments {
+        out.tracked(t.track(&size)?);
+    } else {
+        out.int(size_of(&mut View::Txn(t), generation)?);
+    }
+    Ok(())
+}
+
+/// The length (the size record).
+fn size_of(view: &mut View<'_, '_>, generation: u64) -> Result<i64, Fail> {
+    let n = view.get_with(&ks::size_key(generation), |v| {
+        v.map(crate::resp::string_to_i64)
+    })?;
+    match n {
+        None => Ok(0),
+        Some(Some(n)) => Ok(n),
+        Some(None) => Err(damaged()),
+    }
+}
+
+/// Pops up to `count` elements from `end` of the list `meta` at `key`, deleting the key with
+/// its last element.
+fn pop(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    meta: &Meta,
+    end: End,
+    count: usize,
+) -> Result<Vec<Vec<u8>>, Fail> {
+    let generation = meta.generation;
+    let tail = end == End::Tail;
+    let at = read_end(&mut View::Txn(t), generation, tail)?;
+    // One element more than asked for: whether any remain.
+    let want = count.saturating_add(1);
+    let span = i64::try_from(want).unwrap_or(i64::MAX);
+    let (lo, hi) = match end {
+        End::Head => (at, at.saturating_add(span - 1)),
+        End::Tail => (at.saturating_sub(span), at - 1),
+    };
+    let mut found = Vec::new();
+    each(&mut View::Txn(t), generation, lo, hi, tail, |_, v| {
+        found.push(v);
+        if found.len() >= want {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    let more = found.len() > count;
+    found.truncate(count);
+    let n = found.len() as i64;
+    for i in 0..n {
+        let index = match end {
+            End::Head => at + i,
+            End::Tail => at - 1 - i,
+        };
+        t.delete(&item_key(generation, index))?;
+    }
+    if !more {
+        drop_empty(t, key, meta)?;
+    } else if n > 0 {
+        write_end(t, generation, tail, if tail { at - n } else { at + n })?;
+        t.add(&ks::size_key(generation), -n)?;
+    }
+    Ok(found)
+}
+
+/// Redis's `start`/`end` of a range over a list of `len` elements, as offsets from the head
+/// (both inclusive); `None` when the range is empty.
+fn clamp(start: i64, end: i64, len: i64) -> Option<(i64, i64)> {
+    let mut start = if start < 0 {
+        len.saturating_add(start)
+    } else {
+        start
+    };
+    let mut end = if end < 0 {
+        len.saturating_add(end)
+    } else {
+        end
+    };
+    if start < 0 {
+        start = 0;
+    }
+    if start > end || start >= len {
+        return None;
+    }
+    if end >= len {
+        end = len - 1;
+    }
+    Some((start, end))
+}
+
+/// The element index of offset `index` (negative: from the tail), `None` if out of range.
+fn resolve(view: &mut View<'_, '_>, generation: u64, index: i64) -> Result<Option<i64>, Fail> {
+    let (head, tail) = ends(view, generation)?;
+    let at = if index < 0 {
+        tail.checked_add(index)
+    } else {
+        head.checked_add(index)
+    };
+    Ok(at.filter(|&i| i >= head && i < tail))
+}
+
+/// Runs one list command (see [`handles`]). Blocking commands here do not block (`MULTI`).
+pub fn run(
+    cmd: Cmd,
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let key = &args[1];
+    match cmd {
+        Cmd::Lpush | Cmd::Rpush | Cmd::Lpushx | Cmd::Rpushx => {
+            let end = if matches!(cmd, Cmd::Lpush | Cmd::Lpushx) {
+                End::Head
+            } else {
+                End::Tail
+            };
+            let t = view.txn();
+            let meta = find(&mut View::Txn(t), ctx, key)?;
+            if meta.is_none() && matches!(cmd, Cmd::Lpushx | Cmd::Rpushx) {
+                out.int(0);
+                return Ok(());
+            }
+            let generation = push(t, key, meta, end, &args[2..])?;
+            t.add(&ks::size_key(generation), (args.len() - 2) as i64)?;
+            reply_len(t, ctx, generation, out)?;
+        }
+        Cmd::Lpop | Cmd::Rpop => {
+            let end = if cmd == Cmd::Lpop {
+                End::Head
+            } else {
+                End::Tail
+            };
+            if args.len() > 3 {
+                let name = if cmd == Cmd::Lpop { "lpop" } else { "rpop" };
+                return Err(format!("ERR wrong number of arguments for '{name}' command").into());
+            }
+            let count = match args.get(2) {
+                None => None,
+                Some(a) => Some(
+                    crate::resp::string_to_i64(a)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or("ERR value is out of range, must be positive")?,
+                ),
+            };
+            let t = view.txn();
+            let Some(meta) = find(&mut View::Txn(t), ctx, key)? else {
+                match count {
+                    Some(_) => out.null_array(),
+                    None => out.null(),
+                }
+                return Ok(());
+            };
+            match count {
+                None => {
+                    let popped = pop(t, key, &meta, end, 1)?;
+                    out.bulk_or_null(popped.first().map(Vec::as_slice));
+                }
+                Some(0) => out.array(0),
+                Some(n) => {
+                    let popped = pop(t, key, &meta, end, n.min(REPLY_ITEMS_MAX + 1))?;
+                    if popped.len() > REPLY_ITEMS_MAX
+                        || popped.iter().map(|v| v.len() + 16).sum::<usize>() > ctx.reply_bytes_max
+                    {
+                        return Err(reply_too_big());
+                    }
+                    out.array(popped.len());
+                    for v in &popped {
+                        out.bulk(v);
+                    }
+                }
+            }
+        }
+        Cmd::Llen => {
+            let n = match find(view, ctx, key)? {
+                None => 0,
+                Some(m) => size_of(view, m.generation)?,
+            };
+            out.int(n);
+        }
+        Cmd::Lrange => {
+            let start = int_arg(&args[2])?;
+            let stop = int_arg(&args[3])?;
+            let Some(m) = find(view, ctx, key)? else {
+                out.array(0);
+                return Ok(());
+            };
+            let (head, tail) = ends(view, m.generation)?;
+            let Some((s, e)) = clamp(start, stop, tail - head) else {
+                out.array(0);
+                return Ok(());
+            };
+            if e - s >= REPLY_ITEMS_MAX as i64 {
+                return Err(reply_too_big());
+            }
+            let mut items = Vec::with_capacity((e - s + 1) as usize);
+            let mut bytes = 0;
+            each(view, m.generation, head + s, head + e, false, |_, v| {
+                bytes += v.len() + 16;
+                items.push(v);
+                if bytes > ctx.reply_bytes_max {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            if bytes > ctx.reply_bytes_max {
+                return Err(reply_too_big());
+            }
+            out.array(items.len());
+            for v in &items {
+                out.bulk(v);
+            }
+        }
+        Cmd::Lindex => {
+            let Some(m) = find(view, ctx, key)? else {
+                out.null();
+                return Ok(());
+            };
+            let index = int_arg(&args[2])?;
+            match resolve(view, m.generation, index)? {
+                None => out.null(),
+                Some(at) => {
+                    view.get_with(&item_key(m.generation, at), |v| out.bulk_or_null(v))?;
+                }
+            }
+        }
+        Cmd::Lset => {
+            let t = view.txn();
+            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+                return Err("ERR no such key".into());
+            };
+            let index = int_arg(&args[2])?;
+            let at = resolve(&mut View::Txn(t), m.generation, index)?.ok_or(OUT_OF_RANGE)?;
+            t.put(&item_key(m.generation, at), &args[3])?;
+            // No change of length, but a new version of the size record: `WATCH` sees it.
+            t.add(&ks::size_key(m.generation), 0)?;
+            out.ok();
+        }
+        Cmd::Ltrim => {
+            let start = int_arg(&args[2])?;
+            let stop = int_arg(&args[3])?;
+            let t = view.txn();
+            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+                out.ok();
+                return Ok(());
+            };
+            ltrim(t, key, &m, start, stop)?;
+            out.ok();
+        }
+        Cmd::Lrem => {
+            let count = int_arg(&args[2])?;
+            let t = view.txn();
+            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+                out.int(0);
+                return Ok(());
+            };
+            out.int(lrem(t, key, &m, count, &args[3])?);
+        }
+        Cmd::Linsert => {
+            let after = if args[2].eq_ignore_ascii_case(b"after") {
+                true
+            } else if args[2].eq_ignore_ascii_case(b"before") {
+                false
+            } else {
+                return Err(SYNTAX.into());
+            };
+            let t = view.txn();
+            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+                out.int(0);
+                return Ok(());
+            };
+            if linsert(t, &m, after, &args[3], &args[4])? {
+                reply_len(t, ctx, m.generation, out)?;
+            } else {
+                out.int(-1);
+            }
+        }
+        Cmd::Lpos => lpos(args, view, ctx, out)?,
+        Cmd::Lmove | Cmd::Rpoplpush => {
+            let (from, to) = if cmd == Cmd::Lmove {
+                (End::parse(&args[3])?, End::parse(&args[4])?)
+            } else {
+                (End::Tail, End::Head)
+            };
+            let t = view.txn();
+            if !lmove(t, ctx, &args[1], &args[2], from, to, out)? {
+                out.null();
+            }
+        }
+        Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush => {
+            if !run_blocking(cmd, args, view.txn(), ctx, out)? {
+                // Inside MULTI there is no blocking: nothing to pop is a timeout at once.
+                if matches!(cmd, Cmd::Blpop | Cmd::Brpop) {
+                    out.null_array();
+                } else {
+                    out.null();
+                }
+            }
+        }
+        other => panic!("{other:?} is not a list command"),
+    }
+    Ok(())
+}
+
+/// A blocking command without the blocking: pops (and replies) if it can; `false`, with
+/// nothing written, when every list it would pop from is absent.
+pub fn run_blocking(
+    cmd: Cmd,
+    args: &[Bytes],
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    match cmd {
+        Cmd::Blpop | Cmd::Brpop => {
+            timeout(timeout_arg_of(cmd, args))?;
+            let end = if cmd == Cmd::Blpop {
+                End::Head
+            } else {
+                End::Tail
+            };
+            for key in blocking_keys(cmd, args) {
+                if let Some(m) = find(&mut View::Txn(t), ctx, key)? {
+                    let popped = pop(t, key, &m, end, 1)?;
+                    let value = popped.first().ok_or_else(damaged)?;
+                    out.array(2);
+                    out.bulk(key);
+                    out.bulk(value);
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        _ => {
+            let (from, to) = if cmd == Cmd::Blmove {
+                (End::parse(&args[3])?, End::parse(&args[4])?)
+            } else {
+                (End::Tail, End::Head)
+            };
+            timeout(timeout_arg_of(cmd, args))?;
+            lmove(t, ctx, &args[1], &args[2], from, to, out)
+        }
+    }
+}
+
+/// `LMOVE`: pops from `from` of `src`, pushes at `to` of `dst`, replies with the element;
+/// `false` (nothing written) if `src` is absent.
+fn lmove(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    src: &[u8],
+    dst: &[u8],
+    from: End,
+    to: End,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    let Some(m) = find(&mut View::Txn(t), ctx, src)? else {
+        return Ok(false);
+    };
+    // The destination's type is checked before anything moves, as in Redis.
+    find(&mut View::Txn(t), ctx, dst)?;
+    let popped = pop(t, src, &m, from, 1)?;
+    let value = popped.into_iter().next().ok_or_else(damaged)?;
+    // Looked up again: popping the last element of `src` deleted it, and `dst` may be `src`.
+    let dst_meta = find(&mut View::Txn(t), ctx, dst)?;
+    let generation = push(t, dst, dst_meta, to, &[&value])?;
+    t.add(&ks::size_key(generation), 1)?;
+    out.bulk(&value);
+    Ok(true)
+}
+
+fn ltrim(t: &mut Txn<'_>, key: &[u8], m: &Meta, start: i64, stop: i64) -> Result<(), Fail> {
+    let generation = m.generation;
+    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+    let len = tail - head;
+    let (left, right) = match clamp(start, stop, len) {
+        None => (len, 0),
+        Some((s, e)) => (s, len - e - 1),
+    };
+    if left == 0 && right == 0 {
+        return Ok(());
+    }
+    for i in head..head + left {
+        t.delete(&item_key(generation, i))?;
+    }
+    for i in tail - right..tail {
+        t.delete(&item_key(generation, i))?;
+    }
+    if left + right == len {
+        return drop_empty(t, key, m);
+    }
+    if left > 0 {
+        write_end(t, generation, false, head + left)?;
+    }
+    if right > 0 {
+        write_end(t, generation, true, tail - right)?;
+    }
+    t.add(&ks::size_key(generation), -(left + right))?;
+    Ok(())
+}
+
+/// `LREM`: removes up to `|count|` elements equal to `element` (all with 0), from the head
+/// (from the tail for a negative count); how many. The elements between the end scanned from
+/// and the last one removed move toward that end by the number removed before them.
+fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Result<i64, Fail> {
+    let generation = m.generation;
+    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+    let rev = count < 0;
+    let limit = count.unsigned_abs();
+    // Every element from the scanned end up to the last match, in scan order.
+    let mut scanned: Vec<(i64, Vec<u8>, bool)> = Vec::new();
+    let mut matches = 0u64;
+    let mut last_match = 0;
+    each(
+        &mut View::Txn(t),
+        generation,
+        head,
+        tail - 1,
+        rev,
+        |i, v| {
+            let hit = v == element;
+            scanned.push((i, v, hit));
+            if hit {
+                matches += 1;
+                last_match = scanned.len();
+                if limit != 0 && matches == limit {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        },
+    );
+    if matches == 0 {
+        return Ok(0);
+    }
+    scanned.truncate(last_match);
+    let removed = matches as i64;
+    if removed == tail - head {
+        for (i, _, _) in &scanned {
+            t.delete(&item_key(generation, *i))?;
+        }
+        drop_empty(t, key, m)?;
+        return Ok(removed);
+    }
+    // Survivors move toward the end scanned from, filling the gaps: walk from the last
+    // scanned element back toward that end, writing each survivor at the next free slot.
+    let mut slot = scanned.last().expect("a match was scanned").0;
+    for (i, v, hit) in scanned.iter().rev() {
+        if *hit {
+            continue;
+        }
+        if *i != slot {
+            t.put(&item_key(generation, slot), v)?;
+        }
+        slot = if rev { slot + 1 } else { slot - 1 };
+    }
+    // `slot` is now the last vacated index, counting from the scanned end.
+    if rev {
+        for i in slot..tail {
+            t.delete(&item_key(generation, i))?;
+        }
+        write_end(t, generation, true, slot)?;
+    } else {
+        for i in head..=slot {
+            t.delete(&item_key(generation, i))?;
+        }
+        write_end(t, generation, false, slot + 1)?;
+    }
+    t.add(&ks::size_key(generation), -removed)?;
+    Ok(removed)
+}
+
+/// `LINSERT`: inserts `element` before or after the first `pivot` from the head; whether the
+/// pivot was found. The elements on the shorter side of the new one move outward by one.
+fn linsert(
+    t: &mut Txn<'_>,
+    m: &Meta,
+    after: bool,
+    pivot: &[u8],
+    element: &[u8],
+) -> Result<bool, Fail> {
+    let generation = m.generation;
+    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+    let mut before = Vec::new();
+    let mut found = None;
+    each(
+        &mut View::Txn(t),
+        generation,
+        head,
+        tail - 1,
+        false,
+        |i, v| {
+            if v == pivot {
+                found = Some(i);
+                before.push(v);
+                return ControlFlow::Break(());
+            }
+            before.push(v);
+            ControlFlow::Continue(())
+        },
+    );
+    let Some(pivot_at) = found else {
+        return Ok(false);
+    };
+    // The new element's offset from the head once inserted.
+    let q = pivot_at - head + i64::from(after);
+    let len = tail - head;
+    if q <= len - q {
+        // Move the q elements before it one step toward the head.
+        for (j, v) in before.iter().take(q as usize).enumerate() {
+            t.put(&item_key(generation, head + j as i64 - 1), v)?;
+        }
+        t.put(&item_key(generation, head + q - 1), element)?;
+        write_end(t, generation, false, head - 1)?;
+    } else {
+        // Move the elements from offset q on one step toward the tail.
+        let mut rest = Vec::new();
+        each(
+            &mut View::Txn(t),
+            generation,
+            head + q,
+            tail - 1,
+            false,
+            |i, v| {
+                rest.push((i, v));
+                ControlFlow::Continue(())
+            },
+        );
+        for (i, v) in &rest {
+            t.put(&item_key(generation, i + 1), v)?;
+        }
+        t.put(&item_key(generation, head + q), element)?;
+        write_end(t, generation, true, tail + 1)?;
+    }
+    t.add(&ks::size_key(generation), 1)?;
+    Ok(true)
+}
+
+/// `LPOS key element [RANK rank] [COUNT num-matches] [MAXLEN len]`.
+fn lpos(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let mut rank: i64 = 1;
+    let mut count: Option<i64> = None;
+    let mut maxlen: i64 = 0;
+    let mut i = 3;
+    while i < args.len() {
+        let opt = &args[i];
+        let more = i + 1 < args.len();
+        if opt.eq_ignore_ascii_case(b"rank") && more {
+            rank = int_arg(&args[i + 1])?;
+            if rank == i64::MIN {
+                return Err("ERR value is out of range, value must between \
+                            -9223372036854775807 and 9223372036854775807"
+                    .into());
+            }
+            if rank == 0 {
+                return Err(
+                    "ERR RANK can't be zero: use 1 to start from the first match, 2 \
+                            from the second ... or use negative to start from the end of the \
+                            list"
+                        .into(),
+                );
+            }
+        } else if opt.eq_ignore_ascii_case(b"count") && more {
+            let n = crate::resp::string_to_i64(&args[i + 1])
+                .filter(|&n| n >= 0)
+                .ok_or("ERR COUNT can't be negative")?;
+            count = Some(n);
+        } else if opt.eq_ignore_ascii_case(b"maxlen") && more {
+            maxlen = crate::resp::string_to_i64(&args[i + 1])
+                .filter(|&n| n >= 0)
+                .ok_or("ERR MAXLEN can't be negative")?;
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 2;
+    }
+    let rev = rank < 0;
+    let rank = rank.unsigned_abs();
+    let Some(m) = find(view, ctx, &args[1])? else {
+        if count.is_some() {
+            out.array(0);
+        } else {
+            out.null();
+        }
+        return Ok(());
+    };
+    let (head, tail) = ends(view, m.generation)?;
+    let element = &args[2];
+    let mut scanned = 0i64;
+    let mut matches = 0u64;
+    let mut hits = Vec::new();
+    each(view, m.generation, head, tail - 1, rev, |i, v| {
+        if maxlen != 0 && scanned >= maxlen {
+            return ControlFlow::Break(());
+        }
+        scanned += 1;
+        if v == element[..] {
+            matches += 1;
+            if matches >= rank {
+                hits.push(i - head);
+                match count {
+                    None => return ControlFlow::Break(()),
+                    Some(c) if c != 0 && hits.len() as i64 >= c => {
+                        return ControlFlow::Break(());
+                    }
+                    _ if hits.len() > REPLY_ITEMS_MAX => return ControlFlow::Break(()),
+                    _ => {}
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    match count {
+        None => match hits.first() {
+            Some(&at) => out.int(at),
+            None => out.null(),
+        },
+        Some(_) => {
+            if hits.len() > REPLY_ITEMS_MAX {
+                return Err(reply_too_big());
+            }
+            out.array(hits.len());
+            for at in hits {
+                out.int(at);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_bytes_keep_order() {
+        let xs = [i64::MIN, -1_000_000, -2, -1, 0, 1, 2, 1_000_000, i64::MAX];
+        for w in xs.windows(2) {
+            assert!(index_bytes(w[0]) < index_bytes(w[1]), "{w:?}");
+        }
+        for x in xs {
+            let key = item_key(7, x);
+            assert_eq!(index_of(&key), x);
+        }
+    }
+
+    #[test]
+    fn ranges_clamp_as_in_redis() {
+        assert_eq!(clamp(0, -1, 5), Some((0, 4)));
+        assert_eq!(clamp(-100, 100, 5), Some((0, 4)));
+        assert_eq!(clamp(2, 1, 5), None);
+        assert_eq!(clamp(5, 10, 5), None);
+        assert_eq!(clamp(-2, -1, 5), Some((3, 4)));
+        assert_eq!(clamp(0, -6, 5), None);
+        assert_eq!(clamp(i64::MIN, i64::MAX, 3), Some((0, 2)));
+        assert_eq!(clamp(0, 0, 0), None);
+    }
+
+    #[test]
+    fn timeouts_parse_as_in_redis() {
+        assert_eq!(timeout(b"0").ok(), Some(None));
+        assert_eq!(
+            timeout(b"0.0011").ok(),
+            Some(Some(std::time::Duration::from_millis(2)))
+        );
+        assert_eq!(
+            timeout(b"1").ok(),
+            Some(Some(std::time::Duration::from_secs(1)))
+        );
+        assert_eq!(
+            timeout(b"-1").err().map(|f| f.0),
+            Some("ERR timeout is negative".into())
+        );
+        assert_eq!(
+            timeout(b"x").err().map(|f| f.0),
+            Some("ERR timeout is not a float or out of range".into())
+        );
+        assert_eq!(
+            timeout(b"inf").err().map(|f| f.0),
+            Some("ERR timeout is negative".into())
+        );
+        assert_eq!(
+            timeout(b"9223371036854775").err().map(|f| f.0),
+            Some("ERR timeout is out of range".into())
+        );
+    }
+}
