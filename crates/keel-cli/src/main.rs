@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod cluster;
 mod serve;
 
 /// mimalloc instead of glibc's malloc: commits and replies allocate from several threads at
@@ -27,6 +28,8 @@ enum Command {
     Bench(Box<bench::Args>),
     /// Verify a data directory's checkpoint and log files; optionally repair a damaged tail.
     Check(check::Args),
+    /// Clusters: `keel cluster demo [N]` starts a local N-node cluster to try.
+    Cluster(cluster::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(*args),
         Command::Bench(args) => bench::run(*args),
         Command::Check(args) => check::run(args),
+        Command::Cluster(args) => cluster::run(args),
     }
 }

@@ -81,10 +81,62 @@ pub struct Args {
     /// long (0 turns a limit off). CONFIG SET client-output-buffer-limit changes it at run time.
     #[arg(long, value_name = "LIMITS")]
     client_output_buffer_limit: Option<String>,
+    /// Cluster mode, with the cluster's config file (TOML; the same file on every node):
+    /// `myself = "n1"`, `timeout-ms = 2000`, and one `[[node]]` per node with `id`, `addr`
+    /// (the client address, HOST:PORT) and `slots` ("0-5460"). Every slot 0-16383 must have
+    /// exactly one owner. The node listens on its `addr`'s port unless --port says so (it
+    /// must then agree). Any node serves any key: commands for other nodes' slots are
+    /// forwarded (cluster-aware clients get MOVED instead). To try one locally:
+    /// `keel cluster demo`. See docs/cluster.md.
+    #[arg(long, value_name = "FILE")]
+    cluster: Option<PathBuf>,
+    /// Cluster mode without a file: one node of the cluster as ID,HOST:PORT,SLOTS[,SLOTS...]
+    /// (e.g. n1,127.0.0.1:7001,0-5460); repeat it for every node.
+    #[arg(long, value_name = "NODE", conflicts_with = "cluster")]
+    cluster_node: Vec<String>,
+    /// Which node of the cluster this is (its id); wins over `myself` in the cluster file.
+    #[arg(long, value_name = "ID")]
+    cluster_myself: Option<String>,
+    /// How long a command forwarded to another node may take before it fails with
+    /// CLUSTERDOWN, in milliseconds (1 to 600000) [default: 2000, or the file's timeout-ms].
+    #[arg(long, value_name = "MS")]
+    cluster_timeout_ms: Option<u64>,
+}
+
+/// The cluster configuration the flags give, if any.
+fn membership(args: &Args) -> anyhow::Result<Option<keel_server::cluster_map::Membership>> {
+    use keel_server::cluster_map::Membership;
+    let myself = args.cluster_myself.as_deref();
+    let timeout = args.cluster_timeout_ms;
+    if let Some(path) = &args.cluster {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the cluster config {}", path.display()))?;
+        let map = Membership::from_toml(&text, myself, timeout)
+            .with_context(|| format!("in {}", path.display()))?;
+        return Ok(Some(map));
+    }
+    if !args.cluster_node.is_empty() {
+        return Ok(Some(Membership::from_flags(
+            &args.cluster_node,
+            myself,
+            timeout,
+        )?));
+    }
+    anyhow::ensure!(
+        myself.is_none() && timeout.is_none(),
+        "--cluster-myself and --cluster-timeout-ms need --cluster or --cluster-node"
+    );
+    Ok(None)
 }
 
 fn config(args: Args) -> anyhow::Result<Config> {
     let mut config = Config::default();
+    if let Some(map) = membership(&args)? {
+        // The node listens where its peers and MOVED send clients, unless told otherwise.
+        config.port = map.me().addr.port();
+        config.bind = map.me().addr.ip();
+        config.cluster = Some(std::sync::Arc::new(map));
+    }
     if let Some(path) = &args.config {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -190,6 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let durability = config.durability;
         let split = format!("{} (phase {} ms)", config.split, config.split_phase_ms);
         let dir = config.dir.clone();
+        let cluster = config.cluster.clone();
         let server = keel_server::Server::bind(config).await?;
         say!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
         say!("listening on   {}", server.local_addr());
@@ -197,6 +250,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             say!("metrics on     http://{m}/metrics");
         }
         say!("threads        {threads} (poller {})", config_poller);
+        if let Some(map) = &cluster {
+            let me = map.me();
+            let slots: Vec<String> = me
+                .slots
+                .iter()
+                .map(|r| format!("{}-{}", r.start(), r.end()))
+                .collect();
+            say!(
+                "cluster        node {} of {}, slots {}, config digest {:016x}",
+                me.id,
+                map.nodes().len(),
+                slots.join(" "),
+                map.digest()
+            );
+        }
         match server.recovery() {
             None => {
                 say!("data directory none (durability none: data lives in memory only)");
@@ -235,7 +303,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The shutdown signals, registered with the runtime.
-enum Signals {
+pub enum Signals {
     Unix {
         term: tokio::signal::unix::Signal,
         int: tokio::signal::unix::Signal,
@@ -245,7 +313,7 @@ enum Signals {
 }
 
 impl Signals {
-    fn install() -> Signals {
+    pub fn install() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
         match (
             signal(SignalKind::terminate()),
@@ -256,7 +324,7 @@ impl Signals {
         }
     }
 
-    async fn wait(self) {
+    pub async fn wait(self) {
         match self {
             Signals::Unix { mut term, mut int } => {
                 tokio::select! {

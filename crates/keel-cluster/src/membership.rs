@@ -100,7 +100,9 @@ pub enum Error {
     #[error("cluster config: {0}")]
     Toml(String),
     /// A `--cluster-node` flag is malformed.
-    #[error("--cluster-node {text:?}: {reason} (expected ID,HOST:PORT,SLOTS[,SLOTS...], e.g. n1,127.0.0.1:7001,0-5460)")]
+    #[error(
+        "--cluster-node {text:?}: {reason} (expected ID,HOST:PORT,SLOTS[,SLOTS...], e.g. n1,127.0.0.1:7001,0-5460)"
+    )]
     BadNodeFlag {
         /// The flag's value.
         text: String,
@@ -165,7 +167,9 @@ pub enum Error {
         second: String,
     },
     /// Some slots are owned by no node.
-    #[error("{count} slots are owned by no node (the first: {first}-{last}); every slot 0-16383 needs an owner")]
+    #[error(
+        "{count} slots are owned by no node (the first: {first}-{last}); every slot 0-16383 needs an owner"
+    )]
     SlotsUnowned {
         /// How many slots have no owner.
         count: usize,
@@ -232,7 +236,10 @@ impl FileNode {
             reason: reason.to_owned(),
         };
         let mut parts = text.splitn(3, ',');
-        let id = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("no id"))?;
+        let id = parts
+            .next()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| bad("no id"))?;
         let addr = parts
             .next()
             .filter(|s| !s.is_empty())
@@ -692,7 +699,9 @@ mod tests {
         assert_eq!(err("myself = \"a\""), Error::NoNodes);
         let text = THREE.replace("0-5460", "0-16384");
         assert!(
-            err(&text).to_string().contains("slot 16384 is out of range"),
+            err(&text)
+                .to_string()
+                .contains("slot 16384 is out of range"),
             "{}",
             err(&text)
         );

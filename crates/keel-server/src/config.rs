@@ -159,6 +159,19 @@ impl std::fmt::Display for Durability {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// In cluster mode, the port to listen on is not the one the cluster config gives this
+    /// node (clients sent there by `MOVED` would find nobody).
+    #[error(
+        "the cluster config says node {node} listens on {addr}, but this server would listen on port {port}"
+    )]
+    ClusterPort {
+        /// This node.
+        node: String,
+        /// Its address in the cluster config.
+        addr: SocketAddr,
+        /// The port configured here.
+        port: u16,
+    },
     /// `durability` is not `sync`, `async:<ms>` or `none`.
     #[error("durability must be sync, async:<milliseconds> or none, not {0:?}")]
     Durability(String),
@@ -286,6 +299,9 @@ pub struct Config {
     /// `client-output-buffer-limit pubsub`: when a subscriber that does not read its
     /// messages is disconnected.
     pub pubsub_output_limit: OutputLimit,
+    /// Cluster mode: the cluster's configuration, with this node in it (`None`: a single
+    /// node, with no routing at all).
+    pub cluster: Option<std::sync::Arc<keel_cluster::Membership>>,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -310,6 +326,7 @@ impl Default for Config {
             poller: PollerMode::Auto,
             idle_poll_us: IDLE_POLL_US_DEFAULT,
             pubsub_output_limit: OutputLimit::default(),
+            cluster: None,
         }
     }
 }
@@ -466,6 +483,16 @@ impl Config {
             });
         }
         check_idle_poll(self.idle_poll_us)?;
+        if let Some(map) = &self.cluster {
+            let me = map.me();
+            if self.port != 0 && self.port != me.addr.port() {
+                return Err(ConfigError::ClusterPort {
+                    node: me.id.to_string(),
+                    addr: me.addr,
+                    port: self.port,
+                });
+            }
+        }
         check_bulk_len(self.proto_max_bulk_len)
     }
 

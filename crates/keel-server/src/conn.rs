@@ -47,6 +47,7 @@ use keel::Txn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::cluster::{self, Route};
 use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
 use crate::lanes::Lane;
 use crate::pubsub::{self, Kind, Mailbox, Subs};
@@ -155,6 +156,9 @@ struct Conn {
     subs: Option<Box<Subs>>,
     /// The blocking pop that answered [`Next::Block`].
     blocked: Option<(Cmd, Vec<Bytes>)>,
+    /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
+    /// it routes by itself and gets `MOVED` rather than forwarding.
+    aware: bool,
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
@@ -186,6 +190,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         watch: None,
         subs: None,
         blocked: None,
+        aware: false,
     };
     conn.spawn(stream, Carry::default());
 }
@@ -491,6 +496,12 @@ impl Conn {
             return None;
         }
         let spec = table::lookup(&args[0])?;
+        // In cluster mode only commands this node runs itself join a batch.
+        if let Some(cluster) = &self.shared.cluster
+            && cluster.route(spec, args) != Route::Local
+        {
+            return None;
+        }
         let ok = spec.arity_ok(args.len())
             && data::is_data(spec.cmd)
             && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall)
@@ -615,6 +626,12 @@ impl Conn {
             self.reject(spec, &pubsub::not_in_context(&name), output);
             return Next::Continue;
         }
+        if self.shared.cluster.is_some()
+            && (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
+            && self.routed(spec, &args, output).await
+        {
+            return Next::Continue;
+        }
         if self.multi.is_some()
             && !matches!(
                 spec.cmd,
@@ -648,6 +665,86 @@ impl Conn {
         }
         self.flag_multi();
         self.out(output).error(text);
+    }
+
+    /// Cluster mode: sends a command whose keys are not all on this node's slots where it
+    /// belongs (see `cluster`); whether it was answered. A command for another node inside
+    /// `MULTI` from a plain connection is queued (`EXEC` forwards the transaction).
+    async fn routed(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) -> bool {
+        let cluster = self
+            .shared
+            .cluster
+            .as_ref()
+            .expect("called in cluster mode");
+        let (node, slot) = match cluster.route(spec, args) {
+            Route::Local => return false,
+            Route::CrossSlot => {
+                self.flag_multi();
+                self.out(output).error(cluster::CROSSSLOT);
+                return true;
+            }
+            Route::Remote { node, slot } => (node, slot),
+        };
+        if self.aware {
+            let moved = cluster.moved(node, slot);
+            self.flag_multi();
+            self.out(output).error(&moved);
+            return true;
+        }
+        if spec.cmd == Cmd::Watch {
+            let peer = &cluster.map.nodes()[node];
+            let text = format!(
+                "ERR keel: WATCH of keys on another node (slot {slot}, node {} at {}) is not \
+                 supported yet; connect to that node, or use hash tags that map to this one",
+                peer.id, peer.addr
+            );
+            self.out(output).error(&text);
+            return true;
+        }
+        if self.multi.is_some() {
+            return false;
+        }
+        self.forward(node, &[args], output).await;
+        true
+    }
+
+    /// Runs `requests` on cluster node `node` and writes the last one's reply (or why it
+    /// failed) to `output`.
+    async fn forward(&self, node: usize, requests: &[&[Bytes]], output: &mut BytesMut) {
+        let cluster = self
+            .shared
+            .cluster
+            .as_ref()
+            .expect("called in cluster mode");
+        let password = self.shared.requirepass.read().clone();
+        match cluster.forward(node, requests, self.proto, password).await {
+            Ok(reply) => output.extend_from_slice(&reply),
+            Err(text) => self.out(output).error(&text),
+        }
+    }
+
+    /// Cluster mode, at `EXEC`: where the queued transaction runs. `None`: here.
+    /// `Some(Ok(node))`: every key is on `node`. `Some(Err(()))`: keys on several nodes.
+    fn exec_route(&self, multi: &Multi) -> Option<Result<usize, ()>> {
+        let cluster = self.shared.cluster.as_ref()?;
+        let mut at = None;
+        for (cmd, args) in &multi.queue {
+            let Some(spec) = table::lookup(&args[0]).filter(|s| s.cmd == *cmd) else {
+                continue;
+            };
+            let node = match cluster.route(spec, args) {
+                Route::Local => cluster.map.myself(),
+                Route::Remote { node, .. } => node,
+                Route::CrossSlot => return Some(Err(())),
+            };
+            if spec.first_key > 0 && at.replace(node).is_some_and(|n| n != node) {
+                return Some(Err(()));
+            }
+        }
+        match at {
+            Some(node) if node != cluster.map.myself() => Some(Ok(node)),
+            _ => None,
+        }
     }
 
     fn flag_multi(&mut self) {
@@ -750,6 +847,20 @@ impl Conn {
                 None => out.simple("PONG"),
             },
             Cmd::Echo => out.bulk(&args[1]),
+            Cmd::Cluster => {
+                cluster::command(
+                    self.shared.cluster.as_ref(),
+                    args,
+                    &mut out,
+                    &mut self.aware,
+                )?;
+            }
+            Cmd::Asking | Cmd::Readonly | Cmd::Readwrite => {
+                if self.shared.cluster.is_none() {
+                    return Err(cluster::DISABLED.into());
+                }
+                out.simple("OK");
+            }
             Cmd::Time => {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -935,7 +1046,11 @@ impl Conn {
         out.bulk(b"id");
         out.int(self.info.id as i64);
         out.bulk(b"mode");
-        out.bulk(b"standalone");
+        out.bulk(if self.shared.cluster.is_some() {
+            &b"cluster"[..]
+        } else {
+            b"standalone"
+        });
         out.bulk(b"role");
         out.bulk(b"master");
         out.bulk(b"modules");
@@ -1476,6 +1591,22 @@ impl Conn {
         let watch = self.watch.take();
         if multi.dirty {
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
+        }
+        match self.exec_route(&multi) {
+            None => {}
+            // Watched keys are on this node (WATCH refuses others): two nodes.
+            Some(Err(())) => return Err(cluster::CROSSSLOT.into()),
+            Some(Ok(_)) if watch.is_some() => return Err(cluster::CROSSSLOT.into()),
+            Some(Ok(node)) => {
+                let begin = [Bytes::from_static(b"MULTI")];
+                let end = [Bytes::from_static(b"EXEC")];
+                let mut requests: Vec<&[Bytes]> = Vec::with_capacity(multi.queue.len() + 2);
+                requests.push(&begin);
+                requests.extend(multi.queue.iter().map(|(_, args)| &args[..]));
+                requests.push(&end);
+                self.forward(node, &requests, output).await;
+                return Ok(());
+            }
         }
         let shared = self.shared.clone();
         let mut ctx = ctx(&shared);

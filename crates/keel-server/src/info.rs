@@ -29,7 +29,7 @@ fn command_info(spec: &Spec, out: &mut Out<'_>) {
     out.int(i64::from(spec.key_step));
     out.set(0);
     out.set(0);
-    out.array(0);
+    key_specs(spec, out);
     out.array(spec.subcommands.len());
     for (sub, arity) in spec.subcommands {
         out.array(10);
@@ -44,6 +44,67 @@ fn command_info(spec: &Spec, out: &mut Out<'_>) {
         out.array(0);
         out.array(0);
     }
+}
+
+/// Redis 7's key specifications for a command, from its first key, last key and step: what
+/// cluster clients route by. The flags are Redis's for the commands Redis has (read from
+/// `COMMAND INFO` of redis-server 7.0); keel's own commands get `RW`, `update`, or `RO`,
+/// `access` when read-only. One spec per command (Redis gives `RENAME` two).
+fn key_specs(spec: &Spec, out: &mut Out<'_>) {
+    if spec.first_key <= 0 {
+        out.set(0);
+        return;
+    }
+    let flags: &[&str] = match spec.name {
+        "watch" | "strlen" | "exists" | "type" | "hlen" | "hexists" | "hstrlen" => &["RO"],
+        "ssubscribe" | "sunsubscribe" | "spublish" => &["not_key"],
+        "set" => &["RW", "access", "update", "variable_flags"],
+        "setnx" | "msetnx" => &["OW", "insert"],
+        "getdel" | "rename" => &["RW", "access", "delete"],
+        "mset" | "setex" | "psetex" => &["OW", "update"],
+        "append" | "hsetnx" => &["RW", "insert"],
+        "setrange" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" | "hset"
+        | "hmset" => &["RW", "update"],
+        "del" | "unlink" => &["RM", "delete"],
+        "hdel" => &["RW", "delete"],
+        "getset" | "incr" | "incrby" | "decr" | "decrby" | "incrbyfloat" | "getex" | "hincrby"
+        | "hincrbyfloat" => &["RW", "access", "update"],
+        _ if spec.flags.contains(&"readonly") => &["RO", "access"],
+        _ => &["RW", "update"],
+    };
+    // Redis counts `lastkey` from the first key when it is not negative.
+    let last = if spec.last_key < 0 {
+        spec.last_key
+    } else {
+        spec.last_key - spec.first_key
+    };
+    out.set(1);
+    out.map(3);
+    out.bulk(b"flags");
+    out.set(flags.len());
+    for f in flags {
+        out.simple(f);
+    }
+    out.bulk(b"begin_search");
+    out.map(2);
+    out.bulk(b"type");
+    out.bulk(b"index");
+    out.bulk(b"spec");
+    out.map(1);
+    out.bulk(b"index");
+    out.int(i64::from(spec.first_key));
+    out.bulk(b"find_keys");
+    out.map(2);
+    out.bulk(b"type");
+    out.bulk(b"range");
+    out.bulk(b"spec");
+    out.map(3);
+    out.bulk(b"lastkey");
+    out.int(i64::from(last));
+    out.bulk(b"keystep");
+    out.int(i64::from(spec.key_step));
+    out.bulk(b"limit");
+    out.int(0);
 }
 
 fn command_docs(spec: &Spec, out: &mut Out<'_>) {
@@ -333,11 +394,16 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     if want("server") {
         let _ = write!(
             t,
-            "# Server\r\nredis_version:{}\r\nkeel_version:{}\r\nredis_mode:standalone\r\nos:{} {}\r\n\
+            "# Server\r\nredis_version:{}\r\nkeel_version:{}\r\nredis_mode:{}\r\nos:{} {}\r\n\
              arch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\n\
              uptime_in_days:{}\r\nexecutable:keel\r\n\r\n",
             crate::REDIS_VERSION,
             crate::VERSION,
+            if shared.cluster.is_some() {
+                "cluster"
+            } else {
+                "standalone"
+            },
             std::env::consts::OS,
             std::env::consts::ARCH,
             std::process::id(),
@@ -419,6 +485,13 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     }
     if want("replication") {
         t.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n\r\n");
+    }
+    if want("cluster") {
+        let _ = write!(
+            t,
+            "# Cluster\r\ncluster_enabled:{}\r\n\r\n",
+            u8::from(shared.cluster.is_some())
+        );
     }
     if want("keel") {
         let _ = write!(

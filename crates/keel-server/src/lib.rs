@@ -13,11 +13,13 @@
 //! replies, `table` lists the commands, `data` runs the data commands against the engine,
 //! `conn` runs a connection (and `MULTI`/`EXEC`/`WATCH`), `pubsub` keeps
 //! subscriptions and delivers messages, `server` accepts and shuts down,
-//! `info` answers `INFO`/`COMMAND`/`CONFIG` and the metrics endpoint, [`lanes`] decides which
+//! `info` answers `INFO`/`COMMAND`/`CONFIG` and the metrics endpoint, `cluster`
+//! routes commands by hash slot in cluster mode (`CLUSTER`, `MOVED`, forwarding), [`lanes`] decides which
 //! runtime serves connections (one busy-polling thread, or the worker pool). The engine stays
 //! synchronous; tokio is only for sockets.
 
 mod blocking;
+mod cluster;
 mod config;
 mod conn;
 mod data;
@@ -41,6 +43,7 @@ pub use config::{
     Config, ConfigError, Durability, FileConfig, OutputLimit, PROTO_MAX_BULK_LEN_DEFAULT,
     SPLIT_PHASE_MS_DEFAULT, SPLIT_PHASE_MS_MAX, YesNo, check_idle_poll, parse_poller, parse_split,
 };
+pub use keel_cluster as cluster_map;
 pub use server::{Handle, Server, StartError};
 
 /// keel's version.

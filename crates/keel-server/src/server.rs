@@ -192,6 +192,8 @@ pub struct Shared {
     pub tracker: tokio_util::task::TaskTracker,
     /// What the reaper (expirer and graveyard sweeper) has done.
     pub reaper: Arc<crate::reaper::ReaperStats>,
+    /// Cluster mode's routing and peer connections; `None` on a single node.
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 impl Shared {
@@ -229,6 +231,31 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind { addr, source })?;
+        Server::start(config, listener).await
+    }
+
+    /// As [`Server::bind`], on a socket already listening: how a cluster whose nodes must
+    /// know each other's ports before they start (`keel cluster demo`, tests) is started
+    /// without a race for the ports. `config`'s `bind` and `port` are not used.
+    pub async fn with_listener(
+        config: Config,
+        listener: std::net::TcpListener,
+    ) -> Result<Server, StartError> {
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::new(config.bind, config.port));
+        let mut config = config;
+        config.port = addr.port();
+        config.validate()?;
+        let listener = listener
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(listener))
+            .map_err(|source| StartError::Bind { addr, source })?;
+        Server::start(config, listener).await
+    }
+
+    async fn start(config: Config, listener: TcpListener) -> Result<Server, StartError> {
+        let addr = SocketAddr::new(config.bind, config.port);
         let local_addr = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
@@ -255,6 +282,7 @@ impl Server {
         let lanes = crate::lanes::Lanes::start(config.poller, config.idle_poll_us, inline_log)
             .map_err(StartError::Poller)?;
         let pubsub = crate::pubsub::Registry::new(config.pubsub_output_limit);
+        let cluster = config.cluster.clone().map(crate::cluster::Cluster::new);
         let shared = Arc::new(Shared {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),
@@ -273,6 +301,7 @@ impl Server {
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
             reaper: Arc::default(),
+            cluster,
         });
         Ok(Server {
             shared,

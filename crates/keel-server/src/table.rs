@@ -26,6 +26,11 @@ pub enum Cmd {
     Info,
     Time,
     Shutdown,
+    // Cluster (cluster.rs).
+    Cluster,
+    Asking,
+    Readonly,
+    Readwrite,
     // Transactions.
     Multi,
     Exec,
@@ -398,6 +403,59 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Stops the server gracefully."
+    ),
+    spec!(
+        "cluster",
+        Cluster,
+        -2,
+        &["slow"],
+        0,
+        0,
+        0,
+        "cluster",
+        "A container for Redis Cluster commands.",
+        &[
+            ("help", 2),
+            ("info", 2),
+            ("keyslot", 3),
+            ("myid", 2),
+            ("nodes", 2),
+            ("shards", 2),
+            ("slots", 2)
+        ]
+    ),
+    spec!(
+        "asking",
+        Asking,
+        1,
+        &["fast"],
+        0,
+        0,
+        0,
+        "cluster",
+        "Signals that a cluster client is following an -ASK redirect."
+    ),
+    spec!(
+        "readonly",
+        Readonly,
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        "cluster",
+        "Enables read-only queries for a connection to a Redis Cluster replica node."
+    ),
+    spec!(
+        "readwrite",
+        Readwrite,
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        "cluster",
+        "Enables read-write queries for a connection to a Redis Cluster replica node."
     ),
     spec!(
         "multi",

@@ -3,6 +3,7 @@
 //! sends the same random commands to keel and to a real `redis-server` and compares replies.
 
 mod basics;
+mod cluster;
 mod differential;
 mod expiry;
 mod hashes;
@@ -52,6 +53,15 @@ impl TestServer {
     }
 
     pub fn with(tune: impl FnOnce(&mut Config)) -> TestServer {
+        TestServer::on(None, tune)
+    }
+
+    /// A server on `listener` if given (a cluster node, whose port its peers must know
+    /// before it starts), else on a free port.
+    pub fn on(
+        listener: Option<std::net::TcpListener>,
+        tune: impl FnOnce(&mut Config),
+    ) -> TestServer {
         let mut config = Config::default();
         config.port = 0;
         config.durability = keel_server::Durability::None;
@@ -64,7 +74,11 @@ impl TestServer {
                 .build()
                 .expect("runtime");
             runtime.block_on(async move {
-                let server = Server::bind(config).await.expect("bind");
+                let server = match listener {
+                    Some(l) => Server::with_listener(config, l).await,
+                    None => Server::bind(config).await,
+                }
+                .expect("bind");
                 tx.send((server.local_addr(), server.metrics_addr(), server.handle()))
                     .expect("test is waiting");
                 server.run().await.expect("the database closes cleanly");

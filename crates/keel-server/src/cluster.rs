@@ -1,0 +1,482 @@
+//! Cluster mode (`keel serve --cluster`): routing commands by hash slot, the `CLUSTER`
+//! command, and forwarding to the node that owns a slot (slice 1 of `docs/cluster.md`).
+//!
+//! A data command's keys (the command table's first key, last key and step) decide where it
+//! runs. All on slots this node owns: here, as on a single node (several slots of this node
+//! are still one engine transaction). All on one other node: a cluster-aware connection (one
+//! that has asked `CLUSTER SLOTS`, `SHARDS` or `NODES`) gets `-MOVED <slot> <host>:<port>`
+//! and follows it; any other connection has the command forwarded and the owner's reply
+//! relayed. Keys on several nodes: `-CROSSSLOT`, until cross-partition transactions (slice
+//! 2 on) exist.
+//!
+//! Forwarding in this slice is deliberately plain: a pool of RESP connections to each peer's
+//! client port, one request (or one `MULTI … EXEC` block) at a time per connection, the
+//! reply relayed byte for byte. Every forward is bounded by the cluster's request timeout; a
+//! peer that refuses, breaks or does not answer in time gives `-CLUSTERDOWN`, and its
+//! connection is dropped (never pooled again, so a late reply cannot be read as another
+//! request's). The peers' transport of later slices (`docs/cluster.md`, "transport") replaces
+//! it.
+//!
+//! Commands without keys (`KEYS`, `SCAN`, `DBSIZE`, `FLUSHDB`, `KEEL.RANGE`) run on the node
+//! the client talks to and see its slots only, as on a Redis Cluster node.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use keel_cluster::{Membership, SLOTS, Slot, key_slot};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::data::Fail;
+use crate::reply::{Out, Proto};
+use crate::table::Spec;
+
+/// Idle connections kept per peer and protocol; more are closed when they come back.
+pub const POOL_IDLE_MAX: usize = 64;
+/// The largest reply relayed from a peer: the largest reply a node sends.
+pub const RELAY_BYTES_MAX: usize = 512 << 20;
+
+/// Redis' reply to keys of several slots (here: of slots on several nodes).
+pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
+/// Redis' reply to cluster commands on a node without cluster mode.
+pub const DISABLED: &str = "ERR This instance has cluster support disabled";
+
+/// Where a command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// On this node (no keys, or every key on a slot it owns).
+    Local,
+    /// On node `node`, which owns `slot` (the first key's) and every other key's slot.
+    Remote { node: usize, slot: Slot },
+    /// Keys on slots of different nodes.
+    CrossSlot,
+}
+
+/// This node's view of the cluster and its connections to the peers.
+pub struct Cluster {
+    /// The checked configuration.
+    pub map: Arc<Membership>,
+    /// Per node, idle connections speaking RESP2 (`[0]`) and RESP3 (`[1]`).
+    pools: Vec<[Mutex<Vec<std::net::TcpStream>>; 2]>,
+}
+
+impl Cluster {
+    /// A node of `map`, with no connections yet.
+    pub fn new(map: Arc<Membership>) -> Cluster {
+        let pools = map.nodes().iter().map(|_| Default::default()).collect();
+        Cluster { map, pools }
+    }
+
+    /// Where the command `spec` with `args` runs.
+    pub fn route(&self, spec: &Spec, args: &[Bytes]) -> Route {
+        let Some(mut keys) = key_args(spec, args) else {
+            return Route::Local;
+        };
+        let Some(first) = keys.next() else {
+            return Route::Local;
+        };
+        let slot = key_slot(first);
+        let node = self.map.owner(slot);
+        for key in keys {
+            if self.map.owner(key_slot(key)) != node {
+                return Route::CrossSlot;
+            }
+        }
+        if node == self.map.myself() {
+            Route::Local
+        } else {
+            Route::Remote { node, slot }
+        }
+    }
+
+    /// The `MOVED` error for `slot` on `node`.
+    pub fn moved(&self, node: usize, slot: Slot) -> String {
+        format!("MOVED {slot} {}", self.map.nodes()[node].addr)
+    }
+
+    /// Sends `requests` to `node` over one connection, in order, and returns the last one's
+    /// reply (the `EXEC` of a forwarded transaction); the others' replies are read and
+    /// dropped. Fails with a `CLUSTERDOWN` error text if the node cannot be reached or does
+    /// not answer within the request timeout.
+    pub async fn forward(
+        &self,
+        node: usize,
+        requests: &[&[Bytes]],
+        proto: Proto,
+        password: Option<String>,
+    ) -> Result<Bytes, String> {
+        let peer = &self.map.nodes()[node];
+        let timeout = self.map.timeout();
+        let down = |why: &str| {
+            format!(
+                "CLUSTERDOWN The cluster is down: node {} at {} {why}",
+                peer.id, peer.addr
+            )
+        };
+        let pool = &self.pools[node][usize::from(proto == Proto::Resp3)];
+        let pooled = pool.lock().pop();
+        let exchange = async {
+            let mut stream = match pooled.map(TcpStream::from_std) {
+                Some(Ok(s)) => s,
+                _ => connect(peer.addr, proto, password).await?,
+            };
+            let mut wire = BytesMut::new();
+            for r in requests {
+                encode(r, &mut wire);
+            }
+            stream.write_all(&wire).await?;
+            let mut input = BytesMut::with_capacity(4096);
+            let mut last = Bytes::new();
+            for _ in 0..requests.len() {
+                last = read_reply(&mut stream, &mut input).await?;
+            }
+            if !input.is_empty() {
+                return Err(std::io::Error::other(
+                    "the peer sent more than it was asked",
+                ));
+            }
+            Ok::<_, std::io::Error>((stream, last))
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok((stream, reply))) => {
+                if let Ok(stream) = stream.into_std() {
+                    let mut idle = pool.lock();
+                    if idle.len() < POOL_IDLE_MAX {
+                        idle.push(stream);
+                    }
+                }
+                Ok(reply)
+            }
+            Ok(Err(e)) => Err(down(&format!("cannot be reached ({e})"))),
+            Err(_) => Err(down(&format!(
+                "did not answer within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+/// The key arguments of `spec` (by its first key, last key and step), or `None` for a command
+/// without keys.
+fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Option<impl Iterator<Item = &'a [u8]>> {
+    let first = usize::try_from(spec.first_key).ok().filter(|&f| f > 0)?;
+    let step = usize::try_from(spec.key_step).ok().filter(|&s| s > 0)?;
+    let last = if spec.last_key < 0 {
+        let back = usize::try_from(-i64::from(spec.last_key)).ok()?;
+        args.len().checked_sub(back)?
+    } else {
+        usize::try_from(spec.last_key).ok()?.min(args.len() - 1)
+    };
+    let keys = args.get(first..=last)?;
+    Some(keys.iter().step_by(step).map(|k| &k[..]))
+}
+
+/// Opens a connection to a peer's client port, authenticated and speaking `proto`.
+async fn connect(
+    addr: SocketAddr,
+    proto: Proto,
+    password: Option<String>,
+) -> std::io::Result<TcpStream> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    let mut setup: Vec<Vec<Bytes>> = Vec::new();
+    if let Some(p) = password {
+        setup.push(vec![Bytes::from_static(b"AUTH"), Bytes::from(p)]);
+    }
+    if proto == Proto::Resp3 {
+        setup.push(vec![Bytes::from_static(b"HELLO"), Bytes::from_static(b"3")]);
+    }
+    if setup.is_empty() {
+        return Ok(stream);
+    }
+    let mut wire = BytesMut::new();
+    for r in &setup {
+        encode(r, &mut wire);
+    }
+    stream.write_all(&wire).await?;
+    let mut input = BytesMut::new();
+    for _ in &setup {
+        let reply = read_reply(&mut stream, &mut input).await?;
+        if reply.first() == Some(&b'-') {
+            let text = String::from_utf8_lossy(&reply[1..]).trim_end().to_owned();
+            return Err(std::io::Error::other(format!(
+                "it refused this node's connection setup: {text}"
+            )));
+        }
+    }
+    Ok(stream)
+}
+
+/// Appends `args` as a RESP array of bulk strings.
+fn encode(args: &[Bytes], wire: &mut BytesMut) {
+    wire.put_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        wire.put_slice(format!("${}\r\n", a.len()).as_bytes());
+        wire.put_slice(a);
+        wire.put_slice(b"\r\n");
+    }
+}
+
+/// Reads one whole reply from `stream` (with what `input` already holds) and returns its
+/// bytes; what follows it stays in `input`.
+async fn read_reply(stream: &mut TcpStream, input: &mut BytesMut) -> std::io::Result<Bytes> {
+    loop {
+        match reply_len(input) {
+            Ok(Some(n)) => return Ok(input.split_to(n).freeze()),
+            Ok(None) => {}
+            Err(e) => return Err(std::io::Error::other(e)),
+        }
+        if input.len() > RELAY_BYTES_MAX {
+            return Err(std::io::Error::other("the reply is too large to relay"));
+        }
+        if stream.read_buf(input).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// The length of the first whole RESP2/RESP3 reply in `buf`: `None` if it is not all there.
+/// Iterative (a count of elements still expected), so nesting costs no stack.
+pub fn reply_len(buf: &[u8]) -> Result<Option<usize>, &'static str> {
+    let mut pos = 0usize;
+    let mut expected: u64 = 1;
+    while expected > 0 {
+        let Some(eol) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
+            return Ok(None);
+        };
+        let line = &buf[pos + 1..pos + eol];
+        let kind = buf[pos];
+        pos += eol + 2;
+        expected -= 1;
+        let number = || -> Result<i64, &'static str> {
+            std::str::from_utf8(line)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("a malformed length in a peer's reply")
+        };
+        match kind {
+            b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => {}
+            b'$' | b'!' | b'=' => {
+                let n = number()?;
+                if n >= 0 {
+                    let n = usize::try_from(n).map_err(|_| "a length out of range")?;
+                    if buf.len() < pos + n + 2 {
+                        return Ok(None);
+                    }
+                    pos += n + 2;
+                }
+            }
+            b'*' | b'~' | b'>' => expected += u64::try_from(number()?).unwrap_or(0),
+            b'%' => expected += 2 * u64::try_from(number()?).unwrap_or(0),
+            // An attribute map, then the reply it describes.
+            b'|' => expected += 2 * u64::try_from(number()?).unwrap_or(0) + 1,
+            _ => return Err("a peer's reply is not RESP"),
+        }
+    }
+    Ok(Some(pos))
+}
+
+/// `CLUSTER <subcommand>`. Sets `*aware` when the client asked for the slot map.
+pub fn command(
+    cluster: Option<&Cluster>,
+    args: &[Bytes],
+    out: &mut Out<'_>,
+    aware: &mut bool,
+) -> Result<(), Fail> {
+    let sub = args[1].to_ascii_lowercase();
+    let arity = |n: usize| -> Result<(), Fail> {
+        if args.len() == n {
+            Ok(())
+        } else {
+            Err(format!(
+                "ERR wrong number of arguments for 'cluster|{}' command",
+                String::from_utf8_lossy(&sub)
+            )
+            .into())
+        }
+    };
+    if sub == b"help" {
+        arity(2)?;
+        let lines = [
+            "CLUSTER <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "INFO",
+            "    Return information about the cluster.",
+            "KEYSLOT <key>",
+            "    Return the hash slot for <key>.",
+            "MYID",
+            "    Return the node id.",
+            "NODES",
+            "    Return cluster configuration seen by node. Output format:",
+            "    <id> <ip:port> <flags> <master> <pings> <pongs> <epoch> <link> <slot> ...",
+            "SHARDS",
+            "    Return information about slot range mappings and the nodes serving them.",
+            "SLOTS",
+            "    Return information about slots range mappings. Each range is made of:",
+            "    start, end, master and replicas IP addresses, ports and ids",
+            "HELP",
+            "    Print this help.",
+        ];
+        out.array(lines.len());
+        for l in lines {
+            out.simple(l);
+        }
+        return Ok(());
+    }
+    // KEYSLOT needs no cluster (Redis answers it only in cluster mode; so does keel).
+    let Some(cluster) = cluster else {
+        return Err(DISABLED.into());
+    };
+    let map = &*cluster.map;
+    match &sub[..] {
+        b"keyslot" => {
+            arity(3)?;
+            out.int(i64::from(key_slot(&args[2]).0));
+        }
+        b"myid" => {
+            arity(2)?;
+            out.bulk(map.me().id.as_str().as_bytes());
+        }
+        b"info" => {
+            arity(2)?;
+            out.verbatim(&info(map));
+        }
+        b"slots" => {
+            arity(2)?;
+            *aware = true;
+            let ranges = map.ranges();
+            out.array(ranges.len());
+            for (start, end, node) in ranges {
+                let n = &map.nodes()[node];
+                out.array(3);
+                out.int(i64::from(start));
+                out.int(i64::from(end));
+                out.array(4);
+                out.bulk(n.addr.ip().to_string().as_bytes());
+                out.int(i64::from(n.addr.port()));
+                out.bulk(n.id.as_str().as_bytes());
+                out.map(0);
+            }
+        }
+        b"shards" => {
+            arity(2)?;
+            *aware = true;
+            out.array(map.nodes().len());
+            for n in map.nodes() {
+                out.map(2);
+                out.bulk(b"slots");
+                out.array(2 * n.slots.len());
+                for r in &n.slots {
+                    out.int(i64::from(*r.start()));
+                    out.int(i64::from(*r.end()));
+                }
+                out.bulk(b"nodes");
+                out.array(1);
+                out.map(7);
+                out.bulk(b"id");
+                out.bulk(n.id.as_str().as_bytes());
+                out.bulk(b"port");
+                out.int(i64::from(n.addr.port()));
+                let ip = n.addr.ip().to_string();
+                out.bulk(b"ip");
+                out.bulk(ip.as_bytes());
+                out.bulk(b"endpoint");
+                out.bulk(ip.as_bytes());
+                out.bulk(b"role");
+                out.bulk(b"master");
+                out.bulk(b"replication-offset");
+                out.int(0);
+                out.bulk(b"health");
+                out.bulk(b"online");
+            }
+        }
+        b"nodes" => {
+            arity(2)?;
+            *aware = true;
+            out.verbatim(&nodes(map));
+        }
+        _ => {
+            return Err(format!(
+                "ERR unknown subcommand '{}'. Try CLUSTER HELP.",
+                String::from_utf8_lossy(&args[1])
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// `CLUSTER INFO`'s text. The configuration is static and every node serves its slots, so
+/// the state is `ok`; there is no cluster bus yet, so no bus messages.
+fn info(map: &Membership) -> String {
+    let n = map.nodes().len();
+    format!(
+        "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
+         cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\
+         cluster_size:{n}\r\ncluster_current_epoch:{n}\r\ncluster_my_epoch:{}\r\n\
+         cluster_stats_messages_sent:0\r\ncluster_stats_messages_received:0\r\n\
+         total_cluster_links_buffer_limit_exceeded:0\r\n",
+        map.myself() + 1
+    )
+}
+
+/// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
+/// (keel has none yet); each node's config epoch is its position in the config.
+fn nodes(map: &Membership) -> String {
+    let mut text = String::new();
+    for (i, n) in map.nodes().iter().enumerate() {
+        let flags = if i == map.myself() {
+            "myself,master"
+        } else {
+            "master"
+        };
+        text.push_str(&format!(
+            "{} {}@0 {flags} - 0 0 {} connected",
+            n.id,
+            n.addr,
+            i + 1
+        ));
+        for r in &n.slots {
+            if r.start() == r.end() {
+                text.push_str(&format!(" {}", r.start()));
+            } else {
+                text.push_str(&format!(" {}-{}", r.start(), r.end()));
+            }
+        }
+        text.push('\n');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_lengths() {
+        for whole in [
+            &b"+OK\r\n"[..],
+            b"-ERR x\r\n",
+            b":12\r\n",
+            b"$3\r\nfoo\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*2\r\n$1\r\na\r\n*1\r\n:1\r\n",
+            b"%1\r\n+a\r\n~2\r\n:1\r\n_\r\n",
+            b"|1\r\n+k\r\n+v\r\n$2\r\nab\r\n",
+            b"=8\r\ntxt:ab\r\n\r\n",
+        ] {
+            assert_eq!(reply_len(whole), Ok(Some(whole.len())), "{whole:?}");
+            for cut in 0..whole.len() {
+                assert_eq!(reply_len(&whole[..cut]), Ok(None), "{whole:?} cut at {cut}");
+            }
+            let mut two = whole.to_vec();
+            two.extend_from_slice(b"+next\r\n");
+            assert_eq!(reply_len(&two), Ok(Some(whole.len())));
+        }
+        assert!(reply_len(b"?\r\n").is_err());
+        assert!(reply_len(b"$x\r\n").is_err());
+    }
+}

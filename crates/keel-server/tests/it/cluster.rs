@@ -1,0 +1,534 @@
+//! Cluster mode (slice 1 of docs/cluster.md): three nodes in this process on loopback ports,
+//! plain clients (forwarding), the `redis` crate's `ClusterClient` (routing by `CLUSTER
+//! SLOTS`), `MOVED`, `CROSSSLOT`, `CLUSTERDOWN`, and the `CLUSTER` replies' shapes against a
+//! real `redis-server --cluster-enabled yes`.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel_server::cluster_map::{Membership, SLOTS, key_slot};
+
+use crate::{TestServer, error, query};
+
+/// A cluster of `n` nodes with the slots split evenly; node `i` is `nodes[i]`.
+struct TestCluster {
+    nodes: Vec<Option<TestServer>>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl TestCluster {
+    fn start(n: usize, timeout_ms: u64) -> TestCluster {
+        let listeners: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+            .collect();
+        let addrs: Vec<SocketAddr> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("address"))
+            .collect();
+        let nodes = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let map = Membership::even(&addrs, i, timeout_ms).expect("valid cluster");
+                Some(TestServer::on(Some(l), move |c| {
+                    c.cluster = Some(Arc::new(map));
+                }))
+            })
+            .collect();
+        TestCluster { nodes, addrs }
+    }
+
+    fn node(&self, i: usize) -> &TestServer {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    /// Stops node `i` (its port then refuses connections).
+    fn kill(&mut self, i: usize) {
+        drop(self.nodes[i].take());
+    }
+
+    /// The node that owns `key` under the even split.
+    fn owner(&self, key: &str) -> usize {
+        let slot = usize::from(key_slot(key.as_bytes()).0);
+        (0..self.addrs.len())
+            .find(|&i| {
+                let (start, end) =
+                    keel_server::cluster_map::membership::even_range(i, self.addrs.len());
+                (usize::from(start)..=usize::from(end)).contains(&slot)
+            })
+            .expect("every slot has an owner")
+    }
+}
+
+/// One key for every slot, `k<n>` with the smallest `n` that lands there.
+fn key_per_slot() -> Vec<String> {
+    let mut keys = vec![String::new(); usize::from(SLOTS)];
+    let mut missing = usize::from(SLOTS);
+    let mut n = 0u64;
+    while missing > 0 {
+        let key = format!("k{n}");
+        let slot = &mut keys[usize::from(key_slot(key.as_bytes()).0)];
+        if slot.is_empty() {
+            *slot = key;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    keys
+}
+
+/// A key owned by node `i`, among `k0`, `k1`, ...
+fn key_on(cluster: &TestCluster, i: usize, tag: &str) -> String {
+    (0..)
+        .map(|n| format!("{tag}{n}"))
+        .find(|k| cluster.owner(k) == i)
+        .expect("some key lands on every node")
+}
+
+#[test]
+fn plain_clients_reach_every_slot_from_any_node() {
+    let cluster = TestCluster::start(3, 2000);
+    let keys = key_per_slot();
+    // Set each slot's key through one node and read it through the next, in pipelines, so
+    // that every node forwards to both others.
+    let mut cons: Vec<redis::Connection> = (0..3).map(|i| cluster.node(i).client()).collect();
+    for (via, con) in cons.iter_mut().enumerate() {
+        let mut pipe = redis::pipe();
+        for (slot, key) in keys.iter().enumerate() {
+            if slot % 3 == via {
+                pipe.cmd("SET").arg(key).arg(format!("v{slot}")).ignore();
+            }
+        }
+        let () = pipe.query(con).expect("pipelined SETs");
+    }
+    for (via, con) in cons.iter_mut().enumerate() {
+        let mut pipe = redis::pipe();
+        let mine: Vec<usize> = (0..keys.len()).filter(|s| s % 3 == (via + 1) % 3).collect();
+        for &slot in &mine {
+            pipe.cmd("GET").arg(&keys[slot]);
+        }
+        let got: Vec<String> = pipe.query(con).expect("pipelined GETs");
+        for (slot, value) in mine.iter().zip(got) {
+            assert_eq!(value, format!("v{slot}"), "slot {slot} read via node {via}");
+        }
+    }
+    // Each key lives on its owner only: the owner's DBSIZE counts its slots' keys.
+    for (i, con) in cons.iter_mut().enumerate() {
+        let owned = keys.iter().filter(|k| cluster.owner(k) == i).count();
+        let size: usize = query(con, &["DBSIZE"]);
+        assert_eq!(size, owned, "node {i}'s keys");
+    }
+    // RESP3 replies come back in RESP3.
+    let mut con = cluster.node(0).client_proto(true);
+    let key = key_on(&cluster, 2, "h");
+    let _: i64 = query(&mut con, &["HSET", &key, "f", "1"]);
+    let map: redis::Value = query(&mut con, &["HGETALL", &key]);
+    assert!(matches!(map, redis::Value::Map(_)), "{map:?}");
+}
+
+#[test]
+fn multi_key_commands_and_transactions() {
+    let cluster = TestCluster::start(3, 2000);
+    let mut con = cluster.node(0).client();
+    let (a, b) = (key_on(&cluster, 1, "a"), key_on(&cluster, 2, "b"));
+    // Keys on two nodes: refused, as Redis Cluster refuses keys of two slots.
+    assert_eq!(
+        error(&mut con, &["MSET", &a, "1", &b, "2"]),
+        "CROSSSLOT Keys in request don't hash to the same slot"
+    );
+    for key in [&a, &b] {
+        let exists: i64 = query(&mut con, &["EXISTS", key]);
+        assert_eq!(exists, 0, "a refused MSET wrote nothing");
+    }
+    // Hash tags: one slot, on some other node; forwarded whole.
+    let () = query(&mut con, &["MSET", "{t}x", "1", "{t}y", "2"]);
+    let got: Vec<String> = query(&mut con, &["MGET", "{t}x", "{t}y"]);
+    assert_eq!(got, ["1", "2"]);
+    // Different slots of one node: run there as one transaction.
+    let (c, d) = (key_on(&cluster, 1, "c"), key_on(&cluster, 1, "d"));
+    assert_ne!(key_slot(c.as_bytes()), key_slot(d.as_bytes()));
+    let () = query(&mut con, &["MSET", &c, "3", &d, "4"]);
+    let got: Vec<String> = query(&mut cluster.node(1).client(), &["MGET", &c, &d]);
+    assert_eq!(got, ["3", "4"]);
+    // MULTI/EXEC with every key on one other node: forwarded as a whole transaction.
+    let got: (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("INCR")
+        .arg(&c)
+        .cmd("INCRBY")
+        .arg(&d)
+        .arg(10)
+        .query(&mut con)
+        .expect("forwarded EXEC");
+    assert_eq!(got, (4, 14));
+    // ... and with keys on two nodes: refused at EXEC, nothing applied.
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["INCR", &a]);
+    let _: String = query(&mut con, &["INCR", &b]);
+    assert_eq!(
+        error(&mut con, &["EXEC"]),
+        "CROSSSLOT Keys in request don't hash to the same slot"
+    );
+    let exists: i64 = query(&mut con, &["EXISTS", &a]);
+    assert_eq!(exists, 0);
+    // Local keys of several slots in MULTI run here, as on a single node.
+    let (e, f) = (key_on(&cluster, 0, "e"), key_on(&cluster, 0, "f"));
+    let got: (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("INCR")
+        .arg(&e)
+        .cmd("INCR")
+        .arg(&f)
+        .query(&mut con)
+        .expect("local EXEC");
+    assert_eq!(got, (1, 1));
+}
+
+#[test]
+fn cluster_aware_connections_get_moved() {
+    let cluster = TestCluster::start(3, 2000);
+    let mut con = cluster.node(0).client();
+    let remote = key_on(&cluster, 2, "m");
+    let local = key_on(&cluster, 0, "l");
+    // Before asking for the slot map: forwarded.
+    let () = query(&mut con, &["SET", &remote, "v"]);
+    let _: redis::Value = query(&mut con, &["CLUSTER", "SLOTS"]);
+    let slot = key_slot(remote.as_bytes()).0;
+    assert_eq!(
+        error(&mut con, &["GET", &remote]),
+        format!("MOVED {slot} {}", cluster.addrs[2])
+    );
+    let v: Option<String> = query(&mut con, &["GET", &local]);
+    assert_eq!(v, None);
+    // Inside MULTI: MOVED at queue time, and EXEC aborts.
+    let _: () = query(&mut con, &["MULTI"]);
+    assert!(error(&mut con, &["GET", &remote]).starts_with("MOVED "));
+    assert!(error(&mut con, &["EXEC"]).starts_with("EXECABORT"));
+    // Another plain connection is still forwarded.
+    let v: String = query(&mut cluster.node(0).client(), &["GET", &remote]);
+    assert_eq!(v, "v");
+}
+
+#[test]
+fn redis_rs_cluster_client_routes_by_itself() {
+    let cluster = TestCluster::start(3, 2000);
+    let client = redis::cluster::ClusterClient::new(vec![format!("redis://{}/", cluster.addrs[1])])
+        .expect("cluster client");
+    let mut con = client
+        .get_connection()
+        .expect("bootstraps from CLUSTER SLOTS");
+    let keys = key_per_slot();
+    for key in keys.iter().step_by(97) {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg(key)
+            .query(&mut con)
+            .expect("SET");
+    }
+    for key in keys.iter().step_by(97) {
+        let v: String = redis::cmd("GET").arg(key).query(&mut con).expect("GET");
+        assert_eq!(&v, key);
+        // The key is on its owner, where the client sent it.
+        let owner = cluster.owner(key);
+        let mut direct = cluster.node(owner).client();
+        let _: redis::Value = query(&mut direct, &["CLUSTER", "SLOTS"]);
+        let v: String = query(&mut direct, &["GET", key]);
+        assert_eq!(&v, key);
+    }
+    let () = redis::cmd("MSET")
+        .arg("{u}a")
+        .arg(1)
+        .arg("{u}b")
+        .arg(2)
+        .query(&mut con)
+        .expect("one-slot MSET");
+    let n: i64 = redis::cmd("INCR")
+        .arg("{u}a")
+        .query(&mut con)
+        .expect("INCR");
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn unreachable_owner_is_clusterdown_within_the_timeout() {
+    // Node 2's port is a socket that accepts and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let listeners: Vec<TcpListener> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    let mut addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("address"))
+        .collect();
+    addrs.push(silent.local_addr().expect("address"));
+    let mut listeners = listeners.into_iter();
+    let node0 = TestServer::on(listeners.next(), {
+        let map = Membership::even(&addrs, 0, 300).expect("valid");
+        move |c| c.cluster = Some(Arc::new(map))
+    });
+    let killed = TestServer::on(listeners.next(), {
+        let map = Membership::even(&addrs, 1, 300).expect("valid");
+        move |c| c.cluster = Some(Arc::new(map))
+    });
+    let cluster = TestCluster {
+        nodes: vec![],
+        addrs: addrs.clone(),
+    };
+    let mut con = node0.client();
+    let on_silent = key_on(&cluster, 2, "s");
+    let started = Instant::now();
+    let e = error(&mut con, &["GET", &on_silent]);
+    let took = started.elapsed();
+    assert!(
+        e.starts_with("CLUSTERDOWN ") && e.contains("did not answer within 300 ms"),
+        "{e}"
+    );
+    assert!(took >= Duration::from_millis(250), "gave up after {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // A stopped node: refused at once.
+    let on_killed = key_on(&cluster, 1, "k");
+    let () = query(&mut con, &["SET", &on_killed, "1"]);
+    drop(killed);
+    let e = error(&mut con, &["GET", &on_killed]);
+    assert!(
+        e.starts_with("CLUSTERDOWN ") && e.contains("cannot be reached"),
+        "{e}"
+    );
+    // The node's own slots still work.
+    let local = key_on(&cluster, 0, "o");
+    let () = query(&mut con, &["SET", &local, "1"]);
+    drop(silent);
+}
+
+#[test]
+fn a_stopped_node_of_three() {
+    let mut cluster = TestCluster::start(3, 500);
+    let mut con = cluster.node(0).client();
+    let key = key_on(&cluster, 1, "x");
+    let () = query(&mut con, &["SET", &key, "1"]);
+    cluster.kill(1);
+    assert!(error(&mut con, &["GET", &key]).starts_with("CLUSTERDOWN "));
+    let other = key_on(&cluster, 2, "y");
+    let () = query(&mut con, &["SET", &other, "1"]);
+}
+
+#[test]
+fn cluster_commands_outside_cluster_mode() {
+    let server = TestServer::start();
+    let mut con = server.client();
+    for cmd in [
+        &["CLUSTER", "SLOTS"][..],
+        &["CLUSTER", "KEYSLOT", "x"],
+        &["READONLY"],
+    ] {
+        assert_eq!(
+            error(&mut con, cmd),
+            "ERR This instance has cluster support disabled"
+        );
+    }
+    let hello: redis::Value = query(&mut con, &["HELLO", "3"]);
+    assert!(format!("{hello:?}").contains("standalone"), "{hello:?}");
+}
+
+#[test]
+fn cluster_command_errors() {
+    let cluster = TestCluster::start(1, 2000);
+    let mut con = cluster.node(0).client();
+    assert_eq!(
+        error(&mut con, &["CLUSTER", "KEYSLOT"]),
+        "ERR wrong number of arguments for 'cluster|keyslot' command"
+    );
+    assert_eq!(
+        error(&mut con, &["CLUSTER", "SLOTS", "x"]),
+        "ERR wrong number of arguments for 'cluster|slots' command"
+    );
+    assert_eq!(
+        error(&mut con, &["CLUSTER", "foo"]),
+        "ERR unknown subcommand 'foo'. Try CLUSTER HELP."
+    );
+    assert_eq!(
+        error(&mut con, &["READONLY", "x"]),
+        "ERR wrong number of arguments for 'readonly' command"
+    );
+    let slot: i64 = query(&mut con, &["CLUSTER", "KEYSLOT", "{user1000}.following"]);
+    assert_eq!(slot, 3443);
+    let id: String = query(&mut con, &["CLUSTER", "MYID"]);
+    assert_eq!(id, "node-1");
+    for cmd in ["ASKING", "READONLY", "READWRITE"] {
+        let ok: String = query(&mut con, &[cmd]);
+        assert_eq!(ok, "OK");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reply shapes against a real Redis Cluster node.
+
+/// A `redis-server --cluster-enabled yes` owning every slot; killed when dropped.
+struct RedisClusterNode {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisClusterNode {
+    fn start() -> RedisClusterNode {
+        const BINARY: &str = "/usr/bin/redis-server";
+        assert!(
+            std::path::Path::new(BINARY).exists(),
+            "{BINARY} is missing: the cluster reply test needs a real Redis (apt-get install \
+             redis-server)"
+        );
+        for _ in 0..10 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            // The cluster bus listens on port + 10000.
+            if port > 55_000 {
+                continue;
+            }
+            let mut child = Command::new(BINARY)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--cluster-enabled",
+                    "yes",
+                ])
+                .arg("--cluster-config-file")
+                .arg(dir.path().join("nodes.conf"))
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{BINARY} does not start: {e}"));
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if std::net::TcpStream::connect(addr).is_ok() {
+                    let node = RedisClusterNode {
+                        child,
+                        addr,
+                        _dir: dir,
+                    };
+                    let mut con = crate::connect(&format!("redis://{addr}/"));
+                    let () = query(&mut con, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+                    return node;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("{BINARY} did not start listening on a loopback port");
+    }
+}
+
+impl Drop for RedisClusterNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `v` with every node-specific string (ids, addresses) and port replaced, so that two
+/// single-node clusters' replies compare by shape.
+fn shape(v: redis::Value, ids: &[&str], port: i64) -> redis::Value {
+    use redis::Value as V;
+    let norm = |items: Vec<V>| items.into_iter().map(|x| shape(x, ids, port)).collect();
+    match v {
+        V::BulkString(b) => {
+            let s = String::from_utf8_lossy(&b).into_owned();
+            if ids.contains(&s.as_str()) || s.is_empty() || s == "127.0.0.1" {
+                V::BulkString(b"X".to_vec())
+            } else {
+                V::BulkString(b)
+            }
+        }
+        V::Int(n) if n == port => V::Int(0),
+        V::Array(items) => V::Array(norm(items)),
+        V::Map(pairs) => V::Map(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (shape(k, ids, port), shape(v, ids, port)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+#[test]
+fn cluster_replies_have_redis_shapes() {
+    let redis = RedisClusterNode::start();
+    let cluster = TestCluster::start(1, 2000);
+    for resp3 in [false, true] {
+        let proto = if resp3 { "?protocol=resp3" } else { "" };
+        let mut theirs = crate::connect(&format!("redis://{}/{proto}", redis.addr));
+        let mut ours = cluster.node(0).client_proto(resp3);
+        let their_id: String = query(&mut theirs, &["CLUSTER", "MYID"]);
+        let ids = [their_id.as_str(), "node-1"];
+        let (their_port, our_port) = (
+            i64::from(redis.addr.port()),
+            i64::from(cluster.addrs[0].port()),
+        );
+        for sub in ["SLOTS", "SHARDS"] {
+            let t: redis::Value = query(&mut theirs, &["CLUSTER", sub]);
+            let o: redis::Value = query(&mut ours, &["CLUSTER", sub]);
+            assert_eq!(
+                shape(o, &ids, our_port),
+                shape(t, &ids, their_port),
+                "CLUSTER {sub} (resp3 {resp3})"
+            );
+        }
+        for key in ["foo", "{user1000}.followers", "", "a{}b{c}"] {
+            let t: i64 = query(&mut theirs, &["CLUSTER", "KEYSLOT", key]);
+            let o: i64 = query(&mut ours, &["CLUSTER", "KEYSLOT", key]);
+            assert_eq!(o, t, "CLUSTER KEYSLOT {key:?}");
+        }
+        // INFO: the same fields in the same order.
+        let t: String = query(&mut theirs, &["CLUSTER", "INFO"]);
+        let o: String = query(&mut ours, &["CLUSTER", "INFO"]);
+        let fields = |s: &str| -> Vec<String> {
+            s.lines()
+                .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+                .collect()
+        };
+        assert_eq!(fields(&o), fields(&t));
+        assert!(o.starts_with("cluster_state:ok\r\n"), "{o}");
+        // NODES: one line, the same fields but the address.
+        let t: String = query(&mut theirs, &["CLUSTER", "NODES"]);
+        let o: String = query(&mut ours, &["CLUSTER", "NODES"]);
+        let words = |s: &str| -> Vec<String> {
+            s.split_whitespace()
+                .enumerate()
+                // Not the id, the address or the config epoch.
+                .filter(|(i, _)| ![0, 1, 6].contains(i))
+                .map(|(_, w)| w.to_owned())
+                .collect()
+        };
+        assert_eq!(words(&o), words(&t), "{o} vs {t}");
+        assert!(o.ends_with('\n') && o.lines().count() == 1, "{o:?}");
+        // COMMAND's key specifications for routing.
+        for name in ["get", "mset", "del", "hget", "exists"] {
+            let t: redis::Value = query(&mut theirs, &["COMMAND", "INFO", name]);
+            let o: redis::Value = query(&mut ours, &["COMMAND", "INFO", name]);
+            let specs = |v: redis::Value| match v {
+                redis::Value::Array(mut a) => match a.remove(0) {
+                    redis::Value::Array(mut info) => info.remove(8),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(specs(o), specs(t), "COMMAND INFO {name} key specs");
+        }
+    }
+}
