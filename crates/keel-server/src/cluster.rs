@@ -22,6 +22,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use keel_cluster::{Membership, SLOTS, Slot, key_slot};
@@ -71,15 +72,14 @@ impl Cluster {
 
     /// Where the command `spec` with `args` runs.
     pub fn route(&self, spec: &Spec, args: &[Bytes]) -> Route {
-        let Some(mut keys) = key_args(spec, args) else {
-            return Route::Local;
-        };
+        let keys = key_args(spec, args);
+        let mut keys = keys.iter();
         let Some(first) = keys.next() else {
             return Route::Local;
         };
         let slot = key_slot(first);
         let node = self.map.owner(slot);
-        for key in keys {
+        for &key in keys {
             if self.map.owner(key_slot(key)) != node {
                 return Route::CrossSlot;
             }
@@ -99,13 +99,15 @@ impl Cluster {
     /// Sends `requests` to `node` over one connection, in order, and returns the last one's
     /// reply (the `EXEC` of a forwarded transaction); the others' replies are read and
     /// dropped. Fails with a `CLUSTERDOWN` error text if the node cannot be reached or does
-    /// not answer within the request timeout.
+    /// not answer within the request timeout; a blocking command (`block`: its own timeout,
+    /// `Some(None)` for none) has that much longer to answer.
     pub async fn forward(
         &self,
         node: usize,
         requests: &[&[Bytes]],
         proto: Proto,
         password: Option<String>,
+        block: Option<Option<Duration>>,
     ) -> Result<Bytes, String> {
         let peer = &self.map.nodes()[node];
         let timeout = self.map.timeout();
@@ -117,11 +119,25 @@ impl Cluster {
         };
         let pool = &self.pools[node][usize::from(proto == Proto::Resp3)];
         let pooled = pool.lock().pop();
-        let exchange = async {
-            let mut stream = match pooled.map(TcpStream::from_std) {
-                Some(Ok(s)) => s,
-                _ => connect(peer.addr, proto, password).await?,
-            };
+        let mut stream = match pooled.map(TcpStream::from_std) {
+            Some(Ok(s)) => s,
+            _ => match tokio::time::timeout(timeout, connect(peer.addr, proto, password)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(down(&format!("cannot be reached ({e})"))),
+                Err(_) => {
+                    return Err(down(&format!(
+                        "did not answer within {} ms",
+                        timeout.as_millis()
+                    )));
+                }
+            },
+        };
+        let wait = match block {
+            None => Some(timeout),
+            Some(None) => None,
+            Some(Some(b)) => Some(timeout.saturating_add(b)),
+        };
+        let exchange = async move {
             let mut wire = BytesMut::new();
             for r in requests {
                 encode(r, &mut wire);
@@ -139,7 +155,11 @@ impl Cluster {
             }
             Ok::<_, std::io::Error>((stream, last))
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        let done = match wait {
+            Some(wait) => tokio::time::timeout(wait, exchange).await,
+            None => Ok(exchange.await),
+        };
+        match done {
             Ok(Ok((stream, reply))) => {
                 if let Ok(stream) = stream.into_std() {
                     let mut idle = pool.lock();
@@ -152,25 +172,80 @@ impl Cluster {
             Ok(Err(e)) => Err(down(&format!("cannot be reached ({e})"))),
             Err(_) => Err(down(&format!(
                 "did not answer within {} ms",
-                timeout.as_millis()
+                wait.unwrap_or(timeout).as_millis()
             ))),
         }
     }
 }
 
-/// The key arguments of `spec` (by its first key, last key and step), or `None` for a command
-/// without keys.
-fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Option<impl Iterator<Item = &'a [u8]>> {
-    let first = usize::try_from(spec.first_key).ok().filter(|&f| f > 0)?;
-    let step = usize::try_from(spec.key_step).ok().filter(|&s| s > 0)?;
-    let last = if spec.last_key < 0 {
-        let back = usize::try_from(-i64::from(spec.last_key)).ok()?;
-        args.len().checked_sub(back)?
-    } else {
-        usize::try_from(spec.last_key).ok()?.min(args.len() - 1)
+/// The key arguments of `spec`: by its first key, last key and step, or, for a command with
+/// movable keys (`SINTERCARD numkeys key ...`), by its `numkeys` argument. Empty for a command
+/// without keys, and for a malformed `numkeys` (the command itself then answers the error).
+fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
+    if spec.flags.contains(&"movablekeys") {
+        // Where `numkeys` is, and any key before it (a destination).
+        let (numkeys_at, before): (usize, &[usize]) = match spec.name {
+            "blmpop" | "bzmpop" => (2, &[]),
+            "zunionstore" | "zinterstore" | "zdiffstore" => (2, &[1]),
+            _ => (1, &[]),
+        };
+        let Some(n) = args
+            .get(numkeys_at)
+            .and_then(|a| std::str::from_utf8(a).ok())
+            .and_then(|a| a.parse::<usize>().ok())
+        else {
+            return Vec::new();
+        };
+        let Some(keys) = args.get(numkeys_at + 1..numkeys_at + 1 + n) else {
+            return Vec::new();
+        };
+        return before
+            .iter()
+            .filter_map(|&i| args.get(i))
+            .chain(keys)
+            .map(|k| &k[..])
+            .collect();
+    }
+    let (Ok(first), Ok(step)) = (
+        usize::try_from(spec.first_key),
+        usize::try_from(spec.key_step),
+    ) else {
+        return Vec::new();
     };
-    let keys = args.get(first..=last)?;
-    Some(keys.iter().step_by(step).map(|k| &k[..]))
+    if first == 0 || step == 0 {
+        return Vec::new();
+    }
+    let last = if spec.last_key < 0 {
+        usize::try_from(-i64::from(spec.last_key))
+            .ok()
+            .and_then(|back| args.len().checked_sub(back))
+    } else {
+        usize::try_from(spec.last_key)
+            .ok()
+            .map(|l| l.min(args.len() - 1))
+    };
+    match last.and_then(|last| args.get(first..=last)) {
+        Some(keys) => keys.iter().step_by(step).map(|k| &k[..]).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// How long a forwarded blocking command (`BLPOP`, ...) may block: its timeout argument
+/// (the last, or `BLMPOP`'s first), `None` for 0 (block until served). Not for other commands.
+pub fn block_time(spec: &Spec, args: &[Bytes]) -> Option<Option<Duration>> {
+    if !spec.flags.contains(&"blocking") {
+        return None;
+    }
+    let at = if matches!(spec.name, "blmpop" | "bzmpop") {
+        1
+    } else {
+        args.len() - 1
+    };
+    let secs: f64 = std::str::from_utf8(&args[at]).ok()?.parse().ok()?;
+    if !secs.is_finite() || secs < 0.0 {
+        return None; // The owner answers the error at once.
+    }
+    Some((secs > 0.0).then(|| Duration::from_secs_f64(secs.min(1e9))))
 }
 
 /// Opens a connection to a peer's client port, authenticated and speaking `proto`.
@@ -452,6 +527,48 @@ fn nodes(map: &Membership) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(words: &[&str]) -> Vec<Bytes> {
+        words.iter().map(|w| Bytes::from(w.to_string())).collect()
+    }
+
+    fn keys(words: &[&str]) -> Vec<String> {
+        let spec = crate::table::lookup(words[0].as_bytes()).expect("a command");
+        let args = args(words);
+        key_args(spec, &args)
+            .into_iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn key_positions() {
+        assert_eq!(keys(&["GET", "a"]), ["a"]);
+        assert_eq!(keys(&["MSET", "a", "1", "b", "2"]), ["a", "b"]);
+        assert_eq!(keys(&["DEL", "a", "b", "c"]), ["a", "b", "c"]);
+        assert_eq!(keys(&["BLPOP", "a", "b", "0"]), ["a", "b"]);
+        assert_eq!(
+            keys(&["SINTERCARD", "2", "a", "b", "LIMIT", "1"]),
+            ["a", "b"]
+        );
+        assert!(keys(&["SINTERCARD", "x", "a"]).is_empty());
+        assert!(keys(&["SINTERCARD", "3", "a"]).is_empty());
+        assert!(keys(&["KEYS", "*"]).is_empty());
+        assert!(keys(&["PING"]).is_empty());
+    }
+
+    #[test]
+    fn blocking_times() {
+        let blpop = crate::table::lookup(b"blpop").expect("blpop");
+        assert_eq!(
+            block_time(blpop, &args(&["BLPOP", "a", "1.5"])),
+            Some(Some(Duration::from_millis(1500)))
+        );
+        assert_eq!(block_time(blpop, &args(&["BLPOP", "a", "0"])), Some(None));
+        assert_eq!(block_time(blpop, &args(&["BLPOP", "a", "x"])), None);
+        let get = crate::table::lookup(b"get").expect("get");
+        assert_eq!(block_time(get, &args(&["GET", "0"])), None);
+    }
 
     #[test]
     fn reply_lengths() {

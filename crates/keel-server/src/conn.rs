@@ -704,20 +704,32 @@ impl Conn {
         if self.multi.is_some() {
             return false;
         }
-        self.forward(node, &[args], output).await;
+        let block = cluster::block_time(spec, args);
+        self.forward(node, &[args], output, block).await;
         true
     }
 
     /// Runs `requests` on cluster node `node` and writes the last one's reply (or why it
     /// failed) to `output`.
-    async fn forward(&self, node: usize, requests: &[&[Bytes]], output: &mut BytesMut) {
+    async fn forward(
+        &self,
+        node: usize,
+        requests: &[&[Bytes]],
+        output: &mut BytesMut,
+        block: Option<Option<std::time::Duration>>,
+    ) {
         let cluster = self
             .shared
             .cluster
             .as_ref()
             .expect("called in cluster mode");
         let password = self.shared.requirepass.read().clone();
-        match cluster.forward(node, requests, self.proto, password).await {
+        // A killed connection (CLIENT KILL, shutdown) stops waiting, as a blocked pop does.
+        let forwarded = tokio::select! {
+            r = cluster.forward(node, requests, self.proto, password, block) => r,
+            () = self.info.kill.cancelled() => return,
+        };
+        match forwarded {
             Ok(reply) => output.extend_from_slice(&reply),
             Err(text) => self.out(output).error(&text),
         }
@@ -1604,7 +1616,7 @@ impl Conn {
                 requests.push(&begin);
                 requests.extend(multi.queue.iter().map(|(_, args)| &args[..]));
                 requests.push(&end);
-                self.forward(node, &requests, output).await;
+                self.forward(node, &requests, output, None).await;
                 return Ok(());
             }
         }
