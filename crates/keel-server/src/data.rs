@@ -202,6 +202,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
     ) || crate::hashes::is_read_only(cmd)
         || crate::sets::is_read_only(cmd)
         || crate::lists::is_read_only(cmd)
+        || crate::zsets::is_read_only(cmd)
 }
 
 /// Whether `cmd` only applies a commutative operation (`KEEL.ADD`/`MAX`/`MIN`): it reads
@@ -257,6 +258,7 @@ pub fn is_data(cmd: Cmd) -> bool {
         || crate::hashes::handles(cmd)
         || crate::sets::handles(cmd)
         || crate::lists::handles(cmd)
+        || crate::zsets::handles(cmd)
 }
 
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
@@ -558,6 +560,7 @@ pub fn run(
         _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
         _ if crate::sets::handles(cmd) => crate::sets::run(cmd, args, view, ctx, out)?,
         _ if crate::lists::handles(cmd) => crate::lists::run(cmd, args, view, ctx, out)?,
+        _ if crate::zsets::handles(cmd) => crate::zsets::run(cmd, args, view, ctx, out)?,
         other => panic!("{other:?} is not a data command"),
     }
     Ok(())

@@ -38,6 +38,7 @@ pub mod resp;
 mod server;
 mod sets;
 mod table;
+mod zsets;
 
 pub use config::{
     Config, ConfigError, Durability, FileConfig, OutputLimit, PROTO_MAX_BULK_LEN_DEFAULT,

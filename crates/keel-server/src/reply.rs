@@ -181,6 +181,16 @@ impl Out<'_> {
         self.buf.put_slice(b"\r\n");
     }
 
+    /// A double (`,` in RESP3, a bulk string in RESP2), printed as Redis prints one: C's
+    /// `%.17g`, and `inf`/`-inf`.
+    pub fn double(&mut self, x: f64) {
+        let text = format_double(x);
+        match self.proto {
+            Proto::Resp2 => self.bulk(text.as_bytes()),
+            Proto::Resp3 => self.line(b',', text.as_bytes()),
+        }
+    }
+
     /// A bulk string, or the null reply for `None`.
     pub fn bulk_or_null(&mut self, data: Option<&[u8]>) {
         match data {
@@ -265,6 +275,37 @@ impl Out<'_> {
     }
 }
 
+/// `x` as C's `printf("%.17g")` prints it (17 significant digits, trailing zeros dropped,
+/// exponent form below 1e-4 and from 1e17), with `inf`, `-inf` and `nan` as Redis writes them.
+pub fn format_double(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    let sci = format!("{x:.16e}");
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} writes an exponent");
+    let exp: i32 = exp.parse().expect("{:e} writes a decimal exponent");
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-4..17).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exp.unsigned_abs())
+    } else {
+        let decimals = usize::try_from(16 - exp).expect("exp < 17");
+        trim(&format!("{x:.decimals$}"))
+    }
+}
+
 /// Decimal digits of `n` without allocating through `format!`.
 fn itoa_buf(n: i64) -> ItoaBuf {
     let mut buf = ItoaBuf {
@@ -302,6 +343,29 @@ impl ItoaBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doubles_print_as_redis_does() {
+        for (x, text) in [
+            (1.0, "1"),
+            (1.5, "1.5"),
+            (-2.25, "-2.25"),
+            (0.1, "0.10000000000000001"),
+            (1e-5, "1.0000000000000001e-05"),
+            (123_456_789_012_345_678.0, "1.2345678901234568e+17"),
+            (1e16, "10000000000000000"),
+            (1e17, "1e+17"),
+            (5e-324, "4.9406564584124654e-324"),
+            (f64::MAX, "1.7976931348623157e+308"),
+            (0.0001, "0.0001"),
+            (3.0000000000000001, "3"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+            (-0.0, "-0"),
+        ] {
+            assert_eq!(format_double(x), text, "{x:?}");
+        }
+    }
 
     #[test]
     fn encodings() {

@@ -23,6 +23,7 @@ mod split;
 mod txn;
 mod types_bank;
 mod types_history;
+mod zsets;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

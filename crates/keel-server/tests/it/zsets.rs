@@ -1,0 +1,479 @@
+//! Sorted sets through the server: replies in RESP2 and RESP3 (doubles, pairs), `WRONGTYPE`,
+//! the generic key commands, and concurrent writers that never conflict.
+
+use redis::Value;
+
+use crate::{TestServer, error, info_counter, query};
+
+const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// A reply as text, RESP types kept apart: `"a"` bulk, `,1.5` double, `[..]` array.
+fn text(v: &Value) -> String {
+    match v {
+        Value::Nil => "nil".into(),
+        Value::Int(n) => format!(":{n}"),
+        Value::BulkString(b) => format!("\"{}\"", String::from_utf8_lossy(b)),
+        Value::SimpleString(s) => format!("+{s}"),
+        Value::Double(d) => format!(",{d}"),
+        Value::Array(items) | Value::Set(items) => {
+            let inner: Vec<String> = items.iter().map(text).collect();
+            format!("[{}]", inner.join(" "))
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+fn q(c: &mut redis::Connection, args: &[&str]) -> String {
+    text(&query::<Value>(c, args))
+}
+
+#[test]
+fn sorted_set_commands_match_redis() {
+    let server = TestServer::start();
+    for resp3 in [false, true] {
+        let mut c = server.client_proto(resp3);
+        // A double is a bulk string in RESP2, a double in RESP3.
+        let d = |x: &str| {
+            if resp3 {
+                format!(",{x}")
+            } else {
+                format!("\"{x}\"")
+            }
+        };
+        // A member and its score: flat in RESP2, a pair in RESP3.
+        let ms = |pairs: &[(&str, &str)]| {
+            let items: Vec<String> = pairs
+                .iter()
+                .map(|(m, s)| {
+                    if resp3 {
+                        format!("[\"{m}\" {}]", d(s))
+                    } else {
+                        format!("\"{m}\" {}", d(s))
+                    }
+                })
+                .collect();
+            format!("[{}]", items.join(" "))
+        };
+        let _: () = query(&mut c, &["FLUSHDB"]);
+        assert_eq!(
+            q(
+                &mut c,
+                &["ZADD", "z", "1", "a", "2", "b", "3", "c", "1.5", "d"]
+            ),
+            ":4"
+        );
+        assert_eq!(q(&mut c, &["ZADD", "z", "-inf", "m", "inf", "n"]), ":2");
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "z", "0", "-1", "WITHSCORES"]),
+            ms(&[
+                ("m", "-inf"),
+                ("a", "1"),
+                ("d", "1.5"),
+                ("b", "2"),
+                ("c", "3"),
+                ("n", "inf")
+            ])
+        );
+        // Scores print as %.17g.
+        let _: () = query(&mut c, &["ZADD", "f", "0.1", "p", "1e-5", "q", "-0", "u"]);
+        if resp3 {
+            // The client reads a double as an f64; the differential test sees its text.
+            assert_eq!(q(&mut c, &["ZSCORE", "f", "p"]), ",0.1");
+        } else {
+            assert_eq!(q(&mut c, &["ZSCORE", "f", "p"]), "\"0.10000000000000001\"");
+            assert_eq!(
+                q(&mut c, &["ZSCORE", "f", "q"]),
+                "\"1.0000000000000001e-05\""
+            );
+        }
+        assert_eq!(q(&mut c, &["ZSCORE", "f", "u"]), d("0"));
+        assert_eq!(q(&mut c, &["ZSCORE", "f", "nosuch"]), "nil");
+        assert_eq!(q(&mut c, &["ZSCORE", "nokey", "a"]), "nil");
+        assert_eq!(
+            q(&mut c, &["ZMSCORE", "z", "a", "nosuch", "n"]),
+            format!("[{} nil {}]", d("1"), d("inf"))
+        );
+        // Options.
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "NX", "XX", "1", "a"]),
+            "ERR XX and NX options at the same time are not compatible"
+        );
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "GT", "LT", "1", "a"]),
+            "ERR GT, LT, and/or NX options at the same time are not compatible"
+        );
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "INCR", "1", "a", "2", "b"]),
+            "ERR INCR option supports a single increment-element pair"
+        );
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "1", "a", "2"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "nan", "a"]),
+            "ERR value is not a valid float"
+        );
+        assert_eq!(
+            error(&mut c, &["ZADD", "z", "1e400", "a"]),
+            "ERR value is not a valid float"
+        );
+        assert_eq!(q(&mut c, &["ZADD", "z", "INCR", "5", "a"]), d("6"));
+        assert_eq!(q(&mut c, &["ZADD", "z", "INCR", "NX", "5", "a"]), "nil");
+        assert_eq!(q(&mut c, &["ZADD", "z", "INCR", "XX", "5", "zz"]), "nil");
+        assert_eq!(q(&mut c, &["ZADD", "z", "GT", "INCR", "-100", "a"]), "nil");
+        assert_eq!(
+            q(
+                &mut c,
+                &["ZADD", "z", "CH", "1", "a", "2", "b", "10", "new"]
+            ),
+            ":2"
+        );
+        assert_eq!(q(&mut c, &["ZADD", "z", "XX", "CH", "100", "new2"]), ":0");
+        assert_eq!(q(&mut c, &["ZADD", "nokey", "XX", "1", "a"]), ":0");
+        assert_eq!(q(&mut c, &["EXISTS", "nokey"]), ":0");
+        assert_eq!(
+            q(&mut c, &["ZADD", "z", "LT", "CH", "5", "new", "20", "c"]),
+            ":1"
+        );
+        assert_eq!(q(&mut c, &["ZINCRBY", "z", "1.5", "fresh"]), d("1.5"));
+        assert_eq!(q(&mut c, &["ZINCRBY", "z", "inf", "n"]), d("inf"));
+        assert_eq!(
+            error(&mut c, &["ZINCRBY", "z", "-inf", "n"]),
+            "ERR resulting score is not a number (NaN)"
+        );
+        assert_eq!(
+            error(&mut c, &["ZINCRBY", "z", "x", "n"]),
+            "ERR value is not a valid float"
+        );
+        // z: m -inf, a 1, d 1.5, fresh 1.5, b 2, c 3, new 5, n inf.
+        assert_eq!(q(&mut c, &["ZCARD", "z"]), ":8");
+        assert_eq!(q(&mut c, &["ZCARD", "nokey"]), ":0");
+        assert_eq!(q(&mut c, &["ZCOUNT", "z", "-inf", "+inf"]), ":8");
+        assert_eq!(q(&mut c, &["ZCOUNT", "z", "(1", "3"]), ":4");
+        assert_eq!(q(&mut c, &["ZCOUNT", "z", "3", "1"]), ":0");
+        assert_eq!(
+            error(&mut c, &["ZCOUNT", "z", "x", "3"]),
+            "ERR min or max is not a float"
+        );
+        assert_eq!(q(&mut c, &["ZRANK", "z", "b"]), ":4");
+        assert_eq!(q(&mut c, &["ZREVRANK", "z", "b"]), ":3");
+        assert_eq!(q(&mut c, &["ZRANK", "z", "nosuch"]), "nil");
+        assert_eq!(q(&mut c, &["ZRANK", "nokey", "a"]), "nil");
+        // Ranges.
+        assert_eq!(q(&mut c, &["ZRANGE", "z", "1", "2"]), "[\"a\" \"d\"]");
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "z", "-2", "-1", "REV"]),
+            "[\"a\" \"m\"]"
+        );
+        assert_eq!(q(&mut c, &["ZRANGE", "z", "5", "1"]), "[]");
+        assert_eq!(q(&mut c, &["ZRANGE", "z", "-100", "0"]), "[\"m\"]");
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "z", "(1", "2", "BYSCORE", "WITHSCORES"]),
+            ms(&[("d", "1.5"), ("fresh", "1.5"), ("b", "2")])
+        );
+        assert_eq!(
+            q(
+                &mut c,
+                &["ZRANGE", "z", "(1", "3", "BYSCORE", "LIMIT", "1", "2"]
+            ),
+            "[\"fresh\" \"b\"]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "z", "3", "(1", "BYSCORE", "REV"]),
+            "[\"c\" \"b\" \"fresh\" \"d\"]"
+        );
+        assert_eq!(
+            error(&mut c, &["ZRANGE", "z", "0", "-1", "LIMIT", "0", "1"]),
+            "ERR syntax error, LIMIT is only supported in combination with either BYSCORE or BYLEX"
+        );
+        assert_eq!(
+            error(&mut c, &["ZRANGE", "z", "0", "1", "BYSCORE", "BYLEX"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(&mut c, &["ZRANGE", "z", "x", "1"]),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            q(
+                &mut c,
+                &["ZRANGEBYSCORE", "z", "-inf", "+inf", "LIMIT", "1", "2"]
+            ),
+            "[\"a\" \"d\"]"
+        );
+        assert_eq!(
+            q(
+                &mut c,
+                &[
+                    "ZREVRANGEBYSCORE",
+                    "z",
+                    "+inf",
+                    "-inf",
+                    "WITHSCORES",
+                    "LIMIT",
+                    "0",
+                    "1"
+                ]
+            ),
+            ms(&[("n", "inf")])
+        );
+        assert_eq!(
+            q(&mut c, &["ZREVRANGE", "z", "0", "1", "WITHSCORES"]),
+            ms(&[("n", "inf"), ("new", "5")])
+        );
+        assert_eq!(
+            error(&mut c, &["ZRANGEBYLEX", "z", "-", "+", "WITHSCORES"]),
+            "ERR syntax error, WITHSCORES not supported in combination with BYLEX"
+        );
+        // Lex ranges over members of one score.
+        let _: () = query(
+            &mut c,
+            &["ZADD", "l", "0", "a", "0", "b", "0", "c", "0", "d"],
+        );
+        assert_eq!(
+            q(&mut c, &["ZRANGEBYLEX", "l", "[b", "(d"]),
+            "[\"b\" \"c\"]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZRANGEBYLEX", "l", "-", "+", "LIMIT", "1", "2"]),
+            "[\"b\" \"c\"]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZREVRANGEBYLEX", "l", "+", "(b"]),
+            "[\"d\" \"c\"]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "l", "[c", "-", "BYLEX", "REV"]),
+            "[\"c\" \"b\" \"a\"]"
+        );
+        assert_eq!(q(&mut c, &["ZLEXCOUNT", "l", "(a", "+"]), ":3");
+        assert_eq!(q(&mut c, &["ZLEXCOUNT", "l", "[b", "[b"]), ":1");
+        assert_eq!(q(&mut c, &["ZLEXCOUNT", "l", "(b", "[b"]), ":0");
+        assert_eq!(
+            error(&mut c, &["ZLEXCOUNT", "l", "b", "+"]),
+            "ERR min or max not valid string range item"
+        );
+        // Removal.
+        assert_eq!(q(&mut c, &["ZREM", "l", "a", "zz"]), ":1");
+        assert_eq!(q(&mut c, &["ZREMRANGEBYLEX", "l", "[c", "+"]), ":2");
+        assert_eq!(q(&mut c, &["ZREMRANGEBYRANK", "l", "0", "-1"]), ":1");
+        assert_eq!(q(&mut c, &["EXISTS", "l"]), ":0");
+        assert_eq!(q(&mut c, &["ZREMRANGEBYSCORE", "z", "(1", "2"]), ":3");
+        assert_eq!(q(&mut c, &["ZREMRANGEBYRANK", "z", "-1", "-1"]), ":1");
+        assert_eq!(
+            error(&mut c, &["ZREMRANGEBYSCORE", "z", "x", "1"]),
+            "ERR min or max is not a float"
+        );
+        // z: m -inf, a 1, c 3, new 5.
+        assert_eq!(
+            q(&mut c, &["ZPOPMIN", "z"]),
+            format!("[\"m\" {}]", d("-inf"))
+        );
+        assert_eq!(
+            q(&mut c, &["ZPOPMAX", "z", "2"]),
+            ms(&[("new", "5"), ("c", "3")])
+        );
+        assert_eq!(q(&mut c, &["ZPOPMIN", "z", "0"]), "[]");
+        assert_eq!(q(&mut c, &["ZPOPMIN", "nokey"]), "[]");
+        assert_eq!(
+            error(&mut c, &["ZPOPMIN", "z", "-1"]),
+            "ERR value is out of range, must be positive"
+        );
+        assert_eq!(q(&mut c, &["ZPOPMIN", "z", "5"]), ms(&[("a", "1")]));
+        assert_eq!(q(&mut c, &["EXISTS", "z"]), ":0");
+        // Stores.
+        let _: () = query(&mut c, &["ZADD", "z", "1", "a", "2", "b", "3", "c"]);
+        let _: () = query(&mut c, &["SADD", "s", "a", "b", "x"]);
+        assert_eq!(q(&mut c, &["ZRANGESTORE", "d", "z", "0", "1"]), ":2");
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "d", "0", "-1", "WITHSCORES"]),
+            ms(&[("a", "1"), ("b", "2")])
+        );
+        assert_eq!(q(&mut c, &["ZRANGESTORE", "d", "nokey", "0", "-1"]), ":0");
+        assert_eq!(q(&mut c, &["EXISTS", "d"]), ":0");
+        assert_eq!(
+            error(&mut c, &["ZRANGESTORE", "d", "z", "0", "-1", "WITHSCORES"]),
+            "ERR syntax error"
+        );
+        assert_eq!(q(&mut c, &["ZUNIONSTORE", "u", "2", "z", "s"]), ":4");
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "u", "0", "-1", "WITHSCORES"]),
+            ms(&[("x", "1"), ("a", "2"), ("b", "3"), ("c", "3")])
+        );
+        assert_eq!(
+            q(
+                &mut c,
+                &[
+                    "ZINTERSTORE",
+                    "i",
+                    "2",
+                    "z",
+                    "s",
+                    "WEIGHTS",
+                    "2",
+                    "3",
+                    "AGGREGATE",
+                    "MAX"
+                ]
+            ),
+            ":2"
+        );
+        assert_eq!(
+            q(&mut c, &["ZRANGE", "i", "0", "-1", "WITHSCORES"]),
+            ms(&[("a", "3"), ("b", "4")])
+        );
+        assert_eq!(q(&mut c, &["ZINTERSTORE", "i", "2", "z", "nokey"]), ":0");
+        assert_eq!(q(&mut c, &["EXISTS", "i"]), ":0");
+        assert_eq!(
+            q(
+                &mut c,
+                &["ZUNIONSTORE", "u", "2", "z", "z", "WEIGHTS", "inf", "-inf"]
+            ),
+            ":3"
+        );
+        assert_eq!(q(&mut c, &["ZSCORE", "u", "a"]), d("0"));
+        assert_eq!(
+            error(&mut c, &["ZUNIONSTORE", "u", "0", "z"]),
+            "ERR at least 1 input key is needed for 'zunionstore' command"
+        );
+        assert_eq!(
+            error(&mut c, &["ZUNIONSTORE", "u", "3", "z"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(&mut c, &["ZUNIONSTORE", "u", "1", "z", "WEIGHTS", "x"]),
+            "ERR weight value is not a float"
+        );
+        assert_eq!(
+            error(&mut c, &["ZINTERSTORE", "u", "1", "z", "AGGREGATE", "avg"]),
+            "ERR syntax error"
+        );
+        // ZSCAN and ZRANDMEMBER.
+        assert_eq!(
+            q(&mut c, &["ZSCAN", "z", "0"]),
+            "[\"0\" [\"a\" \"1\" \"b\" \"2\" \"c\" \"3\"]]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZSCAN", "z", "0", "MATCH", "b"]),
+            "[\"0\" [\"b\" \"2\"]]"
+        );
+        assert_eq!(
+            q(&mut c, &["ZSCAN", "nokey", "0", "COUNT", "0"]),
+            "[\"0\" []]"
+        );
+        let one: String = query(&mut c, &["ZRANDMEMBER", "z"]);
+        assert!(["a", "b", "c"].contains(&one.as_str()));
+        assert_eq!(q(&mut c, &["ZRANDMEMBER", "nokey"]), "nil");
+        assert_eq!(q(&mut c, &["ZRANDMEMBER", "z", "0"]), "[]");
+        let all = q(&mut c, &["ZRANDMEMBER", "z", "10", "WITHSCORES"]);
+        for pair in [("a", "1"), ("b", "2"), ("c", "3")] {
+            let want = ms(&[pair]);
+            assert!(all.contains(&want[1..want.len() - 1]), "{all}");
+        }
+        let many: Vec<Value> = query(&mut c, &["ZRANDMEMBER", "z", "-5"]);
+        assert_eq!(many.len(), 5);
+        assert_eq!(
+            error(&mut c, &["ZRANDMEMBER", "z", "1", "WITHSCORE"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(
+                &mut c,
+                &["ZRANDMEMBER", "z", "9223372036854775807", "WITHSCORES"]
+            ),
+            "ERR value is out of range"
+        );
+    }
+}
+
+#[test]
+fn sorted_sets_keep_to_themselves() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["ZADD", "z", "1", "m"]);
+    let _: () = query(&mut c, &["SET", "str", "x"]);
+    assert_eq!(query::<String>(&mut c, &["TYPE", "z"]), "zset");
+    for args in [
+        &["GET", "z"][..],
+        &["SADD", "z", "a"],
+        &["ZADD", "str", "1", "a"],
+        &["ZINCRBY", "str", "1", "a"],
+        &["ZSCORE", "str", "a"],
+        &["ZCARD", "str"],
+        &["ZRANGE", "str", "0", "-1"],
+        &["ZRANK", "str", "a"],
+        &["ZPOPMIN", "str"],
+        &["ZREM", "str", "a"],
+        &["ZUNIONSTORE", "d", "2", "z", "str"],
+        &["ZRANGESTORE", "d", "str", "0", "-1"],
+        &["ZSCAN", "str", "0"],
+        &["ZRANDMEMBER", "str"],
+    ] {
+        assert_eq!(error(&mut c, args), WRONGTYPE, "{args:?}");
+    }
+    let (_, zsets): (String, Vec<String>) = query(&mut c, &["SCAN", "0", "TYPE", "zset"]);
+    assert_eq!(zsets, ["z"]);
+    let _: () = query(&mut c, &["EXPIRE", "z", "100"]);
+    let _: () = query(&mut c, &["RENAME", "z", "moved"]);
+    assert_eq!(query::<i64>(&mut c, &["TTL", "moved"]), 100);
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGE", "moved", "0", "-1"]),
+        ["m"]
+    );
+    // ZADD over a string with a TTL's name after it expired starts afresh.
+    let _: () = query(&mut c, &["PEXPIRE", "moved", "1"]);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(query::<i64>(&mut c, &["ZCARD", "moved"]), 0);
+    assert_eq!(query::<i64>(&mut c, &["ZADD", "moved", "2", "n"]), 1);
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGE", "moved", "0", "-1"]),
+        ["n"]
+    );
+}
+
+/// Clients adding and incrementing different members of one sorted set never conflict.
+#[test]
+fn concurrent_member_writers_do_not_conflict() {
+    const CLIENTS: usize = 4;
+    const ROUNDS: i64 = 200;
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["ZADD", "z", "0", "seed"]);
+    let conflicts = |c: &mut redis::Connection| {
+        let info: String = query(c, &["INFO", "keel"]);
+        info_counter(&info, "keel_aborts_read_changed") + info_counter(&info, "keel_aborts_phantom")
+    };
+    let before = conflicts(&mut c);
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                for i in 0..ROUNDS {
+                    let _: Value = query(&mut c, &["ZINCRBY", "z", "1", &format!("n{t}")]);
+                    let _: i64 =
+                        query(&mut c, &["ZADD", "z", &i.to_string(), &format!("m{t}:{i}")]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client");
+    }
+    for t in 0..CLIENTS {
+        assert_eq!(
+            query::<f64>(&mut c, &["ZSCORE", "z", &format!("n{t}")]),
+            ROUNDS as f64
+        );
+    }
+    assert_eq!(
+        query::<i64>(&mut c, &["ZCARD", "z"]),
+        1 + (CLIENTS as i64) * (ROUNDS + 1)
+    );
+    assert_eq!(
+        conflicts(&mut c),
+        before,
+        "a member write lost a validation"
+    );
+}
