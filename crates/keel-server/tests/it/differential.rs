@@ -1328,6 +1328,16 @@ fn contents(kind: &str, key: &[u8]) -> Vec<Vec<Vec<u8>>> {
         "hash" => vec![read("HGETALL"), read("PTTL")],
         "set" => vec![read("SMEMBERS"), read("PTTL")],
         "list" => vec![[read("LRANGE"), cmd(&["0", "-1"])].concat(), read("PTTL")],
+        "zset" => vec![
+            vec![
+                b"ZRANGE".to_vec(),
+                key.to_vec(),
+                b"0".to_vec(),
+                b"-1".to_vec(),
+                b"WITHSCORES".to_vec(),
+            ],
+            read("PTTL"),
+        ],
         "none" => vec![],
         other => panic!("no contents read for type {other}: add one to `contents`"),
     }
@@ -1393,6 +1403,13 @@ fn normalize(name: &str, reply: Reply) -> Reply {
         (name, reply) if is_random_pick(name) => shape_of_picks(reply),
         ("smembers" | "sinter" | "sunion" | "sdiff", Reply::Array(v)) => Reply::Array(sorted(v)),
         ("smembers" | "sinter" | "sunion" | "sdiff", Reply::Set(v)) => Reply::Set(sorted(v)),
+        ("zscan", Reply::Array(v)) if v.len() == 2 => {
+            let mut v = v;
+            if let Some(Reply::Array(items)) = v.pop() {
+                v.push(Reply::Array(sorted_pairs(items)));
+            }
+            Reply::Array(v)
+        }
         ("sscan", Reply::Array(v)) if v.len() == 2 => {
             let mut v = v;
             if let Some(Reply::Array(items)) = v.pop() {
@@ -1615,6 +1632,11 @@ static FAMILIES: &[Family] = &[
         weight: 2,
         draw: blocking,
         spoil: false,
+    },
+    Family {
+        weight: 20,
+        draw: zsets,
+        spoil: true,
     },
     Family {
         weight: 4,
@@ -2406,6 +2428,222 @@ fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
     }
     args.push(timeout.to_string());
     args.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+/// A sorted set score: integers, fractions that print with 17 digits, infinities, and a few
+/// that are not scores.
+fn score(g: &mut Gen) -> &'static str {
+    g.pick(&[
+        "0", "1", "-1", "2", "1.5", "-2.5", "10", "0.1", "3.0", "1e3", "inf", "-inf", "+inf", "-0",
+        "0x10", "x", "nan", "1e400", "",
+    ])
+}
+
+/// One end of a score range.
+fn score_bound(g: &mut Gen) -> &'static str {
+    g.pick(&[
+        "-inf", "+inf", "0", "1", "(1", "2", "(2.5", "10", "(0", "1.5", "(-1", "x", "(", "", " 1",
+        "1e400", "nan", "(inf",
+    ])
+}
+
+/// One end of a lex range.
+fn lex_bound(g: &mut Gen) -> &'static str {
+    g.pick(&[
+        "-", "+", "[a", "(a", "[b", "(c", "[1", "(10", "[", "(", "a", "[x y", "+x",
+    ])
+}
+
+/// A LIMIT clause's offset and count.
+fn limit(g: &mut Gen, args: &mut Vec<String>) {
+    args.push("LIMIT".to_string());
+    args.push(g.pick(&["0", "1", "2", "-1", "x"]).to_string());
+    args.push(g.pick(&["1", "2", "-1", "0", "10"]).to_string());
+}
+
+/// Sorted sets: ZADD (NX XX GT LT CH INCR), ZINCRBY, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT,
+/// ZLEXCOUNT, ZRANGE (BYSCORE BYLEX REV LIMIT WITHSCORES) and its older forms, ZRANK,
+/// ZREVRANK, ZPOPMIN, ZPOPMAX, ZRANGESTORE, ZUNIONSTORE, ZINTERSTORE, ZREMRANGEBY*, ZSCAN,
+/// ZRANDMEMBER. `ZUNIONSTORE`/`ZINTERSTORE` take at most two inputs: Redis sums inputs in an
+/// order its unstable sort picks, and two summands give one result in any order.
+fn zsets(g: &mut Gen) -> Vec<Vec<u8>> {
+    let key = g.key().to_string();
+    let done = |args: Vec<String>| args.iter().map(|a| a.as_bytes().to_vec()).collect();
+    let mut args: Vec<String> = Vec::new();
+    match g.rng.below(32) {
+        0..=6 => {
+            args.extend(["ZADD".to_string(), key]);
+            for _ in 0..g.rng.below(3) {
+                args.push(
+                    g.pick(&["NX", "XX", "GT", "LT", "CH", "INCR", "ch", "gt"])
+                        .into(),
+                );
+            }
+            let pairs = if g.chance(3, 4) {
+                1
+            } else {
+                1 + g.rng.below(3)
+            };
+            for _ in 0..pairs {
+                args.push(score(g).to_string());
+                args.push(g.member().to_string());
+            }
+        }
+        7 | 8 => args.extend([
+            "ZINCRBY".to_string(),
+            key,
+            score(g).to_string(),
+            g.member().to_string(),
+        ]),
+        9 | 10 => {
+            args.extend(["ZREM".to_string(), key]);
+            g.members(&mut args);
+        }
+        11 => args.extend(["ZSCORE".to_string(), key, g.member().to_string()]),
+        12 => {
+            args.extend(["ZMSCORE".to_string(), key]);
+            g.members(&mut args);
+        }
+        13 => args.extend(["ZCARD".to_string(), key]),
+        14 => args.extend([
+            "ZCOUNT".to_string(),
+            key,
+            score_bound(g).to_string(),
+            score_bound(g).to_string(),
+        ]),
+        15 => args.extend([
+            "ZLEXCOUNT".to_string(),
+            key,
+            lex_bound(g).to_string(),
+            lex_bound(g).to_string(),
+        ]),
+        16..=18 | 24 => {
+            let store = g.rng.below(6) == 0;
+            if store {
+                args.extend(["ZRANGESTORE".to_string(), g.key().to_string()]);
+            } else {
+                args.push("ZRANGE".to_string());
+            }
+            args.push(key);
+            let kind = g.rng.below(3);
+            let (min, max) = match kind {
+                0 => (g.int_arg(), g.int_arg()),
+                1 => (score_bound(g).to_string(), score_bound(g).to_string()),
+                _ => (lex_bound(g).to_string(), lex_bound(g).to_string()),
+            };
+            args.extend([min, max]);
+            match kind {
+                0 => {}
+                1 => args.push(g.pick(&["BYSCORE", "byscore"]).into()),
+                _ => args.push("BYLEX".to_string()),
+            }
+            for _ in 0..g.rng.below(3) {
+                match g.rng.below(5) {
+                    0 | 1 => args.push("REV".to_string()),
+                    2 => args.push("WITHSCORES".to_string()),
+                    3 => limit(g, &mut args),
+                    _ => args.push(g.pick(&["BYSCORE", "BYLEX", "bogus"]).into()),
+                }
+            }
+        }
+        19 => {
+            let rev = g.chance(1, 2);
+            args.push(
+                if rev {
+                    "ZREVRANGEBYSCORE"
+                } else {
+                    "ZRANGEBYSCORE"
+                }
+                .into(),
+            );
+            args.extend([key, score_bound(g).to_string(), score_bound(g).to_string()]);
+            if g.chance(1, 2) {
+                args.push("WITHSCORES".to_string());
+            }
+            if g.chance(1, 3) {
+                limit(g, &mut args);
+            }
+        }
+        20 => {
+            let rev = g.chance(1, 2);
+            args.push(if rev { "ZREVRANGEBYLEX" } else { "ZRANGEBYLEX" }.into());
+            args.extend([key, lex_bound(g).to_string(), lex_bound(g).to_string()]);
+            if g.chance(1, 3) {
+                limit(g, &mut args);
+            }
+        }
+        21 => {
+            args.extend(["ZREVRANGE".to_string(), key, g.int_arg(), g.int_arg()]);
+            if g.chance(1, 2) {
+                args.push("WITHSCORES".to_string());
+            }
+        }
+        22 | 23 => args.extend([
+            g.pick(&["ZRANK", "ZREVRANK"]).to_string(),
+            key,
+            g.member().to_string(),
+        ]),
+        25 | 26 => {
+            args.extend([g.pick(&["ZPOPMIN", "ZPOPMAX"]).to_string(), key]);
+            if g.chance(1, 2) {
+                args.push(g.pick(&["0", "1", "2", "10", "-1", "x"]).into());
+            }
+        }
+        27 => {
+            args.push(g.pick(&["ZUNIONSTORE", "ZINTERSTORE"]).into());
+            args.push(key);
+            let n = 1 + g.rng.below(2);
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "3", "x", "-1"]).to_string()
+            } else {
+                n.to_string()
+            });
+            for _ in 0..n {
+                args.push(g.key().to_string());
+            }
+            if g.chance(1, 3) {
+                args.push("WEIGHTS".to_string());
+                for _ in 0..n {
+                    args.push(g.pick(&["1", "2", "-1", "0.5", "inf", "x"]).into());
+                }
+            }
+            if g.chance(1, 3) {
+                args.push("AGGREGATE".to_string());
+                args.push(g.pick(&["SUM", "MIN", "MAX", "max", "avg"]).into());
+            }
+        }
+        28 => {
+            let name = g.pick(&["ZREMRANGEBYSCORE", "ZREMRANGEBYRANK", "ZREMRANGEBYLEX"]);
+            let (min, max) = match name {
+                "ZREMRANGEBYSCORE" => (score_bound(g).to_string(), score_bound(g).to_string()),
+                "ZREMRANGEBYRANK" => (g.int_arg(), g.int_arg()),
+                _ => (lex_bound(g).to_string(), lex_bound(g).to_string()),
+            };
+            args.extend([name.to_string(), key, min, max]);
+        }
+        29 => {
+            args.extend(["ZSCAN".to_string(), key, "0".to_string()]);
+            if g.chance(1, 2) {
+                args.extend([
+                    "MATCH".to_string(),
+                    g.pick(&["*", "[ab]", "1*", "?"]).into(),
+                ]);
+            }
+            if g.chance(1, 3) {
+                args.extend(["COUNT".to_string(), g.pick(&["10", "100", "0"]).into()]);
+            }
+        }
+        _ => {
+            args.extend(["ZRANDMEMBER".to_string(), key]);
+            if g.chance(2, 3) {
+                args.push(g.pick(&["0", "1", "2", "10", "-1", "-5", "x"]).into());
+                if g.chance(1, 2) {
+                    args.push(g.pick(&["WITHSCORES", "withscores", "bogus"]).into());
+                }
+            }
+        }
+    }
+    done(args)
 }
 
 /// Connection commands with deterministic replies: PING, ECHO, SELECT, AUTH (no password is
