@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
-use crate::{TestServer, error, info_counter, info_field, query};
+use crate::{TestServer, assert_ttl, error, info_counter, info_field, query};
 
 fn unix_ms() -> i64 {
     SystemTime::now()
@@ -47,7 +47,7 @@ fn ttl_commands_match_redis() {
         assert_eq!(query::<i64>(&mut c, &["PERSIST", "k"]), 0);
         // EXPIRE moves the string to its meta record; reads still see it.
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "100"]), 1);
-        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 100);
+        assert_ttl(&mut c, "k", 100);
         let pttl: i64 = query(&mut c, &["PTTL", "k"]);
         assert!((99_000..=100_000).contains(&pttl), "{pttl}");
         let at: i64 = query(&mut c, &["PEXPIRETIME", "k"]);
@@ -69,13 +69,13 @@ fn ttl_commands_match_redis() {
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "300", "LT"]), 0);
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "150", "LT"]), 1);
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "120", "XX"]), 1);
-        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 120);
+        assert_ttl(&mut c, "k", 120);
         assert_eq!(query::<i64>(&mut c, &["PERSIST", "k"]), 1);
         assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), -1);
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "XX"]), 0);
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "GT"]), 0);
         assert_eq!(query::<i64>(&mut c, &["EXPIRE", "k", "50", "LT"]), 1);
-        assert_eq!(query::<i64>(&mut c, &["TTL", "k"]), 50);
+        assert_ttl(&mut c, "k", 50);
         // Absolute forms.
         let at = unix_ms() / 1000 + 1000;
         assert_eq!(query::<i64>(&mut c, &["EXPIREAT", "k", &at.to_string()]), 1);

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::{TestServer, error, info_counter, query};
+use crate::{TestServer, assert_ttl, error, info_counter, query};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -267,11 +267,11 @@ fn types_keep_to_themselves() {
     let _: () = query(&mut c, &["RENAME", "h", "s"]);
     assert_eq!(query::<String>(&mut c, &["TYPE", "s"]), "hash");
     assert_eq!(query::<String>(&mut c, &["HGET", "s", "f"]), "v");
-    assert_eq!(query::<i64>(&mut c, &["TTL", "s"]), 50);
+    assert_ttl(&mut c, "s", 50);
     assert_eq!(query::<i64>(&mut c, &["EXISTS", "h"]), 0);
     let _: () = query(&mut c, &["RENAME", "t", "s"]);
     assert_eq!(query::<String>(&mut c, &["GET", "s"]), "x");
-    assert_eq!(query::<i64>(&mut c, &["TTL", "s"]), 100);
+    assert_ttl(&mut c, "s", 100);
     // SET over a hash replaces it; a new hash under the old name starts empty.
     let _: () = query(&mut c, &["HSET", "h", "a", "1", "b", "2"]);
     let _: () = query(&mut c, &["SET", "h", "str"]);

@@ -220,3 +220,13 @@ pub fn error(con: &mut redis::Connection, args: &[&str]) -> String {
         Ok(v) => panic!("{args:?} should fail, got {v:?}"),
     }
 }
+
+/// Asserts that `key`'s `TTL` is `seconds`, or a second less: `TTL` rounds to the nearest
+/// second, and a loaded machine may take over half a second between setting and asking.
+pub fn assert_ttl(con: &mut redis::Connection, key: &str, seconds: i64) {
+    let ttl: i64 = query(con, &["TTL", key]);
+    assert!(
+        (seconds - 1..=seconds).contains(&ttl),
+        "TTL {key} is {ttl}, set to {seconds}"
+    );
+}
