@@ -1,5 +1,6 @@
-//! List commands (`LPUSH`, `LPOP`, `LRANGE`, `LINSERT`, `LMOVE`, ..., and the blocking
-//! `BLPOP`/`BRPOP`/`BLMOVE`/`BRPOPLPUSH`), over the layout of `docs/types.md`.
+//! List commands (`LPUSH`, `LPOP`, `LRANGE`, `LINSERT`, `LMOVE`, `LMPOP`, ..., and the
+//! blocking `BLPOP`/`BRPOP`/`BLMOVE`/`BRPOPLPUSH`/`BLMPOP`), over the layout of
+//! `docs/types.md`.
 //!
 //! Elements are engine keys `FF 'l' gen index`, the index an order-preserving signed 8-byte
 //! integer. The indices of a list are dense: exactly those from its head (`FF 'e' gen 00`, the
@@ -53,6 +54,7 @@ pub fn handles(cmd: Cmd) -> bool {
                 | Cmd::Linsert
                 | Cmd::Lmove
                 | Cmd::Rpoplpush
+                | Cmd::Lmpop
         )
 }
 
@@ -63,7 +65,10 @@ pub fn is_read_only(cmd: Cmd) -> bool {
 
 /// Whether `cmd` blocks when it finds nothing to pop (outside `MULTI`).
 pub fn is_blocking(cmd: Cmd) -> bool {
-    matches!(cmd, Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush)
+    matches!(
+        cmd,
+        Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush | Cmd::Blmpop
+    )
 }
 
 /// The key a committed `cmd` may have turned from absent into a non-empty list: clients
@@ -78,10 +83,16 @@ pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
     .map(|a| &a[..])
 }
 
-/// The keys a blocking command waits on.
+/// The keys a blocking command waits on (its arguments are valid: it ran once).
 pub fn blocking_keys(cmd: Cmd, args: &[Bytes]) -> &[Bytes] {
     match cmd {
         Cmd::Blpop | Cmd::Brpop => &args[1..args.len() - 1],
+        Cmd::Blmpop => {
+            let n = crate::resp::string_to_i64(&args[2])
+                .and_then(|n| usize::try_from(n).ok())
+                .expect("BLMPOP's numkeys was checked");
+            &args[3..3 + n]
+        }
         _ => &args[1..2],
     }
 }
@@ -91,6 +102,7 @@ pub fn timeout_arg_of(cmd: Cmd, args: &[Bytes]) -> &[u8] {
     match cmd {
         Cmd::Blmove => &args[5],
         Cmd::Brpoplpush => &args[3],
+        Cmd::Blmpop => &args[1],
         _ => &args[args.len() - 1],
     }
 }
@@ -553,6 +565,12 @@ pub fn run(
             }
         }
         Cmd::Lpos => lpos(args, view, ctx, out)?,
+        Cmd::Lmpop => {
+            let (keys, end, count) = mpop_args(args, 1)?;
+            if !mpop(view.txn(), ctx, &args[keys], end, count, out)? {
+                out.null_array();
+            }
+        }
         Cmd::Lmove | Cmd::Rpoplpush => {
             let (from, to) = if cmd == Cmd::Lmove {
                 (End::parse(&args[3])?, End::parse(&args[4])?)
@@ -564,10 +582,10 @@ pub fn run(
                 out.null();
             }
         }
-        Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush => {
+        Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush | Cmd::Blmpop => {
             if !run_blocking(cmd, args, view.txn(), ctx, out)? {
                 // Inside MULTI there is no blocking: nothing to pop is a timeout at once.
-                if matches!(cmd, Cmd::Blpop | Cmd::Brpop) {
+                if matches!(cmd, Cmd::Blpop | Cmd::Brpop | Cmd::Blmpop) {
                     out.null_array();
                 } else {
                     out.null();
@@ -608,6 +626,11 @@ pub fn run_blocking(
             }
             Ok(false)
         }
+        Cmd::Blmpop => {
+            let (keys, end, count) = mpop_args(args, 2)?;
+            timeout(timeout_arg_of(cmd, args))?;
+            mpop(t, ctx, &args[keys], end, count, out)
+        }
         _ => {
             let (from, to) = if cmd == Cmd::Blmove {
                 (End::parse(&args[3])?, End::parse(&args[4])?)
@@ -618,6 +641,69 @@ pub fn run_blocking(
             lmove(t, ctx, &args[1], &args[2], from, to, out)
         }
     }
+}
+
+/// `LMPOP`'s and `BLMPOP`'s `numkeys key [key ...] LEFT|RIGHT [COUNT count]`, from
+/// `args[numkeys_at]`: where the keys are in `args`, the end, the count.
+fn mpop_args(
+    args: &[Bytes],
+    numkeys_at: usize,
+) -> Result<(std::ops::Range<usize>, End, usize), Fail> {
+    let numkeys = crate::resp::string_to_i64(&args[numkeys_at])
+        .filter(|&n| n >= 1)
+        .ok_or("ERR numkeys should be greater than 0")?;
+    let first = numkeys_at + 1;
+    let where_at = usize::try_from(numkeys)
+        .ok()
+        .and_then(|n| first.checked_add(n))
+        .filter(|&w| w < args.len())
+        .ok_or(SYNTAX)?;
+    let end = End::parse(&args[where_at])?;
+    let mut count = None;
+    let mut i = where_at + 1;
+    while i < args.len() {
+        if count.is_none() && args[i].eq_ignore_ascii_case(b"count") && i + 1 < args.len() {
+            let n = crate::resp::string_to_i64(&args[i + 1])
+                .filter(|&n| n >= 1)
+                .ok_or("ERR count should be greater than 0")?;
+            count = Some(usize::try_from(n).unwrap_or(usize::MAX));
+            i += 2;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    Ok((first..where_at, end, count.unwrap_or(1)))
+}
+
+/// `LMPOP`: pops up to `count` elements from the first of `keys` that is a list, replying
+/// with its name and the elements; `false` (nothing written) if none is.
+fn mpop(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    keys: &[Bytes],
+    end: End,
+    count: usize,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    for key in keys {
+        let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+            continue;
+        };
+        let popped = pop(t, key, &m, end, count.min(REPLY_ITEMS_MAX + 1))?;
+        if popped.len() > REPLY_ITEMS_MAX
+            || popped.iter().map(|v| v.len() + 16).sum::<usize>() > ctx.reply_bytes_max
+        {
+            return Err(reply_too_big());
+        }
+        out.array(2);
+        out.bulk(key);
+        out.array(popped.len());
+        for v in &popped {
+            out.bulk(v);
+        }
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// `LMOVE`: pops from `from` of `src`, pushes at `to` of `dst`, replies with the element;

@@ -144,6 +144,8 @@ pub enum Cmd {
     Brpop,
     Blmove,
     Brpoplpush,
+    Lmpop,
+    Blmpop,
     // Sorted sets.
     Zadd,
     Zrem,
@@ -225,6 +227,8 @@ const PUBSUB_PUB: &[&str] = &["pubsub", "loading", "stale", "fast"];
 const WR_FAST: &[&str] = &["write", "fast"];
 const WR_OOM: &[&str] = &["write", "denyoom"];
 const WR_BLOCKING: &[&str] = &["write", "noscript", "blocking"];
+const WR_MOVABLE: &[&str] = &["write", "movablekeys"];
+const WR_BLOCKING_MOVABLE: &[&str] = &["write", "blocking", "movablekeys"];
 const WR_OOM_BLOCKING: &[&str] = &["write", "denyoom", "noscript", "blocking"];
 const CONN: &[&str] = &["fast", "loading", "stale"];
 const NOAUTH: &[&str] = &[
@@ -1936,6 +1940,28 @@ pub static SPECS: &[Spec] = &[
         1,
         "list",
         "Pops an element from a list, pushes it to another list and returns it. Block until an element is available otherwise. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "lmpop",
+        Lmpop,
+        -4,
+        WR_MOVABLE,
+        0,
+        0,
+        0,
+        "list",
+        "Returns multiple elements from a list after removing them. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "blmpop",
+        Blmpop,
+        -5,
+        WR_BLOCKING_MOVABLE,
+        0,
+        0,
+        0,
+        "list",
+        "Pops the first element from one of multiple lists. Blocks until an element is available otherwise. Deletes the list if the last element was popped."
     ),
     spec!(
         "keel.range",

@@ -2299,7 +2299,7 @@ fn lists(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key();
     let mut args: Vec<String> = Vec::new();
     let mut push = |a: &str| args.push(a.to_string());
-    match g.rng.below(22) {
+    match g.rng.below(23) {
         0..=4 => {
             push(g.pick(&["LPUSH", "RPUSH", "LPUSHX", "RPUSHX", "lpush", "RPUSH"]));
             push(key);
@@ -2386,10 +2386,23 @@ fn lists(g: &mut Gen) -> Vec<Vec<u8>> {
             push(g.pick(&["LEFT", "RIGHT", "left", "UP"]));
             push(g.pick(&["LEFT", "RIGHT", "right"]));
         }
-        _ => {
+        20 => {
             push("RPOPLPUSH");
             push(key);
             push(g.key());
+        }
+        _ => {
+            push("LMPOP");
+            let n = g.rng.below(4);
+            push(&n.to_string());
+            for _ in 0..n {
+                push(g.key());
+            }
+            push(g.pick(&["LEFT", "RIGHT", "right"]));
+            if g.chance(1, 2) {
+                push("COUNT");
+                push(&g.int().clamp(-1, 4).to_string());
+            }
         }
     }
     args.iter().map(|a| a.as_bytes().to_vec()).collect()
@@ -2406,6 +2419,21 @@ fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
         g.pick(&["0.01", "0.02", "0.001"])
     };
     let mut args: Vec<String> = Vec::new();
+    if g.chance(1, 5) {
+        args.push("BLMPOP".to_string());
+        args.push(timeout.to_string());
+        let n = 1 + g.rng.below(3);
+        args.push(n.to_string());
+        for _ in 0..n {
+            args.push(g.key().to_string());
+        }
+        args.push(g.pick(&["LEFT", "RIGHT"]).to_string());
+        if g.chance(1, 2) {
+            args.push("COUNT".to_string());
+            args.push((1 + g.rng.below(3)).to_string());
+        }
+        return args.iter().map(|a| a.as_bytes().to_vec()).collect();
+    }
     match g.rng.below(4) {
         0 | 1 => {
             args.push(g.pick(&["BLPOP", "BRPOP"]).to_string());

@@ -270,6 +270,63 @@ fn list_commands_match_redis() {
         assert_eq!(range(&mut c, "gone"), ["c"]);
         let _: () = query(&mut c, &["RENAME", "gone", "moved"]);
         assert_eq!(range(&mut c, "moved"), ["c"]);
+        // LMPOP: the first of its keys that is a list.
+        let _: () = query(&mut c, &["RPUSH", "mp", "a", "b", "c"]);
+        let popped: Value = query(
+            &mut c,
+            &["LMPOP", "2", "nokey", "mp", "RIGHT", "COUNT", "2"],
+        );
+        assert_eq!(
+            popped,
+            Value::Array(vec![
+                Value::BulkString(b"mp".to_vec()),
+                Value::Array(vec![
+                    Value::BulkString(b"c".to_vec()),
+                    Value::BulkString(b"b".to_vec())
+                ]),
+            ])
+        );
+        let popped: Value = query(&mut c, &["LMPOP", "1", "mp", "left", "COUNT", "5"]);
+        assert_eq!(
+            popped,
+            Value::Array(vec![
+                Value::BulkString(b"mp".to_vec()),
+                Value::Array(vec![Value::BulkString(b"a".to_vec())]),
+            ])
+        );
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "mp"]), 0);
+        assert_eq!(
+            query::<Value>(&mut c, &["LMPOP", "1", "mp", "LEFT"]),
+            Value::Nil
+        );
+        assert_eq!(
+            error(&mut c, &["LMPOP", "0", "mp", "LEFT"]),
+            "ERR numkeys should be greater than 0"
+        );
+        assert_eq!(
+            error(&mut c, &["LMPOP", "2", "mp", "LEFT"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(&mut c, &["LMPOP", "1", "mp", "LEFT", "COUNT", "0"]),
+            "ERR count should be greater than 0"
+        );
+        assert_eq!(
+            error(
+                &mut c,
+                &["LMPOP", "1", "mp", "LEFT", "COUNT", "1", "COUNT", "1"]
+            ),
+            "ERR syntax error"
+        );
+        assert_eq!(error(&mut c, &["LMPOP", "1", "s", "LEFT"]), WRONGTYPE);
+        assert_eq!(
+            error(&mut c, &["BLMPOP", "x", "1", "mp", "LEFT"]),
+            "ERR timeout is not a float or out of range"
+        );
+        assert_eq!(
+            query::<Value>(&mut c, &["BLMPOP", "0.01", "1", "mp", "LEFT"]),
+            Value::Nil
+        );
         // Blocking pops that need not block, and the arity/timeout errors.
         let _: () = query(&mut c, &["RPUSH", "bl", "1", "2", "3"]);
         assert_eq!(
@@ -434,6 +491,19 @@ fn blocked_pops_wake_on_push_and_time_out() {
     let (reply, _) = waiter.join().expect("waiter");
     assert_eq!(reply, bulk("e"));
     assert_eq!(range(&mut c, "dst"), ["e"]);
+    // BLMPOP woken by a push of several elements takes up to its count.
+    let waiter = spawn_query(
+        url.clone(),
+        vec!["BLMPOP", "0", "2", "m1", "m2", "LEFT", "COUNT", "2"],
+    );
+    wait_blocked(&mut c, 1);
+    assert_eq!(query::<i64>(&mut c, &["RPUSH", "m2", "a", "b", "c"]), 3);
+    let (reply, _) = waiter.join().expect("waiter");
+    assert_eq!(
+        reply,
+        Value::Array(vec![bulk("m2"), Value::Array(vec![bulk("a"), bulk("b")])])
+    );
+    assert_eq!(range(&mut c, "m2"), ["c"]);
     // Timeouts: a float number of seconds; nil (a null array for BLPOP/BRPOP).
     let waiter = spawn_query(url.clone(), vec!["BRPOP", "none", "0.2"]);
     let (reply, took) = waiter.join().expect("waiter");
@@ -563,4 +633,78 @@ fn blocked_clients_unblock_and_disconnect() {
     let expected = b"*2\r\n$5\r\npiped\r\n$1\r\nv\r\n+PONG\r\n";
     let got = crate::exchange(&mut raw, b"", expected.len());
     assert_eq!(got, expected);
+}
+
+#[test]
+fn a_queue_under_concurrent_producers_and_consumers_loses_nothing() {
+    const PRODUCERS: usize = 4;
+    const CONSUMERS: usize = 4;
+    const EACH: usize = 150;
+    let server = TestServer::start();
+    let url = server.url(false);
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|n| {
+            let url = url.clone();
+            let taken = taken.clone();
+            std::thread::spawn(move || {
+                let mut c = connect(&url);
+                let mut got = Vec::new();
+                while taken.load(std::sync::atomic::Ordering::SeqCst) < PRODUCERS * EACH {
+                    // Blocking pops and plain pops, from both ends of the work.
+                    let item: Option<String> = if n % 2 == 0 {
+                        let reply: Option<(String, String)> =
+                            query(&mut c, &["BLPOP", "q", "0.05"]);
+                        reply.map(|(_, v)| v)
+                    } else {
+                        query(&mut c, &["LPOP", "q"])
+                    };
+                    if let Some(v) = item {
+                        taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        got.push(v);
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut c = connect(&url);
+                for j in (0..EACH).step_by(3) {
+                    let items: Vec<String> = (j..(j + 3).min(EACH))
+                        .map(|j| format!("{p}-{j:04}"))
+                        .collect();
+                    let mut args = vec!["RPUSH", "q"];
+                    args.extend(items.iter().map(String::as_str));
+                    let _: i64 = query(&mut c, &args);
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().expect("producer");
+    }
+    let mut all = Vec::new();
+    for c in consumers {
+        let got = c.join().expect("consumer");
+        // One consumer sees each producer's items in the order they were pushed.
+        for p in 0..PRODUCERS {
+            let mine: Vec<&String> = got
+                .iter()
+                .filter(|v| v.starts_with(&format!("{p}-")))
+                .collect();
+            assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+        }
+        all.extend(got);
+    }
+    all.sort();
+    let expected: Vec<String> = (0..PRODUCERS)
+        .flat_map(|p| (0..EACH).map(move |j| format!("{p}-{j:04}")))
+        .collect();
+    assert_eq!(all, expected, "every item popped exactly once");
+    let mut c = server.client();
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "q"]), 0);
 }
