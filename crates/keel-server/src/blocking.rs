@@ -136,6 +136,11 @@ impl Registry {
         true
     }
 
+    /// Whether `client` is blocked (`CLIENT LIST`'s flag `b`).
+    pub fn is_blocked(&self, client: u64) -> bool {
+        self.count.load(Ordering::Relaxed) > 0 && self.inner.lock().by_client.contains_key(&client)
+    }
+
     /// Clients blocked now (`INFO clients`).
     pub fn blocked_clients(&self) -> usize {
         self.count.load(Ordering::Relaxed)

@@ -356,7 +356,12 @@ pub fn client_line(shared: &Shared, c: &ClientInfo) -> String {
         c.name.lock(),
         c.created.elapsed().as_secs(),
         idle_s,
-        if sub + psub + ssub > 0 { "P" } else { "N" },
+        match (sub + psub + ssub > 0, shared.blocked.is_blocked(c.id)) {
+            (true, true) => "Pb",
+            (true, false) => "P",
+            (false, true) => "b",
+            (false, false) => "N",
+        },
         c.resp.load(Relaxed),
         lib_name,
         lib_ver,

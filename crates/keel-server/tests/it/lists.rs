@@ -592,6 +592,12 @@ fn blocked_clients_unblock_and_disconnect() {
     });
     let id = id_rx.recv().expect("the waiter's id");
     wait_blocked(&mut c, 1);
+    let list: String = query(&mut c, &["CLIENT", "LIST"]);
+    let flags: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("flags=")))
+        .collect();
+    assert_eq!(flags.iter().filter(|f| **f == "b").count(), 1, "{list}");
     assert_eq!(
         query::<i64>(&mut c, &["CLIENT", "UNBLOCK", &id.to_string()]),
         1
