@@ -1956,13 +1956,18 @@ impl Gen {
     /// A plain write, for the second client.
     fn write(&mut self) -> Vec<Vec<u8>> {
         let key = self.key();
-        match self.rng.below(7) {
+        match self.rng.below(9) {
             0 => cmd(&["SET", key, &self.value()]),
             1 => cmd(&["DEL", key]),
             2 => cmd(&["INCR", key]),
             3 => cmd(&["HSET", key, self.field(), &self.value()]),
             4 => cmd(&["EXPIRE", key, &self.ttl_secs()]),
             5 => cmd(&["PERSIST", key]),
+            6 => cmd(&["SADD", key, self.member()]),
+            7 => {
+                let score = self.pick(&["1", "2", "1.5"]);
+                cmd(&["ZADD", key, score, self.member()])
+            }
             _ => cmd(&["APPEND", key, "z"]),
         }
     }
@@ -2071,7 +2076,8 @@ fn keys(g: &mut Gen) -> Vec<Vec<u8>> {
             if g.chance(1, 4) {
                 args.extend([
                     "TYPE".to_string(),
-                    g.pick(&["string", "hash", "list", "none"]).into(),
+                    g.pick(&["string", "hash", "list", "set", "zset", "none"])
+                        .into(),
                 ]);
             }
             if g.in_multi {

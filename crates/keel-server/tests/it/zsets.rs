@@ -477,3 +477,61 @@ fn concurrent_member_writers_do_not_conflict() {
         "a member write lost a validation"
     );
 }
+
+/// A sorted set past `ZSCAN`'s whole-set size: ranks counted over the index, `ZSCAN` in
+/// pages that see every member once, and `ZREMRANGEBYRANK` over many members.
+#[test]
+fn a_large_sorted_set_pages_and_ranks() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let mut zadd = vec!["ZADD".to_string(), "big".into()];
+    for i in 0..300 {
+        zadd.push((i * 2).to_string());
+        zadd.push(format!("m{i:03}"));
+    }
+    let zadd: Vec<&str> = zadd.iter().map(String::as_str).collect();
+    assert_eq!(query::<i64>(&mut c, &zadd), 300);
+    assert_eq!(query::<i64>(&mut c, &["ZRANK", "big", "m250"]), 250);
+    assert_eq!(query::<i64>(&mut c, &["ZREVRANK", "big", "m250"]), 49);
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGE", "big", "100", "102"]),
+        ["m100", "m101", "m102"]
+    );
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGE", "big", "-2", "-1", "REV"]),
+        ["m001", "m000"]
+    );
+    assert_eq!(query::<i64>(&mut c, &["ZCOUNT", "big", "(100", "200"]), 50);
+    let mut cursor = "0".to_string();
+    let mut seen = Vec::new();
+    let mut calls = 0;
+    loop {
+        let (next, items): (String, Vec<String>) =
+            query(&mut c, &["ZSCAN", "big", &cursor, "COUNT", "40"]);
+        for pair in items.chunks(2) {
+            let i: usize = pair[0][1..].parse().expect("a member number");
+            assert_eq!(pair[1], (i * 2).to_string());
+            seen.push(i);
+        }
+        calls += 1;
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    assert!(calls >= 8, "{calls}");
+    assert_eq!(
+        seen,
+        (0..300).collect::<Vec<_>>(),
+        "in score order, each once"
+    );
+    assert_eq!(
+        query::<i64>(&mut c, &["ZREMRANGEBYRANK", "big", "0", "199"]),
+        200
+    );
+    assert_eq!(query::<i64>(&mut c, &["ZCARD", "big"]), 100);
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGE", "big", "0", "0"]),
+        ["m200"]
+    );
+}
