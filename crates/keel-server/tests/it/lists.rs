@@ -714,3 +714,145 @@ fn a_queue_under_concurrent_producers_and_consumers_loses_nothing() {
     let mut c = server.client();
     assert_eq!(query::<i64>(&mut c, &["EXISTS", "q"]), 0);
 }
+
+/// One thread of [`lists_stay_strictly_serializable_while_keys_expire`]: each transaction is
+/// one `MULTI … EXEC` that reads some lists whole (`LRANGE`) and appends to some (`RPUSH`).
+fn list_client(
+    url: &str,
+    thread: u64,
+    tick: &std::sync::atomic::AtomicU64,
+) -> Vec<crate::history::TxnRecord> {
+    use crate::history::{Elem, Key, Op, Outcome, TxnRecord};
+    use std::sync::atomic::Ordering;
+    const KEYS: u64 = 6;
+    let mut c = connect(url);
+    let mut x = (thread + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    // Elements are unique across the history: the thread in the high bits.
+    let mut elem: Elem = thread << 40;
+    let mut history = Vec::new();
+    for i in 0..250 {
+        let n = 1 + next() % 3;
+        let mut keys: Vec<Key> = (0..n).map(|_| (next() % KEYS) as Key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let mut plan = Vec::new();
+        for &k in &keys {
+            let list = format!("hl:{k}");
+            pipe.cmd("LRANGE").arg(&list).arg(0).arg(-1);
+            let append = (next() % 3 != 0).then(|| {
+                elem += 1;
+                elem
+            });
+            if let Some(e) = append {
+                pipe.cmd("RPUSH").arg(&list).arg(e.to_string());
+            }
+            plan.push((k, append));
+        }
+        let began = tick.fetch_add(1, Ordering::SeqCst);
+        let replies: Result<Vec<Value>, _> = pipe.query(&mut c);
+        let ended = tick.fetch_add(1, Ordering::SeqCst);
+        let mut ops = Vec::new();
+        let outcome = match replies {
+            Ok(replies) => {
+                let mut replies = replies.into_iter();
+                for (k, append) in plan {
+                    let read: Vec<String> =
+                        redis::from_redis_value(replies.next().expect("an LRANGE reply"))
+                            .expect("LRANGE gives strings");
+                    let value = read
+                        .iter()
+                        .map(|v| v.parse().expect("an element"))
+                        .collect();
+                    ops.push(Op::Read { key: k, value });
+                    if let Some(e) = append {
+                        let _ = replies.next().expect("an RPUSH reply");
+                        ops.push(Op::Append { key: k, elem: e });
+                    }
+                }
+                Outcome::Committed
+            }
+            // keel gave up on a transaction that kept conflicting: nothing of it committed.
+            Err(e) if e.to_string().contains("conflicting attempts") => Outcome::Aborted,
+            Err(e) => panic!("EXEC failed: {e}"),
+        };
+        history.push(TxnRecord {
+            name: format!("t{thread}.{i}"),
+            ops,
+            outcome,
+            position: None,
+            read_ts: None,
+            time: Some((began, ended)),
+        });
+    }
+    history
+}
+
+#[test]
+fn lists_stay_strictly_serializable_while_keys_expire() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use crate::history::{Op, TxnRecord, check};
+    let server = TestServer::start();
+    let tick = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let noise = {
+        let (url, stop) = (server.url(false), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = connect(&url);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let l = format!("hl:{}", n % 6);
+                // A TTL far ahead and gone again: the lists must not notice.
+                let _: i64 = query(&mut c, &["PEXPIRE", &l, "600000"]);
+                let _: i64 = query(&mut c, &["PERSIST", &l]);
+                let ttl = (1 + n % 10).to_string();
+                let tmp = format!("tmpl:{n}");
+                let _: i64 = query(&mut c, &["RPUSH", &tmp, "a", "b"]);
+                let _: i64 = query(&mut c, &["PEXPIRE", &tmp, &ttl]);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let clients: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (url, tick) = (server.url(t % 2 == 1), tick.clone());
+            std::thread::spawn(move || list_client(&url, t, &tick))
+        })
+        .collect();
+    let mut history = Vec::new();
+    for c in clients {
+        history.extend(c.join().expect("client thread"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    noise.join().expect("noise thread");
+    // A last read of every list, after everything: it sees every committed append.
+    let mut c = server.client();
+    let began = tick.fetch_add(1, Ordering::SeqCst);
+    let ops = (0..6)
+        .map(|k| Op::Read {
+            key: k,
+            value: range(&mut c, &format!("hl:{k}"))
+                .iter()
+                .map(|v| v.parse().expect("an element"))
+                .collect(),
+        })
+        .collect();
+    let ended = tick.fetch_add(1, Ordering::SeqCst);
+    history.push(TxnRecord {
+        time: Some((began, ended)),
+        ..TxnRecord::committed("final", ops)
+    });
+    let report = check(&history).unwrap_or_else(|e| panic!("not strictly serializable: {e}"));
+    assert!(report.committed > 300, "enough commits: {report:?}");
+    assert!(report.list_len_max > 20, "lists grew: {report:?}");
+}
