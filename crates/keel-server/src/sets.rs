@@ -234,6 +234,54 @@ fn each_member(
     view.range(lo, hi, false, |k, _| f(&k[prefix.len()..]));
 }
 
+/// One member, picked at random in O(log n) without reading the set: the first and the last
+/// member bound a random key drawn between them (from the bytes after their common prefix),
+/// and the pick is the first member at or after it. Members that follow a wide gap in byte
+/// order are picked more often than others, so this is "random", not uniform (Redis's own
+/// `SPOP` is not uniform either); what it buys is that a pop reads three short stretches of
+/// the set, not all of it, so concurrent pops of a large set rarely conflict.
+fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Vec<u8>> {
+    let prefix = ks::sub_prefix(SET_MEMBER, generation);
+    let (lo, hi) = ks::prefix_range(&prefix);
+    let end = |view: &mut View<'_, '_>, rev: bool| {
+        let mut found = None;
+        view.range(lo.clone(), hi.clone(), rev, |k, _| {
+            found = Some(k[prefix.len()..].to_vec());
+            ControlFlow::Break(())
+        });
+        found
+    };
+    let first = end(view, false)?;
+    let last = end(view, true)?;
+    if first == last {
+        return Some(first);
+    }
+    let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
+    let word = |m: &[u8]| {
+        let mut w = [0u8; 8];
+        for (i, b) in m.iter().skip(common).take(8).enumerate() {
+            w[i] = *b;
+        }
+        u64::from_be_bytes(w)
+    };
+    let (a, b) = (word(&first), word(&last));
+    let r = a + random() % (b - a).saturating_add(1).max(1);
+    let mut target = first[..common].to_vec();
+    target.extend_from_slice(&r.to_be_bytes());
+    let mut pick = None;
+    view.range(
+        std::ops::Bound::Included(member_key(generation, &target).to_vec()),
+        hi,
+        false,
+        |k, _| {
+            pick = Some(k[prefix.len()..].to_vec());
+            ControlFlow::Break(())
+        },
+    );
+    // `last` is at or after any target drawn, unless the target's padding passed it.
+    Some(pick.unwrap_or(last))
+}
+
 /// Every member, in byte order; fails past the reply limits (the result is built in memory).
 fn members(view: &mut View<'_, '_>, ctx: &Ctx<'_>, generation: u64) -> Result<Vec<Vec<u8>>, Fail> {
     let mut all = Vec::new();
@@ -508,14 +556,15 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
         out.set(0);
         return Ok(());
     }
-    let all = members(&mut View::Txn(t), ctx, meta.generation)?;
     let Some(count) = count else {
-        let pick = &all[(random() % all.len() as u64) as usize];
-        t.delete(&member_key(meta.generation, pick))?;
+        let pick = random_member(&mut View::Txn(t), meta.generation)
+            .ok_or("ERR keel: a set with a size record but no members")?;
+        t.delete(&member_key(meta.generation, &pick))?;
         shrink(t, key, &meta, 1)?;
-        out.bulk(pick);
+        out.bulk(&pick);
         return Ok(());
     };
+    let all = members(&mut View::Txn(t), ctx, meta.generation)?;
     let count = usize::try_from(count).unwrap_or(usize::MAX);
     if count >= all.len() {
         // Every member: the whole set goes, O(1), to the graveyard.
@@ -560,8 +609,9 @@ fn srandmember(
         match meta {
             None => out.null(),
             Some(m) => {
-                let all = members(view, ctx, m.generation)?;
-                out.bulk(&all[(random() % all.len() as u64) as usize]);
+                let pick = random_member(view, m.generation)
+                    .ok_or("ERR keel: a set with a size record but no members")?;
+                out.bulk(&pick);
             }
         }
         return Ok(());
