@@ -1956,7 +1956,7 @@ impl Gen {
     /// A plain write, for the second client.
     fn write(&mut self) -> Vec<Vec<u8>> {
         let key = self.key();
-        match self.rng.below(9) {
+        match self.rng.below(11) {
             0 => cmd(&["SET", key, &self.value()]),
             1 => cmd(&["DEL", key]),
             2 => cmd(&["INCR", key]),
@@ -1968,6 +1968,8 @@ impl Gen {
                 let score = self.pick(&["1", "2", "1.5"]);
                 cmd(&["ZADD", key, score, self.member()])
             }
+            8 => cmd(&["RPUSH", key, self.pick(&["a", "b"])]),
+            9 => cmd(&["LPOP", key]),
             _ => cmd(&["APPEND", key, "z"]),
         }
     }
