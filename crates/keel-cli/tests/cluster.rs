@@ -30,8 +30,13 @@ fn wait(child: &mut Child) -> std::process::ExitStatus {
     panic!("the process did not exit within 20 s");
 }
 
-#[test]
-fn demo_starts_serves_and_stops_on_sigint() {
+/// Starts `keel cluster demo 3` on free ports; the process, its nodes' addresses, and the rest
+/// of its output.
+fn demo() -> (
+    Running,
+    Vec<String>,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args(["cluster", "demo", "3", "--port", "0"])
         .stdout(Stdio::piped())
@@ -57,6 +62,12 @@ fn demo_starts_serves_and_stops_on_sigint() {
     }
     assert_eq!(addrs.len(), 3, "{seen:#?}");
     assert!(seen.iter().any(|l| l.contains("redis-cli -p")), "{seen:#?}");
+    (running, addrs, lines)
+}
+
+#[test]
+fn demo_starts_serves_and_stops_on_sigint() {
+    let (mut running, addrs, lines) = demo();
     let clients: Vec<redis::Connection> = addrs
         .iter()
         .map(|a| {
@@ -125,5 +136,40 @@ fn serve_refuses_a_bad_cluster_config() {
     assert!(
         stderr.contains("this node, \"n2\", is not among the cluster's nodes (n1)"),
         "{stderr}"
+    );
+}
+
+/// redis-py's `RedisCluster` (Debian's python3-redis, which `.ci/run` installs) bootstraps from
+/// one node with `CLUSTER SLOTS` and `COMMAND`, then sends each command straight to its
+/// key's owner: keys land on every node, and each reads back through the cluster client.
+#[test]
+fn redis_py_cluster_client_bootstraps_and_routes() {
+    let (_running, addrs, _lines) = demo();
+    let (host, port) = addrs[1].rsplit_once(':').expect("host:port");
+    let script = r#"
+import sys
+from redis.cluster import RedisCluster
+rc = RedisCluster(host=sys.argv[1], port=int(sys.argv[2]), socket_timeout=10)
+owners = set()
+for i in range(300):
+    key = "py:%d" % i
+    assert rc.set(key, str(i)) is True
+    owners.add(rc.get_node_from_key(key).port)
+for i in range(300):
+    assert rc.get("py:%d" % i) == str(i).encode(), i
+assert rc.incr("{tag}n") == 1 and rc.incr("{tag}n") == 2
+assert len(rc.get_nodes()) == 3, rc.get_nodes()
+assert len(owners) == 3, owners
+print("ok")
+"#;
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", script, host, port])
+        .output()
+        .expect("/usr/bin/python3 must be installed, with python3-redis (apt-get install python3-redis)");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "redis-py RedisCluster failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
