@@ -261,6 +261,58 @@ pub fn is_data(cmd: Cmd) -> bool {
         || crate::zsets::handles(cmd)
 }
 
+/// A pseudo-random number: `RandomState` is seeded from the OS once per process (then per
+/// call bumped); good enough for picking members and fields, which needs no secrecy.
+pub fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Relaxed));
+    h.finish()
+}
+
+/// `k` distinct indexes below `n`, in random order (partial Fisher-Yates).
+pub fn distinct_picks(n: usize, k: usize) -> Vec<usize> {
+    let k = k.min(n);
+    let mut idx: Vec<usize> = (0..n).collect();
+    for i in 0..k {
+        let j = i + (random() % (n - i) as u64) as usize;
+        idx.swap(i, j);
+    }
+    idx.truncate(k);
+    idx
+}
+
+/// The picks of `HRANDFIELD`/`SRANDMEMBER`/`ZRANDMEMBER` with a `count` among `n > 0` items:
+/// a positive count takes distinct items, a negative one `|count|` items with repeats.
+pub fn random_picks(n: usize, count: i64) -> Result<Vec<usize>, Fail> {
+    if count > 0 {
+        return Ok(distinct_picks(
+            n,
+            usize::try_from(count).unwrap_or(usize::MAX),
+        ));
+    }
+    let k = count.unsigned_abs();
+    if k > REPLY_ITEMS_MAX as u64 {
+        return Err(reply_too_big());
+    }
+    Ok((0..k).map(|_| (random() % n as u64) as usize).collect())
+}
+
+/// The optional `count` of `HRANDFIELD`/`SRANDMEMBER`/`ZRANDMEMBER`, with Redis's error for
+/// the one count it cannot negate.
+pub fn random_count_arg(arg: Option<&Bytes>) -> Result<Option<i64>, Fail> {
+    let Some(a) = arg else { return Ok(None) };
+    let n = string_to_i64(a).ok_or(NOT_INTEGER)?;
+    if n == i64::MIN {
+        return Err("ERR value is out of range, value must between \
+                    -9223372036854775807 and 9223372036854775807"
+            .into());
+    }
+    Ok(Some(n))
+}
+
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
     string_to_i64(arg).ok_or(NOT_INTEGER.into())
 }

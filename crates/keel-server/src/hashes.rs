@@ -15,8 +15,8 @@ use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{
-    Ctx, Fail, NOT_FLOAT, NOT_INTEGER, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View, int_arg,
-    reply_too_big,
+    Ctx, Fail, NOT_FLOAT, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View, int_arg, random,
+    random_count_arg, random_picks, reply_too_big,
 };
 use crate::glob;
 use crate::keyspace::{self as ks, HASH_FIELD, Held, Meta, Type, WRONGTYPE};
@@ -395,17 +395,6 @@ fn hscan(
     Ok(())
 }
 
-/// A pseudo-random number: `RandomState` is seeded from the OS once per process (then per
-/// call bumped); good enough for picking fields, which needs no secrecy.
-fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Relaxed));
-    h.finish()
-}
-
 /// `HRANDFIELD key [count [WITHVALUES]]`.
 fn hrandfield(
     args: &[Bytes],
@@ -413,18 +402,7 @@ fn hrandfield(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let count = match args.get(2) {
-        None => None,
-        Some(a) => {
-            let n = string_to_i64(a).ok_or(NOT_INTEGER)?;
-            if n == i64::MIN {
-                return Err("ERR value is out of range, value must between \
-                            -9223372036854775807 and 9223372036854775807"
-                    .into());
-            }
-            Some(n)
-        }
-    };
+    let count = random_count_arg(args.get(2))?;
     let withvalues = match args.get(3) {
         None => false,
         Some(a) if args.len() == 4 && a.eq_ignore_ascii_case(b"withvalues") => true,
@@ -482,25 +460,7 @@ fn hrandfield(
         out.array(0);
         return Ok(());
     }
-    let picked: Vec<usize> = if count > 0 {
-        // Distinct fields: a random subset, in random order (partial Fisher-Yates).
-        let k = usize::try_from(count).unwrap_or(usize::MAX).min(all.len());
-        let mut idx: Vec<usize> = (0..all.len()).collect();
-        for i in 0..k {
-            let j = i + (random() % (idx.len() - i) as u64) as usize;
-            idx.swap(i, j);
-        }
-        idx.truncate(k);
-        idx
-    } else {
-        let k = count.unsigned_abs();
-        if k as usize > REPLY_ITEMS_MAX {
-            return Err(reply_too_big());
-        }
-        (0..k)
-            .map(|_| (random() % all.len() as u64) as usize)
-            .collect()
-    };
+    let picked = random_picks(all.len(), count)?;
     let per = picked.iter().map(|&i| all[i].0.len() + all[i].1.len() + 32);
     if per.sum::<usize>() > ctx.reply_bytes_max {
         return Err(reply_too_big());

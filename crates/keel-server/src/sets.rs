@@ -23,8 +23,8 @@ use std::ops::ControlFlow;
 use bytes::Bytes;
 use keel::Txn;
 
-use crate::data::{Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View};
-use crate::data::{int_arg, reply_too_big};
+use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View};
+use crate::data::{distinct_picks, int_arg, random, random_count_arg, random_picks, reply_too_big};
 use crate::glob;
 use crate::keyspace::{self as ks, Held, Meta, SET_MEMBER, Type, WRONGTYPE};
 use crate::reply::Out;
@@ -139,29 +139,6 @@ pub fn replace(
     let meta = Meta::collection(ty);
     ks::put_meta(t, key, &meta, 0)?;
     Ok(Some(meta))
-}
-
-/// A pseudo-random number: `RandomState` is seeded from the OS once per process (then per
-/// call bumped); good enough for picking members, which needs no secrecy.
-pub fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Relaxed));
-    h.finish()
-}
-
-/// `k` distinct indexes below `n`, in random order (partial Fisher-Yates).
-pub fn distinct_picks(n: usize, k: usize) -> Vec<usize> {
-    let k = k.min(n);
-    let mut idx: Vec<usize> = (0..n).collect();
-    for i in 0..k {
-        let j = i + (random() % (n - i) as u64) as usize;
-        idx.swap(i, j);
-    }
-    idx.truncate(k);
-    idx
 }
 
 /// A `SCAN`-family cursor, read as C's `strtoul` does (a leading sign is taken, wrapping;
@@ -592,18 +569,7 @@ fn srandmember(
     if args.len() > 3 {
         return Err(SYNTAX.into());
     }
-    let count = match args.get(2) {
-        None => None,
-        Some(a) => {
-            let n = string_to_i64(a).ok_or(NOT_INTEGER)?;
-            if n == i64::MIN {
-                return Err("ERR value is out of range, value must between \
-                            -9223372036854775807 and 9223372036854775807"
-                    .into());
-            }
-            Some(n)
-        }
-    };
+    let count = random_count_arg(args.get(2))?;
     let meta = find_typed(view, ctx, &args[1], Type::Set)?;
     let Some(count) = count else {
         match meta {
@@ -621,17 +587,7 @@ fn srandmember(
         return Ok(());
     };
     let all = members(view, ctx, meta.generation)?;
-    let picks: Vec<usize> = if count > 0 {
-        distinct_picks(all.len(), usize::try_from(count).unwrap_or(usize::MAX))
-    } else {
-        let k = count.unsigned_abs();
-        if k > REPLY_ITEMS_MAX as u64 {
-            return Err(reply_too_big());
-        }
-        (0..k)
-            .map(|_| (random() % all.len() as u64) as usize)
-            .collect()
-    };
+    let picks = random_picks(all.len(), count)?;
     let bytes: usize = picks.iter().map(|&i| all[i].len() + 16).sum();
     if bytes > ctx.reply_bytes_max {
         return Err(reply_too_big());

@@ -33,12 +33,15 @@ use std::ops::{Bound, ControlFlow};
 use bytes::Bytes;
 use keel::Txn;
 
-use crate::data::{Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, reply_too_big};
+use crate::data::{
+    Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, random, random_count_arg,
+    random_picks, reply_too_big,
+};
 use crate::glob;
 use crate::keyspace::{self as ks, Meta, Type, WRONGTYPE, ZSET_INDEX, ZSET_SCORE};
 use crate::reply::{Out, Proto};
 use crate::resp::string_to_i64;
-use crate::sets::{self, distinct_picks, find_typed, random, shrink, size};
+use crate::sets::{self, find_typed, shrink, size};
 use crate::table::Cmd;
 
 /// A sorted set of at most this many members is returned whole by one `ZSCAN`, with cursor
@@ -1433,18 +1436,7 @@ fn zrandmember(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let count = match args.get(2) {
-        None => None,
-        Some(a) => {
-            let n = string_to_i64(a).ok_or(NOT_INTEGER)?;
-            if n == i64::MIN {
-                return Err("ERR value is out of range, value must between \
-                            -9223372036854775807 and 9223372036854775807"
-                    .into());
-            }
-            Some(n)
-        }
-    };
+    let count = random_count_arg(args.get(2))?;
     let withscores = match args.get(3) {
         None => false,
         Some(a) if args.len() == 4 && a.eq_ignore_ascii_case(b"withscores") => true,
@@ -1486,17 +1478,7 @@ fn zrandmember(
     let mut got = Collect::new(ctx.reply_bytes_max);
     walk(view, lo, hi, false, |member, s| got.push(member, s));
     let every = got.done()?;
-    let picks: Vec<usize> = if count > 0 {
-        distinct_picks(every.len(), usize::try_from(count).unwrap_or(usize::MAX))
-    } else {
-        let k = count.unsigned_abs();
-        if k > REPLY_ITEMS_MAX as u64 {
-            return Err(reply_too_big());
-        }
-        (0..k)
-            .map(|_| (random() % every.len() as u64) as usize)
-            .collect()
-    };
+    let picks = random_picks(every.len(), count)?;
     let bytes: usize = picks.iter().map(|&i| every[i].0.len() + 40).sum();
     if bytes > ctx.reply_bytes_max {
         return Err(reply_too_big());
