@@ -978,3 +978,49 @@ mod tests {
         }
     }
 }
+
+/// What the type modules' unit tests share: run one command against an engine transaction and
+/// get its RESP2 reply bytes.
+#[cfg(test)]
+pub mod test_support {
+    use bytes::{Bytes, BytesMut};
+    use keel::Txn;
+
+    use super::{Ctx, Cursors, View};
+    use crate::reply::{Out, Proto};
+
+    pub fn ctx(cursors: &Cursors) -> Ctx<'_> {
+        Ctx {
+            bulk_bytes_max: 512 << 20,
+            cursors,
+            reply_bytes_max: 1 << 30,
+            track_increments: true,
+            clock: Default::default(),
+        }
+    }
+
+    pub fn args(a: &[&str]) -> Vec<Bytes> {
+        a.iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect()
+    }
+
+    /// Runs one command in `txn`, returning its reply bytes.
+    pub fn run_in(txn: &mut Txn<'_>, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+        let cmd = crate::table::lookup(a[0].as_bytes())
+            .expect("a command")
+            .cmd;
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, Proto::Resp2);
+        super::run(cmd, &args(a), &mut View::Txn(txn), &ctx(cursors), &mut out).expect("runs");
+        buf.to_vec()
+    }
+
+    /// Runs one command in a transaction of its own, which must commit.
+    pub fn exec(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+        let mut txn = db.begin().expect("begin");
+        let reply = run_in(&mut txn, cursors, a);
+        txn.commit().expect("commit").expect("no conflict");
+        reply
+    }
+}

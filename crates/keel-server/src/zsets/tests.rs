@@ -1,41 +1,6 @@
-use bytes::BytesMut;
-
 use super::*;
-use crate::data::{self, Cursors};
-
-fn ctx(cursors: &Cursors) -> Ctx<'_> {
-    Ctx {
-        bulk_bytes_max: 512 << 20,
-        cursors,
-        reply_bytes_max: 1 << 30,
-        track_increments: true,
-        clock: Default::default(),
-    }
-}
-
-fn args(a: &[&str]) -> Vec<Bytes> {
-    a.iter()
-        .map(|s| Bytes::copy_from_slice(s.as_bytes()))
-        .collect()
-}
-
-/// Runs one command in `txn`, returning its reply bytes.
-fn run_in(txn: &mut Txn<'_>, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
-    let cmd = crate::table::lookup(a[0].as_bytes())
-        .expect("a command")
-        .cmd;
-    let mut buf = BytesMut::new();
-    let mut out = Out::new(&mut buf, Proto::Resp2);
-    data::run(cmd, &args(a), &mut View::Txn(txn), &ctx(cursors), &mut out).expect("runs");
-    buf.to_vec()
-}
-
-fn exec(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
-    let mut txn = db.begin().expect("begin");
-    let reply = run_in(&mut txn, cursors, a);
-    txn.commit().expect("commit").expect("no conflict");
-    reply
-}
+use crate::data::Cursors;
+use crate::data::test_support::{exec, run_in};
 
 #[test]
 fn stored_scores_sort_as_numbers() {
