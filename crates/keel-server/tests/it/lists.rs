@@ -726,13 +726,7 @@ fn list_client(
     use std::sync::atomic::Ordering;
     const KEYS: u64 = 6;
     let mut c = connect(url);
-    let mut x = (thread + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = crate::types_history::rng(thread);
     // Elements are unique across the history: the thread in the high bits.
     let mut elem: Elem = thread << 40;
     let mut history = Vec::new();
@@ -747,7 +741,7 @@ fn list_client(
         for &k in &keys {
             let list = format!("hl:{k}");
             pipe.cmd("LRANGE").arg(&list).arg(0).arg(-1);
-            let append = (next() % 3 != 0).then(|| {
+            let append = (!next().is_multiple_of(3)).then(|| {
                 elem += 1;
                 elem
             });
@@ -797,62 +791,30 @@ fn list_client(
 
 #[test]
 fn lists_stay_strictly_serializable_while_keys_expire() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-    use crate::history::{Op, TxnRecord, check};
+    use crate::history::Op;
     let server = TestServer::start();
-    let tick = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let noise = {
-        let (url, stop) = (server.url(false), stop.clone());
-        std::thread::spawn(move || {
-            let mut c = connect(&url);
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let l = format!("hl:{}", n % 6);
-                // A TTL far ahead and gone again: the lists must not notice.
-                let _: i64 = query(&mut c, &["PEXPIRE", &l, "600000"]);
-                let _: i64 = query(&mut c, &["PERSIST", &l]);
-                let ttl = (1 + n % 10).to_string();
-                let tmp = format!("tmpl:{n}");
-                let _: i64 = query(&mut c, &["RPUSH", &tmp, "a", "b"]);
-                let _: i64 = query(&mut c, &["PEXPIRE", &tmp, &ttl]);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        })
+    let noise = |c: &mut redis::Connection, n: u64| {
+        let l = format!("hl:{}", n % 6);
+        // A TTL far ahead and gone again: the lists must not notice.
+        let _: i64 = query(c, &["PEXPIRE", &l, "600000"]);
+        let _: i64 = query(c, &["PERSIST", &l]);
+        let ttl = (1 + n % 10).to_string();
+        let tmp = format!("tmpl:{n}");
+        let _: i64 = query(c, &["RPUSH", &tmp, "a", "b"]);
+        let _: i64 = query(c, &["PEXPIRE", &tmp, &ttl]);
     };
-    let clients: Vec<_> = (0..4u64)
-        .map(|t| {
-            let (url, tick) = (server.url(t % 2 == 1), tick.clone());
-            std::thread::spawn(move || list_client(&url, t, &tick))
-        })
-        .collect();
-    let mut history = Vec::new();
-    for c in clients {
-        history.extend(c.join().expect("client thread"));
-    }
-    stop.store(true, Ordering::Relaxed);
-    noise.join().expect("noise thread");
-    // A last read of every list, after everything: it sees every committed append.
-    let mut c = server.client();
-    let began = tick.fetch_add(1, Ordering::SeqCst);
-    let ops = (0..6)
-        .map(|k| Op::Read {
-            key: k,
-            value: range(&mut c, &format!("hl:{k}"))
-                .iter()
-                .map(|v| v.parse().expect("an element"))
-                .collect(),
-        })
-        .collect();
-    let ended = tick.fetch_add(1, Ordering::SeqCst);
-    history.push(TxnRecord {
-        time: Some((began, ended)),
-        ..TxnRecord::committed("final", ops)
-    });
-    let report = check(&history).unwrap_or_else(|e| panic!("not strictly serializable: {e}"));
+    let last = |c: &mut redis::Connection| {
+        (0..6)
+            .map(|k| Op::Read {
+                key: k,
+                value: range(c, &format!("hl:{k}"))
+                    .iter()
+                    .map(|v| v.parse().expect("an element"))
+                    .collect(),
+            })
+            .collect()
+    };
+    let report = crate::types_history::run_checked(&server, list_client, noise, last);
     assert!(report.committed > 300, "enough commits: {report:?}");
     assert!(report.list_len_max > 20, "lists grew: {report:?}");
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis::Value;
 
-use crate::history::{Elem, Key, Op, Outcome, TxnRecord, check, decode_list, encode_list};
+use crate::history::{Elem, Key, Op, Outcome, Report, TxnRecord, check, decode_list, encode_list};
 use crate::{TestServer, connect, query};
 
 const KEYS: Key = 8;
@@ -32,13 +32,7 @@ fn bulk(v: Value) -> Option<Vec<u8>> {
 /// One thread's transactions: ops, outcome and real-time interval (from `tick`).
 fn client(url: &str, thread: u64, tick: &AtomicU64) -> Vec<TxnRecord> {
     let mut c = connect(url);
-    let mut x = (thread + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = rng(thread);
     // Elements are unique across the history: the thread in the high bits.
     let mut elem: Elem = thread << 40;
     let mut history = Vec::new();
@@ -47,7 +41,7 @@ fn client(url: &str, thread: u64, tick: &AtomicU64) -> Vec<TxnRecord> {
         let mut keys: Vec<Key> = (0..n).map(|_| (next() % u64::from(KEYS)) as Key).collect();
         keys.sort_unstable();
         keys.dedup();
-        let read_only = next() % 4 == 0;
+        let read_only = next().is_multiple_of(4);
         let began = tick.fetch_add(1, Ordering::SeqCst);
         let mut ops = Vec::new();
         let outcome = if read_only {
@@ -83,7 +77,7 @@ fn client(url: &str, thread: u64, tick: &AtomicU64) -> Vec<TxnRecord> {
                     key: k,
                     value: list.clone(),
                 });
-                if next() % 3 != 0 {
+                if !next().is_multiple_of(3) {
                     elem += 1;
                     list.push(elem);
                     ops.push(Op::Append { key: k, elem });
@@ -110,12 +104,32 @@ fn client(url: &str, thread: u64, tick: &AtomicU64) -> Vec<TxnRecord> {
     history
 }
 
-#[test]
-fn hash_fields_stay_strictly_serializable_while_keys_expire() {
-    let server = TestServer::start();
+/// A client thread of a history test: its transactions, timed by `tick`.
+pub type Client = fn(&str, u64, &AtomicU64) -> Vec<TxnRecord>;
+
+/// A seeded xorshift stream for client `thread`.
+pub fn rng(thread: u64) -> impl FnMut() -> u64 {
+    let mut x = (thread + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// Runs four `client` threads (two in RESP3) against `server` while `noise(connection, n)` runs
+/// once a millisecond on another connection (TTLs coming and going), then a last read of every
+/// key by `last`, which sees every committed append; returns the checker's report, or panics
+/// with the cycle or anomaly it found.
+pub fn run_checked(
+    server: &TestServer,
+    client: Client,
+    noise: fn(&mut redis::Connection, u64),
+    last: fn(&mut redis::Connection) -> Vec<Op>,
+) -> Report {
     let tick = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-
     let noise = {
         let (url, stop) = (server.url(false), stop.clone());
         std::thread::spawn(move || {
@@ -123,19 +137,11 @@ fn hash_fields_stay_strictly_serializable_while_keys_expire() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let h = format!("lh:{{{}}}", n % 4);
-                // A TTL far ahead and gone again: the lists must not notice.
-                let _: i64 = query(&mut c, &["PEXPIRE", &h, "600000"]);
-                let _: i64 = query(&mut c, &["PERSIST", &h]);
-                let ttl = (1 + n % 10).to_string();
-                let _: () = query(&mut c, &["SET", &format!("tmp:{n}"), "v", "PX", &ttl]);
-                let _: i64 = query(&mut c, &["HSET", &format!("tmph:{n}"), "f", "1"]);
-                let _: i64 = query(&mut c, &["PEXPIRE", &format!("tmph:{n}"), &ttl]);
+                noise(&mut c, n);
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         })
     };
-
     let clients: Vec<_> = (0..THREADS)
         .map(|t| {
             let (url, tick) = (server.url(t % 2 == 1), tick.clone());
@@ -149,27 +155,43 @@ fn hash_fields_stay_strictly_serializable_while_keys_expire() {
     stop.store(true, Ordering::Relaxed);
     noise.join().expect("noise thread");
 
-    // A last read of every list, after everything: it sees every committed append.
     let mut c = server.client();
     let began = tick.fetch_add(1, Ordering::SeqCst);
-    let mut ops = Vec::new();
-    for k in 0..KEYS {
-        let (h, f) = field_of(k);
-        let v: Value = redis::cmd("HGET")
-            .arg(h)
-            .arg(f)
-            .query(&mut c)
-            .expect("HGET");
-        let value = decode_list(bulk(v).as_deref());
-        ops.push(Op::Read { key: k, value });
-    }
+    let ops = last(&mut c);
     let ended = tick.fetch_add(1, Ordering::SeqCst);
     history.push(TxnRecord {
         time: Some((began, ended)),
         ..TxnRecord::committed("final", ops)
     });
+    check(&history).unwrap_or_else(|e| panic!("not strictly serializable: {e}"))
+}
 
-    let report = check(&history).unwrap_or_else(|e| panic!("not strictly serializable: {e}"));
+#[test]
+fn hash_fields_stay_strictly_serializable_while_keys_expire() {
+    let server = TestServer::start();
+    let noise = |c: &mut redis::Connection, n: u64| {
+        let h = format!("lh:{{{}}}", n % 4);
+        // A TTL far ahead and gone again: the lists must not notice.
+        let _: i64 = query(c, &["PEXPIRE", &h, "600000"]);
+        let _: i64 = query(c, &["PERSIST", &h]);
+        let ttl = (1 + n % 10).to_string();
+        let _: () = query(c, &["SET", &format!("tmp:{n}"), "v", "PX", &ttl]);
+        let _: i64 = query(c, &["HSET", &format!("tmph:{n}"), "f", "1"]);
+        let _: i64 = query(c, &["PEXPIRE", &format!("tmph:{n}"), &ttl]);
+    };
+    let last = |c: &mut redis::Connection| {
+        (0..KEYS)
+            .map(|k| {
+                let (h, f) = field_of(k);
+                let v: Value = redis::cmd("HGET").arg(h).arg(f).query(c).expect("HGET");
+                Op::Read {
+                    key: k,
+                    value: decode_list(bulk(v).as_deref()),
+                }
+            })
+            .collect()
+    };
+    let report = run_checked(&server, client, noise, last);
     assert!(report.committed > 300, "enough commits: {report:?}");
     assert!(report.aborted > 0, "WATCH lost some races: {report:?}");
     assert!(
