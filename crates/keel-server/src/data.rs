@@ -153,8 +153,19 @@ impl Cursors {
     }
 
     /// Where the scan of cursor `id` stopped (`None`: unknown or forgotten).
-    pub fn load(&self, id: u64) -> Option<Vec<u8>> {
+    fn load(&self, id: u64) -> Option<Vec<u8>> {
         self.inner.lock().by_id.get(&id).cloned()
+    }
+
+    /// Where a `SCAN`-family call with `cursor` resumes: `None` from the start (cursor 0),
+    /// else after the last key or item the cursor's earlier call returned.
+    pub fn resume(&self, cursor: u64) -> Result<Option<Vec<u8>>, Fail> {
+        if cursor == 0 {
+            return Ok(None);
+        }
+        self.load(cursor)
+            .map(Some)
+            .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0".into())
     }
 }
 
@@ -360,6 +371,30 @@ pub fn parse_cursor(arg: &[u8]) -> Result<u64, Fail> {
             .ok_or(INVALID)?;
     }
     Ok(if negative { n.wrapping_neg() } else { n })
+}
+
+/// `MATCH` and `COUNT` of `HSCAN`/`SSCAN`/`ZSCAN` (from `args[3]` on), as Redis parses them.
+pub fn scan_options(args: &[Bytes]) -> Result<(Option<&[u8]>, usize), Fail> {
+    let mut pattern: Option<&[u8]> = None;
+    let mut count = 10usize;
+    let mut i = 3;
+    while i < args.len() {
+        let opt = &args[i];
+        let more = i + 1 < args.len();
+        if opt.eq_ignore_ascii_case(b"count") && more {
+            let n = int_arg(&args[i + 1])?;
+            if n < 1 {
+                return Err(SYNTAX.into());
+            }
+            count = usize::try_from(n).unwrap_or(usize::MAX).min(SCAN_COUNT_MAX);
+        } else if opt.eq_ignore_ascii_case(b"match") && more {
+            pattern = Some(&args[i + 1]);
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 2;
+    }
+    Ok((pattern, count))
 }
 
 fn wrong_args(name: &str) -> Fail {
@@ -839,15 +874,10 @@ fn scan(
         }
         i += 2;
     }
-    let lo = if cursor == 0 {
-        Bound::Unbounded
-    } else {
-        Bound::Excluded(
-            ctx.cursors
-                .load(cursor)
-                .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?,
-        )
-    };
+    let lo = ctx
+        .cursors
+        .resume(cursor)?
+        .map_or(Bound::Unbounded, Bound::Excluded);
     // COUNT keys are visited; MATCH and TYPE filter what was visited, as in Redis.
     let visited = ks::list(
         view,

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{
-    Ctx, Fail, NOT_FLOAT, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View, int_arg, random,
-    random_count_arg, random_picks, reply_too_big,
+    Ctx, Fail, NOT_FLOAT, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, parse_cursor, random,
+    random_count_arg, random_picks, reply_too_big, scan_options,
 };
 use crate::glob;
 use crate::keyspace::{self as ks, HASH_FIELD, Held, Meta, Type, WRONGTYPE};
@@ -324,7 +324,7 @@ fn hscan(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let cursor = crate::data::parse_cursor(&args[2])?;
+    let cursor = parse_cursor(&args[2])?;
     // As in Redis: the key and its type before the options.
     let Some(m) = find(view, ctx, &args[1])? else {
         out.array(2);
@@ -332,34 +332,8 @@ fn hscan(
         out.array(0);
         return Ok(());
     };
-    let mut pattern: Option<&[u8]> = None;
-    let mut count = 10usize;
-    let mut i = 3;
-    while i < args.len() {
-        let opt = &args[i];
-        let value = args.get(i + 1).ok_or(SYNTAX)?;
-        if opt.eq_ignore_ascii_case(b"match") {
-            pattern = Some(value);
-        } else if opt.eq_ignore_ascii_case(b"count") {
-            let n = int_arg(value)?;
-            if n < 1 {
-                return Err(SYNTAX.into());
-            }
-            count = usize::try_from(n).unwrap_or(usize::MAX).min(SCAN_COUNT_MAX);
-        } else {
-            return Err(SYNTAX.into());
-        }
-        i += 2;
-    }
-    let after = if cursor == 0 {
-        None
-    } else {
-        Some(
-            ctx.cursors
-                .load(cursor)
-                .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?,
-        )
-    };
+    let (pattern, mut count) = scan_options(args)?;
+    let after = ctx.cursors.resume(cursor)?;
     if cursor == 0 && size(view, m.generation)? as u64 <= HSCAN_WHOLE_FIELDS_MAX {
         count = HSCAN_WHOLE_FIELDS_MAX as usize + 1;
     }

@@ -23,8 +23,11 @@ use std::ops::ControlFlow;
 use bytes::Bytes;
 use keel::Txn;
 
-use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SCAN_COUNT_MAX, SYNTAX, View};
-use crate::data::{distinct_picks, int_arg, random, random_count_arg, random_picks, reply_too_big};
+use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SYNTAX, View};
+use crate::data::{
+    distinct_picks, parse_cursor, random, random_count_arg, random_picks, reply_too_big,
+    scan_options,
+};
 use crate::glob;
 use crate::keyspace::{self as ks, Held, Meta, SET_MEMBER, Type, WRONGTYPE};
 use crate::reply::Out;
@@ -139,52 +142,6 @@ pub fn replace(
     let meta = Meta::collection(ty);
     ks::put_meta(t, key, &meta, 0)?;
     Ok(Some(meta))
-}
-
-/// A `SCAN`-family cursor, read as C's `strtoul` does (a leading sign is taken, wrapping;
-/// an empty string is 0).
-pub fn parse_cursor(arg: &[u8]) -> Result<u64, Fail> {
-    let invalid = || Fail::from("ERR invalid cursor");
-    if arg.is_empty() {
-        return Ok(0);
-    }
-    let (negative, digits) = match arg {
-        [b'-', rest @ ..] => (true, rest),
-        [b'+', rest @ ..] => (false, rest),
-        _ => (false, arg),
-    };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return Err(invalid());
-    }
-    let n: u64 = std::str::from_utf8(digits)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(invalid)?;
-    Ok(if negative { n.wrapping_neg() } else { n })
-}
-
-/// `MATCH` and `COUNT` of `SSCAN`/`ZSCAN` (from `args[3]` on), as Redis parses them.
-pub fn scan_options(args: &[Bytes]) -> Result<(Option<&[u8]>, usize), Fail> {
-    let mut pattern: Option<&[u8]> = None;
-    let mut count = 10usize;
-    let mut i = 3;
-    while i < args.len() {
-        let opt = &args[i];
-        let more = i + 1 < args.len();
-        if opt.eq_ignore_ascii_case(b"count") && more {
-            let n = int_arg(&args[i + 1])?;
-            if n < 1 {
-                return Err(SYNTAX.into());
-            }
-            count = usize::try_from(n).unwrap_or(usize::MAX).min(SCAN_COUNT_MAX);
-        } else if opt.eq_ignore_ascii_case(b"match") && more {
-            pattern = Some(&args[i + 1]);
-        } else {
-            return Err(SYNTAX.into());
-        }
-        i += 2;
-    }
-    Ok((pattern, count))
 }
 
 fn member_key(generation: u64, member: &[u8]) -> ks::KeyBuf {
@@ -658,15 +615,7 @@ fn sscan(
         return Ok(());
     };
     let (pattern, mut count) = scan_options(args)?;
-    let after = if cursor == 0 {
-        None
-    } else {
-        Some(
-            ctx.cursors
-                .load(cursor)
-                .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?,
-        )
-    };
+    let after = ctx.cursors.resume(cursor)?;
     if cursor == 0 && size(view, meta.generation)? as u64 <= SSCAN_WHOLE_MEMBERS_MAX {
         count = SSCAN_WHOLE_MEMBERS_MAX as usize + 1;
     }

@@ -34,8 +34,8 @@ use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{
-    Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, random, random_count_arg,
-    random_picks, reply_too_big,
+    Ctx, Fail, NOT_INTEGER, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, parse_cursor, random,
+    random_count_arg, random_picks, reply_too_big, scan_options,
 };
 use crate::glob;
 use crate::keyspace::{self as ks, Meta, Type, WRONGTYPE, ZSET_INDEX, ZSET_SCORE};
@@ -1370,26 +1370,22 @@ fn zscan(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<(), Fail> {
-    let cursor = sets::parse_cursor(&args[2])?;
+    let cursor = parse_cursor(&args[2])?;
     let Some(meta) = find(view, ctx, &args[1])? else {
         out.array(2);
         out.bulk(b"0");
         out.array(0);
         return Ok(());
     };
-    let (pattern, mut count) = sets::scan_options(args)?;
+    let (pattern, mut count) = scan_options(args)?;
     let g = meta.generation;
     let (lo, hi) = all(g);
-    let lo = if cursor == 0 {
-        lo
-    } else {
-        let after = ctx
-            .cursors
-            .load(cursor)
-            .ok_or("ERR keel: unknown or expired SCAN cursor; start again from 0")?;
+    let lo = if let Some(after) = ctx.cursors.resume(cursor)? {
         let mut k = ks::sub_prefix(ZSET_INDEX, g).to_vec();
         k.extend_from_slice(&after);
         Bound::Excluded(k)
+    } else {
+        lo
     };
     if cursor == 0 && size(view, g)? as u64 <= ZSCAN_WHOLE_MEMBERS_MAX {
         count = ZSCAN_WHOLE_MEMBERS_MAX as usize + 1;
