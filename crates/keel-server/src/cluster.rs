@@ -547,6 +547,7 @@ mod tests {
         assert_eq!(keys(&["MSET", "a", "1", "b", "2"]), ["a", "b"]);
         assert_eq!(keys(&["DEL", "a", "b", "c"]), ["a", "b", "c"]);
         assert_eq!(keys(&["BLPOP", "a", "b", "0"]), ["a", "b"]);
+        assert_eq!(keys(&["BITOP", "AND", "d", "a", "b"]), ["d", "a", "b"]);
         assert_eq!(
             keys(&["SINTERCARD", "2", "a", "b", "LIMIT", "1"]),
             ["a", "b"]

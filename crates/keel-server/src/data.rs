@@ -210,7 +210,8 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Pttl
             | Cmd::Expiretime
             | Cmd::Pexpiretime
-    ) || crate::hashes::is_read_only(cmd)
+    ) || crate::bits::is_read_only(cmd)
+        || crate::hashes::is_read_only(cmd)
         || crate::sets::is_read_only(cmd)
         || crate::lists::is_read_only(cmd)
         || crate::zsets::is_read_only(cmd)
@@ -266,6 +267,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelAdd
         )
         || crate::expiry::handles(cmd)
+        || crate::bits::handles(cmd)
         || crate::hashes::handles(cmd)
         || crate::sets::handles(cmd)
         || crate::lists::handles(cmd)
@@ -644,6 +646,7 @@ pub fn run(
             out.ok();
         }
         _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
+        _ if crate::bits::handles(cmd) => crate::bits::run(cmd, args, view, ctx, out)?,
         _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
         _ if crate::sets::handles(cmd) => crate::sets::run(cmd, args, view, ctx, out)?,
         _ if crate::lists::handles(cmd) => crate::lists::run(cmd, args, view, ctx, out)?,
@@ -782,18 +785,26 @@ pub enum Ttl {
     PxAt,
 }
 
+/// What the keyword `arg` stands for in `table` (names in lower case; `arg` in any case).
+pub fn keyword<T: Copy>(arg: &[u8], table: &[(&str, T)]) -> Option<T> {
+    table
+        .iter()
+        .find(|(name, _)| arg.eq_ignore_ascii_case(name.as_bytes()))
+        .map(|&(_, t)| t)
+}
+
 impl Ttl {
     /// The option `opt` names, in any case.
     pub fn parse(opt: &[u8]) -> Option<Ttl> {
-        [
-            (&b"ex"[..], Ttl::Ex),
-            (b"px", Ttl::Px),
-            (b"exat", Ttl::ExAt),
-            (b"pxat", Ttl::PxAt),
-        ]
-        .into_iter()
-        .find(|(name, _)| opt.eq_ignore_ascii_case(name))
-        .map(|(_, t)| t)
+        keyword(
+            opt,
+            &[
+                ("ex", Ttl::Ex),
+                ("px", Ttl::Px),
+                ("exat", Ttl::ExAt),
+                ("pxat", Ttl::PxAt),
+            ],
+        )
     }
 
     /// The deadline (unix ms) `arg` gives, with Redis's checks: positive, no overflow.

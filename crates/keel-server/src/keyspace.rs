@@ -200,6 +200,16 @@ impl Meta {
     }
 }
 
+/// The longest string `key` may hold with `deadline` (0: none): the engine's value size limit,
+/// less the meta record's head for a string with a TTL (which lives in its meta record).
+pub fn string_bytes_max(deadline: u64) -> usize {
+    if deadline == 0 {
+        keel::limits::VALUE_BYTES_MAX
+    } else {
+        keel::limits::VALUE_BYTES_MAX - META_HEAD_BYTES
+    }
+}
+
 /// A fresh random generation. 64 random bits: two collections drawing the same one is as
 /// likely as a 64-bit hash collision among the collections alive at once.
 fn new_generation() -> u64 {

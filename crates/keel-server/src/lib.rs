@@ -18,6 +18,7 @@
 //! runtime serves connections (one busy-polling thread, or the worker pool). The engine stays
 //! synchronous; tokio is only for sockets.
 
+mod bits;
 mod blocking;
 mod cluster;
 mod config;

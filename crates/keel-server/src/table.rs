@@ -75,6 +75,14 @@ pub enum Cmd {
     Dbsize,
     Flushdb,
     Flushall,
+    // Bits (bits.rs).
+    Setbit,
+    Getbit,
+    Bitcount,
+    Bitpos,
+    Bitop,
+    Bitfield,
+    BitfieldRo,
     // Expiry.
     Expire,
     Pexpire,
@@ -1962,6 +1970,83 @@ pub static SPECS: &[Spec] = &[
         0,
         "list",
         "Pops the first element from one of multiple lists. Blocks until an element is available otherwise. Deletes the list if the last element was popped."
+    ),
+    spec!(
+        "setbit",
+        Setbit,
+        4,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Sets or clears the bit at offset of the string value. Creates the key if it doesn't exist."
+    ),
+    spec!(
+        "getbit",
+        Getbit,
+        3,
+        RO,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Returns a bit value by offset."
+    ),
+    spec!(
+        "bitcount",
+        Bitcount,
+        -2,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Counts the number of set bits (population counting) in a string."
+    ),
+    spec!(
+        "bitpos",
+        Bitpos,
+        -3,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Finds the first set (1) or clear (0) bit in a string."
+    ),
+    spec!(
+        "bitop",
+        Bitop,
+        -4,
+        WR_OOM,
+        2,
+        -1,
+        1,
+        "bitmap",
+        "Performs bitwise operations on multiple strings, and stores the result."
+    ),
+    spec!(
+        "bitfield",
+        Bitfield,
+        -2,
+        WR_OOM,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Performs arbitrary bitfield integer operations on strings."
+    ),
+    spec!(
+        "bitfield_ro",
+        BitfieldRo,
+        -2,
+        RO,
+        1,
+        1,
+        1,
+        "bitmap",
+        "Performs arbitrary read-only bitfield integer operations on strings."
     ),
     spec!(
         "keel.range",

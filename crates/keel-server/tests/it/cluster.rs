@@ -152,6 +152,21 @@ fn multi_key_commands_and_transactions() {
     let () = query(&mut con, &["MSET", &c, "3", &d, "4"]);
     let got: Vec<String> = query(&mut cluster.node(1).client(), &["MGET", &c, &d]);
     assert_eq!(got, ["3", "4"]);
+    // BITOP's keys start after the operation: the destination and every source are routed.
+    assert_eq!(
+        error(&mut con, &["BITOP", "OR", &c, &d, &b]),
+        "CROSSSLOT Keys in request don't hash to the same slot"
+    );
+    assert_eq!(
+        error(&mut con, &["BITOP", "OR", &b, &c]),
+        "CROSSSLOT Keys in request don't hash to the same slot"
+    );
+    let (e, f) = (key_on(&cluster, 1, "e"), key_on(&cluster, 1, "f"));
+    let () = query(&mut con, &["SET", &e, "x"]);
+    let n: i64 = query(&mut con, &["BITOP", "XOR", &f, &e, &f]);
+    assert_eq!(n, 1, "forwarded to the node of both keys");
+    let got: String = query(&mut con, &["GET", &f]);
+    assert_eq!(got, "x");
     // MULTI/EXEC with every key on one other node: forwarded as a whole transaction.
     let got: (i64, i64) = redis::pipe()
         .atomic()

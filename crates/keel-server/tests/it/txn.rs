@@ -131,6 +131,36 @@ fn watch_detects_an_equal_value_rewrite_and_a_create() {
         let _: () = query(&mut a, &["SET", "k", "mine"]);
         assert_eq!(query::<Value>(&mut a, &["EXEC"]), Value::Nil);
         let _: () = query(&mut a, &["DEL", "fresh"]);
+
+        // A bit write that changes a bit, or grows the string, is a write like any other;
+        // one that changes nothing is not (as in Redis 7.0): 's' is 0111 0011.
+        let _: () = query(&mut a, &["SET", "k", "same"]);
+        for (write, aborts) in [
+            (&["SETBIT", "k", "0", "0"][..], false),
+            (&["SETBIT", "k", "1", "1"], false),
+            (&["SETBIT", "k", "0", "1"], true),
+            (&["SETBIT", "k", "0", "0"], true),
+            (&["SETBIT", "k", "100", "0"], true),
+            (
+                &["BITFIELD", "k", "SET", "u8", "0", "115", "GET", "u8", "8"],
+                false,
+            ),
+            (
+                &[
+                    "BITFIELD", "k", "SET", "u8", "0", "1", "SET", "u8", "0", "115",
+                ],
+                true,
+            ),
+            (&["BITOP", "OR", "k", "k"], true),
+        ] {
+            let _: () = query(&mut a, &["WATCH", "k"]);
+            let _: Value = query(&mut b, write);
+            let _: () = query(&mut a, &["MULTI"]);
+            let _: () = query(&mut a, &["GETBIT", "k", "0"]);
+            let exec: Value = query(&mut a, &["EXEC"]);
+            assert_eq!(exec == Value::Nil, aborts, "{write:?}");
+        }
+        let _: () = query(&mut a, &["DEL", "k"]);
     }
 }
 
@@ -266,6 +296,12 @@ fn concurrent_exec_is_serializable() {
                         .cmd("INCRBY")
                         .arg("transfers")
                         .arg(1)
+                        // A read-modify-write of a string's bits: a lost update would
+                        // show in the final count.
+                        .cmd("BITFIELD")
+                        .arg("bits")
+                        .arg(&["INCRBY", "u16", "#1", "1"])
+                        .ignore()
                         .query(&mut c)
                         .expect("EXEC never fails for a conflict");
                     assert!(sum >= 1);
@@ -279,6 +315,8 @@ fn concurrent_exec_is_serializable() {
     let values: Vec<i64> = query(&mut c, &["MGET", "acct0", "acct1", "acct2", "acct3"]);
     assert_eq!(values.iter().sum::<i64>(), 400);
     assert_eq!(query::<i64>(&mut c, &["GET", "transfers"]), 600);
+    let bits: Vec<i64> = query(&mut c, &["BITFIELD", "bits", "GET", "u16", "#1"]);
+    assert_eq!(bits, [600]);
 }
 
 /// Many WATCH-based optimistic increments: every EXEC either commits or returns null, and the
