@@ -118,7 +118,10 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
     }
 
     /// Takes back the durable commit decisions of earlier incarnations (after a restart) and
-    /// sends them again.
+    /// sends them again. Call it before handing the coordinator any message: until then it
+    /// would answer abort about a transaction decided commit. What the caller read back must
+    /// be durable (a log read after a crash may show writes the kernel still holds), or a
+    /// later incarnation could find it gone.
     pub fn recover(
         &mut self,
         now_ms: u64,

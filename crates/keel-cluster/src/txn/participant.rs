@@ -125,7 +125,7 @@ impl<R: Clone> Participant<R> {
 
     /// Takes back the durable prepared records of earlier incarnations (after a restart; the
     /// storage holds their locks again before it serves anything) and asks their coordinators
-    /// for the decisions.
+    /// for the decisions. Call it before handing the participant any message.
     pub fn recover<W>(
         &mut self,
         now_ms: u64,
