@@ -53,6 +53,11 @@
 //! every acknowledgement (see [`Config::ack_wait_ms`] for why that early answer keeps real-time
 //! order), `Aborted` as soon as abort is decided, and `Unknown` if the decision record is not
 //! durable by [`Config::client_deadline_ms`].
+//!
+//! The messages and ids derive serde's traits (for `W` and `R` that do), for the transport to
+//! encode; nothing here encodes or needs them.
+
+use serde::{Deserialize, Serialize};
 
 mod coordinator;
 mod participant;
@@ -64,7 +69,7 @@ pub use participant::{Action as ParticipantAction, Participant, Recovered};
 
 /// A node, by its index in [`crate::Membership::nodes`] (the same list, in the same order, on
 /// every node).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Peer(pub u16);
 
 impl std::fmt::Display for Peer {
@@ -76,7 +81,7 @@ impl std::fmt::Display for Peer {
 /// A cross-partition transaction: its coordinator, the coordinator's incarnation (drawn when
 /// that process started, so that a restarted coordinator never reuses an id), and a sequence
 /// number within the incarnation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TxnId {
     /// The node that coordinates it.
     pub coordinator: Peer,
@@ -100,7 +105,7 @@ impl std::fmt::Display for TxnId {
 /// and a counter. Kept in the durable prepared record and named by the commit decision, so
 /// that a late duplicate `Prepare` that executed again is told apart from the prepare whose
 /// vote was counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PrepareId {
     /// The participant process' incarnation.
     pub incarnation: u64,
@@ -109,7 +114,7 @@ pub struct PrepareId {
 }
 
 /// Why a participant voted no.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Refusal {
     /// A key is locked by another prepared transaction (or the work conflicted otherwise):
@@ -125,7 +130,7 @@ pub enum Refusal {
 }
 
 /// A participant's vote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Vote<R> {
     /// Prepared (durably, holding its locks) as `prepare`; `reply` is the work's replies.
     Yes {
@@ -139,7 +144,7 @@ pub enum Vote<R> {
 }
 
 /// A coordinator's decision, as sent to one participant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Decided {
     /// Commit the prepare named here (the one whose yes vote was counted); any other prepare
     /// of the transaction that the participant holds is a stale re-prepare, to abort.
@@ -149,7 +154,7 @@ pub enum Decided {
 }
 
 /// Everything nodes say to each other about a transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message<W, R> {
     /// Coordinator to participant: execute and prepare `work`.
     Prepare {

@@ -38,7 +38,7 @@ pub enum Action<W, R> {
 }
 
 /// A durable commit decision: the transaction and the prepare of each participant to commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Decision {
     /// The transaction.
     pub txn: TxnId,

@@ -689,3 +689,55 @@ fn participant_refuses_beyond_its_bound() {
     p.handle(prepare_msg(5), &mut out);
     assert_eq!(out, vec![p_vote(5, Vote::No(Refusal::Overloaded))]);
 }
+
+#[test]
+fn messages_round_trip_through_serde() {
+    // TOML is the serde format this crate already has; the transport will use its own.
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Frame {
+        msgs: Vec<Message<Vec<String>, u32>>,
+    }
+    let txn = TxnId {
+        coordinator: A,
+        incarnation: u64::from(u32::MAX) + 1,
+        seq: 9,
+    };
+    let frame = Frame {
+        msgs: vec![
+            Message::Prepare {
+                txn,
+                participants: vec![A, B],
+                work: vec!["SET".into(), "k".into()],
+            },
+            Message::Vote {
+                txn,
+                from: B,
+                vote: Vote::Yes {
+                    prepare: prep(2, 1),
+                    reply: 5,
+                },
+            },
+            Message::Vote {
+                txn,
+                from: C,
+                vote: Vote::No(Refusal::Failed("WRONGTYPE".into())),
+            },
+            Message::Decide {
+                txn,
+                decision: Decided::Commit(prep(2, 1)),
+            },
+            Message::Decide {
+                txn,
+                decision: Decided::Abort,
+            },
+            Message::Ack { txn, from: B },
+            Message::Inquire {
+                txn,
+                from: B,
+                prepare: prep(2, 1),
+            },
+        ],
+    };
+    let text = toml::to_string(&frame).unwrap();
+    assert_eq!(toml::from_str::<Frame>(&text).unwrap(), frame, "{text}");
+}

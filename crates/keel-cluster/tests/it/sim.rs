@@ -1185,6 +1185,10 @@ fn many_seeds_pass_every_check() {
             ("recovered decisions", total.recovered_decisions),
             ("inquiries", total.inquiries),
             ("stale prepares", total.stale_prepares),
+            (
+                "dependency edges in the histories",
+                total.history_edges as u64,
+            ),
         ] {
             assert!(count > 0, "no {what} in {} seeds: {total:#?}", seeds.len());
         }
