@@ -548,6 +548,10 @@ mod tests {
         assert_eq!(keys(&["DEL", "a", "b", "c"]), ["a", "b", "c"]);
         assert_eq!(keys(&["BLPOP", "a", "b", "0"]), ["a", "b"]);
         assert_eq!(keys(&["BITOP", "AND", "d", "a", "b"]), ["d", "a", "b"]);
+        assert_eq!(keys(&["COPY", "a", "b", "REPLACE"]), ["a", "b"]);
+        assert_eq!(keys(&["OBJECT", "ENCODING", "a"]), ["a"]);
+        assert!(keys(&["OBJECT", "HELP"]).is_empty());
+        assert!(keys(&["RANDOMKEY"]).is_empty());
         assert_eq!(
             keys(&["SINTERCARD", "2", "a", "b", "LIMIT", "1"]),
             ["a", "b"]

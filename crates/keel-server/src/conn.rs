@@ -505,7 +505,9 @@ impl Conn {
         let ok = spec.arity_ok(args.len())
             && data::is_data(spec.cmd)
             && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall)
-            && !crate::lists::is_blocking(spec.cmd);
+            && !crate::lists::is_blocking(spec.cmd)
+            // A bad OBJECT subcommand is refused by `command`, before anything runs.
+            && (spec.cmd != Cmd::Object || table::subcommand(spec, args).is_ok());
         ok.then_some(spec.cmd)
     }
 
@@ -609,6 +611,14 @@ impl Conn {
         };
         if !spec.arity_ok(args.len()) {
             let text = format!("ERR wrong number of arguments for '{}' command", spec.name);
+            self.reject(spec, &text, output);
+            return Next::Continue;
+        }
+        // A data command with subcommands (OBJECT) is refused for a bad subcommand before it
+        // is queued or run, as Redis refuses it.
+        if spec.cmd == Cmd::Object
+            && let Err(text) = table::subcommand(spec, &args)
+        {
             self.reject(spec, &text, output);
             return Next::Continue;
         }
@@ -898,17 +908,10 @@ impl Conn {
                 self.authenticated = self.shared.requirepass.read().is_none();
                 self.out(output).simple("RESET");
             }
-            Cmd::Select => match resp::string_to_i64(&args[1]) {
-                Some(0) => out.ok(),
-                // Redis reads the index as a C int first.
-                Some(n) if i32::try_from(n).is_err() => {
-                    return Err("ERR value is out of range, value must between -2147483648 \
-                                and 2147483647"
-                        .into());
-                }
-                Some(_) => return Err("ERR DB index is out of range".into()),
-                None => return Err(NOT_INTEGER.into()),
-            },
+            Cmd::Select => {
+                data::check_db_index(&args[1])?;
+                out.ok();
+            }
             Cmd::Auth => {
                 let (user, pass) = match args.len() {
                     2 => (&b"default"[..], &args[1]),
@@ -1081,34 +1084,12 @@ impl Conn {
     }
 
     fn client(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<Next, Fail> {
-        let sub = args[1].to_ascii_lowercase();
-        let arity = table::lookup(b"client")
-            .expect("client is in the table")
-            .subcommands
-            .iter()
-            .find(|(name, _)| name.as_bytes() == sub)
-            .map(|&(_, arity)| arity);
-        let Some(arity) = arity else {
-            return Err(format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                shorten(&args[1])
-            )
-            .into());
-        };
-        let fits = if arity >= 0 {
-            args.len() == arity as usize
-        } else {
-            args.len() >= arity.unsigned_abs() as usize
-        };
-        if !fits {
-            return Err(format!(
-                "ERR wrong number of arguments for 'client|{}' command",
-                String::from_utf8_lossy(&sub)
-            )
-            .into());
-        }
+        let spec = table::lookup(b"client").expect("client is in the table");
+        let sub = table::subcommand(spec, args)
+            .map_err(Fail::from)?
+            .as_bytes();
         let mut out = Out::new(output, self.proto);
-        match &sub[..] {
+        match sub {
             b"id" => out.int(self.info.id as i64),
             b"setname" => {
                 self.set_name(&args[2])?;

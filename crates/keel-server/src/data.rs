@@ -201,6 +201,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Strlen
             | Cmd::Getrange
             | Cmd::Exists
+            | Cmd::Touch
             | Cmd::Type
             | Cmd::Keys
             | Cmd::Scan
@@ -211,6 +212,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Expiretime
             | Cmd::Pexpiretime
     ) || crate::bits::is_read_only(cmd)
+        || crate::keys::is_read_only(cmd)
         || crate::hashes::is_read_only(cmd)
         || crate::sets::is_read_only(cmd)
         || crate::lists::is_read_only(cmd)
@@ -228,7 +230,7 @@ pub fn is_commutative(cmd: Cmd) -> bool {
 pub fn keys(cmd: Cmd, args: &[Bytes]) -> impl Iterator<Item = &[u8]> {
     let (step, all) = match cmd {
         Cmd::Mset | Cmd::Msetnx => (2, true),
-        Cmd::Mget | Cmd::Del | Cmd::Unlink | Cmd::Exists => (1, true),
+        Cmd::Mget | Cmd::Del | Cmd::Unlink | Cmd::Exists | Cmd::Touch => (1, true),
         _ => (1, false),
     };
     let end = if all { args.len() } else { args.len().min(2) };
@@ -259,7 +261,6 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::Incrbyfloat
                 | Cmd::Del
                 | Cmd::Unlink
-                | Cmd::Rename
                 | Cmd::Flushdb
                 | Cmd::Flushall
                 | Cmd::KeelMax
@@ -268,6 +269,7 @@ pub fn is_data(cmd: Cmd) -> bool {
         )
         || crate::expiry::handles(cmd)
         || crate::bits::handles(cmd)
+        || crate::keys::handles(cmd)
         || crate::hashes::handles(cmd)
         || crate::sets::handles(cmd)
         || crate::lists::handles(cmd)
@@ -324,6 +326,20 @@ pub fn random_count_arg(arg: Option<&Bytes>) -> Result<Option<i64>, Fail> {
             .into());
     }
     Ok(Some(n))
+}
+
+/// Checks a database index (`SELECT`, `COPY ... DB`): keel has one database, 0; other
+/// indexes get Redis's errors for an index it does not have.
+pub fn check_db_index(arg: &[u8]) -> Result<(), Fail> {
+    match string_to_i64(arg) {
+        Some(0) => Ok(()),
+        // Redis reads the index as a C int first.
+        Some(n) if i32::try_from(n).is_err() => Err("ERR value is out of range, value must \
+                                                    between -2147483648 and 2147483647"
+            .into()),
+        Some(_) => Err("ERR DB index is out of range".into()),
+        None => Err(NOT_INTEGER.into()),
+    }
 }
 
 pub fn int_arg(arg: &[u8]) -> Result<i64, Fail> {
@@ -561,7 +577,8 @@ pub fn run(
             }
             out.int(deleted);
         }
-        Cmd::Exists => {
+        // keel keeps no access times, so TOUCH only counts, as EXISTS does.
+        Cmd::Exists | Cmd::Touch => {
             let mut n = 0;
             for key in &args[1..] {
                 if ks::lookup(view, clock, key, false)? != Held::Absent {
@@ -574,17 +591,6 @@ pub fn run(
             Some(ty) => out.simple(ty.name()),
             None => out.simple("none"),
         },
-        Cmd::Rename => {
-            let t = view.txn();
-            let held = ks::lookup(&mut View::Txn(t), clock, &args[1], true)?;
-            if held == Held::Absent {
-                return Err("ERR no such key".into());
-            }
-            if args[1] != args[2] {
-                ks::rename(t, clock, &args[1], &args[2], &held)?;
-            }
-            out.ok();
-        }
         Cmd::Keys => {
             let pattern = &args[1];
             let (lo, hi) = prefix_bounds(pattern);
@@ -647,6 +653,7 @@ pub fn run(
         }
         _ if crate::expiry::handles(cmd) => crate::expiry::run(cmd, args, view, ctx, out)?,
         _ if crate::bits::handles(cmd) => crate::bits::run(cmd, args, view, ctx, out)?,
+        _ if crate::keys::handles(cmd) => crate::keys::run(cmd, args, view, ctx, out)?,
         _ if crate::hashes::handles(cmd) => crate::hashes::run(cmd, args, view, ctx, out)?,
         _ if crate::sets::handles(cmd) => crate::sets::run(cmd, args, view, ctx, out)?,
         _ if crate::lists::handles(cmd) => crate::lists::run(cmd, args, view, ctx, out)?,
@@ -1055,6 +1062,26 @@ pub mod test_support {
         let mut out = Out::new(&mut buf, Proto::Resp2);
         super::run(cmd, &args(a), &mut View::Txn(txn), &ctx(cursors), &mut out).expect("runs");
         buf.to_vec()
+    }
+
+    /// Runs one command in a transaction of its own: its reply, or its error (then nothing
+    /// is committed).
+    pub fn try_exec(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Result<Vec<u8>, super::Fail> {
+        let cmd = crate::table::lookup(a[0].as_bytes())
+            .expect("a command")
+            .cmd;
+        let mut txn = db.begin().expect("begin");
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, Proto::Resp2);
+        super::run(
+            cmd,
+            &args(a),
+            &mut View::Txn(&mut txn),
+            &ctx(cursors),
+            &mut out,
+        )?;
+        txn.commit().expect("commit").expect("no conflict");
+        Ok(buf.to_vec())
     }
 
     /// Runs one command in a transaction of its own, which must commit.

@@ -637,6 +637,83 @@ pub fn rename(
     dst: &[u8],
     held: &Held,
 ) -> Result<(), Fail> {
+    place(t, clock, dst, held)?;
+    match held {
+        Held::Absent => unreachable!("the caller checked that the source exists"),
+        Held::Plain(_) => t.delete(&plain_key(src))?,
+        Held::Meta(m) => {
+            t.delete(&meta_key(src))?;
+            if m.deadline != 0 {
+                t.delete(&expiry_key(m.deadline, src))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` (holding `held`, with its value read) to `dst`, replacing whatever `dst`
+/// holds; the TTL is copied too. A collection is copied member by member under a new
+/// generation (sub-keys and size record), in `t`: O(n), within one transaction's limits.
+pub fn copy(
+    t: &mut Txn<'_>,
+    clock: &Clock,
+    src: &[u8],
+    dst: &[u8],
+    held: &Held,
+) -> Result<(), Fail> {
+    let copied = match held {
+        Held::Absent => unreachable!("the caller checked that the source exists"),
+        Held::Plain(_) => held.clone(),
+        Held::Meta(m) if m.ty == Type::String => held.clone(),
+        Held::Meta(m) => {
+            let fresh = Meta::collection(m.ty).generation;
+            copy_members(t, src, m, fresh)?;
+            Held::Meta(Meta {
+                generation: fresh,
+                ..m.clone()
+            })
+        }
+    };
+    place(t, clock, dst, &copied)
+}
+
+/// Most sub-keys one `COPY` writes (in one transaction, with the meta record, the size
+/// record and the destination's removal): the engine's bound on keys written by one
+/// transaction, less a few for those.
+const COPY_SUB_KEYS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 8;
+
+/// Writes the sub-keys and size record of the collection `meta` (at `src`) again under
+/// `generation`.
+fn copy_members(t: &mut Txn<'_>, src: &[u8], meta: &Meta, generation: u64) -> Result<(), Fail> {
+    let mut copied = Vec::new();
+    for &kind in sub_prefixes(meta.ty) {
+        let prefix = sub_prefix(kind, meta.generation);
+        let (lo, hi) = prefix_range(&prefix);
+        for (k, v) in t.range((lo, hi)) {
+            if copied.len() == COPY_SUB_KEYS_MAX {
+                return Err(format!(
+                    "ERR keel: COPY of the {} '{}' would write more than {COPY_SUB_KEYS_MAX} \
+                     keys in one transaction (keel's limit)",
+                    meta.ty.name(),
+                    String::from_utf8_lossy(&src[..src.len().min(128)])
+                )
+                .into());
+            }
+            copied.push((sub_key(kind, generation, &k[prefix.len()..]), v));
+        }
+    }
+    for (k, v) in &copied {
+        t.put(k, v)?;
+    }
+    if let Some(size) = t.get_with(&size_key(meta.generation), |v| v.map(<[u8]>::to_vec))? {
+        t.put(&size_key(generation), &size)?;
+    }
+    Ok(())
+}
+
+/// Writes the key `held` describes (a plain string's value, or a meta record with its
+/// deadline) at `dst`, after removing whatever `dst` holds: what `RENAME` and `COPY` share.
+fn place(t: &mut Txn<'_>, clock: &Clock, dst: &[u8], held: &Held) -> Result<(), Fail> {
     let old = lookup(&mut View::Txn(t), clock, dst, false)?;
     match &old {
         Held::Absent => {}
@@ -654,15 +731,12 @@ pub fn rename(
         Held::Plain(v) => {
             let v = v.as_deref().expect("the caller read the value");
             t.put(&plain_key(dst), v)?;
-            t.delete(&plain_key(src))?;
         }
         Held::Meta(m) => {
             if matches!(old, Held::Plain(_)) {
                 t.delete(&plain_key(dst))?;
             }
-            t.delete(&meta_key(src))?;
             if m.deadline != 0 {
-                t.delete(&expiry_key(m.deadline, src))?;
                 t.put(&expiry_key(m.deadline, dst), &[])?;
             }
             t.put(&meta_key(dst), &m.encode())?;

@@ -28,6 +28,7 @@ mod expiry;
 mod glob;
 mod hashes;
 mod info;
+mod keys;
 mod keyspace;
 pub mod lanes;
 mod lists;

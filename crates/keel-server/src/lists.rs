@@ -77,7 +77,13 @@ pub fn is_blocking(cmd: Cmd) -> bool {
 pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
     match cmd {
         Cmd::Lpush | Cmd::Rpush => args.get(1),
-        Cmd::Lmove | Cmd::Rpoplpush | Cmd::Blmove | Cmd::Brpoplpush | Cmd::Rename => args.get(2),
+        Cmd::Lmove
+        | Cmd::Rpoplpush
+        | Cmd::Blmove
+        | Cmd::Brpoplpush
+        | Cmd::Rename
+        | Cmd::Renamenx
+        | Cmd::Copy => args.get(2),
         _ => None,
     }
     .map(|a| &a[..])
@@ -722,6 +728,19 @@ fn lmove(
     };
     // The destination's type is checked before anything moves, as in Redis.
     find(&mut View::Txn(t), ctx, dst)?;
+    if src == dst {
+        let (head, tail) = ends(&mut View::Txn(t), m.generation)?;
+        if tail - head == 1 {
+            // Moving the only element of a list onto itself leaves the list as it was; Redis
+            // pushes before it checks whether the source ran empty, so the key (and its TTL)
+            // stays. Written back in place, so that it is still a write to a WATCH.
+            let item = item_key(m.generation, head);
+            let value = t.get(&item)?.ok_or_else(damaged)?;
+            t.put(&item, &value)?;
+            out.bulk(&value);
+            return Ok(true);
+        }
+    }
     let popped = pop(t, src, &m, from, 1)?;
     let value = popped.into_iter().next().ok_or_else(damaged)?;
     // Looked up again: popping the last element of `src` deleted it, and `dst` may be `src`.

@@ -70,6 +70,11 @@ pub enum Cmd {
     Exists,
     Type,
     Rename,
+    Renamenx,
+    Copy,
+    Randomkey,
+    Touch,
+    Object,
     Keys,
     Scan,
     Dbsize,
@@ -892,6 +897,70 @@ pub static SPECS: &[Spec] = &[
         1,
         "generic",
         "Renames a key and overwrites the destination."
+    ),
+    spec!(
+        "renamenx",
+        Renamenx,
+        3,
+        WR_FAST,
+        1,
+        2,
+        1,
+        "generic",
+        "Renames a key only when the target key name doesn't exist."
+    ),
+    spec!(
+        "copy",
+        Copy,
+        -3,
+        WR_OOM,
+        1,
+        2,
+        1,
+        "generic",
+        "Copies the value of a key to a new key."
+    ),
+    spec!(
+        "randomkey",
+        Randomkey,
+        1,
+        RO_SLOW,
+        0,
+        0,
+        0,
+        "generic",
+        "Returns a random key name from the database."
+    ),
+    spec!(
+        "touch",
+        Touch,
+        -2,
+        RO,
+        1,
+        -1,
+        1,
+        "generic",
+        "Returns the number of existing keys out of those specified after updating the time they were last accessed."
+    ),
+    // Redis gives the container no key positions (its subcommands have them); keel gives it
+    // the key of `OBJECT ENCODING key` and its kin, which is what routes it in a cluster.
+    spec!(
+        "object",
+        Object,
+        -2,
+        &[],
+        2,
+        2,
+        1,
+        "generic",
+        "A container for object introspection commands.",
+        &[
+            ("encoding", 3),
+            ("freq", 3),
+            ("help", 2),
+            ("idletime", 3),
+            ("refcount", 3)
+        ]
     ),
     spec!(
         "keys",
@@ -2125,6 +2194,33 @@ impl Hasher for NameHasher {
     fn finish(&self) -> u64 {
         self.0
     }
+}
+
+/// The subcommand `args[1]` of the container command `spec` (`CLIENT`, `OBJECT`, ...), in
+/// lower case, checked against its arity, or Redis's error text: an unknown subcommand (named
+/// up to 128 bytes) or one with the wrong number of arguments.
+pub fn subcommand(spec: &Spec, args: &[bytes::Bytes]) -> Result<&'static str, String> {
+    let sub = args[1].to_ascii_lowercase();
+    let Some(&(name, arity)) = spec.subcommands.iter().find(|(n, _)| n.as_bytes() == sub) else {
+        let shown = &args[1][..args[1].len().min(128)];
+        return Err(format!(
+            "ERR unknown subcommand '{}'. Try {} HELP.",
+            String::from_utf8_lossy(shown),
+            spec.name.to_ascii_uppercase()
+        ));
+    };
+    let fits = if arity >= 0 {
+        args.len() == arity as usize
+    } else {
+        args.len() >= arity.unsigned_abs() as usize
+    };
+    if !fits {
+        return Err(format!(
+            "ERR wrong number of arguments for '{}|{name}' command",
+            spec.name
+        ));
+    }
+    Ok(name)
 }
 
 /// Longest command name; longer names are unknown without a lookup.

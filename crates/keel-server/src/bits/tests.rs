@@ -1,29 +1,6 @@
-use bytes::BytesMut;
-
 use super::*;
-use crate::data::test_support::{args, ctx, exec, run_in};
-use crate::data::{Cursors, View};
-use crate::reply::{Out, Proto};
-
-/// Runs one command in a transaction of its own; its reply, or its error (then nothing is
-/// committed).
-fn attempt(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Result<Vec<u8>, Fail> {
-    let cmd = crate::table::lookup(a[0].as_bytes())
-        .expect("a command")
-        .cmd;
-    let mut txn = db.begin().expect("begin");
-    let mut buf = BytesMut::new();
-    let mut out = Out::new(&mut buf, Proto::Resp2);
-    crate::data::run(
-        cmd,
-        &args(a),
-        &mut View::Txn(&mut txn),
-        &ctx(cursors),
-        &mut out,
-    )?;
-    txn.commit().expect("commit").expect("no conflict");
-    Ok(buf.to_vec())
-}
+use crate::data::Cursors;
+use crate::data::test_support::{exec, run_in, try_exec};
 
 fn naive_bit(v: &[u8], i: u64) -> u8 {
     (v[(i / 8) as usize] >> (7 - i % 8)) & 1
@@ -149,7 +126,7 @@ fn bit_commands_check_arguments_and_types() {
     let db = keel::Db::in_memory();
     let c = Cursors::default();
     exec(&db, &c, &["HSET", "h", "f", "v"]);
-    let err = |a: &[&str]| attempt(&db, &c, a).expect_err("fails").0.into_owned();
+    let err = |a: &[&str]| try_exec(&db, &c, a).expect_err("fails").0.into_owned();
     assert_eq!(err(&["SETBIT", "k", "-1", "1"]), BAD_OFFSET);
     assert_eq!(err(&["SETBIT", "k", "1", "2"]), BAD_BIT);
     assert_eq!(err(&["SETBIT", "h", "1", "1"]), ks::WRONGTYPE);
@@ -177,7 +154,7 @@ fn bit_commands_check_arguments_and_types() {
     );
     // As in Redis 7.0, an absent key answers before the range is read.
     assert_eq!(
-        attempt(&db, &c, &["BITCOUNT", "nokey", "x", "y"]),
+        try_exec(&db, &c, &["BITCOUNT", "nokey", "x", "y"]),
         Ok(b":0\r\n".to_vec())
     );
 }
@@ -196,16 +173,16 @@ fn bit_writes_stop_at_the_value_size_limit() {
         format!(":{max}\r\n").as_bytes()
     );
     let past = (max * 8).to_string();
-    let e = attempt(&db, &c, &["SETBIT", "k", &past, "1"]).expect_err("too big");
+    let e = try_exec(&db, &c, &["SETBIT", "k", &past, "1"]).expect_err("too big");
     assert!(e.0.starts_with("ERR keel: SETBIT at bit offset"), "{e:?}");
     assert!(e.0.contains(&format!("limit of {max} bytes")), "{e:?}");
     exec(&db, &c, &["SET", "t", "x", "EX", "100"]);
-    let e = attempt(&db, &c, &["SETBIT", "t", &last_bit, "1"]).expect_err("too big");
+    let e = try_exec(&db, &c, &["SETBIT", "t", &last_bit, "1"]).expect_err("too big");
     assert!(
         e.0.contains(&format!("limit of {} bytes", max - 9)),
         "{e:?}"
     );
-    let e = attempt(&db, &c, &["BITFIELD", "t", "SET", "u8", &past, "1"]).expect_err("too big");
+    let e = try_exec(&db, &c, &["BITFIELD", "t", "SET", "u8", &past, "1"]).expect_err("too big");
     assert!(e.0.starts_with("ERR keel: BITFIELD"), "{e:?}");
     assert_eq!(exec(&db, &c, &["GET", "t"]), b"$1\r\nx\r\n");
 }

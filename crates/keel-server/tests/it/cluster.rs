@@ -167,6 +167,20 @@ fn multi_key_commands_and_transactions() {
     assert_eq!(n, 1, "forwarded to the node of both keys");
     let got: String = query(&mut con, &["GET", &f]);
     assert_eq!(got, "x");
+    // COPY and RENAMENX name two keys: both are routed.
+    for verb in ["COPY", "RENAMENX"] {
+        assert_eq!(
+            error(&mut con, &[verb, &f, &b]),
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "{verb}"
+        );
+    }
+    let n: i64 = query(&mut con, &["COPY", &f, &e, "REPLACE"]);
+    assert_eq!(n, 1, "COPY forwarded to the node of both keys");
+    let n: i64 = query(&mut con, &["RENAMENX", &e, &f]);
+    assert_eq!(n, 0, "RENAMENX forwarded; the destination exists");
+    let encoding: String = query(&mut con, &["OBJECT", "ENCODING", &e]);
+    assert_eq!(encoding, "embstr", "OBJECT routed by its key");
     // MULTI/EXEC with every key on one other node: forwarded as a whole transaction.
     let got: (i64, i64) = redis::pipe()
         .atomic()

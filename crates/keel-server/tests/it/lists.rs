@@ -504,6 +504,21 @@ fn blocked_pops_wake_on_push_and_time_out() {
         Value::Array(vec![bulk("m2"), Value::Array(vec![bulk("a"), bulk("b")])])
     );
     assert_eq!(range(&mut c, "m2"), ["c"]);
+    // COPY and RENAMENX of a list into the key a client waits on wake it.
+    let _: i64 = query(&mut c, &["RPUSH", "orig", "x", "y"]);
+    for (verb, expect) in [("COPY", "x"), ("RENAMENX", "x")] {
+        let waiter = spawn_query(url.clone(), vec!["BLPOP", "cp", "0"]);
+        wait_blocked(&mut c, 1);
+        assert_eq!(query::<i64>(&mut c, &[verb, "orig", "cp"]), 1, "{verb}");
+        let (reply, _) = waiter.join().expect("waiter");
+        assert_eq!(
+            reply,
+            Value::Array(vec![bulk("cp"), bulk(expect)]),
+            "{verb}"
+        );
+        let _: i64 = query(&mut c, &["DEL", "cp"]);
+    }
+    assert_eq!(query::<i64>(&mut c, &["EXISTS", "orig"]), 0, "renamed");
     // Timeouts: a float number of seconds; nil (a null array for BLPOP/BRPOP).
     let waiter = spawn_query(url.clone(), vec!["BRPOP", "none", "0.2"]);
     let (reply, took) = waiter.join().expect("waiter");

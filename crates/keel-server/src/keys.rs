@@ -1,0 +1,350 @@
+//! Key commands that work on a key whatever its type: `RENAME`, `RENAMENX`, `COPY`,
+//! `RANDOMKEY` and `OBJECT` (`DEL`, `EXISTS`, `TOUCH`, `TYPE`, `KEYS` and `SCAN` are in `data`).
+//!
+//! `RENAME` moves a key in O(1) (a collection keeps its generation); `COPY` shares its
+//! placing of the key at the destination (`keyspace::place`) and copies a collection's members
+//! under a new generation, O(n) in one transaction.
+//!
+//! `OBJECT ENCODING` answers what Redis 7.0 would report for the same data at its default
+//! thresholds (`int`/`embstr`/`raw` for strings; `listpack`/`hashtable` for hashes;
+//! `intset`/`hashtable` for sets; `listpack`/`skiplist` for sorted sets; `quicklist` for lists).
+//! keel stores every type in its own layout (`docs/types.md`), so the answer is
+//! Redis-compatible, not physical; and it follows the data as it is now, where Redis never
+//! converts an encoding back (a hash that once had 129 fields stays `hashtable` in Redis).
+//! `OBJECT REFCOUNT` follows the same rule (Redis's shared integers 0..9999 report
+//! 2147483647). keel keeps no access times: `OBJECT FREQ` gives Redis's error for a server
+//! without an LFU policy (keel's policy is `noeviction`), and `OBJECT IDLETIME` an error that
+//! says it is not tracked.
+
+use std::ops::{Bound, ControlFlow};
+
+use bytes::Bytes;
+
+use crate::data::{Ctx, Fail, SYNTAX, View, check_db_index, random};
+use crate::keyspace::{self as ks, Held, Meta, Type};
+use crate::reply::Out;
+use crate::resp::string_to_i64;
+use crate::table::Cmd;
+
+/// A set of integers up to this many members is an `intset` in Redis
+/// (`set-max-intset-entries`).
+const INTSET_ENTRIES_MAX: i64 = 512;
+/// A hash of up to this many fields is a `listpack` in Redis (`hash-max-listpack-entries`).
+const HASH_LISTPACK_ENTRIES_MAX: i64 = 512;
+/// A sorted set of up to this many members is a `listpack` in Redis
+/// (`zset-max-listpack-entries`).
+const ZSET_LISTPACK_ENTRIES_MAX: i64 = 128;
+/// ... and only while each field, value or member is at most this long
+/// (`hash-max-listpack-value`, `zset-max-listpack-value`).
+const LISTPACK_VALUE_BYTES_MAX: usize = 64;
+/// Redis keeps a string of at most this many bytes in one allocation with its header.
+const EMBSTR_BYTES_MAX: usize = 44;
+/// Redis shares the integers below this among all keys (`OBJ_SHARED_INTEGERS`).
+const SHARED_INTEGERS: i64 = 10_000;
+/// The reference count Redis reports for a shared object (`OBJ_SHARED_REFCOUNT`).
+const SHARED_REFCOUNT: i64 = i32::MAX as i64;
+/// `RANDOMKEY` picks uniformly among the keys when there are at most this many.
+const RANDOM_EXACT_KEYS_MAX: usize = 1024;
+/// With more keys, it picks among this many from a random point of the key order.
+const RANDOM_WINDOW_KEYS: usize = 16;
+
+/// Whether this module runs `cmd`.
+pub fn handles(cmd: Cmd) -> bool {
+    is_read_only(cmd) || matches!(cmd, Cmd::Rename | Cmd::Renamenx | Cmd::Copy)
+}
+
+/// Whether `cmd` is one of this module's commands that only read.
+pub fn is_read_only(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Randomkey | Cmd::Object)
+}
+
+/// Runs one key command (see [`handles`]).
+pub fn run(
+    cmd: Cmd,
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    match cmd {
+        Cmd::Rename | Cmd::Renamenx => rename(cmd == Cmd::Renamenx, args, view, ctx, out),
+        Cmd::Copy => copy(args, view, ctx, out),
+        Cmd::Randomkey => {
+            match random_key(view, ctx) {
+                Some(k) => out.bulk(&k),
+                None => out.null(),
+            }
+            Ok(())
+        }
+        Cmd::Object => object(args, view, ctx, out),
+        other => panic!("{other:?} is not a key command"),
+    }
+}
+
+fn rename(
+    nx: bool,
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let t = view.txn();
+    let (src, dst) = (&args[1], &args[2]);
+    let held = ks::lookup(&mut View::Txn(t), &ctx.clock, src, true)?;
+    if held == Held::Absent {
+        return Err("ERR no such key".into());
+    }
+    let done = if src == dst {
+        // Renaming a key to itself changes nothing; RENAMENX says it did not rename.
+        !nx
+    } else if nx && ks::lookup(&mut View::Txn(t), &ctx.clock, dst, false)? != Held::Absent {
+        false
+    } else {
+        ks::rename(t, &ctx.clock, src, dst, &held)?;
+        true
+    };
+    if nx {
+        out.int(i64::from(done));
+    } else {
+        out.ok();
+    }
+    Ok(())
+}
+
+fn copy(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let mut replace = false;
+    let mut i = 3;
+    while i < args.len() {
+        if args[i].eq_ignore_ascii_case(b"replace") {
+            replace = true;
+        } else if args[i].eq_ignore_ascii_case(b"db") && i + 1 < args.len() {
+            check_db_index(&args[i + 1])?;
+            i += 1;
+        } else {
+            return Err(SYNTAX.into());
+        }
+        i += 1;
+    }
+    let (src, dst) = (&args[1], &args[2]);
+    if src == dst {
+        return Err("ERR source and destination objects are the same".into());
+    }
+    let t = view.txn();
+    let held = ks::lookup(&mut View::Txn(t), &ctx.clock, src, true)?;
+    if held == Held::Absent
+        || !replace && ks::lookup(&mut View::Txn(t), &ctx.clock, dst, false)? != Held::Absent
+    {
+        out.int(0);
+        return Ok(());
+    }
+    ks::copy(t, &ctx.clock, src, dst, &held)?;
+    out.int(1);
+    Ok(())
+}
+
+/// A random key that is not past its deadline (`None`: there is none). Uniform among up to
+/// [`RANDOM_EXACT_KEYS_MAX`] keys. With more, keel has no positional index to pick from, so it
+/// descends the key order like a trie: under a prefix holding more than
+/// [`RANDOM_WINDOW_KEYS`] keys it skips the bytes they all share, draws the next byte
+/// uniformly between the smallest and the largest present, and goes on under the first
+/// present byte from there; under one holding fewer it picks uniformly. For keys of a common
+/// shape (`user:1234`) that is close to uniform; bytes after a gap in the byte values are
+/// likelier, and a key that is a prefix of others is rarer. (Redis's own pick, from a random
+/// hash bucket, is not uniform either.) Cost: a few short scans per branching level.
+fn random_key(view: &mut View<'_, '_>, ctx: &Ctx<'_>) -> Option<Vec<u8>> {
+    let now = ctx.clock.now_ms();
+    let pick = |keys: &[ks::Listed]| {
+        (!keys.is_empty()).then(|| keys[(random() % keys.len() as u64) as usize].key.clone())
+    };
+    let mut prefix: Vec<u8> = Vec::new();
+    let mut cap = RANDOM_EXACT_KEYS_MAX;
+    loop {
+        let lo = Bound::Included(prefix.clone());
+        let hi = ks::prefix_end(&prefix).map_or(Bound::Unbounded, Bound::Excluded);
+        let mut list = |rev: bool, cap: usize| {
+            ks::list(view, now, &lo, &hi, rev, cap, false, &mut |_, _| true)
+        };
+        let some = list(false, cap + 1);
+        if some.len() <= cap {
+            return pick(&some);
+        }
+        cap = RANDOM_WINDOW_KEYS;
+        let last = list(true, 1).pop()?;
+        // More than one key is under the prefix, so the last is longer than it, and so is
+        // the first but perhaps one.
+        let first = some.iter().find(|k| k.key.len() > prefix.len())?;
+        let shared = first
+            .key
+            .iter()
+            .zip(&last.key)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if shared > prefix.len() {
+            prefix = first.key[..shared].to_vec();
+            continue;
+        }
+        let at = prefix.len();
+        let (min, max) = (first.key[at], last.key[at]);
+        let byte = min + (random() % (u64::from(max - min) + 1)) as u8;
+        let mut probe = prefix.clone();
+        probe.push(byte);
+        let next = ks::list(
+            view,
+            now,
+            &Bound::Included(probe),
+            &hi,
+            false,
+            1,
+            false,
+            &mut |_, _| true,
+        )
+        .pop()?;
+        prefix.push(next.key[at]);
+    }
+}
+
+fn object(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    // The subcommand and its arity were checked before the command was queued or run.
+    let sub = args[1].to_ascii_lowercase();
+    if sub == b"help" {
+        const HELP: &[&str] = &[
+            "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "ENCODING <key>",
+            "    Return the kind of internal representation used in order to store the value",
+            "    associated with a <key>.",
+            "FREQ <key>",
+            "    Return the access frequency index of the <key>. The returned integer is",
+            "    proportional to the logarithm of the recent access frequency of the key.",
+            "IDLETIME <key>",
+            "    Return the idle time of the <key>, that is the approximated number of",
+            "    seconds elapsed since the last access to the key.",
+            "REFCOUNT <key>",
+            "    Return the number of references of the value associated with the specified",
+            "    <key>.",
+            "HELP",
+            "    Prints this help.",
+        ];
+        out.array(HELP.len());
+        for line in HELP {
+            out.simple(line);
+        }
+        return Ok(());
+    }
+    let key = &args[2];
+    let held = ks::lookup(view, &ctx.clock, key, true)?;
+    if held == Held::Absent {
+        out.null();
+        return Ok(());
+    }
+    match &sub[..] {
+        b"encoding" => out.bulk(encoding(view, &held)?.as_bytes()),
+        b"refcount" => {
+            let shared = held
+                .string()
+                .ok()
+                .flatten()
+                .filter(|v| v.len() <= 20)
+                .and_then(string_to_i64)
+                .is_some_and(|n| (0..SHARED_INTEGERS).contains(&n));
+            out.int(if shared { SHARED_REFCOUNT } else { 1 });
+        }
+        b"freq" => {
+            return Err(
+                "ERR An LFU maxmemory policy is not selected, access frequency not \
+                        tracked. Please note that when switching between policies at runtime \
+                        LRU and LFU data will take some time to adjust."
+                    .into(),
+            );
+        }
+        _ => {
+            return Err(
+                "ERR keel: OBJECT IDLETIME is not tracked: keel keeps no access time \
+                        per key (it never evicts keys)"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What Redis 7.0 would call the encoding of what `held` describes, at default thresholds.
+fn encoding(view: &mut View<'_, '_>, held: &Held) -> Result<&'static str, Fail> {
+    let meta = match held {
+        Held::Absent => unreachable!("the caller checked that the key exists"),
+        Held::Plain(v) => return Ok(string_encoding(v.as_deref().unwrap_or_default())),
+        Held::Meta(m) if m.ty == Type::String => return Ok(string_encoding(&m.value)),
+        Held::Meta(m) => m,
+    };
+    let size = crate::sets::size(view, meta.generation)?;
+    Ok(match meta.ty {
+        Type::String => unreachable!("handled above"),
+        Type::List => "quicklist",
+        Type::Set if size <= INTSET_ENTRIES_MAX && all_sub_keys(view, meta, is_integer) => "intset",
+        Type::Set => "hashtable",
+        Type::Hash
+            if size <= HASH_LISTPACK_ENTRIES_MAX && all_sub_keys(view, meta, fits_listpack) =>
+        {
+            "listpack"
+        }
+        Type::Hash => "hashtable",
+        Type::ZSet
+            if size <= ZSET_LISTPACK_ENTRIES_MAX && all_sub_keys(view, meta, fits_listpack) =>
+        {
+            "listpack"
+        }
+        Type::ZSet => "skiplist",
+    })
+}
+
+/// A string's encoding: `int` for what Redis stores as a C long, `embstr` up to 44 bytes,
+/// else `raw`.
+fn string_encoding(v: &[u8]) -> &'static str {
+    if v.len() <= 20 && string_to_i64(v).is_some() {
+        "int"
+    } else if v.len() <= EMBSTR_BYTES_MAX {
+        "embstr"
+    } else {
+        "raw"
+    }
+}
+
+fn is_integer(member: &[u8], _: &[u8]) -> bool {
+    string_to_i64(member).is_some()
+}
+
+fn fits_listpack(item: &[u8], value: &[u8]) -> bool {
+    item.len() <= LISTPACK_VALUE_BYTES_MAX && value.len() <= LISTPACK_VALUE_BYTES_MAX
+}
+
+/// Whether `test` holds for every member (and its value: a hash field's; empty for a set
+/// member; a sorted set's is its score, which `fits_listpack` ignores as Redis does) of the
+/// collection `meta`, read from its first sub-key kind.
+fn all_sub_keys(view: &mut View<'_, '_>, meta: &Meta, test: fn(&[u8], &[u8]) -> bool) -> bool {
+    let kind = ks::sub_prefixes(meta.ty)[0];
+    let prefix = ks::sub_prefix(kind, meta.generation);
+    let (lo, hi) = ks::prefix_range(&prefix);
+    let mut all = true;
+    let score = meta.ty == Type::ZSet;
+    view.range(lo, hi, false, |k, v| {
+        all = test(&k[prefix.len()..], if score { &[] } else { &v });
+        if all {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
+    });
+    all
+}
+
+#[cfg(test)]
+mod tests;
