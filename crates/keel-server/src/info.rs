@@ -49,18 +49,22 @@ fn command_info(spec: &Spec, out: &mut Out<'_>) {
 /// Redis 7's key specifications for a command, from its first key, last key and step: what
 /// cluster clients route by. The flags are Redis's for the commands Redis has (read from
 /// `COMMAND INFO` of redis-server 7.0); keel's own commands get `RW`, `update`, or `RO`,
-/// `access` when read-only. One spec per command (Redis gives `RENAME` two).
+/// `access` when read-only. One spec per command (Redis gives `RENAME`, `RENAMENX`, `COPY` and
+/// `BITOP` two: source and destination).
 fn key_specs(spec: &Spec, out: &mut Out<'_>) {
     if spec.first_key <= 0 {
         out.set(0);
         return;
     }
     let flags: &[&str] = match spec.name {
-        "watch" | "strlen" | "exists" | "type" | "hlen" | "hexists" | "hstrlen" => &["RO"],
+        "watch" | "strlen" | "exists" | "touch" | "type" | "hlen" | "hexists" | "hstrlen" => {
+            &["RO"]
+        }
         "ssubscribe" | "sunsubscribe" | "spublish" => &["not_key"],
         "set" => &["RW", "access", "update", "variable_flags"],
         "setnx" | "msetnx" => &["OW", "insert"],
-        "getdel" | "rename" => &["RW", "access", "delete"],
+        "getdel" | "rename" | "renamenx" => &["RW", "access", "delete"],
+        "bitfield" => &["RW", "access", "update", "variable_flags"],
         "mset" | "setex" | "psetex" => &["OW", "update"],
         "append" | "hsetnx" => &["RW", "insert"],
         "setrange" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" | "hset"
@@ -68,7 +72,7 @@ fn key_specs(spec: &Spec, out: &mut Out<'_>) {
         "del" | "unlink" => &["RM", "delete"],
         "hdel" => &["RW", "delete"],
         "getset" | "incr" | "incrby" | "decr" | "decrby" | "incrbyfloat" | "getex" | "hincrby"
-        | "hincrbyfloat" => &["RW", "access", "update"],
+        | "hincrbyfloat" | "setbit" => &["RW", "access", "update"],
         _ if spec.flags.contains(&"readonly") => &["RO", "access"],
         _ => &["RW", "update"],
     };
