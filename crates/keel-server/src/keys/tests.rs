@@ -189,3 +189,27 @@ fn randomkey_picks_live_keys() {
         picks.len()
     );
 }
+
+/// A collection too large to copy in one transaction is refused with an error naming the
+/// limit, and nothing is written.
+#[test]
+fn copy_of_a_collection_past_the_write_limit_is_refused() {
+    let db = keel::Db::in_memory();
+    let c = Cursors::default();
+    let half = keel::limits::TXN_WRITE_KEYS_MAX / 2 + 1;
+    for part in 0..2 {
+        let members: Vec<String> = (0..half).map(|i| format!("{part}:{i}")).collect();
+        let mut sadd = vec!["SADD", "big"];
+        sadd.extend(members.iter().map(String::as_str));
+        exec(&db, &c, &sadd);
+    }
+    let e = try_exec(&db, &c, &["COPY", "big", "copy"]).expect_err("too many keys");
+    assert!(
+        e.0.starts_with("ERR keel: COPY of the set 'big' would write more than"),
+        "{e:?}"
+    );
+    assert_eq!(exec(&db, &c, &["EXISTS", "copy"]), b":0\r\n");
+    // A small one copies.
+    exec(&db, &c, &["SADD", "small", "a", "b"]);
+    assert_eq!(exec(&db, &c, &["COPY", "small", "copy"]), b":1\r\n");
+}
