@@ -2,6 +2,7 @@
 //! retrying `transact` helper.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -21,7 +22,7 @@ use crate::replay::{self, Replayed};
 use crate::split::{Joined, SplitMode, Splitter};
 use crate::store::{KeyRange, MemStore, Store};
 use crate::txn::{Snapshot, Txn};
-use crate::wal::format::{Entry, segment_name};
+use crate::wal::format::{Entry, Kind, segment_name};
 use crate::wal::reader::{self, SegmentFrames};
 use crate::wal::{Durability, Log, LogFailed, Tail};
 use crate::{Error, Ts};
@@ -194,6 +195,8 @@ pub struct Recovery {
     pub torn_tail: Option<(PathBuf, u64, u64)>,
     /// The newest commit timestamp recovered.
     pub last_ts: Ts,
+    /// Prepared transactions found without a decision ([`Db::in_doubt`]).
+    pub in_doubt: usize,
     /// How long recovery took.
     pub elapsed: Duration,
     /// Of `elapsed`, how long building the ordered index from the recovered keys took.
@@ -234,6 +237,16 @@ pub(crate) struct Shared {
     /// How many timestamps one lease covers ([`Options::ts_lease_step`]); commits renew the
     /// lease from half a step below it on.
     ts_lease_step: u64,
+    /// Prepared transactions recovery found undecided, until [`Db::in_doubt`] takes them.
+    in_doubt: Mutex<Vec<InDoubt>>,
+}
+
+/// A prepared transaction recovered without its decision: its records are locked by `owner`.
+struct InDoubt {
+    owner: crate::mvcc::LockOwner,
+    ts: Ts,
+    meta: Vec<u8>,
+    writes: Vec<(Vec<u8>, RecordRef, Option<Vec<u8>>)>,
 }
 
 /// A lease frame logged ahead of need, not yet known to be durable.
@@ -603,8 +616,11 @@ impl Owner {
 
 impl Shared {
     fn checkpoint_due_on_close(&self) -> bool {
-        self.since_checkpoint()
-            .is_some_and(|(logged, _)| logged > 0)
+        // Transactions still in doubt hold the watermark: a checkpoint would wait for them.
+        self.in_doubt.lock().is_empty()
+            && self
+                .since_checkpoint()
+                .is_some_and(|(logged, _)| logged > 0)
     }
 }
 
@@ -726,6 +742,7 @@ impl Db {
             lease_renewal: Mutex::new(None),
             lease_renewal_end: AtomicU64::new(0),
             ts_lease_step: options.ts_lease_step,
+            in_doubt: Mutex::new(Vec::new()),
         });
         Db::from_shared(shared, None)
     }
@@ -881,12 +898,28 @@ impl Db {
             log.push(frames)
         })?;
         let frames = || log.iter().flat_map(SegmentFrames::frames);
+        // Two-phase commit's frames: a prepare frame's writes apply if its decision frame
+        // says committed; without a decision the transaction is in doubt.
+        let mut decisions: HashMap<Ts, bool> = HashMap::new();
+        // The newest timestamp a commit or prepare frame carries (leases excluded).
+        let mut logged_ts = manifest.snapshot_ts;
         for frame in frames() {
             last_ts = last_ts.max(frame.ts);
             recovery.log_frames += u64::from(!frame.is_lease());
+            if !frame.is_lease() {
+                logged_ts = logged_ts.max(frame.ts);
+            }
+            if let Kind::Decision(commit) = frame.kind {
+                decisions.insert(frame.ts, commit);
+            }
         }
+        let applies = |frame: &crate::wal::format::Frame<'_>| match frame.kind {
+            Kind::Commit => true,
+            Kind::Prepare(_) => decisions.get(&frame.ts) == Some(&true),
+            Kind::Decision(_) => false,
+        };
         gather(replay::on_threads(&shared_store, threads, |t, replayer| {
-            for frame in frames() {
+            for frame in frames().filter(applies) {
                 for entry in frame.entries() {
                     let h = hash(entry.key());
                     if h as usize % threads == t {
@@ -895,11 +928,50 @@ impl Db {
                 }
             }
         }));
-        drop(log);
         // Every record is in; now the ordered index, in one sorted pass.
         let indexing = Instant::now();
         shared_store.link_recovered(created);
         recovery.index_elapsed = indexing.elapsed();
+        // Lock the writes of transactions in doubt again, each under an owner of its own.
+        let mut in_doubt = Vec::new();
+        for frame in frames() {
+            let Kind::Prepare(meta) = frame.kind else {
+                continue;
+            };
+            if decisions.contains_key(&frame.ts) {
+                continue;
+            }
+            let owner = crate::mvcc::LockOwner(u64::MAX - 1 - in_doubt.len() as u64);
+            let writes = frame
+                .entries()
+                .map(|entry| {
+                    let (key, value) = match entry {
+                        Entry::Put(key, value) => (key, Some(value.to_vec())),
+                        Entry::Delete(key) => (key, None),
+                        Entry::Delta(..) => unreachable!("a prepare logs no delta"),
+                    };
+                    let (record, created) = shared_store.get_or_create_locked(
+                        key,
+                        hash(key),
+                        owner,
+                        value.as_ref().map(Vec::len),
+                    );
+                    assert!(
+                        created || record.get().try_lock(owner),
+                        "a transaction in doubt holds its keys' locks alone"
+                    );
+                    (key.to_vec(), record, value)
+                })
+                .collect();
+            in_doubt.push(InDoubt {
+                owner,
+                ts: frame.ts,
+                meta: meta.to_vec(),
+                writes,
+            });
+        }
+        drop(log);
+        recovery.in_doubt = in_doubt.len();
         recovery.log_bytes = scanned.bytes;
         if let Some((path, len, cut)) = &scanned.torn {
             disk.truncate(path, *len)
@@ -923,7 +995,24 @@ impl Db {
                 (file, end_lsn)
             }
         };
-        let oracle = Arc::new(Oracle::new(last_ts));
+        // With transactions in doubt, the watermark stops below the first until each is
+        // decided, and the clock resumes at the newest logged timestamp: every snapshot taken
+        // before the crash was below the first (its timestamp was never published), so no
+        // timestamp a snapshot read at is handed out again.
+        let oracle = if in_doubt.is_empty() {
+            Oracle::new(last_ts)
+        } else {
+            let held: Vec<Ts> = in_doubt.iter().map(|d| d.ts).collect();
+            Oracle::holding(logged_ts, &held).ok_or_else(|| OpenError::Damaged {
+                file: dir.clone(),
+                offset: 0,
+                reason: format!(
+                    "prepared transactions in doubt at {held:?} lie too far below the newest \
+                     logged timestamp {logged_ts:?}"
+                ),
+            })?
+        };
+        let oracle = Arc::new(oracle);
         let log = Log::start(
             Arc::clone(&disk),
             dir.clone(),
@@ -964,6 +1053,7 @@ impl Db {
             lease_renewal: Mutex::new(None),
             lease_renewal_end: AtomicU64::new(0),
             ts_lease_step,
+            in_doubt: Mutex::new(in_doubt),
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);
@@ -972,6 +1062,18 @@ impl Db {
             files.checkpoint.lock().baseline_lsn += log.tail() - before;
         }
         Ok(Db::from_shared(shared, Some(recovery)))
+    }
+
+    /// The prepared transactions recovery found without a decision (see
+    /// [`Txn::prepare`]), each locked again, its timestamp unpublished: until every one is
+    /// decided ([`Prepared::commit`](crate::Prepared::commit) or
+    /// [`abort`](crate::Prepared::abort)), nothing committed after the first becomes visible.
+    /// Returns them once; later calls return nothing.
+    pub fn in_doubt(&self) -> Vec<crate::Prepared<'_>> {
+        std::mem::take(&mut *self.shared.in_doubt.lock())
+            .into_iter()
+            .map(|d| crate::Prepared::recovered(&self.shared, d.owner, d.ts, d.meta, d.writes))
+            .collect()
     }
 
     /// What recovery did when this database was opened from files.
@@ -993,6 +1095,21 @@ impl Db {
     /// writes, and is validated at commit; dropping it aborts it.
     pub fn begin(&self) -> Result<Txn<'_>, BeginError> {
         Txn::begin(&self.shared)
+    }
+
+    /// Waits until every commit at or below `ts` is visible (the watermark passed it): what a
+    /// caller of [`Prepared::commit`](crate::Prepared::commit) does before it acknowledges.
+    /// Fails only if the log failed meanwhile.
+    pub fn wait_visible(&self, ts: Ts) -> Result<(), LogFailed> {
+        let shared = &self.shared;
+        if shared.oracle.wait_published(ts, || shared.log_failed()) {
+            return Ok(());
+        }
+        Err(shared
+            .log
+            .as_ref()
+            .and_then(Log::failed)
+            .expect("the wait stops early only after a log failure"))
     }
 
     /// Opens a read-only snapshot of everything committed so far. It never blocks writers

@@ -21,6 +21,8 @@ pub enum Limit {
     OpenTxns,
     /// [`TOP_K_MAX`](crate::limits::TOP_K_MAX)
     TopK,
+    /// [`PREPARE_META_BYTES_MAX`](crate::limits::PREPARE_META_BYTES_MAX)
+    PrepareMetaBytes,
 }
 
 impl Limit {
@@ -35,6 +37,7 @@ impl Limit {
             Limit::TxnReads => TXN_READS_MAX,
             Limit::OpenTxns => OPEN_TXNS_MAX,
             Limit::TopK => TOP_K_MAX as usize,
+            Limit::PrepareMetaBytes => PREPARE_META_BYTES_MAX,
         }
     }
 }
@@ -49,6 +52,7 @@ impl fmt::Display for Limit {
             Limit::TxnReads => "reads remembered by one transaction",
             Limit::OpenTxns => "open transactions",
             Limit::TopK => "top-k list length",
+            Limit::PrepareMetaBytes => "bytes of a prepared transaction's metadata",
         };
         write!(f, "{name} (at most {})", self.max())
     }

@@ -33,6 +33,11 @@ pub const TRANSACT_ATTEMPTS_MAX: u32 = 64;
 /// Top-k lists keep at most this many members; the whole list is one value.
 pub const TOP_K_MAX: u32 = 4096;
 
+/// The metadata a prepared transaction keeps with its writes ([`Txn::prepare`]).
+///
+/// [`Txn::prepare`]: crate::Txn::prepare
+pub const PREPARE_META_BYTES_MAX: usize = 1 << 20;
+
 const _: () = assert!(KEY_BYTES_MAX < VALUE_BYTES_MAX);
 const _: () = assert!(KEY_BYTES_MAX + VALUE_BYTES_MAX <= TXN_WRITE_BYTES_MAX);
 const _: () = assert!(TXN_WRITE_BYTES_MAX <= u32::MAX as usize);

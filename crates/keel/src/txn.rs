@@ -253,6 +253,9 @@ impl WriteSet {
     }
 }
 
+mod prepared;
+pub use prepared::{Prepared, Resolved};
+
 /// A promise of the value a key holds right after some of a transaction's writes, given by
 /// [`Txn::track`] and redeemed with [`Committed::value`] once the transaction commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -294,6 +297,14 @@ enum Step {
     },
     /// A split-only commit that must be durable up to `end` before it is acknowledged.
     Durable { end: u64, committed: Committed },
+    /// A prepare ([`Txn::prepare`]) that locked and validated: what the prepared transaction
+    /// holds until its decision. Timestamp `ts` is taken and unpublished.
+    Prepared {
+        ts: Ts,
+        writes: Vec<WriteEntry>,
+        locked: Vec<RecordRef>,
+        values: Vec<Option<Vec<u8>>>,
+    },
 }
 
 /// How a commit that took a timestamp turned out.
@@ -420,6 +431,11 @@ pub struct Txn<'db> {
     stashed: std::sync::atomic::AtomicBool,
     /// What [`Txn::track`] promised, by ticket number.
     tracked: Vec<Tracked>,
+    /// The registry slot was handed on ([`Oracle::release_when_published`]): dropping the
+    /// transaction leaves it alone.
+    ///
+    /// [`Oracle::release_when_published`]: crate::concurrency::Oracle::release_when_published
+    slot_handed_on: bool,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -455,6 +471,7 @@ impl<'db> Txn<'db> {
             writes: WriteSet::default(),
             stashed: std::sync::atomic::AtomicBool::new(false),
             tracked: Vec::new(),
+            slot_handed_on: false,
         })
     }
 
@@ -849,7 +866,7 @@ impl<'db> Txn<'db> {
 
     /// [`Txn::commit`], also telling where the commit sits in the serial order.
     pub fn commit_detailed(mut self) -> Result<Result<Committed, Conflict>, CommitError> {
-        match self.commit_work() {
+        match self.commit_work(false) {
             Step::Done(result) => result,
             Step::Publish {
                 ts,
@@ -874,6 +891,7 @@ impl<'db> Txn<'db> {
                 }
                 Ok(Ok(self.conclude_split_only(committed)))
             }
+            Step::Prepared { .. } => unreachable!("only a prepare stops prepared"),
         }
     }
 
@@ -905,7 +923,7 @@ impl<'db> Txn<'db> {
     /// # let _ = committed;
     /// ```
     pub fn commit_async(mut self) -> CommitFuture<'db> {
-        let state = match self.commit_work() {
+        let state = match self.commit_work(false) {
             Step::Done(result) => State::Ready(result),
             Step::Publish {
                 ts,
@@ -932,6 +950,7 @@ impl<'db> Txn<'db> {
                 State::Publish { ts, outcome }
             }
             Step::Durable { end, committed } => State::Durable { end, committed },
+            Step::Prepared { .. } => unreachable!("only a prepare stops prepared"),
         };
         CommitFuture {
             txn: self,
@@ -994,9 +1013,12 @@ impl<'db> Txn<'db> {
 
     /// The committer's own work: everything up to the wait for durability and publication,
     /// which [`Step`] says is left.
-    fn commit_work(&mut self) -> Step {
+    ///
+    /// A `prepare` stops after validation with [`Step::Prepared`]: it takes a timestamp and
+    /// validates even without writes, and sends nothing to split slices.
+    fn commit_work(&mut self, prepare: bool) -> Step {
         let stats = self.db.oracle.stats(self.slot);
-        if self.writes.entries.is_empty() {
+        if self.writes.entries.is_empty() && !prepare {
             SlotStats::bump(&stats.read_only_commits);
             return Step::Done(Ok(Ok(Committed {
                 ts: self.read_ts,
@@ -1026,7 +1048,7 @@ impl<'db> Txn<'db> {
         let mut restarts = 0;
         let (locked, slices, mut deltas) = 'lock: loop {
             // Past the restart bound, nothing goes to a slice: the commit locks every record.
-            let slices_allowed = restarts < SPLIT_RESTARTS_MAX;
+            let slices_allowed = restarts < SPLIT_RESTARTS_MAX && !prepare;
             let phase = splitter.open_phase().filter(|_| slices_allowed);
             let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
             // Which entries go to slices; left empty (no allocation) when no entry could.
@@ -1200,6 +1222,15 @@ impl<'db> Txn<'db> {
                 ts: commit_ts,
                 outcome: Outcome::Aborted(conflict),
                 durable_end: None,
+            };
+        }
+
+        if prepare {
+            return Step::Prepared {
+                ts: commit_ts,
+                writes,
+                locked,
+                values,
             };
         }
 
@@ -1485,7 +1516,9 @@ impl<'db> Txn<'db> {
 
 impl Drop for Txn<'_> {
     fn drop(&mut self) {
-        self.db.oracle.unregister(self.slot);
+        if !self.slot_handed_on {
+            self.db.oracle.unregister(self.slot);
+        }
     }
 }
 

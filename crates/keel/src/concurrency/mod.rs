@@ -13,6 +13,7 @@
 //!   the horizon never passes a snapshot that is in use.
 
 use std::cell::Cell;
+use std::sync::Arc;
 
 use crossbeam_utils::{Backoff, CachePadded};
 use sync::{AtomicI64, AtomicU64, AtomicUsize, Mutex, Ordering};
@@ -175,6 +176,43 @@ impl Oracle {
             .store(FREE, Ordering::Release);
     }
 
+    /// Gives `slot` back once the watermark passes `ts` (finished by the caller), without
+    /// waiting for it here: a prepared transaction's decision or a failed prepare must not
+    /// wait for other transactions' decisions, which may wait for this caller (two
+    /// coordinators each committing one transaction on two databases in turn would).
+    pub(crate) fn release_when_published(self: &Arc<Oracle>, slot: SlotId, ts: Ts) {
+        struct Release {
+            oracle: Arc<Oracle>,
+            slot: SlotId,
+            done: std::sync::atomic::AtomicBool,
+        }
+        impl Release {
+            fn run(&self) {
+                if !self.done.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    self.oracle.unregister(self.slot);
+                }
+            }
+        }
+        impl std::task::Wake for Release {
+            fn wake(self: Arc<Self>) {
+                self.run();
+            }
+        }
+        if self.advance() >= ts.0 {
+            self.unregister(slot);
+            return;
+        }
+        let release = Arc::new(Release {
+            oracle: Arc::clone(self),
+            slot,
+            done: std::sync::atomic::AtomicBool::new(false),
+        });
+        let waker = std::task::Waker::from(Arc::clone(&release));
+        if self.watch(ts, &waker) {
+            release.run();
+        }
+    }
+
     /// Announces that `slot`'s committer applies operations in split phase `word` (0: no
     /// longer). A store-then-load handshake with [`Oracle::announced`]: the committer
     /// announces and then checks the phase is still open; the coordinator closes the phase
@@ -195,6 +233,29 @@ impl Oracle {
 
     pub(crate) fn stats(&self, slot: SlotId) -> &SlotStats {
         &self.slots[slot.0 as usize].stats
+    }
+
+    /// An oracle for a database recovered with prepared transactions in doubt: the clock
+    /// resumes at `clock`, and the watermark stops below the smallest of `in_doubt` until
+    /// each is published (every other timestamp up to `clock` counts as finished). `None` if
+    /// the span does not fit the ring, which a log that keel wrote never asks for: timestamps
+    /// in flight were bounded by the slots when it was written.
+    pub(crate) fn holding(clock: Ts, in_doubt: &[Ts]) -> Option<Oracle> {
+        let oracle = Oracle::new(clock);
+        let Some(first) = in_doubt.iter().min() else {
+            return Some(oracle);
+        };
+        let mask = oracle.done.len() as u64 - 1;
+        if first.0 == 0 || clock < *first || clock.0 - first.0 >= mask {
+            return None;
+        }
+        oracle.visible.store(first.0 - 1, Ordering::Release);
+        for ts in first.0..=clock.0 {
+            if !in_doubt.contains(&Ts(ts)) {
+                oracle.done[(ts & mask) as usize].store(ts, Ordering::Release);
+            }
+        }
+        Some(oracle)
     }
 
     /// Takes the next commit timestamp. The caller must publish it with [`Oracle::publish`]

@@ -11,12 +11,16 @@
 //! (u32 LE), value length (u32 LE; `u32::MAX` = delete; bit 31 set = the bytes are a delta of
 //! a split record, length in the low 31 bits), key bytes, value bytes.
 //!
-//! Version 2 added deltas; version 1 files (no deltas) are read unchanged.
+//! Version 2 added deltas; version 1 files (no deltas) are read unchanged. Version 3 added
+//! the frames of two-phase commit, marked by the high bits of the entry count: a *prepare*
+//! frame (bit 31; metadata length (u32 LE) and bytes follow the count, then the entries) holds
+//! a prepared transaction's writes at its reserved timestamp, and a *decision* frame (bit 30:
+//! committed, bit 29: aborted; no entries) settles the prepare frame of the same timestamp.
 
 use crate::Ts;
 
 pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"KEELWAL\0";
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
 pub(crate) const SEGMENT_HEADER_BYTES: usize = 24;
 pub(crate) const FRAME_HEADER_BYTES: usize = 8;
 pub(crate) const DELETE: u32 = u32::MAX;
@@ -24,10 +28,19 @@ pub(crate) const DELETE: u32 = u32::MAX;
 pub(crate) const DELTA: u32 = 1 << 31;
 const _: () = assert!(crate::limits::VALUE_BYTES_MAX + 64 < DELTA as usize);
 const PAYLOAD_FIXED_BYTES: usize = 12;
+/// Entry-count bits of the two-phase commit frames (version 3).
+const PREPARE: u32 = 1 << 31;
+const COMMITTED: u32 = 1 << 30;
+const ABORTED: u32 = 1 << 29;
+const COUNT_MASK: u32 = ABORTED - 1;
+const _: () = assert!(crate::limits::TXN_WRITE_KEYS_MAX < COUNT_MASK as usize);
 const ENTRY_FIXED_BYTES: usize = 8;
 
-/// Largest payload a frame may carry: one transaction's writes at their limits.
+/// Largest payload a frame may carry: one transaction's writes at their limits, and a
+/// prepare frame's metadata.
 pub(crate) const PAYLOAD_BYTES_MAX: usize = PAYLOAD_FIXED_BYTES
+    + 4
+    + crate::limits::PREPARE_META_BYTES_MAX
     + crate::limits::TXN_WRITE_BYTES_MAX
     + ENTRY_FIXED_BYTES * crate::limits::TXN_WRITE_KEYS_MAX;
 const _: () = assert!(PAYLOAD_BYTES_MAX < u32::MAX as usize);
@@ -63,19 +76,39 @@ pub(crate) enum Logged<'a> {
     Delta(&'a crate::split::Delta),
 }
 
-/// Appends the payload of a commit to `out`.
+/// What a frame records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind<'a> {
+    /// A commit (or, without entries, a timestamp lease).
+    Commit,
+    /// A prepared transaction's writes, with the caller's metadata.
+    Prepare(&'a [u8]),
+    /// The decision on the prepare frame of the same timestamp: `true` committed.
+    Decision(bool),
+}
+
+/// Appends the payload of a frame to `out`.
 pub(crate) fn encode_payload<'a>(
     out: &mut Vec<u8>,
     ts: Ts,
+    kind: Kind<'_>,
     count: usize,
     entries: impl Iterator<Item = (&'a [u8], Logged<'a>)>,
 ) {
     out.extend_from_slice(&ts.0.to_le_bytes());
-    out.extend_from_slice(
-        &u32::try_from(count)
-            .expect("bounded by TXN_WRITE_KEYS_MAX")
-            .to_le_bytes(),
-    );
+    let count = u32::try_from(count).expect("bounded by TXN_WRITE_KEYS_MAX");
+    let flags = match kind {
+        Kind::Commit => 0,
+        Kind::Prepare(_) => PREPARE,
+        Kind::Decision(true) => COMMITTED,
+        Kind::Decision(false) => ABORTED,
+    };
+    out.extend_from_slice(&(count | flags).to_le_bytes());
+    if let Kind::Prepare(meta) = kind {
+        let len = u32::try_from(meta.len()).expect("bounded by PREPARE_META_BYTES_MAX");
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(meta);
+    }
     for (key, value) in entries {
         out.extend_from_slice(
             &u32::try_from(key.len())
@@ -113,11 +146,12 @@ pub(crate) fn frame_header(payload: &[u8]) -> u64 {
     u64::from(len) | (u64::from(crc32c::crc32c(payload)) << 32)
 }
 
-/// A commit frame's payload, checked and borrowed from the log's bytes.
+/// A frame's payload, checked and borrowed from the log's bytes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Frame<'a> {
     /// The commit timestamp.
     pub(crate) ts: Ts,
+    pub(crate) kind: Kind<'a>,
     count: usize,
     /// The entries, encoded.
     body: &'a [u8],
@@ -145,10 +179,26 @@ impl<'a> Frame<'a> {
     /// The timestamp and entry count in front of a payload, and the encoded entries after.
     fn header(payload: &'a [u8]) -> Option<Frame<'a>> {
         let (ts, rest) = payload.split_at_checked(8)?;
-        let (count, body) = rest.split_at_checked(4)?;
+        let (count, mut body) = rest.split_at_checked(4)?;
+        let word = u32::from_le_bytes(count.try_into().ok()?);
+        let count = (word & COUNT_MASK) as usize;
+        let kind = match word & !COUNT_MASK {
+            0 => Kind::Commit,
+            PREPARE => {
+                let (len, rest) = body.split_at_checked(4)?;
+                let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+                let (meta, rest) = rest.split_at_checked(len)?;
+                body = rest;
+                Kind::Prepare(meta)
+            }
+            COMMITTED if count == 0 => Kind::Decision(true),
+            ABORTED if count == 0 => Kind::Decision(false),
+            _ => return None,
+        };
         Some(Frame {
             ts: Ts(u64::from_le_bytes(ts.try_into().ok()?)),
-            count: u32::from_le_bytes(count.try_into().ok()?) as usize,
+            kind,
+            count,
             body,
         })
     }
@@ -174,7 +224,7 @@ impl<'a> Frame<'a> {
     /// A frame with no entries is a timestamp lease, not a commit (no commit without writes
     /// is logged): it only raises the clock recovery resumes from.
     pub(crate) fn is_lease(&self) -> bool {
-        self.count == 0
+        self.count == 0 && self.kind == Kind::Commit
     }
 
     pub(crate) fn entries(&self) -> Entries<'a> {

@@ -349,6 +349,17 @@ impl Log {
         count: usize,
         entries: impl Iterator<Item = (&'a [u8], format::Logged<'a>)> + Clone,
     ) -> Result<u64, LogFailed> {
+        self.append_frame(ts, format::Kind::Commit, count, entries)
+    }
+
+    /// Appends a frame of any kind; returns the LSN just past it.
+    pub(crate) fn append_frame<'a>(
+        &self,
+        ts: Ts,
+        kind: format::Kind<'_>,
+        count: usize,
+        entries: impl Iterator<Item = (&'a [u8], format::Logged<'a>)> + Clone,
+    ) -> Result<u64, LogFailed> {
         let s = &*self.shared;
         s.check()?;
         if s.shutdown.load(Ordering::Acquire) {
@@ -358,7 +369,7 @@ impl Log {
         ENCODE_BUFFER.with(|buffer| {
             let mut payload = buffer.borrow_mut();
             payload.clear();
-            format::encode_payload(&mut payload, ts, count, entries);
+            format::encode_payload(&mut payload, ts, kind, count, entries);
             let frame = frame_bytes(payload.len()) as u64;
             let lsn = s.reserved.fetch_add(frame, Ordering::AcqRel);
             let end = lsn + frame;

@@ -8,6 +8,7 @@ mod history;
 mod index_growth;
 mod limits;
 mod model;
+mod prepare;
 mod reclaim;
 mod split;
 mod track;

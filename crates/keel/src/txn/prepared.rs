@@ -1,0 +1,319 @@
+//! Two-phase commit's participant side: a transaction prepared (locked, validated, its
+//! timestamp taken and its writes logged) that commits or aborts later, on a decision taken
+//! elsewhere (`docs/cluster.md`).
+//!
+//! A prepared transaction holds its write set's record locks and its commit timestamp, which
+//! stays unpublished until the decision: the watermark stops below it, so no snapshot can be
+//! taken at or above it while its writes are missing, and later commits wait to become visible
+//! until it is decided. Its serial position is fixed at prepare (the timestamp), which is what
+//! makes partitions that each order by their own timestamps serializable together: every
+//! partition's order is its order of votes (commitment ordering).
+//!
+//! Durability: the prepare frame (the writes, the caller's metadata) is durable before
+//! [`Txn::prepare`] returns; the decision frame is durable before the timestamp is published.
+//! A database opened with a prepare frame and no decision frame recovers it as *in doubt*
+//! ([`Db::in_doubt`](crate::Db::in_doubt)): locked again, its timestamp held unpublished, until
+//! the caller decides it.
+
+use super::{
+    CommitError, Conflict, Error, Limit, LockOwner, Outcome, RecordRef, Shared, Step, Ticket,
+    Tracked, Ts, Txn, WriteEntry,
+};
+use crate::concurrency::SlotStats;
+use crate::wal::format::{Kind, Logged};
+
+/// The values behind a transaction's tickets, resolved at prepare: what the metadata closure
+/// of [`Txn::prepare`] may record.
+pub struct Resolved<'a> {
+    tracked: &'a [Tracked],
+}
+
+impl Resolved<'_> {
+    /// The value the ticket's key held right after the writes before [`Txn::track`] gave it
+    /// (`None`: absent). Panics on a ticket of another transaction.
+    pub fn value(&self, ticket: Ticket) -> Option<&[u8]> {
+        match self.tracked.get(ticket.0 as usize) {
+            Some(Tracked::Known(v)) => v.as_deref(),
+            _ => panic!("a resolved ticket of this transaction"),
+        }
+    }
+}
+
+/// A transaction that voted to commit and waits for the decision: [`Prepared::commit`] or
+/// [`Prepared::abort`]. Dropping it aborts it.
+pub struct Prepared<'db> {
+    db: &'db Shared,
+    /// The transaction, keeping its registry slot until the timestamp is published; `None`
+    /// for one recovered from the log.
+    txn: Option<Txn<'db>>,
+    owner: LockOwner,
+    ts: Ts,
+    meta: Vec<u8>,
+    keys: Vec<Vec<u8>>,
+    locked: Vec<RecordRef>,
+    values: Vec<Option<Vec<u8>>>,
+    /// A prepare frame is in the log: the decision must be logged too.
+    logged: bool,
+    settled: bool,
+}
+
+// SAFETY: the record references point into the store, which outlives `'db`, and the records
+// they name stay locked by this transaction (nobody frees or changes them) until it settles.
+unsafe impl Send for Prepared<'_> {}
+
+impl std::fmt::Debug for Prepared<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("ts", &self.ts)
+            .field("keys", &self.keys.len())
+            .field("meta_bytes", &self.meta.len())
+            .field("recovered", &self.txn.is_none())
+            .finish()
+    }
+}
+
+impl<'db> Txn<'db> {
+    /// Phase one of a two-phase commit: locks the write set, resolves commutative operations,
+    /// takes the commit timestamp, validates the reads, and logs the writes with the metadata
+    /// `meta` returns (given the tickets' values; at most
+    /// [`PREPARE_META_BYTES_MAX`](crate::limits::PREPARE_META_BYTES_MAX) bytes), durably.
+    /// On success the transaction is prepared: its locks and timestamp are held until
+    /// [`Prepared::commit`] or [`Prepared::abort`], and nothing committed after it becomes
+    /// visible before that. A transaction without writes takes a timestamp and validates too
+    /// (its reads hold at that timestamp), but logs nothing.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let mut txn = db.begin()?;
+    /// txn.put(b"k", b"v")?;
+    /// let prepared = txn.prepare(|_| b"txn 7".to_vec())?.expect("no conflict");
+    /// assert_eq!(db.snapshot()?.get(b"k")?, None); // not visible before the decision
+    /// let ts = prepared.commit()?;
+    /// assert_eq!(db.snapshot()?.get(b"k")?.as_deref(), Some(&b"v"[..]));
+    /// # let _ = ts;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn prepare(
+        mut self,
+        meta: impl FnOnce(&Resolved<'_>) -> Vec<u8>,
+    ) -> Result<Result<Prepared<'db>, Conflict>, CommitError> {
+        if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
+            return Err(CommitError::Log(error));
+        }
+        let (ts, writes, locked, values) = match self.commit_work(true) {
+            Step::Done(Ok(Ok(_))) => unreachable!("a prepare always stops prepared"),
+            Step::Done(Ok(Err(conflict))) => return Ok(Err(conflict)),
+            Step::Done(Err(error)) => return Err(error),
+            Step::Publish { ts, outcome, .. } => {
+                // Lost its validation: nothing was logged or installed. The timestamp is
+                // finished, but not waited for: earlier prepared transactions may be waiting
+                // for decisions that wait for this caller.
+                let Outcome::Aborted(conflict) = outcome else {
+                    unreachable!(
+                        "a prepare that took a timestamp either failed validation or stopped prepared"
+                    )
+                };
+                self.db.oracle.finish(ts);
+                self.hand_on_slot(ts);
+                return Ok(Err(conflict));
+            }
+            Step::Durable { .. } => unreachable!("a prepare takes no split slice"),
+            Step::Prepared {
+                ts,
+                writes,
+                locked,
+                values,
+            } => (ts, writes, locked, values),
+        };
+        let meta = meta(&Resolved {
+            tracked: &self.tracked,
+        });
+        let owner = self.me();
+        let keys: Vec<Vec<u8>> = writes.into_iter().map(|e: WriteEntry| e.key).collect();
+        let mut prepared = Prepared {
+            db: self.db,
+            txn: None,
+            owner,
+            ts,
+            meta,
+            keys,
+            locked,
+            values,
+            logged: false,
+            // Until logged, dropping it only unlocks and publishes.
+            settled: false,
+        };
+        if prepared.meta.len() > crate::limits::PREPARE_META_BYTES_MAX {
+            let requested = prepared.meta.len();
+            prepared.txn = Some(self);
+            drop(prepared.settle(false));
+            return Err(CommitError::Apply(Error::LimitExceeded {
+                limit: Limit::PrepareMetaBytes,
+                requested,
+            }));
+        }
+        prepared.txn = Some(self);
+        if let Some(log) = &prepared.db.log
+            && !prepared.keys.is_empty()
+        {
+            let entries = prepared.keys.iter().zip(&prepared.values).map(|(k, v)| {
+                let logged = match v {
+                    Some(v) => Logged::Put(v),
+                    None => Logged::Delete,
+                };
+                (k.as_slice(), logged)
+            });
+            let appended = log.append_frame(
+                ts,
+                Kind::Prepare(&prepared.meta),
+                prepared.keys.len(),
+                entries,
+            );
+            if let Err(error) = appended.and_then(|end| log.wait_durable(end)) {
+                // The log is dead: nothing will commit again. Give the locks back.
+                drop(prepared.settle(false));
+                return Err(CommitError::Log(error));
+            }
+            prepared.logged = true;
+        }
+        Ok(Ok(prepared))
+    }
+}
+
+impl Txn<'_> {
+    /// Gives the registry slot back once the watermark passes `ts`, which is finished.
+    fn hand_on_slot(mut self, ts: Ts) {
+        self.slot_handed_on = true;
+        self.db.oracle.release_when_published(self.slot, ts);
+    }
+}
+
+impl<'db> Prepared<'db> {
+    /// A prepared transaction rebuilt by recovery: its records are locked by `owner` already.
+    pub(crate) fn recovered(
+        db: &'db Shared,
+        owner: LockOwner,
+        ts: Ts,
+        meta: Vec<u8>,
+        writes: Vec<(Vec<u8>, RecordRef, Option<Vec<u8>>)>,
+    ) -> Prepared<'db> {
+        let mut keys = Vec::with_capacity(writes.len());
+        let mut locked = Vec::with_capacity(writes.len());
+        let mut values = Vec::with_capacity(writes.len());
+        for (key, record, value) in writes {
+            keys.push(key);
+            locked.push(record);
+            values.push(value);
+        }
+        Prepared {
+            db,
+            txn: None,
+            owner,
+            ts,
+            meta,
+            keys,
+            locked,
+            values,
+            logged: true,
+            settled: false,
+        }
+    }
+
+    /// The commit timestamp: where the transaction sits in this database's serial order.
+    pub fn ts(&self) -> Ts {
+        self.ts
+    }
+
+    /// The metadata given at prepare.
+    pub fn meta(&self) -> &[u8] {
+        &self.meta
+    }
+
+    /// The keys written, in lock order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().map(Vec::as_slice)
+    }
+
+    /// Phase two, committed: logs the decision, installs the writes at [`Prepared::ts`],
+    /// releases the locks, and returns once the decision is durable. The commit is visible
+    /// once every earlier timestamp is finished too ([`Db::wait_visible`]): an earlier
+    /// prepared transaction still undecided holds it up. Returning before that is what keeps
+    /// coordinators that decide several transactions on several databases from waiting on
+    /// each other; one that acknowledges a client waits for visibility first.
+    ///
+    /// [`Db::wait_visible`]: crate::Db::wait_visible
+    pub fn commit(mut self) -> Result<Ts, CommitError> {
+        self.settle(true)
+    }
+
+    /// Phase two, aborted: logs the decision, releases the locks, finishes the timestamp.
+    pub fn abort(mut self) -> Result<(), CommitError> {
+        self.settle(false).map(|_| ())
+    }
+
+    fn settle(&mut self, commit: bool) -> Result<Ts, CommitError> {
+        self.settled = true;
+        let db = self.db;
+        let mut durable_end = None;
+        if self.logged
+            && let Some(log) = &db.log
+        {
+            // Logged before the locks go, so that the decision comes before the frame of any
+            // later commit of these keys, which are durable in log order.
+            match log.append_frame(self.ts, Kind::Decision(commit), 0, std::iter::empty()) {
+                Ok(end) => durable_end = Some((log, end)),
+                // The log is dead: the locks stay, nothing commits any more anyway.
+                Err(error) => return Err(CommitError::Log(error)),
+            }
+        }
+        let horizon = db.oracle.horizon();
+        let mut versions = 0;
+        for (record, value) in self.locked.iter().zip(&self.values) {
+            if commit {
+                versions += record
+                    .get()
+                    .install(self.owner, self.ts, value.as_deref(), horizon);
+                if value.is_none() {
+                    db.store.note_dead(*record, self.ts);
+                }
+            }
+            record.get().unlock(self.owner);
+        }
+        if let Some((log, end)) = durable_end
+            && let Err(error) = log.wait_durable(end)
+        {
+            // Not published: nobody may read what the disk does not hold.
+            return Err(CommitError::Log(error));
+        }
+        db.oracle.finish(self.ts);
+        match &self.txn {
+            Some(txn) => {
+                let stats = db.oracle.stats(txn.slot);
+                let live = stats.versions.load(std::sync::atomic::Ordering::Relaxed);
+                stats
+                    .versions
+                    .store(live + versions, std::sync::atomic::Ordering::Relaxed);
+                if commit {
+                    SlotStats::bump(&stats.commits);
+                }
+            }
+            None => db.note_versions(versions),
+        }
+        match self.txn.take() {
+            Some(txn) => txn.hand_on_slot(self.ts),
+            None => {
+                db.oracle.advance();
+            }
+        }
+        Ok(self.ts)
+    }
+}
+
+impl Drop for Prepared<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            // A decision that cannot be logged leaves the transaction in doubt for recovery.
+            drop(self.settle(false));
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Two-phase commit's participant side (`Txn::prepare`): what a prepared transaction holds,
+//! and that databases which each order by their own timestamps stay serializable together
+//! when cross-database transactions prepare on every one before committing on any
+//! (commitment ordering): a bank across two databases keeps its total under concurrent
+//! transfers and audits, and list-append histories across two databases have no cycle.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use keel::{ConflictReason, Db, Prepared, Txn};
+
+use crate::history::{self, Op, Outcome, TxnRecord};
+
+fn put(db: &Db, key: &[u8], value: &[u8]) -> keel::Ts {
+    let mut txn = db.begin().unwrap();
+    txn.put(key, value).unwrap();
+    txn.commit().unwrap().unwrap()
+}
+
+fn get(db: &Db, key: &[u8]) -> Option<Vec<u8>> {
+    db.snapshot().unwrap().get(key).unwrap()
+}
+
+fn prepare(txn: Txn<'_>) -> Prepared<'_> {
+    txn.prepare(|_| Vec::new()).unwrap().expect("no conflict")
+}
+
+#[test]
+fn prepared_writes_stay_invisible_until_the_commit_installs_them_at_the_prepare_timestamp() {
+    let db = Db::in_memory();
+    let before = put(&db, b"a", b"1");
+    let mut txn = db.begin().unwrap();
+    assert_eq!(txn.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    txn.put(b"a", b"2").unwrap();
+    txn.put(b"b", b"x").unwrap();
+    let prepared = txn.prepare(|_| b"meta".to_vec()).unwrap().unwrap();
+    assert!(prepared.ts() > before);
+    assert_eq!(prepared.meta(), b"meta");
+    assert_eq!(prepared.keys().count(), 2);
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get(&db, b"b"), None);
+    let ts = prepared.ts();
+    assert_eq!(prepared.commit().unwrap(), ts);
+    db.wait_visible(ts).unwrap();
+    let snapshot = db.snapshot().unwrap();
+    assert!(snapshot.read_ts() >= ts);
+    assert_eq!(snapshot.get(b"a").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(snapshot.get(b"b").unwrap().as_deref(), Some(&b"x"[..]));
+    assert_eq!(db.stats().commits, 2);
+}
+
+#[test]
+fn a_prepared_transaction_holds_its_locks_until_the_decision() {
+    let db = Db::in_memory();
+    put(&db, b"a", b"1");
+    let mut txn = db.begin().unwrap();
+    txn.put(b"a", b"2").unwrap();
+    let prepared = prepare(txn);
+
+    let mut writer = db.begin().unwrap();
+    writer.put(b"a", b"3").unwrap();
+    let conflict = writer.commit().unwrap().unwrap_err();
+    assert_eq!(conflict.reason, ConflictReason::WriteLocked);
+
+    // A reader of the prepared key that writes elsewhere: its read is about to change. (A
+    // plain commit that loses its validation waits for its timestamp to be published, which
+    // the prepared one holds up: prepare it instead, which does not wait.)
+    let mut reader = db.begin().unwrap();
+    assert_eq!(reader.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    reader.put(b"c", b"1").unwrap();
+    let conflict = reader.prepare(|_| Vec::new()).unwrap().unwrap_err();
+    assert_eq!(conflict.key, b"a");
+
+    prepared.abort().unwrap();
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get(&db, b"c"), None);
+    put(&db, b"a", b"4");
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"4"[..]));
+}
+
+#[test]
+fn dropping_a_prepared_transaction_aborts_it() {
+    let db = Db::in_memory();
+    let mut txn = db.begin().unwrap();
+    txn.put(b"a", b"2").unwrap();
+    drop(prepare(txn));
+    assert_eq!(get(&db, b"a"), None);
+    put(&db, b"a", b"3");
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"3"[..]));
+}
+
+#[test]
+fn later_commits_become_visible_only_after_the_decision() {
+    let db = Db::in_memory();
+    let mut txn = db.begin().unwrap();
+    txn.put(b"a", b"1").unwrap();
+    let prepared = prepare(txn);
+    let (done, acknowledged) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ts = put(&db, b"b", b"1");
+            done.send(ts).unwrap();
+        });
+        // However long this waits, the later commit must not be acknowledged (it would be
+        // visible before the earlier timestamp is decided).
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(acknowledged.try_recv().is_err());
+        assert_eq!(get(&db, b"b"), None);
+        let ts = prepared.commit().unwrap();
+        let later = acknowledged.recv().unwrap();
+        assert!(later > ts);
+    });
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get(&db, b"b").as_deref(), Some(&b"1"[..]));
+}
+
+#[test]
+fn a_read_only_prepare_validates_its_reads() {
+    let db = Db::in_memory();
+    put(&db, b"a", b"1");
+    let mut stale = db.begin().unwrap();
+    stale.get(b"a").unwrap();
+    put(&db, b"a", b"2");
+    let conflict = stale.prepare(|_| Vec::new()).unwrap().unwrap_err();
+    assert_eq!(conflict.reason, ConflictReason::ReadChanged);
+
+    let mut fresh = db.begin().unwrap();
+    fresh.get(b"a").unwrap();
+    let prepared = prepare(fresh);
+    prepared.commit().unwrap();
+}
+
+#[test]
+fn commutative_operations_resolve_at_prepare_and_the_metadata_sees_them() {
+    let db = Db::in_memory();
+    db.transact(|txn| txn.add(b"n", 10)).unwrap();
+    let mut txn = db.begin().unwrap();
+    txn.add(b"n", 5).unwrap();
+    let ticket = txn.track(b"n").unwrap();
+    let prepared = txn
+        .prepare(|resolved| resolved.value(ticket).unwrap().to_vec())
+        .unwrap()
+        .unwrap();
+    assert_eq!(prepared.meta(), b"15");
+    prepared.commit().unwrap();
+    assert_eq!(get(&db, b"n").as_deref(), Some(&b"15"[..]));
+}
+
+#[test]
+fn oversized_metadata_is_refused_and_releases_everything() {
+    let db = Db::in_memory();
+    let mut txn = db.begin().unwrap();
+    txn.put(b"a", b"1").unwrap();
+    let big = keel::limits::PREPARE_META_BYTES_MAX + 1;
+    let error = txn.prepare(|_| vec![0; big]).unwrap_err();
+    assert!(error.to_string().contains("metadata"), "{error}");
+    put(&db, b"a", b"2");
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"2"[..]));
+}
+
+/// Runs `body` on both databases as one transaction: prepare on both (in the order given),
+/// then commit both; a conflict on either aborts both. Returns whether it committed, and the
+/// results.
+fn two_phase<T>(dbs: [&Db; 2], mut body: impl FnMut(usize, &mut Txn<'_>) -> T) -> Option<[T; 2]> {
+    let mut txns = [dbs[0].begin().unwrap(), dbs[1].begin().unwrap()];
+    let results = [body(0, &mut txns[0]), body(1, &mut txns[1])];
+    let [t0, t1] = txns;
+    let p0 = t0.prepare(|_| Vec::new()).unwrap().ok()?;
+    let Ok(p1) = t1.prepare(|_| Vec::new()).unwrap() else {
+        p0.abort().unwrap();
+        return None;
+    };
+    let ts = [p0.commit().unwrap(), p1.commit().unwrap()];
+    dbs[0].wait_visible(ts[0]).unwrap();
+    dbs[1].wait_visible(ts[1]).unwrap();
+    Some(results)
+}
+
+fn parse(value: &[u8]) -> i64 {
+    std::str::from_utf8(value).unwrap().parse().unwrap()
+}
+
+fn balance(txn: &mut Txn<'_>, account: u32) -> i64 {
+    let value = txn.get(format!("acct{account}").as_bytes()).unwrap();
+    parse(&value.expect("every account exists"))
+}
+
+/// Accounts 0..4 live in database 0 and 4..8 in database 1; transfers move money across
+/// them (and within one); audits read every account of both with read-only prepares. A
+/// transfer's two halves are serialized at different timestamps in the two databases, yet no
+/// audit ever sees money missing or doubled.
+#[test]
+fn a_bank_across_two_databases_keeps_its_total() {
+    const ACCOUNTS: u32 = 8;
+    const TOTAL: i64 = 800;
+    let dbs = [Db::in_memory(), Db::in_memory()];
+    for a in 0..ACCOUNTS {
+        let db = &dbs[(a / 4) as usize];
+        put(db, format!("acct{a}").as_bytes(), b"100");
+    }
+    let stop = AtomicBool::new(false);
+    let transfers = AtomicU64::new(0);
+    let audits = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for worker in 0..3u64 {
+            let (dbs, stop, transfers) = (&dbs, &stop, &transfers);
+            s.spawn(move || {
+                let mut rng = worker * 7919 + 1;
+                let mut next = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let from = (next() % u64::from(ACCOUNTS)) as u32;
+                    let to = (next() % u64::from(ACCOUNTS)) as u32;
+                    let amount = (next() % 20) as i64;
+                    if from == to {
+                        continue;
+                    }
+                    let moved = two_phase([&dbs[0], &dbs[1]], |d, txn| {
+                        for (account, delta) in [(from, -amount), (to, amount)] {
+                            if (account / 4) as usize == d {
+                                let b = balance(txn, account);
+                                txn.put(
+                                    format!("acct{account}").as_bytes(),
+                                    (b + delta).to_string().as_bytes(),
+                                )
+                                .unwrap();
+                            }
+                        }
+                    });
+                    if moved.is_some() {
+                        transfers.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let (dbs, stop, audits) = (&dbs, &stop, &audits);
+        s.spawn(move || {
+            let deadline = Instant::now() + Duration::from_millis(1500);
+            while Instant::now() < deadline {
+                let sums = two_phase([&dbs[0], &dbs[1]], |d, txn| {
+                    (0..4).map(|i| balance(txn, d as u32 * 4 + i)).sum::<i64>()
+                });
+                if let Some([a, b]) = sums {
+                    assert_eq!(a + b, TOTAL, "an audit saw {a} + {b}");
+                    audits.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    });
+    let transfers = transfers.into_inner();
+    let audits = audits.into_inner();
+    println!("{transfers} transfers, {audits} audits");
+    assert!(
+        transfers > 50 && audits > 20,
+        "{transfers} transfers, {audits} audits"
+    );
+    let total: i64 = (0..ACCOUNTS)
+        .map(|a| {
+            let v = get(&dbs[(a / 4) as usize], format!("acct{a}").as_bytes()).unwrap();
+            parse(&v)
+        })
+        .sum();
+    assert_eq!(total, TOTAL);
+}
+
+/// Elle list-append across two databases: each transaction reads and appends to keys of
+/// both, committed by two-phase commit; the history (with real-time order) must be acyclic.
+#[test]
+fn list_append_histories_across_two_databases_are_strictly_serializable() {
+    const KEYS: u32 = 6;
+    let dbs = [Db::in_memory(), Db::in_memory()];
+    let epoch = Instant::now();
+    let tick = || epoch.elapsed().as_nanos() as u64;
+    let next_elem = AtomicU64::new(1);
+    let records = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for worker in 0..3u64 {
+            let (dbs, next_elem, records) = (&dbs, &next_elem, &records);
+            s.spawn(move || {
+                let mut rng = worker * 104_729 + 3;
+                let mut next = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                for n in 0..300 {
+                    // Two or three keys, each read then (mostly) appended to.
+                    let mut keys: Vec<u32> = (0..2 + next() % 2)
+                        .map(|_| (next() % u64::from(KEYS)) as u32)
+                        .collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    let plan: Vec<(u32, Option<u64>)> = keys
+                        .iter()
+                        .map(|&k| {
+                            let append = next() % 4 != 0;
+                            (k, append.then(|| next_elem.fetch_add(1, Ordering::Relaxed)))
+                        })
+                        .collect();
+                    let began = tick();
+                    let mut ops = Vec::new();
+                    let outcome = two_phase([&dbs[0], &dbs[1]], |d, txn| {
+                        let mut mine = Vec::new();
+                        for &(k, append) in &plan {
+                            if (k % 2) as usize != d {
+                                continue;
+                            }
+                            let key = history::list_key(k);
+                            let mut list = history::decode_list(txn.get(&key).unwrap().as_deref());
+                            mine.push(Op::Read {
+                                key: k,
+                                value: list.clone(),
+                            });
+                            if let Some(e) = append {
+                                list.push(e);
+                                txn.put(&key, &history::encode_list(&list)).unwrap();
+                                mine.push(Op::Append { key: k, elem: e });
+                            }
+                        }
+                        mine
+                    });
+                    let ended = tick();
+                    let outcome =
+                        match outcome {
+                            Some([a, b]) => {
+                                ops.extend(a);
+                                ops.extend(b);
+                                Outcome::Committed
+                            }
+                            None => {
+                                ops.extend(plan.iter().filter_map(|&(k, e)| {
+                                    e.map(|e| Op::Append { key: k, elem: e })
+                                }));
+                                Outcome::Aborted
+                            }
+                        };
+                    records.lock().unwrap().push(TxnRecord {
+                        name: format!("w{worker}.{n}"),
+                        ops,
+                        outcome,
+                        position: None,
+                        read_ts: None,
+                        time: Some((began, ended)),
+                    });
+                }
+            });
+        }
+    });
+    let history = records.into_inner().unwrap();
+    let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
+    println!("{report:?}");
+    assert!(report.committed > 300 && report.rw_edges > 10, "{report:?}");
+}
