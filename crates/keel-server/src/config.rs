@@ -521,6 +521,132 @@ pub fn check_split_phase(ms: u64) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// One of Redis' encoding thresholds.
+pub struct Threshold {
+    pub name: &'static str,
+    /// The name Redis 6 used, which Redis 7 still accepts.
+    pub alias: Option<&'static str>,
+    pub default: i64,
+    pub min: i64,
+    pub max: i64,
+}
+
+/// Redis' encoding thresholds, in [`Encodings`] order. keel's storage does not depend on them:
+/// `CONFIG SET` accepts and reports them so that tools which set them keep working, and
+/// `OBJECT ENCODING` answers by them as Redis would.
+pub const THRESHOLDS: [Threshold; 7] = [
+    Threshold {
+        name: "hash-max-listpack-entries",
+        alias: Some("hash-max-ziplist-entries"),
+        default: 512,
+        min: 0,
+        max: i64::MAX,
+    },
+    Threshold {
+        name: "hash-max-listpack-value",
+        alias: Some("hash-max-ziplist-value"),
+        default: 64,
+        min: 0,
+        max: i64::MAX,
+    },
+    Threshold {
+        name: "zset-max-listpack-entries",
+        alias: Some("zset-max-ziplist-entries"),
+        default: 128,
+        min: 0,
+        max: i64::MAX,
+    },
+    Threshold {
+        name: "zset-max-listpack-value",
+        alias: Some("zset-max-ziplist-value"),
+        default: 64,
+        min: 0,
+        max: i64::MAX,
+    },
+    Threshold {
+        name: "set-max-intset-entries",
+        alias: None,
+        default: 512,
+        min: 0,
+        max: i64::MAX,
+    },
+    Threshold {
+        name: "list-max-listpack-size",
+        alias: Some("list-max-ziplist-size"),
+        default: -2,
+        min: i32::MIN as i64,
+        max: i32::MAX as i64,
+    },
+    Threshold {
+        name: "list-compress-depth",
+        alias: None,
+        default: 0,
+        min: 0,
+        max: i32::MAX as i64,
+    },
+];
+
+/// The current values of [`THRESHOLDS`].
+pub struct Encodings([std::sync::atomic::AtomicI64; THRESHOLDS.len()]);
+
+impl Default for Encodings {
+    fn default() -> Encodings {
+        Encodings(THRESHOLDS.map(|t| std::sync::atomic::AtomicI64::new(t.default)))
+    }
+}
+
+impl Encodings {
+    /// The index in [`THRESHOLDS`] of `name` (lower case) or its alias.
+    pub fn find(name: &str) -> Option<usize> {
+        THRESHOLDS
+            .iter()
+            .position(|t| t.name == name || t.alias == Some(name))
+    }
+
+    /// Parses a value for threshold `i`, with Redis' error texts.
+    pub fn parse(i: usize, value: &str) -> Result<i64, String> {
+        let t = &THRESHOLDS[i];
+        let n: i64 = value
+            .parse()
+            .map_err(|_| "argument couldn't be parsed into an integer".to_string())?;
+        if !(t.min..=t.max).contains(&n) {
+            return Err(format!(
+                "argument must be between {} and {} inclusive",
+                t.min, t.max
+            ));
+        }
+        Ok(n)
+    }
+
+    pub fn get(&self, i: usize) -> i64 {
+        self.0[i].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn set(&self, i: usize, value: i64) {
+        self.0[i].store(value, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn hash_entries(&self) -> i64 {
+        self.get(0)
+    }
+
+    pub fn hash_value(&self) -> i64 {
+        self.get(1)
+    }
+
+    pub fn zset_entries(&self) -> i64 {
+        self.get(2)
+    }
+
+    pub fn zset_value(&self) -> i64 {
+        self.get(3)
+    }
+
+    pub fn intset_entries(&self) -> i64 {
+        self.get(4)
+    }
+}
+
 /// Checks a `proto-max-bulk-len` value.
 pub fn check_bulk_len(value: i64) -> Result<(), ConfigError> {
     if !(1024..=PROTO_MAX_BULK_LEN_MAX).contains(&value) {

@@ -1821,6 +1821,7 @@ fn ctx(shared: &Shared) -> Ctx<'_> {
         reply_bytes_max: shared.config.reply_bytes_max,
         track_increments: true,
         clock: Default::default(),
+        encodings: &shared.encodings,
     }
 }
 

@@ -185,6 +185,8 @@ pub struct Ctx<'a> {
     pub track_increments: bool,
     /// The attempt's clock (the caller resets it before each attempt).
     pub clock: ks::Clock,
+    /// Redis' encoding thresholds, for `OBJECT ENCODING`.
+    pub encodings: &'a crate::config::Encodings,
 }
 
 /// The error for a reply over the output buffer limit.
@@ -1038,12 +1040,15 @@ pub mod test_support {
     use crate::reply::{Out, Proto};
 
     pub fn ctx(cursors: &Cursors) -> Ctx<'_> {
+        static ENCODINGS: std::sync::LazyLock<crate::config::Encodings> =
+            std::sync::LazyLock::new(Default::default);
         Ctx {
             bulk_bytes_max: 512 << 20,
             cursors,
             reply_bytes_max: 1 << 30,
             track_increments: true,
             clock: Default::default(),
+            encodings: &ENCODINGS,
         }
     }
 

@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 
-use crate::config::{OutputLimit, check_bulk_len, check_idle_poll, parse_poller};
+use crate::config::{
+    Encodings, OutputLimit, THRESHOLDS, check_bulk_len, check_idle_poll, parse_poller,
+};
 use crate::data::Fail;
 use crate::glob;
 use crate::reply::Out;
@@ -177,7 +179,7 @@ pub fn command(args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
 /// Every parameter `CONFIG GET` knows, with its current value.
 fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
     let c = &shared.config;
-    vec![
+    let mut params = vec![
         ("bind", c.bind.to_string()),
         ("port", shared.local_addr.port().to_string()),
         ("dir", c.dir.display().to_string()),
@@ -224,7 +226,15 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
             "client-output-buffer-limit",
             shared.pubsub.limit().redis_value(),
         ),
-    ]
+    ];
+    // Redis' encoding thresholds, under their names and their Redis 6 aliases, as Redis 7
+    // reports them.
+    for (i, t) in THRESHOLDS.iter().enumerate() {
+        let value = shared.encodings.get(i).to_string();
+        params.extend(t.alias.map(|alias| (alias, value.clone())));
+        params.push((t.name, value));
+    }
+    params
 }
 
 /// `CONFIG GET pattern...`, `CONFIG SET name value...`, `CONFIG RESETSTAT`.
@@ -290,6 +300,10 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                 "client-output-buffer-limit" => {
                     OutputLimit::parse(&value).map_err(|e| bad(&e))?;
                 }
+                name if Encodings::find(name).is_some() => {
+                    let i = Encodings::find(name).expect("just found");
+                    Encodings::parse(i, &value).map_err(|e| bad(&e))?;
+                }
                 "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability"
                 | "split" | "split-phase-ms" => {
                     return Err(bad("can't set immutable config"));
@@ -325,7 +339,12 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                         shared.pubsub.set_limit(limit);
                     }
                 }
-                _ => unreachable!("validated above"),
+                name => {
+                    let i = Encodings::find(name).expect("validated above");
+                    shared
+                        .encodings
+                        .set(i, Encodings::parse(i, &value).expect("validated above"));
+                }
             }
         }
         out.ok();

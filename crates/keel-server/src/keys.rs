@@ -26,17 +26,6 @@ use crate::reply::Out;
 use crate::resp::string_to_i64;
 use crate::table::Cmd;
 
-/// A set of integers up to this many members is an `intset` in Redis
-/// (`set-max-intset-entries`).
-const INTSET_ENTRIES_MAX: i64 = 512;
-/// A hash of up to this many fields is a `listpack` in Redis (`hash-max-listpack-entries`).
-const HASH_LISTPACK_ENTRIES_MAX: i64 = 512;
-/// A sorted set of up to this many members is a `listpack` in Redis
-/// (`zset-max-listpack-entries`).
-const ZSET_LISTPACK_ENTRIES_MAX: i64 = 128;
-/// ... and only while each field, value or member is at most this long
-/// (`hash-max-listpack-value`, `zset-max-listpack-value`).
-const LISTPACK_VALUE_BYTES_MAX: usize = 64;
 /// Redis keeps a string of at most this many bytes in one allocation with its header.
 const EMBSTR_BYTES_MAX: usize = 44;
 /// Redis shares the integers below this among all keys (`OBJ_SHARED_INTEGERS`).
@@ -247,7 +236,7 @@ fn object(
         return Ok(());
     }
     match &sub[..] {
-        b"encoding" => out.bulk(encoding(view, &held)?.as_bytes()),
+        b"encoding" => out.bulk(encoding(view, &held, ctx.encodings)?.as_bytes()),
         b"refcount" => {
             let shared = held
                 .string()
@@ -277,8 +266,13 @@ fn object(
     Ok(())
 }
 
-/// What Redis 7.0 would call the encoding of what `held` describes, at default thresholds.
-fn encoding(view: &mut View<'_, '_>, held: &Held) -> Result<&'static str, Fail> {
+/// What Redis 7.0 would call the encoding of what `held` describes, at the thresholds set
+/// (`CONFIG SET hash-max-listpack-entries` and the like; Redis' defaults unless changed).
+fn encoding(
+    view: &mut View<'_, '_>,
+    held: &Held,
+    limits: &crate::config::Encodings,
+) -> Result<&'static str, Fail> {
     let meta = match held {
         Held::Absent => unreachable!("the caller checked that the key exists"),
         Held::Plain(v) => return Ok(string_encoding(v.as_deref().unwrap_or_default())),
@@ -289,16 +283,23 @@ fn encoding(view: &mut View<'_, '_>, held: &Held) -> Result<&'static str, Fail> 
     Ok(match meta.ty {
         Type::String => unreachable!("handled above"),
         Type::List => "quicklist",
-        Type::Set if size <= INTSET_ENTRIES_MAX && all_sub_keys(view, meta, is_integer) => "intset",
+        Type::Set
+            if size <= limits.intset_entries()
+                && all_sub_keys(view, meta, |m, _| is_integer(m)) =>
+        {
+            "intset"
+        }
         Type::Set => "hashtable",
         Type::Hash
-            if size <= HASH_LISTPACK_ENTRIES_MAX && all_sub_keys(view, meta, fits_listpack) =>
+            if size <= limits.hash_entries()
+                && all_sub_keys(view, meta, |f, v| fits(f, v, limits.hash_value())) =>
         {
             "listpack"
         }
         Type::Hash => "hashtable",
         Type::ZSet
-            if size <= ZSET_LISTPACK_ENTRIES_MAX && all_sub_keys(view, meta, fits_listpack) =>
+            if size <= limits.zset_entries()
+                && all_sub_keys(view, meta, |m, _| fits(m, &[], limits.zset_value())) =>
         {
             "listpack"
         }
@@ -318,18 +319,24 @@ fn string_encoding(v: &[u8]) -> &'static str {
     }
 }
 
-fn is_integer(member: &[u8], _: &[u8]) -> bool {
+fn is_integer(member: &[u8]) -> bool {
     string_to_i64(member).is_some()
 }
 
-fn fits_listpack(item: &[u8], value: &[u8]) -> bool {
-    item.len() <= LISTPACK_VALUE_BYTES_MAX && value.len() <= LISTPACK_VALUE_BYTES_MAX
+/// Whether a listpack entry's item and value are both at most `max` bytes long.
+fn fits(item: &[u8], value: &[u8], max: i64) -> bool {
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    item.len() <= max && value.len() <= max
 }
 
 /// Whether `test` holds for every member (and its value: a hash field's; empty for a set
 /// member; a sorted set's is its score, which `fits_listpack` ignores as Redis does) of the
 /// collection `meta`, read from its first sub-key kind.
-fn all_sub_keys(view: &mut View<'_, '_>, meta: &Meta, test: fn(&[u8], &[u8]) -> bool) -> bool {
+fn all_sub_keys(
+    view: &mut View<'_, '_>,
+    meta: &Meta,
+    mut test: impl FnMut(&[u8], &[u8]) -> bool,
+) -> bool {
     let kind = ks::sub_prefixes(meta.ty)[0];
     let prefix = ks::sub_prefix(kind, meta.generation);
     let (lo, hi) = ks::prefix_range(&prefix);

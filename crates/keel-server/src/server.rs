@@ -175,6 +175,8 @@ pub struct Shared {
     pub local_addr: SocketAddr,
     pub requirepass: RwLock<Option<String>>,
     pub proto_max_bulk_len: AtomicI64,
+    /// Redis' encoding thresholds (`CONFIG SET hash-max-listpack-entries` and the like).
+    pub encodings: crate::config::Encodings,
     pub maxclients: AtomicUsize,
     pub clients: Mutex<HashMap<u64, Arc<ClientInfo>>>,
     pub next_client_id: AtomicU64,
@@ -287,6 +289,7 @@ impl Server {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),
             proto_max_bulk_len: AtomicI64::new(config.proto_max_bulk_len),
+            encodings: Default::default(),
             maxclients: AtomicUsize::new(config.maxclients),
             config,
             local_addr,

@@ -464,6 +464,57 @@ fn object_encodings_match_redis() {
     }
 }
 
+/// Redis' encoding thresholds: `CONFIG SET` under their names and Redis 6 aliases, `CONFIG
+/// GET`, the errors for bad values, and `OBJECT ENCODING` answering by the values set.
+#[test]
+fn encoding_thresholds_set_by_config_match_redis() {
+    let servers = Servers::start();
+    let mut h = Harness::new(&servers, false);
+    h.flush_all();
+    let mut both = |args: &[&str]| {
+        let args = cmd(args);
+        (h.main.keel.call(&args), h.main.redis.call(&args))
+    };
+    for args in [
+        &["CONFIG", "SET", "hash-max-listpack-entries", "3"][..],
+        &["CONFIG", "SET", "hash-max-ziplist-value", "5"],
+        &["CONFIG", "SET", "zset-max-listpack-entries", "2"],
+        &["CONFIG", "SET", "zset-max-ziplist-value", "4"],
+        &["CONFIG", "SET", "set-max-intset-entries", "2"],
+        &["CONFIG", "SET", "list-max-listpack-size", "-3"],
+        &["CONFIG", "SET", "list-compress-depth", "1"],
+        &["CONFIG", "SET", "hash-max-listpack-entries", "-1"],
+        &["CONFIG", "SET", "hash-max-listpack-entries", "many"],
+        &["CONFIG", "SET", "list-max-listpack-size", "99999999999"],
+        &["CONFIG", "SET", "list-compress-depth", "-1"],
+        &["CONFIG", "GET", "hash-max-listpack-entries"],
+        &["CONFIG", "GET", "hash-max-ziplist-entries"],
+        &["CONFIG", "GET", "zset-max-listpack-value"],
+        &["CONFIG", "GET", "set-max-intset-entries"],
+        &["CONFIG", "GET", "list-max-ziplist-size"],
+        &["CONFIG", "GET", "list-compress-depth"],
+        &["HSET", "h3", "a", "1", "b", "2", "c", "3"],
+        &["HSET", "h4", "a", "1", "b", "2", "c", "3", "d", "4"],
+        &["HSET", "hv", "a", "123456"],
+        &["ZADD", "z2", "1", "a", "2", "b"],
+        &["ZADD", "z3", "1", "a", "2", "b", "3", "c"],
+        &["ZADD", "zv", "1", "abcde"],
+        &["SADD", "s2", "1", "2"],
+        &["SADD", "s3", "1", "2", "3"],
+        &["OBJECT", "ENCODING", "h3"],
+        &["OBJECT", "ENCODING", "h4"],
+        &["OBJECT", "ENCODING", "hv"],
+        &["OBJECT", "ENCODING", "z2"],
+        &["OBJECT", "ENCODING", "z3"],
+        &["OBJECT", "ENCODING", "zv"],
+        &["OBJECT", "ENCODING", "s2"],
+        &["OBJECT", "ENCODING", "s3"],
+    ] {
+        let (keel, redis) = both(args);
+        assert_eq!(keel, redis, "{}", args.join(" "));
+    }
+}
+
 fn differential(resp3: bool, default_seed: u64) {
     let ops = std::env::var("KEEL_DIFF_OPS")
         .map(|v| v.parse().expect("KEEL_DIFF_OPS is a number"))
