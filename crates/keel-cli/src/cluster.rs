@@ -98,6 +98,28 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         .map(TcpListener::local_addr)
         .collect::<Result<_, _>>()
         .context("reading a listening socket's address")?;
+    // The nodes' transport (bus) sockets: client port + 10000 as Redis Cluster's, or any
+    // free ports with --port 0.
+    let mut buses = Vec::with_capacity(args.nodes);
+    for addr in &addrs {
+        let port = match args.port {
+            0 => 0,
+            _ => addr
+                .port()
+                .checked_add(keel_server::BUS_PORT_OFFSET)
+                .context("the nodes' bus ports (port + 10000) must stay below 65536")?,
+        };
+        let bus = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let listener = TcpListener::bind(bus).with_context(|| {
+            format!("cannot listen on {bus} for the cluster bus (pick other ports with --port)")
+        })?;
+        buses.push(Arc::new(listener));
+    }
+    let bus_addrs: Vec<SocketAddr> = buses
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<_, _>>()
+        .context("reading a listening socket's address")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -117,6 +139,8 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
                 None => config.durability = Durability::None,
             }
             config.cluster = Some(Arc::new(map));
+            config.cluster_bus = bus_addrs.clone();
+            config.cluster_bus_listener = Some(Arc::clone(&buses[i]));
             let server = keel_server::Server::with_listener(config, listener)
                 .await
                 .with_context(|| format!("starting node-{}", i + 1))?;

@@ -302,6 +302,12 @@ pub struct Config {
     /// Cluster mode: the cluster's configuration, with this node in it (`None`: a single
     /// node, with no routing at all).
     pub cluster: Option<std::sync::Arc<keel_cluster::Membership>>,
+    /// Cluster mode: every node's transport (bus) address, by node index; empty: each node's
+    /// client address with the port + 10000, as Redis Cluster's bus.
+    pub cluster_bus: Vec<std::net::SocketAddr>,
+    /// Cluster mode: this node's bus socket, already listening (so that a demo or a test
+    /// that picks free ports has no race); `None`: bind it.
+    pub cluster_bus_listener: Option<std::sync::Arc<std::net::TcpListener>>,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -327,6 +333,8 @@ impl Default for Config {
             idle_poll_us: IDLE_POLL_US_DEFAULT,
             pubsub_output_limit: OutputLimit::default(),
             cluster: None,
+            cluster_bus: Vec::new(),
+            cluster_bus_listener: None,
         }
     }
 }

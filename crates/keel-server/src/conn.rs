@@ -110,6 +110,10 @@ struct Watch {
     deadlines: Vec<u64>,
 }
 
+/// Attempts of a transaction across nodes that loses conflicts (each a fresh two-phase
+/// commit, with backoff from 1 to 50 ms between).
+const ACROSS_ATTEMPTS_MAX: u32 = 30;
+
 struct Multi {
     queue: Vec<(Cmd, Vec<Bytes>)>,
     bytes: usize,
@@ -742,6 +746,88 @@ impl Conn {
         match forwarded {
             Ok(reply) => output.extend_from_slice(&reply),
             Err(text) => self.out(output).error(&text),
+        }
+    }
+
+    /// Cluster mode: runs `commands` (each on the node that owns its keys) as one
+    /// transaction across nodes, and returns each command's reply, in order. A transaction
+    /// that loses a conflict runs again (nothing of it was seen): up to
+    /// [`ACROSS_ATTEMPTS_MAX`] times, then `TRYAGAIN`.
+    async fn across_nodes(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
+        use keel_cluster::txn::{AbortReason, Outcome, Peer, Refusal};
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let Some(xnode) = self.shared.xnode.get() else {
+            return Err(cluster::CROSSSLOT.into());
+        };
+        let mut work: Vec<(Peer, crate::xnode::Work)> = Vec::new();
+        let mut place = Vec::with_capacity(commands.len());
+        for args in commands {
+            let spec = table::lookup(&args[0]).expect("a queued command is known");
+            if !data::is_data(spec.cmd) || spec.first_key == 0 {
+                return Err(format!(
+                    "ERR keel: a transaction across nodes runs only commands with keys, \
+                     and '{}' has none",
+                    spec.name
+                )
+                .into());
+            }
+            let node = match cluster.route(spec, args) {
+                Route::Local => cluster.map.myself(),
+                Route::Remote { node, .. } => node,
+                Route::CrossSlot => return Err(cluster::CROSSSLOT.into()),
+            };
+            let peer = Peer(u16::try_from(node).expect("at most u16::MAX nodes"));
+            let i = match work.iter().position(|(p, _)| *p == peer) {
+                Some(i) => i,
+                None => {
+                    let part = crate::xnode::Work {
+                        resp3: self.proto == Proto::Resp3,
+                        commands: Vec::new(),
+                    };
+                    work.push((peer, part));
+                    work.len() - 1
+                }
+            };
+            place.push((i, work[i].1.commands.len()));
+            work[i]
+                .1
+                .commands
+                .push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        let mut backoff = Duration::from_millis(1);
+        let mut attempt = 1;
+        loop {
+            match xnode.run(work.clone()).await {
+                Outcome::Committed(mut replies) => {
+                    return Ok(place
+                        .iter()
+                        .map(|&(i, j)| std::mem::take(&mut replies[i].1[j]))
+                        .collect());
+                }
+                Outcome::Aborted(AbortReason::Refused {
+                    refusal: Refusal::Failed(text),
+                    ..
+                }) => return Err(text.into()),
+                Outcome::Aborted(_) if attempt < ACROSS_ATTEMPTS_MAX => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(50));
+                    attempt += 1;
+                }
+                Outcome::Aborted(reason) => {
+                    return Err(format!(
+                        "TRYAGAIN keel: the transaction across nodes lost {attempt} conflicts \
+                         in a row ({reason:?})"
+                    )
+                    .into());
+                }
+                Outcome::Unknown => {
+                    return Err(
+                        "TRYAGAIN keel: the outcome of the transaction across nodes is \
+                                unknown (a node's log stalled); it may have committed"
+                            .into(),
+                    );
+                }
+            }
         }
     }
 
@@ -1588,7 +1674,17 @@ impl Conn {
         match self.exec_route(&multi) {
             None => {}
             // Watched keys are on this node (WATCH refuses others): two nodes.
-            Some(Err(())) => return Err(cluster::CROSSSLOT.into()),
+            Some(Err(())) if watch.is_some() => return Err(cluster::CROSSSLOT.into()),
+            Some(Err(())) => {
+                let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
+                let mut out = Out::new(output, self.proto);
+                let replies = self.across_nodes(&commands).await?;
+                out.array(replies.len());
+                for reply in replies {
+                    out.buf.extend_from_slice(&reply);
+                }
+                return Ok(());
+            }
             Some(Ok(_)) if watch.is_some() => return Err(cluster::CROSSSLOT.into()),
             Some(Ok(node)) => {
                 let begin = [Bytes::from_static(b"MULTI")];
@@ -1814,7 +1910,7 @@ fn full_name(spec: &Spec, args: &[Bytes]) -> Option<String> {
     fits.then(|| format!("{}|{name}", spec.name))
 }
 
-fn ctx(shared: &Shared) -> Ctx<'_> {
+pub(crate) fn ctx(shared: &Shared) -> Ctx<'_> {
     Ctx {
         bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
         cursors: &shared.cursors,

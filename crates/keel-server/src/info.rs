@@ -517,9 +517,30 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     if want("cluster") {
         let _ = write!(
             t,
-            "# Cluster\r\ncluster_enabled:{}\r\n\r\n",
+            "# Cluster\r\ncluster_enabled:{}\r\n",
             u8::from(shared.cluster.is_some())
         );
+        if let Some(x) = shared.xnode.get() {
+            let s = &x.stats;
+            let _ = write!(
+                t,
+                "keel_cluster_incarnation:{:x}\r\nkeel_cluster_txns_begun:{}\r\n\
+                 keel_cluster_txns_committed:{}\r\nkeel_cluster_txns_aborted:{}\r\n\
+                 keel_cluster_txns_unknown:{}\r\nkeel_cluster_prepares:{}\r\n\
+                 keel_cluster_prepares_refused:{}\r\nkeel_cluster_recovered_prepared:{}\r\n\
+                 keel_cluster_recovered_decisions:{}\r\n",
+                x.incarnation,
+                s.begun.load(Relaxed),
+                s.committed.load(Relaxed),
+                s.aborted.load(Relaxed),
+                s.unknown.load(Relaxed),
+                s.prepares.load(Relaxed),
+                s.prepares_refused.load(Relaxed),
+                s.recovered_prepared.load(Relaxed),
+                s.recovered_decisions.load(Relaxed),
+            );
+        }
+        t.push_str("\r\n");
     }
     if want("keel") {
         let _ = write!(

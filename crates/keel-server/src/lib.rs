@@ -40,6 +40,7 @@ pub mod resp;
 mod server;
 mod sets;
 mod table;
+mod xnode;
 mod zsets;
 
 pub use config::{
@@ -48,6 +49,7 @@ pub use config::{
 };
 pub use keel_cluster as cluster_map;
 pub use server::{Handle, Server, StartError};
+pub use xnode::BUS_PORT_OFFSET;
 
 /// keel's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -71,6 +71,21 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// Cluster mode: the cross-node transaction driver could not start.
+    #[error("cannot start the cluster's transactions: {0}")]
+    Cluster(#[source] crate::xnode::StartError),
+    /// Not in cluster mode, but the data directory holds transactions a cluster prepared and
+    /// did not decide: only the cluster can decide them.
+    #[error(
+        "{dir} holds {count} transaction(s) prepared as part of a cluster and not yet decided: \
+         start this node with its cluster configuration (--cluster) so that it can resolve them"
+    )]
+    InDoubt {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// How many.
+        count: usize,
+    },
 }
 
 /// Counters for `INFO stats` and the metrics endpoint.
@@ -196,6 +211,8 @@ pub struct Shared {
     pub reaper: Arc<crate::reaper::ReaperStats>,
     /// Cluster mode's routing and peer connections; `None` on a single node.
     pub cluster: Option<crate::cluster::Cluster>,
+    /// Cluster mode: this node's end of transactions across nodes.
+    pub xnode: std::sync::OnceLock<crate::xnode::Xnode>,
 }
 
 impl Shared {
@@ -305,7 +322,24 @@ impl Server {
             tracker: tokio_util::task::TaskTracker::new(),
             reaper: Arc::default(),
             cluster,
+            xnode: std::sync::OnceLock::new(),
         });
+        match &shared.cluster {
+            Some(cluster) => {
+                let map = Arc::clone(&cluster.map);
+                let xnode = crate::xnode::Xnode::start(&shared, &map)
+                    .await
+                    .map_err(StartError::Cluster)?;
+                let _ = shared.xnode.set(xnode);
+            }
+            None if db.recovery().is_some_and(|r| r.in_doubt > 0) => {
+                return Err(StartError::InDoubt {
+                    dir: shared.config.dir.clone(),
+                    count: db.recovery().map_or(0, |r| r.in_doubt),
+                });
+            }
+            None => {}
+        }
         Ok(Server {
             shared,
             listener,

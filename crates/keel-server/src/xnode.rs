@@ -1,0 +1,614 @@
+//! Transactions across nodes (issue 20, slice 4): the server's driver of keel-cluster's
+//! sans-IO two-phase commit ([`keel_cluster::txn`]), with the engine as every partition's
+//! storage ([`keel::Txn::prepare`]) and [`keel_cluster::transport`] between nodes.
+//!
+//! One task owns this node's [`Coordinator`] and [`Participant`]; it takes the transport's
+//! events, the clients' transactions and the storage's completions from channels, ticks the
+//! timers every [`TICK`], and carries out the actions. Storage work blocks (a prepare waits
+//! for its fsync, a commit for visibility), so it runs on tokio's blocking threads and
+//! reports back; nothing in the task waits.
+//!
+//! A transaction is one-shot: its work on a node is the commands of a `MULTI` block whose
+//! keys that node owns, run there in one engine transaction and prepared. The replies travel
+//! back with the yes vote. The prepared record's metadata (see [`Meta`]) holds the ids and the
+//! replies, so that a restarted participant can vote again. The coordinator's commit
+//! decisions are records of a second engine database, `cluster-decisions` in the data
+//! directory, written durably before any participant hears commit and deleted once every
+//! participant acknowledged. Not the node's own database: there a commit becomes durable and
+//! then waits to become visible, which a transaction this node has prepared holds up until
+//! the very decision being logged.
+//!
+//! The transport listens on the node's client port + [`BUS_PORT_OFFSET`] (as Redis Cluster's
+//! bus does) on the node's own host.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use keel::{Db, Durability, Prepared};
+use keel_cluster::transport::{self, Event, Transport};
+use keel_cluster::txn::{
+    CoordinatorAction, Decision, Message, Outcome, Participant, ParticipantAction, Peer, PrepareId,
+    Recovered, Refusal, TxnId,
+};
+use keel_cluster::{Membership, txn::Coordinator};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::data::{self, Fail, View};
+use crate::reply::{Out, Proto};
+use crate::server::Shared;
+use crate::table;
+
+/// The transport port is the client port plus this (Redis Cluster's bus convention).
+pub const BUS_PORT_OFFSET: u16 = 10_000;
+/// How often the protocol's timers run.
+const TICK: Duration = Duration::from_millis(20);
+/// The decisions database, in the node's data directory.
+const DECISIONS_DIR: &str = "cluster-decisions";
+
+/// One node's part of a transaction: commands, run in order in one engine transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Work {
+    /// Replies in RESP3 (the client said `HELLO 3`).
+    pub resp3: bool,
+    /// The commands, each its arguments.
+    pub commands: Vec<Vec<Vec<u8>>>,
+}
+
+/// The replies of one node's work, each command's RESP bytes.
+pub type Replies = Vec<Vec<u8>>;
+
+type Msg = Message<Work, Replies>;
+
+/// What a prepared record keeps beside its writes (the engine's prepare metadata).
+#[derive(Debug, Serialize, Deserialize)]
+struct Meta {
+    txn: TxnId,
+    prepare: PrepareId,
+    participants: Vec<Peer>,
+    reply: Replies,
+}
+
+/// Counters for `INFO cluster`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub begun: AtomicU64,
+    pub committed: AtomicU64,
+    pub aborted: AtomicU64,
+    pub unknown: AtomicU64,
+    pub prepares: AtomicU64,
+    pub prepares_refused: AtomicU64,
+    pub recovered_prepared: AtomicU64,
+    pub recovered_decisions: AtomicU64,
+}
+
+enum Input {
+    Begin {
+        work: Vec<(Peer, Work)>,
+        answer: oneshot::Sender<Outcome<Replies>>,
+    },
+    Prepared {
+        txn: TxnId,
+        result: Result<Replies, Refusal>,
+    },
+    Committed {
+        txn: TxnId,
+    },
+    Logged {
+        txn: TxnId,
+    },
+}
+
+/// A prepared transaction this node holds, and its commands (to wake blocked clients once
+/// committed).
+struct Held {
+    prepared: Prepared<'static>,
+    commands: Vec<Vec<Vec<u8>>>,
+}
+
+/// This node's end of cross-node transactions.
+pub struct Xnode {
+    inputs: mpsc::UnboundedSender<Input>,
+    pub stats: Arc<Stats>,
+    pub incarnation: u64,
+}
+
+/// Why the driver could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen for cluster peers on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("node {id}'s client port {port} leaves no bus port (port + {BUS_PORT_OFFSET})")]
+    NoBusPort { id: String, port: u16 },
+    #[error("{given} bus addresses for {nodes} nodes")]
+    BusCount { given: usize, nodes: usize },
+    #[error("cannot open the coordinator's decisions: {0}")]
+    Decisions(#[source] keel::OpenError),
+    #[error("a prepared transaction in the log has metadata keel cannot read: {0}")]
+    Meta(String),
+}
+
+/// Every node's transport address, by index.
+pub fn bus_addrs(map: &Membership) -> Result<Vec<SocketAddr>, StartError> {
+    map.nodes()
+        .iter()
+        .map(|n| {
+            let port = n.addr.port().checked_add(BUS_PORT_OFFSET).ok_or_else(|| {
+                StartError::NoBusPort {
+                    id: n.id.to_string(),
+                    port: n.addr.port(),
+                }
+            })?;
+            Ok(SocketAddr::new(n.addr.ip(), port))
+        })
+        .collect()
+}
+
+/// A fresh incarnation: differs from every earlier run of this node (with overwhelming
+/// probability), so that transaction and prepare ids are never reused.
+fn incarnation() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RandomState::new().hash_one((now, std::process::id())) | 1
+}
+
+fn decision_key(txn: TxnId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(18);
+    key.extend_from_slice(&txn.coordinator.0.to_be_bytes());
+    key.extend_from_slice(&txn.incarnation.to_be_bytes());
+    key.extend_from_slice(&txn.seq.to_be_bytes());
+    key
+}
+
+impl Xnode {
+    /// Recovers this node's prepared transactions and commit decisions from `db`, starts the
+    /// transport and the driver. Must run inside the server's runtime, before it serves.
+    pub async fn start(shared: &Arc<Shared>, map: &Membership) -> Result<Xnode, StartError> {
+        let me = Peer(u16::try_from(map.myself()).expect("at most u16::MAX nodes"));
+        let incarnation = incarnation();
+        let addrs = match &shared.config.cluster_bus {
+            given if given.is_empty() => bus_addrs(map)?,
+            given if given.len() == map.nodes().len() => given.clone(),
+            given => {
+                return Err(StartError::BusCount {
+                    given: given.len(),
+                    nodes: map.nodes().len(),
+                });
+            }
+        };
+        let listen = SocketAddr::new(shared.config.bind, addrs[map.myself()].port());
+        let bind = |source| StartError::Bind {
+            addr: listen,
+            source,
+        };
+        let listener = match &shared.config.cluster_bus_listener {
+            Some(listener) => {
+                let listener = listener.try_clone().map_err(bind)?;
+                listener.set_nonblocking(true).map_err(bind)?;
+                tokio::net::TcpListener::from_std(listener).map_err(bind)?
+            }
+            None => tokio::net::TcpListener::bind(listen).await.map_err(bind)?,
+        };
+        let (transport, events) = Transport::<Msg>::start(
+            map,
+            &addrs,
+            incarnation,
+            listener,
+            transport::Config::default(),
+        )
+        .map_err(bind)?;
+        let config = keel_cluster::txn::Config {
+            // The client is answered once every participant has installed (real-time
+            // order); a participant that stays silent this long is answered for anyway.
+            ack_wait_ms: map.timeout().as_millis() as u64,
+            ..Default::default()
+        };
+        let mut coordinator = Coordinator::new(me, incarnation, config.clone());
+        let mut participant = Participant::new(me, incarnation, config);
+        let stats = Arc::new(Stats::default());
+        let db = shared.db;
+        let held: Arc<Mutex<HashMap<TxnId, Held>>> = Arc::default();
+
+        // Recovery: the prepared records in doubt, and the decisions not yet forgotten.
+        let mut records = Vec::new();
+        for prepared in db.in_doubt() {
+            let meta: Meta = postcard::from_bytes(prepared.meta())
+                .map_err(|e| StartError::Meta(e.to_string()))?;
+            records.push(Recovered {
+                txn: meta.txn,
+                prepare: meta.prepare,
+                reply: meta.reply,
+            });
+            held.lock().insert(
+                meta.txn,
+                Held {
+                    prepared,
+                    commands: Vec::new(),
+                },
+            );
+        }
+        let decisions_db = match shared.db.dir() {
+            Some(dir) => {
+                let path = dir.join(DECISIONS_DIR);
+                let options = keel::Options::default().durability(Durability::Sync);
+                tokio::task::spawn_blocking(move || Db::open(path, options))
+                    .await
+                    .expect("opening a database does not panic")
+                    .map_err(StartError::Decisions)?
+            }
+            None => Db::in_memory(),
+        };
+        let decisions_db: &'static Db = Box::leak(Box::new(decisions_db));
+        let decisions = read_decisions(decisions_db).map_err(StartError::Meta)?;
+        stats
+            .recovered_prepared
+            .store(records.len() as u64, Relaxed);
+        stats
+            .recovered_decisions
+            .store(decisions.len() as u64, Relaxed);
+        let started = Instant::now();
+        let now_ms = move || started.elapsed().as_millis() as u64;
+        let mut coordinator_out = Vec::new();
+        let mut participant_out = Vec::new();
+        coordinator.recover(now_ms(), decisions, &mut coordinator_out);
+        participant.recover(now_ms(), records, &mut participant_out);
+
+        let (inputs, inputs_rx) = mpsc::unbounded_channel();
+        let mut driver = Driver {
+            shared: Arc::clone(shared),
+            me,
+            coordinator,
+            participant,
+            transport,
+            inputs: inputs.clone(),
+            answers: HashMap::new(),
+            held,
+            decisions: decisions_db,
+            stats: Arc::clone(&stats),
+            now_ms: Box::new(now_ms),
+        };
+        driver.carry_out(coordinator_out, participant_out);
+        let token = shared.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = driver.run(events, inputs_rx) => {}
+                () = token.cancelled() => {}
+            }
+        });
+        Ok(Xnode {
+            inputs,
+            stats,
+            incarnation,
+        })
+    }
+
+    /// Runs `work` (per node) as one transaction and waits for its outcome.
+    pub async fn run(&self, work: Vec<(Peer, Work)>) -> Outcome<Replies> {
+        let (answer, outcome) = oneshot::channel();
+        if self.inputs.send(Input::Begin { work, answer }).is_err() {
+            return Outcome::Unknown;
+        }
+        outcome.await.unwrap_or(Outcome::Unknown)
+    }
+}
+
+fn read_decisions(db: &Db) -> Result<Vec<Decision>, String> {
+    let snapshot = db.snapshot().map_err(|e| e.to_string())?;
+    snapshot
+        .range::<&[u8]>(..)
+        .map(|(_, v)| postcard::from_bytes(&v).map_err(|e| e.to_string()))
+        .collect()
+}
+
+struct Driver {
+    shared: Arc<Shared>,
+    me: Peer,
+    coordinator: Coordinator<Work, Replies>,
+    participant: Participant<Replies>,
+    transport: Transport<Msg>,
+    inputs: mpsc::UnboundedSender<Input>,
+    answers: HashMap<TxnId, oneshot::Sender<Outcome<Replies>>>,
+    held: Arc<Mutex<HashMap<TxnId, Held>>>,
+    /// The commit decisions' database.
+    decisions: &'static Db,
+    stats: Arc<Stats>,
+    now_ms: Box<dyn Fn() -> u64 + Send>,
+}
+
+impl Driver {
+    async fn run(
+        &mut self,
+        mut events: mpsc::Receiver<Event<Msg>>,
+        mut inputs: mpsc::UnboundedReceiver<Input>,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let (mut c, mut p) = (Vec::new(), Vec::new());
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(Event::Received { message, .. }) => self.deliver(message, &mut c, &mut p),
+                    Some(Event::Refused { peer, addr, why }) => tracing::error!(
+                        "cluster peer {peer:?} at {addr} refused: {why}"
+                    ),
+                    Some(Event::PeerDown { peer, why }) => {
+                        tracing::warn!("cluster peer {peer} is down: {why}")
+                    }
+                    Some(Event::Broken { peer, why }) => {
+                        tracing::warn!("cluster peer {peer} sent a bad frame: {why}")
+                    }
+                    Some(_) => {}
+                    None => return,
+                },
+                input = inputs.recv() => match input {
+                    Some(input) => self.input(input, &mut c, &mut p),
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    let now = (self.now_ms)();
+                    self.coordinator.tick(now, &mut c);
+                    self.participant.tick(now, &mut p);
+                }
+            }
+            self.carry_out(c, p);
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        msg: Msg,
+        c: &mut Vec<CoordinatorAction<Work, Replies>>,
+        p: &mut Vec<ParticipantAction<Work, Replies>>,
+    ) {
+        if msg.is_for_coordinator() {
+            self.coordinator.handle(msg, c);
+        } else {
+            self.participant.handle(msg, p);
+        }
+    }
+
+    fn input(
+        &mut self,
+        input: Input,
+        c: &mut Vec<CoordinatorAction<Work, Replies>>,
+        p: &mut Vec<ParticipantAction<Work, Replies>>,
+    ) {
+        let now = (self.now_ms)();
+        match input {
+            Input::Begin { work, answer } => match self.coordinator.begin(now, work, c) {
+                Ok(txn) => {
+                    self.stats.begun.fetch_add(1, Relaxed);
+                    self.answers.insert(txn, answer);
+                }
+                Err(e) => {
+                    let refusal = Refusal::Failed(format!("ERR keel: {e}"));
+                    let reason = keel_cluster::txn::AbortReason::Refused {
+                        by: self.me,
+                        refusal,
+                    };
+                    let _ = answer.send(Outcome::Aborted(reason));
+                }
+            },
+            Input::Prepared { txn, result } => self.participant.prepared(now, txn, result, p),
+            Input::Committed { txn } => self.participant.committed(txn, p),
+            Input::Logged { txn } => self.coordinator.logged(now, txn, c),
+        }
+    }
+
+    /// Carries out actions until none are left (a message to this node is handled at once,
+    /// and may make more).
+    fn carry_out(
+        &mut self,
+        mut c: Vec<CoordinatorAction<Work, Replies>>,
+        mut p: Vec<ParticipantAction<Work, Replies>>,
+    ) {
+        while !c.is_empty() || !p.is_empty() {
+            let (mut c2, mut p2) = (Vec::new(), Vec::new());
+            for action in c.drain(..) {
+                match action {
+                    CoordinatorAction::Send { to, msg } => self.send(to, msg, &mut c2, &mut p2),
+                    CoordinatorAction::LogCommit(decision) => self.log_commit(decision),
+                    CoordinatorAction::Forget(txn) => self.forget(txn),
+                    CoordinatorAction::Answer { txn, outcome } => {
+                        let counter = match &outcome {
+                            Outcome::Committed(_) => &self.stats.committed,
+                            Outcome::Aborted(_) => &self.stats.aborted,
+                            Outcome::Unknown => &self.stats.unknown,
+                        };
+                        counter.fetch_add(1, Relaxed);
+                        if let Some(answer) = self.answers.remove(&txn) {
+                            let _ = answer.send(outcome);
+                        }
+                    }
+                }
+            }
+            for action in p.drain(..) {
+                match action {
+                    ParticipantAction::Send { to, msg } => self.send(to, msg, &mut c2, &mut p2),
+                    ParticipantAction::Prepare {
+                        txn,
+                        prepare,
+                        participants,
+                        work,
+                    } => self.prepare(txn, prepare, participants, work),
+                    ParticipantAction::Commit { txn, .. } => self.commit(txn),
+                    ParticipantAction::Abort { txn, .. } => self.abort(txn),
+                }
+            }
+            c = c2;
+            p = p2;
+        }
+    }
+
+    fn send(
+        &mut self,
+        to: Peer,
+        msg: Msg,
+        c: &mut Vec<CoordinatorAction<Work, Replies>>,
+        p: &mut Vec<ParticipantAction<Work, Replies>>,
+    ) {
+        if to == self.me {
+            self.deliver(msg, c, p);
+        } else if let Err(e) = self.transport.send(to, &msg) {
+            // Dropped: the protocol resends what matters.
+            tracing::debug!("cluster message to {to} dropped: {e}");
+        }
+    }
+
+    fn log_commit(&self, decision: Decision) {
+        let (db, inputs) = (self.decisions, self.inputs.clone());
+        tokio::task::spawn_blocking(move || {
+            let txn = decision.txn;
+            let value = postcard::to_stdvec(&decision).expect("a decision encodes");
+            let logged = db.transact(|t| {
+                t.set_durability(Durability::Sync);
+                t.put(&decision_key(txn), &value)
+            });
+            match logged {
+                Ok(()) => {
+                    let _ = inputs.send(Input::Logged { txn });
+                }
+                // Never logged: the coordinator answers `Unknown` at the client deadline and
+                // the participants learn abort when they inquire.
+                Err(e) => tracing::error!("logging the commit decision of {txn}: {e}"),
+            }
+        });
+    }
+
+    fn forget(&self, txn: TxnId) {
+        let db = self.decisions;
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = db.transact(|t| t.delete(&decision_key(txn))) {
+                tracing::warn!("forgetting the decision of {txn}: {e}");
+            }
+        });
+    }
+
+    fn prepare(&self, txn: TxnId, prepare: PrepareId, participants: Vec<Peer>, work: Work) {
+        let (shared, inputs, held) = (
+            Arc::clone(&self.shared),
+            self.inputs.clone(),
+            Arc::clone(&self.held),
+        );
+        let stats = Arc::clone(&self.stats);
+        tokio::task::spawn_blocking(move || {
+            stats.prepares.fetch_add(1, Relaxed);
+            let result = execute(&shared, &work, |reply| Meta {
+                txn,
+                prepare,
+                participants,
+                reply,
+            });
+            let result = match result {
+                Ok((prepared, reply)) => {
+                    held.lock().insert(
+                        txn,
+                        Held {
+                            prepared,
+                            commands: work.commands,
+                        },
+                    );
+                    Ok(reply)
+                }
+                Err(refusal) => {
+                    stats.prepares_refused.fetch_add(1, Relaxed);
+                    Err(refusal)
+                }
+            };
+            let _ = inputs.send(Input::Prepared { txn, result });
+        });
+    }
+
+    fn commit(&self, txn: TxnId) {
+        let Some(held) = self.held.lock().remove(&txn) else {
+            tracing::error!("told to commit {txn}, which this node does not hold");
+            return;
+        };
+        let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
+        tokio::task::spawn_blocking(move || {
+            let db = shared.db;
+            match held.prepared.commit() {
+                Ok(ts) => {
+                    // Acknowledged only once visible: the client hears of it after that.
+                    if db.wait_visible(ts).is_err() {
+                        return;
+                    }
+                    for command in &held.commands {
+                        let args: Vec<Bytes> =
+                            command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                        if let Some(spec) = table::lookup(&args[0]) {
+                            shared.blocked.committed(spec.cmd, &args);
+                        }
+                    }
+                    let _ = inputs.send(Input::Committed { txn });
+                }
+                // The log failed: nothing commits any more; the prepare stays in doubt for
+                // the next start.
+                Err(e) => tracing::error!("committing {txn}: {e}"),
+            }
+        });
+    }
+
+    fn abort(&self, txn: TxnId) {
+        let Some(held) = self.held.lock().remove(&txn) else {
+            return;
+        };
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = held.prepared.abort() {
+                tracing::error!("aborting {txn}: {e}");
+            }
+        });
+    }
+}
+
+/// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
+/// `meta` builds from the replies.
+fn execute(
+    shared: &Shared,
+    work: &Work,
+    meta: impl FnOnce(Replies) -> Meta,
+) -> Result<(Prepared<'static>, Replies), Refusal> {
+    let db: &'static Db = shared.db;
+    let mut ctx = crate::conn::ctx(shared);
+    // Increments read: their replies must travel with the vote.
+    ctx.track_increments = false;
+    let proto = if work.resp3 {
+        Proto::Resp3
+    } else {
+        Proto::Resp2
+    };
+    let mut txn = db.begin().map_err(|_| Refusal::Overloaded)?;
+    let mut replies = Vec::with_capacity(work.commands.len());
+    for command in &work.commands {
+        let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+        let spec = args
+            .first()
+            .and_then(|name| table::lookup(name))
+            .filter(|spec| data::is_data(spec.cmd))
+            .ok_or_else(|| Refusal::Failed("ERR keel: not a data command".into()))?;
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, proto);
+        if let Err(Fail(text)) =
+            data::run(spec.cmd, &args, &mut View::Txn(&mut txn), &ctx, &mut out)
+        {
+            return Err(Refusal::Failed(text.into_owned()));
+        }
+        replies.push(buf.to_vec());
+    }
+    let meta = postcard::to_stdvec(&meta(replies.clone())).expect("metadata encodes");
+    match txn.prepare(|_| meta) {
+        Ok(Ok(prepared)) => Ok((prepared, replies)),
+        Ok(Err(_conflict)) => Err(Refusal::Busy),
+        Err(e) => Err(Refusal::Failed(format!("ERR keel: {e}"))),
+    }
+}
