@@ -808,6 +808,13 @@ impl Conn {
                     refusal: Refusal::Failed(text),
                     ..
                 }) => return Err(text.into()),
+                Outcome::Aborted(AbortReason::Timeout) => {
+                    return Err(
+                        "TRYAGAIN keel: a node of the transaction did not vote in time; \
+                                nothing of it was applied"
+                            .into(),
+                    );
+                }
                 Outcome::Aborted(_) if attempt < ACROSS_ATTEMPTS_MAX => {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(50));

@@ -286,6 +286,14 @@ impl Server {
             ),
             None => None,
         };
+        let mut config = config;
+        if config.cluster.is_some() && config.split != keel::SplitMode::Off {
+            // A split-only commit serializes at the watermark without a timestamp of its own,
+            // which a prepared transaction holds below its own: it would land before a
+            // prepared transaction that did not see it (docs/cluster.md, slice 4).
+            tracing::info!("cluster mode: hot-key splitting is off");
+            config.split = keel::SplitMode::Off;
+        }
         let options = config.engine_options();
         let dir = config.dir.clone();
         // Recovery reads the whole log: keep it off the async workers.

@@ -82,6 +82,13 @@ impl<'db> Txn<'db> {
     /// visible before that. A transaction without writes takes a timestamp and validates too
     /// (its reads hold at that timestamp), but logs nothing.
     ///
+    /// A database that prepares should not split hot records ([`SplitMode::Off`]): a commit
+    /// that only applies operations to a split record's slices takes no timestamp and
+    /// serializes at the watermark, which a prepared transaction holds below its own
+    /// timestamp, so it would land before a prepared transaction that did not see it.
+    ///
+    /// [`SplitMode::Off`]: crate::SplitMode::Off
+    ///
     /// ```
     /// let db = keel::Db::in_memory();
     /// let mut txn = db.begin()?;

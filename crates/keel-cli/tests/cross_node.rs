@@ -1,0 +1,291 @@
+//! Transactions across the nodes of a real cluster: three `keel serve --cluster` processes on
+//! loopback, a bank whose accounts live on every node, transfers and audits as `MULTI` blocks
+//! across nodes, while a node is killed with SIGKILL and restarted, and another is stopped
+//! with SIGSTOP and resumed. Every audit that answers sees the whole total (no transfer half
+//! applied, on any node, at any time), and so does the final one once every node is back.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const NODES: usize = 3;
+const ACCOUNTS: usize = 6;
+const START: i64 = 100;
+
+/// A node process, killed on drop.
+struct Node {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    index: usize,
+    ports: Vec<u16>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Client ports: a block below the ephemeral range (their bus ports, + 10000, too), by
+/// process id, so that concurrent test runs rarely meet.
+fn ports(block: u16) -> Vec<u16> {
+    let base = 20_000 + (std::process::id() % 300) as u16 * 30 + block * 3;
+    (0..NODES as u16).map(|i| base + i).collect()
+}
+
+impl Node {
+    fn start(dir: &Path, index: usize, ports: &[u16]) -> Node {
+        let mut node = Node {
+            child: None,
+            port: ports[index],
+            dir: dir.join(format!("node-{}", index + 1)),
+            index,
+            ports: ports.to_vec(),
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(["serve", "--durability", "sync", "--port"])
+            .arg(self.port.to_string())
+            .arg("--dir")
+            .arg(&self.dir);
+        for (i, port) in self.ports.iter().enumerate() {
+            let (start, end) = keel_server::cluster_map::membership::even_range(i, NODES);
+            command
+                .arg("--cluster-node")
+                .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+        }
+        command
+            .arg("--cluster-myself")
+            .arg(format!("n{}", self.index + 1));
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn keel serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(mut c) = connect(self.port)
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("node {} did not answer within 20 s", self.index + 1);
+    }
+
+    fn kill_9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let c = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(c)
+}
+
+/// Account names, two on each node (found with `CLUSTER KEYSLOT`).
+fn accounts(port: u16) -> Vec<String> {
+    let mut c = connect(port).expect("connect");
+    let mut per_node = vec![Vec::new(); NODES];
+    for n in 0.. {
+        let name = format!("acct{n}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&name)
+            .query(&mut c)
+            .expect("keyslot");
+        let node = (0..NODES)
+            .find(|&i| {
+                let (s, e) = keel_server::cluster_map::membership::even_range(i, NODES);
+                (s..=e).contains(&slot)
+            })
+            .expect("every slot is owned");
+        if per_node[node].len() < ACCOUNTS / NODES {
+            per_node[node].push(name);
+        }
+        if per_node.iter().all(|v| v.len() == ACCOUNTS / NODES) {
+            break;
+        }
+    }
+    per_node.concat()
+}
+
+fn audit(c: &mut redis::Connection, accounts: &[String]) -> redis::RedisResult<i64> {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for a in accounts {
+        pipe.cmd("GET").arg(a);
+    }
+    let balances: Vec<Option<i64>> = pipe.query(c)?;
+    Ok(balances.into_iter().map(|b| b.unwrap_or(0)).sum())
+}
+
+struct Counts {
+    transfers: AtomicU64,
+    transfer_errors: AtomicU64,
+    audits: AtomicU64,
+    audit_errors: AtomicU64,
+}
+
+/// Transfers (two workers) and audits (one) against random nodes until `stop`.
+fn load(ports: &[u16], accounts: &[String], stop: &AtomicBool, counts: &Counts) {
+    std::thread::scope(|s| {
+        for worker in 0..3u64 {
+            s.spawn(move || {
+                let mut rng = worker.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut conns: Vec<Option<redis::Connection>> =
+                    ports.iter().map(|_| None).collect();
+                while !stop.load(Ordering::Relaxed) {
+                    let n = (next() % ports.len() as u64) as usize;
+                    if conns[n].is_none() {
+                        conns[n] = connect(ports[n]).ok();
+                    }
+                    let Some(c) = conns[n].as_mut() else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    let result = if worker == 2 {
+                        audit(c, accounts).map(|total| {
+                            assert_eq!(
+                                total,
+                                START * ACCOUNTS as i64,
+                                "an audit through node {} saw money missing or doubled",
+                                n + 1
+                            );
+                            counts.audits.fetch_add(1, Ordering::Relaxed);
+                        })
+                    } else {
+                        let from = &accounts[(next() % ACCOUNTS as u64) as usize];
+                        let to = &accounts[(next() % ACCOUNTS as u64) as usize];
+                        let amount = (next() % 10) as i64 + 1;
+                        redis::pipe()
+                            .atomic()
+                            .cmd("INCRBY")
+                            .arg(from)
+                            .arg(-amount)
+                            .cmd("INCRBY")
+                            .arg(to)
+                            .arg(amount)
+                            .query::<Vec<i64>>(c)
+                            .map(|_| {
+                                counts.transfers.fetch_add(1, Ordering::Relaxed);
+                                // Leave the auditor room between transfers.
+                                std::thread::sleep(Duration::from_millis(1));
+                            })
+                    };
+                    if let Err(e) = result {
+                        let counter = if worker == 2 {
+                            &counts.audit_errors
+                        } else {
+                            &counts.transfer_errors
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        // A broken connection is reopened; an error reply (TRYAGAIN,
+                        // CLUSTERDOWN while a node is away) keeps it.
+                        if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                            conns[n] = None;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = ports(0);
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start(dir.path(), i, &ports))
+        .collect();
+    let accounts = accounts(ports[0]);
+    {
+        let mut c = connect(ports[0]).expect("connect");
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for a in &accounts {
+            pipe.cmd("SET").arg(a).arg(START);
+        }
+        let _: Vec<String> = pipe.query(&mut c).expect("a MULTI across nodes");
+    }
+    let counts = Counts {
+        transfers: AtomicU64::new(0),
+        transfer_errors: AtomicU64::new(0),
+        audits: AtomicU64::new(0),
+        audit_errors: AtomicU64::new(0),
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| load(&ports, &accounts, &stop, &counts));
+        std::thread::sleep(Duration::from_millis(1500));
+        let before = counts.transfers.load(Ordering::Relaxed);
+        nodes[2].kill_9();
+        std::thread::sleep(Duration::from_millis(500));
+        nodes[2].spawn();
+        std::thread::sleep(Duration::from_millis(1500));
+        nodes[1].signal("-STOP");
+        std::thread::sleep(Duration::from_millis(700));
+        nodes[1].signal("-CONT");
+        std::thread::sleep(Duration::from_millis(1500));
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            counts.transfers.load(Ordering::Relaxed) > before,
+            "transfers went on after the restart"
+        );
+    });
+    // Every node is back: in-doubt transactions resolve, and the audit answers.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let total = loop {
+        let answer = connect(ports[2]).and_then(|mut c| audit(&mut c, &accounts));
+        match answer {
+            Ok(total) => break total,
+            Err(e) if Instant::now() > deadline => panic!("no final audit within 20 s: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let c = &counts;
+    let summary = format!(
+        "{} transfers ({} errors), {} audits ({} errors)",
+        c.transfers.load(Ordering::Relaxed),
+        c.transfer_errors.load(Ordering::Relaxed),
+        c.audits.load(Ordering::Relaxed),
+        c.audit_errors.load(Ordering::Relaxed)
+    );
+    println!("{summary}");
+    assert_eq!(total, START * ACCOUNTS as i64, "{summary}");
+    assert!(c.transfers.load(Ordering::Relaxed) > 50, "{summary}");
+    assert!(c.audits.load(Ordering::Relaxed) > 5, "{summary}");
+}
