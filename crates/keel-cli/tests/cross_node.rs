@@ -289,3 +289,69 @@ fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
     assert!(c.transfers.load(Ordering::Relaxed) > 50, "{summary}");
     assert!(c.audits.load(Ordering::Relaxed) > 5, "{summary}");
 }
+
+/// Multi-key commands whose keys are on several nodes run as one transaction across them,
+/// with Redis' replies (Redis Cluster answers `CROSSSLOT`).
+#[test]
+fn multi_key_commands_span_nodes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = ports(1);
+    let _nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start(dir.path(), i, &ports))
+        .collect();
+    let keys = accounts(ports[0]);
+    let mut c = connect(ports[1]).expect("connect");
+    let mut mset = redis::cmd("MSET");
+    for (i, k) in keys.iter().enumerate() {
+        mset.arg(k).arg(i);
+    }
+    let ok: String = mset.query(&mut c).expect("MSET across nodes");
+    assert_eq!(ok, "OK");
+    let _: i64 = redis::cmd("LPUSH")
+        .arg("a-list")
+        .arg("x")
+        .query(&mut c)
+        .expect("LPUSH");
+    let got: Vec<Option<i64>> = redis::cmd("MGET")
+        .arg(&keys)
+        .arg("missing")
+        .query(&mut c)
+        .expect("MGET across nodes");
+    let want: Vec<Option<i64>> = (0..keys.len() as i64).map(Some).chain([None]).collect();
+    assert_eq!(got, want);
+    // A key of another type reads as nil in MGET, as in Redis.
+    let got: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&keys[0])
+        .arg("a-list")
+        .arg(&keys[5])
+        .query(&mut c)
+        .expect("MGET");
+    assert_eq!(got, [Some("0".into()), None, Some("5".into())]);
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(&keys[0])
+        .arg(&keys[0])
+        .arg(&keys[3])
+        .arg("missing")
+        .query(&mut c)
+        .expect("EXISTS");
+    assert_eq!(n, 3);
+    let n: i64 = redis::cmd("DEL")
+        .arg(&keys[1])
+        .arg(&keys[4])
+        .arg("missing")
+        .query(&mut c)
+        .expect("DEL across nodes");
+    assert_eq!(n, 2);
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(&keys)
+        .query(&mut c)
+        .expect("EXISTS");
+    assert_eq!(n, keys.len() as i64 - 2);
+    let e = redis::cmd("MSET")
+        .arg(&keys[0])
+        .arg("1")
+        .arg(&keys[5])
+        .query::<String>(&mut c)
+        .unwrap_err();
+    assert!(e.to_string().contains("wrong number of arguments"), "{e}");
+}

@@ -110,6 +110,72 @@ struct Watch {
     deadlines: Vec<u64>,
 }
 
+/// How the replies of a multi-key command split per key ([`per_key`]) make its reply.
+#[derive(Clone, Copy)]
+enum Merge {
+    /// `MGET`: each part is a one-key `MGET`; the elements, in order.
+    Elements,
+    /// `MSET`: `OK`.
+    Ok,
+    /// `DEL`, `UNLINK`, `EXISTS`, `TOUCH`: the sum of the parts' integers.
+    Sum,
+}
+
+/// A multi-key command whose keys are on several nodes, as one single-key command per key
+/// (run together as one transaction across nodes); `None` for commands that do not split.
+fn per_key(cmd: Cmd, args: &[Bytes]) -> Option<(Vec<Vec<Bytes>>, Merge)> {
+    let name = args[0].clone();
+    match cmd {
+        Cmd::Mget => Some((
+            args[1..]
+                .iter()
+                .map(|k| vec![name.clone(), k.clone()])
+                .collect(),
+            Merge::Elements,
+        )),
+        Cmd::Mset if args.len() % 2 == 1 => Some((
+            args[1..]
+                .chunks(2)
+                .map(|kv| vec![name.clone(), kv[0].clone(), kv[1].clone()])
+                .collect(),
+            Merge::Ok,
+        )),
+        Cmd::Del | Cmd::Unlink | Cmd::Exists | Cmd::Touch => Some((
+            args[1..]
+                .iter()
+                .map(|k| vec![name.clone(), k.clone()])
+                .collect(),
+            Merge::Sum,
+        )),
+        _ => None,
+    }
+}
+
+fn merge_replies(merge: Merge, replies: &[Vec<u8>], out: &mut Out<'_>) {
+    match merge {
+        Merge::Elements => {
+            out.array(replies.len());
+            for reply in replies {
+                // A one-element array: drop its header line.
+                let body = reply
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(&reply[..], |at| &reply[at + 1..]);
+                out.buf.extend_from_slice(body);
+            }
+        }
+        Merge::Ok => out.ok(),
+        Merge::Sum => {
+            let sum = replies
+                .iter()
+                .filter_map(|r| std::str::from_utf8(r.strip_prefix(b":")?).ok())
+                .filter_map(|r| r.trim_end().parse::<i64>().ok())
+                .sum();
+            out.int(sum);
+        }
+    }
+}
+
 /// Attempts of a transaction across nodes that loses conflicts (each a fresh two-phase
 /// commit, with backoff from 1 to 50 ms between).
 const ACROSS_ATTEMPTS_MAX: u32 = 30;
@@ -692,6 +758,23 @@ impl Conn {
             .expect("called in cluster mode");
         let (node, slot) = match cluster.route(spec, args) {
             Route::Local => return false,
+            Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
+                if spec.cmd == Cmd::Mset && args.len() % 2 == 0 {
+                    self.out(output)
+                        .error("ERR wrong number of arguments for 'mset' command");
+                } else if let Some((parts, merge)) = per_key(spec.cmd, args) {
+                    let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
+                    let result = self.across_nodes(&parts).await;
+                    let mut out = self.out(output);
+                    match result {
+                        Ok(replies) => merge_replies(merge, &replies, &mut out),
+                        Err(Fail(text)) => out.error(&text),
+                    }
+                } else {
+                    self.out(output).error(cluster::CROSSSLOT);
+                }
+                return true;
+            }
             Route::CrossSlot => {
                 self.flag_multi();
                 self.out(output).error(cluster::CROSSSLOT);
