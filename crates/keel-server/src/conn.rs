@@ -759,7 +759,7 @@ impl Conn {
         let (node, slot) = match cluster.route(spec, args) {
             Route::Local => return false,
             Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
-                if spec.cmd == Cmd::Mset && args.len() % 2 == 0 {
+                if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
                     self.out(output)
                         .error("ERR wrong number of arguments for 'mset' command");
                 } else if let Some((parts, merge)) = per_key(spec.cmd, args) {
