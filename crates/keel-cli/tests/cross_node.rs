@@ -4,6 +4,10 @@
 //! with SIGSTOP and resumed. Every audit that answers sees the whole total (no transfer half
 //! applied, on any node, at any time), and so does the final one once every node is back.
 
+#[path = "../../keel/tests/it/history.rs"]
+#[allow(dead_code)]
+mod history;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -354,4 +358,125 @@ fn multi_key_commands_span_nodes() {
         .query::<String>(&mut c)
         .unwrap_err();
     assert!(e.to_string().contains("wrong number of arguments"), "{e}");
+}
+
+/// Elle list-append over three nodes: each transaction is a `MULTI` that reads (`GET`) and
+/// appends to (`APPEND`) two or three lists, on whichever nodes own them (one node: forwarded
+/// and committed there; several: two-phase commit), sent to a random node. The history, with
+/// real-time order, must be strictly serializable.
+#[test]
+fn list_append_across_nodes_is_strictly_serializable() {
+    use history::{Op, Outcome, TxnRecord};
+    const KEYS: u64 = 8;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = ports(2);
+    let _nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start(dir.path(), i, &ports))
+        .collect();
+    let epoch = Instant::now();
+    let records = std::sync::Mutex::new(Vec::new());
+    let next_elem = AtomicU64::new(1);
+    std::thread::scope(|s| {
+        for worker in 0..4u64 {
+            let (ports, records, next_elem) = (&ports, &records, &next_elem);
+            s.spawn(move || {
+                let mut rng = (worker + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut conns: Vec<redis::Connection> = ports
+                    .iter()
+                    .map(|&p| connect(p).expect("connect"))
+                    .collect();
+                for n in 0..150 {
+                    let mut keys: Vec<u64> = (0..2 + next() % 2).map(|_| next() % KEYS).collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    let plan: Vec<(u64, Option<u64>)> = keys
+                        .iter()
+                        .map(|&k| {
+                            let append = next() % 4 != 0;
+                            (k, append.then(|| next_elem.fetch_add(1, Ordering::Relaxed)))
+                        })
+                        .collect();
+                    // MULTI by hand: redis-rs' atomic pipeline hides EXEC's error text.
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("MULTI").ignore();
+                    for &(k, append) in &plan {
+                        pipe.cmd("GET").arg(format!("list{k}")).ignore();
+                        if let Some(e) = append {
+                            pipe.cmd("APPEND")
+                                .arg(format!("list{k}"))
+                                .arg(format!(" {e}"))
+                                .ignore();
+                        }
+                    }
+                    let node = (next() % ports.len() as u64) as usize;
+                    let began = epoch.elapsed().as_nanos() as u64;
+                    let queued: redis::RedisResult<()> = pipe.query(&mut conns[node]);
+                    queued.expect("MULTI and queueing");
+                    let result: redis::RedisResult<Vec<redis::Value>> =
+                        redis::cmd("EXEC").query(&mut conns[node]);
+                    let ended = epoch.elapsed().as_nanos() as u64;
+                    let appends = plan.iter().filter_map(|&(k, e)| {
+                        e.map(|e| Op::Append {
+                            key: k as u32,
+                            elem: e,
+                        })
+                    });
+                    let (ops, outcome) = match result {
+                        Ok(values) => {
+                            let mut values = values.into_iter();
+                            let mut ops = Vec::new();
+                            for &(k, append) in &plan {
+                                let read: Option<String> =
+                                    redis::from_redis_value(values.next().expect("a GET reply"))
+                                        .expect("a string");
+                                let list = read
+                                    .unwrap_or_default()
+                                    .split_whitespace()
+                                    .map(|e| e.parse().expect("a number"))
+                                    .collect();
+                                ops.push(Op::Read {
+                                    key: k as u32,
+                                    value: list,
+                                });
+                                if let Some(e) = append {
+                                    values.next().expect("an APPEND reply");
+                                    ops.push(Op::Append {
+                                        key: k as u32,
+                                        elem: e,
+                                    });
+                                }
+                            }
+                            (ops, Outcome::Committed)
+                        }
+                        // Conflicts that kept losing: nothing of it was applied.
+                        Err(e)
+                            if e.to_string().contains("TRYAGAIN")
+                                && !e.to_string().contains("unknown") =>
+                        {
+                            (appends.collect(), Outcome::Aborted)
+                        }
+                        Err(e) => panic!("a transaction failed: {e}"),
+                    };
+                    records.lock().expect("records").push(TxnRecord {
+                        name: format!("w{worker}.{n}"),
+                        ops,
+                        outcome,
+                        position: None,
+                        read_ts: None,
+                        time: Some((began, ended)),
+                    });
+                }
+            });
+        }
+    });
+    let history = records.into_inner().expect("records");
+    let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
+    println!("{report:?}");
+    assert!(report.committed > 300 && report.rw_edges > 20, "{report:?}");
 }
