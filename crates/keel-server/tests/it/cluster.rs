@@ -27,13 +27,24 @@ impl TestCluster {
             .iter()
             .map(|l| l.local_addr().expect("address"))
             .collect();
+        // The transport's sockets too: free ports, bound before any node starts.
+        let buses: Vec<Arc<TcpListener>> = (0..n)
+            .map(|_| Arc::new(TcpListener::bind("127.0.0.1:0").expect("a free port")))
+            .collect();
+        let bus_addrs: Vec<SocketAddr> = buses
+            .iter()
+            .map(|l| l.local_addr().expect("address"))
+            .collect();
         let nodes = listeners
             .into_iter()
             .enumerate()
             .map(|(i, l)| {
                 let map = Membership::even(&addrs, i, timeout_ms).expect("valid cluster");
+                let (bus_addrs, bus) = (bus_addrs.clone(), Arc::clone(&buses[i]));
                 Some(TestServer::on(Some(l), move |c| {
                     c.cluster = Some(Arc::new(map));
+                    c.cluster_bus = bus_addrs;
+                    c.cluster_bus_listener = Some(bus);
                 }))
             })
             .collect();
@@ -133,15 +144,12 @@ fn multi_key_commands_and_transactions() {
     let cluster = TestCluster::start(3, 2000);
     let mut con = cluster.node(0).client();
     let (a, b) = (key_on(&cluster, 1, "a"), key_on(&cluster, 2, "b"));
-    // Keys on two nodes: refused, as Redis Cluster refuses keys of two slots.
-    assert_eq!(
-        error(&mut con, &["MSET", &a, "1", &b, "2"]),
-        "CROSSSLOT Keys in request don't hash to the same slot"
-    );
-    for key in [&a, &b] {
-        let exists: i64 = query(&mut con, &["EXISTS", key]);
-        assert_eq!(exists, 0, "a refused MSET wrote nothing");
-    }
+    // Keys on two nodes: one transaction across them (Redis Cluster says CROSSSLOT).
+    let () = query(&mut con, &["MSET", &a, "1", &b, "2"]);
+    let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
+    assert_eq!(got, ["1", "2"]);
+    let n: i64 = query(&mut con, &["DEL", &a, &b]);
+    assert_eq!(n, 2);
     // Hash tags: one slot, on some other node; forwarded whole.
     let () = query(&mut con, &["MSET", "{t}x", "1", "{t}y", "2"]);
     let got: Vec<String> = query(&mut con, &["MGET", "{t}x", "{t}y"]);
@@ -192,16 +200,24 @@ fn multi_key_commands_and_transactions() {
         .query(&mut con)
         .expect("forwarded EXEC");
     assert_eq!(got, (4, 14));
-    // ... and with keys on two nodes: refused at EXEC, nothing applied.
+    // ... and with keys on two nodes: one transaction across them.
+    let got: (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("INCR")
+        .arg(&a)
+        .cmd("INCRBY")
+        .arg(&b)
+        .arg(5)
+        .query(&mut con)
+        .expect("EXEC across nodes");
+    assert_eq!(got, (1, 5));
+    // A failing command aborts all of it, on every node.
     let _: () = query(&mut con, &["MULTI"]);
     let _: String = query(&mut con, &["INCR", &a]);
-    let _: String = query(&mut con, &["INCR", &b]);
-    assert_eq!(
-        error(&mut con, &["EXEC"]),
-        "CROSSSLOT Keys in request don't hash to the same slot"
-    );
-    let exists: i64 = query(&mut con, &["EXISTS", &a]);
-    assert_eq!(exists, 0);
+    let _: String = query(&mut con, &["LPUSH", &b, "x"]);
+    assert!(error(&mut con, &["EXEC"]).starts_with("WRONGTYPE"));
+    let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
+    assert_eq!(got, ["1", "5"]);
     // Local keys of several slots in MULTI run here, as on a single node.
     let (e, f) = (key_on(&cluster, 0, "e"), key_on(&cluster, 0, "f"));
     let got: (i64, i64) = redis::pipe()
