@@ -1783,6 +1783,9 @@ impl Conn {
                 requests.push(&begin);
                 requests.extend(multi.queue.iter().map(|(_, args)| &args[..]));
                 requests.push(&end);
+                if let Some(x) = self.shared.xnode.get() {
+                    x.stats.one_node_forwarded.fetch_add(1, Relaxed);
+                }
                 self.forward(node, &requests, output, None).await;
                 return Ok(());
             }

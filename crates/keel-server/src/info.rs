@@ -528,7 +528,10 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                  keel_cluster_txns_committed:{}\r\nkeel_cluster_txns_aborted:{}\r\n\
                  keel_cluster_txns_unknown:{}\r\nkeel_cluster_prepares:{}\r\n\
                  keel_cluster_prepares_refused:{}\r\nkeel_cluster_recovered_prepared:{}\r\n\
-                 keel_cluster_recovered_decisions:{}\r\n",
+                 keel_cluster_recovered_decisions:{}\r\nkeel_cluster_exec_forwarded:{}\r\n\
+                 keel_cluster_aborts_conflict:{}\r\nkeel_cluster_aborts_timeout:{}\r\n\
+                 keel_cluster_aborts_failed:{}\r\nkeel_cluster_commit_us_mean:{}\r\n\
+                 keel_cluster_commit_us_max:{}\r\n",
                 x.incarnation,
                 s.begun.load(Relaxed),
                 s.committed.load(Relaxed),
@@ -538,6 +541,12 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 s.prepares_refused.load(Relaxed),
                 s.recovered_prepared.load(Relaxed),
                 s.recovered_decisions.load(Relaxed),
+                s.one_node_forwarded.load(Relaxed),
+                s.aborts_conflict.load(Relaxed),
+                s.aborts_timeout.load(Relaxed),
+                s.aborts_failed.load(Relaxed),
+                s.commit_us_total.load(Relaxed) / s.committed.load(Relaxed).max(1),
+                s.commit_us_max.load(Relaxed),
             );
         }
         t.push_str("\r\n");

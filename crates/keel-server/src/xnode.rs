@@ -85,6 +85,17 @@ pub struct Stats {
     pub prepares_refused: AtomicU64,
     pub recovered_prepared: AtomicU64,
     pub recovered_decisions: AtomicU64,
+    /// `EXEC`s whose keys were all on one other node: forwarded, committed there in one phase.
+    pub one_node_forwarded: AtomicU64,
+    /// Aborted transactions by reason: a conflict (lock busy, read changed, overloaded), a
+    /// vote timeout, a failing command.
+    pub aborts_conflict: AtomicU64,
+    pub aborts_timeout: AtomicU64,
+    pub aborts_failed: AtomicU64,
+    /// Committed two-phase transactions' latency, begin to answer: total microseconds, and
+    /// the largest.
+    pub commit_us_total: AtomicU64,
+    pub commit_us_max: AtomicU64,
 }
 
 enum Input {
@@ -294,11 +305,34 @@ impl Xnode {
 
     /// Runs `work` (per node) as one transaction and waits for its outcome.
     pub async fn run(&self, work: Vec<(Peer, Work)>) -> Outcome<Replies> {
+        let began = Instant::now();
         let (answer, outcome) = oneshot::channel();
         if self.inputs.send(Input::Begin { work, answer }).is_err() {
             return Outcome::Unknown;
         }
-        outcome.await.unwrap_or(Outcome::Unknown)
+        let outcome = outcome.await.unwrap_or(Outcome::Unknown);
+        let s = &self.stats;
+        match &outcome {
+            Outcome::Committed(_) => {
+                let us = began.elapsed().as_micros() as u64;
+                s.commit_us_total.fetch_add(us, Relaxed);
+                s.commit_us_max.fetch_max(us, Relaxed);
+            }
+            Outcome::Aborted(keel_cluster::txn::AbortReason::Timeout) => {
+                s.aborts_timeout.fetch_add(1, Relaxed);
+            }
+            Outcome::Aborted(keel_cluster::txn::AbortReason::Refused {
+                refusal: Refusal::Failed(_),
+                ..
+            }) => {
+                s.aborts_failed.fetch_add(1, Relaxed);
+            }
+            Outcome::Aborted(_) => {
+                s.aborts_conflict.fetch_add(1, Relaxed);
+            }
+            Outcome::Unknown => {}
+        }
+        outcome
     }
 }
 

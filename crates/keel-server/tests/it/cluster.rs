@@ -218,6 +218,20 @@ fn multi_key_commands_and_transactions() {
     assert!(error(&mut con, &["EXEC"]).starts_with("WRONGTYPE"));
     let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
     assert_eq!(got, ["1", "5"]);
+    // INFO cluster counts them by kind and outcome.
+    let info: String = query(&mut con, &["INFO", "cluster"]);
+    let count = |name: &str| -> u64 {
+        let line = info
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("{name} in {info}"));
+        line.trim().parse().expect("a count")
+    };
+    // MSET, MGET, DEL, the EXEC, the MGET: two-phase; the failing EXEC: aborted.
+    assert_eq!(count("keel_cluster_txns_committed"), 5, "{info}");
+    assert_eq!(count("keel_cluster_aborts_failed"), 1, "{info}");
+    assert_eq!(count("keel_cluster_exec_forwarded"), 1, "{info}");
+    assert!(count("keel_cluster_commit_us_max") > 0, "{info}");
     // Local keys of several slots in MULTI run here, as on a single node.
     let (e, f) = (key_on(&cluster, 0, "e"), key_on(&cluster, 0, "f"));
     let got: (i64, i64) = redis::pipe()
