@@ -108,6 +108,62 @@ struct Watch {
     /// The deadlines (unix ms) of watched keys that had one, still ahead, when watched: one
     /// that has passed by `EXEC` aborts it, as in Redis, even if nothing deleted the key yet.
     deadlines: Vec<u64>,
+    /// Cluster mode: what other nodes recorded for their watched keys, by node.
+    remote: Vec<(usize, crate::xnode::WatchReport)>,
+}
+
+/// What `WATCH` of `keys` records, read in `txn`: the engine keys whose change aborts the
+/// `EXEC` (a user key's plain key and meta record, and a collection's size record and first
+/// [`WATCH_FIELDS_MAX`] fields), and the deadlines still ahead of keys that have one.
+pub(crate) fn watch_targets(
+    txn: &mut Txn<'_>,
+    keys: &[Bytes],
+) -> Result<(Vec<Bytes>, Vec<u64>), Fail> {
+    let mut engine_keys: Vec<Bytes> = Vec::with_capacity(keys.len() * 2);
+    let mut deadlines = Vec::new();
+    for user_key in keys {
+        let meta_key = crate::keyspace::meta_key(user_key);
+        engine_keys.push(Bytes::from(
+            crate::keyspace::plain_key(user_key).into_owned(),
+        ));
+        engine_keys.push(Bytes::from(meta_key.to_vec()));
+        // A collection's size record too, so that adding or removing a field is seen, and
+        // its first WATCH_FIELDS_MAX fields, so that overwriting one is.
+        let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
+        if let Some(Ok(m)) = &meta
+            && m.deadline > crate::keyspace::unix_ms()
+        {
+            deadlines.push(m.deadline);
+        }
+        if let Some(Ok(m)) = meta
+            && m.ty != crate::keyspace::Type::String
+        {
+            engine_keys.push(Bytes::from(
+                crate::keyspace::size_key(m.generation).to_vec(),
+            ));
+            for &kind in crate::keyspace::sub_prefixes(m.ty) {
+                let prefix = crate::keyspace::sub_prefix(kind, m.generation);
+                let fields = txn.range(crate::keyspace::prefix_range(&prefix));
+                engine_keys.extend(fields.take(WATCH_FIELDS_MAX).map(|(k, _)| Bytes::from(k)));
+            }
+        }
+    }
+    for key in &engine_keys {
+        // Rejects a key over the engine's limit, as any read of it does.
+        txn.newest_ts(key)?;
+    }
+    Ok((engine_keys, deadlines))
+}
+
+/// The work of a transaction across nodes: each node and its part.
+type AcrossWork = Vec<(keel_cluster::txn::Peer, crate::xnode::Work)>;
+
+/// Each command's reply, from every node's replies by (work index, position).
+fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[(usize, usize)]) -> Vec<Vec<u8>> {
+    place
+        .iter()
+        .map(|&(i, j)| std::mem::take(&mut replies[i][j]))
+        .collect()
 }
 
 /// How the replies of a multi-key command split per key ([`per_key`]) make its reply.
@@ -758,6 +814,10 @@ impl Conn {
             .expect("called in cluster mode");
         let (node, slot) = match cluster.route(spec, args) {
             Route::Local => return false,
+            Route::CrossSlot if spec.cmd == Cmd::Watch => {
+                self.watch_command(args, output).await;
+                return true;
+            }
             Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
                 if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
                     self.out(output)
@@ -789,13 +849,7 @@ impl Conn {
             return true;
         }
         if spec.cmd == Cmd::Watch {
-            let peer = &cluster.map.nodes()[node];
-            let text = format!(
-                "ERR keel: WATCH of keys on another node (slot {slot}, node {} at {}) is not \
-                 supported yet; connect to that node, or use hash tags that map to this one",
-                peer.id, peer.addr
-            );
-            self.out(output).error(&text);
+            self.watch_command(args, output).await;
             return true;
         }
         if self.multi.is_some() {
@@ -833,16 +887,25 @@ impl Conn {
     }
 
     /// Cluster mode: runs `commands` (each on the node that owns its keys) as one
-    /// transaction across nodes, and returns each command's reply, in order. A transaction
-    /// that loses a conflict runs again (nothing of it was seen): up to
-    /// [`ACROSS_ATTEMPTS_MAX`] times, then `TRYAGAIN`.
+    /// transaction across nodes, and returns each command's reply, in order (see
+    /// [`Conn::run_across`]).
     async fn across_nodes(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
-        use keel_cluster::txn::{AbortReason, Outcome, Peer, Refusal};
+        let (work, place) = self.plan_across(commands)?;
+        let replies = self
+            .run_across(work)
+            .await?
+            .expect("nothing watched, nothing to change");
+        Ok(gather(replies, &place))
+    }
+
+    /// Splits `commands` by the node that owns their keys: each node's work, and where each
+    /// command's reply will be (work index, position).
+    fn plan_across(
+        &self,
+        commands: &[&[Bytes]],
+    ) -> Result<(AcrossWork, Vec<(usize, usize)>), Fail> {
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
-        let Some(xnode) = self.shared.xnode.get() else {
-            return Err(cluster::CROSSSLOT.into());
-        };
-        let mut work: Vec<(Peer, crate::xnode::Work)> = Vec::new();
+        let mut work = Vec::new();
         let mut place = Vec::with_capacity(commands.len());
         for args in commands {
             let spec = table::lookup(&args[0]).expect("a queued command is known");
@@ -859,34 +922,54 @@ impl Conn {
                 Route::Remote { node, .. } => node,
                 Route::CrossSlot => return Err(cluster::CROSSSLOT.into()),
             };
-            let peer = Peer(u16::try_from(node).expect("at most u16::MAX nodes"));
-            let i = match work.iter().position(|(p, _)| *p == peer) {
-                Some(i) => i,
-                None => {
-                    let part = crate::xnode::Work {
-                        resp3: self.proto == Proto::Resp3,
-                        commands: Vec::new(),
-                    };
-                    work.push((peer, part));
-                    work.len() - 1
-                }
-            };
+            let i = self.work_for(&mut work, node);
             place.push((i, work[i].1.commands.len()));
             work[i]
                 .1
                 .commands
                 .push(args.iter().map(|a| a.to_vec()).collect());
         }
+        Ok((work, place))
+    }
+
+    /// The index of `node`'s entry in `work`, added empty if missing.
+    fn work_for(&self, work: &mut AcrossWork, node: usize) -> usize {
+        let peer = keel_cluster::txn::Peer(u16::try_from(node).expect("at most u16::MAX nodes"));
+        match work.iter().position(|(p, _)| *p == peer) {
+            Some(i) => i,
+            None => {
+                let part = crate::xnode::Work {
+                    resp3: self.proto == Proto::Resp3,
+                    commands: Vec::new(),
+                    watch: Vec::new(),
+                    checks: Vec::new(),
+                    deadlines: Vec::new(),
+                };
+                work.push((peer, part));
+                work.len() - 1
+            }
+        }
+    }
+
+    /// Runs `work` as one transaction across nodes: every node's replies, or `None` if a
+    /// watched key changed. A transaction that loses a conflict runs again (nothing of it
+    /// was seen): up to [`ACROSS_ATTEMPTS_MAX`] times, then `TRYAGAIN`.
+    async fn run_across(&self, work: AcrossWork) -> Result<Option<Vec<Vec<Vec<u8>>>>, Fail> {
+        use keel_cluster::txn::{AbortReason, Outcome, Refusal};
+        let Some(xnode) = self.shared.xnode.get() else {
+            return Err(cluster::CROSSSLOT.into());
+        };
         let mut backoff = Duration::from_millis(1);
         let mut attempt = 1;
         loop {
             match xnode.run(work.clone()).await {
-                Outcome::Committed(mut replies) => {
-                    return Ok(place
-                        .iter()
-                        .map(|&(i, j)| std::mem::take(&mut replies[i].1[j]))
-                        .collect());
+                Outcome::Committed(replies) => {
+                    return Ok(Some(replies.into_iter().map(|(_, r)| r).collect()));
                 }
+                Outcome::Aborted(AbortReason::Refused {
+                    refusal: Refusal::Failed(text),
+                    ..
+                }) if text == crate::xnode::WATCH_CHANGED => return Ok(None),
                 Outcome::Aborted(AbortReason::Refused {
                     refusal: Refusal::Failed(text),
                     ..
@@ -919,6 +1002,117 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Cluster mode: `WATCH` with keys of other nodes, answered.
+    async fn watch_command(&mut self, args: &[Bytes], output: &mut BytesMut) {
+        let result = if self.multi.is_some() {
+            Err("ERR WATCH inside MULTI is not allowed".into())
+        } else {
+            self.watch_across(&args[1..]).await
+        };
+        match result {
+            Ok(()) => self.out(output).ok(),
+            Err(Fail(text)) => self.out(output).error(&text),
+        }
+    }
+
+    /// Cluster mode: `WATCH` of keys on other nodes. Each owner records what to check (in a
+    /// read-only transaction across the nodes), and `EXEC` checks it there.
+    async fn watch_across(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let watched = self.watch.as_ref().map_or(0, |w| w.keys.len() / 2);
+        if watched + keys.len() > WATCH_KEYS_MAX {
+            return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
+        }
+        let me = cluster.map.myself();
+        let mut local = Vec::new();
+        let mut work = AcrossWork::new();
+        let mut nodes = Vec::new();
+        for key in keys {
+            let node = cluster.map.owner(keel_cluster::key_slot(key));
+            if node == me {
+                local.push(key.clone());
+                continue;
+            }
+            let i = self.work_for(&mut work, node);
+            if work[i].1.watch.is_empty() {
+                nodes.push(node);
+            }
+            work[i].1.watch.push(key.to_vec());
+        }
+        let replies = self
+            .run_across(work)
+            .await?
+            .expect("nothing watched, nothing to change");
+        // Local keys (or none: the snapshot later reads see) as on a single node.
+        self.watch_keys(&local)?;
+        let watch = self.watch.as_mut().expect("just watched");
+        for (node, mut replies) in nodes.into_iter().zip(replies) {
+            let report: crate::xnode::WatchReport = replies
+                .pop()
+                .and_then(|r| postcard::from_bytes(&r).ok())
+                .ok_or("ERR keel: a node answered WATCH with no report")?;
+            match watch.remote.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, r)) => {
+                    for (k, ts) in report.keys {
+                        // A key watched earlier keeps the version recorded then.
+                        if !r.keys.iter().any(|(known, _)| *known == k) {
+                            r.keys.push((k, ts));
+                        }
+                    }
+                    r.deadlines.extend(report.deadlines);
+                }
+                None => watch.remote.push((node, report)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Cluster mode, `EXEC` under a `WATCH` of other nodes' keys (or with commands for
+    /// other nodes): one transaction across the nodes that checks every watched key where it
+    /// lives before the commands run. Answers nil if one changed.
+    async fn exec_watched_across(
+        &mut self,
+        multi: &Multi,
+        watch: Watch,
+        output: &mut BytesMut,
+    ) -> Result<(), Fail> {
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
+        let (mut work, place) = self.plan_across(&commands)?;
+        let me = cluster.map.myself();
+        let i = self.work_for(&mut work, me);
+        work[i].1.checks = watch
+            .keys
+            .iter()
+            .map(|(k, ts)| (k.to_vec(), ts.0))
+            .collect();
+        work[i].1.deadlines = watch.deadlines.clone();
+        for (node, report) in &watch.remote {
+            let i = self.work_for(&mut work, *node);
+            work[i].1.checks.extend(report.keys.iter().cloned());
+            work[i].1.deadlines.extend(report.deadlines.iter().copied());
+        }
+        // The WATCH snapshots stay open until the check ran, so that no deletion of a
+        // watched local key is collected before it is seen.
+        let result = self.run_across(work).await;
+        drop(watch);
+        let mut out = Out::new(output, self.proto);
+        match result? {
+            Some(replies) => {
+                let replies = gather(replies, &place);
+                out.array(replies.len());
+                for reply in replies {
+                    out.buf.extend_from_slice(&reply);
+                }
+            }
+            None => {
+                self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                out.null_array();
+            }
+        }
+        Ok(())
     }
 
     /// Cluster mode, at `EXEC`: where the queued transaction runs. `None`: here.
@@ -1447,43 +1641,16 @@ impl Conn {
         // A fresh snapshot: what the keys watched now hold now, and what later reads see (a
         // key watched earlier keeps the version recorded then).
         let mut txn = self.shared.db.begin().map_err(begin_error)?;
-        let mut engine_keys: Vec<Bytes> = Vec::with_capacity(keys.len() * 2);
-        let mut deadlines = Vec::new();
-        for user_key in keys {
-            let meta_key = crate::keyspace::meta_key(user_key);
-            engine_keys.push(Bytes::from(
-                crate::keyspace::plain_key(user_key).into_owned(),
-            ));
-            engine_keys.push(Bytes::from(meta_key.to_vec()));
-            // A collection's size record too, so that adding or removing a field is seen,
-            // and its first WATCH_FIELDS_MAX fields, so that overwriting one is.
-            let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
-            if let Some(Ok(m)) = &meta
-                && m.deadline > crate::keyspace::unix_ms()
-            {
-                deadlines.push(m.deadline);
-            }
-            if let Some(Ok(m)) = meta
-                && m.ty != crate::keyspace::Type::String
-            {
-                engine_keys.push(Bytes::from(
-                    crate::keyspace::size_key(m.generation).to_vec(),
-                ));
-                for &kind in crate::keyspace::sub_prefixes(m.ty) {
-                    let prefix = crate::keyspace::sub_prefix(kind, m.generation);
-                    let fields = txn.range(crate::keyspace::prefix_range(&prefix));
-                    engine_keys.extend(fields.take(WATCH_FIELDS_MAX).map(|(k, _)| Bytes::from(k)));
-                }
-            }
-        }
-        for key in &engine_keys {
-            // Rejects a key over the engine's limit, as any read of it does.
-            txn.newest_ts(key)?;
-        }
+        let (engine_keys, deadlines) = watch_targets(&mut txn, keys)?;
         // Only once every key is checked: a failed WATCH leaves the earlier watches as they were.
-        let (mut recorded, first, mut recorded_deadlines) = match self.watch.take() {
-            Some(w) => (w.keys, Some(w.first.unwrap_or(w.txn)), w.deadlines),
-            None => (Vec::new(), None, Vec::new()),
+        let (mut recorded, first, mut recorded_deadlines, remote) = match self.watch.take() {
+            Some(w) => (
+                w.keys,
+                Some(w.first.unwrap_or(w.txn)),
+                w.deadlines,
+                w.remote,
+            ),
+            None => (Vec::new(), None, Vec::new(), Vec::new()),
         };
         for key in engine_keys {
             if !recorded.iter().any(|(k, _)| *k == key) {
@@ -1496,6 +1663,7 @@ impl Conn {
             first,
             keys: recorded,
             deadlines: recorded_deadlines,
+            remote,
         });
         Ok(())
     }
@@ -1761,10 +1929,19 @@ impl Conn {
         if multi.dirty {
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
         }
+        let watched_across = watch.as_ref().is_some_and(|w| !w.remote.is_empty());
         match self.exec_route(&multi) {
+            // Every command here, but watched keys elsewhere too.
+            None if watched_across => {
+                let watch = watch.expect("watched across nodes");
+                return self.exec_watched_across(&multi, watch, output).await;
+            }
             None => {}
-            // Watched keys are on this node (WATCH refuses others): two nodes.
-            Some(Err(())) if watch.is_some() => return Err(cluster::CROSSSLOT.into()),
+            // Commands for other nodes under a WATCH: check it where each key lives.
+            Some(_) if watch.is_some() => {
+                let watch = watch.expect("watching");
+                return self.exec_watched_across(&multi, watch, output).await;
+            }
             Some(Err(())) => {
                 let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
                 let mut out = Out::new(output, self.proto);
@@ -1775,7 +1952,6 @@ impl Conn {
                 }
                 return Ok(());
             }
-            Some(Ok(_)) if watch.is_some() => return Err(cluster::CROSSSLOT.into()),
             Some(Ok(node)) => {
                 let begin = [Bytes::from_static(b"MULTI")];
                 let end = [Bytes::from_static(b"EXEC")];

@@ -58,7 +58,27 @@ pub struct Work {
     pub resp3: bool,
     /// The commands, each its arguments.
     pub commands: Vec<Vec<Vec<u8>>>,
+    /// `WATCH` of these user keys: after the commands' replies, one more reply, a
+    /// [`WatchReport`] of what to check at `EXEC`.
+    pub watch: Vec<Vec<u8>>,
+    /// `EXEC` under `WATCH`: engine keys that must not have a version newer than the given
+    /// timestamp, checked before the commands run ...
+    pub checks: Vec<(Vec<u8>, u64)>,
+    /// ... and deadlines (unix ms) of watched keys that must still be ahead.
+    pub deadlines: Vec<u64>,
 }
+
+/// What `WATCH` of a node's keys recorded (see [`crate::conn::watch_targets`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchReport {
+    /// Engine keys, with the timestamp of the snapshot that watched them.
+    pub keys: Vec<(Vec<u8>, u64)>,
+    /// Deadlines still ahead.
+    pub deadlines: Vec<u64>,
+}
+
+/// The refusal text of a participant whose watched keys changed: `EXEC` answers nil.
+pub const WATCH_CHANGED: &str = "keel: a watched key changed";
 
 /// The replies of one node's work, each command's RESP bytes.
 pub type Replies = Vec<Vec<u8>>;
@@ -622,7 +642,17 @@ fn execute(
         Proto::Resp2
     };
     let mut txn = db.begin().map_err(|_| Refusal::Overloaded)?;
-    let mut replies = Vec::with_capacity(work.commands.len());
+    let failed = |e: keel::Error| Refusal::Failed(format!("ERR keel: {e}"));
+    for (key, ts) in &work.checks {
+        if txn.newest_ts(key).map_err(failed)? > Some(keel::Ts(*ts)) {
+            return Err(Refusal::Failed(WATCH_CHANGED.into()));
+        }
+    }
+    let now = crate::keyspace::unix_ms();
+    if work.deadlines.iter().any(|&d| d <= now) {
+        return Err(Refusal::Failed(WATCH_CHANGED.into()));
+    }
+    let mut replies = Vec::with_capacity(work.commands.len() + 1);
     for command in &work.commands {
         let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
         let spec = args
@@ -638,6 +668,21 @@ fn execute(
             return Err(Refusal::Failed(text.into_owned()));
         }
         replies.push(buf.to_vec());
+    }
+    if !work.watch.is_empty() {
+        let keys: Vec<Bytes> = work
+            .watch
+            .iter()
+            .map(|k| Bytes::copy_from_slice(k))
+            .collect();
+        let (keys, deadlines) = crate::conn::watch_targets(&mut txn, &keys)
+            .map_err(|Fail(text)| Refusal::Failed(text.into_owned()))?;
+        let at = txn.read_ts().0;
+        let report = WatchReport {
+            keys: keys.into_iter().map(|k| (k.to_vec(), at)).collect(),
+            deadlines,
+        };
+        replies.push(postcard::to_stdvec(&report).expect("a report encodes"));
     }
     let meta = postcard::to_stdvec(&meta(replies.clone())).expect("metadata encodes");
     match txn.prepare(|_| meta) {

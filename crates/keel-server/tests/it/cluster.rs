@@ -625,3 +625,64 @@ fn movable_keys_and_blocking_pops_are_routed() {
     assert_eq!(v, [b.clone(), "v".to_owned()]);
     pusher.join().expect("pusher");
 }
+
+/// `WATCH` of keys on other nodes: each owner records what to check, and `EXEC` (a
+/// transaction across the nodes) checks it where the key lives: a change by another client,
+/// on any node, aborts it (nil), and so does a watched key's deadline passing.
+#[test]
+fn watch_across_nodes() {
+    let cluster = TestCluster::start(3, 2000);
+    let mut con = cluster.node(0).client();
+    let mut other = cluster.node(1).client();
+    let (a, b, c) = (
+        key_on(&cluster, 0, "a"),
+        key_on(&cluster, 1, "b"),
+        key_on(&cluster, 2, "c"),
+    );
+    let () = query(&mut con, &["MSET", &a, "1", &b, "1", &c, "1"]);
+    let exec = |con: &mut redis::Connection, watched: &[&str], change: Option<&str>| {
+        let mut args = vec!["WATCH"];
+        args.extend(watched);
+        let _: () = query(con, &args);
+        if let Some(key) = change {
+            let _: i64 = query(&mut cluster.node(2).client(), &["INCR", key]);
+        }
+        let _: () = query(con, &["MULTI"]);
+        let _: String = query(con, &["INCR", &a]);
+        let _: String = query(con, &["INCR", &b]);
+        query::<Option<Vec<i64>>>(con, &["EXEC"])
+    };
+    // Nothing changed: it runs.
+    assert_eq!(exec(&mut con, &[&a, &b, &c], None), Some(vec![2, 2]));
+    // A change of any watched key, on any node, aborts it.
+    for key in [&a, &b, &c] {
+        assert_eq!(exec(&mut con, &[&a, &b, &c], Some(key)), None, "{key}");
+    }
+    let got: Vec<i64> = query(&mut other, &["MGET", &a, &b, &c]);
+    assert_eq!(got, [3, 3, 2]);
+    // Only a remote key watched, only local commands queued: still checked.
+    let _: () = query(&mut con, &["WATCH", &c]);
+    let () = query(&mut other, &["SET", &c, "x"]);
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SET", &a, "y"]);
+    assert_eq!(query::<Option<Vec<String>>>(&mut con, &["EXEC"]), None);
+    let got: String = query(&mut con, &["GET", &a]);
+    assert_eq!(got, "3");
+    // A watched remote key whose deadline passes aborts it too.
+    let () = query(&mut con, &["SET", &c, "1", "PX", "200"]);
+    let _: () = query(&mut con, &["WATCH", &c]);
+    std::thread::sleep(Duration::from_millis(300));
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SET", &a, "z"]);
+    assert_eq!(query::<Option<Vec<String>>>(&mut con, &["EXEC"]), None);
+    // UNWATCH forgets remote keys as well.
+    let _: () = query(&mut con, &["WATCH", &b]);
+    let () = query(&mut other, &["SET", &b, "7"]);
+    let _: () = query(&mut con, &["UNWATCH"]);
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SET", &a, "w"]);
+    assert_eq!(
+        query::<Option<Vec<String>>>(&mut con, &["EXEC"]),
+        Some(vec!["OK".into()])
+    );
+}
