@@ -155,6 +155,37 @@ pub(crate) fn watch_targets(
     Ok((engine_keys, deadlines))
 }
 
+/// The `[key, value]` pairs of a `KEEL.RANGE` reply (an array of two-element arrays of bulk
+/// strings, the same in RESP2 and RESP3).
+fn parse_pairs(reply: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    fn line<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let at = input.windows(2).position(|w| w == b"\r\n")?;
+        let (head, rest) = input.split_at(at);
+        *input = &rest[2..];
+        Some(head)
+    }
+    fn count(input: &mut &[u8], kind: u8) -> Option<usize> {
+        let head = line(input)?;
+        let (&first, digits) = head.split_first()?;
+        (first == kind).then_some(())?;
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    }
+    fn bulk(input: &mut &[u8]) -> Option<Vec<u8>> {
+        let len = count(input, b'$')?;
+        let (value, rest) = input.split_at_checked(len)?;
+        *input = rest.strip_prefix(b"\r\n")?;
+        Some(value.to_vec())
+    }
+    let mut input = reply;
+    let n = count(&mut input, b'*')?;
+    let mut pairs = Vec::with_capacity(n);
+    for _ in 0..n {
+        (count(&mut input, b'*')? == 2).then_some(())?;
+        pairs.push((bulk(&mut input)?, bulk(&mut input)?));
+    }
+    input.is_empty().then_some(pairs)
+}
+
 /// The work of a transaction across nodes: each node and its part.
 type AcrossWork = Vec<(keel_cluster::txn::Peer, crate::xnode::Work)>;
 
@@ -624,8 +655,9 @@ impl Conn {
         let spec = table::lookup(&args[0])?;
         // In cluster mode only commands this node runs itself join a batch.
         if let Some(cluster) = &self.shared.cluster
-            && cluster.route(spec, args) != Route::Local
+            && (cluster.route(spec, args) != Route::Local || spec.cmd == Cmd::KeelRange)
         {
+            // (KEEL.RANGE reads every node: `command` runs it across them.)
             return None;
         }
         let ok = spec.arity_ok(args.len())
@@ -766,6 +798,22 @@ impl Conn {
             && (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
             && self.routed(spec, &args, output).await
         {
+            return Next::Continue;
+        }
+        if spec.cmd == Cmd::KeelRange && self.multi.is_none() && self.shared.xnode.get().is_some() {
+            let result = self.range_across(&args).await;
+            let mut out = self.out(output);
+            match result {
+                Ok(pairs) => {
+                    out.array(pairs.len());
+                    for (k, v) in &pairs {
+                        out.array(2);
+                        out.bulk(k);
+                        out.bulk(v);
+                    }
+                }
+                Err(Fail(text)) => out.error(&text),
+            }
             return Next::Continue;
         }
         if self.multi.is_some()
@@ -1002,6 +1050,48 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Cluster mode: `KEEL.RANGE` over the whole keyspace: the range on every node, read in
+    /// one transaction across the nodes (one consistent cut), merged in key order.
+    async fn range_across(&self, args: &[Bytes]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Fail> {
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let mut work = AcrossWork::new();
+        for node in 0..cluster.map.nodes().len() {
+            let i = self.work_for(&mut work, node);
+            work[i]
+                .1
+                .commands
+                .push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        let replies = self
+            .run_across(work)
+            .await?
+            .expect("nothing watched, nothing to change");
+        let rev = args.iter().skip(3).any(|a| a.eq_ignore_ascii_case(b"rev"));
+        let limit = args
+            .iter()
+            .skip(3)
+            .position(|a| a.eq_ignore_ascii_case(b"limit"))
+            .and_then(|at| args.get(3 + at + 1))
+            .and_then(|n| crate::resp::string_to_i64(n))
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let mut pairs = Vec::new();
+        for reply in replies.iter().flatten() {
+            pairs.extend(
+                parse_pairs(reply).ok_or("ERR keel: a node's KEEL.RANGE reply is malformed")?,
+            );
+        }
+        pairs.sort_unstable_by(|a, b| if rev { b.0.cmp(&a.0) } else { a.0.cmp(&b.0) });
+        pairs.truncate(limit);
+        if pairs.len() > data::REPLY_ITEMS_MAX {
+            return Err(format!(
+                "ERR keel: KEEL.RANGE returns at most {} pairs; use LIMIT",
+                data::REPLY_ITEMS_MAX
+            )
+            .into());
+        }
+        Ok(pairs)
     }
 
     /// Cluster mode: `WATCH` with keys of other nodes, answered.

@@ -686,3 +686,35 @@ fn watch_across_nodes() {
         Some(vec!["OK".into()])
     );
 }
+
+/// `KEEL.RANGE` in cluster mode covers every node's keys, read in one transaction across the
+/// nodes and merged in key order, with `REV` and `LIMIT` as on a single node.
+#[test]
+fn keel_range_spans_nodes() {
+    let cluster = TestCluster::start(3, 2000);
+    let mut con = cluster.node(1).client();
+    let keys: Vec<String> = (0..30).map(|i| format!("r{i:02}")).collect();
+    let owners: std::collections::BTreeSet<usize> = keys.iter().map(|k| cluster.owner(k)).collect();
+    assert_eq!(owners.len(), 3, "the keys are spread over every node");
+    let mut args = vec!["MSET"];
+    for k in &keys {
+        args.push(k);
+        args.push(k);
+    }
+    let () = query(&mut con, &args);
+    let () = query(&mut con, &["SET", "other", "x"]);
+    let pairs: Vec<(String, String)> = query(&mut con, &["KEEL.RANGE", "[r", "(s"]);
+    let want: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), k.clone())).collect();
+    assert_eq!(pairs, want);
+    let pairs: Vec<(String, String)> = query(&mut con, &["KEEL.RANGE", "[r", "(s", "LIMIT", "5"]);
+    assert_eq!(pairs, want[..5]);
+    let pairs: Vec<(String, String)> =
+        query(&mut con, &["KEEL.RANGE", "-", "+", "REV", "LIMIT", "2"]);
+    assert_eq!(pairs, [want[29].clone(), want[28].clone()]);
+    let pairs: Vec<(String, String)> = query(&mut con, &["KEEL.RANGE", "-", "+", "LIMIT", "1"]);
+    assert_eq!(pairs, [("other".to_string(), "x".to_string())]);
+    assert_eq!(
+        error(&mut con, &["KEEL.RANGE", "r", "+"]),
+        "ERR min or max not valid string range item"
+    );
+}
