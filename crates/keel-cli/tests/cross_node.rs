@@ -456,7 +456,7 @@ fn list_append_across_nodes_is_strictly_serializable() {
                         }
                         // Conflicts that kept losing: nothing of it was applied.
                         Err(e)
-                            if e.to_string().contains("TRYAGAIN")
+                            if e.code() == Some("TRYAGAIN")
                                 && !e.to_string().contains("unknown") =>
                         {
                             (appends.collect(), Outcome::Aborted)

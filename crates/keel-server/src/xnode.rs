@@ -135,6 +135,47 @@ enum Input {
     },
 }
 
+/// How long a prepare waits for the node's [`Gate`] before it votes `Busy`.
+const GATE_WAIT: Duration = Duration::from_millis(20);
+
+/// At most one transaction prepared and undecided on this node at a time. A prepared
+/// transaction holds the watermark, so everything after it on this node serializes after it,
+/// but that orders only *votes*: two transactions that each read on one node what the other
+/// writes there, preparing in opposite orders on two nodes, would both commit (write skew
+/// across nodes; the Elle test found it under load). Commitment ordering needs every
+/// transaction that follows a prepared one in a node's conflict order to vote only after
+/// that one's decision; letting one prepare at a time per node gives that, at the cost of
+/// concurrency between cross-node transactions on a node (one-node transactions are not
+/// affected). Read locks held from prepare to decision (docs/cluster.md) would give it back.
+#[derive(Default)]
+struct Gate {
+    held: Mutex<usize>,
+    freed: parking_lot::Condvar,
+}
+
+impl Gate {
+    /// Takes the gate, waiting at most `wait`; whether it did.
+    fn enter(&self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut held = self.held.lock();
+        while *held > 0 {
+            if self.freed.wait_until(&mut held, deadline).timed_out() {
+                return false;
+            }
+        }
+        *held = 1;
+        true
+    }
+
+    fn leave(&self) {
+        let mut held = self.held.lock();
+        *held = held.saturating_sub(1);
+        if *held == 0 {
+            self.freed.notify_one();
+        }
+    }
+}
+
 /// A prepared transaction this node holds, and its commands (to wake blocked clients once
 /// committed).
 struct Held {
@@ -268,6 +309,9 @@ impl Xnode {
                 },
             );
         }
+        // Transactions recovered in doubt hold the gate until each is decided.
+        let gate = Arc::new(Gate::default());
+        *gate.held.lock() = records.len();
         let decisions_db = match shared.db.dir() {
             Some(dir) => {
                 let path = dir.join(DECISIONS_DIR);
@@ -304,6 +348,7 @@ impl Xnode {
             inputs: inputs.clone(),
             answers: HashMap::new(),
             held,
+            gate,
             decisions: decisions_db,
             stats: Arc::clone(&stats),
             now_ms: Box::new(now_ms),
@@ -373,6 +418,7 @@ struct Driver {
     inputs: mpsc::UnboundedSender<Input>,
     answers: HashMap<TxnId, oneshot::Sender<Outcome<Replies>>>,
     held: Arc<Mutex<HashMap<TxnId, Held>>>,
+    gate: Arc<Gate>,
     /// The commit decisions' database.
     decisions: &'static Db,
     stats: Arc<Stats>,
@@ -555,14 +601,23 @@ impl Driver {
             Arc::clone(&self.held),
         );
         let stats = Arc::clone(&self.stats);
+        let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || {
             stats.prepares.fetch_add(1, Relaxed);
-            let result = execute(&shared, &work, |reply| Meta {
-                txn,
-                prepare,
-                participants,
-                reply,
-            });
+            let result = if gate.enter(GATE_WAIT) {
+                let result = execute(&shared, &work, |reply| Meta {
+                    txn,
+                    prepare,
+                    participants,
+                    reply,
+                });
+                if result.is_err() {
+                    gate.leave();
+                }
+                result
+            } else {
+                Err(Refusal::Busy)
+            };
             let result = match result {
                 Ok((prepared, reply)) => {
                     held.lock().insert(
@@ -589,9 +644,13 @@ impl Driver {
             return;
         };
         let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
+        let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || {
             let db = shared.db;
-            match held.prepared.commit() {
+            let committed = held.prepared.commit();
+            // Decided: the next transaction may prepare here.
+            gate.leave();
+            match committed {
                 Ok(ts) => {
                     // Acknowledged only once visible: the client hears of it after that.
                     if db.wait_visible(ts).is_err() {
@@ -617,10 +676,12 @@ impl Driver {
         let Some(held) = self.held.lock().remove(&txn) else {
             return;
         };
+        let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || {
             if let Err(e) = held.prepared.abort() {
                 tracing::error!("aborting {txn}: {e}");
             }
+            gate.leave();
         });
     }
 }

@@ -5,9 +5,14 @@
 //! A prepared transaction holds its write set's record locks and its commit timestamp, which
 //! stays unpublished until the decision: the watermark stops below it, so no snapshot can be
 //! taken at or above it while its writes are missing, and later commits wait to become visible
-//! until it is decided. Its serial position is fixed at prepare (the timestamp), which is what
-//! makes partitions that each order by their own timestamps serializable together: every
-//! partition's order is its order of votes (commitment ordering).
+//! until it is decided. Its serial position is fixed at prepare (the timestamp): each
+//! database's serial order is its order of votes. That alone does not make databases that
+//! each order by their own timestamps serializable together: two transactions that each read
+//! on one database what the other writes there, preparing in opposite orders, would both
+//! commit (write skew across databases). The caller must also keep a transaction from
+//! preparing on a database while a conflicting one prepared earlier there is undecided
+//! (commitment ordering); keel's cluster lets one transaction be prepared per node at a time
+//! (`keel-server/src/xnode.rs`, `Gate`).
 //!
 //! Durability: the prepare frame (the writes, the caller's metadata) is durable before
 //! [`Txn::prepare`] returns; the decision frame is durable before the timestamp is published.

@@ -1,7 +1,9 @@
 //! Two-phase commit's participant side (`Txn::prepare`): what a prepared transaction holds,
 //! and that databases which each order by their own timestamps stay serializable together
 //! when cross-database transactions prepare on every one before committing on any
-//! (commitment ordering): a bank across two databases keeps its total under concurrent
+//! and no transaction prepares on a database while an earlier one prepared there is
+//! undecided (commitment ordering; the tests' `two_phase` keeps a gate per database, as the
+//! cluster does per node): a bank across two databases keeps its total under concurrent
 //! transfers and audits, and list-append histories across two databases have no cycle.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -166,7 +168,13 @@ fn two_phase<T>(dbs: [&Db; 2], mut body: impl FnMut(usize, &mut Txn<'_>) -> T) -
     let mut txns = [dbs[0].begin().unwrap(), dbs[1].begin().unwrap()];
     let results = [body(0, &mut txns[0]), body(1, &mut txns[1])];
     let [t0, t1] = txns;
+    // One transaction prepared per database at a time, taken in database order (no
+    // deadlock): a transaction prepares only once the one prepared before it is decided.
+    static GATES: [std::sync::Mutex<()>; 2] =
+        [std::sync::Mutex::new(()), std::sync::Mutex::new(())];
+    let _gate0 = GATES[0].lock().unwrap();
     let p0 = t0.prepare(|_| Vec::new()).unwrap().ok()?;
+    let _gate1 = GATES[1].lock().unwrap();
     let Ok(p1) = t1.prepare(|_| Vec::new()).unwrap() else {
         p0.abort().unwrap();
         return None;
