@@ -71,9 +71,16 @@ impl Node {
         command
             .arg("--cluster-myself")
             .arg(format!("n{}", self.index + 1));
+        // Its log, kept for a failure message.
+        let log_path = self.dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("node log");
         let child = command
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn keel serve");
         self.child = Some(child);
@@ -86,7 +93,11 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("node {} did not answer within 20 s", self.index + 1);
+        let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
+        panic!(
+            "node {} did not answer within 20 s; its log:\n{log}",
+            self.index + 1
+        );
     }
 
     fn kill_9(&mut self) {
@@ -228,6 +239,15 @@ fn load(ports: &[u16], accounts: &[String], stop: &AtomicBool, counts: &Counts) 
     });
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 #[test]
 fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -254,6 +274,9 @@ fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| load(&ports, &accounts, &stop, &counts));
+        // The load stops however this closure ends: a panic here (a node that does not come
+        // back) must fail the test, not leave the scope waiting for the load forever.
+        let _stop = StopOnDrop(&stop);
         std::thread::sleep(Duration::from_millis(1500));
         let before = counts.transfers.load(Ordering::Relaxed);
         nodes[2].kill_9();

@@ -748,6 +748,14 @@ async fn connect<M>(
     addr: SocketAddr,
 ) -> Result<(TcpStream, u64), Error> {
     let mut stream = TcpStream::connect(addr).await?;
+    // Dialing a port of this machine that nobody listens on can connect the socket to itself
+    // (TCP simultaneous open, when the kernel picks the target port as the source port): the
+    // socket then holds the very port its peer wants to listen on. Drop it at once.
+    if stream.local_addr()? == stream.peer_addr()? {
+        return Err(Error::Io(format!(
+            "{addr}: connected to itself, nobody listens there"
+        )));
+    }
     stream.set_nodelay(true)?;
     let ours = shared.hello(peer);
     stream.write_all(&ours.encode()).await?;
