@@ -1030,7 +1030,13 @@ impl Conn {
                     );
                 }
                 Outcome::Aborted(_) if attempt < ACROSS_ATTEMPTS_MAX => {
-                    tokio::time::sleep(backoff).await;
+                    // Jittered, so that transactions that refused each other do not meet
+                    // again at the same moment.
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_nanos());
+                    let jitter = u64::from(nanos ^ (nanos >> 7)) % (backoff.as_micros() as u64 + 1);
+                    tokio::time::sleep(backoff / 2 + Duration::from_micros(jitter)).await;
                     backoff = (backoff * 2).min(Duration::from_millis(50));
                     attempt += 1;
                 }
