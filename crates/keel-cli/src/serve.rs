@@ -101,6 +101,15 @@ pub struct Args {
     /// CLUSTERDOWN, in milliseconds (1 to 600000) [default: 2000, or the file's timeout-ms].
     #[arg(long, value_name = "MS")]
     cluster_timeout_ms: Option<u64>,
+    /// Cluster mode: keep each partition (the slots of one node in the config) on this many
+    /// nodes, in step by Raft: partition p on nodes p, p+1, ... (round the config's list). A
+    /// write is acknowledged once a majority of its partition's replicas have it (durable
+    /// under --durability sync); a leader's death is survived with nothing acknowledged lost.
+    /// Every node must be started with the same value. 1: no replication. For now a
+    /// replicated cluster runs commands and MULTI blocks whose keys are in one partition, and
+    /// refuses WATCH, blocking pops and writes without keys (docs/replication.md).
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    replicas: usize,
 }
 
 /// The cluster configuration the flags give, if any.
@@ -137,6 +146,11 @@ fn config(args: Args) -> anyhow::Result<Config> {
         config.bind = map.me().addr.ip();
         config.cluster = Some(std::sync::Arc::new(map));
     }
+    anyhow::ensure!(
+        args.replicas == 1 || config.cluster.is_some(),
+        "--replicas needs --cluster or --cluster-node"
+    );
+    config.replicas = args.replicas;
     if let Some(path) = &args.config {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -217,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=off")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -243,6 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let split = format!("{} (phase {} ms)", config.split, config.split_phase_ms);
         let dir = config.dir.clone();
         let cluster = config.cluster.clone();
+        let replicas = config.replicas;
         let server = keel_server::Server::bind(config).await?;
         say!("keel {} (Redis protocol {})", keel_server::VERSION, keel_server::REDIS_VERSION);
         say!("listening on   {}", server.local_addr());
@@ -264,6 +279,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 slots.join(" "),
                 map.digest()
             );
+            if replicas > 1 {
+                say!("replicas       {replicas} per partition (Raft)");
+            }
         }
         match server.recovery() {
             None => {

@@ -7,120 +7,20 @@
 #[path = "../../keel/tests/it/history.rs"]
 #[allow(dead_code)]
 mod history;
+#[allow(dead_code)]
+mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use std::time::{Duration, Instant};
+use support::{Node, StopOnDrop, connect};
 
 const NODES: usize = 3;
 const ACCOUNTS: usize = 6;
 const START: i64 = 100;
 
-/// A node process, killed on drop.
-struct Node {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    index: usize,
-    ports: Vec<u16>,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Client ports: a block below the ephemeral range (their bus ports, + 10000, too), by
-/// process id, so that concurrent test runs rarely meet.
 fn ports(block: u16) -> Vec<u16> {
-    let base = 20_000 + (std::process::id() % 300) as u16 * 30 + block * 3;
-    (0..NODES as u16).map(|i| base + i).collect()
-}
-
-impl Node {
-    fn start(dir: &Path, index: usize, ports: &[u16]) -> Node {
-        let mut node = Node {
-            child: None,
-            port: ports[index],
-            dir: dir.join(format!("node-{}", index + 1)),
-            index,
-            ports: ports.to_vec(),
-        };
-        node.spawn();
-        node
-    }
-
-    fn spawn(&mut self) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-        command
-            .args(["serve", "--durability", "sync", "--port"])
-            .arg(self.port.to_string())
-            .arg("--dir")
-            .arg(&self.dir);
-        for (i, port) in self.ports.iter().enumerate() {
-            let (start, end) = keel_server::cluster_map::membership::even_range(i, NODES);
-            command
-                .arg("--cluster-node")
-                .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
-        }
-        command
-            .arg("--cluster-myself")
-            .arg(format!("n{}", self.index + 1));
-        // Its log, kept for a failure message.
-        let log_path = self.dir.with_extension("log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .expect("node log");
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn keel serve");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(mut c) = connect(self.port)
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let log = std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default();
-        panic!(
-            "node {} did not answer within 20 s; its log:\n{log}",
-            self.index + 1
-        );
-    }
-
-    fn kill_9(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().expect("SIGKILL");
-        child.wait().expect("wait");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-}
-
-fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let c = client.get_connection_with_timeout(Duration::from_secs(1))?;
-    c.set_read_timeout(Some(Duration::from_secs(10)))?;
-    Ok(c)
+    support::ports(block, NODES)
 }
 
 /// Account names, two on each node (found with `CLUSTER KEYSLOT`).
@@ -134,12 +34,7 @@ fn accounts(port: u16) -> Vec<String> {
             .arg(&name)
             .query(&mut c)
             .expect("keyslot");
-        let node = (0..NODES)
-            .find(|&i| {
-                let (s, e) = keel_server::cluster_map::membership::even_range(i, NODES);
-                (s..=e).contains(&slot)
-            })
-            .expect("every slot is owned");
+        let node = support::owner(slot, NODES);
         if per_node[node].len() < ACCOUNTS / NODES {
             per_node[node].push(name);
         }
@@ -237,15 +132,6 @@ fn load(ports: &[u16], accounts: &[String], stop: &AtomicBool, counts: &Counts) 
             });
         }
     });
-}
-
-/// Sets its flag when dropped.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 #[test]

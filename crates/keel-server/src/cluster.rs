@@ -55,6 +55,15 @@ pub enum Route {
     CrossSlot,
 }
 
+/// A request to another node failed.
+#[derive(Debug)]
+pub struct Down {
+    /// The error for the client (`CLUSTERDOWN …`).
+    pub text: String,
+    /// Whether the request was sent (it may then have run).
+    pub sent: bool,
+}
+
 /// This node's view of the cluster and its connections to the peers.
 pub struct Cluster {
     /// The checked configuration.
@@ -109,13 +118,39 @@ impl Cluster {
         password: Option<String>,
         block: Option<Option<Duration>>,
     ) -> Result<Bytes, String> {
+        self.exchange(
+            node,
+            requests,
+            proto,
+            password,
+            block.map(|b| b.map(|b| self.map.timeout().saturating_add(b))),
+        )
+        .await
+        .map_err(|down| down.text)
+    }
+
+    /// As [`Cluster::forward`], waiting at most `wait` for the answer (`Some(None)`: for ever;
+    /// `None`: the request timeout), and saying whether a failed request was sent at all.
+    pub async fn exchange(
+        &self,
+        node: usize,
+        requests: &[&[Bytes]],
+        proto: Proto,
+        password: Option<String>,
+        wait: Option<Option<Duration>>,
+    ) -> Result<Bytes, Down> {
         let peer = &self.map.nodes()[node];
         let timeout = self.map.timeout();
-        let down = |why: &str| {
-            format!(
+        let down = |why: &str| Down {
+            text: format!(
                 "CLUSTERDOWN The cluster is down: node {} at {} {why}",
                 peer.id, peer.addr
-            )
+            ),
+            sent: false,
+        };
+        let lost = |why: &str| Down {
+            sent: true,
+            ..down(why)
         };
         let pool = &self.pools[node][usize::from(proto == Proto::Resp3)];
         let pooled = pool.lock().pop();
@@ -132,11 +167,7 @@ impl Cluster {
                 }
             },
         };
-        let wait = match block {
-            None => Some(timeout),
-            Some(None) => None,
-            Some(Some(b)) => Some(timeout.saturating_add(b)),
-        };
+        let wait = wait.unwrap_or(Some(timeout));
         let exchange = async move {
             let mut wire = BytesMut::new();
             for r in requests {
@@ -169,8 +200,8 @@ impl Cluster {
                 }
                 Ok(reply)
             }
-            Ok(Err(e)) => Err(down(&format!("cannot be reached ({e})"))),
-            Err(_) => Err(down(&format!(
+            Ok(Err(e)) => Err(lost(&format!("cannot be reached ({e})"))),
+            Err(_) => Err(lost(&format!(
                 "did not answer within {} ms",
                 wait.unwrap_or(timeout).as_millis()
             ))),
@@ -181,7 +212,7 @@ impl Cluster {
 /// The key arguments of `spec`: by its first key, last key and step, or, for a command with
 /// movable keys (`SINTERCARD numkeys key ...`), by its `numkeys` argument. Empty for a command
 /// without keys, and for a malformed `numkeys` (the command itself then answers the error).
-fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
+pub(crate) fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
     if spec.flags.contains(&"movablekeys") {
         // Where `numkeys` is, and any key before it (a destination).
         let (numkeys_at, before): (usize, &[usize]) = match spec.name {
@@ -359,6 +390,7 @@ pub fn command(
     args: &[Bytes],
     out: &mut Out<'_>,
     aware: &mut bool,
+    serving: &dyn Fn(usize) -> Vec<usize>,
 ) -> Result<(), Fail> {
     let sub = args[1].to_ascii_lowercase();
     let arity = |n: usize| -> Result<(), Fail> {
@@ -422,48 +454,55 @@ pub fn command(
             *aware = true;
             let ranges = map.ranges();
             out.array(ranges.len());
-            for (start, end, node) in ranges {
-                let n = &map.nodes()[node];
-                out.array(3);
+            for (start, end, part) in ranges {
+                let nodes = serving(part);
+                out.array(2 + nodes.len());
                 out.int(i64::from(start));
                 out.int(i64::from(end));
-                out.array(4);
-                out.bulk(n.addr.ip().to_string().as_bytes());
-                out.int(i64::from(n.addr.port()));
-                out.bulk(n.id.as_str().as_bytes());
-                out.map(0);
+                for node in nodes {
+                    let n = &map.nodes()[node];
+                    out.array(4);
+                    out.bulk(n.addr.ip().to_string().as_bytes());
+                    out.int(i64::from(n.addr.port()));
+                    out.bulk(n.id.as_str().as_bytes());
+                    out.map(0);
+                }
             }
         }
         b"shards" => {
             arity(2)?;
             *aware = true;
             out.array(map.nodes().len());
-            for n in map.nodes() {
+            for (part, owner) in map.nodes().iter().enumerate() {
                 out.map(2);
                 out.bulk(b"slots");
-                out.array(2 * n.slots.len());
-                for r in &n.slots {
+                out.array(2 * owner.slots.len());
+                for r in &owner.slots {
                     out.int(i64::from(*r.start()));
                     out.int(i64::from(*r.end()));
                 }
                 out.bulk(b"nodes");
-                out.array(1);
-                out.map(7);
-                out.bulk(b"id");
-                out.bulk(n.id.as_str().as_bytes());
-                out.bulk(b"port");
-                out.int(i64::from(n.addr.port()));
-                let ip = n.addr.ip().to_string();
-                out.bulk(b"ip");
-                out.bulk(ip.as_bytes());
-                out.bulk(b"endpoint");
-                out.bulk(ip.as_bytes());
-                out.bulk(b"role");
-                out.bulk(b"master");
-                out.bulk(b"replication-offset");
-                out.int(0);
-                out.bulk(b"health");
-                out.bulk(b"online");
+                let nodes = serving(part);
+                out.array(nodes.len());
+                for (i, node) in nodes.into_iter().enumerate() {
+                    let n = &map.nodes()[node];
+                    out.map(7);
+                    out.bulk(b"id");
+                    out.bulk(n.id.as_str().as_bytes());
+                    out.bulk(b"port");
+                    out.int(i64::from(n.addr.port()));
+                    let ip = n.addr.ip().to_string();
+                    out.bulk(b"ip");
+                    out.bulk(ip.as_bytes());
+                    out.bulk(b"endpoint");
+                    out.bulk(ip.as_bytes());
+                    out.bulk(b"role");
+                    out.bulk(if i == 0 { b"master" } else { b"replica" });
+                    out.bulk(b"replication-offset");
+                    out.int(0);
+                    out.bulk(b"health");
+                    out.bulk(b"online");
+                }
             }
         }
         b"nodes" => {

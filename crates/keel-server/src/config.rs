@@ -172,6 +172,14 @@ pub enum ConfigError {
         /// The port configured here.
         port: u16,
     },
+    /// `replicas` is 0, or more than the cluster's nodes (1 without a cluster).
+    #[error("replicas must be between 1 and the number of cluster nodes ({nodes}), not {value}")]
+    Replicas {
+        /// What was asked.
+        value: usize,
+        /// The cluster's nodes (1 on a single node).
+        nodes: usize,
+    },
     /// `durability` is not `sync`, `async:<ms>` or `none`.
     #[error("durability must be sync, async:<milliseconds> or none, not {0:?}")]
     Durability(String),
@@ -308,6 +316,10 @@ pub struct Config {
     /// Cluster mode: this node's bus socket, already listening (so that a demo or a test
     /// that picks free ports has no race); `None`: bind it.
     pub cluster_bus_listener: Option<std::sync::Arc<std::net::TcpListener>>,
+    /// Cluster mode: on how many nodes each partition is kept (1: no replication). Partition
+    /// `p` (the slots the cluster config gives node `p`) lives on nodes `p`, `p + 1`, ...
+    /// `p + replicas - 1`, counted round the config's node list (`replica`).
+    pub replicas: usize,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -335,6 +347,7 @@ impl Default for Config {
             cluster: None,
             cluster_bus: Vec::new(),
             cluster_bus_listener: None,
+            replicas: 1,
         }
     }
 }
@@ -491,6 +504,13 @@ impl Config {
             });
         }
         check_idle_poll(self.idle_poll_us)?;
+        let nodes = self.cluster.as_ref().map_or(1, |m| m.nodes().len());
+        if self.replicas == 0 || self.replicas > nodes {
+            return Err(ConfigError::Replicas {
+                value: self.replicas,
+                nodes,
+            });
+        }
         if let Some(map) = &self.cluster {
             let me = map.me();
             if self.port != 0 && self.port != me.addr.port() {

@@ -85,6 +85,8 @@ type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::Commi
 const NOAUTH: &str = "NOAUTH Authentication required.";
 const PING_ARITY: &str = "ERR wrong number of arguments for 'ping' command";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+/// `WATCH` in a replicated cluster (a later slice checks watched keys at the leader).
+const REPLICATED_WATCH: &str = "ERR keel: WATCH is not supported in a replicated cluster yet";
 
 /// What the connection loop does after a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -652,6 +654,10 @@ impl Conn {
         if self.proto == Proto::Resp2 && self.subscribed() {
             return None;
         }
+        // Replicated: each command is its own log entry (or linearizable read).
+        if self.shared.replication.get().is_some() {
+            return None;
+        }
         let spec = table::lookup(&args[0])?;
         // In cluster mode only commands this node runs itself join a batch.
         if let Some(cluster) = &self.shared.cluster
@@ -794,7 +800,13 @@ impl Conn {
             self.reject(spec, &pubsub::not_in_context(&name), output);
             return Next::Continue;
         }
-        if self.shared.cluster.is_some()
+        if self.shared.replication.get().is_some() {
+            if (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
+                && self.replicated(spec, &args, output).await
+            {
+                return Next::Continue;
+            }
+        } else if self.shared.cluster.is_some()
             && (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
             && self.routed(spec, &args, output).await
         {
@@ -849,6 +861,148 @@ impl Conn {
         }
         self.flag_multi();
         self.out(output).error(text);
+    }
+
+    /// Replicated cluster (`replica`): runs a data command on its partition's leader;
+    /// whether it was answered (not: queued inside `MULTI`, or a read without keys, which
+    /// runs on this node's copy of its own partition).
+    async fn replicated(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) -> bool {
+        if spec.cmd == Cmd::Watch {
+            self.out(output).error(REPLICATED_WATCH);
+            return true;
+        }
+        if self.multi.is_some() {
+            return false;
+        }
+        if crate::lists::is_blocking(spec.cmd) {
+            self.out(output)
+                .error("ERR keel: blocking commands are not supported in a replicated cluster yet");
+            return true;
+        }
+        let keys = cluster::key_args(spec, args);
+        if keys.is_empty() {
+            if data::is_read_only(spec.cmd) {
+                return false;
+            }
+            self.out(output).error(&format!(
+                "ERR keel: {} is not supported in a replicated cluster yet",
+                spec.name.to_ascii_uppercase()
+            ));
+            return true;
+        }
+        let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
+            self.out(output).error(cluster::CROSSSLOT);
+            return true;
+        };
+        let read = data::is_read_only(spec.cmd);
+        let commands = vec![args.iter().map(|a| a.to_vec()).collect()];
+        self.run_replicated(p, slot, commands, false, read, output)
+            .await;
+        true
+    }
+
+    /// The partition of every key in `keys` and the first key's slot; `None` if they are in
+    /// several partitions.
+    fn partition_of<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Option<(usize, keel_cluster::Slot)> {
+        let map = &self.shared.cluster.as_ref().expect("cluster mode").map;
+        let mut at = None;
+        for key in keys {
+            let slot = keel_cluster::key_slot(key);
+            let p = map.owner(slot);
+            match at {
+                None => at = Some((p, slot)),
+                Some((q, _)) if q != p => return None,
+                Some(_) => {}
+            }
+        }
+        at
+    }
+
+    /// Runs `commands` (one, or an `EXEC`'s) on partition `p`'s leader and writes the reply;
+    /// a cluster-aware client gets `MOVED` to the leader instead when it is another node.
+    async fn run_replicated(
+        &mut self,
+        p: usize,
+        slot: keel_cluster::Slot,
+        commands: Vec<Vec<Vec<u8>>>,
+        exec: bool,
+        read: bool,
+        output: &mut BytesMut,
+    ) {
+        let shared = Arc::clone(&self.shared);
+        let rep = shared.replication.get().expect("replicated");
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        if self.aware
+            && let Some(leader) = rep.leader(p)
+            && leader != rep.me
+        {
+            self.flag_multi();
+            self.out(output).error(&cluster.moved(leader, slot));
+            return;
+        }
+        let request = crate::replica::Request {
+            commands,
+            exec,
+            resp3: self.proto == Proto::Resp3,
+            now_ms: crate::keyspace::unix_ms(),
+            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+            reply_bytes_max: shared.config.reply_bytes_max,
+        };
+        let result = tokio::select! {
+            r = rep.run(&shared, p, request, read) => r,
+            () = self.info.kill.cancelled() => return,
+        };
+        match result {
+            Ok(reply) => output.extend_from_slice(&reply),
+            Err(text) => self.out(output).error(&text),
+        }
+    }
+
+    /// Replicated cluster: `EXEC` of the queued commands, as one log entry of their
+    /// partition.
+    async fn exec_replicated(&mut self, multi: Multi, output: &mut BytesMut) -> Result<(), Fail> {
+        let mut keys = Vec::new();
+        for (cmd, args) in &multi.queue {
+            let spec = table::lookup(&args[0])
+                .filter(|s| s.cmd == *cmd)
+                .expect("a queued command is known");
+            if !data::is_data(*cmd) {
+                return Err(format!(
+                    "ERR keel: {} inside MULTI is not supported in a replicated cluster yet",
+                    spec.name.to_ascii_uppercase()
+                )
+                .into());
+            }
+            let these = cluster::key_args(spec, args);
+            if these.is_empty() {
+                return Err(format!(
+                    "ERR keel: {} (a command without keys) inside MULTI is not supported in a \
+                     replicated cluster yet",
+                    spec.name.to_ascii_uppercase()
+                )
+                .into());
+            }
+            keys.extend(these);
+        }
+        if multi.queue.is_empty() {
+            self.out(output).array(0);
+            return Ok(());
+        }
+        let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
+            return Err(cluster::CROSSSLOT.into());
+        };
+        let read = multi.queue.iter().all(|(c, _)| data::is_read_only(*c));
+        let commands = multi
+            .queue
+            .iter()
+            .map(|(_, args)| args.iter().map(|a| a.to_vec()).collect())
+            .collect();
+        self.run_replicated(p, slot, commands, true, read, output)
+            .await;
+        Ok(())
     }
 
     /// Cluster mode: sends a command whose keys are not all on this node's slots where it
@@ -1336,12 +1490,26 @@ impl Conn {
             },
             Cmd::Echo => out.bulk(&args[1]),
             Cmd::Cluster => {
+                // Each partition's nodes, the one serving writes first: in a replicated
+                // cluster its leader (as far as this node knows) and then its other replicas.
+                let replication = self.shared.replication.get();
+                let serving = |p: usize| match replication {
+                    Some(rep) => rep.serving(p),
+                    None => vec![p],
+                };
                 cluster::command(
                     self.shared.cluster.as_ref(),
                     args,
                     &mut out,
                     &mut self.aware,
+                    &serving,
                 )?;
+            }
+            Cmd::KeelRaft => {
+                let answer = crate::replica::serve_rpc(&self.shared, args)
+                    .await
+                    .map_err(|text| Fail(text.into()))?;
+                out.bulk(&answer);
             }
             Cmd::Asking | Cmd::Readonly | Cmd::Readwrite => {
                 if self.shared.cluster.is_none() {
@@ -2024,6 +2192,9 @@ impl Conn {
         let watch = self.watch.take();
         if multi.dirty {
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
+        }
+        if self.shared.replication.get().is_some() {
+            return self.exec_replicated(multi, output).await;
         }
         let watched_across = watch.as_ref().is_some_and(|w| !w.remote.is_empty());
         match self.exec_route(&multi) {

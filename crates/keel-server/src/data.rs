@@ -282,11 +282,46 @@ pub fn is_data(cmd: Cmd) -> bool {
 /// call bumped); good enough for picking members and fields, which needs no secrecy.
 pub fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
+    if let Some(r) = seeded_random() {
+        return r;
+    }
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Relaxed));
     h.finish()
+}
+
+thread_local! {
+    /// While a replica applies a log entry: the state of the generator that replaces
+    /// [`random`] (and new collections' generations), so that every replica draws the same.
+    static SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with [`random`] (and every draw of a collection's generation) on this thread
+/// replaced by a generator seeded with `seed`: what a replicated partition's replicas do to
+/// apply one log entry identically (`replica`).
+pub fn with_seed<T>(seed: u64, f: impl FnOnce() -> T) -> T {
+    struct Unseed(Option<u64>);
+    impl Drop for Unseed {
+        fn drop(&mut self) {
+            SEED.with(|s| s.set(self.0));
+        }
+    }
+    let _unseed = Unseed(SEED.with(|s| s.replace(Some(seed))));
+    f()
+}
+
+/// The next draw of the generator [`with_seed`] installed, if any (splitmix64).
+pub fn seeded_random() -> Option<u64> {
+    SEED.with(|s| {
+        let state = s.get()?.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        s.set(Some(state));
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Some(z ^ (z >> 31))
+    })
 }
 
 /// `k` distinct indexes below `n`, in random order (partial Fisher-Yates).

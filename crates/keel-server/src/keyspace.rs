@@ -214,6 +214,9 @@ pub fn string_bytes_max(deadline: u64) -> usize {
 /// likely as a 64-bit hash collision among the collections alive at once.
 fn new_generation() -> u64 {
     use std::hash::{BuildHasher, Hasher};
+    if let Some(g) = crate::data::seeded_random() {
+        return g;
+    }
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     // `RandomState` is seeded from the OS once per process (and per thread, then bumped):
     // hashing a counter and the clock through it gives independent-looking values.
@@ -403,6 +406,15 @@ impl Clock {
                 now
             }
             now => now,
+        }
+    }
+
+    /// A clock that reads `now_ms` (not the system clock) until reset: a replica applying a
+    /// log entry runs at the time its leader gave the entry, as every other replica does.
+    pub fn at(now_ms: u64) -> Clock {
+        Clock {
+            now_ms: AtomicU64::new(now_ms.max(1)),
+            rerun: AtomicBool::new(false),
         }
     }
 

@@ -35,6 +35,7 @@ mod lists;
 mod long_double;
 mod pubsub;
 mod reaper;
+mod replica;
 mod reply;
 pub mod resp;
 mod server;

@@ -74,6 +74,9 @@ pub enum StartError {
     /// Cluster mode: the cross-node transaction driver could not start.
     #[error("cannot start the cluster's transactions: {0}")]
     Cluster(#[source] crate::xnode::StartError),
+    /// Cluster mode with replicas: a partition's Raft group could not start.
+    #[error("cannot start replication: {0}")]
+    Replication(#[source] crate::replica::StartError),
     /// Not in cluster mode, but the data directory holds transactions a cluster prepared and
     /// did not decide: only the cluster can decide them.
     #[error(
@@ -213,6 +216,8 @@ pub struct Shared {
     pub cluster: Option<crate::cluster::Cluster>,
     /// Cluster mode: this node's end of transactions across nodes.
     pub xnode: std::sync::OnceLock<crate::xnode::Xnode>,
+    /// Cluster mode with `--replicas` over 1: the partitions this node keeps.
+    pub replication: std::sync::OnceLock<crate::replica::Replication>,
 }
 
 impl Shared {
@@ -331,6 +336,7 @@ impl Server {
             reaper: Arc::default(),
             cluster,
             xnode: std::sync::OnceLock::new(),
+            replication: std::sync::OnceLock::new(),
         });
         match &shared.cluster {
             Some(cluster) => {
@@ -339,6 +345,12 @@ impl Server {
                     .await
                     .map_err(StartError::Cluster)?;
                 let _ = shared.xnode.set(xnode);
+                if shared.config.replicas > 1 {
+                    let replication = crate::replica::Replication::start(&shared)
+                        .await
+                        .map_err(StartError::Replication)?;
+                    let _ = shared.replication.set(replication);
+                }
             }
             None if db.recovery().is_some_and(|r| r.in_doubt > 0) => {
                 return Err(StartError::InDoubt {
@@ -390,8 +402,14 @@ impl Server {
             tokio::spawn(serve_metrics(m, shared.clone()));
         }
         let tracker = shared.tracker.clone();
-        let reaper = crate::reaper::Reaper::start(shared.db, shared.reaper.clone());
-        if let Err(e) = &reaper {
+        // A replicated partition changes only through its log: keys expire when met.
+        let reaper = match shared.replication.get() {
+            Some(_) => Err(std::io::Error::other("replicated")),
+            None => crate::reaper::Reaper::start(shared.db, shared.reaper.clone()),
+        };
+        if let Err(e) = &reaper
+            && shared.replication.get().is_none()
+        {
             tracing::error!(error = %e, "cannot start the reaper thread: keys will expire only when met");
         }
         tokio::spawn({
@@ -448,6 +466,9 @@ impl Server {
         let _ = tokio::task::spawn_blocking(move || stopping.lanes.stop()).await;
         if let Ok(reaper) = reaper {
             let _ = tokio::task::spawn_blocking(move || reaper.stop()).await;
+        }
+        if let Some(replication) = shared.replication.get() {
+            replication.stop().await;
         }
         let db = shared.db.clone();
         let closed = tokio::task::spawn_blocking(move || db.close())

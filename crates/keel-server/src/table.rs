@@ -191,6 +191,7 @@ pub enum Cmd {
     KeelMax,
     KeelMin,
     KeelAdd,
+    KeelRaft,
 }
 
 /// One command's description.
@@ -2160,6 +2161,17 @@ pub static SPECS: &[Spec] = &[
         1,
         "keel",
         "Commutative: adds the argument to the stored integer, replying OK. Never conflicts with other KEEL.MAX/MIN/ADD."
+    ),
+    spec!(
+        "keel.raft",
+        KeelRaft,
+        4,
+        &["loading", "stale"],
+        0,
+        0,
+        0,
+        "keel",
+        "Between the nodes of a replicated cluster: KEEL.RAFT partition kind payload carries Raft's messages and requests forwarded to a partition's leader."
     ),
 ];
 

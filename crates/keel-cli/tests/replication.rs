@@ -1,0 +1,409 @@
+//! A replicated cluster of real processes: five `keel serve --replicas 3` nodes on loopback
+//! (every partition on three of them, kept by Raft). Clients run Elle list-append
+//! transactions (`MULTI` with `GET`s and `APPEND`s of unique elements, on keys of one
+//! partition) against random nodes while a partition's leader is killed with SIGKILL and
+//! restarted, and another leader is stopped with SIGSTOP past the election timeout and
+//! resumed. Afterwards every acknowledged append is present, the history (with real-time
+//! order) is strictly serializable, and the cluster kept committing through the faults.
+
+#[path = "../../keel/tests/it/history.rs"]
+#[allow(dead_code)]
+mod history;
+#[allow(dead_code)]
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use history::{Op, Outcome, TxnRecord};
+use support::{Node, StopOnDrop, connect};
+
+const NODES: usize = 5;
+const KEYS_PER_PARTITION: usize = 3;
+
+/// Keys of each partition (found with `CLUSTER KEYSLOT`): `[partition][i]`.
+fn keys_by_partition(port: u16) -> Vec<Vec<String>> {
+    let mut c = connect(port).expect("connect");
+    let mut keys = vec![Vec::new(); NODES];
+    for n in 0.. {
+        let name = format!("list{n}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&name)
+            .query(&mut c)
+            .expect("keyslot");
+        let p = support::owner(slot, NODES);
+        if keys[p].len() < KEYS_PER_PARTITION {
+            keys[p].push(name);
+        }
+        if keys.iter().all(|k| k.len() == KEYS_PER_PARTITION) {
+            return keys;
+        }
+    }
+    unreachable!()
+}
+
+/// The node leading the partition that holds slot `slot`, per `CLUSTER SLOTS` on `port`.
+fn leader_of(port: u16, slot: u16) -> Option<usize> {
+    let mut c = connect(port).ok()?;
+    let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
+    for range in slots {
+        let redis::Value::Array(items) = range else {
+            continue;
+        };
+        let (Some(redis::Value::Int(s)), Some(redis::Value::Int(e))) =
+            (items.first(), items.get(1))
+        else {
+            continue;
+        };
+        if (*s..=*e).contains(&i64::from(slot))
+            && let Some(redis::Value::Array(master)) = items.get(2)
+            && let Some(redis::Value::BulkString(id)) = master.get(2)
+        {
+            let id = String::from_utf8_lossy(id);
+            return id.strip_prefix('n')?.parse::<usize>().ok().map(|i| i - 1);
+        }
+    }
+    None
+}
+
+/// How a transaction's request ended, as the client saw it.
+enum Seen {
+    Committed(Vec<Op>),
+    /// Refused before it could apply (no leader reachable): nothing of it happened.
+    Refused,
+    /// No answer, or an answer that says the outcome is unknown.
+    Unknown,
+}
+
+/// One `GET`/`APPEND` transaction on keys of one partition.
+fn transact(c: &mut redis::Connection, plan: &[(u32, String, Option<u64>)]) -> Seen {
+    let mut pipe = redis::pipe();
+    pipe.cmd("MULTI").ignore();
+    for (_, key, append) in plan {
+        pipe.cmd("GET").arg(key).ignore();
+        if let Some(e) = append {
+            pipe.cmd("APPEND").arg(key).arg(format!(" {e}")).ignore();
+        }
+    }
+    if let Err(e) = pipe.query::<()>(c) {
+        // Nothing was sent to EXEC: the transaction never ran.
+        return if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+            Seen::Unknown
+        } else {
+            panic!("MULTI and queueing failed: {e}")
+        };
+    }
+    match redis::cmd("EXEC").query::<Vec<redis::Value>>(c) {
+        Ok(values) => {
+            let mut values = values.into_iter();
+            let mut ops = Vec::new();
+            for (key, _, append) in plan {
+                let read: Option<String> =
+                    redis::from_redis_value(values.next().expect("a GET reply")).expect("a string");
+                let value = read
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(|e| e.parse().expect("a number"))
+                    .collect();
+                ops.push(Op::Read { key: *key, value });
+                if let Some(e) = append {
+                    values.next().expect("an APPEND reply");
+                    ops.push(Op::Append {
+                        key: *key,
+                        elem: *e,
+                    });
+                }
+            }
+            Seen::Committed(ops)
+        }
+        Err(e) if e.code() == Some("CLUSTERDOWN") => Seen::Refused,
+        Err(e) if e.code() == Some("TRYAGAIN") => Seen::Unknown,
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => Seen::Unknown,
+        Err(e) => panic!("a transaction failed: {e}"),
+    }
+}
+
+#[test]
+fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(0, NODES);
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
+        .collect();
+    let keys = keys_by_partition(ports[0]);
+    let key_index: HashMap<&str, u32> = keys
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i as u32))
+        .collect();
+    // Every partition elects a leader and takes a write.
+    for part in &keys {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = connect(ports[0])
+                .and_then(|mut c| redis::cmd("EXISTS").arg(&part[0]).query::<i64>(&mut c));
+            match ok {
+                Ok(_) => break,
+                Err(e) if Instant::now() > deadline => {
+                    panic!(
+                        "no leader for {} within 20 s: {e}\n{}",
+                        part[0],
+                        nodes[0].log()
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    let epoch = Instant::now();
+    let records = Mutex::new(Vec::new());
+    let unknown = Mutex::new(Vec::new());
+    let next_elem = AtomicU64::new(1);
+    let stop = AtomicBool::new(false);
+    let commits_at = Mutex::new(Vec::new());
+    let mut failover = Duration::ZERO;
+    std::thread::scope(|s| {
+        for worker in 0..4u64 {
+            let (ports, keys, key_index) = (&ports, &keys, &key_index);
+            let (records, unknown, next_elem, stop, commits_at) =
+                (&records, &unknown, &next_elem, &stop, &commits_at);
+            s.spawn(move || {
+                let mut rng = (worker + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut conns: Vec<Option<redis::Connection>> =
+                    ports.iter().map(|_| None).collect();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let part = &keys[(next() % NODES as u64) as usize];
+                    let mut chosen: Vec<&String> = (0..1 + next() % 2)
+                        .map(|_| &part[(next() % KEYS_PER_PARTITION as u64) as usize])
+                        .collect();
+                    chosen.sort_unstable();
+                    chosen.dedup();
+                    let plan: Vec<(u32, String, Option<u64>)> = chosen
+                        .into_iter()
+                        .map(|k| {
+                            let append = next() % 4 != 0;
+                            (
+                                key_index[k.as_str()],
+                                k.clone(),
+                                append.then(|| next_elem.fetch_add(1, Ordering::Relaxed)),
+                            )
+                        })
+                        .collect();
+                    let node = (next() % NODES as u64) as usize;
+                    if conns[node].is_none() {
+                        conns[node] = connect(ports[node]).ok();
+                    }
+                    let Some(c) = conns[node].as_mut() else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    let began = epoch.elapsed().as_nanos() as u64;
+                    let seen = transact(c, &plan);
+                    let ended = epoch.elapsed().as_nanos() as u64;
+                    let appends: Vec<Op> = plan
+                        .iter()
+                        .filter_map(|&(key, _, e)| e.map(|elem| Op::Append { key, elem }))
+                        .collect();
+                    let name = format!("w{worker}.{n}");
+                    n += 1;
+                    match seen {
+                        Seen::Committed(ops) => {
+                            commits_at.lock().unwrap().push(ended);
+                            records.lock().unwrap().push(TxnRecord {
+                                name,
+                                ops,
+                                outcome: Outcome::Committed,
+                                position: None,
+                                read_ts: None,
+                                time: Some((began, ended)),
+                            });
+                        }
+                        Seen::Refused => records.lock().unwrap().push(TxnRecord {
+                            name,
+                            ops: appends,
+                            outcome: Outcome::Aborted,
+                            position: None,
+                            read_ts: None,
+                            time: Some((began, ended)),
+                        }),
+                        Seen::Unknown => {
+                            conns[node] = None;
+                            unknown.lock().unwrap().push((name, appends, began));
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    }
+                }
+            });
+        }
+        // The faults. The load stops however this closure ends.
+        let _stop = StopOnDrop(&stop);
+        std::thread::sleep(Duration::from_millis(1500));
+        // SIGKILL the leader of the partition of the first key, then time the first commit
+        // on that partition through another node.
+        let probe_key = &keys[0][0];
+        let slot = {
+            let mut c = connect(ports[0]).expect("connect");
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(probe_key)
+                .query::<u16>(&mut c)
+                .expect("keyslot")
+        };
+        let victim = leader_of(ports[1], slot).expect("partition 0 has a leader");
+        nodes[victim].kill_9();
+        let killed = Instant::now();
+        let via = (victim + 1) % NODES;
+        loop {
+            let wrote = connect(ports[via]).and_then(|mut c| {
+                redis::cmd("SET")
+                    .arg(format!("{probe_key}-probe"))
+                    .arg(1)
+                    .query::<String>(&mut c)
+            });
+            if wrote.is_ok() {
+                failover = killed.elapsed();
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(20),
+                "no commit on the partition 20 s after its leader was killed: {wrote:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        nodes[victim].spawn();
+        std::thread::sleep(Duration::from_millis(1500));
+        // SIGSTOP another partition's leader for longer than an election takes.
+        let slot2 = {
+            let mut c = connect(ports[0]).expect("connect");
+            redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&keys[2][0])
+                .query::<u16>(&mut c)
+                .expect("keyslot")
+        };
+        let paused = leader_of(ports[0], slot2).expect("partition 2 has a leader");
+        nodes[paused].signal("-STOP");
+        std::thread::sleep(Duration::from_millis(2500));
+        nodes[paused].signal("-CONT");
+        std::thread::sleep(Duration::from_millis(2000));
+    });
+    assert!(nodes.iter().all(Node::running));
+
+    // Final reads of every key, after everything (real time), on any node.
+    let final_began = epoch.elapsed().as_nanos() as u64;
+    let mut finals: HashMap<u32, Vec<u64>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (key, &k) in &key_index {
+        loop {
+            let read = connect(ports[k as usize % NODES])
+                .and_then(|mut c| redis::cmd("GET").arg(*key).query::<Option<String>>(&mut c));
+            match read {
+                Ok(v) => {
+                    let list = v
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .map(|e| e.parse().expect("a number"))
+                        .collect();
+                    finals.insert(k, list);
+                    break;
+                }
+                Err(e) if Instant::now() > deadline => panic!("no final read within 20 s: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+    let final_ended = epoch.elapsed().as_nanos() as u64;
+
+    let mut history = records.into_inner().unwrap();
+    // No duplicates (an append applied twice), and every acknowledged append is there.
+    for (k, list) in &finals {
+        let distinct: HashSet<&u64> = list.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            list.len(),
+            "key {k} holds an element twice: {list:?}"
+        );
+    }
+    let present: HashSet<(u32, u64)> = finals
+        .iter()
+        .flat_map(|(&k, list)| list.iter().map(move |&e| (k, e)))
+        .collect();
+    let mut acknowledged = 0;
+    for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
+        for op in &t.ops {
+            if let Op::Append { key, elem } = op {
+                acknowledged += 1;
+                assert!(
+                    present.contains(&(*key, *elem)),
+                    "{}: acknowledged append of {elem} to key {key} is lost",
+                    t.name
+                );
+            }
+        }
+    }
+    // An unknown outcome committed if any of its appends shows (then all must), at some
+    // time after it began.
+    let unknown = unknown.into_inner().unwrap();
+    let unknown_count = unknown.len();
+    for (name, appends, began) in unknown {
+        let shown = appends
+            .iter()
+            .filter(|op| matches!(op, Op::Append { key, elem } if present.contains(&(*key, *elem))))
+            .count();
+        let committed = shown > 0;
+        assert!(
+            !committed || shown == appends.len(),
+            "{name}: only part of a transaction's appends are present"
+        );
+        history.push(TxnRecord {
+            name,
+            ops: appends,
+            outcome: if committed {
+                Outcome::Committed
+            } else {
+                Outcome::Aborted
+            },
+            position: None,
+            read_ts: None,
+            time: Some((began, u64::MAX)),
+        });
+    }
+    for (&key, list) in &finals {
+        history.push(TxnRecord {
+            name: format!("final.{key}"),
+            ops: vec![Op::Read {
+                key,
+                value: list.clone(),
+            }],
+            outcome: Outcome::Committed,
+            position: None,
+            read_ts: None,
+            time: Some((final_began, final_ended)),
+        });
+    }
+    let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
+    // Availability: commits went on after the kill, while the victim was down.
+    let commits = commits_at.into_inner().unwrap();
+    let summary = format!(
+        "{report:?}; {acknowledged} acknowledged appends, {unknown_count} unknown outcomes, \
+         failover to the first commit {} ms",
+        failover.as_millis()
+    );
+    println!("{summary}");
+    assert!(report.committed > 200, "{summary}");
+    assert!(commits.len() > 200, "{summary}");
+    assert!(failover < Duration::from_secs(10), "{summary}");
+}

@@ -1,0 +1,154 @@
+//! Real cluster processes for the multi-process tests: `keel serve --cluster-node …` per
+//! node on loopback, each killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A node process, killed on drop.
+pub struct Node {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    pub index: usize,
+    ports: Vec<u16>,
+    extra: Vec<String>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Client ports for `n` nodes: a block below the ephemeral range (their bus ports, + 10000,
+/// too), by process id, so that concurrent test runs rarely meet.
+pub fn ports(block: u16, n: usize) -> Vec<u16> {
+    let n = n as u16;
+    let base = 20_000 + (std::process::id() % 300) as u16 * 30 + block * n;
+    (0..n).map(|i| base + i).collect()
+}
+
+impl Node {
+    /// Starts node `index` of the cluster whose nodes listen on `ports` (the slots split
+    /// evenly in order), with data under `dir/node-<index + 1>` and `sync` durability.
+    pub fn start(dir: &Path, index: usize, ports: &[u16]) -> Node {
+        Node::start_with(dir, index, ports, &[])
+    }
+
+    /// As [`Node::start`], with more `keel serve` arguments.
+    pub fn start_with(dir: &Path, index: usize, ports: &[u16], extra: &[&str]) -> Node {
+        let mut node = Node {
+            child: None,
+            port: ports[index],
+            dir: dir.join(format!("node-{}", index + 1)),
+            index,
+            ports: ports.to_vec(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        node.spawn();
+        node
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts the process (again), and waits until it answers `PING`.
+    pub fn spawn(&mut self) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(["serve", "--durability", "sync", "--port"])
+            .arg(self.port.to_string())
+            .arg("--dir")
+            .arg(&self.dir);
+        for (i, port) in self.ports.iter().enumerate() {
+            let (start, end) =
+                keel_server::cluster_map::membership::even_range(i, self.ports.len());
+            command
+                .arg("--cluster-node")
+                .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+        }
+        command
+            .arg("--cluster-myself")
+            .arg(format!("n{}", self.index + 1))
+            .args(&self.extra);
+        // Its log, kept for a failure message.
+        let log_path = self.dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("node log");
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn keel serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(mut c) = connect(self.port)
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "node {} did not answer within 20 s; its log:\n{}",
+            self.index + 1,
+            self.log()
+        );
+    }
+
+    /// What the node wrote to stderr, over all its runs.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+
+    pub fn kill_9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+}
+
+pub fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let c = client.get_connection_with_timeout(Duration::from_secs(1))?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(c)
+}
+
+/// The node (index) that owns `slot` when `n` nodes split the slots evenly.
+pub fn owner(slot: u16, n: usize) -> usize {
+    (0..n)
+        .find(|&i| {
+            let (s, e) = keel_server::cluster_map::membership::even_range(i, n);
+            (s..=e).contains(&slot)
+        })
+        .expect("every slot is owned")
+}
+
+/// Sets its flag when dropped.
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}

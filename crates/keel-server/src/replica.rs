@@ -1,0 +1,670 @@
+//! Replication (`keel serve --cluster … --replicas R`): each partition of the cluster kept on
+//! R nodes by Raft, with openraft doing consensus (docs/replication.md).
+//!
+//! A partition is the slots the cluster config gives one node; partition `p` lives on nodes
+//! `p`, `p + 1`, … `p + R - 1` (round the config's node list), so every node hosts R
+//! partitions and is the home of one (its own slots, whose data is the server's usual
+//! database). Each hosted partition has:
+//!
+//! - a Raft log on a keel database of its own (`log`), fsynced under `sync` before an append
+//!   is acknowledged;
+//! - a state machine (`machine`): the partition's data, a keel database, to which every
+//!   committed entry is applied as one engine transaction, together with the index of the
+//!   entry (so that a restart resumes exactly after it);
+//! - a network (`net`): Raft's RPCs travel to the other replicas as `KEEL.RAFT` requests on
+//!   their client ports.
+//!
+//! A write (or an `EXEC`) whose keys are in one partition becomes one log entry: the leader
+//! appends it, and it is acknowledged once a majority of the replicas have it durable and the
+//! leader has applied it (the reply is the one the state machine computed). An entry carries
+//! its leader's clock and is applied with a random generator seeded by its index, so every
+//! replica computes the same effect (expiry deadlines, `SPOP`'s pick, a collection's
+//! generation). A read runs on the leader after openraft's `ensure_linearizable` (a read
+//! index: the leader confirms with a quorum that it still leads and waits until it has
+//! applied everything committed before the read; no assumption about clocks).
+//!
+//! A node that is not the partition's leader forwards the request to the one it believes
+//! leads (`KEEL.RAFT p write|read`), retrying while an election runs, up to three times the
+//! cluster's request timeout; cluster-aware clients get `MOVED` to the leader instead.
+
+mod log;
+mod machine;
+mod net;
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use keel::Db;
+use openraft::BasicNode;
+use serde::{Deserialize, Serialize};
+
+use crate::data;
+use crate::reply::{Out, Proto};
+use crate::server::Shared;
+
+openraft::declare_raft_types!(
+    /// keel's Raft types: entries carry [`Request`]s, applying one gives a [`Response`].
+    pub Tc:
+        D = Request,
+        R = Response,
+        NodeId = u64,
+        Node = BasicNode,
+);
+
+/// A Raft group: one partition's replicas.
+pub type Raft = openraft::Raft<Tc>;
+
+/// What one log entry asks: commands to run as one transaction on the partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Each command's arguments.
+    pub commands: Vec<Vec<Vec<u8>>>,
+    /// A `MULTI … EXEC` block (the reply is an array), or one command.
+    pub exec: bool,
+    /// Reply in RESP3.
+    pub resp3: bool,
+    /// The leader's clock when the request arrived (Unix ms): every replica applies the entry
+    /// at this time.
+    pub now_ms: u64,
+    /// `proto-max-bulk-len` at the leader: the largest string a command may build.
+    pub bulk_bytes_max: i64,
+    /// The largest reply the client takes.
+    pub reply_bytes_max: usize,
+}
+
+/// What applying an entry gave: the reply, as RESP bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub reply: Vec<u8>,
+}
+
+/// The largest request (encoded) one log entry may carry: an entry is stored as one value of
+/// the log's database.
+pub const REQUEST_BYTES_MAX: usize = 8 << 20;
+
+/// How often a leader sends heartbeats.
+const HEARTBEAT_MS: u64 = 150;
+/// A follower that hears nothing from its leader for a random time in this range (ms) stands
+/// for election.
+const ELECTION_MS: (u64, u64) = (750, 1500);
+/// Entries applied between snapshots (a snapshot lets the log be cut).
+const SNAPSHOT_EVERY: u64 = 10_000;
+/// Pause between attempts while a partition has no leader.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Why a request did not run where it was sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Refused {
+    /// This node does not lead the partition; the one it believes does, if any.
+    NotLeader(Option<u64>),
+    /// It failed for good; the error text for the client.
+    Failed(String),
+}
+
+/// One hosted partition.
+pub struct Part {
+    pub id: usize,
+    pub raft: Raft,
+    /// The partition's data.
+    pub db: &'static Db,
+    /// Its nodes (indexes in the cluster config), the first its home.
+    pub replicas: Vec<usize>,
+    /// The log's database.
+    log_db: &'static Db,
+    /// Whether the data database is this node's own (the server's) rather than opened here.
+    own_db: bool,
+}
+
+/// This node's side of replication.
+pub struct Replication {
+    /// Replicas per partition.
+    pub r: usize,
+    /// Nodes in the cluster (= partitions).
+    pub n: usize,
+    /// This node's index.
+    pub me: usize,
+    /// The hosted partitions, by partition.
+    parts: BTreeMap<usize, Part>,
+    /// For partitions not hosted here: the node last seen leading each.
+    hints: parking_lot::Mutex<Vec<Option<usize>>>,
+}
+
+/// Opening replication failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening partition {part}'s {what} at {}: {source}", dir.display())]
+    Open {
+        part: usize,
+        what: &'static str,
+        dir: PathBuf,
+        source: keel::OpenError,
+    },
+    #[error("partition {part}: {text}")]
+    Raft { part: usize, text: String },
+}
+
+/// Partition `p`'s nodes when `n` nodes keep `r` replicas of each.
+pub fn placement(p: usize, n: usize, r: usize) -> Vec<usize> {
+    (0..r).map(|i| (p + i) % n).collect()
+}
+
+impl Replication {
+    /// Opens every partition this node hosts and starts its Raft group. The home partition's
+    /// data is the server's database; the others' are opened under `<dir>/partition-<p>`, and
+    /// every log under `<dir>/raft-<p>`.
+    pub async fn start(shared: &Arc<Shared>) -> Result<Replication, StartError> {
+        let map = &shared
+            .cluster
+            .as_ref()
+            .expect("replication needs a cluster")
+            .map;
+        let (n, me, r) = (map.nodes().len(), map.myself(), shared.config.replicas);
+        let config = openraft::Config {
+            cluster_name: format!("keel-{:016x}", map.digest()),
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_MS.0,
+            election_timeout_max: ELECTION_MS.1,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate().map_err(|e| StartError::Raft {
+            part: me,
+            text: e.to_string(),
+        })?);
+        let dir = shared.db.dir().map(std::path::Path::to_path_buf);
+        let mut parts = BTreeMap::new();
+        for p in 0..n {
+            let replicas = placement(p, n, r);
+            if !replicas.contains(&me) {
+                continue;
+            }
+            let own_db = p == me;
+            let db: &'static Db = if own_db {
+                shared.db
+            } else {
+                open_db(dir.as_ref(), &format!("partition-{p}"), shared, p, "data").await?
+            };
+            let log_db = open_db(dir.as_ref(), &format!("raft-{p}"), shared, p, "log").await?;
+            let log =
+                log::LogStore::open(log_db, shared.config.durability.engine()).map_err(|e| {
+                    StartError::Raft {
+                        part: p,
+                        text: e.to_string(),
+                    }
+                })?;
+            let snapshot_dir = dir.as_ref().map(|d| d.join(format!("raft-{p}")));
+            let machine = machine::Machine::open(db, snapshot_dir)
+                .await
+                .map_err(|e| StartError::Raft {
+                    part: p,
+                    text: e.to_string(),
+                })?;
+            let network = net::Network {
+                shared: Arc::downgrade(shared),
+                part: p,
+            };
+            let raft = Raft::new(me as u64, Arc::clone(&config), network, log, machine)
+                .await
+                .map_err(|e| StartError::Raft {
+                    part: p,
+                    text: e.to_string(),
+                })?;
+            let members: BTreeMap<u64, BasicNode> = replicas
+                .iter()
+                .map(|&i| (i as u64, BasicNode::new(map.nodes()[i].addr.to_string())))
+                .collect();
+            let mut metrics = raft.metrics();
+            let ids: Vec<String> = map.nodes().iter().map(|n| n.id.to_string()).collect();
+            tokio::spawn(async move {
+                let mut last = None;
+                loop {
+                    let leader = metrics.borrow().current_leader;
+                    if leader != last {
+                        match leader.and_then(|l| ids.get(l as usize)) {
+                            Some(id) => tracing::info!("partition {p}: {id} leads"),
+                            None => tracing::info!("partition {p}: no leader"),
+                        }
+                        last = leader;
+                    }
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+            // Every replica proposes the same initial membership; a group already started
+            // (a restart) refuses, which is what should happen.
+            if let Err(e) = raft.initialize(members).await {
+                tracing::debug!("partition {p}: not initializing: {e}");
+            }
+            parts.insert(
+                p,
+                Part {
+                    id: p,
+                    raft,
+                    db,
+                    replicas,
+                    log_db,
+                    own_db,
+                },
+            );
+        }
+        Ok(Replication {
+            r,
+            n,
+            me,
+            parts,
+            hints: parking_lot::Mutex::new(vec![None; n]),
+        })
+    }
+
+    /// The partition hosted here, if it is.
+    pub fn part(&self, p: usize) -> Option<&Part> {
+        self.parts.get(&p)
+    }
+
+    /// `INFO replication`'s lines for the hosted partitions: `keel_partition_<p>:role=leader,
+    /// leader=n2,term=3,last_log=120,applied=120,replicas=n1;n2;n3`.
+    pub fn describe(&self, map: &keel_cluster::Membership) -> Vec<String> {
+        let id = |n: u64| {
+            map.nodes()
+                .get(n as usize)
+                .map_or_else(|| n.to_string(), |node| node.id.to_string())
+        };
+        self.parts
+            .values()
+            .map(|part| {
+                let m = part.raft.metrics().borrow().clone();
+                let role = match m.state {
+                    openraft::ServerState::Leader => "leader",
+                    openraft::ServerState::Candidate => "candidate",
+                    openraft::ServerState::Learner => "learner",
+                    openraft::ServerState::Follower => "follower",
+                    openraft::ServerState::Shutdown => "stopped",
+                };
+                let replicas: Vec<String> =
+                    part.replicas.iter().map(|&n| id(n as u64)).collect();
+                format!(
+                    "keel_partition_{}:role={role},leader={},term={},last_log={},applied={},replicas={}",
+                    part.id,
+                    m.current_leader.map_or_else(|| "-".to_owned(), id),
+                    m.current_term,
+                    m.last_log_index.unwrap_or(0),
+                    m.last_applied.map_or(0, |l| l.index),
+                    replicas.join(";"),
+                )
+            })
+            .collect()
+    }
+
+    /// Partition `p`'s nodes, the one this node believes leads it first.
+    pub fn serving(&self, p: usize) -> Vec<usize> {
+        let mut nodes = placement(p, self.n, self.r);
+        if let Some(leader) = self.leader(p)
+            && let Some(i) = nodes.iter().position(|&n| n == leader)
+        {
+            nodes[..=i].rotate_right(1);
+        }
+        nodes
+    }
+
+    /// The node this node believes leads partition `p`.
+    pub fn leader(&self, p: usize) -> Option<usize> {
+        match self.parts.get(&p) {
+            Some(part) => part
+                .raft
+                .metrics()
+                .borrow()
+                .current_leader
+                .map(|l| l as usize),
+            None => self.hints.lock()[p],
+        }
+    }
+
+    /// Stops every Raft group and closes the databases opened here.
+    pub async fn stop(&self) {
+        for part in self.parts.values() {
+            if let Err(e) = part.raft.shutdown().await {
+                tracing::warn!("partition {}: stopping raft: {e}", part.id);
+            }
+            let log = part.log_db.clone();
+            let data = (!part.own_db).then(|| part.db.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(e) = log.close() {
+                    tracing::error!("closing a raft log: {e}");
+                }
+                if let Some(data) = data
+                    && let Err(e) = data.close()
+                {
+                    tracing::error!("closing a partition's data: {e}");
+                }
+            })
+            .await;
+        }
+    }
+
+    /// Runs `request` on partition `p`: here if this node leads it, else on its leader,
+    /// waiting through elections for up to three times the cluster's timeout. `read`: every
+    /// command only reads (no log entry; a linearizable read on the leader).
+    pub async fn run(
+        &self,
+        shared: &Shared,
+        p: usize,
+        request: Request,
+        read: bool,
+    ) -> Result<Vec<u8>, String> {
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let deadline = Instant::now() + cluster.map.timeout() * 3;
+        let mut target = self.leader(p);
+        let payload = postcard::to_stdvec(&request).expect("a request encodes");
+        if payload.len() > REQUEST_BYTES_MAX {
+            return Err(format!(
+                "ERR keel: a replicated request is limited to {REQUEST_BYTES_MAX} bytes"
+            ));
+        }
+        loop {
+            let outcome = match target {
+                Some(node) if node == self.me => match self.part(p) {
+                    Some(part) => part.serve(request.clone(), read).await,
+                    None => Err(Refused::NotLeader(None)),
+                },
+                Some(node) => {
+                    let kind = if read { "read" } else { "write" };
+                    match net::call_node(shared, node, p, kind, &payload, None).await {
+                        Ok(bytes) => postcard::from_bytes::<Result<Vec<u8>, Refused>>(&bytes)
+                            .unwrap_or_else(|e| {
+                                Err(Refused::Failed(format!(
+                                    "ERR keel: a bad reply from node {node}: {e}"
+                                )))
+                            }),
+                        // Never sent: try again once the partition has a reachable leader.
+                        Err(net::CallError::Unsent(_)) => Err(Refused::NotLeader(None)),
+                        // Sent, and the answer lost: a write may or may not have happened.
+                        Err(net::CallError::Lost(text)) if !read => {
+                            return Err(format!(
+                                "TRYAGAIN keel: partition {p}'s leader did not answer ({text}); \
+                                 the write may or may not have happened"
+                            ));
+                        }
+                        Err(net::CallError::Lost(_)) => Err(Refused::NotLeader(None)),
+                    }
+                }
+                None => Err(Refused::NotLeader(None)),
+            };
+            match outcome {
+                Ok(reply) => return Ok(reply),
+                Err(Refused::Failed(text)) => return Err(text),
+                Err(Refused::NotLeader(hint)) => {
+                    if Instant::now() >= deadline {
+                        return Err(format!(
+                            "CLUSTERDOWN The cluster is down: partition {p} has no leader \
+                             this node can reach"
+                        ));
+                    }
+                    let hint = hint.map(|h| h as usize).filter(|&h| h < self.n);
+                    if self.part(p).is_none() {
+                        self.hints.lock()[p] = hint;
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    // A replica other than the last one asked, if nobody knows the leader.
+                    target = hint.or_else(|| self.leader(p)).or_else(|| {
+                        let replicas = placement(p, self.n, self.r);
+                        let at = target.and_then(|t| replicas.iter().position(|&n| n == t));
+                        Some(replicas[at.map_or(0, |i| (i + 1) % replicas.len())])
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Part {
+    /// Runs `request` here if this node leads the partition.
+    pub async fn serve(&self, mut request: Request, read: bool) -> Result<Vec<u8>, Refused> {
+        use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+        if read {
+            match self.raft.ensure_linearizable().await {
+                Ok(_) => {}
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    return Err(Refused::NotLeader(f.leader_id));
+                }
+                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                    return Err(Refused::NotLeader(None));
+                }
+                Err(RaftError::Fatal(e)) => {
+                    return Err(Refused::Failed(format!(
+                        "ERR keel: partition {} stopped: {e}",
+                        self.id
+                    )));
+                }
+            }
+            return Ok(read_here(self.db, &request));
+        }
+        // The entry runs at the leader's time, whichever node took the request.
+        request.now_ms = crate::keyspace::unix_ms();
+        match self.raft.client_write(request).await {
+            Ok(written) => Ok(written.data.reply),
+            // Not appended (or cut from the log): it will never apply, so it may be sent
+            // again.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(Refused::NotLeader(f.leader_id))
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
+                Refused::Failed(format!("ERR keel: partition {}: {e}", self.id)),
+            ),
+            Err(RaftError::Fatal(e)) => Err(Refused::Failed(format!(
+                "ERR keel: partition {} stopped: {e}",
+                self.id
+            ))),
+        }
+    }
+}
+
+/// Runs `request`'s read-only commands on `db` (after a linearizable read check) and returns
+/// the reply.
+fn read_here(db: &'static Db, request: &Request) -> Vec<u8> {
+    let cursors = data::Cursors::default();
+    let encodings = crate::config::Encodings::default();
+    let ctx = data::Ctx {
+        bulk_bytes_max: request.bulk_bytes_max,
+        cursors: &cursors,
+        reply_bytes_max: request.reply_bytes_max,
+        track_increments: false,
+        clock: Default::default(),
+        encodings: &encodings,
+    };
+    let mut buf = bytes::BytesMut::new();
+    let mut out = Out::new(&mut buf, request.proto());
+    match db.begin() {
+        // Dropped, never committed: a read that met an expired key deleted it only here.
+        Ok(mut txn) => {
+            machine::run_all(&request.args(), request.exec, &mut txn, &ctx, &mut out);
+        }
+        Err(e) => out.error(&format!("ERR keel: {e}")),
+    }
+    buf.to_vec()
+}
+
+impl Request {
+    /// The protocol of the reply.
+    pub fn proto(&self) -> Proto {
+        if self.resp3 {
+            Proto::Resp3
+        } else {
+            Proto::Resp2
+        }
+    }
+
+    /// Each command's arguments, as the command functions take them.
+    pub fn args(&self) -> Vec<Vec<Bytes>> {
+        self.commands
+            .iter()
+            .map(|c| c.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+            .collect()
+    }
+}
+
+/// Serves a `KEEL.RAFT <partition> <kind> <payload>` request from another node: Raft's RPCs
+/// (`append`, `vote`, `snapshot`) and requests forwarded to this node as the leader
+/// (`write`, `read`). The reply is the encoded answer.
+pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, String> {
+    let Some(rep) = shared.replication.get() else {
+        return Err("ERR keel: this node does not replicate partitions".into());
+    };
+    let p: usize = std::str::from_utf8(&args[1])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or("ERR keel: KEEL.RAFT needs a partition number")?;
+    let kind = args[2].as_ref();
+    let payload = &args[3];
+    let Some(part) = rep.part(p) else {
+        if matches!(kind, b"write" | b"read") {
+            let refused: Result<Vec<u8>, Refused> =
+                Err(Refused::NotLeader(rep.leader(p).map(|l| l as u64)));
+            return Ok(postcard::to_stdvec(&refused).expect("encodes"));
+        }
+        return Err(format!("ERR keel: partition {p} is not on this node"));
+    };
+    net::serve(part, kind, payload).await
+}
+
+/// Opens (or creates) one of a partition's databases.
+async fn open_db(
+    dir: Option<&PathBuf>,
+    name: &str,
+    shared: &Shared,
+    part: usize,
+    what: &'static str,
+) -> Result<&'static Db, StartError> {
+    let db = match dir {
+        Some(dir) => {
+            let path = dir.join(name);
+            let options = shared.config.engine_options().split(keel::SplitMode::Off);
+            let at = path.clone();
+            tokio::task::spawn_blocking(move || Db::open(at, options))
+                .await
+                .expect("opening a database does not panic")
+                .map_err(|source| StartError::Open {
+                    part,
+                    what,
+                    dir: path,
+                    source,
+                })?
+        }
+        None => Db::in_memory(),
+    };
+    Ok(Box::leak(Box::new(db)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, StorageError};
+
+    fn leaked() -> &'static Db {
+        Box::leak(Box::new(Db::in_memory()))
+    }
+
+    struct Stores;
+
+    impl StoreBuilder<Tc, log::LogStore, machine::Machine, ()> for Stores {
+        async fn build(&self) -> Result<((), log::LogStore, machine::Machine), StorageError<u64>> {
+            let log = log::LogStore::open(leaked(), keel::Durability::None).expect("log");
+            let machine = machine::Machine::open(leaked(), None).await?;
+            Ok(((), log, machine))
+        }
+    }
+
+    /// openraft's own conformance suite for log stores and state machines.
+    #[test]
+    fn log_and_state_machine_pass_openraft_suite() {
+        Suite::test_all(Stores).expect("the suite passes");
+    }
+
+    fn entry(index: u64, commands: &[&[&str]]) -> Entry<Tc> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(Request {
+                commands: commands
+                    .iter()
+                    .map(|c| c.iter().map(|a| a.as_bytes().to_vec()).collect())
+                    .collect(),
+                exec: commands.len() > 1,
+                resp3: false,
+                now_ms: 1_700_000_000_000 + index,
+                bulk_bytes_max: 512 << 20,
+                reply_bytes_max: 1 << 30,
+            }),
+        }
+    }
+
+    fn contents(db: &Db) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let snap = db.snapshot().expect("snapshot");
+        snap.range::<[u8]>(..)
+            .filter(|(k, _)| !k.starts_with(&[0xFF, b'r']))
+            .collect()
+    }
+
+    fn history() -> Vec<Entry<Tc>> {
+        vec![
+            entry(1, &[&["SADD", "s", "a", "b", "c", "d", "e", "f", "g", "h"]]),
+            entry(2, &[&["SET", "t", "v", "PX", "5"]]),
+            entry(3, &[&["SPOP", "s", "3"], &["INCR", "n"]]),
+            entry(4, &[&["HSET", "h", "f", "1"], &["RPUSH", "l", "x", "y"]]),
+            // Past the key's deadline at this entry's time: it expires here, on every replica.
+            entry(10, &[&["APPEND", "t", "w"]]),
+            entry(11, &[&["SRANDMEMBER", "s"], &["ZADD", "z", "1", "m"]]),
+            // Fails: rolls back, replies the error.
+            entry(12, &[&["INCR", "h"]]),
+        ]
+    }
+
+    /// Two replicas applying the same entries end with identical databases (random picks,
+    /// generations and expiry included), and a snapshot installed on a third reproduces them.
+    #[tokio::test]
+    async fn replicas_apply_identically_and_snapshots_reproduce_them() {
+        let (a, b) = (leaked(), leaked());
+        let mut ma = machine::Machine::open(a, None).await.expect("open");
+        let mut mb = machine::Machine::open(b, None).await.expect("open");
+        let ra = ma.apply(history()).await.expect("apply");
+        let rb = mb.apply(history()).await.expect("apply");
+        assert_eq!(ra, rb, "the same replies on both replicas");
+        assert_eq!(
+            ra[4].reply, b":1\r\n",
+            "the key expired at the entry's time"
+        );
+        assert!(
+            String::from_utf8_lossy(&ra[6].reply).contains("WRONGTYPE"),
+            "{:?}",
+            String::from_utf8_lossy(&ra[6].reply)
+        );
+        assert!(!contents(a).is_empty());
+        assert_eq!(contents(a), contents(b), "identical databases");
+        let (applied, _) = ma.applied_state().await.expect("state");
+        assert_eq!(applied.map(|l| l.index), Some(12));
+
+        let snapshot = ma
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let c = leaked();
+        let mut mc = machine::Machine::open(c, None).await.expect("open");
+        mc.apply(vec![entry(1, &[&["SET", "junk", "1"]])])
+            .await
+            .expect("apply");
+        mc.install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(contents(c), contents(a), "the snapshot reproduces the data");
+        let (applied, _) = mc.applied_state().await.expect("state");
+        assert_eq!(applied.map(|l| l.index), Some(12));
+    }
+}

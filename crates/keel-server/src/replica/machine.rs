@@ -1,0 +1,488 @@
+//! A partition's state machine: its data, a keel database, to which committed log entries
+//! are applied.
+//!
+//! Each entry is one engine transaction that runs the entry's commands (as `conn` would, with
+//! the entry's clock and a generator seeded by its log id, so every replica computes the same
+//! effect) and writes the applied marker `FF 'r' 'a'` (the entry's log id and the membership
+//! in force) in the same commit: the data and the marker never disagree, so a restart
+//! resumes right after the last entry applied, and the commit need not wait for its fsync
+//! (the log already has the entry; anything lost is applied again). A command that fails
+//! rolls its entry back (as `EXEC` does in keel) and only the marker moves.
+//!
+//! A snapshot is every key of the database but the markers, encoded whole, with the marker's
+//! log id and membership; before it is taken a `sync` commit makes everything it contains
+//! durable (openraft cuts the log behind a snapshot). The current snapshot is also kept in
+//! `<dir>/raft-<p>/snapshot`, written before a received one is installed: a crash during the
+//! install is finished on the next start.
+
+// openraft's storage traits return its `StorageError`, which is large; the helpers here
+// return it too rather than converting at every call.
+#![allow(clippy::result_large_err)]
+
+use std::io::Cursor;
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+use keel::{Db, Durability};
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Request, Response, Tc};
+use crate::data::{self, Ctx, Fail, View};
+use crate::keyspace::Clock;
+use crate::reply::Out;
+use crate::table;
+
+/// Commits whose loss a crash may cause (the log has what they did): on a database with
+/// files they are logged and made durable by the next `sync` commit.
+const LAZY: Durability = Durability::None;
+
+/// The applied marker: `(last applied log id, membership)`.
+const APPLIED: &[u8] = &[0xFF, b'r', b'a'];
+/// Written with `sync` before a snapshot is taken.
+const SYNC: &[u8] = &[0xFF, b'r', b's'];
+/// The markers' prefix: not part of a snapshot's data.
+const MARKERS: &[u8] = &[0xFF, b'r'];
+
+/// Most keys one transaction of a snapshot install writes.
+const BATCH_KEYS: usize = 4096;
+/// Most bytes one transaction of a snapshot install writes.
+const BATCH_BYTES: usize = 16 << 20;
+/// Attempts at an entry's transaction (nothing else writes the database, so a conflict is
+/// not expected; an expired key deleted by a read on the leader is the one way).
+const APPLY_ATTEMPTS: u32 = 16;
+
+type Membership = StoredMembership<u64, openraft::BasicNode>;
+type Result<T> = std::result::Result<T, StorageError<u64>>;
+
+fn sm_err(e: impl ToString) -> StorageError<u64> {
+    StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
+}
+
+fn snap_err(e: impl ToString) -> StorageError<u64> {
+    StorageIOError::write_snapshot(None, openraft::AnyError::error(e.to_string())).into()
+}
+
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    applied: Option<LogId<u64>>,
+    membership: Membership,
+}
+
+/// The snapshot file: its metadata and data.
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta<u64, openraft::BasicNode>,
+    data: Vec<u8>,
+}
+
+/// A partition's state machine.
+pub struct Machine {
+    db: &'static Db,
+    /// Where the current snapshot is kept (`None`: in memory only).
+    dir: Option<PathBuf>,
+    applied: Option<LogId<u64>>,
+    membership: Membership,
+    /// The current snapshot, when there is no directory to keep it in.
+    current: Current,
+}
+
+/// A snapshot kept in memory (no data directory), shared with the builders.
+type Current = std::sync::Arc<parking_lot::Mutex<Option<std::sync::Arc<SnapshotFile>>>>;
+
+/// Builds snapshots of a [`Machine`]'s database.
+pub struct Builder {
+    db: &'static Db,
+    dir: Option<PathBuf>,
+    current: Current,
+}
+
+impl Machine {
+    /// The state machine on `db`, finishing a snapshot install a crash interrupted.
+    pub async fn open(db: &'static Db, dir: Option<PathBuf>) -> Result<Machine> {
+        let marker = read_marker(db)?;
+        let mut machine = Machine {
+            db,
+            dir,
+            applied: marker.applied,
+            membership: marker.membership,
+            current: Current::default(),
+        };
+        if let Some(file) = machine.read_file()?
+            && file.meta.last_log_id > machine.applied
+        {
+            tracing::info!(
+                "finishing the install of snapshot {} interrupted by a stop",
+                file.meta.snapshot_id
+            );
+            let SnapshotFile { meta, data } = file;
+            let db = machine.db;
+            let meta2 = meta.clone();
+            tokio::task::spawn_blocking(move || load(db, &meta2, &data))
+                .await
+                .map_err(sm_err)??;
+            machine.applied = meta.last_log_id;
+            machine.membership = meta.last_membership;
+        }
+        Ok(machine)
+    }
+
+    fn file_path(&self) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join("snapshot"))
+    }
+
+    fn read_file(&self) -> Result<Option<SnapshotFile>> {
+        let Some(path) = self.file_path() else {
+            return Ok(None);
+        };
+        match std::fs::read(&path) {
+            Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(snap_err),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(snap_err(e)),
+        }
+    }
+}
+
+fn read_marker(db: &Db) -> Result<Marker> {
+    let snap = db.snapshot().map_err(sm_err)?;
+    match snap.get(APPLIED).map_err(sm_err)? {
+        Some(v) => postcard::from_bytes(&v).map_err(sm_err),
+        None => Ok(Marker {
+            applied: None,
+            membership: Membership::default(),
+        }),
+    }
+}
+
+/// Writes `file` durably to `path` (a temporary file, fsynced, renamed over it).
+fn write_file(path: &std::path::Path, file: &SnapshotFile) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let bytes = postcard::to_stdvec(file).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Replaces everything in `db` with a snapshot's `data`, then sets the marker (with `sync`).
+fn load(db: &Db, meta: &SnapshotMeta<u64, openraft::BasicNode>, data: &[u8]) -> Result<()> {
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = postcard::from_bytes(data).map_err(snap_err)?;
+    // Everything but the marker goes, a batch at a time; the marker still names the old
+    // state, and the snapshot file finishes the install after a crash.
+    loop {
+        let snap = db.snapshot().map_err(sm_err)?;
+        let keys: Vec<Vec<u8>> = snap
+            .range::<[u8]>(..)
+            .filter(|(k, _)| k.as_slice() != APPLIED)
+            .take(BATCH_KEYS)
+            .map(|(k, _)| k)
+            .collect();
+        drop(snap);
+        if keys.is_empty() {
+            break;
+        }
+        db.transact(|t| {
+            t.set_durability(LAZY);
+            keys.iter().try_for_each(|k| t.delete(k))
+        })
+        .map_err(sm_err)?;
+    }
+    let mut rest = pairs.as_slice();
+    while !rest.is_empty() {
+        let (mut n, mut bytes) = (0, 0);
+        while n < rest.len()
+            && n < BATCH_KEYS
+            && (n == 0 || bytes + rest[n].0.len() + rest[n].1.len() <= BATCH_BYTES)
+        {
+            bytes += rest[n].0.len() + rest[n].1.len();
+            n += 1;
+        }
+        let (batch, after) = rest.split_at(n);
+        db.transact(|t| {
+            t.set_durability(LAZY);
+            batch.iter().try_for_each(|(k, v)| t.put(k, v))
+        })
+        .map_err(sm_err)?;
+        rest = after;
+    }
+    let marker = postcard::to_stdvec(&Marker {
+        applied: meta.last_log_id,
+        membership: meta.last_membership.clone(),
+    })
+    .map_err(sm_err)?;
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        t.put(APPLIED, &marker)
+    })
+    .map_err(sm_err)
+}
+
+/// Takes a snapshot of `db` (after making everything in it durable).
+fn build(db: &Db) -> Result<SnapshotFile> {
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        t.put(SYNC, b"")
+    })
+    .map_err(snap_err)?;
+    let snap = db.snapshot().map_err(snap_err)?;
+    let marker: Marker = match snap.get(APPLIED).map_err(snap_err)? {
+        Some(v) => postcard::from_bytes(&v).map_err(snap_err)?,
+        None => Marker {
+            applied: None,
+            membership: Membership::default(),
+        },
+    };
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = snap
+        .range::<[u8]>(..)
+        .filter(|(k, _)| !k.starts_with(MARKERS))
+        .collect();
+    let data = postcard::to_stdvec(&pairs).map_err(snap_err)?;
+    let id = match marker.applied {
+        Some(l) => format!(
+            "{}-{}-{}",
+            l.leader_id,
+            l.index,
+            crate::data::random() % 1_000_000
+        ),
+        None => format!("empty-{}", crate::data::random() % 1_000_000),
+    };
+    Ok(SnapshotFile {
+        meta: SnapshotMeta {
+            last_log_id: marker.applied,
+            last_membership: marker.membership,
+            snapshot_id: id,
+        },
+        data,
+    })
+}
+
+impl RaftSnapshotBuilder<Tc> for Builder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<Tc>> {
+        let (db, path) = (self.db, self.dir.as_ref().map(|d| d.join("snapshot")));
+        let file = tokio::task::spawn_blocking(move || {
+            let file = build(db)?;
+            if let Some(path) = &path {
+                write_file(path, &file).map_err(snap_err)?;
+            }
+            Ok::<_, StorageError<u64>>(file)
+        })
+        .await
+        .map_err(snap_err)??;
+        let snapshot = Snapshot {
+            meta: file.meta.clone(),
+            snapshot: Box::new(Cursor::new(file.data.clone())),
+        };
+        if self.dir.is_none() {
+            *self.current.lock() = Some(std::sync::Arc::new(file));
+        }
+        Ok(snapshot)
+    }
+}
+
+impl RaftStateMachine<Tc> for Machine {
+    type SnapshotBuilder = Builder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId<u64>>, Membership)> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<Tc>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry<Tc>> = entries.into_iter().collect();
+        let (db, mut membership) = (self.db, self.membership.clone());
+        let (mut applied, db) = (self.applied, db);
+        let (responses, membership, applied) = tokio::task::spawn_blocking(move || {
+            let mut responses = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let log_id = entry.log_id;
+                applied = Some(log_id);
+                if let EntryPayload::Membership(m) = &entry.payload {
+                    membership = StoredMembership::new(Some(log_id), m.clone());
+                }
+                let marker = postcard::to_stdvec(&Marker {
+                    applied: Some(log_id),
+                    membership: membership.clone(),
+                })
+                .map_err(sm_err)?;
+                let reply = match &entry.payload {
+                    EntryPayload::Normal(request) => {
+                        let seed = log_id.index ^ log_id.leader_id.term.rotate_left(32);
+                        execute(db, request, &marker, seed)?
+                    }
+                    _ => {
+                        db.transact(|t| {
+                            t.set_durability(LAZY);
+                            t.put(APPLIED, &marker)
+                        })
+                        .map_err(sm_err)?;
+                        Vec::new()
+                    }
+                };
+                responses.push(Response { reply });
+            }
+            Ok::<_, StorageError<u64>>((responses, membership, applied))
+        })
+        .await
+        .map_err(sm_err)??;
+        self.membership = membership;
+        self.applied = applied;
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Builder {
+        Builder {
+            db: self.db,
+            dir: self.dir.clone(),
+            current: std::sync::Arc::clone(&self.current),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<()> {
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        };
+        let (db, path) = (self.db, self.file_path());
+        let file = tokio::task::spawn_blocking(move || {
+            if let Some(path) = &path {
+                write_file(path, &file).map_err(snap_err)?;
+            }
+            load(db, &file.meta, &file.data)?;
+            Ok::<_, StorageError<u64>>(file)
+        })
+        .await
+        .map_err(sm_err)??;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        if self.dir.is_none() {
+            *self.current.lock() = Some(std::sync::Arc::new(file));
+        }
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<Tc>>> {
+        let file = match self.read_file()? {
+            Some(f) => Some(f),
+            None => self.current.lock().as_ref().map(|f| SnapshotFile {
+                meta: f.meta.clone(),
+                data: f.data.clone(),
+            }),
+        };
+        Ok(file.map(|f| Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(f.data)),
+        }))
+    }
+}
+
+/// Applies one request to `db` with `marker` as the new applied marker, drawing random
+/// numbers from `seed`; returns the reply.
+pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<Vec<u8>> {
+    let proto = request.proto();
+    let cursors = data::Cursors::default();
+    let encodings = crate::config::Encodings::default();
+    let commands = request.args();
+    for _ in 0..APPLY_ATTEMPTS {
+        let ctx = Ctx {
+            bulk_bytes_max: request.bulk_bytes_max,
+            cursors: &cursors,
+            reply_bytes_max: request.reply_bytes_max,
+            track_increments: false,
+            clock: Clock::at(request.now_ms),
+            encodings: &encodings,
+        };
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, proto);
+        let (failed, txn) = data::with_seed(seed, || {
+            let mut txn = db.begin().map_err(sm_err)?;
+            let failed = run_all(&commands, request.exec, &mut txn, &ctx, &mut out);
+            Ok::<_, StorageError<u64>>((failed, txn))
+        })?;
+        if failed {
+            drop(txn);
+            put_marker(db, marker)?;
+            return Ok(buf.to_vec());
+        }
+        let mut txn = txn;
+        txn.set_durability(LAZY);
+        txn.put(APPLIED, marker).map_err(sm_err)?;
+        match txn.commit() {
+            Ok(Ok(_)) => return Ok(buf.to_vec()),
+            Ok(Err(_conflict)) => continue,
+            Err(keel::CommitError::Apply(e)) => {
+                // A commutative add met a value that is not an integer.
+                buf.clear();
+                let mut out = Out::new(&mut buf, proto);
+                out.error(&format!("ERR {e}"));
+                put_marker(db, marker)?;
+                return Ok(buf.to_vec());
+            }
+            Err(e) => return Err(sm_err(e)),
+        }
+    }
+    Err(sm_err("an entry's transaction kept conflicting"))
+}
+
+fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {
+    db.transact(|t| {
+        t.set_durability(LAZY);
+        t.put(APPLIED, marker)
+    })
+    .map_err(sm_err)
+}
+
+/// Runs `commands` in `txn`, writing their replies; whether one failed (the entry then rolls
+/// back).
+pub(super) fn run_all(
+    commands: &[Vec<Bytes>],
+    exec: bool,
+    txn: &mut keel::Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> bool {
+    if exec {
+        out.array(commands.len());
+    }
+    let mut failed = false;
+    for args in commands {
+        let slot = out.buf.len();
+        let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
+            Some(spec) => data::run(spec.cmd, args, &mut View::Txn(txn), ctx, out),
+            None => Err(Fail("ERR keel: not a data command".into())),
+        };
+        if let Err(Fail(text)) = result {
+            out.buf.truncate(slot);
+            out.error(&text);
+            failed = true;
+            if !exec {
+                break;
+            }
+        }
+        if out.buf.len() > ctx.reply_bytes_max {
+            out.buf.clear();
+            out.error(&data::reply_too_big().0);
+            return true;
+        }
+    }
+    failed
+}

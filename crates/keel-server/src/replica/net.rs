@@ -1,0 +1,207 @@
+//! Raft's RPCs between a partition's replicas, and requests forwarded to its leader: each a
+//! `KEEL.RAFT <partition> <kind> <payload>` request on the other node's client port (the
+//! cluster's pooled connections, `cluster::Cluster::exchange`), its answer an encoded
+//! (postcard) bulk string.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::BasicNode;
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Part, Refused, Request, Tc};
+use crate::reply::Proto;
+use crate::server::Shared;
+
+/// A call to another node failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The request was never sent (the node cannot be reached).
+    Unsent(String),
+    /// It was sent and no answer came back: it may or may not have run.
+    Lost(String),
+}
+
+/// Sends `KEEL.RAFT p kind payload` to node `node` and returns the answer's bytes; waits at
+/// most `wait` (default: the cluster's request timeout).
+pub async fn call_node(
+    shared: &Shared,
+    node: usize,
+    p: usize,
+    kind: &str,
+    payload: &[u8],
+    wait: Option<Duration>,
+) -> Result<Vec<u8>, CallError> {
+    let cluster = shared.cluster.as_ref().expect("cluster mode");
+    let request = [
+        Bytes::from_static(b"KEEL.RAFT"),
+        Bytes::from(p.to_string()),
+        Bytes::copy_from_slice(kind.as_bytes()),
+        Bytes::copy_from_slice(payload),
+    ];
+    let password = shared.requirepass.read().clone();
+    let wait = wait.unwrap_or_else(|| cluster.map.timeout());
+    let reply = cluster
+        .exchange(node, &[&request], Proto::Resp2, password, Some(Some(wait)))
+        .await
+        .map_err(|down| {
+            if down.sent {
+                CallError::Lost(down.text)
+            } else {
+                CallError::Unsent(down.text)
+            }
+        })?;
+    parse_bulk(&reply).map_err(CallError::Lost)
+}
+
+/// The contents of a RESP bulk string reply, or the error it carries.
+fn parse_bulk(reply: &[u8]) -> Result<Vec<u8>, String> {
+    match reply.first() {
+        Some(b'$') => {
+            let end = reply
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or("a truncated reply")?;
+            let len: usize = std::str::from_utf8(&reply[1..end])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or("a bad bulk length")?;
+            reply
+                .get(end + 2..end + 2 + len)
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| "a truncated reply".to_owned())
+        }
+        Some(b'-') => Err(String::from_utf8_lossy(&reply[1..]).trim_end().to_owned()),
+        _ => Err("an unexpected reply".to_owned()),
+    }
+}
+
+/// Makes a partition's connections to its other replicas.
+pub struct Network {
+    pub shared: Weak<Shared>,
+    pub part: usize,
+}
+
+/// A partition's connection to one other replica.
+pub struct Peer {
+    shared: Weak<Shared>,
+    part: usize,
+    target: usize,
+}
+
+impl RaftNetworkFactory<Tc> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> Peer {
+        Peer {
+            shared: self.shared.clone(),
+            part: self.part,
+            target: target as usize,
+        }
+    }
+}
+
+impl Peer {
+    async fn rpc<Q, A, E>(
+        &self,
+        kind: &str,
+        request: &Q,
+        option: &RPCOption,
+    ) -> Result<A, RPCError<u64, BasicNode, E>>
+    where
+        Q: Serialize,
+        A: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let Some(shared) = self.shared.upgrade() else {
+            let stopped = std::io::Error::other("this server is stopping");
+            return Err(RPCError::Unreachable(Unreachable::new(&stopped)));
+        };
+        let payload =
+            postcard::to_stdvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let answer = call_node(
+            &shared,
+            self.target,
+            self.part,
+            kind,
+            &payload,
+            Some(option.hard_ttl()),
+        )
+        .await;
+        drop(shared);
+        match answer {
+            Ok(bytes) => {
+                let answer: Result<A, E> = postcard::from_bytes(&bytes)
+                    .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target as u64, e)))
+            }
+            Err(CallError::Unsent(text)) => Err(RPCError::Unreachable(Unreachable::new(
+                &std::io::Error::other(text),
+            ))),
+            Err(CallError::Lost(text)) => Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(text),
+            ))),
+        }
+    }
+}
+
+impl RaftNetwork<Tc> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<Tc>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.rpc("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<Tc>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, BasicNode, RaftError<u64, openraft::error::InstallSnapshotError>>,
+    > {
+        self.rpc("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.rpc("vote", &rpc, &option).await
+    }
+}
+
+/// Serves one `KEEL.RAFT` request for the hosted partition `part`.
+pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, String> {
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+        postcard::from_bytes(payload).map_err(|e| format!("ERR keel: a bad KEEL.RAFT payload: {e}"))
+    }
+    fn encode<T: Serialize>(answer: &T) -> Result<Vec<u8>, String> {
+        postcard::to_stdvec(answer).map_err(|e| format!("ERR keel: encoding an answer: {e}"))
+    }
+    match kind {
+        b"append" => encode(&part.raft.append_entries(decode(payload)?).await),
+        b"vote" => encode(&part.raft.vote(decode(payload)?).await),
+        b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
+        b"write" | b"read" => {
+            let request: Request = decode(payload)?;
+            let answer: Result<Vec<u8>, Refused> = part.serve(request, kind == b"read").await;
+            encode(&answer)
+        }
+        _ => Err(format!(
+            "ERR keel: unknown KEEL.RAFT kind '{}'",
+            String::from_utf8_lossy(kind)
+        )),
+    }
+}
