@@ -67,8 +67,6 @@ pub const MULTI_QUEUE_MAX: usize = 1 << 16;
 pub const MULTI_QUEUE_BYTES_MAX: usize = keel::limits::TXN_WRITE_BYTES_MAX;
 /// Keys one connection may watch.
 pub const WATCH_KEYS_MAX: usize = 1 << 16;
-/// Fields of one watched hash whose overwrite `EXEC` notices (see docs/types.md).
-pub const WATCH_FIELDS_MAX: usize = 1024;
 /// Attempts a conflicting single command or `EXEC` makes before it reports the conflict.
 pub const CONFLICT_ATTEMPTS_MAX: u32 = 64;
 /// Most pipelined data commands run as one transaction.
@@ -115,8 +113,13 @@ struct Watch {
 }
 
 /// What `WATCH` of `keys` records, read in `txn`: the engine keys whose change aborts the
-/// `EXEC` (a user key's plain key and meta record, and a collection's size record and first
-/// [`WATCH_FIELDS_MAX`] fields), and the deadlines still ahead of keys that have one.
+/// `EXEC` (a user key's plain key and meta record, and a collection's size record), and the
+/// deadlines still ahead of keys that have one.
+///
+/// A collection's members need no watching of their own: every command that changes a
+/// collection writes its size record, with the engine's commutative add (0 when it only
+/// overwrites members), so that writers of different members still do not conflict with
+/// each other, but a `WATCH` of the collection sees every change (docs/types.md).
 pub(crate) fn watch_targets(
     txn: &mut Txn<'_>,
     keys: &[Bytes],
@@ -129,8 +132,7 @@ pub(crate) fn watch_targets(
             crate::keyspace::plain_key(user_key).into_owned(),
         ));
         engine_keys.push(Bytes::from(meta_key.to_vec()));
-        // A collection's size record too, so that adding or removing a field is seen, and
-        // its first WATCH_FIELDS_MAX fields, so that overwriting one is.
+        // A collection's size record too, which every change of the collection writes.
         let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
         if let Some(Ok(m)) = &meta
             && m.deadline > crate::keyspace::unix_ms()
@@ -143,11 +145,6 @@ pub(crate) fn watch_targets(
             engine_keys.push(Bytes::from(
                 crate::keyspace::size_key(m.generation).to_vec(),
             ));
-            for &kind in crate::keyspace::sub_prefixes(m.ty) {
-                let prefix = crate::keyspace::sub_prefix(kind, m.generation);
-                let fields = txn.range(crate::keyspace::prefix_range(&prefix));
-                engine_keys.extend(fields.take(WATCH_FIELDS_MAX).map(|(k, _)| Bytes::from(k)));
-            }
         }
     }
     for key in &engine_keys {

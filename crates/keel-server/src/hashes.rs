@@ -5,9 +5,11 @@
 //!
 //! A field write reads the meta record (which changes only when the hash is created, deleted,
 //! renamed or given a TTL) and the one field, and adds to the size record without reading it:
-//! two writers of different fields never conflict. Only removing fields (`HDEL`) reads the
-//! size, to delete the key with its last field, as Redis does. Deleting or overwriting a whole
-//! hash is O(1): its generation goes to the graveyard (`keyspace::drop_meta`).
+//! two writers of different fields never conflict. Every write adds, 0 when it only overwrites
+//! fields, so that the size record has a new version whenever the hash changes: that is what
+//! `WATCH` of the hash records. Only removing fields (`HDEL`) reads the size, to delete the key
+//! with its last field, as Redis does. Deleting or overwriting a whole hash is O(1): its
+//! generation goes to the graveyard (`keyspace::drop_meta`).
 
 use std::ops::{Bound, ControlFlow};
 
@@ -130,9 +132,8 @@ pub fn run(
             for pair in args[2..].chunks(2) {
                 added += i64::from(put_field(t, meta.generation, &pair[0], &pair[1])?);
             }
-            if added > 0 {
-                t.add(&ks::size_key(meta.generation), added)?;
-            }
+            // Also when every field was there already (add 0): `WATCH` sees the overwrite.
+            t.add(&ks::size_key(meta.generation), added)?;
             if cmd == Cmd::Hset {
                 out.int(added);
             } else {
@@ -280,9 +281,8 @@ pub fn run(
                 .checked_add(delta)
                 .ok_or("ERR increment or decrement would overflow")?;
             t.put(&fk, sum.to_string().as_bytes())?;
-            if current.is_none() {
-                t.add(&ks::size_key(meta.generation), 1)?;
-            }
+            // 0 for an existing field: `WATCH` sees the overwrite.
+            t.add(&ks::size_key(meta.generation), i64::from(current.is_none()))?;
             out.int(sum);
         }
         Cmd::Hincrbyfloat => {
@@ -305,9 +305,8 @@ pub fn run(
                 }
             })?;
             t.put(&fk, &text)?;
-            if current.is_none() {
-                t.add(&ks::size_key(meta.generation), 1)?;
-            }
+            // 0 for an existing field: `WATCH` sees the overwrite.
+            t.add(&ks::size_key(meta.generation), i64::from(current.is_none()))?;
             out.bulk(&text);
         }
         Cmd::Hscan => hscan(args, view, ctx, out)?,

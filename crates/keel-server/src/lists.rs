@@ -6,7 +6,8 @@
 //! integer. The indices of a list are dense: exactly those from its head (`FF 'e' gen 00`, the
 //! index of the first element) up to its tail (`FF 'e' gen 01`, one past the last) exist. Its
 //! length is also kept in the collection size record `FF 'n' gen` with the engine's commutative
-//! `add`, so that a push replies with the new length without reading the other end.
+//! `add`, so that a push replies with the new length without reading the other end. Every
+//! write adds to it, 0 when the length stays (`LSET`): `WATCH` of a list records that record.
 //!
 //! What conflicts with what: a push at the head reads and writes only the head record, a push
 //! at the tail only the tail record, so `LPUSH` and `RPUSH` never conflict. A pop reads its end,
@@ -733,10 +734,10 @@ fn lmove(
         if tail - head == 1 {
             // Moving the only element of a list onto itself leaves the list as it was; Redis
             // pushes before it checks whether the source ran empty, so the key (and its TTL)
-            // stays. Written back in place, so that it is still a write to a WATCH.
-            let item = item_key(m.generation, head);
-            let value = t.get(&item)?.ok_or_else(damaged)?;
-            t.put(&item, &value)?;
+            // stays. Nothing moves, but 0 is added to the length, so that it is still a
+            // write to a WATCH (as `LSET`).
+            let value = t.get(&item_key(m.generation, head))?.ok_or_else(damaged)?;
+            t.add(&ks::size_key(m.generation), 0)?;
             out.bulk(&value);
             return Ok(true);
         }
@@ -760,6 +761,9 @@ fn ltrim(t: &mut Txn<'_>, key: &[u8], m: &Meta, start: i64, stop: i64) -> Result
         Some((s, e)) => (s, len - e - 1),
     };
     if left == 0 && right == 0 {
+        // Nothing trimmed, but Redis counts `LTRIM` of a list as a change all the same: a
+        // new version of the length, so that `WATCH` sees it.
+        t.add(&ks::size_key(generation), 0)?;
         return Ok(());
     }
     for i in head..head + left {

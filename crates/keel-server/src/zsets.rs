@@ -12,8 +12,10 @@
 //!
 //! Writing a member (`ZADD`, `ZINCRBY`) reads the meta record and that member's score key,
 //! writes its score key and index entry, and adds to the size without reading it: clients
-//! writing different members never conflict. Removing members reads the size, to delete the
-//! key with its last member, as Redis does.
+//! writing different members never conflict. A write that only changes scores adds 0, so that
+//! the size record has a new version whenever the set changes: that is what `WATCH` of it
+//! records. Removing members reads the size, to delete the key with its last member, as Redis
+//! does.
 //!
 //! Costs: there is no rank structure (it would be one more structure to keep in step with
 //! every write, and shrink), so a rank is counted by scanning the index: `ZRANK`/`ZREVRANK`
@@ -979,7 +981,9 @@ fn zadd(
             }
         }
     }
-    if added > 0 {
+    // Also when scores only changed (add 0), so that `WATCH` sees it; nothing when no
+    // member was added or changed, as Redis then tells no watcher.
+    if added > 0 || updated > 0 {
         t.add(&ks::size_key(meta.generation), added)?;
     }
     if incr {

@@ -464,6 +464,107 @@ fn object_encodings_match_redis() {
     }
 }
 
+/// `WATCH` of collections larger than any bound on what a `WATCH` might record one by one:
+/// another client's write to a member far from the start of a watched hash, sorted set, set
+/// or list aborts `EXEC` exactly when it does in Redis (which signals a key when a command
+/// changed it, also to the value it had), and a write to another collection does not.
+#[test]
+fn watch_of_large_collections_matches_redis() {
+    const N: usize = 2000;
+    let build = |head: &[&str], item: &dyn Fn(usize) -> Vec<String>| -> Vec<Vec<u8>> {
+        let mut args: Vec<Vec<u8>> = cmd(head);
+        args.extend((0..N).flat_map(item).map(String::into_bytes));
+        args
+    };
+    let builds = [
+        build(&["HSET", "h"], &|i| vec![format!("f{i:04}"), i.to_string()]),
+        build(&["ZADD", "z"], &|i| vec![i.to_string(), format!("m{i:04}")]),
+        build(&["ZADD", "y"], &|i| vec![i.to_string(), format!("m{i:04}")]),
+        build(&["SADD", "s"], &|i| vec![format!("m{i:04}")]),
+        build(&["RPUSH", "l"], &|i| vec![i.to_string()]),
+        cmd(&["RPUSH", "one", "only"]),
+    ];
+    // (the key watched, another client's write)
+    let writes: &[(&str, &[&str])] = &[
+        ("h", &["HINCRBY", "h", "f1500", "1"]),
+        ("h", &["HINCRBY", "h", "f1500", "0"]),
+        ("h", &["HINCRBYFLOAT", "h", "f1500", "0.5"]),
+        ("h", &["HSET", "h", "f1500", "new"]),
+        ("h", &["HSET", "h", "f1500", "new"]),
+        ("h", &["HMSET", "h", "f1999", "x", "f1998", "y"]),
+        ("h", &["HSETNX", "h", "f1500", "no"]),
+        ("h", &["HSETNX", "h", "added", "1"]),
+        ("h", &["HDEL", "h", "nofield"]),
+        ("h", &["HDEL", "h", "added"]),
+        ("h", &["HSET", "h2", "f1500", "elsewhere"]),
+        ("z", &["ZADD", "z", "1500.5", "m1500"]),
+        ("z", &["ZADD", "z", "1500.5", "m1500"]),
+        ("z", &["ZINCRBY", "z", "1", "m1500"]),
+        ("z", &["ZINCRBY", "z", "0", "m1500"]),
+        ("z", &["ZADD", "z", "XX", "CH", "5", "m1999"]),
+        ("z", &["ZADD", "z", "GT", "3000", "m1999"]),
+        ("z", &["ZADD", "z", "GT", "1", "m1999"]),
+        ("z", &["ZADD", "z", "LT", "9000", "m1600"]),
+        ("z", &["ZADD", "z", "NX", "7", "m1600"]),
+        ("z", &["ZADD", "z", "INCR", "-2", "m1600"]),
+        ("z", &["ZADD", "z", "XX", "1", "absent"]),
+        ("z", &["ZADD", "y", "7", "m1500"]),
+        ("z", &["ZINCRBY", "y", "1", "m1800"]),
+        ("s", &["SADD", "s", "m1500"]),
+        ("s", &["SREM", "s", "nomember"]),
+        ("s", &["SMOVE", "s", "s", "m1500"]),
+        ("s", &["SMOVE", "s", "t", "m1500"]),
+        ("s", &["SMOVE", "t", "s", "m1500"]),
+        ("l", &["LSET", "l", "1500", "x"]),
+        ("l", &["LSET", "l", "1500", "x"]),
+        ("l", &["LMOVE", "l", "l", "LEFT", "RIGHT"]),
+        ("l", &["LINSERT", "l", "BEFORE", "nopivot", "x"]),
+        ("l", &["LREM", "l", "0", "noelement"]),
+        ("l", &["LTRIM", "l", "0", "-1"]),
+        ("one", &["LMOVE", "one", "one", "LEFT", "RIGHT"]),
+        ("one", &["RPOPLPUSH", "one", "one"]),
+    ];
+    let servers = Servers::start();
+    for resp3 in [false, true] {
+        let mut harness = Harness::new(&servers, resp3);
+        harness.flush_all();
+        for args in &builds {
+            let step = Step {
+                who: Who::Main,
+                args: args.clone(),
+            };
+            if let Err(mismatch) = harness.run(&step) {
+                panic!("resp3: {resp3}:\n{mismatch}");
+            }
+        }
+        let main = |args: &[&str]| Step {
+            who: Who::Main,
+            args: cmd(args),
+        };
+        for (key, write) in writes {
+            let write = Step {
+                who: Who::Other,
+                args: cmd(write),
+            };
+            for step in [
+                main(&["WATCH", key]),
+                write.clone(),
+                main(&["MULTI"]),
+                main(&["SET", "marker", "1"]),
+                main(&["EXEC"]),
+                main(&["DEL", "marker"]),
+            ] {
+                if let Err(mismatch) = harness.run(&step) {
+                    panic!("resp3: {resp3}, WATCH {key}, then {write}:\n{mismatch}");
+                }
+            }
+        }
+        if let Err(mismatch) = harness.check_contents() {
+            panic!("resp3: {resp3}:\n{mismatch}");
+        }
+    }
+}
+
 /// Redis' encoding thresholds: `CONFIG SET` under their names and Redis 6 aliases, `CONFIG
 /// GET`, the errors for bad values, and `OBJECT ENCODING` answering by the values set.
 #[test]

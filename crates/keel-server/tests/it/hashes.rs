@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::{TestServer, assert_ttl, error, info_counter, query};
+use crate::{TestServer, assert_ttl, error, exec_survives, info_counter, query};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -423,4 +423,74 @@ fn watch_sees_fields_added_and_ttls_changed() {
     let _: () = query(&mut c, &["HLEN", "h"]);
     let reply: Vec<i64> = redis::cmd("EXEC").query(&mut c).expect("EXEC");
     assert_eq!(reply, [2]);
+}
+
+/// A hash of `n` fields `f0000`, `f0001`, ... (field order is numeric order), values `0`, `1`.
+fn big_hash(c: &mut redis::Connection, key: &str, n: usize) {
+    let mut args = vec!["HSET".to_string(), key.to_string()];
+    args.extend((0..n).flat_map(|i| [format!("f{i:04}"), i.to_string()]));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(query::<usize>(c, &args), n);
+}
+
+/// `WATCH` of a hash sees any of its fields overwritten, however many fields come before it
+/// (an overwrite adds 0 to the size record, which `WATCH` records), as Redis sees any write
+/// to a watched key; a write that changes nothing (`HSETNX` of an existing field) does not
+/// abort, as in Redis.
+#[test]
+fn watch_sees_any_field_overwritten() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let mut other = server.client();
+    big_hash(&mut c, "h", 2000);
+    for write in [
+        &["HINCRBY", "h", "f1500", "1"][..],
+        &["HINCRBYFLOAT", "h", "f1500", "0.5"],
+        &["HSET", "h", "f1500", "new"],
+        &["HSET", "h", "f1500", "new"],
+        &["HMSET", "h", "f1999", "x", "f1998", "y"],
+        &["HSET", "h", "f1500", "again", "added", "1"],
+        &["HDEL", "h", "added"],
+    ] {
+        assert!(
+            !exec_survives(&mut c, &mut other, "h", write),
+            "{write:?} went unseen"
+        );
+    }
+    assert_eq!(query::<String>(&mut c, &["HGET", "h", "f1500"]), "again");
+    assert_eq!(query::<String>(&mut c, &["HGET", "h", "f1999"]), "x");
+    assert_eq!(query::<i64>(&mut c, &["HLEN", "h"]), 2000);
+    for write in [
+        &["HSETNX", "h", "f1500", "no"][..],
+        &["HDEL", "h", "nofield"],
+        &["HGET", "h", "f1500"],
+    ] {
+        assert!(
+            exec_survives(&mut c, &mut other, "h", write),
+            "{write:?} changed nothing"
+        );
+    }
+}
+
+/// Overwriting a field of a hash nobody watches does not abort a transaction that watches
+/// another hash, nor does adding to that hash: each hash has its own size record.
+#[test]
+fn watch_ignores_fields_of_other_hashes() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let mut other = server.client();
+    big_hash(&mut c, "h", 2000);
+    big_hash(&mut c, "watched", 2000);
+    for write in [
+        &["HINCRBY", "h", "f1500", "1"][..],
+        &["HINCRBYFLOAT", "h", "f0001", "1.5"],
+        &["HSET", "h", "f1500", "new"],
+        &["HSET", "h", "new", "1"],
+        &["SET", "s", "v"],
+    ] {
+        assert!(
+            exec_survives(&mut c, &mut other, "watched", write),
+            "{write:?} aborted a transaction that does not watch it"
+        );
+    }
 }

@@ -399,6 +399,25 @@ fn lists_in_transactions_and_with_ttls() {
         let _: () = query(&mut c, &["LLEN", "q"]);
         assert_eq!(query::<Value>(&mut c, &["EXEC"]), Value::Nil, "{write:?}");
     }
+    // ... and a list's only element moved onto itself, which writes it back in place, an
+    // element far from both ends overwritten, and an LTRIM that trims nothing (a write to
+    // Redis all the same).
+    let _: () = query(&mut c, &["RPUSH", "one", "only"]);
+    let mut args = vec!["RPUSH".to_string(), "long".into()];
+    args.extend((0..2000).map(|i| i.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(query::<i64>(&mut c, &args), 2000);
+    for (key, write) in [
+        ("one", &["LMOVE", "one", "one", "LEFT", "RIGHT"][..]),
+        ("one", &["RPOPLPUSH", "one", "one"]),
+        ("long", &["LSET", "long", "1500", "x"]),
+        ("long", &["LTRIM", "long", "0", "-1"]),
+    ] {
+        assert!(
+            !crate::exec_survives(&mut c, &mut other, key, write),
+            "{write:?}"
+        );
+    }
     // A list with a TTL expires whole; one emptied by pops loses its TTL with it.
     let _: () = query(&mut c, &["DEL", "t"]);
     let _: () = query(&mut c, &["RPUSH", "t", "a", "b", "c"]);

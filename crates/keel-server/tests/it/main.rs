@@ -230,3 +230,25 @@ pub fn assert_ttl(con: &mut redis::Connection, key: &str, seconds: i64) {
         "TTL {key} is {ttl}, set to {seconds}"
     );
 }
+
+/// Whether `watcher`'s transaction survives `write` by `other`: `watcher` watches `watched`,
+/// `other` runs `write`, then `watcher` runs `MULTI`, `SET watch:marker 1`, `EXEC`. True if
+/// `EXEC` ran (the marker is then deleted again), false if it was aborted (nil).
+pub fn exec_survives(
+    watcher: &mut redis::Connection,
+    other: &mut redis::Connection,
+    watched: &str,
+    write: &[&str],
+) -> bool {
+    let _: () = query(watcher, &["WATCH", watched]);
+    let _: redis::Value = query(other, write);
+    let _: () = query(watcher, &["MULTI"]);
+    let _: () = query(watcher, &["SET", "watch:marker", "1"]);
+    let reply: redis::Value = query(watcher, &["EXEC"]);
+    let ran = query::<i64>(watcher, &["DEL", "watch:marker"]) == 1;
+    match reply {
+        redis::Value::Nil => assert!(!ran, "an aborted EXEC set the marker"),
+        _ => assert!(ran, "EXEC answered {reply:?} but did not set the marker"),
+    }
+    ran
+}

@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use crate::{TestServer, error, info_counter, query};
+use crate::{TestServer, error, exec_survives, info_counter, query};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -534,4 +534,58 @@ fn a_large_sorted_set_pages_and_ranks() {
         query::<Vec<String>>(&mut c, &["ZRANGE", "big", "0", "0"]),
         ["m200"]
     );
+}
+
+/// A sorted set of `n` members `m0000`, `m0001`, ... with scores 0, 1, ...: member order and
+/// score order agree.
+fn big_zset(c: &mut redis::Connection, key: &str, n: usize) {
+    let mut args = vec!["ZADD".to_string(), key.to_string()];
+    args.extend((0..n).flat_map(|i| [i.to_string(), format!("m{i:04}")]));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(query::<usize>(c, &args), n);
+}
+
+/// `WATCH` of a sorted set sees any member's score change, however many members come before
+/// it in member or score order, as Redis does; a `ZADD` or `ZINCRBY` that leaves the score as
+/// it was changes nothing and does not abort (Redis signals only an added or updated member).
+/// A score change in another sorted set does not abort.
+#[test]
+fn watch_sees_any_score_changed() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let mut other = server.client();
+    big_zset(&mut c, "z", 2000);
+    big_zset(&mut c, "y", 2000);
+    for write in [
+        &["ZADD", "z", "1500.5", "m1500"][..],
+        &["ZINCRBY", "z", "1", "m1500"],
+        &["ZADD", "z", "XX", "CH", "5", "m1999"],
+        &["ZADD", "z", "GT", "3000", "m1999"],
+        &["ZADD", "z", "INCR", "-2", "m1600"],
+        &["ZADD", "z", "1", "new", "1700", "m1700"],
+        &["ZREM", "z", "new"],
+    ] {
+        assert!(
+            !exec_survives(&mut c, &mut other, "z", write),
+            "{write:?} went unseen"
+        );
+    }
+    assert_eq!(q(&mut c, &["ZSCORE", "z", "m1500"]), "\"1501.5\"");
+    assert_eq!(q(&mut c, &["ZSCORE", "z", "m1999"]), "\"3000\"");
+    assert_eq!(q(&mut c, &["ZRANK", "z", "m1999"]), ":1999");
+    assert_eq!(q(&mut c, &["ZCARD", "z"]), ":2000");
+    for write in [
+        &["ZADD", "z", "1501.5", "m1500"][..],
+        &["ZINCRBY", "z", "0", "m1500"],
+        &["ZADD", "z", "NX", "7", "m1500"],
+        &["ZADD", "z", "LT", "9000", "m1500"],
+        &["ZADD", "z", "XX", "1", "absent"],
+        &["ZADD", "y", "7", "m1500"],
+        &["ZINCRBY", "y", "1", "m1800"],
+    ] {
+        assert!(
+            exec_survives(&mut c, &mut other, "z", write),
+            "{write:?} aborted the EXEC"
+        );
+    }
 }
