@@ -28,7 +28,43 @@ enum Command {
     /// CLUSTER SLOTS and go to each key's node themselves. Commands and transactions whose
     /// keys are on several nodes answer CROSSSLOT for now (see docs/cluster.md).
     Demo(DemoArgs),
+    /// Start a local N-node cluster as N separate `keel serve` processes, each partition
+    /// replicated on R of them (Raft), with data under DIR/node-<i>.
+    ///
+    /// Kill one node (`kill -9 <pid>`, the pids are printed) and the others keep serving:
+    /// each of its partitions elects a new leader within a few seconds, and nothing
+    /// acknowledged is lost. This command restarts a node that died after a few seconds
+    /// (unless --no-restart), and the node catches up from its peers. Ctrl-C stops them all.
+    Start(StartArgs),
 }
+
+/// Options of `keel cluster start`.
+#[derive(clap::Args)]
+pub struct StartArgs {
+    /// Nodes to start (1 to 64).
+    #[arg(default_value_t = 3)]
+    nodes: usize,
+    /// Nodes that keep each partition (1 to the number of nodes) [default: 3, or the number
+    /// of nodes if fewer].
+    #[arg(long, value_name = "R")]
+    replicas: Option<usize>,
+    /// Port of the first node; node i listens on this + i - 1 (its bus on that + 10000).
+    #[arg(long, default_value_t = 7001)]
+    port: u16,
+    /// Where the nodes keep their data (node-<i> each) and logs (node-<i>.log). Starting
+    /// again on the same directory with the same nodes and replicas recovers the data.
+    #[arg(long, value_name = "DIR", default_value = "keel-cluster")]
+    dir: PathBuf,
+    /// The nodes' durability: sync, async:<ms> or none (still on disk, fsynced lazily).
+    #[arg(long, default_value = "sync")]
+    durability: String,
+    /// Leave a node that died down instead of restarting it.
+    #[arg(long)]
+    no_restart: bool,
+}
+
+/// How long a dead node stays down before `keel cluster start` restarts it.
+const RESTART_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Options of `keel cluster demo`.
 #[derive(clap::Args)]
@@ -54,6 +90,7 @@ const DEMO_NODES_MAX: usize = 64;
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Demo(demo) => run_demo(demo),
+        Command::Start(start) => run_start(start),
     }
 }
 
@@ -183,4 +220,221 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         }
         Ok::<(), anyhow::Error>(())
     })
+}
+
+/// One node process of `keel cluster start`.
+struct Proc {
+    name: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<std::process::Child>,
+    /// When it died, if it is down.
+    died: Option<std::time::Instant>,
+    /// When it was last started.
+    spawned: std::time::Instant,
+}
+
+impl Proc {
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let exe = std::env::current_exe().context("finding the keel executable")?;
+        let child = std::process::Command::new(exe)
+            .args(&self.args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        self.child = Some(child);
+        self.died = None;
+        self.spawned = std::time::Instant::now();
+        Ok(())
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+fn run_start(args: StartArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=DEMO_NODES_MAX).contains(&args.nodes),
+        "a local cluster has 1 to {DEMO_NODES_MAX} nodes, not {}",
+        args.nodes
+    );
+    let replicas = args.replicas.unwrap_or(args.nodes.min(3));
+    anyhow::ensure!(
+        (1..=args.nodes).contains(&replicas),
+        "--replicas must be between 1 and the number of nodes ({}), not {replicas}",
+        args.nodes
+    );
+    args.durability
+        .parse::<keel_server::Durability>()
+        .context("--durability")?;
+    let ports: Vec<u16> = (0..args.nodes)
+        .map(|i| {
+            u16::try_from(usize::from(args.port) + i)
+                .ok()
+                .filter(|p| p.checked_add(keel_server::BUS_PORT_OFFSET).is_some())
+                .context("the nodes' ports and bus ports (port + 10000) must stay below 65536")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    // Refuse taken ports now rather than watch the nodes die one by one.
+    for &port in &ports {
+        for p in [port, port + keel_server::BUS_PORT_OFFSET] {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, p))
+                .with_context(|| format!("port {p} is taken (pick other ports with --port)"))?;
+        }
+    }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let nodes: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let (start, end) = keel_server::cluster_map::membership::even_range(i, args.nodes);
+            format!("n{},127.0.0.1:{port},{start}-{end}", i + 1)
+        })
+        .collect();
+    let mut procs: Vec<Proc> = (0..args.nodes)
+        .map(|i| {
+            let mut a: Vec<String> = vec![
+                "serve".into(),
+                "--port".into(),
+                ports[i].to_string(),
+                "--dir".into(),
+                args.dir
+                    .join(format!("node-{}", i + 1))
+                    .display()
+                    .to_string(),
+                "--durability".into(),
+                args.durability.clone(),
+                "--replicas".into(),
+                replicas.to_string(),
+                "--cluster-myself".into(),
+                format!("n{}", i + 1),
+            ];
+            for n in &nodes {
+                a.push("--cluster-node".into());
+                a.push(n.clone());
+            }
+            Proc {
+                name: format!("node-{}", i + 1),
+                args: a,
+                log: args.dir.join(format!("node-{}.log", i + 1)),
+                child: None,
+                died: None,
+                spawned: std::time::Instant::now(),
+            }
+        })
+        .collect();
+    for p in &mut procs {
+        p.spawn()?;
+    }
+    say!(
+        "keel {} local cluster: {} nodes, each partition on {replicas} (data and logs under {})",
+        keel_server::VERSION,
+        args.nodes,
+        args.dir.display()
+    );
+    for (i, p) in procs.iter().enumerate() {
+        let (start, end) = keel_server::cluster_map::membership::even_range(i, args.nodes);
+        let pid = p.child.as_ref().map_or(0, std::process::Child::id);
+        say!(
+            "  {}  127.0.0.1:{}  pid {pid}  slots {start}-{end}",
+            p.name,
+            ports[i]
+        );
+    }
+    let first = ports[0];
+    say!("try:");
+    say!("  redis-cli -p {first} set hello world        # any node serves any key");
+    say!("  redis-cli -p {first} info replication       # who leads each partition");
+    say!("  kill -9 <a pid above>                      # the others keep serving");
+    say!("Ctrl-C stops every node.");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let outcome = runtime.block_on(async {
+        let signals = crate::serve::Signals::install();
+        let watch = async {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                for p in &mut procs {
+                    if let Some(child) = &mut p.child
+                        && let Ok(Some(status)) = child.try_wait()
+                    {
+                        p.child = None;
+                        p.died = Some(std::time::Instant::now());
+                        // Exiting by itself right away is a failure to start (a bad
+                        // flag, a taken port, damaged data), not a death to recover from.
+                        use std::os::unix::process::ExitStatusExt as _;
+                        if status.signal().is_none()
+                            && p.spawned.elapsed() < std::time::Duration::from_secs(5)
+                        {
+                            anyhow::bail!(
+                                "{} stopped at start ({status}); the end of its log:\n{}",
+                                p.name,
+                                p.log_tail()
+                            );
+                        }
+                        if args.no_restart {
+                            say!("{} exited ({status})", p.name);
+                        } else {
+                            say!(
+                                "{} exited ({status}); restarting it in {} s",
+                                p.name,
+                                RESTART_AFTER.as_secs()
+                            );
+                        }
+                    }
+                    if !args.no_restart && p.died.is_some_and(|d| d.elapsed() >= RESTART_AFTER) {
+                        p.spawn()?;
+                        let pid = p.child.as_ref().map_or(0, std::process::Child::id);
+                        say!("{} restarted (pid {pid})", p.name);
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            r = watch => r,
+            () = signals.wait() => Ok(()),
+        }
+    });
+    say!(
+        "stopping {} nodes",
+        procs.iter().filter(|p| p.child.is_some()).count()
+    );
+    for p in &procs {
+        if let Some(child) = &p.child {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    for p in &mut procs {
+        if let Some(child) = &mut p.child {
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    _ if std::time::Instant::now() > deadline => {
+                        say!("{} did not stop within 15 s: killing it", p.name);
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+                }
+            }
+        }
+    }
+    outcome
 }

@@ -407,3 +407,176 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
     assert!(commits.len() > 200, "{summary}");
     assert!(failover < Duration::from_secs(10), "{summary}");
 }
+
+/// `keel cluster start`: three processes, one killed with SIGKILL while clients keep
+/// writing through the others; it is restarted and catches up; SIGINT stops them all. Then a
+/// node started on that data with another `--replicas` refuses to start, with the reason.
+#[test]
+fn cluster_start_survives_a_killed_node_and_refuses_a_changed_layout() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(1, 3);
+    let child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args([
+            "cluster",
+            "start",
+            "3",
+            "--port",
+            &ports[0].to_string(),
+            "--dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn keel cluster start");
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if matches!(self.0.try_wait(), Ok(None)) {
+                let _ = Command::new("kill")
+                    .args(["-INT", &self.0.id().to_string()])
+                    .status();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut running = Running(child);
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = running.0.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let next_line = |what: &str| -> String {
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no line with {what:?} within 30 s"));
+            if line.contains(what) {
+                return line;
+            }
+        }
+    };
+    let node2 = next_line("node-2 ");
+    let pid: u32 = node2
+        .split_whitespace()
+        .skip_while(|w| *w != "pid")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("a pid in {node2:?}"));
+    next_line("Ctrl-C");
+    let write = |port: u16, key: &str| -> redis::RedisResult<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = connect(port)
+                .and_then(|mut c| redis::cmd("SET").arg(key).arg(key).query::<String>(&mut c));
+            match r {
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                r => return r,
+            }
+        }
+    };
+    for i in 0..30 {
+        write(ports[i % 3], &format!("before{i}")).expect("a write before the kill");
+    }
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    for i in 0..30 {
+        let port = [ports[0], ports[2]][i % 2];
+        write(port, &format!("after{i}")).expect("a write with node-2 dead");
+    }
+    next_line("node-2 restarted");
+    // The restarted node serves every key written, the ones from while it was down too.
+    for i in 0..30 {
+        let key = format!("after{i}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = connect(ports[1])
+                .and_then(|mut c| redis::cmd("GET").arg(&key).query::<Option<String>>(&mut c));
+            match got {
+                Ok(v) => {
+                    assert_eq!(v.as_deref(), Some(key.as_str()));
+                    break;
+                }
+                Err(e) if Instant::now() > deadline => panic!("{key} unreadable: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &running.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    next_line("stopping 3 nodes");
+    let status = running.0.wait().expect("wait");
+    assert!(status.success(), "keel cluster start exited with {status}");
+
+    // node-1's data says its partitions live on three nodes: --replicas 2 is refused.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--port", &ports[0].to_string(), "--replicas", "2"])
+        .arg("--dir")
+        .arg(dir.path().join("node-1"))
+        .args(["--cluster-myself", "n1"]);
+    for (i, port) in ports.iter().enumerate() {
+        let (start, end) = keel_server::cluster_map::membership::even_range(i, 3);
+        command
+            .arg("--cluster-node")
+            .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+    }
+    let out = command.output().expect("keel serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("its data was replicated on n1,n2,n3")
+            && stderr.contains("place it on n1,n2"),
+        "{stderr}"
+    );
+}
+
+/// `--replicas` out of range, or without a cluster, is refused before anything starts.
+#[test]
+fn bad_replicas_are_refused() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--durability", "none", "--replicas", "3"])
+        .output()
+        .expect("keel serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--replicas needs --cluster"), "{stderr}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["serve", "--durability", "none", "--replicas", "4"])
+        .args(["--cluster-node", "n1,127.0.0.1:7001,0-8000"])
+        .args(["--cluster-node", "n2,127.0.0.1:7002,8001-16383"])
+        .args(["--cluster-myself", "n1"])
+        .output()
+        .expect("keel serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("replicas must be between 1 and the number of cluster nodes (2), not 4"),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["cluster", "start", "2", "--replicas", "3", "--port", "1"])
+        .output()
+        .expect("keel cluster start");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--replicas must be between 1 and the number of nodes (2), not 3"),
+        "{stderr}"
+    );
+}

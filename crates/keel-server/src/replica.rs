@@ -127,6 +127,9 @@ pub struct Replication {
     pub n: usize,
     /// This node's index.
     pub me: usize,
+    /// A digest of the cluster config and `r`: every `KEEL.RAFT` carries it, and a node
+    /// refuses messages from one that places partitions differently.
+    pub layout: u64,
     /// The hosted partitions, by partition.
     parts: BTreeMap<usize, Part>,
     /// For partitions not hosted here: the node last seen leading each.
@@ -145,6 +148,16 @@ pub enum StartError {
     },
     #[error("partition {part}: {text}")]
     Raft { part: usize, text: String },
+}
+
+/// The layout digest of a cluster config (its digest) with `r` replicas per partition.
+pub fn layout(config_digest: u64, r: usize) -> u64 {
+    let mut h = config_digest ^ 0x6b65_656c_7265_706c;
+    for _ in 0..2 {
+        h = (h ^ r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+    }
+    h
 }
 
 /// Partition `p`'s nodes when `n` nodes keep `r` replicas of each.
@@ -204,6 +217,28 @@ impl Replication {
                     part: p,
                     text: e.to_string(),
                 })?;
+            let placed: std::collections::BTreeSet<u64> =
+                replicas.iter().map(|&i| i as u64).collect();
+            if let Some(stored) = machine.stored_voters(&log).await
+                && stored != placed
+            {
+                let names = |set: &std::collections::BTreeSet<u64>| {
+                    set.iter()
+                        .map(|&i| map.nodes()[i as usize % n].id.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                return Err(StartError::Raft {
+                    part: p,
+                    text: format!(
+                        "its data was replicated on {} but the config and --replicas {r} place \
+                         it on {}: changing a cluster's nodes or replicas is not supported yet; \
+                         start with the original config, or with an empty --dir",
+                        names(&stored),
+                        names(&placed)
+                    ),
+                });
+            }
             let network = net::Network {
                 shared: Arc::downgrade(shared),
                 part: p,
@@ -257,6 +292,7 @@ impl Replication {
             r,
             n,
             me,
+            layout: layout(map.digest(), r),
             parts,
             hints: parking_lot::Mutex::new(vec![None; n]),
         })
@@ -515,10 +551,24 @@ pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, Strin
     let Some(rep) = shared.replication.get() else {
         return Err("ERR keel: this node does not replicate partitions".into());
     };
-    let p: usize = std::str::from_utf8(&args[1])
+    let (p, layout) = std::str::from_utf8(&args[1])
         .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or("ERR keel: KEEL.RAFT needs a partition number")?;
+        .and_then(|s| s.split_once('/'))
+        .and_then(|(p, l)| Some((p.parse::<usize>().ok()?, u64::from_str_radix(l, 16).ok()?)))
+        .ok_or("ERR keel: KEEL.RAFT needs <partition>/<layout digest>")?;
+    if layout != rep.layout {
+        // Nodes that place partitions differently must not vote in each other's groups.
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let text = format!(
+            "ERR keel: this node places partitions differently (layout {:016x}, the sender's \
+             {layout:016x}): every node needs the same cluster config and --replicas",
+            rep.layout
+        );
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!("refusing raft messages from a node: {text}");
+        }
+        return Err(text);
+    }
     let kind = args[2].as_ref();
     let payload = &args[3];
     let Some(part) = rep.part(p) else {

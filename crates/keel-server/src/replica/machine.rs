@@ -131,6 +131,26 @@ impl Machine {
         Ok(machine)
     }
 
+    /// The voters of the membership this partition's replica last knew (applied, or the
+    /// initial entry still in its log), if it knows one.
+    pub async fn stored_voters(
+        &self,
+        log: &super::log::LogStore,
+    ) -> Option<std::collections::BTreeSet<u64>> {
+        let applied: std::collections::BTreeSet<u64> = self.membership.voter_ids().collect();
+        if !applied.is_empty() {
+            return Some(applied);
+        }
+        let mut reader = log.clone();
+        let first = openraft::storage::RaftLogReader::try_get_log_entries(&mut reader, 0..1)
+            .await
+            .ok()?;
+        match &first.first()?.payload {
+            EntryPayload::Membership(m) => Some(m.voter_ids().collect()),
+            _ => None,
+        }
+    }
+
     fn file_path(&self) -> Option<PathBuf> {
         self.dir.as_ref().map(|d| d.join("snapshot"))
     }

@@ -43,7 +43,7 @@ pub async fn call_node(
     let cluster = shared.cluster.as_ref().expect("cluster mode");
     let request = [
         Bytes::from_static(b"KEEL.RAFT"),
-        Bytes::from(p.to_string()),
+        Bytes::from(format!("{p}/{:016x}", layout(shared))),
         Bytes::copy_from_slice(kind.as_bytes()),
         Bytes::copy_from_slice(payload),
     ];
@@ -60,6 +60,12 @@ pub async fn call_node(
             }
         })?;
     parse_bulk(&reply).map_err(CallError::Lost)
+}
+
+/// This node's layout digest (`Replication::layout`), known before replication has started.
+fn layout(shared: &Shared) -> u64 {
+    let map = &shared.cluster.as_ref().expect("cluster mode").map;
+    super::layout(map.digest(), shared.config.replicas)
 }
 
 /// The contents of a RESP bulk string reply, or the error it carries.
