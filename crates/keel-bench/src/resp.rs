@@ -193,33 +193,65 @@ impl Target for Server {
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?;
         let mut done = 0u64;
+        // A server that refuses MSET across slots (Redis Cluster, a replicated keel cluster)
+        // is loaded with SETs instead, pipelined as deep.
+        let mut per_key = false;
         loop {
-            // MSETs of 256 records, 16 in flight.
-            let mut sent = 0;
+            // MSETs of 256 records (or 256 SETs), 16 batches in flight.
+            let mut sent = Vec::new();
             for _ in 0..16 {
                 let chunk: Vec<(u64, Vec<u8>)> = (&mut *records).take(256).collect();
                 if chunk.is_empty() {
                     break;
                 }
                 let keys: Vec<[u8; 8]> = chunk.iter().map(|(k, _)| key_bytes(*k)).collect();
-                let mut args: Vec<&[u8]> = vec![b"MSET"];
-                for ((_, v), k) in chunk.iter().zip(&keys) {
-                    args.push(k);
-                    args.push(v);
+                if per_key {
+                    for ((_, v), k) in chunk.iter().zip(&keys) {
+                        conn.send(&[b"SET", k, v])?;
+                    }
+                } else {
+                    let mut args: Vec<&[u8]> = vec![b"MSET"];
+                    for ((_, v), k) in chunk.iter().zip(&keys) {
+                        args.push(k);
+                        args.push(v);
+                    }
+                    conn.send(&args)?;
                 }
-                conn.send(&args)?;
-                done += chunk.len() as u64;
-                sent += 1;
+                sent.push(chunk);
             }
-            if sent == 0 {
+            if sent.is_empty() {
                 return Ok(());
             }
             conn.flush()?;
-            for _ in 0..sent {
-                if let Reply::Error(e) = conn.recv()? {
-                    anyhow::bail!("loading: server error {e}");
+            let replies = if per_key {
+                sent.iter().map(Vec::len).sum()
+            } else {
+                sent.len()
+            };
+            let mut crossslot = false;
+            for _ in 0..replies {
+                match conn.recv()? {
+                    Reply::Error(e) if !per_key && e.starts_with("CROSSSLOT") => crossslot = true,
+                    Reply::Error(e) => anyhow::bail!("loading: server error {e}"),
+                    _ => {}
                 }
             }
+            if crossslot {
+                // Nothing of a refused MSET was written: send every batch again, key by key.
+                per_key = true;
+                for chunk in &sent {
+                    for (k, v) in chunk {
+                        conn.send(&[b"SET", &key_bytes(*k), v])?;
+                    }
+                }
+                conn.flush()?;
+                for _ in 0..sent.iter().map(Vec::len).sum::<usize>() {
+                    if let Reply::Error(e) = conn.recv()? {
+                        anyhow::bail!("loading: server error {e}");
+                    }
+                }
+            }
+            done += sent.iter().map(|c| c.len() as u64).sum::<u64>();
             progress(done);
         }
     }

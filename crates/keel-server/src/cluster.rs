@@ -280,7 +280,7 @@ pub fn block_time(spec: &Spec, args: &[Bytes]) -> Option<Option<Duration>> {
 }
 
 /// Opens a connection to a peer's client port, authenticated and speaking `proto`.
-async fn connect(
+pub(crate) async fn connect(
     addr: SocketAddr,
     proto: Proto,
     password: Option<String>,
@@ -316,7 +316,7 @@ async fn connect(
 }
 
 /// Appends `args` as a RESP array of bulk strings.
-fn encode(args: &[Bytes], wire: &mut BytesMut) {
+pub(crate) fn encode(args: &[Bytes], wire: &mut BytesMut) {
     wire.put_slice(format!("*{}\r\n", args.len()).as_bytes());
     for a in args {
         wire.put_slice(format!("${}\r\n", a.len()).as_bytes());
@@ -327,7 +327,10 @@ fn encode(args: &[Bytes], wire: &mut BytesMut) {
 
 /// Reads one whole reply from `stream` (with what `input` already holds) and returns its
 /// bytes; what follows it stays in `input`.
-async fn read_reply(stream: &mut TcpStream, input: &mut BytesMut) -> std::io::Result<Bytes> {
+pub(crate) async fn read_reply(
+    stream: &mut TcpStream,
+    input: &mut BytesMut,
+) -> std::io::Result<Bytes> {
     loop {
         match reply_len(input) {
             Ok(Some(n)) => return Ok(input.split_to(n).freeze()),

@@ -6,13 +6,24 @@
 //! [`BATCH_BYTES`] bytes each), committed with the server's durability, so under `sync` it is
 //! on disk before openraft hears it was appended; a vote is always fsynced (voting twice in a
 //! term after a crash would let two leaders be elected).
+//!
+//! `append` returns as soon as its transactions are committed, before their fsync: openraft
+//! goes on (sends the entries to the followers, takes more) while the disk works, and hears
+//! of durability through the append's callback, which the store's flusher task calls, in
+//! append order, once the commits' futures resolve. Until then the entries are not yet
+//! visible in the database (keel publishes a `sync` commit after its fsync), so reads find
+//! them in `pending`. Truncating and purging first wait for every flush in flight, so that
+//! they see (and delete) exactly what was appended.
 
 // openraft's storage traits return its `StorageError`, which is large; the helpers here
 // return it too rather than converting at every call.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use keel::{Db, Durability};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -50,17 +61,84 @@ fn write_err(e: impl ToString) -> StorageError<u64> {
     StorageIOError::write_logs(openraft::AnyError::error(e.to_string())).into()
 }
 
+/// One append's commits on their way to durability.
+struct Flush {
+    commits: Vec<keel::CommitFuture<'static>>,
+    /// The entries they hold, to drop from `pending` once visible.
+    ids: Vec<LogId<u64>>,
+    callback: LogFlushed<Tc>,
+}
+
 /// The log store and its readers (they share the database).
 #[derive(Clone)]
 pub struct LogStore {
     db: &'static Db,
     durability: Durability,
+    /// Entries appended whose commits are not yet visible (waiting for their fsync).
+    pending: Arc<parking_lot::Mutex<BTreeMap<u64, Entry<Tc>>>>,
+    /// To the flusher task.
+    flushes: tokio::sync::mpsc::UnboundedSender<Flush>,
+    /// Appends handed to the flusher.
+    submitted: Arc<AtomicU64>,
+    /// Appends the flusher has finished (their callbacks called).
+    flushed: tokio::sync::watch::Receiver<u64>,
 }
 
 impl LogStore {
-    /// The log kept in `db`; appends commit with `durability`.
+    /// The log kept in `db`; appends commit with `durability`. Starts the store's flusher
+    /// task on the current tokio runtime.
     pub fn open(db: &'static Db, durability: Durability) -> std::result::Result<LogStore, String> {
-        Ok(LogStore { db, durability })
+        let (flushes, mut queue) = tokio::sync::mpsc::unbounded_channel::<Flush>();
+        let (done, flushed) = tokio::sync::watch::channel(0u64);
+        let pending: Arc<parking_lot::Mutex<BTreeMap<u64, Entry<Tc>>>> = Arc::default();
+        let visible = Arc::clone(&pending);
+        tokio::spawn(async move {
+            let mut finished = 0u64;
+            while let Some(flush) = queue.recv().await {
+                let mut result = Ok(());
+                for commit in flush.commits {
+                    match commit.await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(conflict)) => {
+                            result = Err(std::io::Error::other(format!(
+                                "a raft log append conflicted: {conflict}"
+                            )));
+                        }
+                        Err(e) => result = Err(std::io::Error::other(e.to_string())),
+                    }
+                }
+                if result.is_ok() {
+                    let mut pending = visible.lock();
+                    for id in &flush.ids {
+                        if pending.get(&id.index).is_some_and(|e| e.log_id == *id) {
+                            pending.remove(&id.index);
+                        }
+                    }
+                }
+                flush.callback.log_io_completed(result);
+                finished += 1;
+                let _ = done.send(finished);
+            }
+        });
+        Ok(LogStore {
+            db,
+            durability,
+            pending,
+            flushes,
+            submitted: Arc::default(),
+            flushed,
+        })
+    }
+
+    /// Waits until every append handed to the flusher so far is finished.
+    async fn wait_flushed(&self) -> Result<()> {
+        let target = self.submitted.load(SeqCst);
+        let mut flushed = self.flushed.clone();
+        flushed
+            .wait_for(|&done| done >= target)
+            .await
+            .map(|_| ())
+            .map_err(|_| write_err("the raft log's flusher stopped"))
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
@@ -113,45 +191,61 @@ impl LogStore {
         }
     }
 
-    /// Writes `entries`, a transaction per batch, with the log's durability.
-    pub fn write_entries(&self, entries: &[Entry<Tc>]) -> Result<()> {
-        let mut encoded = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let bytes = postcard::to_stdvec(entry).map_err(write_err)?;
-            encoded.push((entry_key(entry.log_id.index), bytes));
-        }
-        let mut rest = encoded.as_slice();
+    /// Commits `entries`, a transaction per batch (at most [`BATCH_KEYS`] entries and
+    /// [`BATCH_BYTES`] bytes), with the log's durability; the futures resolve once each is
+    /// durable and visible.
+    fn commit_entries(&self, entries: &[Entry<Tc>]) -> Result<Vec<keel::CommitFuture<'static>>> {
+        let mut commits = Vec::new();
+        let mut rest = entries;
         while !rest.is_empty() {
+            let mut txn = self.db.begin().map_err(write_err)?;
+            txn.set_durability(self.durability);
             let (mut n, mut bytes) = (0, 0);
-            while n < rest.len()
-                && n < BATCH_KEYS
-                && (n == 0 || bytes + rest[n].1.len() <= BATCH_BYTES)
-            {
-                bytes += rest[n].1.len();
+            while n < rest.len() && n < BATCH_KEYS {
+                let e = &rest[n];
+                let value = postcard::to_stdvec(e).map_err(write_err)?;
+                if n > 0 && bytes + value.len() > BATCH_BYTES {
+                    break;
+                }
+                bytes += value.len();
+                txn.put(&entry_key(e.log_id.index), &value)
+                    .map_err(write_err)?;
                 n += 1;
             }
-            let (batch, after) = rest.split_at(n);
-            self.db
-                .transact(|t| {
-                    t.set_durability(self.durability);
-                    batch.iter().try_for_each(|(k, v)| t.put(k, v))
-                })
-                .map_err(write_err)?;
-            rest = after;
+            rest = &rest[n..];
+            // Blind writes of keys only this store writes, one append at a time: they cannot
+            // conflict (the flusher reports it as an I/O error if one ever did).
+            commits.push(txn.commit_async());
         }
-        Ok(())
+        Ok(commits)
     }
 
+    /// The entries from `start` to `end`: the database's, with those still pending over
+    /// them.
     fn entries(&self, start: u64, end: Bound<u64>) -> Result<Vec<Entry<Tc>>> {
-        let end = match end {
+        let key_end = match end {
             Bound::Included(i) => Bound::Included(entry_key(i).to_vec()),
             Bound::Excluded(i) => Bound::Excluded(entry_key(i).to_vec()),
             Bound::Unbounded => Bound::Excluded(vec![ENTRY + 1]),
         };
+        // Pending entries first: one that becomes visible meanwhile is then read twice (the
+        // same entry), never missed.
+        let pending: Vec<Entry<Tc>> = self
+            .pending
+            .lock()
+            .range((Bound::Included(start), end))
+            .map(|(_, e)| e.clone())
+            .collect();
         let snap = self.db.snapshot().map_err(read_err)?;
-        snap.range::<Vec<u8>>((Bound::Included(entry_key(start).to_vec()), end))
-            .map(|(_, v)| postcard::from_bytes(&v).map_err(read_err))
-            .collect()
+        let mut found = BTreeMap::new();
+        for (_, v) in snap.range::<Vec<u8>>((Bound::Included(entry_key(start).to_vec()), key_end)) {
+            let e: Entry<Tc> = postcard::from_bytes(&v).map_err(read_err)?;
+            found.insert(e.log_id.index, e);
+        }
+        for e in pending {
+            found.insert(e.log_id.index, e);
+        }
+        Ok(found.into_values().collect())
     }
 
     fn last_entry(&self) -> Result<Option<Entry<Tc>>> {
@@ -176,11 +270,8 @@ impl RaftLogReader<Tc> for LogStore {
             Bound::Excluded(&i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let end = range.end_bound().cloned();
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.entries(start, end))
-            .await
-            .map_err(read_err)?
+        // A scan of the log's own database: microseconds, no thread hand-off.
+        self.entries(start, range.end_bound().cloned())
     }
 }
 
@@ -189,7 +280,8 @@ impl RaftLogStorage<Tc> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<Tc>> {
         let purged: Option<LogId<u64>> = self.get(PURGED)?;
-        let last = self.last_entry()?.map(|e| e.log_id).or(purged);
+        let pending = self.pending.lock().last_key_value().map(|(_, e)| e.log_id);
+        let last = pending.or(self.last_entry()?.map(|e| e.log_id)).or(purged);
         Ok(LogState {
             last_purged_log_id: purged,
             last_log_id: last,
@@ -216,11 +308,7 @@ impl RaftLogStorage<Tc> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<()> {
-        let this = self.clone();
-        let durability = LAZY;
-        tokio::task::spawn_blocking(move || this.put(COMMITTED, &committed, durability))
-            .await
-            .map_err(write_err)?
+        self.put(COMMITTED, &committed, LAZY)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>> {
@@ -233,23 +321,38 @@ impl RaftLogStorage<Tc> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<Tc>> = entries.into_iter().collect();
-        let this = self.clone();
-        let written = tokio::task::spawn_blocking(move || this.write_entries(&entries))
-            .await
-            .map_err(write_err)?;
-        match written {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(e)
+        {
+            let mut pending = self.pending.lock();
+            for e in &entries {
+                pending.insert(e.log_id.index, e.clone());
             }
         }
+        let commits = match self.commit_entries(&entries) {
+            Ok(c) => c,
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                return Err(e);
+            }
+        };
+        self.submitted.fetch_add(1, SeqCst);
+        let flush = Flush {
+            commits,
+            ids: entries.iter().map(|e| e.log_id).collect(),
+            callback,
+        };
+        if let Err(refused) = self.flushes.send(flush) {
+            let flush = refused.0;
+            flush
+                .callback
+                .log_io_completed(Err(std::io::Error::other("the raft log's flusher stopped")));
+            return Err(write_err("the raft log's flusher stopped"));
+        }
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<()> {
+        self.wait_flushed().await?;
+        self.pending.lock().retain(|&i, _| i < log_id.index);
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.delete_entries(log_id.index, Bound::Unbounded))
             .await
@@ -257,6 +360,7 @@ impl RaftLogStorage<Tc> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<()> {
+        self.wait_flushed().await?;
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             // The purge point first: a crash part way leaves entries below it, never a gap.

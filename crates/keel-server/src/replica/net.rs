@@ -96,11 +96,14 @@ pub struct Network {
     pub part: usize,
 }
 
-/// A partition's connection to one other replica.
+/// A partition's connection to one other replica: openraft calls it one RPC at a time, so it
+/// keeps one TCP connection of its own (no pool, no re-registration per request), dropped on
+/// any error or timeout so that a late answer is never read as the next one's.
 pub struct Peer {
     shared: Weak<Shared>,
     part: usize,
     target: usize,
+    conn: Option<(tokio::net::TcpStream, bytes::BytesMut)>,
 }
 
 impl RaftNetworkFactory<Tc> for Network {
@@ -111,13 +114,69 @@ impl RaftNetworkFactory<Tc> for Network {
             shared: self.shared.clone(),
             part: self.part,
             target: target as usize,
+            conn: None,
         }
     }
 }
 
 impl Peer {
+    /// Sends one `KEEL.RAFT` request on this peer's connection (opening it if needed) and
+    /// returns the answer's bytes, within `wait`.
+    async fn call(
+        &mut self,
+        shared: &Shared,
+        kind: &str,
+        payload: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let addr = cluster.map.nodes()[self.target].addr;
+        if self.conn.is_none() {
+            let password = shared.requirepass.read().clone();
+            let connected =
+                tokio::time::timeout(wait, crate::cluster::connect(addr, Proto::Resp2, password))
+                    .await;
+            match connected {
+                Ok(Ok(stream)) => self.conn = Some((stream, bytes::BytesMut::new())),
+                Ok(Err(e)) => return Err(CallError::Unsent(format!("{addr}: {e}"))),
+                Err(_) => return Err(CallError::Unsent(format!("{addr}: connect timed out"))),
+            }
+        }
+        let (stream, input) = self.conn.as_mut().expect("connected");
+        let mut wire = bytes::BytesMut::with_capacity(payload.len() + 64);
+        crate::cluster::encode(
+            &[
+                Bytes::from_static(b"KEEL.RAFT"),
+                Bytes::from(format!("{}/{:016x}", self.part, layout(shared))),
+                Bytes::copy_from_slice(kind.as_bytes()),
+                Bytes::copy_from_slice(payload),
+            ],
+            &mut wire,
+        );
+        let exchange = async {
+            use tokio::io::AsyncWriteExt as _;
+            stream.write_all(&wire).await?;
+            crate::cluster::read_reply(stream, input).await
+        };
+        let reply = match tokio::time::timeout(wait, exchange).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                self.conn = None;
+                return Err(CallError::Lost(format!("{addr}: {e}")));
+            }
+            Err(_) => {
+                self.conn = None;
+                return Err(CallError::Lost(format!(
+                    "{addr}: no answer within {} ms",
+                    wait.as_millis()
+                )));
+            }
+        };
+        parse_bulk(&reply).map_err(CallError::Lost)
+    }
+
     async fn rpc<Q, A, E>(
-        &self,
+        &mut self,
         kind: &str,
         request: &Q,
         option: &RPCOption,
@@ -133,15 +192,7 @@ impl Peer {
         };
         let payload =
             postcard::to_stdvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let answer = call_node(
-            &shared,
-            self.target,
-            self.part,
-            kind,
-            &payload,
-            Some(option.hard_ttl()),
-        )
-        .await;
+        let answer = self.call(&shared, kind, &payload, option.hard_ttl()).await;
         drop(shared);
         match answer {
             Ok(bytes) => {

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""What replication costs and what it buys: keel with --replicas 3 against --replicas 1, the
+time from kill -9 of a partition's leader to the next commit on that partition, and the
+acknowledged writes lost when a primary dies, beside Redis' primary + replica.
+
+    cargo build --release -p keel-cli
+    /usr/bin/python3 benchmarks/replication.py [--trials 20] [--json out.json]
+
+Starts its own servers on loopback (keel: three `keel serve` processes on ports 7301-7303 with
+`--durability sync`; Redis: a primary on 7311 with `appendfsync always` and a replica on
+7312), in temporary directories, and stops them at the end. Needs redis-server and
+python3-redis.
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import redis
+
+KEEL = os.path.join(os.path.dirname(__file__), "..", "target", "release", "keel")
+NODES = 3
+BASE = 7301
+
+
+def slots(i, n):
+    per = 16384 // n
+    start = i * per
+    end = 16383 if i == n - 1 else start + per - 1
+    return start, end
+
+
+class Keel:
+    """Three `keel serve` processes, every partition on `replicas` of them."""
+
+    def __init__(self, replicas, root):
+        self.replicas = replicas
+        self.root = root
+        self.procs = [None] * NODES
+        for i in range(NODES):
+            self.start(i)
+        self.wait_ready()
+
+    def args(self, i):
+        a = [KEEL, "serve", "--port", str(BASE + i), "--durability", "sync",
+             "--dir", os.path.join(self.root, f"node-{i + 1}"),
+             "--replicas", str(self.replicas), "--cluster-myself", f"n{i + 1}"]
+        for j in range(NODES):
+            s, e = slots(j, NODES)
+            a += ["--cluster-node", f"n{j + 1},127.0.0.1:{BASE + j},{s}-{e}"]
+        return a
+
+    def start(self, i):
+        log = open(os.path.join(self.root, f"node-{i + 1}.log"), "ab")
+        self.procs[i] = subprocess.Popen(self.args(i), stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                redis.Redis(port=BASE + i, socket_timeout=1).ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError(f"node {i + 1} did not start")
+
+    def wait_ready(self):
+        """Every partition takes a write."""
+        c = redis.Redis(port=BASE, socket_timeout=10)
+        for k in keys_per_partition(c).values():
+            deadline = time.time() + 20
+            while True:
+                try:
+                    c.set(k, "x")
+                    break
+                except redis.RedisError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+    def kill9(self, i):
+        self.procs[i].kill()
+        self.procs[i].wait()
+        self.procs[i] = None
+
+    def pids(self):
+        return [p.pid for p in self.procs if p]
+
+    def stop(self):
+        for p in self.procs:
+            if p:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            if p:
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def keys_per_partition(c):
+    """A key in each partition: {partition: key}."""
+    found = {}
+    n = 0
+    while len(found) < NODES:
+        k = f"key{n}"
+        slot = c.execute_command("CLUSTER", "KEYSLOT", k)
+        p = next(i for i in range(NODES) if slots(i, NODES)[0] <= slot <= slots(i, NODES)[1])
+        found.setdefault(p, k)
+        n += 1
+    return found
+
+
+def leader_of(port, key):
+    c = redis.Redis(port=port, socket_timeout=2)
+    slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+    for entry in c.execute_command("CLUSTER", "SLOTS"):
+        if entry[0] <= slot <= entry[1]:
+            node_id = entry[2][2]
+            node_id = node_id.decode() if isinstance(node_id, bytes) else node_id
+            return int(node_id[1:]) - 1
+    return None
+
+
+def cpu_seconds(pids):
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
+def latency_us(port, op, n=2000):
+    c = redis.Redis(port=port, socket_timeout=10)
+    op(c, 0)
+    t = time.perf_counter()
+    for i in range(n):
+        op(c, i)
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def throughput(ports, pids, clients, seconds=5.0, write=True):
+    """Single-key SETs (or GETs) from `clients` processes for `seconds`; (ops/s, CPU µs/op)."""
+    code = (
+        "import redis,random,sys,time\n"
+        "p=[int(x) for x in sys.argv[1].split(',')]\n"
+        "c=[redis.Redis(port=q,socket_timeout=10) for q in p]\n"
+        "end=time.time()+float(sys.argv[2]);n=0;w=sys.argv[3]=='1'\n"
+        "while time.time()<end:\n"
+        "  k='k%d'%random.randrange(100000);x=c[n%len(c)]\n"
+        "  x.set(k,'v'*100) if w else x.get(k)\n"
+        "  n+=1\n"
+        "print(n)\n"
+    )
+    cpu0 = cpu_seconds(pids)
+    procs = [subprocess.Popen([sys.executable, "-c", code, ",".join(map(str, ports)),
+                               str(seconds), "1" if write else "0"],
+                              stdout=subprocess.PIPE) for _ in range(clients)]
+    total = sum(int(p.communicate()[0]) for p in procs)
+    cpu = cpu_seconds(pids) - cpu0
+    return total / seconds, cpu / total * 1e6
+
+
+def cost(results):
+    print("== cost of replication: 3 keel processes, sync durability, clients spread over the nodes")
+    for replicas in (1, 3):
+        with tempfile.TemporaryDirectory(dir="/tmp") as root:
+            k = Keel(replicas, root)
+            try:
+                c = redis.Redis(port=BASE)
+                local = keys_per_partition(c)
+                # A key led here and one elsewhere (with R=3 leaders move; the latency of a
+                # key whose partition the contacted node leads, and of one it forwards).
+                row = {"replicas": replicas}
+                row["set_us"] = latency_us(BASE, lambda c, i: c.set(local[0], i))
+                row["get_us"] = latency_us(BASE, lambda c, i: c.get(local[0]))
+                row["multi_us"] = latency_us(
+                    BASE, lambda c, i: c.pipeline(transaction=True).incr(local[0]).incr(local[0]).execute())
+                ports = [BASE + i for i in range(NODES)]
+                for clients in (4, 16):
+                    ops, us = throughput(ports, k.pids(), clients)
+                    row[f"set_ops_{clients}"] = ops
+                    row[f"set_cpu_us_{clients}"] = us
+                ops, us = throughput(ports, k.pids(), 16, write=False)
+                row["get_ops_16"] = ops
+                row["get_cpu_us_16"] = us
+                results.setdefault("cost", []).append(row)
+                print(json.dumps(row))
+            finally:
+                k.stop()
+
+
+def failover(results, trials):
+    print(f"== failover: kill -9 of partition 0's leader, {trials} trials")
+    times = []
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        k = Keel(3, root)
+        try:
+            key = keys_per_partition(redis.Redis(port=BASE))[0]
+            for t in range(trials):
+                leader = leader_of(BASE + (t % NODES), key)
+                via = (leader + 1) % NODES
+                c = redis.Redis(port=BASE + via, socket_timeout=10)
+                c.set(key, "before")
+                k.kill9(leader)
+                killed = time.perf_counter()
+                while True:
+                    try:
+                        c.set(key, f"after{t}")
+                        break
+                    except redis.RedisError:
+                        c = redis.Redis(port=BASE + via, socket_timeout=10)
+                        time.sleep(0.005)
+                times.append(time.perf_counter() - killed)
+                k.start(leader)
+                time.sleep(2.0)
+                print(f"trial {t + 1}: {times[-1] * 1000:.0f} ms")
+        finally:
+            k.stop()
+    row = {"trials": trials, "median_ms": statistics.median(times) * 1000,
+           "max_ms": max(times) * 1000, "min_ms": min(times) * 1000}
+    results["failover"] = row
+    print(json.dumps(row))
+
+
+def writers(port_of, key, seconds, n=4):
+    """`n` threads RPUSH unique ids to `key` through `port_of()` until `seconds` pass;
+    returns the ids acknowledged."""
+    acked = []
+    lock = threading.Lock()
+    stop = time.time() + seconds
+
+    def run(w):
+        i = 0
+        c = None
+        while time.time() < stop:
+            try:
+                if c is None:
+                    c = redis.Redis(port=port_of(), socket_timeout=2)
+                c.rpush(key, f"{w}.{i}")
+                with lock:
+                    acked.append(f"{w}.{i}")
+            except redis.RedisError:
+                c = None
+                time.sleep(0.01)
+            i += 1
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(n)]
+    for th in threads:
+        th.start()
+    return threads, acked
+
+
+def lost_writes(results):
+    print("== acknowledged writes lost when the primary/leader is killed under load")
+    # Redis: primary + asynchronous replica, writes to the primary, kill -9 it, promote.
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                  "--bind", "127.0.0.1", "--protected-mode", "no"]
+        os.makedirs(root + "/p")
+        os.makedirs(root + "/r")
+        primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
+                                   stdout=subprocess.DEVNULL)
+        replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
+                                    "--replicaof", "127.0.0.1", "7311"] + common,
+                                   stdout=subprocess.DEVNULL)
+        time.sleep(1.0)
+        target = {"port": 7311}
+        threads, acked = writers(lambda: target["port"], "log", 4.0)
+        time.sleep(2.0)
+        primary.kill()
+        primary.wait()
+        target["port"] = 7312
+        redis.Redis(port=7312).execute_command("REPLICAOF", "NO", "ONE")
+        for th in threads:
+            th.join()
+        present = {x.decode() for x in redis.Redis(port=7312).lrange("log", 0, -1)}
+        lost = [a for a in acked if a not in present]
+        replica.kill()
+        replica.wait()
+        row = {"system": "redis primary+replica (appendfsync always)", "acked": len(acked),
+               "lost": len(lost)}
+        results.setdefault("lost", []).append(row)
+        print(json.dumps(row))
+    # keel: 3 replicas; writes through the partition's leader itself, kill -9 it.
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        k = Keel(3, root)
+        try:
+            key = keys_per_partition(redis.Redis(port=BASE))[0]
+            leader = leader_of(BASE, key)
+            target = {"port": BASE + leader}
+            threads, acked = writers(lambda: target["port"], key, 6.0)
+            time.sleep(2.0)
+            k.kill9(leader)
+            target["port"] = BASE + (leader + 1) % NODES
+            for th in threads:
+                th.join()
+            c = redis.Redis(port=target["port"], socket_timeout=10)
+            present = {x.decode() for x in c.lrange(key, 0, -1)}
+            lost = [a for a in acked if a not in present]
+            row = {"system": "keel --replicas 3 (sync)", "acked": len(acked), "lost": len(lost)}
+            results.setdefault("lost", []).append(row)
+            print(json.dumps(row))
+        finally:
+            k.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--json")
+    ap.add_argument("--only", choices=["cost", "failover", "lost"])
+    args = ap.parse_args()
+    results = {}
+    if args.only in (None, "cost"):
+        cost(results)
+    if args.only in (None, "failover"):
+        failover(results, args.trials)
+    if args.only in (None, "lost"):
+        lost_writes(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
