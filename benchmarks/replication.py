@@ -266,7 +266,8 @@ def lost_writes(results):
     # Redis: primary + asynchronous replica, writes to the primary, kill -9 it, promote.
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
         common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                  "--bind", "127.0.0.1", "--protected-mode", "no"]
+                  "--bind", "127.0.0.1", "--protected-mode", "no",
+                  "--repl-diskless-sync-delay", "0"]
         os.makedirs(root + "/p")
         os.makedirs(root + "/r")
         primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
@@ -274,7 +275,18 @@ def lost_writes(results):
         replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
                                     "--replicaof", "127.0.0.1", "7311"] + common,
                                    stdout=subprocess.DEVNULL)
-        time.sleep(1.0)
+        # The replica is in sync before any write.
+        deadline = time.time() + 20
+        while True:
+            try:
+                info = redis.Redis(port=7312).info("replication")
+                if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
+                    break
+            except redis.RedisError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the Redis replica did not sync within 20 s")
+            time.sleep(0.1)
         target = {"port": 7311}
         threads, acked = writers(lambda: target["port"], "log", 4.0)
         time.sleep(2.0)
@@ -296,7 +308,8 @@ def lost_writes(results):
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
         k = Keel(3, root)
         try:
-            key = keys_per_partition(redis.Redis(port=BASE))[0]
+            # A list in the same slot as the partition's probe key (which holds a string).
+            key = "{" + keys_per_partition(redis.Redis(port=BASE))[0] + "}log"
             leader = leader_of(BASE, key)
             target = {"port": BASE + leader}
             threads, acked = writers(lambda: target["port"], key, 6.0)

@@ -580,3 +580,84 @@ fn bad_replicas_are_refused() {
         "{stderr}"
     );
 }
+
+/// A node cut off from the majority of its partition's replicas (here: the other two are
+/// killed) refuses writes and linearizable reads with `CLUSTERDOWN`, but serves a `READONLY`
+/// connection from its own copy, as a Redis replica serves its slots.
+#[test]
+fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(2, 3);
+    let extra = ["--replicas", "3", "--cluster-timeout-ms", "300"];
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &extra))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let set = connect(ports[0])
+            .and_then(|mut c| redis::cmd("SET").arg("k").arg("v1").query::<String>(&mut c));
+        match set {
+            Ok(_) => break,
+            Err(e) if Instant::now() > deadline => panic!("no write within 20 s: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    // Every node answers a linearizable read (elections at start may still be settling).
+    for &port in &ports {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = connect(port)
+                .and_then(|mut c| redis::cmd("GET").arg("k").query::<Option<String>>(&mut c));
+            match got {
+                Ok(v) => {
+                    assert_eq!(v.as_deref(), Some("v1"));
+                    break;
+                }
+                Err(e) if Instant::now() > deadline => panic!("no read within 20 s: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    nodes[1].kill_9();
+    nodes[2].kill_9();
+    let mut c = connect(ports[0]).expect("connect");
+    let e = redis::cmd("SET")
+        .arg("k")
+        .arg("v2")
+        .query::<String>(&mut c)
+        .expect_err("a minority must not take a write");
+    assert_eq!(e.code(), Some("CLUSTERDOWN"), "{e}");
+    let e = redis::cmd("GET")
+        .arg("k")
+        .query::<Option<String>>(&mut c)
+        .expect_err("a minority cannot prove a read is current");
+    assert_eq!(e.code(), Some("CLUSTERDOWN"), "{e}");
+    let ok: String = redis::cmd("READONLY").query(&mut c).expect("READONLY");
+    assert_eq!(ok, "OK");
+    let v: Option<String> = redis::cmd("GET")
+        .arg("k")
+        .query(&mut c)
+        .expect("READONLY GET");
+    assert_eq!(v.as_deref(), Some("v1"));
+    let e = redis::cmd("SET")
+        .arg("k")
+        .arg("v3")
+        .query::<String>(&mut c)
+        .expect_err("READONLY does not make writes local");
+    assert_eq!(e.code(), Some("CLUSTERDOWN"), "{e}");
+    // The majority back: writes again, and the refused ones never happened.
+    nodes[1].spawn();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut c = connect(ports[0]).expect("connect");
+        match redis::cmd("GET").arg("k").query::<Option<String>>(&mut c) {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some("v1"));
+                break;
+            }
+            Err(e) if Instant::now() > deadline => panic!("no leader again within 20 s: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}

@@ -153,7 +153,20 @@ impl Cluster {
             ..down(why)
         };
         let pool = &self.pools[node][usize::from(proto == Proto::Resp3)];
-        let pooled = pool.lock().pop();
+        // A pooled connection the peer has closed (it restarted, or died) is dropped before
+        // anything is sent on it: a request written there would be lost without knowing
+        // whether it ran.
+        let pooled = loop {
+            let Some(s) = pool.lock().pop() else {
+                break None;
+            };
+            let _ = s.set_nonblocking(true);
+            match s.peek(&mut [0u8; 1]) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Some(s),
+                // Closed, failed, or holding bytes nobody asked for.
+                _ => continue,
+            }
+        };
         let mut stream = match pooled.map(TcpStream::from_std) {
             Some(Ok(s)) => s,
             _ => match tokio::time::timeout(timeout, connect(peer.addr, proto, password)).await {

@@ -315,6 +315,9 @@ struct Conn {
     /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
     /// it routes by itself and gets `MOVED` rather than forwarding.
     aware: bool,
+    /// `READONLY` was sent: in a replicated cluster, reads of a partition this node keeps
+    /// run on its copy (consistent, possibly stale) rather than at the leader.
+    readonly: bool,
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
@@ -347,6 +350,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         subs: None,
         blocked: None,
         aware: false,
+        readonly: false,
     };
     conn.spawn(stream, Carry::default());
 }
@@ -932,14 +936,6 @@ impl Conn {
         let shared = Arc::clone(&self.shared);
         let rep = shared.replication.get().expect("replicated");
         let cluster = shared.cluster.as_ref().expect("cluster mode");
-        if self.aware
-            && let Some(leader) = rep.leader(p)
-            && leader != rep.me
-        {
-            self.flag_multi();
-            self.out(output).error(&cluster.moved(leader, slot));
-            return;
-        }
         let request = crate::replica::Request {
             commands,
             exec,
@@ -948,6 +944,23 @@ impl Conn {
             bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
             reply_bytes_max: shared.config.reply_bytes_max,
         };
+        // READONLY: a read of a partition kept here runs on this copy, as a Redis replica
+        // serves its slots after READONLY.
+        if read
+            && self.readonly
+            && let Some(part) = rep.part(p)
+        {
+            output.extend_from_slice(&part.read_local(&request));
+            return;
+        }
+        if self.aware
+            && let Some(leader) = rep.leader(p)
+            && leader != rep.me
+        {
+            self.flag_multi();
+            self.out(output).error(&cluster.moved(leader, slot));
+            return;
+        }
         let result = tokio::select! {
             r = rep.run(&shared, p, request, read) => r,
             () = self.info.kill.cancelled() => return,
@@ -1512,6 +1525,11 @@ impl Conn {
                 if self.shared.cluster.is_none() {
                     return Err(cluster::DISABLED.into());
                 }
+                match spec.cmd {
+                    Cmd::Readonly => self.readonly = true,
+                    Cmd::Readwrite => self.readonly = false,
+                    _ => {}
+                }
                 out.simple("OK");
             }
             Cmd::Time => {
@@ -1534,6 +1552,7 @@ impl Conn {
                 }
                 self.multi = None;
                 self.watch = None;
+                self.readonly = false;
                 self.set_proto(Proto::Resp2);
                 *self.info.name.lock() = String::new();
                 self.authenticated = self.shared.requirepass.read().is_none();

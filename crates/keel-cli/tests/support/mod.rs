@@ -25,12 +25,13 @@ impl Drop for Node {
     }
 }
 
-/// Client ports for `n` (at most 8) nodes: block `block` (0 to 2) of this process's 30 ports
-/// below the ephemeral range (their bus ports, + 10000, too), chosen by process id, so that
-/// concurrent test runs rarely meet and the tests of one run never do.
+/// Client ports for `n` (at most 8) nodes: block `block` (0 to 2) of this process's 24
+/// ports in 10000-17199, chosen by process id, so that concurrent test runs rarely meet and
+/// the tests of one run never do. Their bus ports (+ 10000) stay below the ephemeral range
+/// (32768 up), where a client connection's local port could hold one.
 pub fn ports(block: u16, n: usize) -> Vec<u16> {
     assert!(n <= 8 && block < 3, "8 nodes a block, 3 blocks a process");
-    let base = 20_000 + (std::process::id() % 300) as u16 * 30 + block * 8;
+    let base = 10_000 + (std::process::id() % 300) as u16 * 24 + block * 8;
     (0..n as u16).map(|i| base + i).collect()
 }
 
