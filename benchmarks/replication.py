@@ -328,11 +328,111 @@ def lost_writes(results):
             k.stop()
 
 
+class Proxy:
+    """Forwards 127.0.0.1:`port` to `to`; `cut()` drops every connection and refuses new
+    ones (a network partition between the two ends)."""
+
+    def __init__(self, port, to):
+        import socket
+        self.to = to
+        self.open = True
+        self.conns = []
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", port))
+        self.server.listen()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        import socket
+        while True:
+            try:
+                a, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.open:
+                a.close()
+                continue
+            b = socket.create_connection(("127.0.0.1", self.to))
+            self.conns += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self.pump, args=(x, y), daemon=True).start()
+
+    def pump(self, x, y):
+        try:
+            while self.open:
+                data = x.recv(65536)
+                if not data:
+                    break
+                y.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self):
+        import socket
+        self.open = False
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+
+
+def partitioned_redis(results):
+    """Redis primary + replica with the link between them cut (clients still reach the
+    primary); after 2 s the replica is promoted, as Sentinel would, and the old primary dies.
+    What the old primary acknowledged during the cut is lost."""
+    print("== acknowledged writes lost when the primary is cut off from its replica, then replaced")
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                  "--bind", "127.0.0.1", "--protected-mode", "no",
+                  "--repl-diskless-sync-delay", "0"]
+        os.makedirs(root + "/p")
+        os.makedirs(root + "/r")
+        primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
+                                   stdout=subprocess.DEVNULL)
+        proxy = Proxy(7313, 7311)
+        replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
+                                    "--replicaof", "127.0.0.1", "7313"] + common,
+                                   stdout=subprocess.DEVNULL)
+        deadline = time.time() + 20
+        while True:
+            try:
+                info = redis.Redis(port=7312).info("replication")
+                if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
+                    break
+            except redis.RedisError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the Redis replica did not sync within 20 s")
+            time.sleep(0.1)
+        target = {"port": 7311}
+        threads, acked = writers(lambda: target["port"], "log", 6.0)
+        time.sleep(2.0)
+        proxy.cut()
+        time.sleep(2.0)
+        redis.Redis(port=7312).execute_command("REPLICAOF", "NO", "ONE")
+        target["port"] = 7312
+        primary.kill()
+        primary.wait()
+        for th in threads:
+            th.join()
+        present = {x.decode() for x in redis.Redis(port=7312).lrange("log", 0, -1)}
+        lost = [a for a in acked if a not in present]
+        replica.kill()
+        replica.wait()
+        row = {"system": "redis primary+replica, link cut 2 s, replica promoted",
+               "acked": len(acked), "lost": len(lost)}
+        results.setdefault("lost", []).append(row)
+        print(json.dumps(row))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--json")
-    ap.add_argument("--only", choices=["cost", "failover", "lost"])
+    ap.add_argument("--only", choices=["cost", "failover", "lost", "partition"])
     args = ap.parse_args()
     results = {}
     if args.only in (None, "cost"):
@@ -341,6 +441,8 @@ def main():
         failover(results, args.trials)
     if args.only in (None, "lost"):
         lost_writes(results)
+    if args.only in (None, "partition"):
+        partitioned_redis(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

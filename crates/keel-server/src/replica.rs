@@ -152,6 +152,19 @@ pub enum StartError {
     Raft { part: usize, text: String },
 }
 
+/// The durability of a replicated partition's data: the log is what must be durable (a
+/// restart applies again what follows the applied marker), so the data is fsynced lazily,
+/// once a second, and made durable at once before a snapshot lets the log be cut. Without it
+/// every apply would fsync the data too, on the disk the log's fsyncs wait for.
+pub fn data_durability(configured: crate::config::Durability) -> keel::Durability {
+    match configured {
+        crate::config::Durability::None => keel::Durability::None,
+        _ => keel::Durability::Async {
+            interval: Duration::from_secs(1),
+        },
+    }
+}
+
 /// The layout digest of a cluster config (its digest) with `r` replicas per partition.
 pub fn layout(config_digest: u64, r: usize) -> u64 {
     let mut h = config_digest ^ 0x6b65_656c_7265_706c;
@@ -601,7 +614,10 @@ async fn open_db(
     let db = match dir {
         Some(dir) => {
             let path = dir.join(name);
-            let options = shared.config.engine_options().split(keel::SplitMode::Off);
+            let mut options = shared.config.engine_options().split(keel::SplitMode::Off);
+            if what == "data" {
+                options = options.durability(data_durability(shared.config.durability));
+            }
             let at = path.clone();
             tokio::task::spawn_blocking(move || Db::open(at, options))
                 .await

@@ -299,7 +299,10 @@ impl Server {
             tracing::info!("cluster mode: hot-key splitting is off");
             config.split = keel::SplitMode::Off;
         }
-        let options = config.engine_options();
+        let mut options = config.engine_options();
+        if config.replicas > 1 {
+            options = options.durability(crate::replica::data_durability(config.durability));
+        }
         let dir = config.dir.clone();
         // Recovery reads the whole log: keep it off the async workers.
         let opened = tokio::task::spawn_blocking(move || Db::open(&dir, options))
