@@ -581,8 +581,8 @@ fn bad_replicas_are_refused() {
     );
 }
 
-/// A node cut off from the majority of its partition's replicas (here: the other two are
-/// killed) refuses writes and linearizable reads with `CLUSTERDOWN`, but serves a `READONLY`
+/// Pipelined commands reply as if run one by one. A node cut off from the majority of its
+/// partition's replicas (here: the other two are killed) refuses writes and linearizable reads with `CLUSTERDOWN`, but serves a `READONLY`
 /// connection from its own copy, as a Redis replica serves its slots.
 #[test]
 fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
@@ -617,6 +617,52 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
+    }
+    // Pipelines: a run of commands on one partition is one log entry; one that fails runs
+    // again command by command, so the replies and effects are those of one by one.
+    {
+        let mut c = connect(ports[1]).expect("connect");
+        let _: () = redis::cmd("SET")
+            .arg("{t}s")
+            .arg("text")
+            .query(&mut c)
+            .expect("SET");
+        let replies: Vec<redis::Value> = redis::pipe()
+            .ignore_errors()
+            .cmd("SET")
+            .arg("{t}a")
+            .arg(1)
+            .cmd("INCR")
+            .arg("{t}s")
+            .cmd("INCR")
+            .arg("{t}a")
+            .cmd("SET")
+            .arg("other")
+            .arg("x")
+            .cmd("GET")
+            .arg("{t}a")
+            .cmd("GET")
+            .arg("other")
+            .query(&mut c)
+            .expect("a pipeline");
+        assert_eq!(replies.len(), 6, "{replies:?}");
+        assert_eq!(replies[0], redis::Value::Okay);
+        assert!(
+            matches!(&replies[1], redis::Value::ServerError(e) if e.details().unwrap_or("").contains("not an integer")),
+            "{replies:?}"
+        );
+        assert_eq!(replies[2], redis::Value::Int(2));
+        assert_eq!(replies[3], redis::Value::Okay);
+        assert_eq!(replies[4], redis::Value::BulkString(b"2".to_vec()));
+        assert_eq!(replies[5], redis::Value::BulkString(b"x".to_vec()));
+        let n: i64 = (0..100)
+            .fold(&mut redis::pipe(), |p, _| p.cmd("INCR").arg("{t}n"))
+            .query::<Vec<i64>>(&mut c)
+            .expect("100 INCRs")
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        assert_eq!(n, 100);
     }
     std::thread::sleep(Duration::from_millis(500));
     nodes[1].kill_9();

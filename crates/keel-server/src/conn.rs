@@ -655,11 +655,23 @@ impl Conn {
         if self.proto == Proto::Resp2 && self.subscribed() {
             return None;
         }
-        // Replicated: each command is its own log entry (or linearizable read).
-        if self.shared.replication.get().is_some() {
-            return None;
-        }
         let spec = table::lookup(&args[0])?;
+        // Replicated: commands with keys, each command's keys in one partition (a run of
+        // them on one partition becomes one log entry, or one linearizable read). A
+        // cluster-aware client is answered MOVED command by command instead, and a READONLY
+        // one reads here.
+        if self.shared.replication.get().is_some() {
+            let keys = cluster::key_args(spec, args);
+            let ok = !self.aware
+                && !self.readonly
+                && spec.arity_ok(args.len())
+                && data::is_data(spec.cmd)
+                && !crate::lists::is_blocking(spec.cmd)
+                && spec.cmd != Cmd::Object
+                && !keys.is_empty()
+                && self.partition_of(keys.iter().copied()).is_some();
+            return ok.then_some(spec.cmd);
+        }
         // In cluster mode only commands this node runs itself join a batch.
         if let Some(cluster) = &self.shared.cluster
             && (cluster.route(spec, args) != Route::Local || spec.cmd == Cmd::KeelRange)
@@ -690,18 +702,22 @@ impl Conn {
         self.deliver(output, usize::MAX);
         let started = Instant::now();
         let n = pending.cmds.len() as u64;
-        if n >= 2 {
-            // Start loading every key's index bucket, record and version now, so that the
-            // pipeline's cache misses overlap.
-            let keys = pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
-            self.shared.db.prefetch_all(keys);
-        }
-        let batched = pending.cmds.len() >= 2
-            && pending.cmds.iter().any(|(c, _)| !data::is_read_only(*c))
-            && self.run_batched(pending, output).await;
-        if !batched {
-            for (cmd, args) in pending.iter() {
-                self.data_command(cmd, args, output).await;
+        if self.shared.replication.get().is_some() {
+            self.run_pending_replicated(pending, output).await;
+        } else {
+            if n >= 2 {
+                // Start loading every key's index bucket, record and version now, so that the
+                // pipeline's cache misses overlap.
+                let keys = pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
+                self.shared.db.prefetch_all(keys);
+            }
+            let batched = pending.cmds.len() >= 2
+                && pending.cmds.iter().any(|(c, _)| !data::is_read_only(*c))
+                && self.run_batched(pending, output).await;
+            if !batched {
+                for (cmd, args) in pending.iter() {
+                    self.data_command(cmd, args, output).await;
+                }
             }
         }
         pending.clear();
@@ -709,6 +725,122 @@ impl Conn {
         let counters = &self.shared.counters;
         counters.record_latencies(per_command, n);
         counters.commands_processed.fetch_add(n, Relaxed);
+    }
+
+    /// Replicated cluster: the collected pipeline, its commands grouped by partition (in
+    /// order within each), each group one request (one log entry, or one linearizable read
+    /// of them all), the groups of different partitions at once; the replies go out in the
+    /// order the commands came. Commands of different partitions touch different keys, and
+    /// the client sent them all before any reply, so running the groups in any order is a
+    /// valid serial order. A group's entry applies whole or not at all: if one of its
+    /// commands fails, they run again one entry each, so that replies and effects are those
+    /// of running them one by one.
+    async fn run_pending_replicated(&mut self, pending: &Pending, output: &mut BytesMut) {
+        let mut groups: Vec<(usize, keel_cluster::Slot, Vec<usize>)> = Vec::new();
+        let cmds: Vec<(Cmd, &[Bytes])> = pending.iter().collect();
+        for (i, (_, args)) in cmds.iter().enumerate() {
+            let spec = table::lookup(&args[0]).expect("a batched command is known");
+            let (p, slot) = self
+                .partition_of(cluster::key_args(spec, args).iter().copied())
+                .expect("batched commands have keys of one partition");
+            match groups.iter_mut().find(|(q, _, _)| *q == p) {
+                Some((_, _, members)) => members.push(i),
+                None => groups.push((p, slot, vec![i])),
+            }
+        }
+        if groups.len() == 1 && cmds.len() == 1 {
+            let (p, slot, _) = groups[0];
+            let (cmd, args) = cmds[0];
+            let one = vec![args.iter().map(|a| a.to_vec()).collect()];
+            self.run_replicated(p, slot, one, false, false, data::is_read_only(cmd), output)
+                .await;
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let proto = self.proto;
+        let mut running = tokio::task::JoinSet::new();
+        for (g, (p, _, members)) in groups.iter().enumerate() {
+            let request = crate::replica::Request {
+                commands: members
+                    .iter()
+                    .map(|&i| cmds[i].1.iter().map(|a| a.to_vec()).collect())
+                    .collect(),
+                exec: false,
+                batch: members.len() > 1,
+                resp3: proto == Proto::Resp3,
+                now_ms: crate::keyspace::unix_ms(),
+                bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+                reply_bytes_max: shared.config.reply_bytes_max,
+            };
+            let read = members.iter().all(|&i| data::is_read_only(cmds[i].0));
+            let (shared, p) = (Arc::clone(&shared), *p);
+            running.spawn(async move {
+                let rep = shared.replication.get().expect("replicated");
+                (g, rep.run(&shared, p, request, read).await)
+            });
+        }
+        // Each command's reply, by its position in the pipeline.
+        let mut replies: Vec<Option<Vec<u8>>> = vec![None; cmds.len()];
+        let mut again = Vec::new();
+        let mut results = Vec::with_capacity(groups.len());
+        tokio::select! {
+            () = async {
+                while let Some(done) = running.join_next().await {
+                    results.push(done.expect("a replicated request does not panic"));
+                }
+            } => {}
+            () = self.info.kill.cancelled() => return,
+        }
+        for (g, result) in results {
+            let members = &groups[g].2;
+            match result {
+                Ok(reply) => {
+                    let mut rest = &reply[..];
+                    for &i in members {
+                        let n = cluster::reply_len(rest)
+                            .ok()
+                            .flatten()
+                            .unwrap_or(rest.len());
+                        replies[i] = Some(rest[..n].to_vec());
+                        rest = &rest[n..];
+                    }
+                }
+                Err(crate::replica::RunError::Failed(text)) => {
+                    let mut buf = BytesMut::new();
+                    Out::new(&mut buf, proto).error(&text);
+                    for &i in members {
+                        replies[i] = Some(buf.to_vec());
+                    }
+                }
+                Err(crate::replica::RunError::RolledBack) => again.push(g),
+            }
+        }
+        // Rolled-back groups, one command at a time, in pipeline order.
+        let mut redo: Vec<usize> = again.iter().flat_map(|&g| groups[g].2.clone()).collect();
+        redo.sort_unstable();
+        for i in redo {
+            let (cmd, args) = cmds[i];
+            let (p, slot, _) = *groups
+                .iter()
+                .find(|(_, _, m)| m.contains(&i))
+                .expect("in a group");
+            let one = vec![args.iter().map(|a| a.to_vec()).collect()];
+            let mut buf = BytesMut::new();
+            self.run_replicated(
+                p,
+                slot,
+                one,
+                false,
+                false,
+                data::is_read_only(cmd),
+                &mut buf,
+            )
+            .await;
+            replies[i] = Some(buf.to_vec());
+        }
+        for reply in replies.into_iter().flatten() {
+            output.extend_from_slice(&reply);
+        }
     }
 
     /// One transaction for a pipelined batch; `false` (and no reply written) when the batch
@@ -897,7 +1029,7 @@ impl Conn {
         };
         let read = data::is_read_only(spec.cmd);
         let commands = vec![args.iter().map(|a| a.to_vec()).collect()];
-        self.run_replicated(p, slot, commands, false, read, output)
+        self.run_replicated(p, slot, commands, false, false, read, output)
             .await;
         true
     }
@@ -922,23 +1054,27 @@ impl Conn {
         at
     }
 
-    /// Runs `commands` (one, or an `EXEC`'s) on partition `p`'s leader and writes the reply;
-    /// a cluster-aware client gets `MOVED` to the leader instead when it is another node.
+    /// Runs `commands` (one, an `EXEC`'s, or a pipelined `batch`) on partition `p`'s leader
+    /// and writes the reply; a cluster-aware client gets `MOVED` to the leader instead when it
+    /// is another node. `false` (nothing written) for a batch that rolled back.
+    #[allow(clippy::too_many_arguments)]
     async fn run_replicated(
         &mut self,
         p: usize,
         slot: keel_cluster::Slot,
         commands: Vec<Vec<Vec<u8>>>,
         exec: bool,
+        batch: bool,
         read: bool,
         output: &mut BytesMut,
-    ) {
+    ) -> bool {
         let shared = Arc::clone(&self.shared);
         let rep = shared.replication.get().expect("replicated");
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let request = crate::replica::Request {
             commands,
             exec,
+            batch,
             resp3: self.proto == Proto::Resp3,
             now_ms: crate::keyspace::unix_ms(),
             bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
@@ -951,7 +1087,7 @@ impl Conn {
             && let Some(part) = rep.part(p)
         {
             output.extend_from_slice(&part.read_local(&request));
-            return;
+            return true;
         }
         if self.aware
             && let Some(leader) = rep.leader(p)
@@ -959,16 +1095,18 @@ impl Conn {
         {
             self.flag_multi();
             self.out(output).error(&cluster.moved(leader, slot));
-            return;
+            return true;
         }
         let result = tokio::select! {
             r = rep.run(&shared, p, request, read) => r,
-            () = self.info.kill.cancelled() => return,
+            () = self.info.kill.cancelled() => return true,
         };
         match result {
             Ok(reply) => output.extend_from_slice(&reply),
-            Err(text) => self.out(output).error(&text),
+            Err(crate::replica::RunError::Failed(text)) => self.out(output).error(&text),
+            Err(crate::replica::RunError::RolledBack) => return false,
         }
+        true
     }
 
     /// Replicated cluster: `EXEC` of the queued commands, as one log entry of their
@@ -1010,7 +1148,7 @@ impl Conn {
             .iter()
             .map(|(_, args)| args.iter().map(|a| a.to_vec()).collect())
             .collect();
-        self.run_replicated(p, slot, commands, true, read, output)
+        self.run_replicated(p, slot, commands, true, false, read, output)
             .await;
         Ok(())
     }

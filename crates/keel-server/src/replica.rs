@@ -65,6 +65,10 @@ pub struct Request {
     pub commands: Vec<Vec<Vec<u8>>>,
     /// A `MULTI … EXEC` block (the reply is an array), or one command.
     pub exec: bool,
+    /// A pipelined batch: the commands' replies one after another, all applied or, if one
+    /// fails, none (the entry is then rolled back and the sender runs them one by one, as a
+    /// pipeline on one node is).
+    pub batch: bool,
     /// Reply in RESP3.
     pub resp3: bool,
     /// The leader's clock when the request arrived (Unix ms): every replica applies the entry
@@ -80,6 +84,8 @@ pub struct Request {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     pub reply: Vec<u8>,
+    /// A batch whose commands did not all succeed: nothing of it applied, no reply.
+    pub rolled_back: bool,
 }
 
 /// The largest request (encoded) one log entry may carry: an entry is stored as one value of
@@ -105,6 +111,17 @@ pub enum Refused {
     NotLeader(Option<u64>),
     /// It failed for good; the error text for the client.
     Failed(String),
+    /// A batch that did not apply because one of its commands failed: run them one by one.
+    RolledBack,
+}
+
+/// Why [`Replication::run`] has no reply.
+#[derive(Debug)]
+pub enum RunError {
+    /// The error for the client.
+    Failed(String),
+    /// A batch rolled back: run its commands one by one.
+    RolledBack,
 }
 
 /// One hosted partition.
@@ -257,6 +274,7 @@ impl Replication {
             let network = net::Network {
                 shared: Arc::downgrade(shared),
                 part: p,
+                idle: Arc::default(),
             };
             let raft = Raft::new(me as u64, Arc::clone(&config), network, log, machine)
                 .await
@@ -407,15 +425,15 @@ impl Replication {
         p: usize,
         request: Request,
         read: bool,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, RunError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let deadline = Instant::now() + cluster.map.timeout() * 3;
         let mut target = self.leader(p);
         let payload = postcard::to_stdvec(&request).expect("a request encodes");
         if payload.len() > REQUEST_BYTES_MAX {
-            return Err(format!(
+            return Err(RunError::Failed(format!(
                 "ERR keel: a replicated request is limited to {REQUEST_BYTES_MAX} bytes"
-            ));
+            )));
         }
         loop {
             let outcome = match target {
@@ -436,10 +454,10 @@ impl Replication {
                         Err(net::CallError::Unsent(_)) => Err(Refused::NotLeader(None)),
                         // Sent, and the answer lost: a write may or may not have happened.
                         Err(net::CallError::Lost(text)) if !read => {
-                            return Err(format!(
+                            return Err(RunError::Failed(format!(
                                 "TRYAGAIN keel: partition {p}'s leader did not answer ({text}); \
                                  the write may or may not have happened"
-                            ));
+                            )));
                         }
                         Err(net::CallError::Lost(_)) => Err(Refused::NotLeader(None)),
                     }
@@ -448,13 +466,14 @@ impl Replication {
             };
             match outcome {
                 Ok(reply) => return Ok(reply),
-                Err(Refused::Failed(text)) => return Err(text),
+                Err(Refused::Failed(text)) => return Err(RunError::Failed(text)),
+                Err(Refused::RolledBack) => return Err(RunError::RolledBack),
                 Err(Refused::NotLeader(hint)) => {
                     if Instant::now() >= deadline {
-                        return Err(format!(
+                        return Err(RunError::Failed(format!(
                             "CLUSTERDOWN The cluster is down: partition {p} has no leader \
                              this node can reach"
-                        ));
+                        )));
                     }
                     let hint = hint.map(|h| h as usize).filter(|&h| h < self.n);
                     if self.part(p).is_none() {
@@ -504,6 +523,7 @@ impl Part {
         // The entry runs at the leader's time, whichever node took the request.
         request.now_ms = crate::keyspace::unix_ms();
         match self.raft.client_write(request).await {
+            Ok(written) if written.data.rolled_back => Err(Refused::RolledBack),
             Ok(written) => Ok(written.data.reply),
             // Not appended (or cut from the log): it will never apply, so it may be sent
             // again.
@@ -539,7 +559,14 @@ fn read_here(db: &'static Db, request: &Request) -> Vec<u8> {
     match db.begin() {
         // Dropped, never committed: a read that met an expired key deleted it only here.
         Ok(mut txn) => {
-            machine::run_all(&request.args(), request.exec, &mut txn, &ctx, &mut out);
+            machine::run_all(
+                &request.args(),
+                request.exec,
+                false,
+                &mut txn,
+                &ctx,
+                &mut out,
+            );
         }
         Err(e) => out.error(&format!("ERR keel: {e}")),
     }
@@ -670,6 +697,7 @@ mod tests {
                     .map(|c| c.iter().map(|a| a.as_bytes().to_vec()).collect())
                     .collect(),
                 exec: commands.len() > 1,
+                batch: false,
                 resp3: false,
                 now_ms: 1_700_000_000_000 + index,
                 bulk_bytes_max: 512 << 20,

@@ -337,21 +337,17 @@ impl RaftStateMachine<Tc> for Machine {
                     membership: membership.clone(),
                 })
                 .map_err(sm_err)?;
-                let reply = match &entry.payload {
+                let response = match &entry.payload {
                     EntryPayload::Normal(request) => {
                         let seed = log_id.index ^ log_id.leader_id.term.rotate_left(32);
                         execute(db, request, &marker, seed)?
                     }
                     _ => {
-                        db.transact(|t| {
-                            t.set_durability(LAZY);
-                            t.put(APPLIED, &marker)
-                        })
-                        .map_err(sm_err)?;
-                        Vec::new()
+                        put_marker(db, &marker)?;
+                        Response::default()
                     }
                 };
-                responses.push(Response { reply });
+                responses.push(response);
             }
             Ok::<_, StorageError<u64>>((responses, membership, applied))
         })()?;
@@ -416,7 +412,7 @@ impl RaftStateMachine<Tc> for Machine {
 
 /// Applies one request to `db` with `marker` as the new applied marker, drawing random
 /// numbers from `seed`; returns the reply.
-pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<Vec<u8>> {
+pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<Response> {
     let proto = request.proto();
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
@@ -434,27 +430,44 @@ pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<V
         let mut out = Out::new(&mut buf, proto);
         let (failed, txn) = data::with_seed(seed, || {
             let mut txn = db.begin().map_err(sm_err)?;
-            let failed = run_all(&commands, request.exec, &mut txn, &ctx, &mut out);
+            let failed = run_all(
+                &commands,
+                request.exec,
+                !request.exec,
+                &mut txn,
+                &ctx,
+                &mut out,
+            );
             Ok::<_, StorageError<u64>>((failed, txn))
         })?;
+        let rolled_back = |db: &Db, reply: Vec<u8>| {
+            put_marker(db, marker)?;
+            Ok(Response {
+                rolled_back: request.batch,
+                reply: if request.batch { Vec::new() } else { reply },
+            })
+        };
         if failed {
             drop(txn);
-            put_marker(db, marker)?;
-            return Ok(buf.to_vec());
+            return rolled_back(db, buf.to_vec());
         }
         let mut txn = txn;
         txn.set_durability(LAZY);
         txn.put(APPLIED, marker).map_err(sm_err)?;
         match txn.commit() {
-            Ok(Ok(_)) => return Ok(buf.to_vec()),
+            Ok(Ok(_)) => {
+                return Ok(Response {
+                    reply: buf.to_vec(),
+                    rolled_back: false,
+                });
+            }
             Ok(Err(_conflict)) => continue,
             Err(keel::CommitError::Apply(e)) => {
                 // A commutative add met a value that is not an integer.
                 buf.clear();
                 let mut out = Out::new(&mut buf, proto);
                 out.error(&format!("ERR {e}"));
-                put_marker(db, marker)?;
-                return Ok(buf.to_vec());
+                return rolled_back(db, buf.to_vec());
             }
             Err(e) => return Err(sm_err(e)),
         }
@@ -470,16 +483,18 @@ fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {
     .map_err(sm_err)
 }
 
-/// Runs `commands` in `txn`, writing their replies; whether one failed (the entry then rolls
-/// back).
+/// Runs `commands` in `txn`, writing their replies (in an array if `array`); whether one
+/// failed (a write then rolls back). With `stop`, the first failure ends the run (a single
+/// command, a batch that will run again one by one); `EXEC` and reads run them all.
 pub(super) fn run_all(
     commands: &[Vec<Bytes>],
-    exec: bool,
+    array: bool,
+    stop: bool,
     txn: &mut keel::Txn<'_>,
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> bool {
-    if exec {
+    if array {
         out.array(commands.len());
     }
     let mut failed = false;
@@ -493,7 +508,7 @@ pub(super) fn run_all(
             out.buf.truncate(slot);
             out.error(&text);
             failed = true;
-            if !exec {
+            if stop {
                 break;
             }
         }

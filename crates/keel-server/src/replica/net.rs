@@ -90,20 +90,31 @@ fn parse_bulk(reply: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
+/// An open connection to a peer and what was read on it past the last answer.
+type Conn = (tokio::net::TcpStream, bytes::BytesMut);
+
+/// Idle connections kept per peer (replication streams, heartbeats, linearizable-read checks
+/// that openraft runs on clients of their own).
+const IDLE_PER_PEER: usize = 8;
+
 /// Makes a partition's connections to its other replicas.
 pub struct Network {
     pub shared: Weak<Shared>,
     pub part: usize,
+    /// Idle connections by target node, shared by every client made here: openraft makes a
+    /// new client for each leadership check, and a TCP connection for each would cost more
+    /// than the check.
+    pub idle: std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<usize, Vec<Conn>>>>,
 }
 
-/// A partition's connection to one other replica: openraft calls it one RPC at a time, so it
-/// keeps one TCP connection of its own (no pool, no re-registration per request), dropped on
-/// any error or timeout so that a late answer is never read as the next one's.
+/// A partition's connection to one other replica. A connection is taken from the network's
+/// idle ones for each RPC and given back after a whole answer; one that failed or timed out
+/// is dropped, so that a late answer is never read as another's.
 pub struct Peer {
     shared: Weak<Shared>,
     part: usize,
     target: usize,
-    conn: Option<(tokio::net::TcpStream, bytes::BytesMut)>,
+    idle: std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<usize, Vec<Conn>>>>,
 }
 
 impl RaftNetworkFactory<Tc> for Network {
@@ -114,7 +125,7 @@ impl RaftNetworkFactory<Tc> for Network {
             shared: self.shared.clone(),
             part: self.part,
             target: target as usize,
-            conn: None,
+            idle: std::sync::Arc::clone(&self.idle),
         }
     }
 }
@@ -131,18 +142,20 @@ impl Peer {
     ) -> Result<Vec<u8>, CallError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let addr = cluster.map.nodes()[self.target].addr;
-        if self.conn.is_none() {
-            let password = shared.requirepass.read().clone();
-            let connected =
-                tokio::time::timeout(wait, crate::cluster::connect(addr, Proto::Resp2, password))
-                    .await;
-            match connected {
-                Ok(Ok(stream)) => self.conn = Some((stream, bytes::BytesMut::new())),
-                Ok(Err(e)) => return Err(CallError::Unsent(format!("{addr}: {e}"))),
-                Err(_) => return Err(CallError::Unsent(format!("{addr}: connect timed out"))),
+        let pooled = self.idle.lock().get_mut(&self.target).and_then(Vec::pop);
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => {
+                let password = shared.requirepass.read().clone();
+                let connect = crate::cluster::connect(addr, Proto::Resp2, password);
+                match tokio::time::timeout(wait, connect).await {
+                    Ok(Ok(stream)) => (stream, bytes::BytesMut::new()),
+                    Ok(Err(e)) => return Err(CallError::Unsent(format!("{addr}: {e}"))),
+                    Err(_) => return Err(CallError::Unsent(format!("{addr}: connect timed out"))),
+                }
             }
-        }
-        let (stream, input) = self.conn.as_mut().expect("connected");
+        };
+        let (stream, input) = &mut conn;
         let mut wire = bytes::BytesMut::with_capacity(payload.len() + 64);
         crate::cluster::encode(
             &[
@@ -160,18 +173,21 @@ impl Peer {
         };
         let reply = match tokio::time::timeout(wait, exchange).await {
             Ok(Ok(reply)) => reply,
-            Ok(Err(e)) => {
-                self.conn = None;
-                return Err(CallError::Lost(format!("{addr}: {e}")));
-            }
+            Ok(Err(e)) => return Err(CallError::Lost(format!("{addr}: {e}"))),
             Err(_) => {
-                self.conn = None;
                 return Err(CallError::Lost(format!(
                     "{addr}: no answer within {} ms",
                     wait.as_millis()
                 )));
             }
         };
+        if input.is_empty() {
+            let mut idle = self.idle.lock();
+            let idle = idle.entry(self.target).or_default();
+            if idle.len() < IDLE_PER_PEER {
+                idle.push(conn);
+            }
+        }
         parse_bulk(&reply).map_err(CallError::Lost)
     }
 
