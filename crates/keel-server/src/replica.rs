@@ -30,6 +30,8 @@
 mod log;
 mod machine;
 mod net;
+#[cfg(test)]
+mod sim;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -249,6 +251,7 @@ impl Replication {
                     part: p,
                     text: e.to_string(),
                 })?;
+            let log = log.purge_behind(machine.durable());
             let placed: std::collections::BTreeSet<u64> =
                 replicas.iter().map(|&i| i as u64).collect();
             if let Some(stored) = machine.stored_voters(&log).await
@@ -725,6 +728,66 @@ mod tests {
             // Fails: rolls back, replies the error.
             entry(12, &[&["INCR", "h"]]),
         ]
+    }
+
+    /// The log is cut only behind the snapshot file: openraft purges a follower's log as soon
+    /// as it accepts a snapshot, before the state machine has written it, and a crash in
+    /// between used to leave a log cut past the snapshot on disk, on which openraft refuses to
+    /// start (found by `replica::sim`).
+    #[tokio::test(start_paused = true)]
+    async fn the_log_is_cut_only_behind_the_snapshot_file() {
+        use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut follower = machine::Machine::open(leaked(), Some(dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        let mut log = log::LogStore::open(leaked(), keel::Durability::None)
+            .expect("log")
+            .purge_behind(follower.durable());
+        // The leader's snapshot starts to arrive.
+        let received = follower.begin_receiving_snapshot().await.expect("begin");
+        let entries: Vec<Entry<Tc>> = (1..=10).map(|i| entry(i, &[&["SET", "k", "v"]])).collect();
+        let upto = LogId::new(CommittedLeaderId::new(1, 0), 6);
+        let waited = tokio::time::timeout(Duration::from_secs(60), log.purge(upto)).await;
+        assert!(waited.is_err(), "a purge past the snapshot file waits");
+        assert_eq!(
+            log.get_log_state().await.expect("state").last_purged_log_id,
+            None
+        );
+
+        let mut leader = machine::Machine::open(leaked(), None).await.expect("open");
+        leader.apply(entries[..6].to_vec()).await.expect("apply");
+        let snapshot = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        drop(received);
+        follower
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        tokio::time::timeout(Duration::from_secs(60), log.purge(upto))
+            .await
+            .expect("the purge goes ahead once the file covers it")
+            .expect("purge");
+        assert_eq!(
+            log.get_log_state().await.expect("state").last_purged_log_id,
+            Some(upto)
+        );
+        // What the file covers survives a restart.
+        let again = machine::Machine::open(leaked(), Some(dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        assert!(again.durable().covers(6));
+        // With no snapshot arriving, a purge does not wait (openraft's clean-up at start).
+        let mut log = log.purge_behind(again.durable());
+        let upto = LogId::new(CommittedLeaderId::new(1, 0), 8);
+        tokio::time::timeout(Duration::from_secs(1), log.purge(upto))
+            .await
+            .expect("no wait")
+            .expect("purge");
     }
 
     /// Two replicas applying the same entries end with identical databases (random picks,

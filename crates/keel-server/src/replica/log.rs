@@ -13,7 +13,9 @@
 //! append order, once the commits' futures resolve. Until then the entries are not yet
 //! visible in the database (keel publishes a `sync` commit after its fsync), so reads find
 //! them in `pending`. Truncating and purging first wait for every flush in flight, so that
-//! they see (and delete) exactly what was appended.
+//! they see (and delete) exactly what was appended. While a snapshot from the leader is
+//! being installed, a purge also waits until the state machine's snapshot file covers it
+//! ([`LogStore::purge_behind`]).
 
 // openraft's storage traits return its `StorageError`, which is large; the helpers here
 // return it too rather than converting at every call.
@@ -82,6 +84,8 @@ pub struct LogStore {
     submitted: Arc<AtomicU64>,
     /// Appends the flusher has finished (their callbacks called).
     flushed: tokio::sync::watch::Receiver<u64>,
+    /// The last log id the state machine's durable snapshot covers, if purges wait for it.
+    durable: Option<super::machine::Durable>,
 }
 
 impl LogStore {
@@ -127,6 +131,7 @@ impl LogStore {
             flushes,
             submitted: Arc::default(),
             flushed,
+            durable: None,
         })
     }
 
@@ -139,6 +144,19 @@ impl LogStore {
             .await
             .map(|_| ())
             .map_err(|_| write_err("the raft log's flusher stopped"))
+    }
+
+    /// Cuts the log only behind the state machine's durable snapshot (`durable`): while a
+    /// snapshot from the leader is being installed, a purge past the snapshot file waits for
+    /// it. openraft purges a follower's log as soon as it accepts a snapshot, while the state
+    /// machine is still writing it; a crash in between would leave neither the entries nor
+    /// the snapshot on disk, and openraft refuses to start on such a log (its purge point past
+    /// its snapshot). While the purge waits, openraft appends nothing, so the log has no gap
+    /// either. Other purges (behind a snapshot built here, or openraft's clean-up at start)
+    /// do not wait.
+    pub fn purge_behind(mut self, durable: super::machine::Durable) -> LogStore {
+        self.durable = Some(durable);
+        self
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>> {
@@ -360,6 +378,11 @@ impl RaftLogStorage<Tc> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<()> {
+        if let Some(durable) = &self.durable
+            && !durable.covers(log_id.index)
+        {
+            durable.wait_for(log_id.index).await;
+        }
         self.wait_flushed().await?;
         let this = self.clone();
         tokio::task::spawn_blocking(move || {

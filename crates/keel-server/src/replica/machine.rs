@@ -13,7 +13,9 @@
 //! log id and membership; before it is taken a `sync` commit makes everything it contains
 //! durable (openraft cuts the log behind a snapshot). The current snapshot is also kept in
 //! `<dir>/raft-<p>/snapshot`, written before a received one is installed: a crash during the
-//! install is finished on the next start.
+//! install is finished on the next start. [`Durable`] says which log id that file covers (the
+//! log store cuts the log no further); it is written by one writer at a time, and never goes
+//! back to an older snapshot (a build that started before an install finished).
 
 // openraft's storage traits return its `StorageError`, which is large; the helpers here
 // return it too rather than converting at every call.
@@ -89,6 +91,69 @@ pub struct Machine {
     membership: Membership,
     /// The current snapshot, when there is no directory to keep it in.
     current: Current,
+    durable: Durable,
+}
+
+/// The last log id covered by the snapshot that survives a crash (the snapshot file; with no
+/// directory, the one in memory), shared with the builders and the log store, which cuts the
+/// log no further than it.
+#[derive(Clone, Default)]
+pub struct Durable(std::sync::Arc<DurableState>);
+
+#[derive(Default)]
+struct DurableState {
+    last: tokio::sync::watch::Sender<Option<LogId<u64>>>,
+    /// Whether a snapshot from the leader is being received or installed: from openraft's
+    /// `begin_receiving_snapshot` to the end of the install.
+    receiving: tokio::sync::watch::Sender<bool>,
+    /// Held while the snapshot file is written: one writer at a time.
+    writing: parking_lot::Mutex<()>,
+}
+
+impl Durable {
+    /// The last log id covered.
+    pub fn get(&self) -> Option<LogId<u64>> {
+        *self.0.last.borrow()
+    }
+
+    /// Whether entry `index` is covered.
+    pub fn covers(&self, index: u64) -> bool {
+        self.get().is_some_and(|l| l.index >= index)
+    }
+
+    /// Whether a snapshot from the leader is being received or installed.
+    pub fn receiving(&self) -> bool {
+        *self.0.receiving.borrow()
+    }
+
+    /// Waits while a snapshot from the leader is being received or installed, until entry
+    /// `index` is covered or the install is over (done, or failed).
+    pub async fn wait_for(&self, index: u64) {
+        let (mut last, mut receiving) = (self.0.last.subscribe(), self.0.receiving.subscribe());
+        // The senders live as long as `self`.
+        while !self.covers(index) && self.receiving() {
+            tokio::select! {
+                _ = last.changed() => {}
+                _ = receiving.changed() => {}
+            }
+        }
+    }
+
+    /// Runs `write` (which writes the snapshot file) if `last` is past what is covered, alone,
+    /// then covers `last`.
+    fn write_past(
+        &self,
+        last: Option<LogId<u64>>,
+        write: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _alone = self.0.writing.lock();
+        if last <= self.get() {
+            return Ok(());
+        }
+        write()?;
+        self.0.last.send_replace(last);
+        Ok(())
+    }
 }
 
 /// A snapshot kept in memory (no data directory), shared with the builders.
@@ -99,6 +164,7 @@ pub struct Builder {
     db: &'static Db,
     dir: Option<PathBuf>,
     current: Current,
+    durable: Durable,
 }
 
 impl Machine {
@@ -111,8 +177,15 @@ impl Machine {
             applied: marker.applied,
             membership: marker.membership,
             current: Current::default(),
+            durable: Durable::default(),
         };
-        if let Some(file) = machine.read_file()?
+        let file = machine.read_file()?;
+        machine
+            .durable
+            .0
+            .last
+            .send_replace(file.as_ref().and_then(|f| f.meta.last_log_id));
+        if let Some(file) = file
             && file.meta.last_log_id > machine.applied
         {
             tracing::info!(
@@ -149,6 +222,11 @@ impl Machine {
             EntryPayload::Membership(m) => Some(m.voter_ids().collect()),
             _ => None,
         }
+    }
+
+    /// The last log id the snapshot that survives a crash covers (see [`Durable`]).
+    pub fn durable(&self) -> Durable {
+        self.durable.clone()
     }
 
     fn file_path(&self) -> Option<PathBuf> {
@@ -288,11 +366,15 @@ fn build(db: &Db) -> Result<SnapshotFile> {
 impl RaftSnapshotBuilder<Tc> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<Tc>> {
         let (db, path) = (self.db, self.dir.as_ref().map(|d| d.join("snapshot")));
+        let durable = self.durable.clone();
         let file = tokio::task::spawn_blocking(move || {
             let file = build(db)?;
-            if let Some(path) = &path {
-                write_file(path, &file).map_err(snap_err)?;
-            }
+            // Never an older snapshot over a newer one (an install may have finished while
+            // this one was built).
+            durable.write_past(file.meta.last_log_id, || match &path {
+                Some(path) => write_file(path, &file).map_err(snap_err),
+                None => Ok(()),
+            })?;
             Ok::<_, StorageError<u64>>(file)
         })
         .await
@@ -361,10 +443,12 @@ impl RaftStateMachine<Tc> for Machine {
             db: self.db,
             dir: self.dir.clone(),
             current: std::sync::Arc::clone(&self.current),
+            durable: self.durable.clone(),
         }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
+        self.durable.0.receiving.send_replace(true);
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -378,15 +462,19 @@ impl RaftStateMachine<Tc> for Machine {
             data: snapshot.into_inner(),
         };
         let (db, path) = (self.db, self.file_path());
-        let file = tokio::task::spawn_blocking(move || {
-            if let Some(path) = &path {
-                write_file(path, &file).map_err(snap_err)?;
-            }
+        let durable = self.durable.clone();
+        let installed = tokio::task::spawn_blocking(move || {
+            durable.write_past(file.meta.last_log_id, || match &path {
+                Some(path) => write_file(path, &file).map_err(snap_err),
+                None => Ok(()),
+            })?;
             load(db, &file.meta, &file.data)?;
             Ok::<_, StorageError<u64>>(file)
         })
-        .await
-        .map_err(sm_err)??;
+        .await;
+        // Done, or failed: a purge waiting for this snapshot goes ahead either way.
+        self.durable.0.receiving.send_replace(false);
+        let file = installed.map_err(sm_err)??;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         if self.dir.is_none() {
