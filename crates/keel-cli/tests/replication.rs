@@ -17,15 +17,17 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
 use history::{Op, Outcome, TxnRecord};
-use support::{Node, StopOnDrop, connect};
+use support::{Node, StopOnDrop, connect, connect_addr};
 
 const NODES: usize = 5;
 const KEYS_PER_PARTITION: usize = 3;
 
 /// Keys of each partition (found with `CLUSTER KEYSLOT`): `[partition][i]`.
-fn keys_by_partition(port: u16) -> Vec<Vec<String>> {
-    let mut c = connect(port).expect("connect");
+fn keys_by_partition(addr: SocketAddr) -> Vec<Vec<String>> {
+    let mut c = connect_addr(addr).expect("connect");
     let mut keys = vec![Vec::new(); NODES];
     for n in 0.. {
         let name = format!("list{n}");
@@ -46,8 +48,8 @@ fn keys_by_partition(port: u16) -> Vec<Vec<String>> {
 }
 
 /// The node leading the partition that holds slot `slot`, per `CLUSTER SLOTS` on `port`.
-fn leader_of(port: u16, slot: u16) -> Option<usize> {
-    let mut c = connect(port).ok()?;
+fn leader_of(addr: SocketAddr, slot: u16) -> Option<usize> {
+    let mut c = connect_addr(addr).ok()?;
     let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
     for range in slots {
         let redis::Value::Array(items) = range else {
@@ -126,14 +128,38 @@ fn transact(c: &mut redis::Connection, plan: &[(u32, String, Option<u64>)]) -> S
     }
 }
 
-#[test]
-fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let ports = support::ports(0, NODES);
-    let mut nodes: Vec<Node> = (0..NODES)
-        .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
-        .collect();
-    let keys = keys_by_partition(ports[0]);
+/// What [`elle_under_faults`] gives its fault schedule.
+struct Cluster<'a> {
+    /// Each node's client address.
+    addrs: &'a [SocketAddr],
+    /// Keys of each partition.
+    keys: &'a [Vec<String>],
+}
+
+impl Cluster<'_> {
+    /// The slot of `key`.
+    fn slot(&self, key: &str) -> u16 {
+        let mut c = connect_addr(self.addrs[0]).expect("connect");
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query::<u16>(&mut c)
+            .expect("keyslot")
+    }
+}
+
+/// Elle list-append transactions (`MULTI` of `GET`s and `APPEND`s on keys of one partition)
+/// from four clients to random nodes while `faults` runs; then final reads of every key
+/// through any node that answers, and the checks: no duplicate, every acknowledged append
+/// present, a transaction of unknown outcome all-or-nothing, the history strictly
+/// serializable. Returns the report and the times (ns since the start) of the commits, and
+/// `faults`' result.
+fn elle_under_faults<T>(
+    addrs: &[SocketAddr],
+    faults: impl FnOnce(&Cluster<'_>) -> T,
+) -> (history::Report, Vec<u64>, T) {
+    let nodes_n = addrs.len();
+    let keys = keys_by_partition(addrs[0]);
     let key_index: HashMap<&str, u32> = keys
         .iter()
         .flatten()
@@ -144,32 +170,26 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
     for part in &keys {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let ok = connect(ports[0])
+            let ok = connect_addr(addrs[0])
                 .and_then(|mut c| redis::cmd("EXISTS").arg(&part[0]).query::<i64>(&mut c));
             match ok {
                 Ok(_) => break,
                 Err(e) if Instant::now() > deadline => {
-                    panic!(
-                        "no leader for {} within 20 s: {e}\n{}",
-                        part[0],
-                        nodes[0].log()
-                    )
+                    panic!("no leader for {} within 20 s: {e}", part[0])
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }
         }
     }
-
     let epoch = Instant::now();
     let records = Mutex::new(Vec::new());
     let unknown = Mutex::new(Vec::new());
     let next_elem = AtomicU64::new(1);
     let stop = AtomicBool::new(false);
     let commits_at = Mutex::new(Vec::new());
-    let mut failover = Duration::ZERO;
-    std::thread::scope(|s| {
+    let result = std::thread::scope(|s| {
         for worker in 0..4u64 {
-            let (ports, keys, key_index) = (&ports, &keys, &key_index);
+            let (addrs, keys, key_index) = (addrs, &keys, &key_index);
             let (records, unknown, next_elem, stop, commits_at) =
                 (&records, &unknown, &next_elem, &stop, &commits_at);
             s.spawn(move || {
@@ -181,10 +201,10 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
                     rng
                 };
                 let mut conns: Vec<Option<redis::Connection>> =
-                    ports.iter().map(|_| None).collect();
+                    addrs.iter().map(|_| None).collect();
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let part = &keys[(next() % NODES as u64) as usize];
+                    let part = &keys[(next() % keys.len() as u64) as usize];
                     let mut chosen: Vec<&String> = (0..1 + next() % 2)
                         .map(|_| &part[(next() % KEYS_PER_PARTITION as u64) as usize])
                         .collect();
@@ -201,9 +221,9 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
                             )
                         })
                         .collect();
-                    let node = (next() % NODES as u64) as usize;
+                    let node = (next() % nodes_n as u64) as usize;
                     if conns[node].is_none() {
-                        conns[node] = connect(ports[node]).ok();
+                        conns[node] = connect_addr(addrs[node]).ok();
                     }
                     let Some(c) = conns[node].as_mut() else {
                         std::thread::sleep(Duration::from_millis(20));
@@ -249,58 +269,8 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
         }
         // The faults. The load stops however this closure ends.
         let _stop = StopOnDrop(&stop);
-        std::thread::sleep(Duration::from_millis(1500));
-        // SIGKILL the leader of the partition of the first key, then time the first commit
-        // on that partition through another node.
-        let probe_key = &keys[0][0];
-        let slot = {
-            let mut c = connect(ports[0]).expect("connect");
-            redis::cmd("CLUSTER")
-                .arg("KEYSLOT")
-                .arg(probe_key)
-                .query::<u16>(&mut c)
-                .expect("keyslot")
-        };
-        let victim = leader_of(ports[1], slot).expect("partition 0 has a leader");
-        nodes[victim].kill_9();
-        let killed = Instant::now();
-        let via = (victim + 1) % NODES;
-        loop {
-            let wrote = connect(ports[via]).and_then(|mut c| {
-                redis::cmd("SET")
-                    .arg(format!("{probe_key}-probe"))
-                    .arg(1)
-                    .query::<String>(&mut c)
-            });
-            if wrote.is_ok() {
-                failover = killed.elapsed();
-                break;
-            }
-            assert!(
-                killed.elapsed() < Duration::from_secs(20),
-                "no commit on the partition 20 s after its leader was killed: {wrote:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::thread::sleep(Duration::from_millis(1000));
-        nodes[victim].spawn();
-        std::thread::sleep(Duration::from_millis(1500));
-        // SIGSTOP another partition's leader for longer than an election takes.
-        let slot2 = {
-            let mut c = connect(ports[0]).expect("connect");
-            redis::cmd("CLUSTER")
-                .arg("KEYSLOT")
-                .arg(&keys[2][0])
-                .query::<u16>(&mut c)
-                .expect("keyslot")
-        };
-        let paused = leader_of(ports[0], slot2).expect("partition 2 has a leader");
-        nodes[paused].signal("-STOP");
-        std::thread::sleep(Duration::from_millis(2500));
-        nodes[paused].signal("-CONT");
-        std::thread::sleep(Duration::from_millis(2000));
+        faults(&Cluster { addrs, keys: &keys })
     });
-    assert!(nodes.iter().all(Node::running));
 
     // Final reads of every key, after everything (real time), on any node.
     let final_began = epoch.elapsed().as_nanos() as u64;
@@ -308,7 +278,7 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
     let deadline = Instant::now() + Duration::from_secs(20);
     for (key, &k) in &key_index {
         loop {
-            let read = connect(ports[k as usize % NODES])
+            let read = connect_addr(addrs[k as usize % nodes_n])
                 .and_then(|mut c| redis::cmd("GET").arg(*key).query::<Option<String>>(&mut c));
             match read {
                 Ok(v) => {
@@ -395,14 +365,64 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
         });
     }
     let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
-    // Availability: commits went on after the kill, while the victim was down.
-    let commits = commits_at.into_inner().unwrap();
+    println!("{report:?}; {acknowledged} acknowledged appends, {unknown_count} unknown outcomes");
+    (report, commits_at.into_inner().unwrap(), result)
+}
+
+#[test]
+fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(0, NODES);
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
+        .collect();
+    let (report, commits, failover) = elle_under_faults(&addrs, |cluster| {
+        std::thread::sleep(Duration::from_millis(1500));
+        // SIGKILL the leader of the partition of the first key, then time the first commit
+        // on that partition through another node.
+        let probe_key = &cluster.keys[0][0];
+        let slot = cluster.slot(probe_key);
+        let victim = leader_of(addrs[1], slot).expect("partition 0 has a leader");
+        nodes[victim].kill_9();
+        let killed = Instant::now();
+        let via = (victim + 1) % NODES;
+        let failover = loop {
+            let wrote = connect(ports[via]).and_then(|mut c| {
+                redis::cmd("SET")
+                    .arg(format!("{probe_key}-probe"))
+                    .arg(1)
+                    .query::<String>(&mut c)
+            });
+            if wrote.is_ok() {
+                break killed.elapsed();
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(20),
+                "no commit on the partition 20 s after its leader was killed: {wrote:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        std::thread::sleep(Duration::from_millis(1000));
+        nodes[victim].spawn();
+        std::thread::sleep(Duration::from_millis(1500));
+        // SIGSTOP another partition's leader for longer than an election takes.
+        let slot2 = cluster.slot(&cluster.keys[2][0]);
+        let paused = leader_of(addrs[0], slot2).expect("partition 2 has a leader");
+        nodes[paused].signal("-STOP");
+        std::thread::sleep(Duration::from_millis(2500));
+        nodes[paused].signal("-CONT");
+        std::thread::sleep(Duration::from_millis(2000));
+        failover
+    });
+    assert!(nodes.iter().all(Node::running));
     let summary = format!(
-        "{report:?}; {acknowledged} acknowledged appends, {unknown_count} unknown outcomes, \
-         failover to the first commit {} ms",
+        "{report:?}; failover to the first commit {} ms",
         failover.as_millis()
     );
-    println!("{summary}");
     assert!(report.committed > 200, "{summary}");
     assert!(commits.len() > 200, "{summary}");
     assert!(failover < Duration::from_secs(10), "{summary}");

@@ -130,7 +130,11 @@ impl Node {
 }
 
 pub fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    connect_addr(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+pub fn connect_addr(addr: std::net::SocketAddr) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(format!("redis://{addr}/"))?;
     let c = client.get_connection_with_timeout(Duration::from_secs(1))?;
     c.set_read_timeout(Some(Duration::from_secs(10)))?;
     Ok(c)
