@@ -134,6 +134,8 @@ struct Cluster<'a> {
     addrs: &'a [SocketAddr],
     /// Keys of each partition.
     keys: &'a [Vec<String>],
+    /// When the workload started: commit times count from here.
+    epoch: Instant,
 }
 
 impl Cluster<'_> {
@@ -269,7 +271,11 @@ fn elle_under_faults<T>(
         }
         // The faults. The load stops however this closure ends.
         let _stop = StopOnDrop(&stop);
-        faults(&Cluster { addrs, keys: &keys })
+        faults(&Cluster {
+            addrs,
+            keys: &keys,
+            epoch,
+        })
     });
 
     // Final reads of every key, after everything (real time), on any node.
@@ -406,7 +412,9 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
             );
             std::thread::sleep(Duration::from_millis(10));
         };
+        let recovered = cluster.epoch.elapsed().as_nanos() as u64;
         std::thread::sleep(Duration::from_millis(1000));
+        let restarted = cluster.epoch.elapsed().as_nanos() as u64;
         nodes[victim].spawn();
         std::thread::sleep(Duration::from_millis(1500));
         // SIGSTOP another partition's leader for longer than an election takes.
@@ -416,8 +424,9 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
         std::thread::sleep(Duration::from_millis(2500));
         nodes[paused].signal("-CONT");
         std::thread::sleep(Duration::from_millis(2000));
-        failover
+        (failover, (recovered, restarted))
     });
+    let (failover, (recovered, restarted)) = failover;
     assert!(nodes.iter().all(Node::running));
     let summary = format!(
         "{report:?}; failover to the first commit {} ms",
@@ -426,6 +435,15 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
     assert!(report.committed > 200, "{summary}");
     assert!(commits.len() > 200, "{summary}");
     assert!(failover < Duration::from_secs(10), "{summary}");
+    // The clients kept committing (through the surviving nodes) while the victim was down.
+    let while_down = commits
+        .iter()
+        .filter(|&&t| t >= recovered && t <= restarted)
+        .count();
+    assert!(
+        while_down > 0,
+        "no commit while the killed node was down; {summary}"
+    );
 }
 
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep
@@ -726,4 +744,169 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
+}
+
+/// Network namespaces for a partition test: one per node, each joined by a veth pair to a
+/// bridge in a "switch" namespace, and this process (the clients) on the same bridge through
+/// a veth pair from its own namespace. A partition moves nodes' switch ports to a second
+/// bridge, or off any bridge; removed (nodes first) on drop.
+#[cfg(feature = "netns")]
+struct Netns {
+    tag: String,
+    n: usize,
+    hosts: Vec<std::net::IpAddr>,
+}
+
+#[cfg(feature = "netns")]
+impl Netns {
+    fn ip(args: &str) {
+        let out = std::process::Command::new("ip")
+            .args(args.split_whitespace())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("running ip {args}: {e} (the netns feature needs iproute2)")
+            });
+        assert!(
+            out.status.success(),
+            "ip {args}: {} (the netns feature needs root)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn new(n: usize) -> Netns {
+        let pid = std::process::id();
+        let tag = format!("k{}", pid % 100_000);
+        let net = 200 + (pid % 50) as u8;
+        let sw = format!("{tag}sw");
+        let hosts = (0..n)
+            .map(|i| std::net::IpAddr::from([10, 213, net, i as u8 + 1]))
+            .collect();
+        let me = Netns { tag, n, hosts };
+        Netns::ip(&format!("netns add {sw}"));
+        for br in ["br0", "br1"] {
+            Netns::ip(&format!("-n {sw} link add {br} type bridge"));
+            Netns::ip(&format!("-n {sw} link set {br} up"));
+        }
+        for i in 0..n {
+            let ns = me.ns(i);
+            Netns::ip(&format!("netns add {ns}"));
+            Netns::ip(&format!(
+                "link add eth0 netns {ns} type veth peer name p{i} netns {sw}"
+            ));
+            Netns::ip(&format!(
+                "-n {ns} addr add 10.213.{net}.{}/24 dev eth0",
+                i + 1
+            ));
+            Netns::ip(&format!("-n {ns} link set eth0 up"));
+            Netns::ip(&format!("-n {ns} link set lo up"));
+            Netns::ip(&format!("-n {sw} link set p{i} master br0"));
+            Netns::ip(&format!("-n {sw} link set p{i} up"));
+        }
+        let client = format!("{}c", me.tag);
+        Netns::ip(&format!(
+            "link add {client} type veth peer name pc netns {sw}"
+        ));
+        Netns::ip(&format!("addr add 10.213.{net}.100/24 dev {client}"));
+        Netns::ip(&format!("link set {client} up"));
+        Netns::ip(&format!("-n {sw} link set pc master br0"));
+        Netns::ip(&format!("-n {sw} link set pc up"));
+        me
+    }
+
+    fn ns(&self, i: usize) -> String {
+        format!("{}n{i}", self.tag)
+    }
+
+    /// Node `i` reaches nobody, and nobody reaches it.
+    fn isolate(&self, i: usize) {
+        Netns::ip(&format!("-n {}sw link set p{i} nomaster", self.tag));
+    }
+
+    /// The nodes of `group` reach each other only; the clients stay with the rest.
+    fn split(&self, group: &[usize]) {
+        for i in group {
+            Netns::ip(&format!("-n {}sw link set p{i} master br1", self.tag));
+        }
+    }
+
+    fn heal(&self) {
+        for i in 0..self.n {
+            Netns::ip(&format!("-n {}sw link set p{i} master br0", self.tag));
+        }
+    }
+}
+
+#[cfg(feature = "netns")]
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let quiet = |args: String| {
+            let _ = std::process::Command::new("ip")
+                .args(args.split_whitespace())
+                .output();
+        };
+        quiet(format!("link del {}c", self.tag));
+        for i in 0..self.n {
+            quiet(format!("netns del {}", self.ns(i)));
+        }
+        quiet(format!("netns del {}sw", self.tag));
+    }
+}
+
+/// Five nodes in network namespaces, `--replicas 3`, Elle list-append clients on the
+/// bridge: a partition's leader is cut off from everyone for 3 s, then two nodes are split
+/// from the three the clients reach for 3 s. Nothing acknowledged is lost, the history is
+/// strictly serializable, and the majority side commits during each partition.
+#[cfg(feature = "netns")]
+#[test]
+fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
+    let net = Netns::new(NODES);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|i| {
+            Node::start_in_netns(
+                dir.path(),
+                i,
+                &net.hosts,
+                7001,
+                &net.ns(i),
+                &["--replicas", "3"],
+            )
+        })
+        .collect();
+    let addrs: Vec<SocketAddr> = nodes.iter().map(Node::addr).collect();
+    let (report, commits, windows) = elle_under_faults(&addrs, |cluster| {
+        let ns_now = || cluster.epoch.elapsed().as_nanos() as u64;
+        std::thread::sleep(Duration::from_millis(1500));
+        let slot = cluster.slot(&cluster.keys[0][0]);
+        let leader = leader_of(addrs[(1) % NODES], slot).expect("a leader");
+        net.isolate(leader);
+        let cut = ns_now();
+        std::thread::sleep(Duration::from_millis(3000));
+        net.heal();
+        let healed = ns_now();
+        std::thread::sleep(Duration::from_millis(2000));
+        let slot2 = cluster.slot(&cluster.keys[2][0]);
+        let leader2 = leader_of(addrs[0], slot2).expect("a leader");
+        let minority = [leader2, (leader2 + 1) % NODES];
+        net.split(&minority);
+        let split = ns_now();
+        std::thread::sleep(Duration::from_millis(3000));
+        net.heal();
+        let healed2 = ns_now();
+        std::thread::sleep(Duration::from_millis(2000));
+        [(cut, healed), (split, healed2)]
+    });
+    let summary = format!("{report:?}; commits {}", commits.len());
+    assert!(report.committed > 200, "{summary}");
+    // The majority side served: commits in each partition's last 1.5 s (after any
+    // election it needed).
+    for (from, to) in windows {
+        let late = to.saturating_sub(1_500_000_000).max(from);
+        let during = commits.iter().filter(|&&t| t >= late && t <= to).count();
+        assert!(
+            during > 0,
+            "no commit in the last 1.5 s of a partition; {summary}"
+        );
+    }
+    drop(nodes);
 }

@@ -14,6 +14,10 @@ pub struct Node {
     pub index: usize,
     ports: Vec<u16>,
     extra: Vec<String>,
+    /// Every node's host (127.0.0.1 unless started in network namespaces).
+    hosts: Vec<std::net::IpAddr>,
+    /// The network namespace the process runs in, if any (`ip netns exec`).
+    netns: Option<String>,
 }
 
 impl Drop for Node {
@@ -51,9 +55,42 @@ impl Node {
             index,
             ports: ports.to_vec(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            hosts: vec![std::net::Ipv4Addr::LOCALHOST.into(); ports.len()],
+            netns: None,
         };
         node.spawn();
         node
+    }
+
+    /// As [`Node::start_with`], node `index` in network namespace `netns[index]` at
+    /// `hosts[index]` (every node on `port`), listening without protected mode.
+    pub fn start_in_netns(
+        dir: &Path,
+        index: usize,
+        hosts: &[std::net::IpAddr],
+        port: u16,
+        netns: &str,
+        extra: &[&str],
+    ) -> Node {
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        extra.extend(["--protected-mode".to_owned(), "no".to_owned()]);
+        let mut node = Node {
+            child: None,
+            port,
+            dir: dir.join(format!("node-{}", index + 1)),
+            index,
+            ports: vec![port; hosts.len()],
+            extra,
+            hosts: hosts.to_vec(),
+            netns: Some(netns.to_owned()),
+        };
+        node.spawn();
+        node
+    }
+
+    /// The node's client address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.hosts[self.index], self.port)
     }
 
     pub fn running(&self) -> bool {
@@ -62,7 +99,14 @@ impl Node {
 
     /// Starts the process (again), and waits until it answers `PING`.
     pub fn spawn(&mut self) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_keel")]);
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_keel")),
+        };
         command
             .args(["serve", "--durability", "sync", "--port"])
             .arg(self.port.to_string())
@@ -71,9 +115,10 @@ impl Node {
         for (i, port) in self.ports.iter().enumerate() {
             let (start, end) =
                 keel_server::cluster_map::membership::even_range(i, self.ports.len());
+            let host = self.hosts[i];
             command
                 .arg("--cluster-node")
-                .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+                .arg(format!("n{},{host}:{port},{start}-{end}", i + 1));
         }
         command
             .arg("--cluster-myself")
@@ -94,7 +139,7 @@ impl Node {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if let Ok(mut c) = connect(self.port)
+            if let Ok(mut c) = connect_addr(self.addr())
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
                 return;
