@@ -103,6 +103,9 @@ const HEARTBEAT_MS: u64 = 100;
 const ELECTION_MS: (u64, u64) = (600, 1200);
 /// Entries applied between snapshots (a snapshot lets the log be cut).
 const SNAPSHOT_EVERY: u64 = 10_000;
+/// How long the replicas of a partition other than its home wait for the home node to start
+/// the group on a fresh cluster before they do.
+const INITIALIZE_AFTER: Duration = Duration::from_secs(3);
 /// Pause between attempts while a partition has no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -307,10 +310,27 @@ impl Replication {
                     }
                 }
             });
-            // Every replica proposes the same initial membership; a group already started
-            // (a restart) refuses, which is what should happen.
-            if let Err(e) = raft.initialize(members).await {
-                tracing::debug!("partition {p}: not initializing: {e}");
+            // The partition's home node starts the group: with the first entry in its log
+            // it wins the first election, so each node first leads its own slots and the
+            // leaders are spread. If the home node is not there, the other replicas
+            // propose the same membership after a while. A group already started (a
+            // restart) refuses, which is what should happen.
+            if p == me {
+                if let Err(e) = raft.initialize(members).await {
+                    tracing::debug!("partition {p}: not initializing: {e}");
+                }
+            } else {
+                let raft = raft.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(INITIALIZE_AFTER).await;
+                    let started = {
+                        let m = raft.metrics().borrow().clone();
+                        m.current_leader.is_some() || m.last_log_index.is_some()
+                    };
+                    if !started && let Err(e) = raft.initialize(members).await {
+                        tracing::debug!("partition {p}: not initializing: {e}");
+                    }
+                });
             }
             parts.insert(
                 p,
