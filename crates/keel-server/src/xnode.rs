@@ -51,6 +51,10 @@ const TICK: Duration = Duration::from_millis(20);
 /// The decisions database, in the node's data directory.
 const DECISIONS_DIR: &str = "cluster-decisions";
 
+/// How many cluster timeouts the coordinator waits for every participant to install a
+/// committed transaction before it answers the client anyway.
+const ACK_WAIT_TIMEOUTS: u64 = 15;
+
 /// One node's part of a transaction: commands, run in order in one engine transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Work {
@@ -286,8 +290,12 @@ impl Xnode {
         .map_err(bind)?;
         let config = keel_cluster::txn::Config {
             // The client is answered once every participant has installed (real-time
-            // order); a participant that stays silent this long is answered for anyway.
-            ack_wait_ms: map.timeout().as_millis() as u64,
+            // order); a participant that stays silent this long is answered for anyway,
+            // which is serializable but not strictly (a later read of that participant may
+            // miss the commit until it installs). 15 cluster timeouts (30 s by default): the
+            // full-CI Elle run saw a participant's install take over 2 s under load, and the
+            // early answer then broke real-time order.
+            ack_wait_ms: (map.timeout().as_millis() as u64).saturating_mul(ACK_WAIT_TIMEOUTS),
             ..Default::default()
         };
         let mut coordinator = Coordinator::new(me, incarnation, config.clone());
