@@ -601,6 +601,44 @@ fn cluster_start_survives_a_killed_node_and_refuses_a_changed_layout() {
     );
 }
 
+/// A node whose data directory holds data written without `--replicas` refuses to start
+/// replicated (the log would be applied over data no entry made, and the replicas differ).
+#[test]
+fn data_written_without_replicas_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(3, 2);
+    let mut node = Node::start(dir.path(), 0, &ports);
+    // A key of node 1's slots (0-8191), written on node 1 without replication.
+    let mut c = connect(ports[0]).expect("connect");
+    let _: () = redis::cmd("SET")
+        .arg("{b}k")
+        .arg("v")
+        .query(&mut c)
+        .expect("SET");
+    drop(c);
+    node.signal("-TERM");
+    node.wait();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--port", &ports[0].to_string(), "--replicas", "2"])
+        .arg("--dir")
+        .arg(&node.dir)
+        .args(["--cluster-myself", "n1"]);
+    for (i, port) in ports.iter().enumerate() {
+        let (start, end) = keel_server::cluster_map::membership::even_range(i, 2);
+        command
+            .arg("--cluster-node")
+            .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+    }
+    let out = command.output().expect("keel serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("holds data written without --replicas"),
+        "{stderr}"
+    );
+}
+
 /// `--replicas` out of range, or without a cluster, is refused before anything starts.
 #[test]
 fn bad_replicas_are_refused() {

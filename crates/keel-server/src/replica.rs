@@ -255,6 +255,19 @@ impl Replication {
                     text: e.to_string(),
                 })?;
             let log = log.purge_behind(machine.durable());
+            // Data that no log entry made (the directory of a node that ran without
+            // --replicas): the log would be applied over it, and the replicas would differ.
+            if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
+                return Err(StartError::Raft {
+                    part: p,
+                    text: format!(
+                        "{} holds data written without --replicas; a replicated node starts \
+                         on an empty data directory (load the data through the cluster)",
+                        dir.as_ref()
+                            .map_or("the data directory".into(), |d| d.display().to_string())
+                    ),
+                });
+            }
             let placed: std::collections::BTreeSet<u64> =
                 replicas.iter().map(|&i| i as u64).collect();
             if let Some(stored) = machine.stored_voters(&log).await

@@ -245,6 +245,12 @@ impl Machine {
     }
 }
 
+/// Whether `db` holds any key but the replication markers.
+pub fn holds_data(db: &Db) -> bool {
+    db.snapshot()
+        .is_ok_and(|snap| snap.range::<[u8]>(..).any(|(k, _)| !k.starts_with(MARKERS)))
+}
+
 fn read_marker(db: &Db) -> Result<Marker> {
     let snap = db.snapshot().map_err(sm_err)?;
     match snap.get(APPLIED).map_err(sm_err)? {
