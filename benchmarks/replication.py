@@ -261,32 +261,37 @@ def writers(port_of, key, seconds, n=4):
     return threads, acked
 
 
+def redis_pair(root, replicaof):
+    """A Redis primary on 7311 and a replica on 7312 of `replicaof` (the primary, or a proxy
+    to it), both `appendfsync always`; returns them once the replica is in sync."""
+    common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
+              "--bind", "127.0.0.1", "--protected-mode", "no",
+              "--repl-diskless-sync-delay", "0"]
+    os.makedirs(root + "/p")
+    os.makedirs(root + "/r")
+    primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
+                               stdout=subprocess.DEVNULL)
+    replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
+                                "--replicaof", "127.0.0.1", str(replicaof)] + common,
+                               stdout=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while True:
+        try:
+            info = redis.Redis(port=7312).info("replication")
+            if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
+                return primary, replica
+        except redis.RedisError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError("the Redis replica did not sync within 20 s")
+        time.sleep(0.1)
+
+
 def lost_writes(results):
     print("== acknowledged writes lost when the primary/leader is killed under load")
     # Redis: primary + asynchronous replica, writes to the primary, kill -9 it, promote.
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
-        common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                  "--bind", "127.0.0.1", "--protected-mode", "no",
-                  "--repl-diskless-sync-delay", "0"]
-        os.makedirs(root + "/p")
-        os.makedirs(root + "/r")
-        primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
-                                   stdout=subprocess.DEVNULL)
-        replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
-                                    "--replicaof", "127.0.0.1", "7311"] + common,
-                                   stdout=subprocess.DEVNULL)
-        # The replica is in sync before any write.
-        deadline = time.time() + 20
-        while True:
-            try:
-                info = redis.Redis(port=7312).info("replication")
-                if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
-                    break
-            except redis.RedisError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("the Redis replica did not sync within 20 s")
-            time.sleep(0.1)
+        primary, replica = redis_pair(root, 7311)
         target = {"port": 7311}
         threads, acked = writers(lambda: target["port"], "log", 4.0)
         time.sleep(2.0)
@@ -385,28 +390,8 @@ def partitioned_redis(results):
     What the old primary acknowledged during the cut is lost."""
     print("== acknowledged writes lost when the primary is cut off from its replica, then replaced")
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
-        common = ["--save", "", "--appendonly", "yes", "--appendfsync", "always",
-                  "--bind", "127.0.0.1", "--protected-mode", "no",
-                  "--repl-diskless-sync-delay", "0"]
-        os.makedirs(root + "/p")
-        os.makedirs(root + "/r")
-        primary = subprocess.Popen(["redis-server", "--port", "7311", "--dir", root + "/p"] + common,
-                                   stdout=subprocess.DEVNULL)
         proxy = Proxy(7313, 7311)
-        replica = subprocess.Popen(["redis-server", "--port", "7312", "--dir", root + "/r",
-                                    "--replicaof", "127.0.0.1", "7313"] + common,
-                                   stdout=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while True:
-            try:
-                info = redis.Redis(port=7312).info("replication")
-                if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
-                    break
-            except redis.RedisError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("the Redis replica did not sync within 20 s")
-            time.sleep(0.1)
+        primary, replica = redis_pair(root, 7313)
         target = {"port": 7311}
         threads, acked = writers(lambda: target["port"], "log", 6.0)
         time.sleep(2.0)

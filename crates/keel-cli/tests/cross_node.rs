@@ -23,26 +23,10 @@ fn ports(block: u16) -> Vec<u16> {
     support::ports(block, NODES)
 }
 
-/// Account names, two on each node (found with `CLUSTER KEYSLOT`).
+/// Account names, two on each node.
 fn accounts(port: u16) -> Vec<String> {
     let mut c = connect(port).expect("connect");
-    let mut per_node = vec![Vec::new(); NODES];
-    for n in 0.. {
-        let name = format!("acct{n}");
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&name)
-            .query(&mut c)
-            .expect("keyslot");
-        let node = support::owner(slot, NODES);
-        if per_node[node].len() < ACCOUNTS / NODES {
-            per_node[node].push(name);
-        }
-        if per_node.iter().all(|v| v.len() == ACCOUNTS / NODES) {
-            break;
-        }
-    }
-    per_node.concat()
+    support::keys_per_node(&mut c, NODES, ACCOUNTS / NODES, "acct").concat()
 }
 
 fn audit(c: &mut redis::Connection, accounts: &[String]) -> redis::RedisResult<i64> {

@@ -25,26 +25,10 @@ use support::{Node, StopOnDrop, connect, connect_addr};
 const NODES: usize = 5;
 const KEYS_PER_PARTITION: usize = 3;
 
-/// Keys of each partition (found with `CLUSTER KEYSLOT`): `[partition][i]`.
+/// Keys of each partition: `[partition][i]`.
 fn keys_by_partition(addr: SocketAddr) -> Vec<Vec<String>> {
     let mut c = connect_addr(addr).expect("connect");
-    let mut keys = vec![Vec::new(); NODES];
-    for n in 0.. {
-        let name = format!("list{n}");
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(&name)
-            .query(&mut c)
-            .expect("keyslot");
-        let p = support::owner(slot, NODES);
-        if keys[p].len() < KEYS_PER_PARTITION {
-            keys[p].push(name);
-        }
-        if keys.iter().all(|k| k.len() == KEYS_PER_PARTITION) {
-            return keys;
-        }
-    }
-    unreachable!()
+    support::keys_per_node(&mut c, NODES, KEYS_PER_PARTITION, "list")
 }
 
 /// The node leading the partition that holds slot `slot`, per `CLUSTER SLOTS` on `port`.
@@ -350,27 +334,9 @@ fn elle_under_faults<T>(
     let unknown = unknown.into_inner().unwrap();
     let unknown_count = unknown.len();
     for (name, appends, began) in unknown {
-        let shown = appends
-            .iter()
-            .filter(|op| matches!(op, Op::Append { key, elem } if present.contains(&(*key, *elem))))
-            .count();
-        let committed = shown > 0;
-        assert!(
-            !committed || shown == appends.len(),
-            "{name}: only part of a transaction's appends are present"
-        );
-        history.push(TxnRecord {
-            name,
-            ops: appends,
-            outcome: if committed {
-                Outcome::Committed
-            } else {
-                Outcome::Aborted
-            },
-            position: None,
-            read_ts: None,
-            time: Some((began, u64::MAX)),
-        });
+        let record =
+            TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e)));
+        history.push(record.unwrap_or_else(|e| panic!("{e}")));
     }
     for (&key, list) in &finals {
         history.push(TxnRecord {
@@ -579,26 +545,37 @@ fn cluster_start_survives_a_killed_node_and_refuses_a_changed_layout() {
     assert!(status.success(), "keel cluster start exited with {status}");
 
     // node-1's data says its partitions live on three nodes: --replicas 2 is refused.
-    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-    command
-        .args(["serve", "--port", &ports[0].to_string(), "--replicas", "2"])
-        .arg("--dir")
-        .arg(dir.path().join("node-1"))
-        .args(["--cluster-myself", "n1"]);
-    for (i, port) in ports.iter().enumerate() {
-        let (start, end) = keel_server::cluster_map::membership::even_range(i, 3);
-        command
-            .arg("--cluster-node")
-            .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
-    }
-    let out = command.output().expect("keel serve");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_start(&dir.path().join("node-1"), &ports, 2);
     assert!(
         stderr.contains("its data was replicated on n1,n2,n3")
             && stderr.contains("place it on n1,n2"),
         "{stderr}"
     );
+}
+
+/// Starts node 1 of the cluster on `ports` over `dir` with `--replicas replicas`, expecting
+/// it to refuse; what it wrote to stderr.
+fn refused_start(dir: &std::path::Path, ports: &[u16], replicas: usize) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--port", &ports[0].to_string()])
+        .args([
+            "--replicas",
+            &replicas.to_string(),
+            "--cluster-myself",
+            "n1",
+        ])
+        .arg("--dir")
+        .arg(dir);
+    for (i, port) in ports.iter().enumerate() {
+        let (start, end) = keel_server::cluster_map::membership::even_range(i, ports.len());
+        command
+            .arg("--cluster-node")
+            .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
+    }
+    let out = command.output().expect("keel serve");
+    assert!(!out.status.success(), "keel serve started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A node whose data directory holds data written without `--replicas` refuses to start
@@ -618,21 +595,7 @@ fn data_written_without_replicas_is_refused() {
     drop(c);
     node.signal("-TERM");
     node.wait();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
-    command
-        .args(["serve", "--port", &ports[0].to_string(), "--replicas", "2"])
-        .arg("--dir")
-        .arg(&node.dir)
-        .args(["--cluster-myself", "n1"]);
-    for (i, port) in ports.iter().enumerate() {
-        let (start, end) = keel_server::cluster_map::membership::even_range(i, 2);
-        command
-            .arg("--cluster-node")
-            .arg(format!("n{},127.0.0.1:{port},{start}-{end}", i + 1));
-    }
-    let out = command.output().expect("keel serve");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_start(&node.dir, &ports, 2);
     assert!(
         stderr.contains("holds data written without --replicas"),
         "{stderr}"

@@ -240,13 +240,7 @@ impl Replication {
                 open_db(dir.as_ref(), &format!("partition-{p}"), shared, p, "data").await?
             };
             let log_db = open_db(dir.as_ref(), &format!("raft-{p}"), shared, p, "log").await?;
-            let log =
-                log::LogStore::open(log_db, shared.config.durability.engine()).map_err(|e| {
-                    StartError::Raft {
-                        part: p,
-                        text: e.to_string(),
-                    }
-                })?;
+            let log = log::LogStore::open(log_db, shared.config.durability.engine());
             let snapshot_dir = dir.as_ref().map(|d| d.join(format!("raft-{p}")));
             let machine = machine::Machine::open(db, snapshot_dir)
                 .await
@@ -465,12 +459,12 @@ impl Replication {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let deadline = Instant::now() + cluster.map.timeout() * 3;
         let mut target = self.leader(p);
-        let payload = postcard::to_stdvec(&request).expect("a request encodes");
-        if payload.len() > REQUEST_BYTES_MAX {
+        if request.size_bound() > REQUEST_BYTES_MAX {
             return Err(RunError::Failed(format!(
                 "ERR keel: a replicated request is limited to {REQUEST_BYTES_MAX} bytes"
             )));
         }
+        let mut payload: Option<Vec<u8>> = None;
         loop {
             let outcome = match target {
                 Some(node) if node == self.me => match self.part(p) {
@@ -479,7 +473,11 @@ impl Replication {
                 },
                 Some(node) => {
                     let kind = if read { "read" } else { "write" };
-                    match net::call_node(shared, node, p, kind, &payload, None).await {
+                    // Encoded only to go to another node (a local leader takes the request).
+                    let payload = payload.get_or_insert_with(|| {
+                        postcard::to_stdvec(&request).expect("a request encodes")
+                    });
+                    match net::call_node(shared, node, p, kind, payload, None).await {
                         Ok(bytes) => postcard::from_bytes::<Result<Vec<u8>, Refused>>(&bytes)
                             .unwrap_or_else(|e| {
                                 Err(Refused::Failed(format!(
@@ -619,6 +617,13 @@ impl Request {
         }
     }
 
+    /// At least the request's encoded size (postcard: a length of at most 10 bytes before
+    /// each argument and list, and the fixed fields), without encoding it.
+    pub fn size_bound(&self) -> usize {
+        let args: usize = self.commands.iter().flatten().map(|a| a.len() + 10).sum();
+        args + 10 * self.commands.len() + 64
+    }
+
     /// Each command's arguments, as the command functions take them.
     pub fn args(&self) -> Vec<Vec<Bytes>> {
         self.commands
@@ -712,7 +717,7 @@ mod tests {
 
     impl StoreBuilder<Tc, log::LogStore, machine::Machine, ()> for Stores {
         async fn build(&self) -> Result<((), log::LogStore, machine::Machine), StorageError<u64>> {
-            let log = log::LogStore::open(leaked(), keel::Durability::None).expect("log");
+            let log = log::LogStore::open(leaked(), keel::Durability::None);
             let machine = machine::Machine::open(leaked(), None).await?;
             Ok(((), log, machine))
         }
@@ -774,9 +779,8 @@ mod tests {
         let mut follower = machine::Machine::open(leaked(), Some(dir.path().to_path_buf()))
             .await
             .expect("open");
-        let mut log = log::LogStore::open(leaked(), keel::Durability::None)
-            .expect("log")
-            .purge_behind(follower.durable());
+        let mut log =
+            log::LogStore::open(leaked(), keel::Durability::None).purge_behind(follower.durable());
         // The leader's snapshot starts to arrive.
         let received = follower.begin_receiving_snapshot().await.expect("begin");
         let entries: Vec<Entry<Tc>> = (1..=10).map(|i| entry(i, &[&["SET", "k", "v"]])).collect();

@@ -191,6 +191,33 @@ pub fn connect_addr(addr: std::net::SocketAddr) -> redis::RedisResult<redis::Con
     Ok(c)
 }
 
+/// Keys named `<prefix><number>`, `per` on each of `n` nodes' slots (split evenly), found with
+/// `CLUSTER KEYSLOT` on `c`: `[node][i]`.
+pub fn keys_per_node(
+    c: &mut redis::Connection,
+    n: usize,
+    per: usize,
+    prefix: &str,
+) -> Vec<Vec<String>> {
+    let mut keys = vec![Vec::new(); n];
+    for i in 0.. {
+        let name = format!("{prefix}{i}");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&name)
+            .query(c)
+            .expect("keyslot");
+        let node = owner(slot, n);
+        if keys[node].len() < per {
+            keys[node].push(name);
+        }
+        if keys.iter().all(|k| k.len() == per) {
+            break;
+        }
+    }
+    keys
+}
+
 /// The node (index) that owns `slot` when `n` nodes split the slots evenly.
 pub fn owner(slot: u16, n: usize) -> usize {
     (0..n)

@@ -91,7 +91,7 @@ pub struct LogStore {
 impl LogStore {
     /// The log kept in `db`; appends commit with `durability`. Starts the store's flusher
     /// task on the current tokio runtime.
-    pub fn open(db: &'static Db, durability: Durability) -> std::result::Result<LogStore, String> {
+    pub fn open(db: &'static Db, durability: Durability) -> LogStore {
         let (flushes, mut queue) = tokio::sync::mpsc::unbounded_channel::<Flush>();
         let (done, flushed) = tokio::sync::watch::channel(0u64);
         let pending: Arc<parking_lot::Mutex<BTreeMap<u64, Entry<Tc>>>> = Arc::default();
@@ -124,7 +124,7 @@ impl LogStore {
                 let _ = done.send(finished);
             }
         });
-        Ok(LogStore {
+        LogStore {
             db,
             durability,
             pending,
@@ -132,7 +132,7 @@ impl LogStore {
             submitted: Arc::default(),
             flushed,
             durable: None,
-        })
+        }
     }
 
     /// Waits until every append handed to the flusher so far is finished.

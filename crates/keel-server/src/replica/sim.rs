@@ -341,7 +341,6 @@ impl Sim {
         let log = SimLog {
             durable: machine.durable(),
             inner: LogStore::open(node.log_db, keel::Durability::Sync)
-                .expect("log")
                 .purge_behind(machine.durable()),
             sim: Arc::clone(self),
             gate: Arc::clone(&gate),
@@ -1338,27 +1337,10 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
     }
     let unknown = book.unknown.len();
     for (name, appends, began) in book.unknown {
-        let shown = appends
-            .iter()
-            .filter(|op| matches!(op, Op::Append { key, elem } if present.contains(&(*key, *elem))))
-            .count();
-        if shown != 0 && shown != appends.len() {
-            violations.push(format!(
-                "{name}: only part of a transaction's appends are present"
-            ));
+        match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e))) {
+            Ok(record) => history.push(record),
+            Err(violation) => violations.push(violation),
         }
-        history.push(TxnRecord {
-            name,
-            ops: appends,
-            outcome: if shown > 0 {
-                Outcome::Committed
-            } else {
-                Outcome::Aborted
-            },
-            position: None,
-            read_ts: None,
-            time: Some((began, u64::MAX)),
-        });
     }
     history.push(TxnRecord {
         name: "final".into(),

@@ -208,6 +208,40 @@ impl TxnRecord {
         self.time = Some((began, ended));
         self
     }
+
+    /// A transaction of list appends whose outcome its client never learned (a lost answer),
+    /// resolved by the final state: committed, at some time after `began`, if any of its
+    /// appends is `present`, else aborted. An error if only some of them are (it was not
+    /// all-or-nothing). Used by the cluster tests, whose clients meet such outcomes.
+    #[allow(dead_code)]
+    pub fn resolve_unknown(
+        name: String,
+        appends: Vec<Op>,
+        began: u64,
+        present: impl Fn(Key, Elem) -> bool,
+    ) -> Result<TxnRecord, String> {
+        let shown = appends
+            .iter()
+            .filter(|op| matches!(op, Op::Append { key, elem } if present(*key, *elem)))
+            .count();
+        if shown != 0 && shown != appends.len() {
+            return Err(format!(
+                "{name}: only part of a transaction's appends are present"
+            ));
+        }
+        Ok(TxnRecord {
+            name,
+            ops: appends,
+            outcome: if shown > 0 {
+                Outcome::Committed
+            } else {
+                Outcome::Aborted
+            },
+            position: None,
+            read_ts: None,
+            time: Some((began, u64::MAX)),
+        })
+    }
 }
 
 /// What a successful check saw, so that callers can assert a history was not trivial.
