@@ -1,10 +1,12 @@
 //! A replicated cluster of real processes: five `keel serve --replicas 3` nodes on loopback
 //! (every partition on three of them, kept by Raft). Clients run Elle list-append
 //! transactions (`MULTI` with `GET`s and `APPEND`s of unique elements, on keys of one
-//! partition) against random nodes while a partition's leader is killed with SIGKILL and
-//! restarted, and another leader is stopped with SIGSTOP past the election timeout and
-//! resumed. Afterwards every acknowledged append is present, the history (with real-time
-//! order) is strictly serializable, and the cluster kept committing through the faults.
+//! partition or of two: two-phase commit over the partitions' logs) and bank transfers and
+//! audits across partitions against random nodes while a partition's leader is killed with
+//! SIGKILL and restarted, and another leader is stopped with SIGSTOP past the election timeout
+//! and resumed. Afterwards every acknowledged append is present, the history (with real-time
+//! order) is strictly serializable, every audit saw the bank's total, and the cluster kept
+//! committing through the faults.
 
 #[path = "../../keel/tests/it/history.rs"]
 #[allow(dead_code)]
@@ -24,6 +26,9 @@ use support::{Node, StopOnDrop, connect, connect_addr};
 
 const NODES: usize = 5;
 const KEYS_PER_PARTITION: usize = 3;
+/// Bank accounts per partition, and each one's opening balance.
+const ACCOUNTS_PER_PARTITION: usize = 2;
+const OPENING: i64 = 100;
 
 /// Keys of each partition: `[partition][i]`.
 fn keys_by_partition(addr: SocketAddr) -> Vec<Vec<String>> {
@@ -170,6 +175,8 @@ fn elle_under_faults<T>(
             }
         }
     }
+    let accounts = open_accounts(addrs[0]);
+    let bank = Bank::default();
     let epoch = Instant::now();
     let records = Mutex::new(Vec::new());
     let unknown = Mutex::new(Vec::new());
@@ -194,10 +201,17 @@ fn elle_under_faults<T>(
                     addrs.iter().map(|_| None).collect();
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let part = &keys[(next() % keys.len() as u64) as usize];
+                    let first = (next() % keys.len() as u64) as usize;
+                    let part = &keys[first];
                     let mut chosen: Vec<&String> = (0..1 + next() % 2)
                         .map(|_| &part[(next() % KEYS_PER_PARTITION as u64) as usize])
                         .collect();
+                    // One transaction in three also touches another partition.
+                    if next() % 3 == 0 {
+                        let other =
+                            (first + 1 + (next() % (keys.len() as u64 - 1)) as usize) % keys.len();
+                        chosen.push(&keys[other][(next() % KEYS_PER_PARTITION as u64) as usize]);
+                    }
                     chosen.sort_unstable();
                     chosen.dedup();
                     let plan: Vec<(u32, String, Option<u64>)> = chosen
@@ -266,6 +280,10 @@ fn elle_under_faults<T>(
                     }
                 }
             });
+        }
+        for worker in 0..2u64 {
+            let (addrs, accounts, stop, bank) = (addrs, &accounts, &stop, &bank);
+            s.spawn(move || bank_worker(worker, addrs, accounts, stop, bank));
         }
         // The faults. The load stops however this closure ends.
         let _stop = StopOnDrop(&stop);
@@ -353,7 +371,173 @@ fn elle_under_faults<T>(
     }
     let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
     println!("{report:?}; {acknowledged} acknowledged appends, {unknown_count} unknown outcomes");
+    let total = audit(addrs, &accounts).expect("a final audit within 20 s");
+    let bank = bank.0.into_inner().unwrap();
+    println!(
+        "bank: {} transfers across partitions acknowledged, {} audits, {} unknown outcomes",
+        bank.transfers, bank.audits, bank.unknown
+    );
+    assert!(
+        bank.wrong.is_empty(),
+        "audits saw the wrong total: {:?}",
+        bank.wrong
+    );
+    assert_eq!(
+        total,
+        OPENING * accounts.len() as i64,
+        "the bank's total changed"
+    );
+    assert!(bank.transfers > 20, "too few transfers: {bank:?}");
+    assert!(bank.audits > 5, "too few audits: {bank:?}");
     (report, commits_at.into_inner().unwrap(), result)
+}
+
+/// Bank accounts, `ACCOUNTS_PER_PARTITION` on each partition, opened with `OPENING` each.
+fn open_accounts(addr: SocketAddr) -> Vec<String> {
+    let mut c = connect_addr(addr).expect("connect");
+    let accounts: Vec<String> =
+        support::keys_per_node(&mut c, NODES, ACCOUNTS_PER_PARTITION, "acct")
+            .into_iter()
+            .flatten()
+            .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for a in &accounts {
+        while redis::cmd("SET")
+            .arg(a)
+            .arg(OPENING)
+            .query::<String>(&mut c)
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "opening {a} took over 20 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    accounts
+}
+
+#[derive(Debug, Default)]
+struct BankBook {
+    transfers: u64,
+    audits: u64,
+    unknown: u64,
+    /// Totals that audits saw and should not have.
+    wrong: Vec<i64>,
+}
+
+#[derive(Default)]
+struct Bank(Mutex<BankBook>);
+
+/// `MULTI`, `commands`, `EXEC`: `EXEC`'s reply (an error of `EXEC` as an error, which an
+/// atomic pipeline of redis-rs does not give).
+fn exec(c: &mut redis::Connection, commands: &[redis::Cmd]) -> redis::RedisResult<redis::Value> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("MULTI").ignore();
+    for command in commands {
+        pipe.add_command(command.clone()).ignore();
+    }
+    pipe.query::<()>(c)?;
+    redis::cmd("EXEC").query(c)
+}
+
+/// Reads every account in one transaction (across every partition): the total.
+fn audit_on(c: &mut redis::Connection, accounts: &[String]) -> redis::RedisResult<i64> {
+    let gets: Vec<redis::Cmd> = accounts
+        .iter()
+        .map(|a| redis::cmd("GET").arg(a).clone())
+        .collect();
+    let balances: Vec<i64> = redis::from_redis_value(exec(c, &gets)?)?;
+    Ok(balances.iter().sum())
+}
+
+/// An audit through any node that answers, within 20 s.
+fn audit(addrs: &[SocketAddr], accounts: &[String]) -> Option<i64> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for node in (0..addrs.len()).cycle() {
+        if let Ok(total) = connect_addr(addrs[node]).and_then(|mut c| audit_on(&mut c, accounts)) {
+            return Some(total);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Transfers between accounts of different partitions (`MULTI`, `DECRBY`, `INCRBY`,
+/// `EXEC`), and now and then an audit, through random nodes until `stop`.
+fn bank_worker(
+    worker: u64,
+    addrs: &[SocketAddr],
+    accounts: &[String],
+    stop: &AtomicBool,
+    bank: &Bank,
+) {
+    let mut rng = (worker + 101).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let per = ACCOUNTS_PER_PARTITION as u64;
+    let n = accounts.len() as u64;
+    while !stop.load(Ordering::Relaxed) {
+        let node = (next() % addrs.len() as u64) as usize;
+        let Ok(mut c) = connect_addr(addrs[node]) else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        if c.set_read_timeout(Some(Duration::from_secs(2))).is_err() {
+            continue;
+        }
+        for _ in 0..20 {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if next() % 5 == 0 {
+                match audit_on(&mut c, accounts) {
+                    Ok(total) => {
+                        let mut book = bank.0.lock().unwrap();
+                        book.audits += 1;
+                        if total != OPENING * accounts.len() as i64 {
+                            book.wrong.push(total);
+                        }
+                    }
+                    Err(e) if e.code().is_some() => {}
+                    Err(_) => break,
+                }
+                continue;
+            }
+            // Accounts of two different partitions (accounts are grouped by partition).
+            let from = next() % n;
+            let to = (from / per * per + per + next() % (n - per)) % n;
+            let amount = 1 + next() % 10;
+            let transfer = [
+                redis::cmd("DECRBY")
+                    .arg(&accounts[from as usize])
+                    .arg(amount)
+                    .clone(),
+                redis::cmd("INCRBY")
+                    .arg(&accounts[to as usize])
+                    .arg(amount)
+                    .clone(),
+            ];
+            match exec(&mut c, &transfer) {
+                Ok(redis::Value::Array(v)) if v.len() == 2 => {
+                    bank.0.lock().unwrap().transfers += 1;
+                }
+                Ok(other) => panic!("a transfer answered {other:?}"),
+                Err(e) if e.code() == Some("CLUSTERDOWN") => {}
+                Err(e) if e.code() == Some("TRYAGAIN") => bank.0.lock().unwrap().unknown += 1,
+                Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                    bank.0.lock().unwrap().unknown += 1;
+                    break;
+                }
+                Err(e) => panic!("a transfer failed: {e}"),
+            }
+        }
+    }
 }
 
 #[test]

@@ -771,6 +771,7 @@ impl Conn {
                 now_ms: crate::keyspace::unix_ms(),
                 bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
                 reply_bytes_max: shared.config.reply_bytes_max,
+                op: crate::replica::Op::Run,
             };
             let read = members.iter().all(|&i| data::is_read_only(cmds[i].0));
             let (shared, p) = (Arc::clone(&shared), *p);
@@ -805,7 +806,10 @@ impl Conn {
                         rest = &rest[n..];
                     }
                 }
-                Err(crate::replica::RunError::Failed(text)) => {
+                Err(
+                    crate::replica::RunError::Failed(text)
+                    | crate::replica::RunError::Unknown(text),
+                ) => {
                     let mut buf = BytesMut::new();
                     Out::new(&mut buf, proto).error(&text);
                     for &i in members {
@@ -1024,7 +1028,21 @@ impl Conn {
             return true;
         }
         let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
-            self.out(output).error(cluster::CROSSSLOT);
+            // Keys of several partitions: one transaction across them, key by key.
+            if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
+                self.out(output)
+                    .error("ERR wrong number of arguments for 'mset' command");
+            } else if let Some((parts, merge)) = per_key(spec.cmd, args) {
+                let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
+                let result = self.across_partitions(&parts).await;
+                let mut out = self.out(output);
+                match result {
+                    Ok(replies) => merge_replies(merge, &replies, &mut out),
+                    Err(Fail(text)) => out.error(&text),
+                }
+            } else {
+                self.out(output).error(cluster::CROSSSLOT);
+            }
             return true;
         };
         let read = data::is_read_only(spec.cmd);
@@ -1032,6 +1050,52 @@ impl Conn {
         self.run_replicated(p, slot, commands, false, false, read, output)
             .await;
         true
+    }
+
+    /// Replicated cluster: runs `commands` (each with keys of one partition, the
+    /// partitions two or more) as one transaction across their partitions (`replica::txn`);
+    /// each command's reply, in order.
+    async fn across_partitions(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
+        let shared = Arc::clone(&self.shared);
+        let rep = shared.replication.get().expect("replicated");
+        let mut work: crate::replica::txn::Work = Vec::new();
+        let mut place = Vec::with_capacity(commands.len());
+        for args in commands {
+            let spec = table::lookup(&args[0]).expect("a queued command is known");
+            let keys = cluster::key_args(spec, args);
+            if !data::is_data(spec.cmd) || keys.is_empty() {
+                return Err(format!(
+                    "ERR keel: a transaction across partitions runs only commands with keys, \
+                     and '{}' has none",
+                    spec.name
+                )
+                .into());
+            }
+            let Some((p, _)) = self.partition_of(keys.iter().copied()) else {
+                return Err(cluster::CROSSSLOT.into());
+            };
+            let i = match work.iter().position(|(q, _)| *q == p) {
+                Some(i) => i,
+                None => {
+                    work.push((p, Vec::new()));
+                    work.len() - 1
+                }
+            };
+            place.push((i, work[i].1.len()));
+            work[i].1.push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        let limits = crate::replica::txn::Limits {
+            resp3: self.proto == Proto::Resp3,
+            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+            reply_bytes_max: shared.config.reply_bytes_max,
+        };
+        let replies = tokio::select! {
+            r = rep.run_across(&shared, work, limits) => r?,
+            () = self.info.kill.cancelled() => {
+                return Err("ERR keel: the connection was killed".into());
+            }
+        };
+        Ok(gather(replies, &place))
     }
 
     /// The partition of every key in `keys` and the first key's slot; `None` if they are in
@@ -1079,6 +1143,7 @@ impl Conn {
             now_ms: crate::keyspace::unix_ms(),
             bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
             reply_bytes_max: shared.config.reply_bytes_max,
+            op: crate::replica::Op::Run,
         };
         // READONLY: a read of a partition kept here runs on this copy, as a Redis replica
         // serves its slots after READONLY.
@@ -1086,8 +1151,22 @@ impl Conn {
             && self.readonly
             && let Some(part) = rep.part(p)
         {
-            output.extend_from_slice(&part.read_local(&request));
-            return true;
+            // While a key it reads is written by a prepared transaction, wait for its
+            // decision (up to the cluster timeout).
+            let give_up = std::time::Instant::now() + cluster.map.timeout();
+            loop {
+                match part.read_local(&request) {
+                    Some(reply) => output.extend_from_slice(&reply),
+                    None if std::time::Instant::now() < give_up => {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        continue;
+                    }
+                    None => self.out(output).error(
+                        "TRYAGAIN keel: a key stayed locked by a transaction across partitions",
+                    ),
+                }
+                return true;
+            }
         }
         if self.aware
             && let Some(leader) = rep.leader(p)
@@ -1103,7 +1182,9 @@ impl Conn {
         };
         match result {
             Ok(reply) => output.extend_from_slice(&reply),
-            Err(crate::replica::RunError::Failed(text)) => self.out(output).error(&text),
+            Err(
+                crate::replica::RunError::Failed(text) | crate::replica::RunError::Unknown(text),
+            ) => self.out(output).error(&text),
             Err(crate::replica::RunError::RolledBack) => return false,
         }
         true
@@ -1140,7 +1221,14 @@ impl Conn {
             return Ok(());
         }
         let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
-            return Err(cluster::CROSSSLOT.into());
+            let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
+            let replies = self.across_partitions(&commands).await?;
+            let mut out = self.out(output);
+            out.array(replies.len());
+            for reply in replies {
+                out.buf.extend_from_slice(&reply);
+            }
+            return Ok(());
         };
         let read = multi.queue.iter().all(|(c, _)| data::is_read_only(*c));
         let commands = multi

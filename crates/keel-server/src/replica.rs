@@ -30,8 +30,10 @@
 mod log;
 mod machine;
 mod net;
+mod prepared;
 #[cfg(test)]
 mod sim;
+pub mod txn;
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -80,14 +82,83 @@ pub struct Request {
     pub bulk_bytes_max: i64,
     /// The largest reply the client takes.
     pub reply_bytes_max: usize,
+    /// What the entry does with the commands: run them, or a step of a transaction across
+    /// partitions (`txn`).
+    pub op: Op,
 }
 
-/// What applying an entry gave: the reply, as RESP bytes.
+/// A transaction across partitions: the node that runs it, that node's incarnation (drawn at
+/// start, so ids are never reused) and a sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TxnId {
+    pub node: u16,
+    pub incarnation: u64,
+    pub seq: u64,
+}
+
+/// What an entry does (see `txn` for the protocol). Every step of a transaction across
+/// partitions carries its deadline (Unix ms): after it, no partition prepares or commits it,
+/// and a partition that has no decision for it decides abort.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Run the commands (one, an `EXEC`'s, a pipelined batch).
+    #[default]
+    Run,
+    /// A participant's prepare: run the commands without keeping their effect, lock every key
+    /// they touch, and keep the prepared record (the commands, their clock and seed) until a
+    /// decision. The vote is the reply: `Done` with the replies, or `Busy`/`Failed`/`Aborted`.
+    Prepare {
+        txn: TxnId,
+        /// The partition whose log holds the decision.
+        coordinator: usize,
+        deadline_ms: u64,
+    },
+    /// The coordinator partition's entry, once every other participant voted yes: its own
+    /// commands run and commit, and the decision to commit is recorded (until `Forget`).
+    /// `Committed` with the replies, or `Busy`/`Failed`/`Aborted` (decided abort).
+    Decide {
+        txn: TxnId,
+        participants: Vec<usize>,
+        deadline_ms: u64,
+    },
+    /// A participant installs a prepared transaction (the decision was commit): its commands
+    /// run again at their prepare's clock and seed, on the keys it kept locked.
+    Commit { txn: TxnId, deadline_ms: u64 },
+    /// A participant drops a prepared transaction (the decision was abort).
+    Abort { txn: TxnId, deadline_ms: u64 },
+    /// Asks the coordinator partition for the decision: `Committed`, or `Aborted`, deciding
+    /// abort if there is no decision yet (a `Decide` that comes later is refused).
+    Resolve { txn: TxnId, deadline_ms: u64 },
+    /// The coordinator partition forgets a commit decision every participant installed.
+    Forget { txn: TxnId },
+}
+
+/// How an entry ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    /// Applied (or, for a prepare, prepared: the vote is yes).
+    #[default]
+    Done,
+    /// A batch whose commands did not all succeed: nothing of it applied, no reply.
+    RolledBack,
+    /// A key it touches is locked by a prepared transaction: nothing applied.
+    Busy,
+    /// A command failed: nothing applied; `reply` is the error.
+    Failed,
+    /// The transaction across partitions is committed.
+    Committed,
+    /// The transaction across partitions is aborted.
+    Aborted,
+}
+
+/// What applying an entry gave.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
+    /// The reply, as RESP bytes (for `Failed`, the error's text).
     pub reply: Vec<u8>,
-    /// A batch whose commands did not all succeed: nothing of it applied, no reply.
-    pub rolled_back: bool,
+    /// A transaction step's replies, one per command.
+    pub replies: Vec<Vec<u8>>,
+    pub status: Status,
 }
 
 /// The largest request (encoded) one log entry may carry: an entry is stored as one value of
@@ -123,8 +194,11 @@ pub enum Refused {
 /// Why [`Replication::run`] has no reply.
 #[derive(Debug)]
 pub enum RunError {
-    /// The error for the client.
+    /// The error for the client: nothing was applied.
     Failed(String),
+    /// The request was sent and its answer lost: it may or may not have applied (the error
+    /// for the client).
+    Unknown(String),
     /// A batch rolled back: run its commands one by one.
     RolledBack,
 }
@@ -137,6 +211,8 @@ pub struct Part {
     pub db: &'static Db,
     /// Its nodes (indexes in the cluster config), the first its home.
     pub replicas: Vec<usize>,
+    /// The keys locked by prepared transactions, shared with the state machine.
+    pub locks: prepared::Shared,
     /// The log's database.
     log_db: &'static Db,
     /// Whether the data database is this node's own (the server's) rather than opened here.
@@ -158,6 +234,10 @@ pub struct Replication {
     parts: BTreeMap<usize, Part>,
     /// For partitions not hosted here: the node last seen leading each.
     hints: parking_lot::Mutex<Vec<Option<usize>>>,
+    /// Drawn at start: names this process's transactions across partitions.
+    incarnation: u64,
+    /// The next transaction's sequence number.
+    seq: std::sync::atomic::AtomicU64,
 }
 
 /// Opening replication failed.
@@ -249,6 +329,7 @@ impl Replication {
                     text: e.to_string(),
                 })?;
             let log = log.purge_behind(machine.durable());
+            let locks = machine.locks();
             // Data that no log entry made (the directory of a node that ran without
             // --replicas): the log would be applied over it, and the replicas would differ.
             if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
@@ -346,6 +427,7 @@ impl Replication {
                     raft,
                     db,
                     replicas,
+                    locks,
                     log_db,
                     own_db,
                 },
@@ -358,6 +440,8 @@ impl Replication {
             layout: layout(map.digest(), r),
             parts,
             hints: parking_lot::Mutex::new(vec![None; n]),
+            incarnation: data::random(),
+            seq: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -447,8 +531,9 @@ impl Replication {
     }
 
     /// Runs `request` on partition `p`: here if this node leads it, else on its leader,
-    /// waiting through elections for up to three times the cluster's timeout. `read`: every
-    /// command only reads (no log entry; a linearizable read on the leader).
+    /// waiting through elections for up to three times the cluster's timeout, and while a
+    /// key it touches is locked by a prepared transaction. `read`: every command only reads
+    /// (no log entry; a linearizable read on the leader).
     pub async fn run(
         &self,
         shared: &Shared,
@@ -458,6 +543,42 @@ impl Replication {
     ) -> Result<Vec<u8>, RunError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let deadline = Instant::now() + cluster.map.timeout() * 3;
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            let response = self.call(shared, p, &request, read, deadline).await?;
+            match response.status {
+                Status::RolledBack => return Err(RunError::RolledBack),
+                Status::Failed => {
+                    return Err(RunError::Failed(
+                        String::from_utf8_lossy(&response.reply).into_owned(),
+                    ));
+                }
+                Status::Busy if Instant::now() < deadline => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(20));
+                }
+                Status::Busy => {
+                    return Err(RunError::Failed(format!(
+                        "TRYAGAIN keel: a key of partition {p} stayed locked by a transaction \
+                         across partitions; nothing was applied"
+                    )));
+                }
+                _ => return Ok(response.reply),
+            }
+        }
+    }
+
+    /// Sends `request` to partition `p`'s leader (here, or the node believed to lead it),
+    /// following "not the leader" answers and retrying while the partition has no leader
+    /// until `deadline`; the entry's response.
+    pub async fn call(
+        &self,
+        shared: &Shared,
+        p: usize,
+        request: &Request,
+        read: bool,
+        deadline: Instant,
+    ) -> Result<Response, RunError> {
         let mut target = self.leader(p);
         if request.size_bound() > REQUEST_BYTES_MAX {
             return Err(RunError::Failed(format!(
@@ -468,17 +589,17 @@ impl Replication {
         loop {
             let outcome = match target {
                 Some(node) if node == self.me => match self.part(p) {
-                    Some(part) => part.serve(request.clone(), read).await,
+                    Some(part) => part.submit(request.clone(), read).await,
                     None => Err(Refused::NotLeader(None)),
                 },
                 Some(node) => {
                     let kind = if read { "read" } else { "write" };
                     // Encoded only to go to another node (a local leader takes the request).
                     let payload = payload.get_or_insert_with(|| {
-                        postcard::to_stdvec(&request).expect("a request encodes")
+                        postcard::to_stdvec(request).expect("a request encodes")
                     });
                     match net::call_node(shared, node, p, kind, payload, None).await {
-                        Ok(bytes) => postcard::from_bytes::<Result<Vec<u8>, Refused>>(&bytes)
+                        Ok(bytes) => postcard::from_bytes::<Result<Response, Refused>>(&bytes)
                             .unwrap_or_else(|e| {
                                 Err(Refused::Failed(format!(
                                     "ERR keel: a bad reply from node {node}: {e}"
@@ -488,7 +609,7 @@ impl Replication {
                         Err(net::CallError::Unsent(_)) => Err(Refused::NotLeader(None)),
                         // Sent, and the answer lost: a write may or may not have happened.
                         Err(net::CallError::Lost(text)) if !read => {
-                            return Err(RunError::Failed(format!(
+                            return Err(RunError::Unknown(format!(
                                 "TRYAGAIN keel: partition {p}'s leader did not answer ({text}); \
                                  the write may or may not have happened"
                             )));
@@ -499,7 +620,7 @@ impl Replication {
                 None => Err(Refused::NotLeader(None)),
             };
             match outcome {
-                Ok(reply) => return Ok(reply),
+                Ok(response) => return Ok(response),
                 Err(Refused::Failed(text)) => return Err(RunError::Failed(text)),
                 Err(Refused::RolledBack) => return Err(RunError::RolledBack),
                 Err(Refused::NotLeader(hint)) => {
@@ -529,12 +650,27 @@ impl Replication {
 impl Part {
     /// Runs `request`'s reads on this replica's copy, whatever its role: a consistent
     /// snapshot of the entries it has applied, possibly behind the leader (`READONLY`).
-    pub fn read_local(&self, request: &Request) -> Vec<u8> {
-        read_here(self.db, request)
+    /// `None` while a key it reads is written by a prepared transaction.
+    pub fn read_local(&self, request: &Request) -> Option<Vec<u8>> {
+        read_here(self.db, &self.locks, request)
     }
 
-    /// Runs `request` here if this node leads the partition.
-    pub async fn serve(&self, mut request: Request, read: bool) -> Result<Vec<u8>, Refused> {
+    /// Runs `request` here if this node leads the partition; the reply.
+    #[cfg(test)]
+    pub async fn serve(&self, request: Request, read: bool) -> Result<Vec<u8>, Refused> {
+        let response = self.submit(request, read).await?;
+        match response.status {
+            Status::RolledBack => Err(Refused::RolledBack),
+            Status::Failed => Err(Refused::Failed(
+                String::from_utf8_lossy(&response.reply).into_owned(),
+            )),
+            _ => Ok(response.reply),
+        }
+    }
+
+    /// Runs `request` here if this node leads the partition; the entry's response (for a
+    /// read, `Busy` while a key it reads is written by a prepared transaction).
+    pub async fn submit(&self, mut request: Request, read: bool) -> Result<Response, Refused> {
         use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
         if read {
             match self.raft.ensure_linearizable().await {
@@ -552,13 +688,21 @@ impl Part {
                     )));
                 }
             }
-            return Ok(read_here(self.db, &request));
+            return Ok(match read_here(self.db, &self.locks, &request) {
+                Some(reply) => Response {
+                    reply,
+                    ..Response::default()
+                },
+                None => Response {
+                    status: Status::Busy,
+                    ..Response::default()
+                },
+            });
         }
         // The entry runs at the leader's time, whichever node took the request.
         request.now_ms = crate::keyspace::unix_ms();
         match self.raft.client_write(request).await {
-            Ok(written) if written.data.rolled_back => Err(Refused::RolledBack),
-            Ok(written) => Ok(written.data.reply),
+            Ok(written) => Ok(written.data),
             // Not appended (or cut from the log): it will never apply, so it may be sent
             // again.
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
@@ -573,11 +717,17 @@ impl Part {
             ))),
         }
     }
+
+    /// Whether this node leads the partition now.
+    pub fn leads(&self) -> bool {
+        self.raft.metrics().borrow().state == openraft::ServerState::Leader
+    }
 }
 
 /// Runs `request`'s read-only commands on `db` (after a linearizable read check) and returns
-/// the reply.
-fn read_here(db: &'static Db, request: &Request) -> Vec<u8> {
+/// the reply; `None` if a key they read is written by a prepared transaction (its effect is
+/// not there yet, and the old value may no longer be one a serial order allows).
+fn read_here(db: &'static Db, locks: &prepared::Shared, request: &Request) -> Option<Vec<u8>> {
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
     let ctx = data::Ctx {
@@ -590,7 +740,15 @@ fn read_here(db: &'static Db, request: &Request) -> Vec<u8> {
     };
     let mut buf = bytes::BytesMut::new();
     let mut out = Out::new(&mut buf, request.proto());
-    match db.begin() {
+    let begun = {
+        // The lock table and the snapshot taken together: both after the same entries.
+        let locks = locks.lock();
+        if locks.conflicts(&request.commands) {
+            return None;
+        }
+        db.begin()
+    };
+    match begun {
         // Dropped, never committed: a read that met an expired key deleted it only here.
         Ok(mut txn) => {
             machine::run_all(
@@ -604,7 +762,7 @@ fn read_here(db: &'static Db, request: &Request) -> Vec<u8> {
         }
         Err(e) => out.error(&format!("ERR keel: {e}")),
     }
-    buf.to_vec()
+    Some(buf.to_vec())
 }
 
 impl Request {
@@ -662,7 +820,7 @@ pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, Strin
     let payload = &args[3];
     let Some(part) = rep.part(p) else {
         if matches!(kind, b"write" | b"read") {
-            let refused: Result<Vec<u8>, Refused> =
+            let refused: Result<Response, Refused> =
                 Err(Refused::NotLeader(rep.leader(p).map(|l| l as u64)));
             return Ok(postcard::to_stdvec(&refused).expect("encodes"));
         }
@@ -743,8 +901,177 @@ mod tests {
                 now_ms: 1_700_000_000_000 + index,
                 bulk_bytes_max: 512 << 20,
                 reply_bytes_max: 1 << 30,
+                op: Op::Run,
             }),
         }
+    }
+
+    fn step(index: u64, now_ms: u64, commands: &[&[&str]], op: Op) -> Entry<Tc> {
+        let mut e = entry(index, commands);
+        if let EntryPayload::Normal(r) = &mut e.payload {
+            r.exec = false;
+            r.now_ms = now_ms;
+            r.op = op;
+        }
+        e
+    }
+
+    fn read(db: &'static Db, locks: &prepared::Shared, key: &str) -> Option<Vec<u8>> {
+        let request = Request {
+            commands: vec![vec![b"GET".to_vec(), key.as_bytes().to_vec()]],
+            exec: false,
+            ..match entry(0, &[]).payload {
+                EntryPayload::Normal(r) => r,
+                _ => unreachable!(),
+            }
+        };
+        read_here(db, locks, &request)
+    }
+
+    /// The state machine's side of transactions across partitions: a prepare locks what it
+    /// touches and keeps its effect out of the data; conflicting entries and reads are
+    /// refused until the decision; a commit installs exactly what the prepare computed;
+    /// the lock table comes back from a snapshot; the coordinator's decision answers
+    /// `Resolve`; and past the deadline nothing prepares or decides.
+    #[tokio::test]
+    async fn prepared_transactions_lock_until_decided_and_travel_in_snapshots() {
+        let t1 = TxnId {
+            node: 0,
+            incarnation: 7,
+            seq: 1,
+        };
+        let (t2, t3, t4) = (
+            TxnId { seq: 2, ..t1 },
+            TxnId { seq: 3, ..t1 },
+            TxnId { seq: 4, ..t1 },
+        );
+        let (now, deadline) = (1_700_000_000_000, 1_700_000_006_000);
+        let prepare = |txn| Op::Prepare {
+            txn,
+            coordinator: 2,
+            deadline_ms: deadline,
+        };
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let locks = m.locks();
+        let r = m
+            .apply(vec![
+                step(1, now, &[&["SET", "x", "1"]], Op::Run),
+                step(
+                    2,
+                    now,
+                    &[&["INCR", "x"], &["SADD", "s", "m"], &["GET", "r"]],
+                    prepare(t1),
+                ),
+                step(3, now, &[&["GET", "x"]], Op::Run),
+                step(4, now, &[&["SET", "z", "1"]], Op::Run),
+                step(5, now, &[&["GET", "s"]], prepare(t2)),
+                // Reading a key t1 only reads is no conflict; writing it is.
+                step(6, now, &[&["GET", "r"]], Op::Run),
+                step(7, now, &[&["SET", "r", "v"]], Op::Run),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(r[1].status, Status::Done, "t1 prepared");
+        assert_eq!(
+            r[1].replies,
+            vec![b":2\r\n".to_vec(), b":1\r\n".to_vec(), b"$-1\r\n".to_vec()]
+        );
+        assert_eq!(r[2].status, Status::Busy, "a read of a key t1 writes waits");
+        assert_eq!(r[3].status, Status::Done);
+        assert_eq!(
+            r[4].status,
+            Status::Busy,
+            "a prepare that reads t1's write is refused"
+        );
+        assert_eq!(r[5].reply, b"$-1\r\n");
+        assert_eq!(r[6].status, Status::Busy, "a write of a key t1 read waits");
+        assert_eq!(read(db, &locks, "x"), None, "reads wait for the decision");
+        assert_eq!(read(db, &locks, "z"), Some(b"$1\r\n1\r\n".to_vec()));
+
+        // A replica that catches up from a snapshot holds the same locks.
+        let snapshot = m
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let other = leaked();
+        let mut copy = machine::Machine::open(other, None).await.expect("open");
+        copy.install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(
+            read(other, &copy.locks(), "x"),
+            None,
+            "locked on the copy too"
+        );
+
+        let commit = Op::Commit {
+            txn: t1,
+            deadline_ms: deadline,
+        };
+        for machine in [&mut m, &mut copy] {
+            let r = machine
+                .apply(vec![
+                    step(8, now + 5, &[], commit.clone()),
+                    step(9, now + 5, &[&["GET", "x"]], Op::Run),
+                    // A late duplicate of the prepare is refused, not run again.
+                    step(10, now + 5, &[&["INCR", "x"]], prepare(t1)),
+                    step(11, now + 5, &[&["GET", "x"]], Op::Run),
+                ])
+                .await
+                .expect("apply");
+            assert_eq!(r[1].reply, b"$1\r\n2\r\n", "installed as prepared");
+            assert_eq!(r[2].status, Status::Aborted);
+            assert_eq!(r[3].reply, b"$1\r\n2\r\n");
+        }
+        assert_eq!(contents(db), contents(other), "replicas agree");
+        assert_eq!(read(db, &locks, "x"), Some(b"$1\r\n2\r\n".to_vec()));
+
+        // The coordinator's side.
+        let decide = |txn| Op::Decide {
+            txn,
+            participants: vec![0],
+            deadline_ms: deadline,
+        };
+        let resolve = |txn| Op::Resolve {
+            txn,
+            deadline_ms: deadline,
+        };
+        let r = m
+            .apply(vec![
+                step(12, now, &[&["SET", "w", "1"], &["INCR", "w"]], decide(t3)),
+                step(13, now, &[], resolve(t3)),
+                step(14, now, &[], resolve(t4)),
+                step(15, now, &[], Op::Forget { txn: t3 }),
+                // Past the deadline: no decision can be made, and none is kept.
+                step(16, deadline + 1, &[], resolve(t3)),
+                step(17, now, &[], resolve(t4)),
+                step(18, now, &[&["SET", "w", "9"]], decide(t4)),
+                step(19, now, &[&["GET", "w"]], Op::Run),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(r[0].status, Status::Committed);
+        assert_eq!(r[0].replies, vec![b"+OK\r\n".to_vec(), b":2\r\n".to_vec()]);
+        assert_eq!(r[1].status, Status::Committed);
+        assert_eq!(r[1].replies, r[0].replies, "a lost answer is recovered");
+        assert_eq!(
+            r[2].status,
+            Status::Aborted,
+            "asked before any decision, t4 is decided abort"
+        );
+        assert_eq!(r[4].status, Status::Aborted);
+        assert_eq!(
+            r[5].status,
+            Status::Aborted,
+            "the partition's clock does not go back"
+        );
+        assert_eq!(r[6].status, Status::Aborted);
+        assert_eq!(r[7].reply, b"$1\r\n2\r\n");
+        assert!(locks.lock().decided().is_empty());
+        assert!(locks.lock().prepared().is_empty());
     }
 
     fn contents(db: &Db) -> Vec<(Vec<u8>, Vec<u8>)> {

@@ -353,6 +353,7 @@ impl Server {
                         .await
                         .map_err(StartError::Replication)?;
                     let _ = shared.replication.set(replication);
+                    tokio::spawn(crate::replica::txn::resolve_loop(Arc::downgrade(&shared)));
                 }
             }
             None if db.recovery().is_some_and(|r| r.in_doubt > 0) => {

@@ -33,7 +33,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Request, Response, Tc};
+use super::{Op, Request, Response, Status, Tc, prepared};
 use crate::data::{self, Ctx, Fail, View};
 use crate::keyspace::Clock;
 use crate::reply::Out;
@@ -41,14 +41,20 @@ use crate::table;
 
 /// Commits whose loss a crash may cause (the log has what they did): on a database with
 /// files they are logged and made durable by the next `sync` commit.
-const LAZY: Durability = Durability::None;
+pub(super) const LAZY: Durability = Durability::None;
 
 /// The applied marker: `(last applied log id, membership)`.
-const APPLIED: &[u8] = &[0xFF, b'r', b'a'];
+pub(super) const APPLIED: &[u8] = &[0xFF, b'r', b'a'];
 /// Written with `sync` before a snapshot is taken.
 const SYNC: &[u8] = &[0xFF, b'r', b's'];
-/// The markers' prefix: not part of a snapshot's data.
+/// The replication keys' prefix (the markers, and the records of transactions across
+/// partitions, which are part of a snapshot's data).
 const MARKERS: &[u8] = &[0xFF, b'r'];
+
+/// Whether `key` is one of the markers, which a snapshot does not carry.
+fn is_marker(key: &[u8]) -> bool {
+    key == APPLIED || key == SYNC
+}
 
 /// Most keys one transaction of a snapshot install writes.
 const BATCH_KEYS: usize = 4096;
@@ -56,12 +62,12 @@ const BATCH_KEYS: usize = 4096;
 const BATCH_BYTES: usize = 16 << 20;
 /// Attempts at an entry's transaction (nothing else writes the database, so a conflict is
 /// not expected; an expired key deleted by a read on the leader is the one way).
-const APPLY_ATTEMPTS: u32 = 16;
+pub(super) const APPLY_ATTEMPTS: u32 = 16;
 
 type Membership = StoredMembership<u64, openraft::BasicNode>;
 type Result<T> = std::result::Result<T, StorageError<u64>>;
 
-fn sm_err(e: impl ToString) -> StorageError<u64> {
+pub(super) fn sm_err(e: impl ToString) -> StorageError<u64> {
     StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
 }
 
@@ -92,6 +98,8 @@ pub struct Machine {
     /// The current snapshot, when there is no directory to keep it in.
     current: Current,
     durable: Durable,
+    /// The keys locked by prepared transactions (see `prepared`).
+    locks: prepared::Shared,
 }
 
 /// The last log id covered by the snapshot that survives a crash (the snapshot file; with no
@@ -178,6 +186,7 @@ impl Machine {
             membership: marker.membership,
             current: Current::default(),
             durable: Durable::default(),
+            locks: prepared::Shared::default(),
         };
         let file = machine.read_file()?;
         machine
@@ -201,7 +210,13 @@ impl Machine {
             machine.applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
+        machine.locks.lock().load(db)?;
         Ok(machine)
+    }
+
+    /// The lock table, which readers check with their snapshot.
+    pub fn locks(&self) -> prepared::Shared {
+        std::sync::Arc::clone(&self.locks)
     }
 
     /// The voters of the membership this partition's replica last knew (applied, or the
@@ -347,7 +362,7 @@ fn build(db: &Db) -> Result<SnapshotFile> {
     };
     let pairs: Vec<(Vec<u8>, Vec<u8>)> = snap
         .range::<[u8]>(..)
-        .filter(|(k, _)| !k.starts_with(MARKERS))
+        .filter(|(k, _)| !is_marker(k))
         .collect();
     let data = postcard::to_stdvec(&pairs).map_err(snap_err)?;
     let id = match marker.applied {
@@ -411,6 +426,7 @@ impl RaftStateMachine<Tc> for Machine {
         let entries: Vec<Entry<Tc>> = entries.into_iter().collect();
         let (db, mut membership) = (self.db, self.membership.clone());
         let (mut applied, db) = (self.applied, db);
+        let locks = std::sync::Arc::clone(&self.locks);
         // Engine work without fsyncs (the commits are lazy): done here, no thread hand-off.
         let (responses, membership, applied) = (move || {
             let mut responses = Vec::with_capacity(entries.len());
@@ -428,7 +444,13 @@ impl RaftStateMachine<Tc> for Machine {
                 let response = match &entry.payload {
                     EntryPayload::Normal(request) => {
                         let seed = log_id.index ^ log_id.leader_id.term.rotate_left(32);
-                        execute(db, request, &marker, seed)?
+                        // Held while the entry applies: readers see the lock table and the
+                        // data after the same entries.
+                        let mut locks = locks.lock();
+                        match request.op {
+                            Op::Run => execute(db, &locks, request, &marker, seed)?,
+                            _ => prepared::apply(db, &mut locks, request, &marker, seed)?,
+                        }
                     }
                     _ => {
                         put_marker(db, &marker)?;
@@ -481,6 +503,7 @@ impl RaftStateMachine<Tc> for Machine {
         // Done, or failed: a purge waiting for this snapshot goes ahead either way.
         self.durable.0.receiving.send_replace(false);
         let file = installed.map_err(sm_err)??;
+        self.locks.lock().load(self.db)?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         if self.dir.is_none() {
@@ -505,8 +528,22 @@ impl RaftStateMachine<Tc> for Machine {
 }
 
 /// Applies one request to `db` with `marker` as the new applied marker, drawing random
-/// numbers from `seed`; returns the reply.
-pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<Response> {
+/// numbers from `seed`; returns the reply. Nothing applies (`Busy`) if a key it touches is
+/// locked by a prepared transaction.
+pub fn execute(
+    db: &Db,
+    locks: &prepared::Locks,
+    request: &Request,
+    marker: &[u8],
+    seed: u64,
+) -> Result<Response> {
+    if locks.conflicts(&request.commands) {
+        put_marker(db, marker)?;
+        return Ok(Response {
+            status: Status::Busy,
+            ..Response::default()
+        });
+    }
     let proto = request.proto();
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
@@ -537,8 +574,13 @@ pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<R
         let rolled_back = |db: &Db, reply: Vec<u8>| {
             put_marker(db, marker)?;
             Ok(Response {
-                rolled_back: request.batch,
+                status: if request.batch {
+                    Status::RolledBack
+                } else {
+                    Status::Done
+                },
                 reply: if request.batch { Vec::new() } else { reply },
+                ..Response::default()
             })
         };
         if failed {
@@ -552,7 +594,7 @@ pub fn execute(db: &Db, request: &Request, marker: &[u8], seed: u64) -> Result<R
             Ok(Ok(_)) => {
                 return Ok(Response {
                     reply: buf.to_vec(),
-                    rolled_back: false,
+                    ..Response::default()
                 });
             }
             Ok(Err(_conflict)) => continue,

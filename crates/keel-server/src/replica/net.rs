@@ -17,7 +17,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Part, Refused, Request, Tc};
+use super::{Part, Refused, Request, Response, Tc};
 use crate::reply::Proto;
 use crate::server::Shared;
 
@@ -269,7 +269,7 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
         b"write" | b"read" => {
             let request: Request = decode(payload)?;
-            let answer: Result<Vec<u8>, Refused> = part.serve(request, kind == b"read").await;
+            let answer: Result<Response, Refused> = part.submit(request, kind == b"read").await;
             encode(&answer)
         }
         _ => Err(format!(

@@ -196,6 +196,7 @@ struct Up {
     raft: Raft,
     gate: Arc<Gate>,
     life: u64,
+    locks: super::prepared::Shared,
 }
 
 /// One node: its databases survive crashes.
@@ -278,13 +279,14 @@ impl Sim {
         self.up(node as usize).is_some_and(|u| u.life == life)
     }
 
-    fn part(&self, node: usize, raft: Raft) -> Part {
+    fn part(&self, node: usize, up: Up) -> Part {
         let n = &self.nodes[node];
         Part {
             id: 0,
-            raft,
+            raft: up.raft,
             db: n.data_db,
             replicas: (0..self.n).collect(),
+            locks: up.locks,
             log_db: n.log_db,
             own_db: false,
         }
@@ -338,6 +340,7 @@ impl Sim {
             Ok(machine) => machine,
             Err(e) => return self.violation(format!("node {i}'s state machine won't open: {e}")),
         };
+        let locks = machine.locks();
         let log = SimLog {
             durable: machine.durable(),
             inner: LogStore::open(node.log_db, keel::Durability::Sync)
@@ -383,7 +386,12 @@ impl Sim {
                 }
             }
         });
-        *node.up.lock() = Some(Up { raft, gate, life });
+        *node.up.lock() = Some(Up {
+            raft,
+            gate,
+            life,
+            locks,
+        });
     }
 
     /// Crashes node `i`: it stops receiving, its storage writes in flight finish and later
@@ -882,6 +890,7 @@ fn request(plan: &[(u32, Option<u64>)]) -> Request {
         now_ms: 0,
         bulk_bytes_max: 512 << 20,
         reply_bytes_max: 1 << 30,
+        op: super::Op::Run,
     }
 }
 
@@ -898,10 +907,10 @@ async fn call(sim: &Sim, guess: &mut usize, request: &Request, read: bool, rng: 
     let deadline = Instant::now() + Duration::from_millis(RETRY_MS);
     loop {
         let target = *guess;
-        let next = match sim.raft(target) {
+        let next = match sim.up(target) {
             None => None,
-            Some(raft) => {
-                let part = sim.part(target, raft);
+            Some(up) => {
+                let part = sim.part(target, up);
                 let attempt = part.serve(request.clone(), read);
                 match tokio::time::timeout(Duration::from_millis(ATTEMPT_MS), attempt).await {
                     Ok(Ok(reply)) => return Seen::Done(reply),
@@ -954,7 +963,11 @@ async fn client(sim: Arc<Sim>, c: usize, seed: u64, stop: Arc<AtomicBool>, elems
         let began = sim.now();
         let seen = if read && sim.mutation == Mutation::StaleReads {
             let node = rng.below(sim.n as u64) as usize;
-            Seen::Done(super::read_here(sim.nodes[node].data_db, &request))
+            let locks = super::prepared::Shared::default();
+            Seen::Done(
+                super::read_here(sim.nodes[node].data_db, &locks, &request)
+                    .expect("no transaction across partitions locks anything"),
+            )
         } else {
             call(&sim, &mut guess, &request, read, &mut rng).await
         };

@@ -1,0 +1,556 @@
+//! Transactions across replicated partitions as a partition's state machine sees them: the
+//! entries of `Op::Prepare`, `Decide`, `Commit`, `Abort`, `Resolve` and `Forget` (the protocol
+//! that sends them is in `txn`).
+//!
+//! Every replica applies the same entries in the same order, so everything here is replicated
+//! state, decided by the log alone:
+//!
+//! - A **prepared** transaction (`FF 'r' 'p' <txn>`: its commands, the clock and random seed
+//!   of its prepare, its replies) holds every key its commands touch: a shared lock on the keys
+//!   it only reads, an exclusive one on those it writes, until its decision is applied. Its
+//!   effect is not in the data: `Commit` runs the commands again at the prepare's clock and
+//!   seed, on keys nothing could change in between, so they do exactly what they did.
+//! - Any other entry, prepare or read that would read a key a prepared transaction writes,
+//!   or write a key it touches, is refused with `Busy` (no waiting inside the log: the sender
+//!   retries). That is strict two-phase locking per partition, which with every partition's
+//!   locks held until the decision makes the whole history serializable.
+//! - The coordinator partition keeps a **commit decision** (`FF 'r' 'd' <txn>`) until the
+//!   transaction is installed everywhere (`Forget`), and an abort decision, like every
+//!   participant's finished transaction, as a **finished** record (`FF 'r' 'f' <deadline> <txn>`)
+//!   until its deadline passes. Whichever of `Decide` and `Resolve` comes first in its log
+//!   decides: a `Resolve` that finds no decision decides abort.
+//! - The partition's **clock** (`FF 'r' 't'`) is the largest leader clock of the transaction
+//!   entries applied: after a transaction's deadline by this clock, no prepare or decision of
+//!   it is accepted, and a partition that has no decision for it answers abort. Finished
+//!   records are dropped then, as nothing can arrive that they would refuse.
+//!
+//! The records are ordinary keys of the data database: they are in snapshots, and the lock
+//! table (memory) is rebuilt from them at start and after a snapshot install.
+
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use keel::Db;
+use openraft::StorageError;
+use serde::{Deserialize, Serialize};
+
+use super::machine::{self, LAZY, sm_err};
+use super::{Op, Request, Response, Status, TxnId};
+use crate::data;
+use crate::reply::Out;
+use crate::table;
+
+const PREPARED: &[u8] = &[0xFF, b'r', b'p'];
+const DECIDED: &[u8] = &[0xFF, b'r', b'd'];
+const FINISHED: &[u8] = &[0xFF, b'r', b'f'];
+const CLOCK: &[u8] = &[0xFF, b'r', b't'];
+
+type Result<T> = std::result::Result<T, StorageError<u64>>;
+
+/// The lock table, shared by the state machine (which changes it with the entries) and the
+/// readers (which take it with their snapshot, so both are after the same entries).
+pub type Shared = Arc<parking_lot::Mutex<Locks>>;
+
+/// A prepared transaction, as kept until its decision.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    /// Its commands (with `op: Run`), clock and limits.
+    pub request: Request,
+    /// The random seed of its prepare.
+    pub seed: u64,
+    /// The partition whose log holds the decision.
+    pub coordinator: usize,
+    pub deadline_ms: u64,
+    /// The replies of its prepare.
+    pub replies: Vec<Vec<u8>>,
+}
+
+/// A commit decision kept by the coordinator partition until every participant installed it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Decided {
+    /// The other participants.
+    pub participants: Vec<usize>,
+    pub deadline_ms: u64,
+    /// The coordinator's replies (for a driver that lost the answer to its `Decide`).
+    pub replies: Vec<Vec<u8>>,
+}
+
+/// The keys locked by prepared transactions, and the transactions' records.
+#[derive(Debug, Default)]
+pub struct Locks {
+    held: HashMap<Vec<u8>, Held>,
+    prepared: BTreeMap<TxnId, Record>,
+    decided: BTreeMap<TxnId, Decided>,
+    clock: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    readers: u32,
+    writer: bool,
+}
+
+/// Each key `commands` touch, and whether it is written (every key of a command that writes).
+fn accesses(commands: &[Vec<Vec<u8>>]) -> Vec<(Vec<u8>, bool)> {
+    let mut keys = Vec::new();
+    for command in commands {
+        let Some(spec) = command.first().and_then(|name| table::lookup(name)) else {
+            continue;
+        };
+        let write = !data::is_read_only(spec.cmd);
+        let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+        for key in crate::cluster::key_args(spec, &args) {
+            keys.push((key.to_vec(), write));
+        }
+    }
+    keys
+}
+
+impl Locks {
+    /// Whether running `commands` now would read a key a prepared transaction writes, or
+    /// write one it touches.
+    pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
+        accesses(commands).iter().any(|(key, write)| {
+            self.held
+                .get(key)
+                .is_some_and(|h| h.writer || (*write && h.readers > 0))
+        })
+    }
+
+    /// The prepared transactions: id, coordinator partition, when it was prepared (its
+    /// leader's clock) and its deadline.
+    pub fn prepared(&self) -> Vec<(TxnId, usize, u64, u64)> {
+        self.prepared
+            .iter()
+            .map(|(t, r)| (*t, r.coordinator, r.request.now_ms, r.deadline_ms))
+            .collect()
+    }
+
+    /// The commit decisions kept here.
+    pub fn decided(&self) -> Vec<(TxnId, Decided)> {
+        self.decided.iter().map(|(t, d)| (*t, d.clone())).collect()
+    }
+
+    fn take(&mut self, txn: TxnId, record: Record) {
+        for (key, write) in dedup(accesses(&record.request.commands)) {
+            let held = self.held.entry(key).or_default();
+            if write {
+                held.writer = true;
+            } else {
+                held.readers += 1;
+            }
+        }
+        self.prepared.insert(txn, record);
+    }
+
+    fn release(&mut self, txn: TxnId) -> Option<Record> {
+        let record = self.prepared.remove(&txn)?;
+        for (key, write) in dedup(accesses(&record.request.commands)) {
+            if let Some(held) = self.held.get_mut(&key) {
+                if write {
+                    held.writer = false;
+                } else {
+                    held.readers = held.readers.saturating_sub(1);
+                }
+                if !held.writer && held.readers == 0 {
+                    self.held.remove(&key);
+                }
+            }
+        }
+        Some(record)
+    }
+
+    /// Rebuilds the table from `db`'s records (at start, after a snapshot install).
+    pub fn load(&mut self, db: &Db) -> Result<()> {
+        *self = Locks::default();
+        let snap = db.snapshot().map_err(sm_err)?;
+        for (key, value) in snap.range::<[u8]>((Included(PREPARED), Unbounded)) {
+            let Some(id) = key.strip_prefix(PREPARED) else {
+                break;
+            };
+            let txn = decode_id(id)?;
+            let record: Record = postcard::from_bytes(&value).map_err(sm_err)?;
+            self.take(txn, record);
+        }
+        for (key, value) in snap.range::<[u8]>((Included(DECIDED), Unbounded)) {
+            let Some(id) = key.strip_prefix(DECIDED) else {
+                break;
+            };
+            let decided: Decided = postcard::from_bytes(&value).map_err(sm_err)?;
+            self.decided.insert(decode_id(id)?, decided);
+        }
+        if let Some(v) = snap.get(CLOCK).map_err(sm_err)? {
+            self.clock = u64::from_be_bytes(v.as_slice().try_into().map_err(sm_err)?);
+        }
+        Ok(())
+    }
+}
+
+/// A key once, written if any access writes it.
+fn dedup(mut keys: Vec<(Vec<u8>, bool)>) -> Vec<(Vec<u8>, bool)> {
+    keys.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    keys.dedup_by(|later, first| later.0 == first.0);
+    keys
+}
+
+fn id_bytes(txn: TxnId) -> [u8; 18] {
+    let mut b = [0; 18];
+    b[..2].copy_from_slice(&txn.node.to_be_bytes());
+    b[2..10].copy_from_slice(&txn.incarnation.to_be_bytes());
+    b[10..].copy_from_slice(&txn.seq.to_be_bytes());
+    b
+}
+
+fn decode_id(b: &[u8]) -> Result<TxnId> {
+    if b.len() != 18 {
+        return Err(sm_err("a transaction record's key is malformed"));
+    }
+    Ok(TxnId {
+        node: u16::from_be_bytes([b[0], b[1]]),
+        incarnation: u64::from_be_bytes(b[2..10].try_into().expect("8 bytes")),
+        seq: u64::from_be_bytes(b[10..].try_into().expect("8 bytes")),
+    })
+}
+
+fn key(prefix: &[u8], txn: TxnId) -> Vec<u8> {
+    [prefix, &id_bytes(txn)].concat()
+}
+
+fn finished_key(deadline_ms: u64, txn: TxnId) -> Vec<u8> {
+    [FINISHED, &deadline_ms.to_be_bytes(), &id_bytes(txn)].concat()
+}
+
+/// What a transaction entry writes beside the data: records put and deleted, and the marker.
+struct Books<'m> {
+    puts: Vec<(Vec<u8>, Vec<u8>)>,
+    deletes: Vec<Vec<u8>>,
+    marker: &'m [u8],
+}
+
+impl Books<'_> {
+    fn write(&self, t: &mut keel::Txn<'_>) -> std::result::Result<(), keel::Error> {
+        t.set_durability(LAZY);
+        for (k, v) in &self.puts {
+            t.put(k, v)?;
+        }
+        for k in &self.deletes {
+            t.delete(k)?;
+        }
+        t.put(machine::APPLIED, self.marker)
+    }
+
+    /// Writes the books alone (the entry changes no data).
+    fn commit(&self, db: &Db) -> Result<()> {
+        db.transact(|t| self.write(t)).map_err(sm_err)
+    }
+}
+
+/// Runs `request`'s commands in a fresh transaction of `db` with the random seed `seed`:
+/// the transaction, each command's reply, and the first failure's error (the commands after
+/// it are not run).
+fn run_each(
+    db: &'static Db,
+    request: &Request,
+    seed: u64,
+) -> Result<(keel::Txn<'static>, Vec<Vec<u8>>, Option<String>)> {
+    let cursors = data::Cursors::default();
+    let encodings = crate::config::Encodings::default();
+    let ctx = data::Ctx {
+        bulk_bytes_max: request.bulk_bytes_max,
+        cursors: &cursors,
+        reply_bytes_max: request.reply_bytes_max,
+        track_increments: false,
+        clock: crate::keyspace::Clock::at(request.now_ms),
+        encodings: &encodings,
+    };
+    let commands = request.args();
+    data::with_seed(seed, || {
+        let mut txn = db.begin().map_err(sm_err)?;
+        let mut replies = Vec::with_capacity(commands.len());
+        for args in &commands {
+            let mut buf = BytesMut::new();
+            let mut out = Out::new(&mut buf, request.proto());
+            let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
+                Some(spec) => data::run(
+                    spec.cmd,
+                    args,
+                    &mut data::View::Txn(&mut txn),
+                    &ctx,
+                    &mut out,
+                ),
+                None => Err(data::Fail("ERR keel: not a data command".into())),
+            };
+            if let Err(data::Fail(text)) = result {
+                return Ok((txn, replies, Some(text.into_owned())));
+            }
+            if buf.len() > ctx.reply_bytes_max {
+                return Ok((txn, replies, Some(data::reply_too_big().0.into_owned())));
+            }
+            replies.push(buf.to_vec());
+        }
+        Ok((txn, replies, None))
+    })
+}
+
+/// Runs `request`'s commands and commits them with `books`: their replies, or the error of
+/// the command that failed (nothing committed).
+fn commit_run(
+    db: &'static Db,
+    request: &Request,
+    seed: u64,
+    books: &Books<'_>,
+) -> Result<std::result::Result<Vec<Vec<u8>>, String>> {
+    for _ in 0..machine::APPLY_ATTEMPTS {
+        let (mut txn, replies, failed) = run_each(db, request, seed)?;
+        if let Some(text) = failed {
+            return Ok(Err(text));
+        }
+        books.write(&mut txn).map_err(sm_err)?;
+        match txn.commit() {
+            Ok(Ok(_)) => return Ok(Ok(replies)),
+            Ok(Err(_conflict)) => continue,
+            // A commutative add met a value that is not an integer.
+            Err(keel::CommitError::Apply(e)) => return Ok(Err(format!("ERR {e}"))),
+            Err(e) => return Err(sm_err(e)),
+        }
+    }
+    Err(sm_err("an entry's transaction kept conflicting"))
+}
+
+fn status(status: Status) -> Response {
+    Response {
+        status,
+        ..Response::default()
+    }
+}
+
+fn committed(replies: Vec<Vec<u8>>) -> Response {
+    Response {
+        replies,
+        status: Status::Committed,
+        ..Response::default()
+    }
+}
+
+fn failed(text: String) -> Response {
+    Response {
+        reply: text.into_bytes(),
+        status: Status::Failed,
+        ..Response::default()
+    }
+}
+
+/// Applies a transaction entry (`request.op` is not `Run`) with `marker` as the new applied
+/// marker and `seed` the entry's random seed.
+pub fn apply(
+    db: &'static Db,
+    locks: &mut Locks,
+    request: &Request,
+    marker: &[u8],
+    seed: u64,
+) -> Result<Response> {
+    let clock = locks.clock.max(request.now_ms);
+    let mut books = Books {
+        puts: vec![(CLOCK.to_vec(), clock.to_be_bytes().to_vec())],
+        deletes: Vec::new(),
+        marker,
+    };
+    // Finished records whose deadline passed: nothing they would refuse can be accepted now.
+    {
+        let snap = db.snapshot().map_err(sm_err)?;
+        let end = [FINISHED, &clock.to_be_bytes()].concat();
+        books.deletes.extend(
+            snap.range::<[u8]>((Included(FINISHED), Excluded(end.as_slice())))
+                .map(|(k, _)| k),
+        );
+    }
+    let finished = |deadline_ms: u64, txn: TxnId| -> Result<bool> {
+        let snap = db.snapshot().map_err(sm_err)?;
+        Ok(snap
+            .get(&finished_key(deadline_ms, txn))
+            .map_err(sm_err)?
+            .is_some())
+    };
+    let response = match &request.op {
+        Op::Run => unreachable!("a plain entry is applied by the machine"),
+        Op::Prepare {
+            txn,
+            coordinator,
+            deadline_ms,
+        } => {
+            if let Some(record) = locks.prepared.get(txn) {
+                // Already prepared here: the same vote.
+                let replies = record.replies.clone();
+                books.commit(db)?;
+                Response {
+                    replies,
+                    ..Response::default()
+                }
+            } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
+                books.commit(db)?;
+                status(Status::Aborted)
+            } else if locks.conflicts(&request.commands) {
+                books.commit(db)?;
+                status(Status::Busy)
+            } else {
+                let (txn_data, replies, fail) = run_each(db, request, seed)?;
+                // The effect is not kept: the commit runs the commands again.
+                drop(txn_data);
+                match fail {
+                    Some(text) => {
+                        books.commit(db)?;
+                        failed(text)
+                    }
+                    None => {
+                        let record = Record {
+                            request: Request {
+                                op: Op::Run,
+                                ..request.clone()
+                            },
+                            seed,
+                            coordinator: *coordinator,
+                            deadline_ms: *deadline_ms,
+                            replies: replies.clone(),
+                        };
+                        books.puts.push((
+                            key(PREPARED, *txn),
+                            postcard::to_stdvec(&record).map_err(sm_err)?,
+                        ));
+                        books.commit(db)?;
+                        locks.take(*txn, record);
+                        Response {
+                            replies,
+                            ..Response::default()
+                        }
+                    }
+                }
+            }
+        }
+        Op::Decide {
+            txn,
+            participants,
+            deadline_ms,
+        } => {
+            let abort = |books: &mut Books<'_>| {
+                books
+                    .puts
+                    .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+            };
+            if let Some(decided) = locks.decided.get(txn) {
+                let replies = decided.replies.clone();
+                books.commit(db)?;
+                committed(replies)
+            } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
+                books.commit(db)?;
+                status(Status::Aborted)
+            } else if locks.conflicts(&request.commands) {
+                abort(&mut books);
+                books.commit(db)?;
+                status(Status::Busy)
+            } else {
+                // The replies are known only once the commands ran: a first run gives them
+                // (and the error of a failing command), the committed run does the same.
+                let (ran, replies, fail) = run_each(db, request, seed)?;
+                drop(ran);
+                let outcome = match fail {
+                    Some(text) => Err(text),
+                    None => {
+                        let decided = Decided {
+                            participants: participants.clone(),
+                            deadline_ms: *deadline_ms,
+                            replies,
+                        };
+                        let mut with_decision = Books {
+                            puts: books.puts.clone(),
+                            deletes: books.deletes.clone(),
+                            marker,
+                        };
+                        with_decision.puts.push((
+                            key(DECIDED, *txn),
+                            postcard::to_stdvec(&decided).map_err(sm_err)?,
+                        ));
+                        commit_run(db, request, seed, &with_decision)?.map(|_| decided)
+                    }
+                };
+                match outcome {
+                    Ok(decided) => {
+                        let replies = decided.replies.clone();
+                        locks.decided.insert(*txn, decided);
+                        committed(replies)
+                    }
+                    Err(text) => {
+                        abort(&mut books);
+                        books.commit(db)?;
+                        failed(text)
+                    }
+                }
+            }
+        }
+        Op::Commit { txn, deadline_ms } => {
+            books
+                .puts
+                .push((finished_key(*deadline_ms, *txn), b"c".to_vec()));
+            match locks.prepared.get(txn).cloned() {
+                Some(record) => {
+                    books.deletes.push(key(PREPARED, *txn));
+                    if let Err(text) = commit_run(db, &record.request, record.seed, &books)? {
+                        // Its keys were locked since the prepare ran them: this cannot
+                        // happen, and every replica would fail the same way.
+                        tracing::error!(
+                            "a prepared transaction failed at its commit ({text}); dropped"
+                        );
+                        books.commit(db)?;
+                    }
+                    locks.release(*txn);
+                }
+                // Not prepared here (installed already, or its prepare never applied): the
+                // finished record refuses a prepare of it that comes later.
+                None => books.commit(db)?,
+            }
+            status(Status::Done)
+        }
+        Op::Abort { txn, deadline_ms } => {
+            books
+                .puts
+                .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+            if locks.prepared.contains_key(txn) {
+                books.deletes.push(key(PREPARED, *txn));
+            }
+            books.commit(db)?;
+            locks.release(*txn);
+            status(Status::Done)
+        }
+        Op::Resolve { txn, deadline_ms } => {
+            if let Some(decided) = locks.decided.get(txn) {
+                let replies = decided.replies.clone();
+                books.commit(db)?;
+                committed(replies)
+            } else {
+                // No decision yet: abort, recorded so that a `Decide` that comes later is
+                // refused (past the deadline it is anyway).
+                if clock <= *deadline_ms {
+                    books
+                        .puts
+                        .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+                }
+                books.commit(db)?;
+                status(Status::Aborted)
+            }
+        }
+        Op::Forget { txn } => {
+            books.deletes.push(key(DECIDED, *txn));
+            books.commit(db)?;
+            locks.decided.remove(txn);
+            status(Status::Done)
+        }
+    };
+    locks.clock = clock;
+    Ok(response)
+}

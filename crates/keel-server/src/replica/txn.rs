@@ -1,0 +1,479 @@
+//! Transactions across replicated partitions: two-phase commit whose prepares and decision
+//! are entries of the partitions' Raft logs, so a prepared transaction and a decision survive
+//! the loss of any minority of each partition's replicas (docs/replication.md).
+//!
+//! The node a client talks to runs the transaction (the *driver*); it keeps nothing durable.
+//! One participant partition is the *coordinator*: its log holds the decision.
+//!
+//! 1. `Prepare` to every other participant, at once. Each applies it as `prepared` says: runs
+//!    its commands, locks their keys, keeps the record, and votes yes with the replies, or no
+//!    (`Busy`, `Failed`, `Aborted`).
+//! 2. All yes: `Decide` to the coordinator partition. Applying it runs the coordinator's own
+//!    commands and commits them together with the commit decision, so the decision and the
+//!    coordinator's part are one entry; or it refuses (a lock, a failing command, the
+//!    deadline past), which decides abort. Any no: `Abort` to those that prepared.
+//! 3. Committed: `Commit` to every other participant (each installs and unlocks), then the
+//!    client's answer, then `Forget` to the coordinator.
+//!
+//! A participant prepared for over a second asks the coordinator partition (`Resolve`), which
+//! answers commit if it holds the decision, and otherwise decides abort: whichever of the
+//! driver's `Decide` and a `Resolve` comes first in the coordinator's log decides. So a driver
+//! that dies at any step leaves nothing locked for long, and nothing half-committed: the
+//! resolver on each partition's leader (`resolve_loop`) finishes what it left, and also
+//! re-sends the commit of a decision still kept well after its deadline (a driver that died
+//! before `Forget`) before forgetting it.
+//!
+//! Every transaction has a deadline (three cluster timeouts). After it, by a partition's
+//! clock (the largest leader clock its transaction entries carried), the partition accepts no
+//! prepare or decision of it, so the records that refuse late duplicates (a prepare after
+//! its abort, a decision after a `Resolve`) need not be kept longer.
+//!
+//! The client's answer waits for the participants' installs (up to one cluster timeout):
+//! after that, a participant that has not installed still holds the transaction's locks, and
+//! anything that would read the old value is refused (`Busy`) and retried until it installs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{Op, Replication, Request, Response, RunError, Status, TxnId};
+use crate::server::Shared;
+
+/// Attempts of a transaction that lost a lock conflict before `TRYAGAIN`.
+const ATTEMPTS_MAX: u32 = 30;
+/// How often the resolver looks at the partitions this node leads.
+const RESOLVE_EVERY: Duration = Duration::from_millis(500);
+/// How long a prepared transaction waits for its driver before its partition's leader asks
+/// the coordinator partition (which decides abort if it has no decision yet). A driver
+/// takes milliseconds unless a partition it needs is electing a leader.
+const RESOLVE_AFTER_MS: u64 = 1000;
+/// How long past its deadline a commit decision is kept before the coordinator's leader
+/// re-sends the commit to every participant and forgets it.
+const FORGET_AFTER_MS: u64 = 10_000;
+
+/// One partition's part of a transaction: the partition and its commands.
+pub type Work = Vec<(usize, Vec<Vec<Vec<u8>>>)>;
+
+/// The limits and protocol a transaction's commands run with.
+#[derive(Clone, Copy)]
+pub struct Limits {
+    pub resp3: bool,
+    pub bulk_bytes_max: i64,
+    pub reply_bytes_max: usize,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Committed(Vec<Vec<Vec<u8>>>),
+    /// Refused for a lock: nothing applied; may run again.
+    Busy,
+    /// Nothing applied; the error for the client.
+    Failed(String),
+    /// It may have committed; the error for the client.
+    Unknown(String),
+}
+
+impl Replication {
+    fn next_txn(&self) -> TxnId {
+        TxnId {
+            node: u16::try_from(self.me).expect("at most u16::MAX nodes"),
+            incarnation: self.incarnation,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Runs `work` (commands of two partitions or more) as one serializable transaction:
+    /// each partition's replies, in `work`'s order. A transaction that meets another's locks
+    /// runs again (nothing of it was applied), up to [`ATTEMPTS_MAX`] times.
+    pub async fn run_across(
+        &self,
+        shared: &Arc<Shared>,
+        work: Work,
+        limits: Limits,
+    ) -> Result<Vec<Vec<Vec<u8>>>, String> {
+        let mut backoff = Duration::from_millis(1);
+        for attempt in 1..=ATTEMPTS_MAX {
+            match self.attempt(shared, &work, limits).await {
+                Attempt::Committed(replies) => return Ok(replies),
+                Attempt::Failed(text) | Attempt::Unknown(text) => return Err(text),
+                Attempt::Busy if attempt < ATTEMPTS_MAX => {
+                    // Jittered, so that transactions that refused each other do not meet
+                    // again at the same moment.
+                    let jitter = crate::data::random() % (backoff.as_micros() as u64 + 1);
+                    tokio::time::sleep(backoff / 2 + Duration::from_micros(jitter)).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(50));
+                }
+                Attempt::Busy => {}
+            }
+        }
+        Err(format!(
+            "TRYAGAIN keel: the transaction across partitions met locked keys {ATTEMPTS_MAX} \
+             times in a row; nothing of it was applied"
+        ))
+    }
+
+    async fn attempt(&self, shared: &Arc<Shared>, work: &Work, limits: Limits) -> Attempt {
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let span = cluster.map.timeout() * 3;
+        let deadline = Instant::now() + span;
+        let deadline_ms = crate::keyspace::unix_ms() + span.as_millis() as u64;
+        let txn = self.next_txn();
+        // The coordinator: a partition this node leads if there is one (its entry needs no
+        // network hop), else the first.
+        let c = work
+            .iter()
+            .position(|(p, _)| self.leader(*p) == Some(self.me))
+            .unwrap_or(0);
+        let coordinator = work[c].0;
+        let request = |commands: &Vec<Vec<Vec<u8>>>, op: Op| Request {
+            commands: commands.clone(),
+            exec: false,
+            batch: false,
+            resp3: limits.resp3,
+            now_ms: crate::keyspace::unix_ms(),
+            bulk_bytes_max: limits.bulk_bytes_max,
+            reply_bytes_max: limits.reply_bytes_max,
+            op,
+        };
+
+        // 1. Prepare everywhere but the coordinator.
+        let prepares: Vec<(usize, Request)> = work
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != c)
+            .map(|(_, (p, commands))| {
+                let op = Op::Prepare {
+                    txn,
+                    coordinator,
+                    deadline_ms,
+                };
+                (*p, request(commands, op))
+            })
+            .collect();
+        let votes = call_all(shared, prepares, deadline).await;
+        let mut replies: Vec<Vec<Vec<u8>>> = vec![Vec::new(); work.len()];
+        let mut prepared = Vec::new();
+        let mut refusal: Option<Attempt> = None;
+        let others = work.iter().enumerate().filter(|&(i, _)| i != c);
+        for ((i, (p, _)), vote) in others.zip(votes) {
+            match vote {
+                Ok(Response {
+                    status: Status::Done,
+                    replies: r,
+                    ..
+                }) => {
+                    prepared.push(*p);
+                    replies[i] = r;
+                }
+                Ok(Response {
+                    status: Status::Busy,
+                    ..
+                }) => {
+                    refusal.get_or_insert(Attempt::Busy);
+                }
+                Ok(Response {
+                    status: Status::Failed,
+                    reply,
+                    ..
+                }) => {
+                    refusal = Some(Attempt::Failed(String::from_utf8_lossy(&reply).into()));
+                }
+                Ok(_) => {
+                    refusal.get_or_insert(Attempt::Failed(
+                        "TRYAGAIN keel: the transaction across partitions ran past its \
+                         deadline; nothing of it was applied"
+                            .into(),
+                    ));
+                }
+                // Never applied, or not known: an abort covers both (a prepare applied after
+                // it is refused, or resolved as aborted after the deadline).
+                Err(RunError::Failed(text) | RunError::Unknown(text)) => {
+                    prepared.push(*p);
+                    refusal = Some(Attempt::Failed(text));
+                }
+                Err(RunError::RolledBack) => unreachable!("a prepare is not a batch"),
+            }
+        }
+        if let Some(refusal) = refusal {
+            self.abort(shared, txn, deadline_ms, prepared).await;
+            return refusal;
+        }
+
+        // 2. The decision, with the coordinator's own commands.
+        let participants: Vec<usize> = prepared.clone();
+        let decide = request(
+            &work[c].1,
+            Op::Decide {
+                txn,
+                participants,
+                deadline_ms,
+            },
+        );
+        let decided = match self
+            .call(shared, coordinator, &decide, false, deadline)
+            .await
+        {
+            Ok(response) => response,
+            Err(RunError::Unknown(text)) => {
+                match self.resolve(shared, coordinator, txn, deadline_ms).await {
+                    Some(response) => response,
+                    None => {
+                        // The prepared participants resolve it themselves.
+                        return Attempt::Unknown(text);
+                    }
+                }
+            }
+            Err(RunError::Failed(text)) => {
+                self.abort(shared, txn, deadline_ms, prepared).await;
+                return Attempt::Failed(text);
+            }
+            Err(RunError::RolledBack) => unreachable!("a decision is not a batch"),
+        };
+        match decided.status {
+            Status::Committed => replies[c] = decided.replies,
+            status => {
+                self.abort(shared, txn, deadline_ms, prepared).await;
+                return match status {
+                    Status::Busy => Attempt::Busy,
+                    Status::Failed => {
+                        Attempt::Failed(String::from_utf8_lossy(&decided.reply).into())
+                    }
+                    _ => Attempt::Failed(
+                        "TRYAGAIN keel: the transaction across partitions ran past its \
+                         deadline; nothing of it was applied"
+                            .into(),
+                    ),
+                };
+            }
+        }
+
+        // 3. Committed: the installs, then the answer; the decision is forgotten once every
+        // participant installed.
+        let installs = prepared
+            .iter()
+            .map(|&p| (p, request(&Vec::new(), Op::Commit { txn, deadline_ms })))
+            .collect();
+        let wait = Instant::now() + cluster.map.timeout();
+        let shared2 = Arc::clone(shared);
+        let mut finish = tokio::spawn(async move {
+            let done = call_all(&shared2, installs, deadline.max(wait)).await;
+            if done.iter().all(Result::is_ok) {
+                let forget = Request {
+                    op: Op::Forget { txn },
+                    ..Request::default_for(limits)
+                };
+                let rep = shared2.replication.get().expect("replicated");
+                let _ = rep
+                    .call(&shared2, coordinator, &forget, false, Instant::now() + span)
+                    .await;
+            }
+        });
+        let _ = tokio::time::timeout_at(wait.into(), &mut finish).await;
+        Attempt::Committed(replies)
+    }
+
+    /// Asks the coordinator partition for `txn`'s decision (deciding abort if it has none)
+    /// until it answers or cannot be reached: `Committed` (with the coordinator's replies) or
+    /// `Aborted`.
+    async fn resolve(
+        &self,
+        shared: &Shared,
+        coordinator: usize,
+        txn: TxnId,
+        deadline_ms: u64,
+    ) -> Option<Response> {
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let give_up = Instant::now() + cluster.map.timeout() * 6;
+        let ask = Request {
+            op: Op::Resolve { txn, deadline_ms },
+            ..Request::default_for(Limits {
+                resp3: false,
+                bulk_bytes_max: 0,
+                reply_bytes_max: 0,
+            })
+        };
+        while Instant::now() < give_up {
+            match self.call(shared, coordinator, &ask, false, give_up).await {
+                Err(RunError::Unknown(_)) => tokio::time::sleep(super::RETRY_PAUSE).await,
+                Ok(response) => return Some(response),
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Aborts `txn` on `parts` (waiting up to one cluster timeout: the aborts release its
+    /// locks before it runs again; one not delivered is resolved after the deadline).
+    async fn abort(&self, shared: &Arc<Shared>, txn: TxnId, deadline_ms: u64, parts: Vec<usize>) {
+        if parts.is_empty() {
+            return;
+        }
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let limits = Limits {
+            resp3: false,
+            bulk_bytes_max: 0,
+            reply_bytes_max: 0,
+        };
+        let aborts = parts
+            .into_iter()
+            .map(|p| {
+                let op = Op::Abort { txn, deadline_ms };
+                (
+                    p,
+                    Request {
+                        op,
+                        ..Request::default_for(limits)
+                    },
+                )
+            })
+            .collect();
+        let shared = Arc::clone(shared);
+        let wait = Instant::now() + cluster.map.timeout();
+        let mut sent = tokio::spawn(async move { call_all(&shared, aborts, wait).await });
+        let _ = tokio::time::timeout_at(wait.into(), &mut sent).await;
+    }
+}
+
+impl Request {
+    /// A request without commands (a transaction step that names its transaction).
+    fn default_for(limits: Limits) -> Request {
+        Request {
+            commands: Vec::new(),
+            exec: false,
+            batch: false,
+            resp3: limits.resp3,
+            now_ms: crate::keyspace::unix_ms(),
+            bulk_bytes_max: limits.bulk_bytes_max,
+            reply_bytes_max: limits.reply_bytes_max,
+            op: Op::Run,
+        }
+    }
+}
+
+/// Sends every `(partition, request)` at once (writes); their responses, in order.
+async fn call_all(
+    shared: &Arc<Shared>,
+    requests: Vec<(usize, Request)>,
+    deadline: Instant,
+) -> Vec<Result<Response, RunError>> {
+    let mut running = tokio::task::JoinSet::new();
+    let n = requests.len();
+    for (i, (p, request)) in requests.into_iter().enumerate() {
+        let shared = Arc::clone(shared);
+        running.spawn(async move {
+            let rep = shared.replication.get().expect("replicated");
+            (i, rep.call(&shared, p, &request, false, deadline).await)
+        });
+    }
+    let mut results: Vec<Option<Result<Response, RunError>>> = (0..n).map(|_| None).collect();
+    while let Some(done) = running.join_next().await {
+        let (i, result) = done.expect("a replicated request does not panic");
+        results[i] = Some(result);
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every request answered"))
+        .collect()
+}
+
+/// The resolver, on every node: for each partition this node leads, finishes the prepared
+/// transactions whose driver is gone (past their deadline: the coordinator partition's
+/// decision, or abort), and forgets the commit decisions kept well past their deadline once
+/// every participant has installed them. Ends when the server stops.
+pub async fn resolve_loop(shared: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(RESOLVE_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(rep) = shared.replication.get() else {
+            continue;
+        };
+        rep.resolve_once(&shared).await;
+    }
+}
+
+impl Replication {
+    async fn resolve_once(&self, shared: &Arc<Shared>) {
+        let cluster = shared.cluster.as_ref().expect("cluster mode");
+        let now = crate::keyspace::unix_ms();
+        let limits = Limits {
+            resp3: false,
+            bulk_bytes_max: 0,
+            reply_bytes_max: 0,
+        };
+        let step = |op: Op| Request {
+            op,
+            ..Request::default_for(limits)
+        };
+        for part in self.parts.values().filter(|p| p.leads()) {
+            let (stale, kept) = {
+                let locks = part.locks.lock();
+                (locks.prepared(), locks.decided())
+            };
+            for (txn, coordinator, prepared_ms, deadline_ms) in stale {
+                if now <= prepared_ms + RESOLVE_AFTER_MS {
+                    continue;
+                }
+                let decision = match self.resolve(shared, coordinator, txn, deadline_ms).await {
+                    Some(Response {
+                        status: Status::Committed,
+                        ..
+                    }) => Op::Commit { txn, deadline_ms },
+                    Some(Response {
+                        status: Status::Aborted,
+                        ..
+                    }) => Op::Abort { txn, deadline_ms },
+                    _ => continue,
+                };
+                tracing::info!(
+                    "partition {}: resolved {txn:?} left by its driver: {}",
+                    part.id,
+                    if matches!(decision, Op::Commit { .. }) {
+                        "commit"
+                    } else {
+                        "abort"
+                    }
+                );
+                let deadline = Instant::now() + cluster.map.timeout();
+                let _ = self
+                    .call(shared, part.id, &step(decision), false, deadline)
+                    .await;
+            }
+            for (txn, decided) in kept {
+                if now <= decided.deadline_ms + FORGET_AFTER_MS {
+                    continue;
+                }
+                let deadline = Instant::now() + cluster.map.timeout();
+                let installs = decided
+                    .participants
+                    .iter()
+                    .map(|&p| {
+                        let op = Op::Commit {
+                            txn,
+                            deadline_ms: decided.deadline_ms,
+                        };
+                        (p, step(op))
+                    })
+                    .collect();
+                let done = call_all(shared, installs, deadline).await;
+                if done.iter().all(|r| {
+                    matches!(
+                        r,
+                        Ok(Response {
+                            status: Status::Done,
+                            ..
+                        })
+                    )
+                }) {
+                    let _ = self
+                        .call(shared, part.id, &step(Op::Forget { txn }), false, deadline)
+                        .await;
+                }
+            }
+        }
+    }
+}
