@@ -1057,7 +1057,6 @@ impl Conn {
     /// each command's reply, in order.
     async fn across_partitions(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
         let shared = Arc::clone(&self.shared);
-        let rep = shared.replication.get().expect("replicated");
         let mut work: crate::replica::txn::Work = Vec::new();
         let mut place = Vec::with_capacity(commands.len());
         for args in commands {
@@ -1089,8 +1088,9 @@ impl Conn {
             bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
             reply_bytes_max: shared.config.reply_bytes_max,
         };
+        let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
         let replies = tokio::select! {
-            r = rep.run_across(&shared, work, limits) => r?,
+            r = crate::replica::txn::run_across(&node, work, limits) => r?,
             () = self.info.kill.cancelled() => {
                 return Err("ERR keel: the connection was killed".into());
             }

@@ -32,17 +32,19 @@
 //! after that, a participant that has not installed still holds the transaction's locks, and
 //! anything that would read the old value is refused (`Busy`) and retried until it installs.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{Op, Replication, Request, Response, RunError, Status, TxnId};
+use tokio::time::Instant;
+
+use super::{Op, Replication, Request, Response, RunError, Status, TxnId, prepared};
 use crate::server::Shared;
 
 /// Attempts of a transaction that lost a lock conflict before `TRYAGAIN`.
 const ATTEMPTS_MAX: u32 = 30;
 /// How often the resolver looks at the partitions this node leads.
-const RESOLVE_EVERY: Duration = Duration::from_millis(500);
+pub const RESOLVE_EVERY: Duration = Duration::from_millis(500);
 /// How long a prepared transaction waits for its driver before its partition's leader asks
 /// the coordinator partition (which decides abort if it has no decision yet). A driver
 /// takes milliseconds unless a partition it needs is electing a leader.
@@ -55,11 +57,87 @@ const FORGET_AFTER_MS: u64 = 10_000;
 pub type Work = Vec<(usize, Vec<Vec<Vec<u8>>>)>;
 
 /// The limits and protocol a transaction's commands run with.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct Limits {
     pub resp3: bool,
     pub bulk_bytes_max: i64,
     pub reply_bytes_max: usize,
+}
+
+/// What the driver and the resolver need of the node they run on: the server's
+/// [`Node`], or the simulation's.
+pub trait Net: Send + Sync + 'static {
+    /// Sends `request` (a write) to partition `p`'s leader, retrying while it has none
+    /// until `deadline`; the entry's response.
+    fn call(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Response, RunError>> + Send;
+    /// Whether this node leads partition `p` (a coordinator here saves a network hop).
+    fn leads(&self, p: usize) -> bool;
+    /// The hosted partitions this node leads, and their lock tables.
+    fn led(&self) -> Vec<(usize, prepared::Shared)>;
+    /// The cluster's request timeout.
+    fn timeout(&self) -> Duration;
+    /// The wall clock, Unix ms (the clock the leaders stamp entries with).
+    fn now_ms(&self) -> u64;
+    /// A new transaction id, never used before by any node.
+    fn next_txn(&self) -> TxnId;
+}
+
+/// The server's node as the driver sees it.
+pub struct Node(pub Arc<Shared>);
+
+impl Node {
+    fn rep(&self) -> &Replication {
+        self.0.replication.get().expect("replicated")
+    }
+}
+
+impl Net for Node {
+    async fn call(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<Response, RunError> {
+        self.rep()
+            .call(&self.0, p, &request, false, deadline.into_std())
+            .await
+    }
+
+    fn leads(&self, p: usize) -> bool {
+        let rep = self.rep();
+        rep.leader(p) == Some(rep.me)
+    }
+
+    fn led(&self) -> Vec<(usize, prepared::Shared)> {
+        self.rep()
+            .parts
+            .values()
+            .filter(|p| p.leads())
+            .map(|p| (p.id, Arc::clone(&p.locks)))
+            .collect()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.0.cluster.as_ref().expect("cluster mode").map.timeout()
+    }
+
+    fn now_ms(&self) -> u64 {
+        crate::keyspace::unix_ms()
+    }
+
+    fn next_txn(&self) -> TxnId {
+        let rep = self.rep();
+        TxnId {
+            node: u16::try_from(rep.me).expect("at most u16::MAX nodes"),
+            incarnation: rep.incarnation,
+            seq: rep.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
 }
 
 /// How one attempt ended.
@@ -73,297 +151,230 @@ enum Attempt {
     Unknown(String),
 }
 
-impl Replication {
-    fn next_txn(&self) -> TxnId {
-        TxnId {
-            node: u16::try_from(self.me).expect("at most u16::MAX nodes"),
-            incarnation: self.incarnation,
-            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+const PAST_DEADLINE: &str = "TRYAGAIN keel: the transaction across partitions ran past its \
+                             deadline; nothing of it was applied";
+
+/// Runs `work` (commands of two partitions or more) as one serializable transaction: each
+/// partition's replies, in `work`'s order. A transaction that meets another's locks runs
+/// again (nothing of it was applied), up to [`ATTEMPTS_MAX`] times.
+pub async fn run_across<N: Net>(
+    net: &Arc<N>,
+    work: Work,
+    limits: Limits,
+) -> Result<Vec<Vec<Vec<u8>>>, String> {
+    let mut backoff = Duration::from_millis(1);
+    for attempt in 1..=ATTEMPTS_MAX {
+        match attempt_once(net, &work, limits).await {
+            Attempt::Committed(replies) => return Ok(replies),
+            Attempt::Failed(text) | Attempt::Unknown(text) => return Err(text),
+            Attempt::Busy if attempt < ATTEMPTS_MAX => {
+                // Jittered, so that transactions that refused each other do not meet again
+                // at the same moment.
+                let jitter = crate::data::random() % (backoff.as_micros() as u64 + 1);
+                tokio::time::sleep(backoff / 2 + Duration::from_micros(jitter)).await;
+                backoff = (backoff * 2).min(Duration::from_millis(50));
+            }
+            Attempt::Busy => {}
         }
     }
+    Err(format!(
+        "TRYAGAIN keel: the transaction across partitions met locked keys {ATTEMPTS_MAX} \
+         times in a row; nothing of it was applied"
+    ))
+}
 
-    /// Runs `work` (commands of two partitions or more) as one serializable transaction:
-    /// each partition's replies, in `work`'s order. A transaction that meets another's locks
-    /// runs again (nothing of it was applied), up to [`ATTEMPTS_MAX`] times.
-    pub async fn run_across(
-        &self,
-        shared: &Arc<Shared>,
-        work: Work,
-        limits: Limits,
-    ) -> Result<Vec<Vec<Vec<u8>>>, String> {
-        let mut backoff = Duration::from_millis(1);
-        for attempt in 1..=ATTEMPTS_MAX {
-            match self.attempt(shared, &work, limits).await {
-                Attempt::Committed(replies) => return Ok(replies),
-                Attempt::Failed(text) | Attempt::Unknown(text) => return Err(text),
-                Attempt::Busy if attempt < ATTEMPTS_MAX => {
-                    // Jittered, so that transactions that refused each other do not meet
-                    // again at the same moment.
-                    let jitter = crate::data::random() % (backoff.as_micros() as u64 + 1);
-                    tokio::time::sleep(backoff / 2 + Duration::from_micros(jitter)).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(50));
-                }
-                Attempt::Busy => {}
-            }
-        }
-        Err(format!(
-            "TRYAGAIN keel: the transaction across partitions met locked keys {ATTEMPTS_MAX} \
-             times in a row; nothing of it was applied"
-        ))
-    }
-
-    async fn attempt(&self, shared: &Arc<Shared>, work: &Work, limits: Limits) -> Attempt {
-        let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let span = cluster.map.timeout() * 3;
-        let deadline = Instant::now() + span;
-        let deadline_ms = crate::keyspace::unix_ms() + span.as_millis() as u64;
-        let txn = self.next_txn();
-        // The coordinator: a partition this node leads if there is one (its entry needs no
-        // network hop), else the first.
-        let c = work
-            .iter()
-            .position(|(p, _)| self.leader(*p) == Some(self.me))
-            .unwrap_or(0);
-        let coordinator = work[c].0;
-        let request = |commands: &Vec<Vec<Vec<u8>>>, op: Op| Request {
-            commands: commands.clone(),
-            exec: false,
-            batch: false,
-            resp3: limits.resp3,
-            now_ms: crate::keyspace::unix_ms(),
-            bulk_bytes_max: limits.bulk_bytes_max,
-            reply_bytes_max: limits.reply_bytes_max,
-            op,
-        };
-
-        // 1. Prepare everywhere but the coordinator.
-        let prepares: Vec<(usize, Request)> = work
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != c)
-            .map(|(_, (p, commands))| {
-                let op = Op::Prepare {
-                    txn,
-                    coordinator,
-                    deadline_ms,
-                };
-                (*p, request(commands, op))
-            })
-            .collect();
-        let votes = call_all(shared, prepares, deadline).await;
-        let mut replies: Vec<Vec<Vec<u8>>> = vec![Vec::new(); work.len()];
-        let mut prepared = Vec::new();
-        let mut refusal: Option<Attempt> = None;
-        let others = work.iter().enumerate().filter(|&(i, _)| i != c);
-        for ((i, (p, _)), vote) in others.zip(votes) {
-            match vote {
-                Ok(Response {
-                    status: Status::Done,
-                    replies: r,
-                    ..
-                }) => {
-                    prepared.push(*p);
-                    replies[i] = r;
-                }
-                Ok(Response {
-                    status: Status::Busy,
-                    ..
-                }) => {
-                    refusal.get_or_insert(Attempt::Busy);
-                }
-                Ok(Response {
-                    status: Status::Failed,
-                    reply,
-                    ..
-                }) => {
-                    refusal = Some(Attempt::Failed(String::from_utf8_lossy(&reply).into()));
-                }
-                Ok(_) => {
-                    refusal.get_or_insert(Attempt::Failed(
-                        "TRYAGAIN keel: the transaction across partitions ran past its \
-                         deadline; nothing of it was applied"
-                            .into(),
-                    ));
-                }
-                // Never applied, or not known: an abort covers both (a prepare applied after
-                // it is refused, or resolved as aborted after the deadline).
-                Err(RunError::Failed(text) | RunError::Unknown(text)) => {
-                    prepared.push(*p);
-                    refusal = Some(Attempt::Failed(text));
-                }
-                Err(RunError::RolledBack) => unreachable!("a prepare is not a batch"),
-            }
-        }
-        if let Some(refusal) = refusal {
-            self.abort(shared, txn, deadline_ms, prepared).await;
-            return refusal;
-        }
-
-        // 2. The decision, with the coordinator's own commands.
-        let participants: Vec<usize> = prepared.clone();
-        let decide = request(
-            &work[c].1,
-            Op::Decide {
-                txn,
-                participants,
-                deadline_ms,
-            },
-        );
-        let decided = match self
-            .call(shared, coordinator, &decide, false, deadline)
-            .await
-        {
-            Ok(response) => response,
-            Err(RunError::Unknown(text)) => {
-                match self.resolve(shared, coordinator, txn, deadline_ms).await {
-                    Some(response) => response,
-                    None => {
-                        // The prepared participants resolve it themselves.
-                        return Attempt::Unknown(text);
-                    }
-                }
-            }
-            Err(RunError::Failed(text)) => {
-                self.abort(shared, txn, deadline_ms, prepared).await;
-                return Attempt::Failed(text);
-            }
-            Err(RunError::RolledBack) => unreachable!("a decision is not a batch"),
-        };
-        match decided.status {
-            Status::Committed => replies[c] = decided.replies,
-            status => {
-                self.abort(shared, txn, deadline_ms, prepared).await;
-                return match status {
-                    Status::Busy => Attempt::Busy,
-                    Status::Failed => {
-                        Attempt::Failed(String::from_utf8_lossy(&decided.reply).into())
-                    }
-                    _ => Attempt::Failed(
-                        "TRYAGAIN keel: the transaction across partitions ran past its \
-                         deadline; nothing of it was applied"
-                            .into(),
-                    ),
-                };
-            }
-        }
-
-        // 3. Committed: the installs, then the answer; the decision is forgotten once every
-        // participant installed.
-        let installs = prepared
-            .iter()
-            .map(|&p| (p, request(&Vec::new(), Op::Commit { txn, deadline_ms })))
-            .collect();
-        let wait = Instant::now() + cluster.map.timeout();
-        let shared2 = Arc::clone(shared);
-        let mut finish = tokio::spawn(async move {
-            let done = call_all(&shared2, installs, deadline.max(wait)).await;
-            if done.iter().all(Result::is_ok) {
-                let forget = Request {
-                    op: Op::Forget { txn },
-                    ..Request::default_for(limits)
-                };
-                let rep = shared2.replication.get().expect("replicated");
-                let _ = rep
-                    .call(&shared2, coordinator, &forget, false, Instant::now() + span)
-                    .await;
-            }
-        });
-        let _ = tokio::time::timeout_at(wait.into(), &mut finish).await;
-        Attempt::Committed(replies)
-    }
-
-    /// Asks the coordinator partition for `txn`'s decision (deciding abort if it has none)
-    /// until it answers or cannot be reached: `Committed` (with the coordinator's replies) or
-    /// `Aborted`.
-    async fn resolve(
-        &self,
-        shared: &Shared,
-        coordinator: usize,
-        txn: TxnId,
-        deadline_ms: u64,
-    ) -> Option<Response> {
-        let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let give_up = Instant::now() + cluster.map.timeout() * 6;
-        let ask = Request {
-            op: Op::Resolve { txn, deadline_ms },
-            ..Request::default_for(Limits {
-                resp3: false,
-                bulk_bytes_max: 0,
-                reply_bytes_max: 0,
-            })
-        };
-        while Instant::now() < give_up {
-            match self.call(shared, coordinator, &ask, false, give_up).await {
-                Err(RunError::Unknown(_)) => tokio::time::sleep(super::RETRY_PAUSE).await,
-                Ok(response) => return Some(response),
-                Err(_) => return None,
-            }
-        }
-        None
-    }
-
-    /// Aborts `txn` on `parts` (waiting up to one cluster timeout: the aborts release its
-    /// locks before it runs again; one not delivered is resolved after the deadline).
-    async fn abort(&self, shared: &Arc<Shared>, txn: TxnId, deadline_ms: u64, parts: Vec<usize>) {
-        if parts.is_empty() {
-            return;
-        }
-        let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let limits = Limits {
-            resp3: false,
-            bulk_bytes_max: 0,
-            reply_bytes_max: 0,
-        };
-        let aborts = parts
-            .into_iter()
-            .map(|p| {
-                let op = Op::Abort { txn, deadline_ms };
-                (
-                    p,
-                    Request {
-                        op,
-                        ..Request::default_for(limits)
-                    },
-                )
-            })
-            .collect();
-        let shared = Arc::clone(shared);
-        let wait = Instant::now() + cluster.map.timeout();
-        let mut sent = tokio::spawn(async move { call_all(&shared, aborts, wait).await });
-        let _ = tokio::time::timeout_at(wait.into(), &mut sent).await;
+fn step(op: Op, now_ms: u64) -> Request {
+    Request {
+        commands: Vec::new(),
+        exec: false,
+        batch: false,
+        resp3: false,
+        now_ms,
+        bulk_bytes_max: 0,
+        reply_bytes_max: 0,
+        op,
     }
 }
 
-impl Request {
-    /// A request without commands (a transaction step that names its transaction).
-    fn default_for(limits: Limits) -> Request {
-        Request {
-            commands: Vec::new(),
-            exec: false,
-            batch: false,
-            resp3: limits.resp3,
-            now_ms: crate::keyspace::unix_ms(),
-            bulk_bytes_max: limits.bulk_bytes_max,
-            reply_bytes_max: limits.reply_bytes_max,
-            op: Op::Run,
+async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Attempt {
+    let span = net.timeout() * 3;
+    let deadline = Instant::now() + span;
+    let deadline_ms = net.now_ms() + span.as_millis() as u64;
+    let txn = net.next_txn();
+    // The coordinator: a partition this node leads if there is one (its entry needs no
+    // network hop), else the first.
+    let c = work.iter().position(|(p, _)| net.leads(*p)).unwrap_or(0);
+    let coordinator = work[c].0;
+    let request = |commands: &Vec<Vec<Vec<u8>>>, op: Op| Request {
+        commands: commands.clone(),
+        resp3: limits.resp3,
+        bulk_bytes_max: limits.bulk_bytes_max,
+        reply_bytes_max: limits.reply_bytes_max,
+        ..step(op, net.now_ms())
+    };
+
+    // 1. Prepare everywhere but the coordinator.
+    let prepares: Vec<(usize, Request)> = work
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != c)
+        .map(|(_, (p, commands))| {
+            let op = Op::Prepare {
+                txn,
+                coordinator,
+                deadline_ms,
+            };
+            (*p, request(commands, op))
+        })
+        .collect();
+    let votes = call_all(net, prepares, deadline).await;
+    let mut replies: Vec<Vec<Vec<u8>>> = vec![Vec::new(); work.len()];
+    let mut prepared = Vec::new();
+    let mut refusal: Option<Attempt> = None;
+    let others = work.iter().enumerate().filter(|&(i, _)| i != c);
+    for ((i, (p, _)), vote) in others.zip(votes) {
+        match vote {
+            Ok(Response {
+                status: Status::Done,
+                replies: r,
+                ..
+            }) => {
+                prepared.push(*p);
+                replies[i] = r;
+            }
+            Ok(Response {
+                status: Status::Busy,
+                ..
+            }) => {
+                refusal.get_or_insert(Attempt::Busy);
+            }
+            Ok(Response {
+                status: Status::Failed,
+                reply,
+                ..
+            }) => {
+                refusal = Some(Attempt::Failed(String::from_utf8_lossy(&reply).into()));
+            }
+            Ok(_) => {
+                refusal.get_or_insert(Attempt::Failed(PAST_DEADLINE.into()));
+            }
+            // Never applied, or not known: an abort covers both (a prepare applied after it
+            // is refused).
+            Err(RunError::Failed(text) | RunError::Unknown(text)) => {
+                prepared.push(*p);
+                refusal = Some(Attempt::Failed(text));
+            }
+            Err(RunError::RolledBack) => unreachable!("a prepare is not a batch"),
         }
     }
+    if let Some(refusal) = refusal {
+        abort(net, txn, deadline_ms, prepared).await;
+        return refusal;
+    }
+
+    // 2. The decision, with the coordinator's own commands.
+    let decide = request(
+        &work[c].1,
+        Op::Decide {
+            txn,
+            participants: prepared.clone(),
+            deadline_ms,
+        },
+    );
+    let decided = match net.call(coordinator, decide, deadline).await {
+        Ok(response) => response,
+        Err(RunError::Unknown(text)) => {
+            match resolve(&**net, coordinator, txn, deadline_ms).await {
+                Some(response) => response,
+                // The prepared participants resolve it themselves.
+                None => return Attempt::Unknown(text),
+            }
+        }
+        Err(RunError::Failed(text)) => {
+            abort(net, txn, deadline_ms, prepared).await;
+            return Attempt::Failed(text);
+        }
+        Err(RunError::RolledBack) => unreachable!("a decision is not a batch"),
+    };
+    match decided.status {
+        Status::Committed => replies[c] = decided.replies,
+        status => {
+            abort(net, txn, deadline_ms, prepared).await;
+            return match status {
+                Status::Busy => Attempt::Busy,
+                Status::Failed => Attempt::Failed(String::from_utf8_lossy(&decided.reply).into()),
+                _ => Attempt::Failed(PAST_DEADLINE.into()),
+            };
+        }
+    }
+
+    // 3. Committed: the installs, then the answer; the decision is forgotten once every
+    // participant installed.
+    let installs = prepared
+        .iter()
+        .map(|&p| (p, step(Op::Commit { txn, deadline_ms }, net.now_ms())))
+        .collect();
+    let wait = Instant::now() + net.timeout();
+    let net2 = Arc::clone(net);
+    let mut finish = tokio::spawn(async move {
+        let done = call_all(&net2, installs, deadline.max(wait)).await;
+        if done.iter().all(Result::is_ok) {
+            let forget = step(Op::Forget { txn }, net2.now_ms());
+            let _ = net2.call(coordinator, forget, Instant::now() + span).await;
+        }
+    });
+    let _ = tokio::time::timeout_at(wait, &mut finish).await;
+    Attempt::Committed(replies)
+}
+
+/// Asks the coordinator partition for `txn`'s decision (deciding abort if it has none) until
+/// it answers or cannot be reached: `Committed` (with the coordinator's replies) or
+/// `Aborted`.
+async fn resolve<N: Net>(
+    net: &N,
+    coordinator: usize,
+    txn: TxnId,
+    deadline_ms: u64,
+) -> Option<Response> {
+    let give_up = Instant::now() + net.timeout() * 6;
+    while Instant::now() < give_up {
+        let ask = step(Op::Resolve { txn, deadline_ms }, net.now_ms());
+        match net.call(coordinator, ask, give_up).await {
+            Err(RunError::Unknown(_)) => tokio::time::sleep(super::RETRY_PAUSE).await,
+            Ok(response) => return Some(response),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Aborts `txn` on `parts` (waiting up to one cluster timeout: the aborts release its locks
+/// before it runs again; one not delivered is resolved by the partition's leader).
+async fn abort<N: Net>(net: &Arc<N>, txn: TxnId, deadline_ms: u64, parts: Vec<usize>) {
+    if parts.is_empty() {
+        return;
+    }
+    let aborts = parts
+        .into_iter()
+        .map(|p| (p, step(Op::Abort { txn, deadline_ms }, net.now_ms())))
+        .collect();
+    let net = Arc::clone(net);
+    let wait = Instant::now() + net.timeout();
+    let mut sent = tokio::spawn(async move { call_all(&net, aborts, wait).await });
+    let _ = tokio::time::timeout_at(wait, &mut sent).await;
 }
 
 /// Sends every `(partition, request)` at once (writes); their responses, in order.
-async fn call_all(
-    shared: &Arc<Shared>,
+async fn call_all<N: Net>(
+    net: &Arc<N>,
     requests: Vec<(usize, Request)>,
     deadline: Instant,
 ) -> Vec<Result<Response, RunError>> {
     let mut running = tokio::task::JoinSet::new();
     let n = requests.len();
     for (i, (p, request)) in requests.into_iter().enumerate() {
-        let shared = Arc::clone(shared);
-        running.spawn(async move {
-            let rep = shared.replication.get().expect("replicated");
-            (i, rep.call(&shared, p, &request, false, deadline).await)
-        });
+        let net = Arc::clone(net);
+        running.spawn(async move { (i, net.call(p, request, deadline).await) });
     }
     let mut results: Vec<Option<Result<Response, RunError>>> = (0..n).map(|_| None).collect();
     while let Some(done) = running.join_next().await {
@@ -376,10 +387,8 @@ async fn call_all(
         .collect()
 }
 
-/// The resolver, on every node: for each partition this node leads, finishes the prepared
-/// transactions whose driver is gone (past their deadline: the coordinator partition's
-/// decision, or abort), and forgets the commit decisions kept well past their deadline once
-/// every participant has installed them. Ends when the server stops.
+/// The resolver of the server: every [`RESOLVE_EVERY`], [`resolve_once`]. Ends when the
+/// server stops.
 pub async fn resolve_loop(shared: std::sync::Weak<Shared>) {
     loop {
         tokio::time::sleep(RESOLVE_EVERY).await;
@@ -389,90 +398,79 @@ pub async fn resolve_loop(shared: std::sync::Weak<Shared>) {
         if shared.shutdown.is_cancelled() {
             return;
         }
-        let Some(rep) = shared.replication.get() else {
+        if shared.replication.get().is_none() {
             continue;
-        };
-        rep.resolve_once(&shared).await;
+        }
+        resolve_once(&Arc::new(Node(shared))).await;
     }
 }
 
-impl Replication {
-    async fn resolve_once(&self, shared: &Arc<Shared>) {
-        let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let now = crate::keyspace::unix_ms();
-        let limits = Limits {
-            resp3: false,
-            bulk_bytes_max: 0,
-            reply_bytes_max: 0,
+/// For each partition this node leads: finishes the prepared transactions whose driver is
+/// gone (prepared for over [`RESOLVE_AFTER_MS`]: the coordinator partition's decision, or
+/// abort), and forgets the commit decisions kept well past their deadline once every
+/// participant has installed them.
+pub async fn resolve_once<N: Net>(net: &Arc<N>) {
+    let now = net.now_ms();
+    for (part, locks) in net.led() {
+        let (stale, kept) = {
+            let locks = locks.lock();
+            (locks.prepared(), locks.decided())
         };
-        let step = |op: Op| Request {
-            op,
-            ..Request::default_for(limits)
-        };
-        for part in self.parts.values().filter(|p| p.leads()) {
-            let (stale, kept) = {
-                let locks = part.locks.lock();
-                (locks.prepared(), locks.decided())
-            };
-            for (txn, coordinator, prepared_ms, deadline_ms) in stale {
-                if now <= prepared_ms + RESOLVE_AFTER_MS {
-                    continue;
-                }
-                let decision = match self.resolve(shared, coordinator, txn, deadline_ms).await {
-                    Some(Response {
-                        status: Status::Committed,
-                        ..
-                    }) => Op::Commit { txn, deadline_ms },
-                    Some(Response {
-                        status: Status::Aborted,
-                        ..
-                    }) => Op::Abort { txn, deadline_ms },
-                    _ => continue,
-                };
-                tracing::info!(
-                    "partition {}: resolved {txn:?} left by its driver: {}",
-                    part.id,
-                    if matches!(decision, Op::Commit { .. }) {
-                        "commit"
-                    } else {
-                        "abort"
-                    }
-                );
-                let deadline = Instant::now() + cluster.map.timeout();
-                let _ = self
-                    .call(shared, part.id, &step(decision), false, deadline)
-                    .await;
+        for (txn, coordinator, prepared_ms, deadline_ms) in stale {
+            if now <= prepared_ms + RESOLVE_AFTER_MS {
+                continue;
             }
-            for (txn, decided) in kept {
-                if now <= decided.deadline_ms + FORGET_AFTER_MS {
-                    continue;
+            let decision = match resolve(&**net, coordinator, txn, deadline_ms).await {
+                Some(Response {
+                    status: Status::Committed,
+                    ..
+                }) => Op::Commit { txn, deadline_ms },
+                Some(Response {
+                    status: Status::Aborted,
+                    ..
+                }) => Op::Abort { txn, deadline_ms },
+                _ => continue,
+            };
+            tracing::info!(
+                "partition {part}: resolved {txn:?} left by its driver: {}",
+                if matches!(decision, Op::Commit { .. }) {
+                    "commit"
+                } else {
+                    "abort"
                 }
-                let deadline = Instant::now() + cluster.map.timeout();
-                let installs = decided
-                    .participants
-                    .iter()
-                    .map(|&p| {
-                        let op = Op::Commit {
-                            txn,
-                            deadline_ms: decided.deadline_ms,
-                        };
-                        (p, step(op))
+            );
+            let deadline = Instant::now() + net.timeout();
+            let _ = net.call(part, step(decision, net.now_ms()), deadline).await;
+        }
+        for (txn, decided) in kept {
+            if now <= decided.deadline_ms + FORGET_AFTER_MS {
+                continue;
+            }
+            let deadline = Instant::now() + net.timeout();
+            let installs = decided
+                .participants
+                .iter()
+                .map(|&p| {
+                    let op = Op::Commit {
+                        txn,
+                        deadline_ms: decided.deadline_ms,
+                    };
+                    (p, step(op, net.now_ms()))
+                })
+                .collect();
+            let done = call_all(net, installs, deadline).await;
+            if done.iter().all(|r| {
+                matches!(
+                    r,
+                    Ok(Response {
+                        status: Status::Done,
+                        ..
                     })
-                    .collect();
-                let done = call_all(shared, installs, deadline).await;
-                if done.iter().all(|r| {
-                    matches!(
-                        r,
-                        Ok(Response {
-                            status: Status::Done,
-                            ..
-                        })
-                    )
-                }) {
-                    let _ = self
-                        .call(shared, part.id, &step(Op::Forget { txn }), false, deadline)
-                        .await;
-                }
+                )
+            }) {
+                let _ = net
+                    .call(part, step(Op::Forget { txn }, net.now_ms()), deadline)
+                    .await;
             }
         }
     }
