@@ -105,11 +105,12 @@ pub struct Args {
     /// nodes, in step by Raft: partition p on nodes p, p+1, ... (round the config's list). A
     /// write is acknowledged once a majority of its partition's replicas have it (durable
     /// under --durability sync); a leader's death is survived with nothing acknowledged lost.
-    /// Every node must be started with the same value. 1: no replication. For now a
-    /// replicated cluster runs commands and MULTI blocks whose keys are in one partition, and
-    /// refuses WATCH, blocking pops and writes without keys (docs/replication.md).
-    #[arg(long, value_name = "R", default_value_t = 1)]
-    replicas: usize,
+    /// Every node must be started with the same value. 1: no replication. Transactions
+    /// across partitions run two-phase commit over the partitions' logs; a replicated cluster
+    /// refuses WATCH, blocking pops and writes without keys for now (docs/replication.md)
+    /// [default: 3 when the cluster has three nodes or more, else 1].
+    #[arg(long, value_name = "R")]
+    replicas: Option<usize>,
 }
 
 /// The cluster configuration the flags give, if any.
@@ -147,10 +148,12 @@ fn config(args: Args) -> anyhow::Result<Config> {
         config.cluster = Some(std::sync::Arc::new(map));
     }
     anyhow::ensure!(
-        args.replicas == 1 || config.cluster.is_some(),
+        args.replicas.is_none_or(|r| r == 1) || config.cluster.is_some(),
         "--replicas needs --cluster or --cluster-node"
     );
-    config.replicas = args.replicas;
+    // Three copies of every partition once there are three nodes to keep them.
+    let nodes = config.cluster.as_ref().map_or(1, |m| m.nodes().len());
+    config.replicas = args.replicas.unwrap_or(if nodes >= 3 { 3 } else { 1 });
     if let Some(path) = &args.config {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -828,7 +828,8 @@ fn bad_replicas_are_refused() {
 fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ports = support::ports(2, 3);
-    let extra = ["--replicas", "3", "--cluster-timeout-ms", "300"];
+    // No --replicas: three nodes keep three copies by default.
+    let extra = ["--cluster-timeout-ms", "300"];
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &extra))
         .collect();
@@ -842,6 +843,11 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut connect(ports[1]).expect("connect"))
+        .expect("INFO");
+    assert!(info.contains("keel_replicas:3"), "{info}");
     // Every node answers a linearizable read (elections at start may still be settling).
     for &port in &ports {
         let deadline = Instant::now() + Duration::from_secs(20);

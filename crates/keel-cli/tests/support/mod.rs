@@ -41,9 +41,10 @@ pub fn ports(block: u16, n: usize) -> Vec<u16> {
 
 impl Node {
     /// Starts node `index` of the cluster whose nodes listen on `ports` (the slots split
-    /// evenly in order), with data under `dir/node-<index + 1>` and `sync` durability.
+    /// evenly in order), with data under `dir/node-<index + 1>` and `sync` durability, not
+    /// replicated (`--replicas 1`).
     pub fn start(dir: &Path, index: usize, ports: &[u16]) -> Node {
-        Node::start_with(dir, index, ports, &[])
+        Node::start_with(dir, index, ports, &["--replicas", "1"])
     }
 
     /// As [`Node::start`], with more `keel serve` arguments.
