@@ -407,6 +407,7 @@ pub fn command(
     out: &mut Out<'_>,
     aware: &mut bool,
     serving: &dyn Fn(usize) -> Vec<usize>,
+    moved: &[(u16, usize)],
 ) -> Result<(), Fail> {
     let sub = args[1].to_ascii_lowercase();
     let arity = |n: usize| -> Result<(), Fail> {
@@ -468,7 +469,7 @@ pub fn command(
         b"slots" => {
             arity(2)?;
             *aware = true;
-            let ranges = map.ranges();
+            let ranges = ranges(map, moved);
             out.array(ranges.len());
             for (start, end, part) in ranges {
                 let nodes = serving(part);
@@ -488,14 +489,16 @@ pub fn command(
         b"shards" => {
             arity(2)?;
             *aware = true;
+            let ranges = ranges(map, moved);
             out.array(map.nodes().len());
-            for (part, owner) in map.nodes().iter().enumerate() {
+            for part in 0..map.nodes().len() {
                 out.map(2);
                 out.bulk(b"slots");
-                out.array(2 * owner.slots.len());
-                for r in &owner.slots {
-                    out.int(i64::from(*r.start()));
-                    out.int(i64::from(*r.end()));
+                let own: Vec<&(u16, u16, usize)> = ranges.iter().filter(|r| r.2 == part).collect();
+                out.array(2 * own.len());
+                for (start, end, _) in own {
+                    out.int(i64::from(*start));
+                    out.int(i64::from(*end));
                 }
                 out.bulk(b"nodes");
                 let nodes = serving(part);
@@ -524,7 +527,7 @@ pub fn command(
         b"nodes" => {
             arity(2)?;
             *aware = true;
-            out.verbatim(&nodes(map));
+            out.verbatim(&nodes(map, &ranges(map, moved)));
         }
         _ => {
             return Err(format!(
@@ -553,7 +556,27 @@ fn info(map: &Membership) -> String {
 
 /// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
 /// (keel has none yet); each node's config epoch is its position in the config.
-fn nodes(map: &Membership) -> String {
+/// The slot ranges and their partition: the config's, with `moved` (slot → partition) over it.
+fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
+    if moved.is_empty() {
+        return map.ranges();
+    }
+    let moved: std::collections::HashMap<u16, usize> = moved.iter().copied().collect();
+    let mut out: Vec<(u16, u16, usize)> = Vec::new();
+    for slot in 0..SLOTS {
+        let owner = moved
+            .get(&slot)
+            .copied()
+            .unwrap_or_else(|| map.owner(Slot(slot)));
+        match out.last_mut() {
+            Some((_, end, o)) if *o == owner && *end + 1 == slot => *end = slot,
+            _ => out.push((slot, slot, owner)),
+        }
+    }
+    out
+}
+
+fn nodes(map: &Membership, ranges: &[(u16, u16, usize)]) -> String {
     let mut text = String::new();
     for (i, n) in map.nodes().iter().enumerate() {
         let flags = if i == map.myself() {
@@ -567,11 +590,11 @@ fn nodes(map: &Membership) -> String {
             n.addr,
             i + 1
         ));
-        for r in &n.slots {
-            if r.start() == r.end() {
-                text.push_str(&format!(" {}", r.start()));
+        for (start, end, _) in ranges.iter().filter(|r| r.2 == i) {
+            if start == end {
+                text.push_str(&format!(" {start}"));
             } else {
-                text.push_str(&format!(" {}-{}", r.start(), r.end()));
+                text.push_str(&format!(" {start}-{end}"));
             }
         }
         text.push('\n');

@@ -265,6 +265,25 @@ fn merge_replies(merge: Merge, replies: &[Vec<u8>], out: &mut Out<'_>) {
 /// Attempts of a transaction across nodes that loses conflicts (each a fresh two-phase
 /// commit, with backoff from 1 to 50 ms between).
 const ACROSS_ATTEMPTS_MAX: u32 = 30;
+/// Times a replicated request follows its slots to the partition they moved to.
+const MOVES_FOLLOWED: usize = 8;
+
+/// The keys of `commands` (each a command's arguments), by the command table.
+fn keys_of(commands: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    for command in commands {
+        let Some(spec) = command.first().and_then(|n| table::lookup(n)) else {
+            continue;
+        };
+        let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+        keys.extend(
+            cluster::key_args(spec, &args)
+                .into_iter()
+                .map(<[u8]>::to_vec),
+        );
+    }
+    keys
+}
 
 struct Multi {
     queue: Vec<(Cmd, Vec<Bytes>)>,
@@ -816,7 +835,9 @@ impl Conn {
                         replies[i] = Some(buf.to_vec());
                     }
                 }
-                Err(crate::replica::RunError::RolledBack) => again.push(g),
+                Err(crate::replica::RunError::RolledBack | crate::replica::RunError::Moved) => {
+                    again.push(g);
+                }
             }
         }
         // Rolled-back groups, one command at a time, in pipeline order.
@@ -1057,45 +1078,118 @@ impl Conn {
     /// each command's reply, in order.
     async fn across_partitions(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
         let shared = Arc::clone(&self.shared);
-        let mut work: crate::replica::txn::Work = Vec::new();
-        let mut place = Vec::with_capacity(commands.len());
-        for args in commands {
-            let spec = table::lookup(&args[0]).expect("a queued command is known");
-            let keys = cluster::key_args(spec, args);
-            if !data::is_data(spec.cmd) || keys.is_empty() {
-                return Err(format!(
-                    "ERR keel: a transaction across partitions runs only commands with keys, \
-                     and '{}' has none",
-                    spec.name
-                )
-                .into());
+        // Planned again when a partition answers that some of the keys' slots moved on.
+        for _ in 0..MOVES_FOLLOWED {
+            let mut work: crate::replica::txn::Work = Vec::new();
+            let mut place = Vec::with_capacity(commands.len());
+            for args in commands {
+                let spec = table::lookup(&args[0]).expect("a queued command is known");
+                let keys = cluster::key_args(spec, args);
+                if !data::is_data(spec.cmd) || keys.is_empty() {
+                    return Err(format!(
+                        "ERR keel: a transaction across partitions runs only commands with \
+                         keys, and '{}' has none",
+                        spec.name
+                    )
+                    .into());
+                }
+                let Some((p, _)) = self.partition_of(keys.iter().copied()) else {
+                    return Err(cluster::CROSSSLOT.into());
+                };
+                let i = match work.iter().position(|(q, _)| *q == p) {
+                    Some(i) => i,
+                    None => {
+                        work.push((p, Vec::new()));
+                        work.len() - 1
+                    }
+                };
+                place.push((i, work[i].1.len()));
+                work[i].1.push(args.iter().map(|a| a.to_vec()).collect());
             }
-            let Some((p, _)) = self.partition_of(keys.iter().copied()) else {
-                return Err(cluster::CROSSSLOT.into());
+            let limits = crate::replica::txn::Limits {
+                resp3: self.proto == Proto::Resp3,
+                bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+                reply_bytes_max: shared.config.reply_bytes_max,
             };
-            let i = match work.iter().position(|(q, _)| *q == p) {
-                Some(i) => i,
-                None => {
-                    work.push((p, Vec::new()));
-                    work.len() - 1
+            let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
+            // (If the slots moved into one partition, the same protocol runs it there: a
+            // decision with no other participant.)
+            let replies = tokio::select! {
+                r = crate::replica::txn::run_across(&node, work, limits) => r,
+                () = self.info.kill.cancelled() => {
+                    return Err("ERR keel: the connection was killed".into());
                 }
             };
-            place.push((i, work[i].1.len()));
-            work[i].1.push(args.iter().map(|a| a.to_vec()).collect());
+            match replies {
+                Ok(replies) => return Ok(gather(replies, &place)),
+                Err(crate::replica::txn::AcrossError::Failed(text)) => return Err(text.into()),
+                Err(crate::replica::txn::AcrossError::Moved) => {}
+            }
         }
-        let limits = crate::replica::txn::Limits {
-            resp3: self.proto == Proto::Resp3,
-            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-            reply_bytes_max: shared.config.reply_bytes_max,
+        Err(
+            "TRYAGAIN keel: the transaction's slots kept moving between partitions; nothing \
+             was applied"
+                .into(),
+        )
+    }
+
+    /// `KEEL.MOVESLOTS node-id slot|start-end ...`: moves the slots to the partition whose
+    /// home is `node-id` (`replica::txn::move_slots`); the number of slots that changed.
+    async fn move_slots(&self, args: &[Bytes]) -> Result<usize, Fail> {
+        let (Some(rep), Some(cluster)) = (self.shared.replication.get(), &self.shared.cluster)
+        else {
+            return Err(
+                "ERR keel: KEEL.MOVESLOTS moves slots between the partitions of a replicated \
+                 cluster (--replicas 2 or more)"
+                    .into(),
+            );
         };
-        let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
-        let replies = tokio::select! {
-            r = crate::replica::txn::run_across(&node, work, limits) => r?,
+        let map = &cluster.map;
+        let to = map
+            .nodes()
+            .iter()
+            .position(|n| n.id.as_str().as_bytes() == &args[1][..])
+            .ok_or_else(|| {
+                format!(
+                    "ERR keel: no node '{}' in the cluster",
+                    String::from_utf8_lossy(&args[1])
+                )
+            })?;
+        let mut slots = Vec::new();
+        for arg in &args[2..] {
+            let text = std::str::from_utf8(arg).unwrap_or("");
+            let slot = |s: &str| -> Result<u16, Fail> {
+                s.parse::<u16>()
+                    .ok()
+                    .filter(|&n| n < keel_cluster::SLOTS)
+                    .ok_or_else(|| {
+                        format!(
+                            "ERR keel: '{text}' is not a slot (0-{}) or a range of them",
+                            keel_cluster::SLOTS - 1
+                        )
+                        .into()
+                    })
+            };
+            match text.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (slot(a)?, slot(b)?);
+                    if a > b {
+                        return Err(format!("ERR keel: the range '{text}' is empty").into());
+                    }
+                    slots.extend(a..=b);
+                }
+                None => slots.push(slot(text)?),
+            }
+        }
+        let _ = rep;
+        let node = Arc::new(crate::replica::txn::Node(Arc::clone(&self.shared)));
+        let moved = tokio::select! {
+            r = crate::replica::txn::move_slots(&node, &slots, to) => r?,
             () = self.info.kill.cancelled() => {
                 return Err("ERR keel: the connection was killed".into());
             }
         };
-        Ok(gather(replies, &place))
+        Ok(moved.slots)
     }
 
     /// The partition of every key in `keys` and the first key's slot; `None` if they are in
@@ -1105,10 +1199,14 @@ impl Conn {
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) -> Option<(usize, keel_cluster::Slot)> {
         let map = &self.shared.cluster.as_ref().expect("cluster mode").map;
+        let rep = self.shared.replication.get();
         let mut at = None;
         for key in keys {
             let slot = keel_cluster::key_slot(key);
-            let p = map.owner(slot);
+            let p = match rep {
+                Some(rep) => rep.owner(map, slot.0),
+                None => map.owner(slot),
+            };
             match at {
                 None => at = Some((p, slot)),
                 Some((q, _)) if q != p => return None,
@@ -1145,48 +1243,108 @@ impl Conn {
             reply_bytes_max: shared.config.reply_bytes_max,
             op: crate::replica::Op::Run,
         };
-        // READONLY: a read of a partition kept here runs on this copy, as a Redis replica
-        // serves its slots after READONLY.
-        if read
-            && self.readonly
-            && let Some(part) = rep.part(p)
-        {
-            // While a key it reads is written by a prepared transaction, wait for its
-            // decision (up to the cluster timeout).
-            let give_up = std::time::Instant::now() + cluster.map.timeout();
-            loop {
-                match part.read_local(&request) {
-                    Some(reply) => output.extend_from_slice(&reply),
-                    None if std::time::Instant::now() < give_up => {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                        continue;
+        let (mut p, mut slot) = (p, slot);
+        // A slot that moved to another partition is followed (a few times: it may move on).
+        for _ in 0..MOVES_FOLLOWED {
+            // READONLY: a read of a partition kept here runs on this copy, as a Redis replica
+            // serves its slots after READONLY.
+            if read
+                && self.readonly
+                && let Some(part) = rep.part(p)
+            {
+                // While a key it reads is written by a prepared transaction, wait for its
+                // decision (up to the cluster timeout).
+                let give_up = std::time::Instant::now() + cluster.map.timeout();
+                let refused = loop {
+                    match part.read_local(&request) {
+                        Ok(reply) => {
+                            output.extend_from_slice(&reply);
+                            return true;
+                        }
+                        Err(r) if r.status == crate::replica::Status::Busy => {
+                            if std::time::Instant::now() >= give_up {
+                                self.out(output).error(
+                                    "TRYAGAIN keel: a key stayed locked by a transaction across \
+                                     partitions",
+                                );
+                                return true;
+                            }
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        Err(r) => break r,
                     }
-                    None => self.out(output).error(
-                        "TRYAGAIN keel: a key stayed locked by a transaction across partitions",
-                    ),
+                };
+                rep.learn(
+                    &postcard::from_bytes::<Vec<(u16, usize)>>(&refused.reply).unwrap_or_default(),
+                );
+            } else {
+                if self.aware
+                    && let Some(leader) = rep.leader(p)
+                    && leader != rep.me
+                {
+                    self.flag_multi();
+                    self.out(output).error(&cluster.moved(leader, slot));
+                    return true;
                 }
-                return true;
+                let result = tokio::select! {
+                    r = rep.run(&shared, p, request.clone(), read) => r,
+                    () = self.info.kill.cancelled() => return true,
+                };
+                match result {
+                    Ok(reply) => {
+                        output.extend_from_slice(&reply);
+                        return true;
+                    }
+                    Err(
+                        crate::replica::RunError::Failed(text)
+                        | crate::replica::RunError::Unknown(text),
+                    ) => {
+                        self.out(output).error(&text);
+                        return true;
+                    }
+                    Err(crate::replica::RunError::RolledBack) => return false,
+                    // A batch runs again command by command, each routed anew.
+                    Err(crate::replica::RunError::Moved) if batch => return false,
+                    Err(crate::replica::RunError::Moved) => {}
+                }
+            }
+            let keys = keys_of(&request.commands);
+            match self.partition_of(keys.iter().map(Vec::as_slice)) {
+                Some((q, s)) => (p, slot) = (q, s),
+                // An `EXEC` whose keys are now in several partitions runs across them.
+                None if exec => {
+                    let commands: Vec<Vec<Bytes>> = request
+                        .commands
+                        .iter()
+                        .map(|c| c.iter().map(|a| Bytes::copy_from_slice(a)).collect())
+                        .collect();
+                    let refs: Vec<&[Bytes]> = commands.iter().map(Vec::as_slice).collect();
+                    let result = self.across_partitions(&refs).await;
+                    let mut out = self.out(output);
+                    match result {
+                        Ok(replies) => {
+                            out.array(replies.len());
+                            for reply in replies {
+                                out.buf.extend_from_slice(&reply);
+                            }
+                        }
+                        Err(Fail(text)) => out.error(&text),
+                    }
+                    return true;
+                }
+                None => {
+                    self.out(output).error(
+                        "TRYAGAIN keel: the request's keys moved to several partitions while it \
+                         ran; nothing was applied",
+                    );
+                    return true;
+                }
             }
         }
-        if self.aware
-            && let Some(leader) = rep.leader(p)
-            && leader != rep.me
-        {
-            self.flag_multi();
-            self.out(output).error(&cluster.moved(leader, slot));
-            return true;
-        }
-        let result = tokio::select! {
-            r = rep.run(&shared, p, request, read) => r,
-            () = self.info.kill.cancelled() => return true,
-        };
-        match result {
-            Ok(reply) => output.extend_from_slice(&reply),
-            Err(
-                crate::replica::RunError::Failed(text) | crate::replica::RunError::Unknown(text),
-            ) => self.out(output).error(&text),
-            Err(crate::replica::RunError::RolledBack) => return false,
-        }
+        self.out(output).error(
+            "TRYAGAIN keel: the request's slots kept moving between partitions; nothing was \
+             applied",
+        );
         true
     }
 
@@ -1733,13 +1891,22 @@ impl Conn {
                     Some(rep) => rep.serving(p),
                     None => vec![p],
                 };
+                let moved = match (replication, self.shared.cluster.as_ref()) {
+                    (Some(rep), Some(cluster)) => rep.routes(&cluster.map),
+                    _ => Vec::new(),
+                };
                 cluster::command(
                     self.shared.cluster.as_ref(),
                     args,
                     &mut out,
                     &mut self.aware,
                     &serving,
+                    &moved,
                 )?;
+            }
+            Cmd::KeelMoveslots => {
+                let moved = self.move_slots(args).await?;
+                out.int(moved as i64);
             }
             Cmd::KeelRaft => {
                 let answer = crate::replica::serve_rpc(&self.shared, args)

@@ -131,6 +131,24 @@ pub enum Op {
     Resolve { txn: TxnId, deadline_ms: u64 },
     /// The coordinator partition forgets a commit decision every participant installed.
     Forget { txn: TxnId },
+    /// A slot move's prepare at the partition that owns the slots: lock them (every key in
+    /// them), and vote yes with their data (every engine record of their keys).
+    MoveOut {
+        txn: TxnId,
+        slots: Vec<u16>,
+        /// The partition they move to, which decides.
+        to: usize,
+        deadline_ms: u64,
+    },
+    /// A slot move's decision at the partition the slots move to: take their data and
+    /// ownership, and record the commit decision (the source's `Commit` then drops them).
+    MoveIn {
+        txn: TxnId,
+        slots: Vec<u16>,
+        from: usize,
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        deadline_ms: u64,
+    },
 }
 
 /// How an entry ended.
@@ -149,6 +167,9 @@ pub enum Status {
     Committed,
     /// The transaction across partitions is aborted.
     Aborted,
+    /// A key's slot is not this partition's (any more): nothing applied; `reply` is the
+    /// encoded `Vec<(slot, partition that owns it)>`.
+    Moved,
 }
 
 /// What applying an entry gave.
@@ -199,6 +220,9 @@ pub enum RunError {
     /// The request was sent and its answer lost: it may or may not have applied (the error
     /// for the client).
     Unknown(String),
+    /// A key's slot has moved to another partition (learned: [`Replication::owner`] names
+    /// it now); nothing applied.
+    Moved,
     /// A batch rolled back: run its commands one by one.
     RolledBack,
 }
@@ -234,6 +258,8 @@ pub struct Replication {
     parts: BTreeMap<usize, Part>,
     /// For partitions not hosted here: the node last seen leading each.
     hints: parking_lot::Mutex<Vec<Option<usize>>>,
+    /// Slots this node has learned moved from their config owner: slot → partition.
+    routes: parking_lot::RwLock<std::collections::HashMap<u16, usize>>,
     /// Drawn at start: names this process's transactions across partitions.
     incarnation: u64,
     /// The next transaction's sequence number.
@@ -330,6 +356,11 @@ impl Replication {
                 })?;
             let log = log.purge_behind(machine.durable());
             let locks = machine.locks();
+            let owners = Arc::clone(map);
+            locks.lock().set_home((
+                p,
+                Arc::new(move |slot| owners.owner(keel_cluster::Slot(slot))),
+            ));
             // Data that no log entry made (the directory of a node that ran without
             // --replicas): the log would be applied over it, and the replicas would differ.
             if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
@@ -440,6 +471,7 @@ impl Replication {
             layout: layout(map.digest(), r),
             parts,
             hints: parking_lot::Mutex::new(vec![None; n]),
+            routes: Default::default(),
             incarnation: data::random(),
             seq: std::sync::atomic::AtomicU64::new(0),
         })
@@ -448,6 +480,49 @@ impl Replication {
     /// The partition hosted here, if it is.
     pub fn part(&self, p: usize) -> Option<&Part> {
         self.parts.get(&p)
+    }
+
+    /// The partition that owns `slot`, as far as this node knows: a partition hosted here
+    /// knows its own slots; otherwise the last move learned, or the config's owner. A
+    /// request sent to a partition that moved the slot on is answered `Moved` with the new
+    /// owner, which this node then learns.
+    pub fn owner(&self, map: &keel_cluster::Membership, slot: u16) -> usize {
+        if let Some(p) = self.routes.read().get(&slot) {
+            return *p;
+        }
+        // The config's owner, or where a partition kept here says the slot went.
+        let mut p = map.owner(keel_cluster::Slot(slot));
+        for _ in 0..self.n {
+            match self
+                .parts
+                .get(&p)
+                .and_then(|part| part.locks.lock().owner(slot))
+            {
+                Some(next) if next != p => p = next,
+                _ => break,
+            }
+        }
+        p
+    }
+
+    /// Learns where slots went (from a `Moved` answer, or a move this node made).
+    pub fn learn(&self, moved: &[(u16, usize)]) {
+        let mut routes = self.routes.write();
+        for &(slot, p) in moved {
+            if p < self.n {
+                routes.insert(slot, p);
+            }
+        }
+    }
+
+    /// The slots that moved away from their config owner, as this node knows them.
+    pub fn routes(&self, map: &keel_cluster::Membership) -> Vec<(u16, usize)> {
+        (0..keel_cluster::SLOTS)
+            .filter_map(|slot| {
+                let p = self.owner(map, slot);
+                (p != map.owner(keel_cluster::Slot(slot))).then_some((slot, p))
+            })
+            .collect()
     }
 
     /// `INFO replication`'s lines for the hosted partitions: `keel_partition_<p>:role=leader,
@@ -563,6 +638,13 @@ impl Replication {
                          across partitions; nothing was applied"
                     )));
                 }
+                Status::Moved => {
+                    self.learn(
+                        &postcard::from_bytes::<Vec<(u16, usize)>>(&response.reply)
+                            .unwrap_or_default(),
+                    );
+                    return Err(RunError::Moved);
+                }
                 _ => return Ok(response.reply),
             }
         }
@@ -650,8 +732,9 @@ impl Replication {
 impl Part {
     /// Runs `request`'s reads on this replica's copy, whatever its role: a consistent
     /// snapshot of the entries it has applied, possibly behind the leader (`READONLY`).
-    /// `None` while a key it reads is written by a prepared transaction.
-    pub fn read_local(&self, request: &Request) -> Option<Vec<u8>> {
+    /// `Err` (`Busy` or `Moved`) while a key it reads is written by a prepared
+    /// transaction, or its slot is not this partition's.
+    pub fn read_local(&self, request: &Request) -> Result<Vec<u8>, Response> {
         read_here(self.db, &self.locks, request)
     }
 
@@ -689,14 +772,11 @@ impl Part {
                 }
             }
             return Ok(match read_here(self.db, &self.locks, &request) {
-                Some(reply) => Response {
+                Ok(reply) => Response {
                     reply,
                     ..Response::default()
                 },
-                None => Response {
-                    status: Status::Busy,
-                    ..Response::default()
-                },
+                Err(refused) => refused,
             });
         }
         // The entry runs at the leader's time, whichever node took the request.
@@ -725,9 +805,14 @@ impl Part {
 }
 
 /// Runs `request`'s read-only commands on `db` (after a linearizable read check) and returns
-/// the reply; `None` if a key they read is written by a prepared transaction (its effect is
-/// not there yet, and the old value may no longer be one a serial order allows).
-fn read_here(db: &'static Db, locks: &prepared::Shared, request: &Request) -> Option<Vec<u8>> {
+/// the reply; `Busy` if a key they read is written by a prepared transaction (its effect is
+/// not there yet, and the old value may no longer be one a serial order allows), `Moved` if
+/// a key's slot is not this partition's.
+fn read_here(
+    db: &'static Db,
+    locks: &prepared::Shared,
+    request: &Request,
+) -> Result<Vec<u8>, Response> {
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
     let ctx = data::Ctx {
@@ -743,8 +828,19 @@ fn read_here(db: &'static Db, locks: &prepared::Shared, request: &Request) -> Op
     let begun = {
         // The lock table and the snapshot taken together: both after the same entries.
         let locks = locks.lock();
+        let moved = locks.misplaced(&request.commands);
+        if !moved.is_empty() {
+            return Err(Response {
+                reply: postcard::to_stdvec(&moved).expect("encodes"),
+                status: Status::Moved,
+                ..Response::default()
+            });
+        }
         if locks.conflicts(&request.commands) {
-            return None;
+            return Err(Response {
+                status: Status::Busy,
+                ..Response::default()
+            });
         }
         db.begin()
     };
@@ -762,7 +858,7 @@ fn read_here(db: &'static Db, locks: &prepared::Shared, request: &Request) -> Op
         }
         Err(e) => out.error(&format!("ERR keel: {e}")),
     }
-    Some(buf.to_vec())
+    Ok(buf.to_vec())
 }
 
 impl Request {
@@ -925,7 +1021,7 @@ mod tests {
                 _ => unreachable!(),
             }
         };
-        read_here(db, locks, &request)
+        read_here(db, locks, &request).ok()
     }
 
     /// The state machine's side of transactions across partitions: a prepare locks what it

@@ -192,6 +192,7 @@ pub enum Cmd {
     KeelMin,
     KeelAdd,
     KeelRaft,
+    KeelMoveslots,
 }
 
 /// One command's description.
@@ -2172,6 +2173,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Between the nodes of a replicated cluster: KEEL.RAFT partition kind payload carries Raft's messages and requests forwarded to a partition's leader."
+    ),
+    spec!(
+        "keel.moveslots",
+        KeelMoveslots,
+        -3,
+        &["admin", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Replicated cluster: KEEL.MOVESLOTS node-id slot|start-end ... moves the slots (and their keys) to the partition whose home is node-id, online and transactionally. Replies the number of slots moved."
     ),
 ];
 

@@ -537,6 +537,15 @@ pub fn execute(
     marker: &[u8],
     seed: u64,
 ) -> Result<Response> {
+    let moved = locks.misplaced(&request.commands);
+    if !moved.is_empty() {
+        put_marker(db, marker)?;
+        return Ok(Response {
+            reply: postcard::to_stdvec(&moved).map_err(sm_err)?,
+            status: Status::Moved,
+            ..Response::default()
+        });
+    }
     if locks.conflicts(&request.commands) {
         put_marker(db, marker)?;
         return Ok(Response {

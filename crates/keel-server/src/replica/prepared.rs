@@ -48,6 +48,8 @@ const PREPARED: &[u8] = &[0xFF, b'r', b'p'];
 const DECIDED: &[u8] = &[0xFF, b'r', b'd'];
 const FINISHED: &[u8] = &[0xFF, b'r', b'f'];
 const CLOCK: &[u8] = &[0xFF, b'r', b't'];
+/// The slots moved away from the config's owners: `BTreeMap<slot, partition>`.
+const MOVED: &[u8] = &[0xFF, b'r', b'o'];
 
 type Result<T> = std::result::Result<T, StorageError<u64>>;
 
@@ -67,6 +69,8 @@ pub struct Record {
     pub deadline_ms: u64,
     /// The replies of its prepare.
     pub replies: Vec<Vec<u8>>,
+    /// A slot move's prepare: the slots (locked whole) and the partition they move to.
+    pub moving: Option<(Vec<u16>, usize)>,
 }
 
 /// A commit decision kept by the coordinator partition until every participant installed it.
@@ -79,13 +83,23 @@ pub struct Decided {
     pub replies: Vec<Vec<u8>>,
 }
 
-/// The keys locked by prepared transactions, and the transactions' records.
-#[derive(Debug, Default)]
+/// Which partition a state machine is, and the owner of every slot in the cluster's config.
+pub type Home = (usize, Arc<dyn Fn(u16) -> usize + Send + Sync>);
+
+/// The keys locked by prepared transactions, the transactions' records, and the slots this
+/// partition owns.
+#[derive(Default)]
 pub struct Locks {
     held: HashMap<Vec<u8>, Held>,
     prepared: BTreeMap<TxnId, Record>,
     decided: BTreeMap<TxnId, Decided>,
     clock: u64,
+    /// `None`: this partition owns every slot (a state machine outside a cluster: tests).
+    home: Option<Home>,
+    /// Slots whose owner is not the config's any more, and their owner now.
+    moved: BTreeMap<u16, usize>,
+    /// Slots a prepared move holds: every key in them is locked.
+    slots_locked: std::collections::BTreeSet<u16>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -110,18 +124,63 @@ fn accesses(commands: &[Vec<Vec<u8>>]) -> Vec<(Vec<u8>, bool)> {
     keys
 }
 
+fn slot_of(key: &[u8]) -> u16 {
+    keel_cluster::key_slot(key).0
+}
+
 impl Locks {
     /// Whether running `commands` now would read a key a prepared transaction writes, or
-    /// write one it touches.
+    /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
-        if self.held.is_empty() {
+        if self.held.is_empty() && self.slots_locked.is_empty() {
             return false;
         }
         accesses(commands).iter().any(|(key, write)| {
             self.held
                 .get(key)
                 .is_some_and(|h| h.writer || (*write && h.readers > 0))
+                || self.slots_locked.contains(&slot_of(key))
         })
+    }
+
+    /// Sets which partition this is (see [`Home`]).
+    pub fn set_home(&mut self, home: Home) {
+        self.home = Some(home);
+    }
+
+    /// The partition that owns `slot` as far as this one knows: itself, the one it moved
+    /// the slot to, or the config's owner.
+    pub fn owner(&self, slot: u16) -> Option<usize> {
+        let (_, config) = self.home.as_ref()?;
+        Some(
+            self.moved
+                .get(&slot)
+                .copied()
+                .unwrap_or_else(|| config(slot)),
+        )
+    }
+
+    /// The slots of `slots` this partition does not own, with their owner.
+    fn elsewhere(&self, slots: impl IntoIterator<Item = u16>) -> Vec<(u16, usize)> {
+        let Some((me, _)) = &self.home else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u16, usize)> = slots
+            .into_iter()
+            .filter_map(|s| self.owner(s).filter(|o| o != me).map(|o| (s, o)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The slots of `commands`' keys that are not this partition's, with their owner: such an
+    /// entry or read is answered `Moved`.
+    pub fn misplaced(&self, commands: &[Vec<Vec<u8>>]) -> Vec<(u16, usize)> {
+        if self.home.is_none() {
+            return Vec::new();
+        }
+        self.elsewhere(accesses(commands).iter().map(|(k, _)| slot_of(k)))
     }
 
     /// The prepared transactions: id, coordinator partition, when it was prepared (its
@@ -139,6 +198,9 @@ impl Locks {
     }
 
     fn take(&mut self, txn: TxnId, record: Record) {
+        if let Some((slots, _)) = &record.moving {
+            self.slots_locked.extend(slots);
+        }
         for (key, write) in dedup(accesses(&record.request.commands)) {
             let held = self.held.entry(key).or_default();
             if write {
@@ -152,6 +214,11 @@ impl Locks {
 
     fn release(&mut self, txn: TxnId) -> Option<Record> {
         let record = self.prepared.remove(&txn)?;
+        if let Some((slots, _)) = &record.moving {
+            for s in slots {
+                self.slots_locked.remove(s);
+            }
+        }
         for (key, write) in dedup(accesses(&record.request.commands)) {
             if let Some(held) = self.held.get_mut(&key) {
                 if write {
@@ -169,7 +236,11 @@ impl Locks {
 
     /// Rebuilds the table from `db`'s records (at start, after a snapshot install).
     pub fn load(&mut self, db: &Db) -> Result<()> {
-        *self = Locks::default();
+        let home = self.home.take();
+        *self = Locks {
+            home,
+            ..Locks::default()
+        };
         let snap = db.snapshot().map_err(sm_err)?;
         for (key, value) in snap.range::<[u8]>((Included(PREPARED), Unbounded)) {
             let Some(id) = key.strip_prefix(PREPARED) else {
@@ -189,7 +260,67 @@ impl Locks {
         if let Some(v) = snap.get(CLOCK).map_err(sm_err)? {
             self.clock = u64::from_be_bytes(v.as_slice().try_into().map_err(sm_err)?);
         }
+        if let Some(v) = snap.get(MOVED).map_err(sm_err)? {
+            self.moved = postcard::from_bytes(&v).map_err(sm_err)?;
+        }
         Ok(())
+    }
+}
+
+/// Every engine record of the keys in `slots`: plain strings, meta records, the expiry index
+/// entries, and every sub-key of their collections' generations (the graveyard of dropped
+/// collections stays). A scan of the whole database.
+pub fn slot_pairs(
+    db: &Db,
+    slots: &std::collections::BTreeSet<u16>,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use crate::keyspace::{self, EXPIRY, INTERNAL, META, SIZE};
+    let snap = db.snapshot().map_err(sm_err)?;
+    let mut pairs = Vec::new();
+    let mut generations = Vec::new();
+    for (key, value) in snap.range::<[u8]>(..) {
+        let user: Option<Vec<u8>> = if let Some(user) = keyspace::user_key(&key) {
+            Some(user.into_owned())
+        } else if key.len() >= 2 && key[0] == INTERNAL && key[1] == META {
+            Some(key[2..].to_vec())
+        } else if key.len() >= 10 && key[0] == INTERNAL && key[1] == EXPIRY {
+            Some(key[10..].to_vec())
+        } else {
+            None
+        };
+        let Some(user) = user else {
+            continue;
+        };
+        if !slots.contains(&slot_of(&user)) {
+            continue;
+        }
+        if key.len() >= 2 && key[0] == INTERNAL && key[1] == META {
+            let meta = keyspace::Meta::decode(&value).map_err(|e| sm_err(e.0))?;
+            if meta.generation != 0 {
+                generations.push((meta.ty, meta.generation));
+            }
+        }
+        pairs.push((key, value));
+    }
+    for (ty, generation) in generations {
+        for &kind in std::iter::once(&SIZE).chain(keyspace::sub_prefixes(ty)) {
+            let prefix = keyspace::sub_prefix(kind, generation);
+            for (key, value) in snap.range::<[u8]>((Included(&prefix[..]), Unbounded)) {
+                if !key.starts_with(&prefix) {
+                    break;
+                }
+                pairs.push((key, value));
+            }
+        }
+    }
+    Ok(pairs)
+}
+
+fn moved_status(moved: &[(u16, usize)]) -> Response {
+    Response {
+        reply: postcard::to_stdvec(moved).expect("encodes"),
+        status: Status::Moved,
+        ..Response::default()
     }
 }
 
@@ -396,6 +527,9 @@ pub fn apply(
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
+            } else if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
+                books.commit(db)?;
+                moved_status(moved)
             } else if locks.conflicts(&request.commands) {
                 books.commit(db)?;
                 status(Status::Busy)
@@ -418,6 +552,7 @@ pub fn apply(
                             coordinator: *coordinator,
                             deadline_ms: *deadline_ms,
                             replies: replies.clone(),
+                            moving: None,
                         };
                         books.puts.push((
                             key(PREPARED, *txn),
@@ -450,6 +585,10 @@ pub fn apply(
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
+            } else if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
+                abort(&mut books);
+                books.commit(db)?;
+                moved_status(moved)
             } else if locks.conflicts(&request.commands) {
                 abort(&mut books);
                 books.commit(db)?;
@@ -498,6 +637,25 @@ pub fn apply(
                 .puts
                 .push((finished_key(*deadline_ms, *txn), b"c".to_vec()));
             match locks.prepared.get(txn).cloned() {
+                Some(Record {
+                    moving: Some((slots, to)),
+                    ..
+                }) => {
+                    // The slots' data went to `to` with its decision: drop it here.
+                    books.deletes.push(key(PREPARED, *txn));
+                    let set: std::collections::BTreeSet<u16> = slots.iter().copied().collect();
+                    books
+                        .deletes
+                        .extend(slot_pairs(db, &set)?.into_iter().map(|(k, _)| k));
+                    let mut moved = locks.moved.clone();
+                    moved.extend(slots.iter().map(|&s| (s, to)));
+                    books
+                        .puts
+                        .push((MOVED.to_vec(), postcard::to_stdvec(&moved).map_err(sm_err)?));
+                    books.commit(db)?;
+                    locks.release(*txn);
+                    locks.moved = moved;
+                }
                 Some(record) => {
                     books.deletes.push(key(PREPARED, *txn));
                     if let Err(text) = commit_run(db, &record.request, record.seed, &books)? {
@@ -542,6 +700,105 @@ pub fn apply(
                 }
                 books.commit(db)?;
                 status(Status::Aborted)
+            }
+        }
+        Op::MoveOut {
+            txn,
+            slots,
+            to,
+            deadline_ms,
+        } => {
+            let set: std::collections::BTreeSet<u16> = slots.iter().copied().collect();
+            let locked = |locks: &Locks| {
+                slots.iter().any(|s| locks.slots_locked.contains(s))
+                    || locks.held.keys().any(|k| set.contains(&slot_of(k)))
+            };
+            if locks.prepared.contains_key(txn) {
+                // Already prepared here: the same vote.
+                books.commit(db)?;
+                let pairs = slot_pairs(db, &set)?;
+                Response {
+                    replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
+                    ..Response::default()
+                }
+            } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
+                books.commit(db)?;
+                status(Status::Aborted)
+            } else if let moved @ [_, ..] = &locks.elsewhere(slots.iter().copied())[..] {
+                books.commit(db)?;
+                moved_status(moved)
+            } else if locked(locks) {
+                books.commit(db)?;
+                status(Status::Busy)
+            } else {
+                let pairs = slot_pairs(db, &set)?;
+                let record = Record {
+                    request: Request {
+                        commands: Vec::new(),
+                        op: Op::Run,
+                        ..request.clone()
+                    },
+                    seed,
+                    coordinator: *to,
+                    deadline_ms: *deadline_ms,
+                    replies: Vec::new(),
+                    moving: Some((slots.clone(), *to)),
+                };
+                books.puts.push((
+                    key(PREPARED, *txn),
+                    postcard::to_stdvec(&record).map_err(sm_err)?,
+                ));
+                books.commit(db)?;
+                locks.take(*txn, record);
+                Response {
+                    replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
+                    ..Response::default()
+                }
+            }
+        }
+        Op::MoveIn {
+            txn,
+            slots,
+            from,
+            pairs,
+            deadline_ms,
+        } => {
+            let me = locks.home.as_ref().map(|(me, _)| *me);
+            if locks.decided.contains_key(txn) {
+                books.commit(db)?;
+                committed(Vec::new())
+            } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
+                books.commit(db)?;
+                status(Status::Aborted)
+            } else if slots.iter().any(|&s| locks.owner(s) == me) {
+                books
+                    .puts
+                    .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+                books.commit(db)?;
+                failed("ERR keel: a slot to move in is this partition's already".into())
+            } else {
+                let Some(me) = me else {
+                    unreachable!("a partition outside a cluster owns every slot");
+                };
+                let decided = Decided {
+                    participants: vec![*from],
+                    deadline_ms: *deadline_ms,
+                    replies: Vec::new(),
+                };
+                let mut moved = locks.moved.clone();
+                moved.extend(slots.iter().map(|&s| (s, me)));
+                books.puts.extend(pairs.iter().cloned());
+                books
+                    .puts
+                    .push((MOVED.to_vec(), postcard::to_stdvec(&moved).map_err(sm_err)?));
+                books.puts.push((
+                    key(DECIDED, *txn),
+                    postcard::to_stdvec(&decided).map_err(sm_err)?,
+                ));
+                books.commit(db)?;
+                locks.decided.insert(*txn, decided);
+                locks.moved = moved;
+                committed(Vec::new())
             }
         }
         Op::Forget { txn } => {

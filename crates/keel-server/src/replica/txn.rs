@@ -85,6 +85,10 @@ pub trait Net: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
     /// A new transaction id, never used before by any node.
     fn next_txn(&self) -> TxnId;
+    /// Learns that slots moved to other partitions (from a `Moved` answer).
+    fn learn(&self, moved: &[(u16, usize)]);
+    /// The partition that owns `slot`, as far as this node knows.
+    fn owner(&self, slot: u16) -> usize;
 }
 
 /// The server's node as the driver sees it.
@@ -130,6 +134,15 @@ impl Net for Node {
         crate::keyspace::unix_ms()
     }
 
+    fn learn(&self, moved: &[(u16, usize)]) {
+        self.rep().learn(moved);
+    }
+
+    fn owner(&self, slot: u16) -> usize {
+        let map = &self.0.cluster.as_ref().expect("cluster mode").map;
+        self.rep().owner(map, slot)
+    }
+
     fn next_txn(&self) -> TxnId {
         let rep = self.rep();
         TxnId {
@@ -149,6 +162,18 @@ enum Attempt {
     Failed(String),
     /// It may have committed; the error for the client.
     Unknown(String),
+    /// A partition no longer owns some of its keys (learned): nothing applied; plan again.
+    Moved,
+}
+
+/// Why a transaction across partitions did not commit.
+#[derive(Debug)]
+pub enum AcrossError {
+    /// The error for the client.
+    Failed(String),
+    /// Some of its keys' slots moved to other partitions (learned): nothing applied; split
+    /// the work by partition again and run it again.
+    Moved,
 }
 
 const PAST_DEADLINE: &str = "TRYAGAIN keel: the transaction across partitions ran past its \
@@ -161,12 +186,15 @@ pub async fn run_across<N: Net>(
     net: &Arc<N>,
     work: Work,
     limits: Limits,
-) -> Result<Vec<Vec<Vec<u8>>>, String> {
+) -> Result<Vec<Vec<Vec<u8>>>, AcrossError> {
     let mut backoff = Duration::from_millis(1);
     for attempt in 1..=ATTEMPTS_MAX {
         match attempt_once(net, &work, limits).await {
             Attempt::Committed(replies) => return Ok(replies),
-            Attempt::Failed(text) | Attempt::Unknown(text) => return Err(text),
+            Attempt::Failed(text) | Attempt::Unknown(text) => {
+                return Err(AcrossError::Failed(text));
+            }
+            Attempt::Moved => return Err(AcrossError::Moved),
             Attempt::Busy if attempt < ATTEMPTS_MAX => {
                 // Jittered, so that transactions that refused each other do not meet again
                 // at the same moment.
@@ -177,10 +205,10 @@ pub async fn run_across<N: Net>(
             Attempt::Busy => {}
         }
     }
-    Err(format!(
+    Err(AcrossError::Failed(format!(
         "TRYAGAIN keel: the transaction across partitions met locked keys {ATTEMPTS_MAX} \
          times in a row; nothing of it was applied"
-    ))
+    )))
 }
 
 fn step(op: Op, now_ms: u64) -> Request {
@@ -249,6 +277,15 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
                 refusal.get_or_insert(Attempt::Busy);
             }
             Ok(Response {
+                status: Status::Moved,
+                reply,
+                ..
+            }) => {
+                net.learn(&postcard::from_bytes::<Vec<(u16, usize)>>(&reply).unwrap_or_default());
+                refusal = Some(Attempt::Moved);
+            }
+            Err(RunError::Moved) => refusal = Some(Attempt::Moved),
+            Ok(Response {
                 status: Status::Failed,
                 reply,
                 ..
@@ -294,6 +331,10 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
             abort(net, txn, deadline_ms, prepared).await;
             return Attempt::Failed(text);
         }
+        Err(RunError::Moved) => {
+            abort(net, txn, deadline_ms, prepared).await;
+            return Attempt::Moved;
+        }
         Err(RunError::RolledBack) => unreachable!("a decision is not a batch"),
     };
     match decided.status {
@@ -302,6 +343,13 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
             abort(net, txn, deadline_ms, prepared).await;
             return match status {
                 Status::Busy => Attempt::Busy,
+                Status::Moved => {
+                    net.learn(
+                        &postcard::from_bytes::<Vec<(u16, usize)>>(&decided.reply)
+                            .unwrap_or_default(),
+                    );
+                    Attempt::Moved
+                }
                 Status::Failed => Attempt::Failed(String::from_utf8_lossy(&decided.reply).into()),
                 _ => Attempt::Failed(PAST_DEADLINE.into()),
             };
@@ -474,4 +522,195 @@ pub async fn resolve_once<N: Net>(net: &Arc<N>) {
             }
         }
     }
+}
+
+/// Slots moved per transaction at most (fewer when their data is too large for one entry).
+const MOVE_BATCH: usize = 64;
+/// Attempts at one batch of a move that meets locked keys before giving up.
+const MOVE_ATTEMPTS: u32 = 200;
+
+/// What [`move_slots`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    /// Slots that changed partition.
+    pub slots: usize,
+    /// Engine records that went with them.
+    pub records: usize,
+}
+
+/// Moves `slots` to partition `to`, online: a batch of slots of one source partition at a
+/// time, each batch one transaction of two participants (`MoveOut` prepares at the source:
+/// the slots lock whole and their data comes back with the vote; `MoveIn` at `to` takes the
+/// data and the ownership and records the decision; `Commit` at the source drops them). While
+/// a batch is prepared, requests for its slots wait (`Busy`); once it is decided, the source
+/// answers `Moved` and they follow the slots to `to`. Slots already at `to` are skipped.
+pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Result<Moved, String> {
+    let mut pending: std::collections::VecDeque<u16> = {
+        let mut s = slots.to_vec();
+        s.sort_unstable();
+        s.dedup();
+        s.into()
+    };
+    let mut done = Moved::default();
+    let mut batch_max = MOVE_BATCH;
+    let mut busy = 0;
+    while let Some(&first) = pending.front() {
+        let from = net.owner(first);
+        if from == to {
+            pending.pop_front();
+            continue;
+        }
+        let batch: Vec<u16> = pending
+            .iter()
+            .copied()
+            .take_while(|&s| net.owner(s) == from)
+            .take(batch_max)
+            .collect();
+        match move_batch(net, &batch, from, to).await? {
+            BatchMove::Done(records) => {
+                pending.drain(..batch.len());
+                net.learn(&batch.iter().map(|&s| (s, to)).collect::<Vec<_>>());
+                done.slots += batch.len();
+                done.records += records;
+                busy = 0;
+                tracing::info!(
+                    "moved slots {}..={} ({records} records) from partition {from} to {to}",
+                    batch[0],
+                    batch[batch.len() - 1]
+                );
+            }
+            // Learned where they are: planned again.
+            BatchMove::Moved => {}
+            BatchMove::TooLarge if batch.len() > 1 => batch_max = batch.len() / 2,
+            BatchMove::TooLarge => {
+                return Err(format!(
+                    "ERR keel: slot {first} holds more than a log entry can carry ({} bytes); \
+                     it cannot be moved yet",
+                    super::REQUEST_BYTES_MAX
+                ));
+            }
+            BatchMove::Busy => {
+                busy += 1;
+                if busy > MOVE_ATTEMPTS {
+                    return Err(format!(
+                        "TRYAGAIN keel: slot {first}'s keys stayed locked by transactions; \
+                         moved {} slots before it",
+                        done.slots
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    Ok(done)
+}
+
+enum BatchMove {
+    Done(usize),
+    Moved,
+    TooLarge,
+    Busy,
+}
+
+async fn move_batch<N: Net>(
+    net: &Arc<N>,
+    slots: &[u16],
+    from: usize,
+    to: usize,
+) -> Result<BatchMove, String> {
+    let span = net.timeout() * 3;
+    let deadline = Instant::now() + span;
+    let deadline_ms = net.now_ms() + span.as_millis() as u64;
+    let txn = net.next_txn();
+    let out = Op::MoveOut {
+        txn,
+        slots: slots.to_vec(),
+        to,
+        deadline_ms,
+    };
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        match net.call(from, step(out, net.now_ms()), deadline).await {
+            Ok(Response {
+                status: Status::Done,
+                replies,
+                ..
+            }) => {
+                let encoded = replies.first().map(Vec::as_slice).unwrap_or_default();
+                postcard::from_bytes(encoded)
+                    .map_err(|e| format!("ERR keel: a slot's data: {e}"))?
+            }
+            Ok(Response {
+                status: Status::Moved,
+                reply,
+                ..
+            }) => {
+                net.learn(&postcard::from_bytes::<Vec<(u16, usize)>>(&reply).unwrap_or_default());
+                return Ok(BatchMove::Moved);
+            }
+            Ok(Response {
+                status: Status::Busy,
+                ..
+            }) => return Ok(BatchMove::Busy),
+            Ok(Response { status, reply, .. }) => {
+                abort(net, txn, deadline_ms, vec![from]).await;
+                return Err(format!(
+                    "ERR keel: partition {from} refused to move slots ({status:?}: {})",
+                    String::from_utf8_lossy(&reply)
+                ));
+            }
+            Err(RunError::Failed(text) | RunError::Unknown(text)) => {
+                abort(net, txn, deadline_ms, vec![from]).await;
+                return Err(text);
+            }
+            Err(RunError::Moved | RunError::RolledBack) => unreachable!("call answers a response"),
+        };
+    let records = pairs.len();
+    let size: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 20).sum();
+    if size + 4096 > super::REQUEST_BYTES_MAX {
+        abort(net, txn, deadline_ms, vec![from]).await;
+        return Ok(BatchMove::TooLarge);
+    }
+    let into = Op::MoveIn {
+        txn,
+        slots: slots.to_vec(),
+        from,
+        pairs,
+        deadline_ms,
+    };
+    let decided = match net.call(to, step(into, net.now_ms()), deadline).await {
+        Ok(response) => Some(response),
+        Err(RunError::Unknown(_)) => resolve(&**net, to, txn, deadline_ms).await,
+        Err(_) => None,
+    };
+    match decided {
+        Some(Response {
+            status: Status::Committed,
+            ..
+        }) => {}
+        Some(Response { status, reply, .. }) => {
+            abort(net, txn, deadline_ms, vec![from]).await;
+            return Err(format!(
+                "ERR keel: partition {to} refused the slots ({status:?}: {})",
+                String::from_utf8_lossy(&reply)
+            ));
+        }
+        None => {
+            abort(net, txn, deadline_ms, vec![from]).await;
+            return Err(format!(
+                "CLUSTERDOWN keel: partition {to} could not be reached to take the slots"
+            ));
+        }
+    }
+    // Decided: the source drops the slots (its leader's resolver does, if this fails).
+    let commit = step(Op::Commit { txn, deadline_ms }, net.now_ms());
+    if net.call(from, commit, Instant::now() + span).await.is_ok() {
+        let _ = net
+            .call(
+                to,
+                step(Op::Forget { txn }, net.now_ms()),
+                Instant::now() + span,
+            )
+            .await;
+    }
+    Ok(BatchMove::Done(records))
 }
