@@ -200,6 +200,38 @@ def cost(results):
                 k.stop()
 
 
+def workloads(results, seconds):
+    """deut (multi-key transactions: across partitions) and ycsb-a (single-key reads and
+    updates) through one node with `keel bench --server`, R=3 against R=1: txn/s, p99 and
+    the servers' CPU per transaction."""
+    print("== workloads through the server: deut and ycsb-a, 16 connections to node 1, sync")
+    for workload in ("deut", "ycsb-a"):
+        for replicas in (1, 3):
+            with tempfile.TemporaryDirectory(dir="/tmp") as root:
+                k = Keel(replicas, root)
+                try:
+                    out = os.path.join(root, "bench.json")
+                    cmd = [KEEL, "bench", workload, "--server", f"keel=127.0.0.1:{BASE}",
+                           "--threads", "16", "--records", "100000",
+                           "--duration", f"{seconds}s", "--warmup", "2s", "--runs", "1",
+                           "--json", out]
+                    cpu0 = cpu_seconds(k.pids())
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                    cpu = cpu_seconds(k.pids()) - cpu0
+                    with open(out) as f:
+                        r = json.load(f)[0]
+                    # The CPU covers loading, warm-up and the run: per transaction of the run
+                    # it overstates; the ratio between R=3 and R=1 is what to read.
+                    row = {"workload": workload, "replicas": replicas,
+                           "txn_per_s": r["txn_per_s"], "aborts_per_s": r["aborts_per_s"],
+                           "p50_us": r["p50_us"], "p99_us": r["p99_us"],
+                           "server_cpu_s": cpu}
+                    results.setdefault("workloads", []).append(row)
+                    print(json.dumps(row))
+                finally:
+                    k.stop()
+
+
 def failover(results, trials):
     print(f"== failover: kill -9 of partition 0's leader, {trials} trials")
     times = []
@@ -417,11 +449,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--json")
-    ap.add_argument("--only", choices=["cost", "failover", "lost", "partition"])
+    ap.add_argument("--only", choices=["cost", "workloads", "failover", "lost", "partition"])
+    ap.add_argument("--seconds", type=int, default=10, help="length of each workload run")
     args = ap.parse_args()
     results = {}
     if args.only in (None, "cost"):
         cost(results)
+    if args.only in (None, "workloads"):
+        workloads(results, args.seconds)
     if args.only in (None, "failover"):
         failover(results, args.trials)
     if args.only in (None, "lost"):
