@@ -927,6 +927,40 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             }
         }
     }
+    // FLUSHALL empties every partition in one transaction across them, and the partitions
+    // keep working (their replication records are not data).
+    {
+        let mut c = connect(ports[1]).expect("connect");
+        let mut pipe = redis::pipe();
+        for i in 0..30 {
+            pipe.cmd("SET").arg(format!("f{i}")).arg(i).ignore();
+        }
+        // Every partition has elected a leader once all of these are written.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = pipe.query::<()>(&mut c) {
+            assert!(Instant::now() < deadline, "sets: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let err = redis::cmd("FLUSHALL")
+            .arg("LATER")
+            .query::<String>(&mut c)
+            .expect_err("a bad argument");
+        assert!(err.to_string().contains("syntax error"), "{err}");
+        let ok: String = redis::cmd("FLUSHALL").query(&mut c).expect("FLUSHALL");
+        assert_eq!(ok, "OK");
+        for &port in &ports {
+            let mut c = connect(port).expect("connect");
+            let left: Vec<Option<String>> = redis::cmd("MGET")
+                .arg((0..30).map(|i| format!("f{i}")).collect::<Vec<_>>())
+                .query(&mut c)
+                .expect("MGET");
+            assert!(left.iter().all(Option::is_none), "{left:?}");
+            let n: i64 = redis::cmd("DBSIZE").query(&mut c).expect("DBSIZE");
+            assert_eq!(n, 0, "node on {port} still holds keys");
+        }
+        let set = redis::cmd("SET").arg("k").arg("v1").query::<String>(&mut c);
+        assert_eq!(set.expect("a write after FLUSHALL"), "OK");
+    }
     // Pipelines: a run of commands on one partition is one log entry; one that fails runs
     // again command by command, so the replies and effects are those of one by one.
     {

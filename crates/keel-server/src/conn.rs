@@ -1038,6 +1038,18 @@ impl Conn {
             return true;
         }
         let keys = cluster::key_args(spec, args);
+        if keys.is_empty() && matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall) {
+            // Every partition, in one transaction across them.
+            let result = match data::check_flush_args(args) {
+                Ok(()) => self.flush_partitions(args).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => self.out(output).ok(),
+                Err(Fail(text)) => self.out(output).error(&text),
+            }
+            return true;
+        }
         if keys.is_empty() {
             if data::is_read_only(spec.cmd) {
                 return false;
@@ -1131,6 +1143,36 @@ impl Conn {
              was applied"
                 .into(),
         )
+    }
+
+    /// Replicated cluster: `FLUSHDB`/`FLUSHALL` as one transaction across every partition
+    /// (each deletes its data in one engine transaction; nothing is seen half flushed).
+    async fn flush_partitions(&self, args: &[Bytes]) -> Result<(), Fail> {
+        let shared = Arc::clone(&self.shared);
+        let rep = shared.replication.get().expect("replicated");
+        let command: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+        let work: crate::replica::txn::Work =
+            (0..rep.n).map(|p| (p, vec![command.clone()])).collect();
+        let limits = crate::replica::txn::Limits {
+            resp3: self.proto == Proto::Resp3,
+            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+            reply_bytes_max: shared.config.reply_bytes_max,
+        };
+        let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
+        let result = tokio::select! {
+            r = crate::replica::txn::run_across(&node, work, limits) => r,
+            () = self.info.kill.cancelled() => {
+                return Err("ERR keel: the connection was killed".into());
+            }
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(crate::replica::txn::AcrossError::Failed(text)) => Err(text.into()),
+            // A flush has no keys: no slot of it moves.
+            Err(crate::replica::txn::AcrossError::Moved) => {
+                Err("TRYAGAIN keel: a partition refused the flush; nothing was flushed".into())
+            }
+        }
     }
 
     /// `KEEL.MOVESLOTS node-id slot|start-end ...`: moves the slots to the partition whose

@@ -628,6 +628,32 @@ fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {
     .map_err(sm_err)
 }
 
+/// Runs one data command in `txn`. `FLUSHDB` and `FLUSHALL` delete the partition's data
+/// but not the replication records (`FF 'r' …`: the applied marker, prepared transactions,
+/// decisions, slot ownership), in this one transaction.
+pub(super) fn run_command(
+    cmd: table::Cmd,
+    args: &[Bytes],
+    txn: &mut keel::Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> std::result::Result<(), Fail> {
+    if !matches!(cmd, table::Cmd::Flushdb | table::Cmd::Flushall) {
+        return data::run(cmd, args, &mut View::Txn(txn), ctx, out);
+    }
+    data::check_flush_args(args)?;
+    let keys: Vec<Vec<u8>> = txn
+        .range::<Vec<u8>>(..)
+        .map(|(k, _)| k)
+        .filter(|k| !k.starts_with(MARKERS))
+        .collect();
+    for k in &keys {
+        txn.delete(k)?;
+    }
+    out.ok();
+    Ok(())
+}
+
 /// Runs `commands` in `txn`, writing their replies (in an array if `array`); whether one
 /// failed (a write then rolls back). With `stop`, the first failure ends the run (a single
 /// command, a batch that will run again one by one); `EXEC` and reads run them all.
@@ -646,7 +672,7 @@ pub(super) fn run_all(
     for args in commands {
         let slot = out.buf.len();
         let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-            Some(spec) => data::run(spec.cmd, args, &mut View::Txn(txn), ctx, out),
+            Some(spec) => run_command(spec.cmd, args, txn, ctx, out),
             None => Err(Fail("ERR keel: not a data command".into())),
         };
         if let Err(Fail(text)) = result {

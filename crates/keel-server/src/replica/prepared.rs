@@ -100,12 +100,23 @@ pub struct Locks {
     moved: BTreeMap<u16, usize>,
     /// Slots a prepared move holds: every key in them is locked.
     slots_locked: std::collections::BTreeSet<u16>,
+    /// Prepared transactions that write without keys (`FLUSHALL`): every key is locked.
+    global: u32,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Held {
     readers: u32,
     writer: bool,
+}
+
+/// Whether `commands` write without keys (`FLUSHDB`, `FLUSHALL`): they touch every key.
+fn writes_everything(commands: &[Vec<Vec<u8>>]) -> bool {
+    commands.iter().any(|c| {
+        c.first()
+            .and_then(|n| table::lookup(n))
+            .is_some_and(|s| matches!(s.cmd, table::Cmd::Flushdb | table::Cmd::Flushall))
+    })
 }
 
 /// Each key `commands` touch, and whether it is written (every key of a command that writes).
@@ -132,8 +143,11 @@ impl Locks {
     /// Whether running `commands` now would read a key a prepared transaction writes, or
     /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
-        if self.held.is_empty() && self.slots_locked.is_empty() {
+        if self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0 {
             return false;
+        }
+        if self.global > 0 || writes_everything(commands) {
+            return true;
         }
         accesses(commands).iter().any(|(key, write)| {
             self.held
@@ -201,6 +215,9 @@ impl Locks {
         if let Some((slots, _)) = &record.moving {
             self.slots_locked.extend(slots);
         }
+        if writes_everything(&record.request.commands) {
+            self.global += 1;
+        }
         for (key, write) in dedup(accesses(&record.request.commands)) {
             let held = self.held.entry(key).or_default();
             if write {
@@ -218,6 +235,9 @@ impl Locks {
             for s in slots {
                 self.slots_locked.remove(s);
             }
+        }
+        if writes_everything(&record.request.commands) {
+            self.global = self.global.saturating_sub(1);
         }
         for (key, write) in dedup(accesses(&record.request.commands)) {
             if let Some(held) = self.held.get_mut(&key) {
@@ -409,13 +429,7 @@ fn run_each(
             let mut buf = BytesMut::new();
             let mut out = Out::new(&mut buf, request.proto());
             let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-                Some(spec) => data::run(
-                    spec.cmd,
-                    args,
-                    &mut data::View::Txn(&mut txn),
-                    &ctx,
-                    &mut out,
-                ),
+                Some(spec) => machine::run_command(spec.cmd, args, &mut txn, &ctx, &mut out),
                 None => Err(data::Fail("ERR keel: not a data command".into())),
             };
             if let Err(data::Fail(text)) = result {
@@ -710,7 +724,8 @@ pub fn apply(
         } => {
             let set: std::collections::BTreeSet<u16> = slots.iter().copied().collect();
             let locked = |locks: &Locks| {
-                slots.iter().any(|s| locks.slots_locked.contains(s))
+                locks.global > 0
+                    || slots.iter().any(|s| locks.slots_locked.contains(s))
                     || locks.held.keys().any(|k| set.contains(&slot_of(k)))
             };
             if locks.prepared.contains_key(txn) {
