@@ -83,8 +83,6 @@ type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::Commi
 const NOAUTH: &str = "NOAUTH Authentication required.";
 const PING_ARITY: &str = "ERR wrong number of arguments for 'ping' command";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-/// `WATCH` in a replicated cluster (a later slice checks watched keys at the leader).
-const REPLICATED_WATCH: &str = "ERR keel: WATCH is not supported in a replicated cluster yet";
 
 /// What the connection loop does after a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,6 +324,8 @@ struct Conn {
     authenticated: bool,
     multi: Option<Multi>,
     watch: Option<Watch>,
+    /// Replicated cluster: the keys `WATCH` recorded, with their partitions' versions.
+    rwatch: Vec<crate::replica::Watched>,
     /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
     /// (un)subscribed.
     subs: Option<Box<Subs>>,
@@ -366,6 +366,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         proto: Proto::Resp2,
         multi: None,
         watch: None,
+        rwatch: Vec::new(),
         subs: None,
         blocked: None,
         aware: false,
@@ -791,6 +792,7 @@ impl Conn {
                 bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
                 reply_bytes_max: shared.config.reply_bytes_max,
                 op: crate::replica::Op::Run,
+                watched: Vec::new(),
             };
             let read = members.iter().all(|&i| data::is_read_only(cmds[i].0));
             let (shared, p) = (Arc::clone(&shared), *p);
@@ -1011,6 +1013,7 @@ impl Conn {
         if spec.cmd == Cmd::Exec {
             self.multi = None;
             self.watch = None;
+            self.rwatch.clear();
             let reason = text.strip_prefix("ERR ").unwrap_or(text);
             self.out(output).error(&format!(
                 "EXECABORT Transaction discarded because of: {reason}"
@@ -1026,7 +1029,15 @@ impl Conn {
     /// runs on this node's copy of its own partition).
     async fn replicated(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) -> bool {
         if spec.cmd == Cmd::Watch {
-            self.out(output).error(REPLICATED_WATCH);
+            let result = if self.multi.is_some() {
+                Err("ERR WATCH inside MULTI is not allowed".into())
+            } else {
+                self.watch_replicated(&args[1..]).await
+            };
+            match result {
+                Ok(()) => self.out(output).ok(),
+                Err(Fail(text)) => self.out(output).error(&text),
+            }
             return true;
         }
         if self.multi.is_some() {
@@ -1089,9 +1100,31 @@ impl Conn {
     /// partitions two or more) as one transaction across their partitions (`replica::txn`);
     /// each command's reply, in order.
     async fn across_partitions(&self, commands: &[&[Bytes]]) -> Result<Vec<Vec<u8>>, Fail> {
+        self.across_partitions_watched(commands, &[])
+            .await
+            .map(|r| r.expect("nothing watched, nothing changed"))
+    }
+
+    /// [`Conn::across_partitions`] checking `watched` (keys of any partitions) where they
+    /// live, in the same transaction: `None` if one changed (nothing was applied).
+    async fn across_partitions_watched(
+        &self,
+        commands: &[&[Bytes]],
+        watched: &[crate::replica::Watched],
+    ) -> Result<Option<Vec<Vec<u8>>>, Fail> {
         let shared = Arc::clone(&self.shared);
         // Planned again when a partition answers that some of the keys' slots moved on.
         for _ in 0..MOVES_FOLLOWED {
+            let mut checks: Vec<(usize, Vec<crate::replica::Watched>)> = Vec::new();
+            for w in watched {
+                let (p, _) = self
+                    .partition_of([w.key.as_slice()])
+                    .expect("one key, one partition");
+                match checks.iter_mut().find(|(q, _)| *q == p) {
+                    Some((_, ws)) => ws.push(w.clone()),
+                    None => checks.push((p, vec![w.clone()])),
+                }
+            }
             let mut work: crate::replica::txn::Work = Vec::new();
             let mut place = Vec::with_capacity(commands.len());
             for args in commands {
@@ -1127,13 +1160,18 @@ impl Conn {
             // (If the slots moved into one partition, the same protocol runs it there: a
             // decision with no other participant.)
             let replies = tokio::select! {
-                r = crate::replica::txn::run_across(&node, work, limits) => r,
+                r = crate::replica::txn::run_across_watched(&node, work, checks, limits) => r,
                 () = self.info.kill.cancelled() => {
                     return Err("ERR keel: the connection was killed".into());
                 }
             };
             match replies {
-                Ok(replies) => return Ok(gather(replies, &place)),
+                Ok(replies) => return Ok(Some(gather(replies, &place))),
+                Err(crate::replica::txn::AcrossError::Failed(text))
+                    if text == crate::replica::WATCH_CHANGED =>
+                {
+                    return Ok(None);
+                }
                 Err(crate::replica::txn::AcrossError::Failed(text)) => return Err(text.into()),
                 Err(crate::replica::txn::AcrossError::Moved) => {}
             }
@@ -1143,6 +1181,67 @@ impl Conn {
              was applied"
                 .into(),
         )
+    }
+
+    /// Replicated cluster: `WATCH` of `keys`: each key's partition records it (a log entry:
+    /// from then on every write to it changes its version) and answers its version, which
+    /// `EXEC` has its partition check. A key watched earlier keeps its first version.
+    async fn watch_replicated(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
+        if self.rwatch.len() + keys.len() > WATCH_KEYS_MAX {
+            return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
+        }
+        let shared = Arc::clone(&self.shared);
+        let rep = shared.replication.get().expect("replicated");
+        'plan: for _ in 0..MOVES_FOLLOWED {
+            let mut groups: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
+            for key in keys {
+                let (p, _) = self.partition_of([&key[..]]).expect("one key");
+                match groups.iter_mut().find(|(q, _)| *q == p) {
+                    Some((_, ks)) => ks.push(key.to_vec()),
+                    None => groups.push((p, vec![key.to_vec()])),
+                }
+            }
+            for (p, ks) in groups {
+                let request = crate::replica::Request {
+                    commands: vec![std::iter::once(b"EXISTS".to_vec()).chain(ks).collect()],
+                    exec: false,
+                    batch: false,
+                    resp3: false,
+                    now_ms: crate::keyspace::unix_ms(),
+                    bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+                    reply_bytes_max: shared.config.reply_bytes_max,
+                    op: crate::replica::Op::Watch,
+                    watched: Vec::new(),
+                };
+                let answer = tokio::select! {
+                    r = rep.run(&shared, p, request, false) => r,
+                    () = self.info.kill.cancelled() => {
+                        return Err("ERR keel: the connection was killed".into());
+                    }
+                };
+                match answer {
+                    Ok(reply) => {
+                        let got: Vec<crate::replica::Watched> = postcard::from_bytes(&reply)
+                            .map_err(|e| format!("ERR keel: a bad WATCH answer: {e}"))?;
+                        for w in got {
+                            if !self.rwatch.iter().any(|known| known.key == w.key) {
+                                self.rwatch.push(w);
+                            }
+                        }
+                    }
+                    Err(crate::replica::RunError::Moved) => continue 'plan,
+                    Err(
+                        crate::replica::RunError::Failed(text)
+                        | crate::replica::RunError::Unknown(text),
+                    ) => return Err(text.into()),
+                    Err(crate::replica::RunError::RolledBack) => {
+                        unreachable!("a watch is not a batch")
+                    }
+                }
+            }
+            return Ok(());
+        }
+        Err("TRYAGAIN keel: the watched keys' slots kept moving; watch them again".into())
     }
 
     /// Replicated cluster: `FLUSHDB`/`FLUSHALL` as one transaction across every partition
@@ -1284,6 +1383,7 @@ impl Conn {
             bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
             reply_bytes_max: shared.config.reply_bytes_max,
             op: crate::replica::Op::Run,
+            watched: Vec::new(),
         };
         let (mut p, mut slot) = (p, slot);
         // A slot that moved to another partition is followed (a few times: it may move on).
@@ -1393,6 +1493,7 @@ impl Conn {
     /// Replicated cluster: `EXEC` of the queued commands, as one log entry of their
     /// partition.
     async fn exec_replicated(&mut self, multi: Multi, output: &mut BytesMut) -> Result<(), Fail> {
+        let watched = std::mem::take(&mut self.rwatch);
         let mut keys = Vec::new();
         for (cmd, args) in &multi.queue {
             let spec = table::lookup(&args[0])
@@ -1415,6 +1516,25 @@ impl Conn {
                 .into());
             }
             keys.extend(these);
+        }
+        if !watched.is_empty() {
+            // Checked where each watched key lives, in one transaction with the commands.
+            let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
+            let result = self.across_partitions_watched(&commands, &watched).await?;
+            let mut out = self.out(output);
+            match result {
+                Some(replies) => {
+                    out.array(replies.len());
+                    for reply in replies {
+                        out.buf.extend_from_slice(&reply);
+                    }
+                }
+                None => {
+                    self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+                    out.null_array();
+                }
+            }
+            return Ok(());
         }
         if multi.queue.is_empty() {
             self.out(output).array(0);
@@ -1987,6 +2107,7 @@ impl Conn {
                 }
                 self.multi = None;
                 self.watch = None;
+                self.rwatch.clear();
                 self.readonly = false;
                 self.set_proto(Proto::Resp2);
                 *self.info.name.lock() = String::new();
@@ -2050,6 +2171,7 @@ impl Conn {
                     return Err("ERR DISCARD without MULTI".into());
                 }
                 self.watch = None;
+                self.rwatch.clear();
                 self.out(output).ok();
             }
             Cmd::Watch => {
@@ -2061,6 +2183,7 @@ impl Conn {
             }
             Cmd::Unwatch => {
                 self.watch = None;
+                self.rwatch.clear();
                 out.ok();
             }
             Cmd::Exec => self.exec(output).await?,
@@ -2642,6 +2765,7 @@ impl Conn {
         };
         let watch = self.watch.take();
         if multi.dirty {
+            self.rwatch.clear();
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
         }
         if self.shared.replication.get().is_some() {

@@ -31,6 +31,7 @@ mod log;
 mod machine;
 mod net;
 mod prepared;
+pub use prepared::WATCH_CHANGED;
 #[cfg(test)]
 mod sim;
 pub mod txn;
@@ -85,6 +86,19 @@ pub struct Request {
     /// What the entry does with the commands: run them, or a step of a transaction across
     /// partitions (`txn`).
     pub op: Op,
+    /// `EXEC` under `WATCH`: the watched keys of this partition as `WATCH` found them; if
+    /// one changed since, nothing runs (the reply is a null array, or the vote is no).
+    pub watched: Vec<Watched>,
+}
+
+/// A key watched in a replicated cluster: the version its partition gave it at `WATCH` (the
+/// log index of the last write to it since it was first watched), and its deadline then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watched {
+    pub key: Vec<u8>,
+    pub version: u64,
+    /// Unix ms; 0: none. Passing it before `EXEC` counts as a change, as in Redis.
+    pub deadline: u64,
 }
 
 /// A transaction across partitions: the node that runs it, that node's incarnation (drawn at
@@ -131,6 +145,9 @@ pub enum Op {
     Resolve { txn: TxnId, deadline_ms: u64 },
     /// The coordinator partition forgets a commit decision every participant installed.
     Forget { txn: TxnId },
+    /// `WATCH` of the keys of the commands (one `EXISTS`): from now on every write to them
+    /// changes their version; the reply is each key's `(version, deadline)`, encoded.
+    Watch,
     /// A slot move's prepare at the partition that owns the slots: lock them (every key in
     /// them), and vote yes with their data (every engine record of their keys).
     MoveOut {
@@ -998,6 +1015,7 @@ mod tests {
                 bulk_bytes_max: 512 << 20,
                 reply_bytes_max: 1 << 30,
                 op: Op::Run,
+                watched: Vec::new(),
             }),
         }
     }

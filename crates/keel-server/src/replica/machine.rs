@@ -448,8 +448,17 @@ impl RaftStateMachine<Tc> for Machine {
                         // data after the same entries.
                         let mut locks = locks.lock();
                         match request.op {
-                            Op::Run => execute(db, &locks, request, &marker, seed)?,
-                            _ => prepared::apply(db, &mut locks, request, &marker, seed)?,
+                            Op::Run => {
+                                execute(db, &mut locks, request, &marker, seed, log_id.index)?
+                            }
+                            _ => prepared::apply(
+                                db,
+                                &mut locks,
+                                request,
+                                &marker,
+                                seed,
+                                log_id.index,
+                            )?,
                         }
                     }
                     _ => {
@@ -532,12 +541,14 @@ impl RaftStateMachine<Tc> for Machine {
 /// locked by a prepared transaction.
 pub fn execute(
     db: &Db,
-    locks: &prepared::Locks,
+    locks: &mut prepared::Locks,
     request: &Request,
     marker: &[u8],
     seed: u64,
+    index: u64,
 ) -> Result<Response> {
-    let moved = locks.misplaced(&request.commands);
+    let touched = prepared::touched(request);
+    let moved = locks.misplaced(&touched);
     if !moved.is_empty() {
         put_marker(db, marker)?;
         return Ok(Response {
@@ -546,13 +557,24 @@ pub fn execute(
             ..Response::default()
         });
     }
-    if locks.conflicts(&request.commands) {
+    if locks.conflicts(&touched) {
         put_marker(db, marker)?;
         return Ok(Response {
             status: Status::Busy,
             ..Response::default()
         });
     }
+    if locks.watch_changed(&request.watched, request.now_ms) {
+        // `EXEC` under a `WATCH` whose key changed: nothing runs, a null array.
+        put_marker(db, marker)?;
+        let mut buf = BytesMut::new();
+        Out::new(&mut buf, request.proto()).null_array();
+        return Ok(Response {
+            reply: buf.to_vec(),
+            ..Response::default()
+        });
+    }
+    let bumps = locks.bumps(&request.commands, index);
     let proto = request.proto();
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
@@ -599,8 +621,13 @@ pub fn execute(
         let mut txn = txn;
         txn.set_durability(LAZY);
         txn.put(APPLIED, marker).map_err(sm_err)?;
+        for (k, v, lapse) in &bumps {
+            let (key, value) = prepared::watch_record(k, *v, *lapse);
+            txn.put(&key, &value).map_err(sm_err)?;
+        }
         match txn.commit() {
             Ok(Ok(_)) => {
+                locks.bumped(bumps);
                 return Ok(Response {
                     reply: buf.to_vec(),
                     ..Response::default()

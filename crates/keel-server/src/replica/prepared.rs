@@ -50,6 +50,15 @@ const FINISHED: &[u8] = &[0xFF, b'r', b'f'];
 const CLOCK: &[u8] = &[0xFF, b'r', b't'];
 /// The slots moved away from the config's owners: `BTreeMap<slot, partition>`.
 const MOVED: &[u8] = &[0xFF, b'r', b'o'];
+/// A watched key's version and when its watch lapses: `FF 'r' 'w' <key>` → 16 bytes.
+const WATCHED: &[u8] = &[0xFF, b'r', b'w'];
+
+/// How long a key stays watched after its last `WATCH` (by the partition's clock): an `EXEC`
+/// later than that finds no version and aborts, as if the key had changed.
+pub const WATCH_LAPSE_MS: u64 = 600_000;
+
+/// A vote's error when a watched key changed: the driver answers `EXEC` with a null array.
+pub const WATCH_CHANGED: &str = "keel: a watched key changed";
 
 type Result<T> = std::result::Result<T, StorageError<u64>>;
 
@@ -102,6 +111,8 @@ pub struct Locks {
     slots_locked: std::collections::BTreeSet<u16>,
     /// Prepared transactions that write without keys (`FLUSHALL`): every key is locked.
     global: u32,
+    /// Watched keys: version (log index of the last write since watched) and lapse time.
+    watched: HashMap<Vec<u8>, (u64, u64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -117,6 +128,20 @@ fn writes_everything(commands: &[Vec<Vec<u8>>]) -> bool {
             .and_then(|n| table::lookup(n))
             .is_some_and(|s| matches!(s.cmd, table::Cmd::Flushdb | table::Cmd::Flushall))
     })
+}
+
+/// The commands of `request`, and a read of its watched keys (they are locked like reads).
+pub fn touched(request: &Request) -> std::borrow::Cow<'_, [Vec<Vec<u8>>]> {
+    if request.watched.is_empty() {
+        return std::borrow::Cow::Borrowed(&request.commands);
+    }
+    let mut commands = request.commands.clone();
+    commands.push(
+        std::iter::once(b"EXISTS".to_vec())
+            .chain(request.watched.iter().map(|w| w.key.clone()))
+            .collect(),
+    );
+    std::borrow::Cow::Owned(commands)
 }
 
 /// Each key `commands` touch, and whether it is written (every key of a command that writes).
@@ -155,6 +180,45 @@ impl Locks {
                 .is_some_and(|h| h.writer || (*write && h.readers > 0))
                 || self.slots_locked.contains(&slot_of(key))
         })
+    }
+
+    /// Whether a key of `watched` changed since its `WATCH` (or its deadline passed by
+    /// `clock`, or its watch lapsed).
+    pub fn watch_changed(&self, watched: &[super::Watched], clock: u64) -> bool {
+        watched.iter().any(|w| {
+            !matches!(self.watched.get(&w.key), Some((v, _)) if *v == w.version)
+                || (w.deadline != 0 && w.deadline <= clock)
+        })
+    }
+
+    /// The records that a commit of `commands` at log index `index` writes for the watched
+    /// keys it writes (their new version), to apply with [`Locks::bumped`] once committed.
+    pub fn bumps(&self, commands: &[Vec<Vec<u8>>], index: u64) -> Vec<(Vec<u8>, u64, u64)> {
+        if self.watched.is_empty() {
+            return Vec::new();
+        }
+        if writes_everything(commands) {
+            return self
+                .watched
+                .iter()
+                .map(|(k, (_, lapse))| (k.clone(), index, *lapse))
+                .collect();
+        }
+        dedup(accesses(commands))
+            .into_iter()
+            .filter(|(_, write)| *write)
+            .filter_map(|(k, _)| {
+                let (_, lapse) = self.watched.get(&k)?;
+                Some((k, index, *lapse))
+            })
+            .collect()
+    }
+
+    /// Applies committed [`Locks::bumps`].
+    pub fn bumped(&mut self, bumps: Vec<(Vec<u8>, u64, u64)>) {
+        for (k, v, lapse) in bumps {
+            self.watched.insert(k, (v, lapse));
+        }
     }
 
     /// Sets which partition this is (see [`Home`]).
@@ -283,8 +347,32 @@ impl Locks {
         if let Some(v) = snap.get(MOVED).map_err(sm_err)? {
             self.moved = postcard::from_bytes(&v).map_err(sm_err)?;
         }
+        for (key, value) in snap.range::<[u8]>((Included(WATCHED), Unbounded)) {
+            let Some(k) = key.strip_prefix(WATCHED) else {
+                break;
+            };
+            let (v, lapse) = watch_value(&value)?;
+            self.watched.insert(k.to_vec(), (v, lapse));
+        }
         Ok(())
     }
+}
+
+/// The record of a watched key.
+pub fn watch_record(key: &[u8], version: u64, lapse: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut v = version.to_be_bytes().to_vec();
+    v.extend_from_slice(&lapse.to_be_bytes());
+    ([WATCHED, key].concat(), v)
+}
+
+fn watch_value(v: &[u8]) -> Result<(u64, u64)> {
+    if v.len() != 16 {
+        return Err(sm_err("a watch record is malformed"));
+    }
+    Ok((
+        u64::from_be_bytes(v[..8].try_into().expect("8 bytes")),
+        u64::from_be_bytes(v[8..].try_into().expect("8 bytes")),
+    ))
 }
 
 /// Every engine record of the keys in `slots`: plain strings, meta records, the expiry index
@@ -500,6 +588,7 @@ pub fn apply(
     request: &Request,
     marker: &[u8],
     seed: u64,
+    index: u64,
 ) -> Result<Response> {
     let clock = locks.clock.max(request.now_ms);
     let mut books = Books {
@@ -541,12 +630,15 @@ pub fn apply(
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
-            } else if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
+            } else if let moved @ [_, ..] = &locks.misplaced(&touched(request))[..] {
                 books.commit(db)?;
                 moved_status(moved)
-            } else if locks.conflicts(&request.commands) {
+            } else if locks.conflicts(&touched(request)) {
                 books.commit(db)?;
                 status(Status::Busy)
+            } else if locks.watch_changed(&request.watched, clock) {
+                books.commit(db)?;
+                failed(WATCH_CHANGED.into())
             } else {
                 let (txn_data, replies, fail) = run_each(db, request, seed)?;
                 // The effect is not kept: the commit runs the commands again.
@@ -599,14 +691,18 @@ pub fn apply(
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
-            } else if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
+            } else if let moved @ [_, ..] = &locks.misplaced(&touched(request))[..] {
                 abort(&mut books);
                 books.commit(db)?;
                 moved_status(moved)
-            } else if locks.conflicts(&request.commands) {
+            } else if locks.conflicts(&touched(request)) {
                 abort(&mut books);
                 books.commit(db)?;
                 status(Status::Busy)
+            } else if locks.watch_changed(&request.watched, clock) {
+                abort(&mut books);
+                books.commit(db)?;
+                failed(WATCH_CHANGED.into())
             } else {
                 // The replies are known only once the commands ran: a first run gives them
                 // (and the error of a failing command), the committed run does the same.
@@ -629,7 +725,15 @@ pub fn apply(
                             key(DECIDED, *txn),
                             postcard::to_stdvec(&decided).map_err(sm_err)?,
                         ));
-                        commit_run(db, request, seed, &with_decision)?.map(|_| decided)
+                        let bumps = locks.bumps(&request.commands, index);
+                        with_decision
+                            .puts
+                            .extend(bumps.iter().map(|(k, v, l)| watch_record(k, *v, *l)));
+                        let done = commit_run(db, request, seed, &with_decision)?;
+                        if done.is_ok() {
+                            locks.bumped(bumps);
+                        }
+                        done.map(|_| decided)
                     }
                 };
                 match outcome {
@@ -672,7 +776,15 @@ pub fn apply(
                 }
                 Some(record) => {
                     books.deletes.push(key(PREPARED, *txn));
-                    if let Err(text) = commit_run(db, &record.request, record.seed, &books)? {
+                    let bumps = locks.bumps(&record.request.commands, index);
+                    books
+                        .puts
+                        .extend(bumps.iter().map(|(k, v, l)| watch_record(k, *v, *l)));
+                    let done = commit_run(db, &record.request, record.seed, &books)?;
+                    if done.is_ok() {
+                        locks.bumped(bumps);
+                    }
+                    if let Err(text) = done {
                         // Its keys were locked since the prepare ran them: this cannot
                         // happen, and every replica would fail the same way.
                         tracing::error!(
@@ -814,6 +926,55 @@ pub fn apply(
                 locks.decided.insert(*txn, decided);
                 locks.moved = moved;
                 committed(Vec::new())
+            }
+        }
+        Op::Watch => {
+            if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
+                books.commit(db)?;
+                moved_status(moved)
+            } else if locks.conflicts(&request.commands) {
+                books.commit(db)?;
+                status(Status::Busy)
+            } else {
+                // Lapsed watches go; each key keeps its version, or starts at this entry.
+                let lapsed: Vec<Vec<u8>> = locks
+                    .watched
+                    .iter()
+                    .filter(|(_, (_, lapse))| *lapse < clock)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in &lapsed {
+                    locks.watched.remove(k);
+                    books.deletes.push([WATCHED, k].concat());
+                }
+                let snap = db.snapshot().map_err(sm_err)?;
+                let lapse = clock + WATCH_LAPSE_MS;
+                let mut answer = Vec::new();
+                for key in request.commands.iter().flat_map(|c| c.iter().skip(1)) {
+                    let version = locks.watched.get(key).map_or(index, |(v, _)| *v);
+                    let deadline =
+                        match snap.get(&crate::keyspace::meta_key(key)).map_err(sm_err)? {
+                            Some(meta) => {
+                                crate::keyspace::Meta::decode(&meta)
+                                    .map_err(|e| sm_err(e.0))?
+                                    .deadline
+                            }
+                            None => 0,
+                        };
+                    locks.watched.insert(key.clone(), (version, lapse));
+                    books.puts.push(watch_record(key, version, lapse));
+                    answer.push(super::Watched {
+                        key: key.clone(),
+                        version,
+                        deadline,
+                    });
+                }
+                drop(snap);
+                books.commit(db)?;
+                Response {
+                    reply: postcard::to_stdvec(&answer).map_err(sm_err)?,
+                    ..Response::default()
+                }
             }
         }
         Op::Forget { txn } => {

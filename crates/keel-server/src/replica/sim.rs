@@ -891,6 +891,7 @@ fn request(plan: &[(u32, Option<u64>)]) -> Request {
         bulk_bytes_max: 512 << 20,
         reply_bytes_max: 1 << 30,
         op: super::Op::Run,
+        watched: Vec::new(),
     }
 }
 

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Op, Replication, Request, Response, RunError, Status, TxnId, prepared};
+use super::{Op, Replication, Request, Response, RunError, Status, TxnId, Watched, prepared};
 use crate::server::Shared;
 
 /// Attempts of a transaction that lost a lock conflict before `TRYAGAIN`.
@@ -187,9 +187,32 @@ pub async fn run_across<N: Net>(
     work: Work,
     limits: Limits,
 ) -> Result<Vec<Vec<Vec<u8>>>, AcrossError> {
+    run_across_watched(net, work, Vec::new(), limits).await
+}
+
+/// [`run_across`] under `WATCH`: `watched` are the watched keys by partition (a partition
+/// with watched keys and no commands joins to check them). If one changed, it fails with
+/// [`super::prepared::WATCH_CHANGED`] and nothing is applied. The replies of a partition
+/// that only checks are empty, after those of `work`.
+pub async fn run_across_watched<N: Net>(
+    net: &Arc<N>,
+    mut work: Work,
+    watched: Vec<(usize, Vec<Watched>)>,
+    limits: Limits,
+) -> Result<Vec<Vec<Vec<u8>>>, AcrossError> {
+    let mut checks: Vec<Vec<Watched>> = vec![Vec::new(); work.len()];
+    for (p, keys) in watched {
+        match work.iter().position(|(q, _)| *q == p) {
+            Some(i) => checks[i].extend(keys),
+            None => {
+                work.push((p, Vec::new()));
+                checks.push(keys);
+            }
+        }
+    }
     let mut backoff = Duration::from_millis(1);
     for attempt in 1..=ATTEMPTS_MAX {
-        match attempt_once(net, &work, limits).await {
+        match attempt_once(net, &work, &checks, limits).await {
             Attempt::Committed(replies) => return Ok(replies),
             Attempt::Failed(text) | Attempt::Unknown(text) => {
                 return Err(AcrossError::Failed(text));
@@ -221,10 +244,16 @@ fn step(op: Op, now_ms: u64) -> Request {
         bulk_bytes_max: 0,
         reply_bytes_max: 0,
         op,
+        watched: Vec::new(),
     }
 }
 
-async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Attempt {
+async fn attempt_once<N: Net>(
+    net: &Arc<N>,
+    work: &Work,
+    checks: &[Vec<Watched>],
+    limits: Limits,
+) -> Attempt {
     let span = net.timeout() * 3;
     let deadline = Instant::now() + span;
     let deadline_ms = net.now_ms() + span.as_millis() as u64;
@@ -233,11 +262,12 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
     // network hop), else the first.
     let c = work.iter().position(|(p, _)| net.leads(*p)).unwrap_or(0);
     let coordinator = work[c].0;
-    let request = |commands: &Vec<Vec<Vec<u8>>>, op: Op| Request {
-        commands: commands.clone(),
+    let request = |i: usize, op: Op| Request {
+        commands: work[i].1.clone(),
         resp3: limits.resp3,
         bulk_bytes_max: limits.bulk_bytes_max,
         reply_bytes_max: limits.reply_bytes_max,
+        watched: checks[i].clone(),
         ..step(op, net.now_ms())
     };
 
@@ -246,13 +276,13 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
         .iter()
         .enumerate()
         .filter(|&(i, _)| i != c)
-        .map(|(_, (p, commands))| {
+        .map(|(i, (p, _))| {
             let op = Op::Prepare {
                 txn,
                 coordinator,
                 deadline_ms,
             };
-            (*p, request(commands, op))
+            (*p, request(i, op))
         })
         .collect();
     let votes = call_all(net, prepares, deadline).await;
@@ -311,7 +341,7 @@ async fn attempt_once<N: Net>(net: &Arc<N>, work: &Work, limits: Limits) -> Atte
 
     // 2. The decision, with the coordinator's own commands.
     let decide = request(
-        &work[c].1,
+        c,
         Op::Decide {
             txn,
             participants: prepared.clone(),
