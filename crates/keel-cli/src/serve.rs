@@ -107,8 +107,7 @@ pub struct Args {
     /// write is acknowledged once a majority of its partition's replicas have it (durable
     /// under --durability sync); a leader's death is survived with nothing acknowledged lost.
     /// Every node must be started with the same value. 1: no replication. Transactions
-    /// across partitions run two-phase commit over the partitions' logs; a replicated cluster
-    /// refuses blocking pops for now (docs/replication.md)
+    /// across partitions run two-phase commit over the partitions' logs (docs/replication.md)
     /// [default: 3 when the cluster has three nodes or more, else 1].
     #[arg(long, value_name = "R")]
     replicas: Option<usize>,

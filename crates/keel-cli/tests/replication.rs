@@ -1063,6 +1063,53 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         let z_now: i64 = redis::cmd("GET").arg(z).query(&mut c).expect("GET");
         assert_eq!(z_now, 1, "only the first EXEC incremented {z}");
     }
+    // Blocking pops: served at once when there is something, woken by a push through
+    // another node, nil at the timeout.
+    {
+        let mut c = connect(ports[0]).expect("connect");
+        let served: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("{q}absent")
+            .arg("{q}list")
+            .arg(0.2)
+            .query(&mut c)
+            .expect("BLPOP");
+        assert_eq!(served, None, "nil at the timeout");
+        let pusher = std::thread::spawn({
+            let port = ports[2];
+            move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let mut c = connect(port).expect("connect");
+                redis::cmd("RPUSH")
+                    .arg("{q}list")
+                    .arg("woken")
+                    .query::<i64>(&mut c)
+                    .expect("RPUSH")
+            }
+        });
+        let started = Instant::now();
+        let served: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg("{q}absent")
+            .arg("{q}list")
+            .arg(5)
+            .query(&mut c)
+            .expect("BLPOP");
+        pusher.join().expect("pusher");
+        assert_eq!(served, Some(("{q}list".into(), "woken".into())));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        let moved: Option<String> = redis::cmd("BLMOVE")
+            .arg("{q}list")
+            .arg("{q}other")
+            .arg("LEFT")
+            .arg("RIGHT")
+            .arg(0.1)
+            .query(&mut c)
+            .expect("BLMOVE");
+        assert_eq!(moved, None);
+    }
     // Pipelines: a run of commands on one partition is one log entry; one that fails runs
     // again command by command, so the replies and effects are those of one by one.
     {

@@ -1044,8 +1044,7 @@ impl Conn {
             return false;
         }
         if crate::lists::is_blocking(spec.cmd) {
-            self.out(output)
-                .error("ERR keel: blocking commands are not supported in a replicated cluster yet");
+            self.blocking_replicated(spec, args, output).await;
             return true;
         }
         let keys = cluster::key_args(spec, args);
@@ -1181,6 +1180,73 @@ impl Conn {
              was applied"
                 .into(),
         )
+    }
+
+    /// Replicated cluster: a blocking pop (`BLPOP`, `BRPOP`, `BLMOVE`, `BRPOPLPUSH`,
+    /// `BLMPOP`). It runs as a pop (a log entry); while there is nothing to pop, the node
+    /// checks its keys with a linearizable read every few milliseconds (10, growing to 100)
+    /// and runs the pop again once one holds something, until the timeout (then nil). Waiting
+    /// clients are not served in the order they blocked, as Redis serves them.
+    async fn blocking_replicated(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) {
+        let keys: Vec<Vec<u8>> = cluster::key_args(spec, args)
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect();
+        let Some((p, slot)) = self.partition_of(keys.iter().map(Vec::as_slice)) else {
+            self.out(output).error(cluster::CROSSSLOT);
+            return;
+        };
+        // A bad timeout: the pop answers the error.
+        let until = cluster::block_time(spec, args)
+            .flatten()
+            .map(|d| std::time::Instant::now() + d);
+        let would_block = {
+            let mut buf = BytesMut::new();
+            Out::new(&mut buf, self.proto).error(crate::lists::WOULD_BLOCK);
+            buf
+        };
+        let pop = vec![args.iter().map(|a| a.to_vec()).collect::<Vec<Vec<u8>>>()];
+        // Only the source list of `BLMOVE`/`BRPOPLPUSH` (the first key) decides.
+        let watched: Vec<Vec<u8>> = match spec.cmd {
+            Cmd::Blmove | Cmd::Brpoplpush => keys[..1].to_vec(),
+            _ => keys,
+        };
+        let probe = vec![
+            std::iter::once(b"EXISTS".to_vec())
+                .chain(watched)
+                .collect::<Vec<Vec<u8>>>(),
+        ];
+        let mut pause = Duration::from_millis(10);
+        let mut ready = true;
+        loop {
+            if ready {
+                let mut buf = BytesMut::new();
+                self.run_replicated(p, slot, pop.clone(), false, false, false, &mut buf)
+                    .await;
+                if buf[..] != would_block[..] {
+                    output.extend_from_slice(&buf);
+                    return;
+                }
+            }
+            if until.is_some_and(|t| std::time::Instant::now() >= t) {
+                let mut out = self.out(output);
+                match spec.cmd {
+                    Cmd::Blmove | Cmd::Brpoplpush => out.null(),
+                    _ => out.null_array(),
+                }
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = self.info.kill.cancelled() => return,
+            }
+            pause = (pause * 2).min(Duration::from_millis(100));
+            let mut buf = BytesMut::new();
+            self.run_replicated(p, slot, probe.clone(), false, false, true, &mut buf)
+                .await;
+            // `:0` (nothing there), or an error (no leader yet): look again later.
+            ready = buf.starts_with(b":") && &buf[..] != b":0\r\n";
+        }
     }
 
     /// Replicated cluster: `WATCH` of `keys`: each key's partition records it (a log entry:

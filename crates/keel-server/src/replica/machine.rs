@@ -658,13 +658,31 @@ fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {
 /// Runs one data command in `txn`. `FLUSHDB` and `FLUSHALL` delete the partition's data
 /// but not the replication records (`FF 'r' …`: the applied marker, prepared transactions,
 /// decisions, slot ownership), in this one transaction.
+///
+/// A blocking pop runs as a pop: with nothing to pop it fails with `lists::WOULD_BLOCK` (the
+/// node waits and sends it again), or, inside a transaction (`in_exec`), answers nil as
+/// Redis does there.
 pub(super) fn run_command(
     cmd: table::Cmd,
     args: &[Bytes],
     txn: &mut keel::Txn<'_>,
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
+    in_exec: bool,
 ) -> std::result::Result<(), Fail> {
+    if crate::lists::is_blocking(cmd) {
+        if crate::lists::run_blocking(cmd, args, txn, ctx, out)? {
+            return Ok(());
+        }
+        if !in_exec {
+            return Err(Fail(crate::lists::WOULD_BLOCK.into()));
+        }
+        match cmd {
+            table::Cmd::Blmove | table::Cmd::Brpoplpush => out.null(),
+            _ => out.null_array(),
+        }
+        return Ok(());
+    }
     if !matches!(cmd, table::Cmd::Flushdb | table::Cmd::Flushall) {
         return data::run(cmd, args, &mut View::Txn(txn), ctx, out);
     }
@@ -699,7 +717,7 @@ pub(super) fn run_all(
     for args in commands {
         let slot = out.buf.len();
         let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-            Some(spec) => run_command(spec.cmd, args, txn, ctx, out),
+            Some(spec) => run_command(spec.cmd, args, txn, ctx, out, array),
             None => Err(Fail("ERR keel: not a data command".into())),
         };
         if let Err(Fail(text)) = result {

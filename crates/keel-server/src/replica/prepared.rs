@@ -517,7 +517,7 @@ fn run_each(
             let mut buf = BytesMut::new();
             let mut out = Out::new(&mut buf, request.proto());
             let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-                Some(spec) => machine::run_command(spec.cmd, args, &mut txn, &ctx, &mut out),
+                Some(spec) => machine::run_command(spec.cmd, args, &mut txn, &ctx, &mut out, true),
                 None => Err(data::Fail("ERR keel: not a data command".into())),
             };
             if let Err(data::Fail(text)) = result {
