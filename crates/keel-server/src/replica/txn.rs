@@ -156,7 +156,7 @@ impl Net for Node {
 /// How one attempt ended.
 enum Attempt {
     Committed(Vec<Vec<Vec<u8>>>),
-    /// Refused for a lock: nothing applied; may run again.
+    /// Refused for a lock, or aborted by a resolver: nothing applied; may run again.
     Busy,
     /// Nothing applied; the error for the client.
     Failed(String),
@@ -176,8 +176,7 @@ pub enum AcrossError {
     Moved,
 }
 
-const PAST_DEADLINE: &str = "TRYAGAIN keel: the transaction across partitions ran past its \
-                             deadline; nothing of it was applied";
+ nothing of it was applied";
 
 /// Runs `work` (commands of two partitions or more) as one serializable transaction: each
 /// partition's replies, in `work`'s order. A transaction that meets another's locks runs
@@ -229,8 +228,8 @@ pub async fn run_across_watched<N: Net>(
         }
     }
     Err(AcrossError::Failed(format!(
-        "TRYAGAIN keel: the transaction across partitions met locked keys {ATTEMPTS_MAX} \
-         times in a row; nothing of it was applied"
+        "TRYAGAIN keel: the transaction across partitions was refused {ATTEMPTS_MAX} times \
+         in a row (locked keys, or aborted while it waited); nothing of it was applied"
     )))
 }
 
@@ -322,8 +321,10 @@ async fn attempt_once<N: Net>(
             }) => {
                 refusal = Some(Attempt::Failed(String::from_utf8_lossy(&reply).into()));
             }
+            // Aborted before it prepared (past its deadline, or resolved by a partition's
+            // leader while this driver waited on another): nothing applied; run it again.
             Ok(_) => {
-                refusal.get_or_insert(Attempt::Failed(PAST_DEADLINE.into()));
+                refusal.get_or_insert(Attempt::Busy);
             }
             // Never applied, or not known: an abort covers both (a prepare applied after it
             // is refused).
@@ -381,7 +382,9 @@ async fn attempt_once<N: Net>(
                     Attempt::Moved
                 }
                 Status::Failed => Attempt::Failed(String::from_utf8_lossy(&decided.reply).into()),
-                _ => Attempt::Failed(PAST_DEADLINE.into()),
+                // Decided abort first (a participant's leader resolved it while this driver
+                // waited): nothing applied; run it again.
+                _ => Attempt::Busy,
             };
         }
     }
