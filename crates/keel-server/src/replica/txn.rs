@@ -176,8 +176,6 @@ pub enum AcrossError {
     Moved,
 }
 
- nothing of it was applied";
-
 /// Runs `work` (commands of two partitions or more) as one serializable transaction: each
 /// partition's replies, in `work`'s order. A transaction that meets another's locks runs
 /// again (nothing of it was applied), up to [`ATTEMPTS_MAX`] times.
