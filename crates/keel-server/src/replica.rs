@@ -244,6 +244,9 @@ pub enum RunError {
     RolledBack,
 }
 
+/// A clock, Unix ms.
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// One hosted partition.
 pub struct Part {
     pub id: usize,
@@ -254,6 +257,9 @@ pub struct Part {
     pub replicas: Vec<usize>,
     /// The keys locked by prepared transactions, shared with the state machine.
     pub locks: prepared::Shared,
+    /// The clock the leader stamps entries with (Unix ms): the wall clock, or the
+    /// simulation's.
+    pub clock: Clock,
     /// The log's database.
     log_db: &'static Db,
     /// Whether the data database is this node's own (the server's) rather than opened here.
@@ -476,6 +482,7 @@ impl Replication {
                     db,
                     replicas,
                     locks,
+                    clock: Arc::new(crate::keyspace::unix_ms),
                     log_db,
                     own_db,
                 },
@@ -797,7 +804,7 @@ impl Part {
             });
         }
         // The entry runs at the leader's time, whichever node took the request.
-        request.now_ms = crate::keyspace::unix_ms();
+        request.now_ms = (self.clock)();
         match self.raft.client_write(request).await {
             Ok(written) => Ok(written.data),
             // Not appended (or cut from the log): it will never apply, so it may be sent

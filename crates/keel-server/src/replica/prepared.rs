@@ -113,6 +113,9 @@ pub struct Locks {
     global: u32,
     /// Watched keys: version (log index of the last write since watched) and lapse time.
     watched: HashMap<Vec<u8>, (u64, u64)>,
+    /// A deliberate bug for the simulation's checks to catch: nothing conflicts.
+    #[cfg(test)]
+    pub ignore_locks: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -168,6 +171,10 @@ impl Locks {
     /// Whether running `commands` now would read a key a prepared transaction writes, or
     /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
+        #[cfg(test)]
+        if self.ignore_locks {
+            return false;
+        }
         if self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0 {
             return false;
         }
@@ -275,6 +282,12 @@ impl Locks {
         self.decided.iter().map(|(t, d)| (*t, d.clone())).collect()
     }
 
+    /// How many keys are locked.
+    #[cfg(test)]
+    pub fn locked_keys(&self) -> usize {
+        self.held.len()
+    }
+
     fn take(&mut self, txn: TxnId, record: Record) {
         if let Some((slots, _)) = &record.moving {
             self.slots_locked.extend(slots);
@@ -321,10 +334,16 @@ impl Locks {
     /// Rebuilds the table from `db`'s records (at start, after a snapshot install).
     pub fn load(&mut self, db: &Db) -> Result<()> {
         let home = self.home.take();
+        #[cfg(test)]
+        let ignore_locks = self.ignore_locks;
         *self = Locks {
             home,
             ..Locks::default()
         };
+        #[cfg(test)]
+        {
+            self.ignore_locks = ignore_locks;
+        }
         let snap = db.snapshot().map_err(sm_err)?;
         for (key, value) in snap.range::<[u8]>((Included(PREPARED), Unbounded)) {
             let Some(id) = key.strip_prefix(PREPARED) else {

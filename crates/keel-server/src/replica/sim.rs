@@ -34,6 +34,8 @@
 //! work, so a seed replays the same schedule, not always the same interleaving (a failing seed
 //! may need a few runs). `KEEL_SIM_SEED=<seed>` replays one seed, `KEEL_SIM_SEEDS=<n>` runs
 //! `n` more seeds (from the clock) after the fixed list.
+//!
+//! `across` runs several partitions' groups on the same nodes, with transactions across them.
 
 // openraft's storage traits return its `StorageError`, which is large.
 #![allow(clippy::result_large_err)]
@@ -41,6 +43,8 @@
 #[path = "../../../keel/tests/it/history.rs"]
 #[allow(dead_code)]
 mod history;
+
+mod across;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -132,6 +136,8 @@ enum Mutation {
     StaleReads,
     /// Node 0's state machine skips every fifth entry's commands (a replica diverges).
     SkipApply,
+    /// Prepared transactions lock nothing (`prepared::Locks::ignore_locks`).
+    IgnoreLocks,
 }
 
 /// The network's state: which links are cut and how lossy the others are.
@@ -148,6 +154,17 @@ struct Net {
 }
 
 impl Net {
+    fn new(seed: u64, n: usize) -> Net {
+        Net {
+            rng: Rng::new(seed),
+            cut: vec![vec![false; n]; n],
+            drop_per_mille: 0,
+            dup_per_mille: 0,
+            slow_per_mille: 0,
+            disk_slow_per_mille: 0,
+        }
+    }
+
     fn heal(&mut self) {
         for row in &mut self.cut {
             row.fill(false);
@@ -232,11 +249,18 @@ struct Book {
     unknown: Vec<(String, Vec<Op>, u64)>,
 }
 
+/// One partition's Raft group on `n` nodes. The groups of a simulation with several
+/// partitions (`across`) share the network, the clock and the nodes' fates: a crash of a node
+/// crashes its replica of every group.
 struct Sim {
     n: usize,
+    /// The partition.
+    part: usize,
     config: Arc<openraft::Config>,
     mutation: Mutation,
-    net: Mutex<Net>,
+    net: Arc<Mutex<Net>>,
+    /// Every group of the simulation, this one among them.
+    groups: Mutex<Vec<std::sync::Weak<Sim>>>,
     nodes: Vec<Node>,
     lives: AtomicU64,
     /// Set once every fault is healed: no more crashes.
@@ -258,9 +282,91 @@ fn roundtrip<T: Serialize + DeserializeOwned>(value: &T) -> T {
     postcard::from_bytes(&bytes).expect("a message decodes")
 }
 
+impl Drop for Sim {
+    /// Closes the databases (each runs threads of its own).
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            for db in [node.log_db, node.data_db] {
+                if let Err(e) = db.clone().close() {
+                    eprintln!("closing a simulated node's database: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The simulated Unix time at the start of a run (ms).
+const EPOCH_MS: u64 = 1_700_000_000_000;
+
 impl Sim {
+    /// Partition `part`'s group on `n` nodes, over the network `net`, with the clock started
+    /// at `epoch`; not started.
+    fn new(
+        n: usize,
+        part: usize,
+        mutation: Mutation,
+        net: Arc<Mutex<Net>>,
+        epoch: Instant,
+    ) -> Arc<Sim> {
+        let config = openraft::Config {
+            cluster_name: "keel-sim".into(),
+            heartbeat_interval: super::HEARTBEAT_MS,
+            election_timeout_min: super::ELECTION_MS.0,
+            election_timeout_max: super::ELECTION_MS.1,
+            // Often: snapshots, purges and installs happen many times in a run.
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20),
+            max_in_snapshot_log_to_keep: 3,
+            ..Default::default()
+        };
+        let leak = || -> &'static Db { Box::leak(Box::new(Db::in_memory())) };
+        let sim = Arc::new(Sim {
+            n,
+            part,
+            config: Arc::new(config.validate().expect("a valid config")),
+            mutation,
+            net,
+            groups: Mutex::default(),
+            nodes: (0..n)
+                .map(|i| Node {
+                    id: i as u64,
+                    log_db: leak(),
+                    data_db: leak(),
+                    dir: tempfile::tempdir().expect("a temp dir"),
+                    up: Mutex::new(None),
+                    life: tokio::sync::Mutex::new(()),
+                    installing: AtomicBool::new(false),
+                })
+                .collect(),
+            lives: AtomicU64::new(0),
+            healed: AtomicBool::new(false),
+            epoch,
+            applied: Mutex::default(),
+            entries: Mutex::default(),
+            leaders: Mutex::default(),
+            violations: Mutex::default(),
+            book: Mutex::default(),
+            stats: Stats::default(),
+        });
+        sim.groups.lock().push(Arc::downgrade(&sim));
+        sim
+    }
+
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The simulated Unix time, ms: the clock leaders stamp entries with.
+    fn now_ms(&self) -> u64 {
+        EPOCH_MS + self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Every group of the simulation.
+    fn groups(&self) -> Vec<Arc<Sim>> {
+        self.groups
+            .lock()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
     }
 
     fn violation(&self, text: String) {
@@ -281,12 +387,14 @@ impl Sim {
 
     fn part(&self, node: usize, up: Up) -> Part {
         let n = &self.nodes[node];
+        let epoch = self.epoch;
         Part {
-            id: 0,
+            id: self.part,
             raft: up.raft,
             db: n.data_db,
             replicas: (0..self.n).collect(),
             locks: up.locks,
+            clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
             log_db: n.log_db,
             own_db: false,
         }
@@ -301,6 +409,61 @@ impl Sim {
             })
             .max()
             .map(|(_, i)| i)
+    }
+
+    /// Waits until every replica applied the leader's last entry.
+    async fn catch_up(&self) -> Result<(), String> {
+        let n = self.n;
+        let caught_up = Instant::now();
+        loop {
+            let indexes: Vec<Option<u64>> = (0..n)
+                .map(|i| {
+                    let m = self.raft(i)?.metrics().borrow().clone();
+                    m.running_state.as_ref().ok()?;
+                    m.last_applied.map(|l| l.index)
+                })
+                .collect();
+            let leader_last = self
+                .leader()
+                .and_then(|l| self.raft(l)?.metrics().borrow().last_log_index);
+            if leader_last.is_some() && indexes.iter().all(|&i| i == leader_last) {
+                return Ok(());
+            }
+            self.stopped()?;
+            if caught_up.elapsed() > Duration::from_millis(RECOVERY_MS) {
+                return Err(format!(
+                    "partition {}: replicas not caught up {RECOVERY_MS} ms after healing: \
+                     applied {indexes:?}, the leader's last log index {leader_last:?}",
+                    self.part
+                ));
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The replicas whose data differs from node 0's.
+    fn differing(&self) -> Vec<String> {
+        let show = |c: &[(Vec<u8>, Vec<u8>)]| {
+            c.iter()
+                .map(|(k, v)| (String::from_utf8_lossy(k), String::from_utf8_lossy(v)))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let reference = contents(self.nodes[0].data_db);
+        self.nodes[1..]
+            .iter()
+            .filter(|node| contents(node.data_db) != reference)
+            .map(|node| {
+                format!(
+                    "partition {}: node {}'s data differs from node 0's:\n{}\n{}",
+                    self.part,
+                    node.id,
+                    show(&contents(node.data_db)),
+                    show(&reference)
+                )
+            })
+            .collect()
     }
 
     /// A node whose Raft stopped by itself (a storage error, a panic in openraft).
@@ -341,6 +504,9 @@ impl Sim {
             Err(e) => return self.violation(format!("node {i}'s state machine won't open: {e}")),
         };
         let locks = machine.locks();
+        if self.mutation == Mutation::IgnoreLocks {
+            locks.lock().ignore_locks = true;
+        }
         let log = SimLog {
             durable: machine.durable(),
             inner: LogStore::open(node.log_db, keel::Durability::Sync)
@@ -603,15 +769,19 @@ impl RaftStateMachine<Tc> for SimMachine {
         if let Some((at, down)) = crash
             && !self.sim.healed.load(Ordering::SeqCst)
         {
-            let (sim, node) = (Arc::clone(&self.sim), self.node as usize);
+            let (groups, node) = (self.sim.groups(), self.node as usize);
             tokio::spawn(async move {
                 sleep(at).await;
-                if sim.healed.load(Ordering::SeqCst) {
+                if groups[0].healed.load(Ordering::SeqCst) {
                     return;
                 }
-                sim.crash(node).await;
+                for sim in &groups {
+                    sim.crash(node).await;
+                }
                 sleep(down).await;
-                sim.start(node).await;
+                for sim in &groups {
+                    sim.start(node).await;
+                }
             });
         }
         sleep(pause).await;
@@ -1007,16 +1177,28 @@ async fn client(sim: Arc<Sim>, c: usize, seed: u64, stop: Arc<AtomicBool>, elems
     }
 }
 
-/// Crashes, restarts, partitions and lossy spells for [`FAULT_MS`], then heals everything.
-async fn nemesis(sim: Arc<Sim>, seed: u64) -> Result<(), String> {
+/// Crashes, restarts, partitions and lossy spells for `fault_ms`, then heals everything.
+/// `groups` share the nodes: a crash takes down a node's replica of each.
+async fn nemesis(groups: &[Arc<Sim>], seed: u64, fault_ms: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
-    let end = Instant::now() + Duration::from_millis(FAULT_MS);
+    let end = Instant::now() + Duration::from_millis(fault_ms);
     let mut restarts: Vec<(Instant, usize)> = Vec::new();
     let mut heal_at: Option<Instant> = None;
+    let sim = &groups[0];
     let n = sim.n;
+    let stopped = || groups.iter().try_for_each(|g| g.stopped());
+    // A group's leader, of one drawn at random if there are several.
+    let leader = |rng: &mut Rng| {
+        let g = if groups.len() > 1 {
+            rng.below(groups.len() as u64) as usize
+        } else {
+            0
+        };
+        groups[g].leader()
+    };
     while Instant::now() < end {
         sleep(rng.ms(100, 1500)).await;
-        sim.stopped()?;
+        stopped()?;
         let now = Instant::now();
         let due: Vec<usize> = restarts
             .iter()
@@ -1025,7 +1207,9 @@ async fn nemesis(sim: Arc<Sim>, seed: u64) -> Result<(), String> {
             .collect();
         restarts.retain(|(at, _)| *at > now);
         for i in due {
-            sim.start(i).await;
+            for g in groups {
+                g.start(i).await;
+            }
         }
         if heal_at.is_some_and(|at| at <= now) {
             sim.net.lock().heal();
@@ -1033,19 +1217,25 @@ async fn nemesis(sim: Arc<Sim>, seed: u64) -> Result<(), String> {
         }
         let down = (0..n).filter(|&i| sim.up(i).is_none()).count();
         match rng.below(100) {
-            // A crash: the leader, a node installing a snapshot, or any node.
+            // A crash: a leader, a node installing a snapshot, or any node.
             0..30 if down < n => {
                 let installing: Vec<usize> = (0..n)
-                    .filter(|&i| sim.nodes[i].installing.load(Ordering::SeqCst))
+                    .filter(|&i| {
+                        groups
+                            .iter()
+                            .any(|g| g.nodes[i].installing.load(Ordering::SeqCst))
+                    })
                     .collect();
                 let victim = match rng.below(3) {
                     0 if !installing.is_empty() => {
                         installing[rng.below(installing.len() as u64) as usize]
                     }
-                    1 => sim.leader().unwrap_or_else(|| rng.below(n as u64) as usize),
+                    1 => leader(&mut rng).unwrap_or_else(|| rng.below(n as u64) as usize),
                     _ => rng.below(n as u64) as usize,
                 };
-                sim.crash(victim).await;
+                for g in groups {
+                    g.crash(victim).await;
+                }
                 let back = if rng.chance(200) {
                     // Down until the end.
                     end
@@ -1068,9 +1258,9 @@ async fn nemesis(sim: Arc<Sim>, seed: u64) -> Result<(), String> {
                 }
                 heal_at = Some(now + rng.ms(300, 4000));
             }
-            // The leader cut off: from everyone, or only its messages out, or only in.
+            // A leader cut off: from everyone, or only its messages out, or only in.
             50..62 => {
-                if let Some(l) = sim.leader() {
+                if let Some(l) = leader(&mut rng) {
                     let mode = rng.below(3);
                     let mut net = sim.net.lock();
                     for o in (0..n).filter(|&o| o != l) {
@@ -1110,10 +1300,14 @@ async fn nemesis(sim: Arc<Sim>, seed: u64) -> Result<(), String> {
             }
         }
     }
-    sim.healed.store(true, Ordering::SeqCst);
+    for g in groups {
+        g.healed.store(true, Ordering::SeqCst);
+    }
     sim.net.lock().heal();
     for i in 0..n {
-        sim.start(i).await;
+        for g in groups {
+            g.start(i).await;
+        }
     }
     Ok(())
 }
@@ -1156,50 +1350,13 @@ fn run(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, String> {
 }
 
 async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, String> {
-    let config = openraft::Config {
-        cluster_name: "keel-sim".into(),
-        heartbeat_interval: super::HEARTBEAT_MS,
-        election_timeout_min: super::ELECTION_MS.0,
-        election_timeout_max: super::ELECTION_MS.1,
-        // Often: snapshots, purges and installs happen many times in a run.
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20),
-        max_in_snapshot_log_to_keep: 3,
-        ..Default::default()
-    };
-    let leak = || -> &'static Db { Box::leak(Box::new(Db::in_memory())) };
-    let sim = Arc::new(Sim {
+    let sim = Sim::new(
         n,
-        config: Arc::new(config.validate().expect("a valid config")),
+        0,
         mutation,
-        net: Mutex::new(Net {
-            rng: Rng::new(seed),
-            cut: vec![vec![false; n]; n],
-            drop_per_mille: 0,
-            dup_per_mille: 0,
-            slow_per_mille: 0,
-            disk_slow_per_mille: 0,
-        }),
-        nodes: (0..n)
-            .map(|i| Node {
-                id: i as u64,
-                log_db: leak(),
-                data_db: leak(),
-                dir: tempfile::tempdir().expect("a temp dir"),
-                up: Mutex::new(None),
-                life: tokio::sync::Mutex::new(()),
-                installing: AtomicBool::new(false),
-            })
-            .collect(),
-        lives: AtomicU64::new(0),
-        healed: AtomicBool::new(false),
-        epoch: Instant::now(),
-        applied: Mutex::default(),
-        entries: Mutex::default(),
-        leaders: Mutex::default(),
-        violations: Mutex::default(),
-        book: Mutex::default(),
-        stats: Stats::default(),
-    });
+        Arc::new(Mutex::new(Net::new(seed, n))),
+        Instant::now(),
+    );
     for i in 0..n {
         sim.start(i).await;
     }
@@ -1216,7 +1373,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
             ))
         })
         .collect();
-    let faults = nemesis(Arc::clone(&sim), seed).await;
+    let faults = nemesis(&[Arc::clone(&sim)], seed, FAULT_MS).await;
     if let Err(e) = faults {
         stop.store(true, Ordering::SeqCst);
         return Err(e);
@@ -1257,30 +1414,8 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
     }
 
     // Every replica catches up with the leader.
+    sim.catch_up().await?;
     let caught_up = Instant::now();
-    loop {
-        let indexes: Vec<Option<u64>> = (0..n)
-            .map(|i| {
-                let m = sim.raft(i)?.metrics().borrow().clone();
-                m.running_state.as_ref().ok()?;
-                m.last_applied.map(|l| l.index)
-            })
-            .collect();
-        let leader_last = sim
-            .leader()
-            .and_then(|l| sim.raft(l)?.metrics().borrow().last_log_index);
-        if leader_last.is_some() && indexes.iter().all(|&i| i == leader_last) {
-            break;
-        }
-        sim.stopped()?;
-        if caught_up.elapsed() > Duration::from_millis(RECOVERY_MS) {
-            return Err(format!(
-                "replicas not caught up {RECOVERY_MS} ms after healing: applied {indexes:?}, \
-                 the leader's last log index {leader_last:?}"
-            ));
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
 
     // The final state, read linearizably through the leader.
     let all: Vec<(u32, Option<u64>)> = (0..KEYS).map(|k| (k, None)).collect();
@@ -1306,23 +1441,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
 
     let mut violations = std::mem::take(&mut *sim.violations.lock());
     // 2. Identical replicas; every acknowledged append in each, none twice.
-    let reference = contents(sim.nodes[0].data_db);
-    for node in &sim.nodes[1..] {
-        if contents(node.data_db) != reference {
-            violations.push(format!(
-                "node {}'s data differs from node 0's:\n{:?}\n{:?}",
-                node.id,
-                contents(node.data_db)
-                    .iter()
-                    .map(|(k, v)| (String::from_utf8_lossy(k), String::from_utf8_lossy(v)))
-                    .collect::<Vec<_>>(),
-                reference
-                    .iter()
-                    .map(|(k, v)| (String::from_utf8_lossy(k), String::from_utf8_lossy(v)))
-                    .collect::<Vec<_>>()
-            ));
-        }
-    }
+    violations.extend(sim.differing());
     let mut present: HashSet<(u32, u64)> = HashSet::new();
     for op in &finals {
         if let Op::Read { key, value } = op {
