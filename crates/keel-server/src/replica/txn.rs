@@ -415,7 +415,18 @@ async fn resolve<N: Net>(
     txn: TxnId,
     deadline_ms: u64,
 ) -> Option<Response> {
-    let give_up = Instant::now() + net.timeout() * 6;
+    resolve_within(net, coordinator, txn, deadline_ms, net.timeout() * 6).await
+}
+
+/// [`resolve`], giving up after `patience`.
+async fn resolve_within<N: Net>(
+    net: &N,
+    coordinator: usize,
+    txn: TxnId,
+    deadline_ms: u64,
+    patience: Duration,
+) -> Option<Response> {
+    let give_up = Instant::now() + patience;
     while Instant::now() < give_up {
         let ask = step(Op::Resolve { txn, deadline_ms }, net.now_ms());
         match net.call(coordinator, ask, give_up).await {
@@ -495,32 +506,41 @@ pub async fn resolve_once<N: Net>(net: &Arc<N>) {
             let locks = locks.lock();
             (locks.prepared(), locks.decided())
         };
+        // Each at once: one whose coordinator partition cannot be reached (no majority)
+        // must not hold up the others, whose keys stay locked meanwhile.
+        let mut resolving = tokio::task::JoinSet::new();
         for (txn, coordinator, prepared_ms, deadline_ms) in stale {
             if now <= prepared_ms + RESOLVE_AFTER_MS {
                 continue;
             }
-            let decision = match resolve(&**net, coordinator, txn, deadline_ms).await {
-                Some(Response {
-                    status: Status::Committed,
-                    ..
-                }) => Op::Commit { txn, deadline_ms },
-                Some(Response {
-                    status: Status::Aborted,
-                    ..
-                }) => Op::Abort { txn, deadline_ms },
-                _ => continue,
-            };
-            tracing::info!(
-                "partition {part}: resolved {txn:?} left by its driver: {}",
-                if matches!(decision, Op::Commit { .. }) {
-                    "commit"
-                } else {
-                    "abort"
-                }
-            );
-            let deadline = Instant::now() + net.timeout();
-            let _ = net.call(part, step(decision, net.now_ms()), deadline).await;
+            let net = Arc::clone(net);
+            resolving.spawn(async move {
+                let patience = net.timeout();
+                let decision =
+                    match resolve_within(&*net, coordinator, txn, deadline_ms, patience).await {
+                        Some(Response {
+                            status: Status::Committed,
+                            ..
+                        }) => Op::Commit { txn, deadline_ms },
+                        Some(Response {
+                            status: Status::Aborted,
+                            ..
+                        }) => Op::Abort { txn, deadline_ms },
+                        _ => return,
+                    };
+                tracing::info!(
+                    "partition {part}: resolved {txn:?} left by its driver: {}",
+                    if matches!(decision, Op::Commit { .. }) {
+                        "commit"
+                    } else {
+                        "abort"
+                    }
+                );
+                let deadline = Instant::now() + net.timeout();
+                let _ = net.call(part, step(decision, net.now_ms()), deadline).await;
+            });
         }
+        while resolving.join_next().await.is_some() {}
         for (txn, decided) in kept {
             if now <= decided.deadline_ms + FORGET_AFTER_MS {
                 continue;
