@@ -77,6 +77,11 @@ pub trait Net: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Response, RunError>> + Send;
     /// Whether this node leads partition `p` (a coordinator here saves a network hop).
     fn leads(&self, p: usize) -> bool;
+    /// Whether this node knows a leader of partition `p` (a coordinator without one would
+    /// keep the other participants' keys locked until it has one).
+    fn knows_leader(&self, _p: usize) -> bool {
+        true
+    }
     /// The hosted partitions this node leads, and their lock tables.
     fn led(&self) -> Vec<(usize, prepared::Shared)>;
     /// The cluster's request timeout.
@@ -115,6 +120,10 @@ impl Net for Node {
     fn leads(&self, p: usize) -> bool {
         let rep = self.rep();
         rep.leader(p) == Some(rep.me)
+    }
+
+    fn knows_leader(&self, p: usize) -> bool {
+        self.rep().leader(p).is_some()
     }
 
     fn led(&self) -> Vec<(usize, prepared::Shared)> {
@@ -256,8 +265,12 @@ async fn attempt_once<N: Net>(
     let deadline_ms = net.now_ms() + span.as_millis() as u64;
     let txn = net.next_txn();
     // The coordinator: a partition this node leads if there is one (its entry needs no
-    // network hop), else the first.
-    let c = work.iter().position(|(p, _)| net.leads(*p)).unwrap_or(0);
+    // network hop), else one with a leader it knows of, else the first.
+    let c = work
+        .iter()
+        .position(|(p, _)| net.leads(*p))
+        .or_else(|| work.iter().position(|(p, _)| net.knows_leader(*p)))
+        .unwrap_or(0);
     let coordinator = work[c].0;
     let request = |i: usize, op: Op| Request {
         commands: work[i].1.clone(),
