@@ -11,7 +11,9 @@
 //! outcome). Drivers die on purpose: their node crashes, or a random one is killed at a random
 //! point of its transaction, and then it sends nothing more (its requests already sent still
 //! arrive). Every live node runs `txn::resolve_once` every `txn::RESOLVE_EVERY`, as the
-//! server does, which finishes what dead drivers left.
+//! server does, which finishes what dead drivers left. Bank clients move money between
+//! accounts of different partitions the same way, and audit every account in one
+//! transaction across all partitions.
 //!
 //! Checked once every fault is healed, the clients stopped and the resolvers had time:
 //!
@@ -21,7 +23,8 @@
 //!    replicas are identical;
 //! 3. `sim`'s checks of state machine safety and leaders, per partition;
 //! 4. each partition takes a write within `RECOVERY_MS` of healing, and within [`SETTLE_MS`]
-//!    no replica holds a prepared transaction, a lock or a commit decision.
+//!    no replica holds a prepared transaction, a lock or a commit decision;
+//! 5. every committed audit, and the final balances, sum to the opening total.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -55,6 +58,11 @@ const TIMEOUT_MS: u64 = 2_000;
 const KILL_PER_MILLE: u64 = 100;
 /// Once healed, within this (simulated) time no transaction is left prepared or decided.
 const SETTLE_MS: u64 = 30_000;
+/// Bank accounts, spread over the partitions, and what each holds at the start.
+const ACCOUNTS: usize = 6;
+const OPENING: i64 = 100;
+/// Bank clients (transfers and audits), beside the list-append ones.
+const BANKERS: usize = 2;
 /// What an unknown outcome's error says.
 const MAYBE: &str = "may or may not have happened";
 
@@ -74,6 +82,8 @@ struct World {
     incarnations: AtomicU64,
     killed: AtomicU64,
     across: AtomicU64,
+    /// Audits that saw the opening total.
+    audits: AtomicU64,
 }
 
 /// A transaction driver (or resolver) running on node `home`: the `txn::Net` of the
@@ -490,6 +500,148 @@ async fn client(
     }
 }
 
+fn account(a: usize) -> Vec<u8> {
+    format!("acct{a}").into_bytes()
+}
+
+/// The partition of account `a`.
+fn bank_part(a: usize) -> usize {
+    a % PARTS
+}
+
+/// The balances in `replies` (a `GET` of each account, partition by partition as in
+/// [`audit_work`]).
+fn balances(replies: &[Vec<Vec<u8>>]) -> Result<Vec<i64>, String> {
+    let mut all = Vec::new();
+    for reply in replies.iter().flatten() {
+        let mut at = 0;
+        let value = resp_value(reply, &mut at)?.ok_or("an account is missing")?;
+        let text = String::from_utf8_lossy(&value);
+        all.push(text.parse().map_err(|_| format!("a balance {text:?}"))?);
+    }
+    Ok(all)
+}
+
+/// A `GET` of every account, grouped by partition.
+fn audit_work() -> Work {
+    (0..PARTS)
+        .map(|p| {
+            let gets = (0..ACCOUNTS)
+                .filter(|&a| bank_part(a) == p)
+                .map(|a| vec![b"GET".to_vec(), account(a)])
+                .collect();
+            (p, gets)
+        })
+        .collect()
+}
+
+/// Opens the accounts: `OPENING` in each, written before any client starts.
+async fn open_accounts(world: &World, seed: u64) -> Result<(), String> {
+    let driver = Arc::new(Driver::new(world, 0, seed));
+    for p in 0..PARTS {
+        let commands: Vec<Vec<Vec<u8>>> = (0..ACCOUNTS)
+            .filter(|&a| bank_part(a) == p)
+            .map(|a| {
+                vec![
+                    b"SET".to_vec(),
+                    account(a),
+                    OPENING.to_string().into_bytes(),
+                ]
+            })
+            .collect();
+        let opening = Request {
+            commands,
+            ..request(&[])
+        };
+        let deadline = Instant::now() + Duration::from_millis(RECOVERY_MS);
+        loop {
+            match txn::Net::call(&*driver, p, opening.clone(), deadline).await {
+                Ok(r) if r.status == Status::Done => break,
+                Ok(r) => return Err(format!("opening the accounts answered {r:?}")),
+                // Written again: the same values.
+                Err(RunError::Unknown(_)) => {}
+                Err(e) => return Err(format!("opening the accounts: {e:?}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One bank client until `stop`: transfers between accounts of different partitions (its
+/// driver killed now and then), and audits of every account that must see the opening
+/// total.
+async fn banker(world: Arc<World>, b: usize, seed: u64, stop: Arc<AtomicBool>) {
+    let mut rng = Rng::new(seed.wrapping_mul(41).wrapping_add(b as u64 + 100));
+    let sim = Arc::clone(&world.groups[0]);
+    let total = OPENING * ACCOUNTS as i64;
+    let limits = Limits {
+        resp3: false,
+        bulk_bytes_max: 512 << 20,
+        reply_bytes_max: 1 << 30,
+    };
+    while !stop.load(Ordering::SeqCst) {
+        sleep(rng.ms(5, 60)).await;
+        let home = rng.below(sim.n as u64) as usize;
+        if sim.up(home).is_none() {
+            continue;
+        }
+        let driver = Arc::new(Driver::new(&world, home, rng.next()));
+        if rng.chance(300) {
+            let result = tokio::select! {
+                result = txn::run_across(&driver, audit_work(), limits) => result,
+                () = watch(&driver, None) => continue,
+            };
+            if let Ok(replies) = result {
+                match balances(&replies) {
+                    Ok(all) if all.iter().sum::<i64>() == total => {
+                        world.audits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(all) => sim.violation(format!(
+                        "an audit saw {all:?}, which sum to {}, not {total}",
+                        all.iter().sum::<i64>()
+                    )),
+                    Err(e) => sim.violation(format!("an audit: {e}")),
+                }
+            }
+            continue;
+        }
+        let from = rng.below(ACCOUNTS as u64) as usize;
+        let to = (from + 1 + rng.below(ACCOUNTS as u64 - 1) as usize) % ACCOUNTS;
+        let amount = (1 + rng.below(20)).to_string().into_bytes();
+        let mut work: Work = vec![
+            (
+                bank_part(from),
+                vec![vec![b"DECRBY".to_vec(), account(from), amount.clone()]],
+            ),
+            (
+                bank_part(to),
+                vec![vec![b"INCRBY".to_vec(), account(to), amount.clone()]],
+            ),
+        ];
+        if work[0].0 == work[1].0 {
+            // One partition: one `EXEC`.
+            let (p, mut commands) = work.remove(0);
+            commands.extend(work.remove(0).1);
+            let transfer = Request {
+                commands,
+                ..request(&[])
+            };
+            tokio::select! {
+                _ = driver.write(p, &transfer) => {}
+                () = watch(&driver, None) => {}
+            }
+        } else {
+            let kill = rng.chance(KILL_PER_MILLE).then(|| rng.ms(0, 300));
+            tokio::select! {
+                _ = txn::run_across(&driver, work, limits) => {}
+                () = watch(&driver, kill) => {
+                    world.killed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
 /// Every node's resolver, as the server's `resolve_loop`: `txn::resolve_once` every
 /// `txn::RESOLVE_EVERY` on each node that is up (one at a time per node; a crash of the node
 /// ends its run).
@@ -531,6 +683,7 @@ struct Summary {
     unknown: usize,
     across: u64,
     killed: u64,
+    audits: u64,
     history: history::Report,
     recovery_ms: u64,
     settle_ms: u64,
@@ -596,7 +749,9 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         incarnations: AtomicU64::new(1),
         killed: AtomicU64::new(0),
         across: AtomicU64::new(0),
+        audits: AtomicU64::new(0),
     });
+    open_accounts(&world, seed).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let elems = Arc::new(AtomicU64::new(1));
     let clients: Vec<_> = (0..CLIENTS)
@@ -609,6 +764,9 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
                 Arc::clone(&elems),
             ))
         })
+        .collect();
+    let bankers: Vec<_> = (0..BANKERS)
+        .map(|b| tokio::spawn(banker(Arc::clone(&world), b, seed, Arc::clone(&stop))))
         .collect();
     let stop_resolving = Arc::new(AtomicBool::new(false));
     let resolving = tokio::spawn(resolvers(
@@ -647,7 +805,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
     }
     let recovery_ms = healed.elapsed().as_millis() as u64;
     stop.store(true, Ordering::SeqCst);
-    for c in clients {
+    for c in clients.into_iter().chain(bankers) {
         if let Err(e) = c.await {
             std::panic::resume_unwind(e.into_panic());
         }
@@ -692,6 +850,32 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         finals.extend(parse_exec(&reply, &plan).map_err(|e| format!("the final read: {e}"))?);
     }
     let final_ended = groups[0].now();
+    // The bank's final balances.
+    let mut balances = Vec::new();
+    for (p, gets) in audit_work() {
+        let reading = Request {
+            commands: gets,
+            ..request(&[])
+        };
+        let deadline = Instant::now() + Duration::from_millis(RECOVERY_MS);
+        let reply = prober
+            .read(p, &reading, deadline)
+            .await
+            .ok_or_else(|| format!("partition {p}: no final read of the accounts"))?;
+        let header = format!("*{}\r\n", reading.commands.len());
+        let mut at = header.len();
+        if !reply.starts_with(header.as_bytes()) {
+            return Err(format!("the final read of the accounts: {reply:?}"));
+        }
+        for _ in &reading.commands {
+            let value = resp_value(&reply, &mut at)?.unwrap_or_default();
+            let text = String::from_utf8_lossy(&value);
+            balances.push(
+                text.parse::<i64>()
+                    .map_err(|_| format!("a balance {text:?}"))?,
+            );
+        }
+    }
     stop_resolving.store(true, Ordering::SeqCst);
     let _ = resolving.await;
     let left = unsettled(&groups);
@@ -704,6 +888,13 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
     }
 
     let mut violations = left;
+    if balances.iter().sum::<i64>() != OPENING * ACCOUNTS as i64 {
+        violations.push(format!(
+            "the accounts end with {balances:?}, which sum to {}, not {}",
+            balances.iter().sum::<i64>(),
+            OPENING * ACCOUNTS as i64
+        ));
+    }
     // 3. and 2.: per partition, state machine safety and identical replicas.
     for g in &groups {
         violations.extend(std::mem::take(&mut *g.violations.lock()));
@@ -769,6 +960,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         unknown,
         across: world.across.load(Ordering::Relaxed),
         killed: world.killed.load(Ordering::Relaxed),
+        audits: world.audits.load(Ordering::Relaxed),
         history: report.expect("checked"),
         recovery_ms,
         settle_ms,
@@ -812,7 +1004,8 @@ fn transactions_across_five_nodes_survive_seeded_faults() {
 }
 
 /// The checks catch prepared transactions that lock nothing (what another transaction
-/// writes between a prepare and its commit makes the prepare's reads stale).
+/// writes between a prepare and its commit makes the prepare's reads stale, and an audit
+/// may see a transfer half done).
 #[test]
 fn the_checks_catch_prepares_that_lock_nothing() {
     let caught = [1u64, 2, 3]
