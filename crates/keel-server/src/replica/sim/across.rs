@@ -290,6 +290,12 @@ impl txn::Net for Driver {
             .is_some_and(|r| r.metrics().borrow().state == ServerState::Leader)
     }
 
+    fn knows_leader(&self, p: usize) -> bool {
+        self.groups[p]
+            .raft(self.home)
+            .is_some_and(|r| r.metrics().borrow().current_leader.is_some())
+    }
+
     fn led(&self) -> Vec<(usize, prepared::Shared)> {
         self.groups
             .iter()
