@@ -283,6 +283,8 @@ pub struct Replication {
     hints: parking_lot::Mutex<Vec<Option<usize>>>,
     /// Slots this node has learned moved from their config owner: slot → partition.
     routes: parking_lot::RwLock<std::collections::HashMap<u16, usize>>,
+    /// Per hosted partition, whether it has moved any slot (its table is then consulted).
+    moved_any: BTreeMap<usize, Arc<std::sync::atomic::AtomicBool>>,
     /// Drawn at start: names this process's transactions across partitions.
     incarnation: u64,
     /// The next transaction's sequence number.
@@ -357,6 +359,7 @@ impl Replication {
         })?);
         let dir = shared.db.dir().map(std::path::Path::to_path_buf);
         let mut parts = BTreeMap::new();
+        let mut moved_any = BTreeMap::new();
         for p in 0..n {
             let replicas = placement(p, n, r);
             if !replicas.contains(&me) {
@@ -380,6 +383,7 @@ impl Replication {
             let log = log.purge_behind(machine.durable());
             let locks = machine.locks();
             let owners = Arc::clone(map);
+            moved_any.insert(p, locks.lock().moved_flag());
             locks.lock().set_home((
                 p,
                 Arc::new(move |slot| owners.owner(keel_cluster::Slot(slot))),
@@ -496,6 +500,7 @@ impl Replication {
             parts,
             hints: parking_lot::Mutex::new(vec![None; n]),
             routes: Default::default(),
+            moved_any,
             incarnation: data::random(),
             seq: std::sync::atomic::AtomicU64::new(0),
         })
@@ -517,6 +522,15 @@ impl Replication {
         // The config's owner, or where a partition kept here says the slot went.
         let mut p = map.owner(keel_cluster::Slot(slot));
         for _ in 0..self.n {
+            // Without a move, a partition owns the config's slots: no need for its lock,
+            // which the state machine holds while it applies each entry.
+            let moved = self
+                .moved_any
+                .get(&p)
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::Acquire));
+            if !moved {
+                break;
+            }
             match self
                 .parts
                 .get(&p)

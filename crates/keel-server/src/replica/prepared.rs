@@ -107,6 +107,8 @@ pub struct Locks {
     home: Option<Home>,
     /// Slots whose owner is not the config's any more, and their owner now.
     moved: BTreeMap<u16, usize>,
+    /// Set once `moved` holds anything: routing reads it without this table's lock.
+    moved_any: Arc<std::sync::atomic::AtomicBool>,
     /// Slots a prepared move holds: every key in them is locked.
     slots_locked: std::collections::BTreeSet<u16>,
     /// Prepared transactions that write without keys (`FLUSHALL`): every key is locked.
@@ -233,6 +235,20 @@ impl Locks {
         self.home = Some(home);
     }
 
+    /// A flag that is set once this partition has moved any slot (see
+    /// `Replication::owner`).
+    pub fn moved_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.moved_any)
+    }
+
+    fn set_moved(&mut self, moved: BTreeMap<u16, usize>) {
+        if !moved.is_empty() {
+            self.moved_any
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.moved = moved;
+    }
+
     /// The partition that owns `slot` as far as this one knows: itself, the one it moved
     /// the slot to, or the config's owner.
     pub fn owner(&self, slot: u16) -> Option<usize> {
@@ -334,10 +350,12 @@ impl Locks {
     /// Rebuilds the table from `db`'s records (at start, after a snapshot install).
     pub fn load(&mut self, db: &Db) -> Result<()> {
         let home = self.home.take();
+        let moved_any = Arc::clone(&self.moved_any);
         #[cfg(test)]
         let ignore_locks = self.ignore_locks;
         *self = Locks {
             home,
+            moved_any,
             ..Locks::default()
         };
         #[cfg(test)]
@@ -364,7 +382,8 @@ impl Locks {
             self.clock = u64::from_be_bytes(v.as_slice().try_into().map_err(sm_err)?);
         }
         if let Some(v) = snap.get(MOVED).map_err(sm_err)? {
-            self.moved = postcard::from_bytes(&v).map_err(sm_err)?;
+            let moved = postcard::from_bytes(&v).map_err(sm_err)?;
+            self.set_moved(moved);
         }
         for (key, value) in snap.range::<[u8]>((Included(WATCHED), Unbounded)) {
             let Some(k) = key.strip_prefix(WATCHED) else {
@@ -791,7 +810,7 @@ pub fn apply(
                         .push((MOVED.to_vec(), postcard::to_stdvec(&moved).map_err(sm_err)?));
                     books.commit(db)?;
                     locks.release(*txn);
-                    locks.moved = moved;
+                    locks.set_moved(moved);
                 }
                 Some(record) => {
                     books.deletes.push(key(PREPARED, *txn));
@@ -943,7 +962,7 @@ pub fn apply(
                 ));
                 books.commit(db)?;
                 locks.decided.insert(*txn, decided);
-                locks.moved = moved;
+                locks.set_moved(moved);
                 committed(Vec::new())
             }
         }
