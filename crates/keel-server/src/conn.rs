@@ -1343,8 +1343,7 @@ impl Conn {
     /// `KEEL.MOVESLOTS node-id slot|start-end ...`: moves the slots to the partition whose
     /// home is `node-id` (`replica::txn::move_slots`); the number of slots that changed.
     async fn move_slots(&self, args: &[Bytes]) -> Result<usize, Fail> {
-        let (Some(rep), Some(cluster)) = (self.shared.replication.get(), &self.shared.cluster)
-        else {
+        let (Some(_), Some(cluster)) = (self.shared.replication.get(), &self.shared.cluster) else {
             return Err(
                 "ERR keel: KEEL.MOVESLOTS moves slots between the partitions of a replicated \
                  cluster (--replicas 2 or more)"
@@ -1388,7 +1387,6 @@ impl Conn {
                 None => slots.push(slot(text)?),
             }
         }
-        let _ = rep;
         let node = Arc::new(crate::replica::txn::Node(Arc::clone(&self.shared)));
         let moved = tokio::select! {
             r = crate::replica::txn::move_slots(&node, &slots, to) => r?,
