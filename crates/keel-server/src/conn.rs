@@ -1072,20 +1072,7 @@ impl Conn {
         }
         let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
             // Keys of several partitions: one transaction across them, key by key.
-            if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
-                self.out(output)
-                    .error("ERR wrong number of arguments for 'mset' command");
-            } else if let Some((parts, merge)) = per_key(spec.cmd, args) {
-                let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
-                let result = self.across_partitions(&parts).await;
-                let mut out = self.out(output);
-                match result {
-                    Ok(replies) => merge_replies(merge, &replies, &mut out),
-                    Err(Fail(text)) => out.error(&text),
-                }
-            } else {
-                self.out(output).error(cluster::CROSSSLOT);
-            }
+            self.split_across(spec, args, output, true).await;
             return true;
         };
         let read = data::is_read_only(spec.cmd);
@@ -1093,6 +1080,37 @@ impl Conn {
         self.run_replicated(p, slot, commands, false, false, read, output)
             .await;
         true
+    }
+
+    /// A multi-key command whose keys span nodes (`replicated`: partitions), run key by key
+    /// (`per_key`) as one transaction across them; `CROSSSLOT` for one that cannot be split.
+    async fn split_across(
+        &self,
+        spec: &Spec,
+        args: &[Bytes],
+        output: &mut BytesMut,
+        replicated: bool,
+    ) {
+        if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
+            self.out(output)
+                .error("ERR wrong number of arguments for 'mset' command");
+            return;
+        }
+        let Some((parts, merge)) = per_key(spec.cmd, args) else {
+            self.out(output).error(cluster::CROSSSLOT);
+            return;
+        };
+        let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
+        let result = if replicated {
+            self.across_partitions(&parts).await
+        } else {
+            self.across_nodes(&parts).await
+        };
+        let mut out = self.out(output);
+        match result {
+            Ok(replies) => merge_replies(merge, &replies, &mut out),
+            Err(Fail(text)) => out.error(&text),
+        }
     }
 
     /// Replicated cluster: runs `commands` (each with keys of one partition, the
@@ -1641,20 +1659,7 @@ impl Conn {
                 return true;
             }
             Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
-                if spec.cmd == Cmd::Mset && args.len().is_multiple_of(2) {
-                    self.out(output)
-                        .error("ERR wrong number of arguments for 'mset' command");
-                } else if let Some((parts, merge)) = per_key(spec.cmd, args) {
-                    let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
-                    let result = self.across_nodes(&parts).await;
-                    let mut out = self.out(output);
-                    match result {
-                        Ok(replies) => merge_replies(merge, &replies, &mut out),
-                        Err(Fail(text)) => out.error(&text),
-                    }
-                } else {
-                    self.out(output).error(cluster::CROSSSLOT);
-                }
+                self.split_across(spec, args, output, false).await;
                 return true;
             }
             Route::CrossSlot => {

@@ -462,6 +462,23 @@ pub fn slot_pairs(
     Ok(pairs)
 }
 
+/// Writes `record` as `txn`'s prepared record with `books`, and takes its locks.
+fn keep_prepared(
+    db: &Db,
+    locks: &mut Locks,
+    books: &mut Books<'_>,
+    txn: TxnId,
+    record: Record,
+) -> Result<()> {
+    books.puts.push((
+        key(PREPARED, txn),
+        postcard::to_stdvec(&record).map_err(sm_err)?,
+    ));
+    books.commit(db)?;
+    locks.take(txn, record);
+    Ok(())
+}
+
 fn moved_status(moved: &[(u16, usize)]) -> Response {
     Response {
         reply: postcard::to_stdvec(moved).expect("encodes"),
@@ -698,12 +715,7 @@ pub fn apply(
                             replies: replies.clone(),
                             moving: None,
                         };
-                        books.puts.push((
-                            key(PREPARED, *txn),
-                            postcard::to_stdvec(&record).map_err(sm_err)?,
-                        ));
-                        books.commit(db)?;
-                        locks.take(*txn, record);
+                        keep_prepared(db, locks, &mut books, *txn, record)?;
                         Response {
                             replies,
                             ..Response::default()
@@ -909,12 +921,7 @@ pub fn apply(
                     replies: Vec::new(),
                     moving: Some((slots.clone(), *to)),
                 };
-                books.puts.push((
-                    key(PREPARED, *txn),
-                    postcard::to_stdvec(&record).map_err(sm_err)?,
-                ));
-                books.commit(db)?;
-                locks.take(*txn, record);
+                keep_prepared(db, locks, &mut books, *txn, record)?;
                 Response {
                     replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
                     ..Response::default()
