@@ -564,7 +564,9 @@ impl Replication {
     }
 
     /// `INFO replication`'s lines for the hosted partitions: `keel_partition_<p>:role=leader,
-    /// leader=n2,term=3,last_log=120,applied=120,replicas=n1;n2;n3`.
+    /// leader=n2,term=3,last_log=120,applied=120,replicas=n1;n2;n3,prepared=0,decisions=0,
+    /// watched=0,moved_slots=0` (transactions prepared here, commit decisions kept here,
+    /// watched keys, slots whose owner is no longer the config's, as this partition knows).
     pub fn describe(&self, map: &keel_cluster::Membership) -> Vec<String> {
         let id = |n: u64| {
             map.nodes()
@@ -584,8 +586,10 @@ impl Replication {
                 };
                 let replicas: Vec<String> =
                     part.replicas.iter().map(|&n| id(n as u64)).collect();
+                let (prepared, decided, watched, moved) = part.locks.lock().counts();
                 format!(
-                    "keel_partition_{}:role={role},leader={},term={},last_log={},applied={},replicas={}",
+                    "keel_partition_{}:role={role},leader={},term={},last_log={},applied={},replicas={},\
+                     prepared={prepared},decisions={decided},watched={watched},moved_slots={moved}",
                     part.id,
                     m.current_leader.map_or_else(|| "-".to_owned(), id),
                     m.current_term,

@@ -230,6 +230,17 @@ impl Locks {
         }
     }
 
+    /// Transactions prepared here, commit decisions kept here, watched keys, and slots
+    /// moved away from their config owner (as far as this partition knows).
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        (
+            self.prepared.len(),
+            self.decided.len(),
+            self.watched.len(),
+            self.moved.len(),
+        )
+    }
+
     /// Sets which partition this is (see [`Home`]).
     pub fn set_home(&mut self, home: Home) {
         self.home = Some(home);
