@@ -138,6 +138,9 @@ enum Mutation {
     SkipApply,
     /// Prepared transactions lock nothing (`prepared::Locks::ignore_locks`).
     IgnoreLocks,
+    /// The resolvers (`across`) abort what they find prepared without asking its coordinator
+    /// partition.
+    RogueResolver,
 }
 
 /// The network's state: which links are cut and how lossy the others are.

@@ -2,18 +2,18 @@
 //! on the same `n` nodes, under the same nemesis (a crash takes down a node's replica of every
 //! group; the network's cuts, loss and delays are the nodes', so every group meets them).
 //!
-//! Clients run Elle list-append transactions over keys spread across the partitions (key `k`
-//! is partition `k % PARTS`'s). One that touches a single partition is an `EXEC` on its leader
-//! (retried while a prepared transaction locks its keys, as the server does); one that
-//! touches several runs through the real driver, `txn::run_across`, on a node of the cluster:
-//! the simulation's [`Driver`] is its `txn::Net`, calling a partition's leader through the
-//! same faulty network (a cut link refuses or loses the request, a lost answer is an unknown
-//! outcome). Drivers die on purpose: their node crashes, or a random one is killed at a random
-//! point of its transaction, and then it sends nothing more (its requests already sent still
-//! arrive). Every live node runs `txn::resolve_once` every `txn::RESOLVE_EVERY`, as the
-//! server does, which finishes what dead drivers left. Bank clients move money between
-//! accounts of different partitions the same way, and audit every account in one
-//! transaction across all partitions.
+//! Clients run Elle list-append transactions over keys spread across the partitions (key `k` is
+//! partition `k % PARTS`'s). One that touches a single partition is an `EXEC` on its leader
+//! (retried while a prepared transaction locks its keys, as the server does); one that touches
+//! several runs through the real driver, `txn::run_across`, on a node of the cluster: the
+//! simulation's [`Driver`] is its `txn::Net`, calling a partition's leader through the same faulty
+//! network (a cut link refuses or loses the request, a lost answer is an unknown outcome). Drivers
+//! die on purpose: their node crashes, or a random one is killed at a random time or step of its
+//! transaction (before its k-th request, or once that request applied), and then it sends nothing
+//! more (its requests already sent still arrive). Every live node runs `txn::resolve_once` every
+//! `txn::RESOLVE_EVERY`, as the server does, which finishes what dead drivers left. Bank clients
+//! move money between accounts of different partitions the same way, and audit every account in
+//! one transaction across all partitions.
 //!
 //! Checked once every fault is healed, the clients stopped and the resolvers had time:
 //!
@@ -84,6 +84,8 @@ struct World {
     across: AtomicU64,
     /// Audits that saw the opening total.
     audits: AtomicU64,
+    /// Coordinator partitions asked by a resolver for a decision.
+    resolves: Arc<AtomicU64>,
 }
 
 /// A transaction driver (or resolver) running on node `home`: the `txn::Net` of the
@@ -99,6 +101,13 @@ struct Driver {
     rng: Mutex<Rng>,
     incarnation: u64,
     seq: AtomicU64,
+    /// Counts the decisions asked, if this is a node's resolver.
+    resolver: Option<Arc<AtomicU64>>,
+    /// Requests sent.
+    calls: AtomicU64,
+    /// Dies at its `k`th request: before sending it (`false`), or once it applied, before
+    /// the answer is seen (`true`).
+    die_at: Option<(u64, bool)>,
 }
 
 /// How one request to a node ended.
@@ -131,6 +140,9 @@ impl Driver {
             rng: Mutex::new(Rng::new(seed)),
             incarnation: world.incarnations.fetch_add(1, Ordering::Relaxed),
             seq: AtomicU64::new(0),
+            resolver: None,
+            calls: AtomicU64::new(0),
+            die_at: None,
         }
     }
 
@@ -259,10 +271,28 @@ impl txn::Net for Driver {
         request: Request,
         deadline: Instant,
     ) -> Result<Response, RunError> {
+        if let Some(resolves) = &self.resolver
+            && matches!(request.op, crate::replica::Op::Resolve { .. })
+        {
+            resolves.fetch_add(1, Ordering::Relaxed);
+            if self.groups[0].mutation == Mutation::RogueResolver {
+                return Ok(Response {
+                    status: Status::Aborted,
+                    ..Response::default()
+                });
+            }
+        }
+        let k = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.die_at == Some((k, false)) {
+            self.killed.store(true, Ordering::SeqCst);
+        }
         loop {
             self.gone().await;
             let target = self.guess.lock()[p];
             let sent = self.send(p, target, &request, false).await;
+            if self.die_at == Some((k, true)) && matches!(sent, Sent::Answer(_)) {
+                self.killed.store(true, Ordering::SeqCst);
+            }
             self.gone().await;
             let hint = match sent {
                 Sent::Answer(response) => return Ok(response),
@@ -415,7 +445,17 @@ async fn client(
         if sim.up(home).is_none() {
             continue;
         }
-        let driver = Arc::new(Driver::new(&world, home, rng.next()));
+        let mut driver = Driver::new(&world, home, rng.next());
+        // Killed at a random time, or at a random step of the protocol.
+        let mut kill = None;
+        if rng.chance(KILL_PER_MILLE) {
+            if rng.chance(500) {
+                kill = Some(rng.ms(0, 300));
+            } else {
+                driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
+            }
+        }
+        let driver = Arc::new(driver);
         let mut keys: Vec<u32> = (0..1 + rng.below(3))
             .map(|_| rng.below(u64::from(KEYS)) as u32)
             .collect();
@@ -436,7 +476,6 @@ async fn client(
             .filter_map(|&(key, e)| e.map(|elem| Op::Append { key, elem }))
             .collect();
         let began = sim.now();
-        let kill = (parts.len() > 1 && rng.chance(KILL_PER_MILLE)).then(|| rng.ms(0, 300));
         // The operations it did; `Err(true)`: unknown, `Err(false)`: nothing applied.
         let attempt = async {
             if parts.len() == 1 {
@@ -591,11 +630,20 @@ async fn banker(world: Arc<World>, b: usize, seed: u64, stop: Arc<AtomicBool>) {
         if sim.up(home).is_none() {
             continue;
         }
-        let driver = Arc::new(Driver::new(&world, home, rng.next()));
+        let mut driver = Driver::new(&world, home, rng.next());
+        let mut kill = None;
+        if rng.chance(KILL_PER_MILLE) {
+            if rng.chance(500) {
+                kill = Some(rng.ms(0, 300));
+            } else {
+                driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
+            }
+        }
+        let driver = Arc::new(driver);
         if rng.chance(300) {
             let result = tokio::select! {
                 result = txn::run_across(&driver, audit_work(), limits) => result,
-                () = watch(&driver, None) => continue,
+                () = watch(&driver, kill) => continue,
             };
             if let Ok(replies) = result {
                 match balances(&replies) {
@@ -634,10 +682,9 @@ async fn banker(world: Arc<World>, b: usize, seed: u64, stop: Arc<AtomicBool>) {
             };
             tokio::select! {
                 _ = driver.write(p, &transfer) => {}
-                () = watch(&driver, None) => {}
+                () = watch(&driver, kill) => {}
             }
         } else {
-            let kill = rng.chance(KILL_PER_MILLE).then(|| rng.ms(0, 300));
             tokio::select! {
                 _ = txn::run_across(&driver, work, limits) => {}
                 () = watch(&driver, kill) => {
@@ -668,7 +715,10 @@ async fn resolvers(world: Arc<World>, seed: u64, stop: Arc<AtomicBool>) {
                 *slot = None;
             }
             if let Some(life) = life {
-                let driver = Arc::new(Driver::new(&world, i, rng.next()));
+                let driver = Arc::new(Driver {
+                    resolver: Some(Arc::clone(&world.resolves)),
+                    ..Driver::new(&world, i, rng.next())
+                });
                 *slot = Some((
                     life,
                     tokio::spawn(async move { txn::resolve_once(&driver).await }),
@@ -690,6 +740,7 @@ struct Summary {
     across: u64,
     killed: u64,
     audits: u64,
+    resolves: u64,
     history: history::Report,
     recovery_ms: u64,
     settle_ms: u64,
@@ -756,6 +807,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         killed: AtomicU64::new(0),
         across: AtomicU64::new(0),
         audits: AtomicU64::new(0),
+        resolves: Arc::default(),
     });
     open_accounts(&world, seed).await?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -967,6 +1019,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         across: world.across.load(Ordering::Relaxed),
         killed: world.killed.load(Ordering::Relaxed),
         audits: world.audits.load(Ordering::Relaxed),
+        resolves: world.resolves.load(Ordering::Relaxed),
         history: report.expect("checked"),
         recovery_ms,
         settle_ms,
@@ -1020,4 +1073,15 @@ fn the_checks_catch_prepares_that_lock_nothing() {
         .expect("no seed caught prepares that lock nothing");
     println!("{}", &caught[..caught.len().min(600)]);
     assert!(caught.contains("not strictly serializable"), "{caught}");
+}
+
+/// The checks catch resolvers that abort what they find prepared without asking the
+/// coordinator partition (which may have decided commit): a transaction half applied.
+#[test]
+fn the_checks_catch_a_resolver_that_does_not_ask() {
+    let caught = [1u64, 2, 3]
+        .iter()
+        .find_map(|&seed| run(seed, 3, Mutation::RogueResolver).err())
+        .expect("no seed caught a resolver that does not ask");
+    println!("{}", &caught[..caught.len().min(600)]);
 }
