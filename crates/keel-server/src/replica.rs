@@ -1067,6 +1067,137 @@ mod tests {
         read_here(db, locks, &request).ok()
     }
 
+    /// Slot moves, watches and flushes as the state machine applies them: two replicas fed
+    /// the same entries agree (data, ownership, versions), a snapshot carries it all, a moved
+    /// slot answers `Moved` and a moving one `Busy`, a write moves a watched key's version
+    /// and a flush keeps the replication records.
+    #[tokio::test]
+    async fn moves_watches_and_flushes_apply_identically_and_travel_in_snapshots() {
+        let key_in = |slot: u16| -> String {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .find(|k| keel_cluster::key_slot(k.as_bytes()).0 == slot)
+                .expect("a key in every slot")
+        };
+        let (moving, staying) = (key_in(100), key_in(200));
+        let txn = |seq| TxnId {
+            node: 1,
+            incarnation: 9,
+            seq,
+        };
+        let (now, deadline) = (1_700_000_000_000, 1_700_000_006_000);
+        let mut machines = Vec::new();
+        for _ in 0..2 {
+            let db = leaked();
+            let m = machine::Machine::open(db, None).await.expect("open");
+            // Partition 0 of two: slots below 8192 are its own by the config.
+            m.locks()
+                .lock()
+                .set_home((0, Arc::new(|slot| usize::from(slot >= 8192))));
+            machines.push((db, m));
+        }
+        let entries = || {
+            vec![
+                step(
+                    1,
+                    now,
+                    &[&["SET", &moving, "a"], &["SET", &staying, "b"]],
+                    Op::Run,
+                ),
+                step(2, now, &[&["EXISTS", &staying]], Op::Watch),
+                step(3, now, &[&["SET", &staying, "c"]], Op::Run),
+                step(
+                    4,
+                    now,
+                    &[],
+                    Op::MoveOut {
+                        txn: txn(1),
+                        slots: vec![100],
+                        to: 1,
+                        deadline_ms: deadline,
+                    },
+                ),
+                step(5, now, &[&["GET", &moving]], Op::Run),
+                step(
+                    6,
+                    now,
+                    &[],
+                    Op::Commit {
+                        txn: txn(1),
+                        deadline_ms: deadline,
+                    },
+                ),
+                step(7, now, &[&["GET", &moving]], Op::Run),
+                step(8, now, &[&["FLUSHALL"]], Op::Run),
+                step(9, now, &[&["GET", &staying]], Op::Run),
+            ]
+        };
+        let mut answers = Vec::new();
+        for (_, m) in &mut machines {
+            answers.push(m.apply(entries()).await.expect("apply"));
+        }
+        assert_eq!(answers[0], answers[1], "the same answers on both replicas");
+        let r = &answers[0];
+        let watched: Vec<Watched> = postcard::from_bytes(&r[1].reply).expect("versions");
+        assert_eq!(
+            watched[0].version, 2,
+            "a key starts at the WATCH entry's index"
+        );
+        let out: Vec<(Vec<u8>, Vec<u8>)> = postcard::from_bytes(&r[3].replies[0]).expect("data");
+        assert!(
+            out.iter().any(|(_, v)| v == b"a"),
+            "the moving slot's record goes with the vote: {out:?}"
+        );
+        assert_eq!(r[4].status, Status::Busy, "a moving slot waits");
+        assert_eq!(r[6].status, Status::Moved, "a moved slot redirects");
+        let moved: Vec<(u16, usize)> = postcard::from_bytes(&r[6].reply).expect("moved");
+        assert_eq!(moved, vec![(100, 1)]);
+        assert_eq!(r[8].reply, b"$-1\r\n", "flushed");
+        {
+            let locks = machines[0].1.locks();
+            let locks = locks.lock();
+            let (prepared, decided, watching, moved) = locks.counts();
+            assert_eq!((prepared, decided, watching, moved), (0, 0, 1, 1));
+            assert!(
+                locks.watch_changed(&watched, now),
+                "entry 3 moved the version"
+            );
+        }
+        assert_eq!(
+            contents(machines[0].0),
+            contents(machines[1].0),
+            "identical replicas"
+        );
+
+        // A third replica from a snapshot: the same data, ownership and versions.
+        let snapshot = machines[0]
+            .1
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("snapshot");
+        let db = leaked();
+        let mut copy = machine::Machine::open(db, None).await.expect("open");
+        copy.locks()
+            .lock()
+            .set_home((0, Arc::new(|slot| usize::from(slot >= 8192))));
+        copy.install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(contents(db), contents(machines[0].0));
+        assert_eq!(copy.locks().lock().counts(), (0, 0, 1, 1));
+        let again = copy
+            .apply(vec![step(10, now, &[&["GET", &moving]], Op::Run)])
+            .await
+            .expect("apply");
+        assert_eq!(
+            again[0].status,
+            Status::Moved,
+            "ownership came with the snapshot"
+        );
+    }
+
     /// The state machine's side of transactions across partitions: a prepare locks what it
     /// touches and keeps its effect out of the data; conflicting entries and reads are
     /// refused until the decision; a commit installs exactly what the prepare computed;
