@@ -664,7 +664,7 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
         .iter()
         .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
         .collect();
-    let _nodes: Vec<Node> = (0..NODES)
+    let mut nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
         .collect();
     let (report, commits, moves) = elle_under_faults(&addrs, |cluster| {
@@ -704,8 +704,47 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
             moved += n;
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Then a node dies (SIGKILL) and comes back 2 s later while moves go on: a move
+        // driven by it, or needing it, may fail (its answer says so, or it is lost); its
+        // prepared moves are finished by the partitions' leaders.
+        let victim = (next() % NODES as u64) as usize;
+        nodes[victim].kill_9();
+        let killed = Instant::now();
+        let mut restarted = false;
+        while killed.elapsed() < Duration::from_secs(4) {
+            if !restarted && killed.elapsed() > Duration::from_secs(2) {
+                nodes[victim].spawn();
+                restarted = true;
+            }
+            let slot = slots[(next() % slots.len() as u64) as usize];
+            let to = (next() % NODES as u64) as usize;
+            let via = (victim + 1 + (next() % (NODES as u64 - 1)) as usize) % NODES;
+            let Ok(mut c) = connect_addr(addrs[via]) else {
+                continue;
+            };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
+            match redis::cmd("KEEL.MOVESLOTS")
+                .arg(format!("n{}", to + 1))
+                .arg(slot)
+                .query::<i64>(&mut c)
+            {
+                Ok(n) => moved += n,
+                Err(e) if matches!(e.code(), Some("CLUSTERDOWN" | "TRYAGAIN")) => {}
+                Err(e) if e.is_io_error() || e.is_timeout() => {}
+                Err(e) => panic!(
+                    "moving slot {slot} to n{} with n{} down: {e}",
+                    to + 1,
+                    victim + 1
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !restarted {
+            nodes[victim].spawn();
+        }
         moved
     });
+    assert!(nodes.iter().all(Node::running));
     let summary = format!("{report:?}; {moves} slot moves");
     println!("{summary}");
     assert!(moves >= 5, "{summary}");

@@ -715,6 +715,11 @@ async fn move_batch<N: Net>(
                 status: Status::Busy,
                 ..
             }) => return Ok(BatchMove::Busy),
+            // Past its deadline before it prepared: nothing happened; again.
+            Ok(Response {
+                status: Status::Aborted,
+                ..
+            }) => return Ok(BatchMove::Busy),
             Ok(Response { status, reply, .. }) => {
                 abort(net, txn, deadline_ms, vec![from]).await;
                 return Err(format!(
@@ -751,6 +756,15 @@ async fn move_batch<N: Net>(
             status: Status::Committed,
             ..
         }) => {}
+        // Decided abort first (the source's leader resolved the move while this driver
+        // waited, e.g. on an election at `to`): nothing moved; again.
+        Some(Response {
+            status: Status::Aborted,
+            ..
+        }) => {
+            abort(net, txn, deadline_ms, vec![from]).await;
+            return Ok(BatchMove::Busy);
+        }
         Some(Response { status, reply, .. }) => {
             abort(net, txn, deadline_ms, vec![from]).await;
             return Err(format!(
