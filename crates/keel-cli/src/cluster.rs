@@ -36,6 +36,25 @@ enum Command {
     /// acknowledged is lost. This command restarts a node that died after a few seconds
     /// (unless --no-restart), and the node catches up from its peers. Ctrl-C stops them all.
     Start(StartArgs),
+    /// Even out the slots over a replicated cluster's partitions, online.
+    ///
+    /// Reads the slot map from one node (CLUSTER NODES: each node's line lists the slots of
+    /// the partition it is home to), then moves slots from the partitions that hold more than
+    /// their share to those that hold less with KEEL.MOVESLOTS, a batch at a time, each
+    /// batch one transaction (clients keep working; requests for a moving slot wait for it).
+    /// Prints each move.
+    Rebalance(RebalanceArgs),
+}
+
+/// Options of `keel cluster rebalance`.
+#[derive(clap::Args)]
+pub struct RebalanceArgs {
+    /// Any node of the cluster.
+    #[arg(long, default_value = "127.0.0.1:7001", value_name = "HOST:PORT")]
+    node: String,
+    /// Print the moves without making them.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// Options of `keel cluster start`.
@@ -91,6 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Demo(demo) => run_demo(demo),
         Command::Start(start) => run_start(start),
+        Command::Rebalance(rebalance) => run_rebalance(rebalance),
     }
 }
 
@@ -99,6 +119,85 @@ macro_rules! say {
         use std::io::Write as _;
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
+}
+
+/// Slots per partition (by its home node's id), from `CLUSTER NODES`.
+fn slot_map(conn: &mut keel_bench::resp::Conn) -> anyhow::Result<Vec<(String, Vec<u16>)>> {
+    use keel_bench::resp::Reply;
+    let text = match conn.call(&[b"CLUSTER", b"NODES"])? {
+        Reply::Bulk(Some(b)) => String::from_utf8(b)?,
+        Reply::Error(e) => anyhow::bail!("CLUSTER NODES: {e}"),
+        other => anyhow::bail!("CLUSTER NODES answered {other:?}"),
+    };
+    let mut map = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        anyhow::ensure!(fields.len() >= 8, "a CLUSTER NODES line is short: {line}");
+        let mut slots = Vec::new();
+        for range in &fields[8..] {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            let (a, b): (u16, u16) = (a.parse()?, b.parse()?);
+            slots.extend(a..=b);
+        }
+        map.push((fields[0].to_owned(), slots));
+    }
+    Ok(map)
+}
+
+/// `slots` as `a-b` ranges.
+fn ranges(slots: &[u16]) -> Vec<String> {
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for &s in slots {
+        match out.last_mut() {
+            Some((_, end)) if *end + 1 == s => *end = s,
+            _ => out.push((s, s)),
+        }
+    }
+    out.into_iter().map(|(a, b)| format!("{a}-{b}")).collect()
+}
+
+fn run_rebalance(args: RebalanceArgs) -> anyhow::Result<()> {
+    use keel_bench::resp::Reply;
+    let mut conn = keel_bench::resp::Conn::connect(&args.node)
+        .with_context(|| format!("connecting to {}", args.node))?;
+    let mut map = slot_map(&mut conn)?;
+    let n = map.len();
+    anyhow::ensure!(n > 0, "{} lists no nodes", args.node);
+    let total: usize = map.iter().map(|(_, s)| s.len()).sum();
+    // Each partition's share: the total split evenly, the first ones taking the remainder.
+    let share = |i: usize| total / n + usize::from(i < total % n);
+    let mut surplus: Vec<u16> = Vec::new();
+    for (i, (_, slots)) in map.iter_mut().enumerate() {
+        if slots.len() > share(i) {
+            surplus.extend(slots.drain(share(i)..));
+        }
+    }
+    let mut moves = 0;
+    for (i, (id, slots)) in map.iter().enumerate() {
+        let want = share(i).saturating_sub(slots.len());
+        if want == 0 {
+            continue;
+        }
+        let mut take: Vec<u16> = surplus.drain(..want.min(surplus.len())).collect();
+        take.sort_unstable();
+        let ranges = ranges(&take);
+        say!("{} slots to {id}: {}", take.len(), ranges.join(" "));
+        moves += take.len();
+        if args.dry_run {
+            continue;
+        }
+        let mut call: Vec<&[u8]> = vec![b"KEEL.MOVESLOTS", id.as_bytes()];
+        call.extend(ranges.iter().map(|r| r.as_bytes()));
+        match conn.call(&call)? {
+            Reply::Int(moved) => say!("  moved {moved}"),
+            Reply::Error(e) => anyhow::bail!("moving slots to {id}: {e}"),
+            other => anyhow::bail!("KEEL.MOVESLOTS answered {other:?}"),
+        }
+    }
+    if moves == 0 {
+        say!("balanced: {} partitions, {total} slots", n);
+    }
+    Ok(())
 }
 
 fn run_demo(args: DemoArgs) -> anyhow::Result<()> {

@@ -817,6 +817,80 @@ fn a_node_that_lost_its_disk_catches_up_from_the_others() {
     write(&mut c2, 600..650).expect("writes through the restored node");
 }
 
+/// `keel cluster rebalance`: after all of one partition's slots were moved to another, it
+/// evens the slots out again (every node's CLUSTER NODES agrees), and every key still reads.
+#[test]
+fn rebalance_evens_out_the_slots() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(6, 3);
+    let _nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    let mut c = connect(ports[0]).expect("connect");
+    let mut pipe = redis::pipe();
+    for i in 0..200 {
+        pipe.cmd("SET").arg(format!("r{i}")).arg(i).ignore();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = pipe.query::<()>(&mut c) {
+        assert!(Instant::now() < deadline, "writes: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (start, end) = keel_server::cluster_map::membership::even_range(1, 3);
+    let moved: i64 = redis::cmd("KEEL.MOVESLOTS")
+        .arg("n1")
+        .arg(format!("{start}-{end}"))
+        .query(&mut c)
+        .expect("KEEL.MOVESLOTS");
+    assert_eq!(moved, i64::from(end - start + 1));
+    let counts = |port: u16| -> Vec<usize> {
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut connect(port).expect("connect"))
+            .expect("CLUSTER NODES");
+        text.lines()
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(8)
+                    .map(|r| {
+                        let (a, b) = r.split_once('-').unwrap_or((r, r));
+                        b.parse::<usize>().expect("slot") - a.parse::<usize>().expect("slot") + 1
+                    })
+                    .sum()
+            })
+            .collect()
+    };
+    assert_eq!(counts(ports[2])[1], 0, "partition 1 moved out whole");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["cluster", "rebalance", "--node"])
+        .arg(format!("127.0.0.1:{}", ports[1]))
+        .output()
+        .expect("keel cluster rebalance");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("slots to n2"), "{stdout}");
+    for &port in &ports {
+        let n = counts(port);
+        assert_eq!(n.iter().sum::<usize>(), 16384, "{n:?}");
+        assert!(
+            n.iter().all(|&k| (5461..=5462).contains(&k)),
+            "on {port}: {n:?}"
+        );
+    }
+    let values: Vec<Option<i64>> = redis::cmd("MGET")
+        .arg((0..200).map(|i| format!("r{i}")).collect::<Vec<_>>())
+        .query(&mut c)
+        .expect("MGET");
+    assert!(
+        values.iter().enumerate().all(|(i, v)| *v == Some(i as i64)),
+        "{values:?}"
+    );
+}
+
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep
 /// writing through the others; it is restarted and catches up; SIGINT stops them all. Then a
 /// node started on that data with another `--replicas` refuses to start, with the reason.

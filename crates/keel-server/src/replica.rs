@@ -516,11 +516,15 @@ impl Replication {
     /// request sent to a partition that moved the slot on is answered `Moved` with the new
     /// owner, which this node then learns.
     pub fn owner(&self, map: &keel_cluster::Membership, slot: u16) -> usize {
-        if let Some(p) = self.routes.read().get(&slot) {
-            return *p;
-        }
-        // The config's owner, or where a partition kept here says the slot went.
-        let mut p = map.owner(keel_cluster::Slot(slot));
+        // The last move learned, else the config's owner; then, while that partition is
+        // kept here, where its own table (replicated state, newer than anything learned)
+        // says the slot went.
+        let mut p = self
+            .routes
+            .read()
+            .get(&slot)
+            .copied()
+            .unwrap_or_else(|| map.owner(keel_cluster::Slot(slot)));
         for _ in 0..self.n {
             // Without a move, a partition owns the config's slots: no need for its lock,
             // which the state machine holds while it applies each entry.

@@ -29,13 +29,13 @@ impl Drop for Node {
     }
 }
 
-/// Client ports for `n` (at most 8) nodes: block `block` (0 to 5) of this process's 48
+/// Client ports for `n` (at most 8) nodes: block `block` (0 to 6) of this process's 56
 /// ports in 10000-16719, chosen by process id, so that concurrent test runs rarely meet and
 /// the tests of one run never do. Their bus ports (+ 10000) stay below the ephemeral range
 /// (32768 up), where a client connection's local port could hold one.
 pub fn ports(block: u16, n: usize) -> Vec<u16> {
-    assert!(n <= 8 && block < 6, "8 nodes a block, 6 blocks a process");
-    let base = 10_000 + (std::process::id() % 140) as u16 * 48 + block * 8;
+    assert!(n <= 8 && block < 7, "8 nodes a block, 7 blocks a process");
+    let base = 10_000 + (std::process::id() % 120) as u16 * 56 + block * 8;
     (0..n as u16).map(|i| base + i).collect()
 }
 
