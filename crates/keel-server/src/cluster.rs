@@ -225,7 +225,7 @@ impl Cluster {
 /// The key arguments of `spec`: by its first key, last key and step, or, for a command with
 /// movable keys (`SINTERCARD numkeys key ...`), by its `numkeys` argument. Empty for a command
 /// without keys, and for a malformed `numkeys` (the command itself then answers the error).
-pub(crate) fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
+pub(crate) fn key_args<'a, A: AsRef<[u8]>>(spec: &Spec, args: &'a [A]) -> Vec<&'a [u8]> {
     if spec.flags.contains(&"movablekeys") {
         // Where `numkeys` is, and any key before it (a destination).
         let (numkeys_at, before): (usize, &[usize]) = match spec.name {
@@ -235,7 +235,7 @@ pub(crate) fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
         };
         let Some(n) = args
             .get(numkeys_at)
-            .and_then(|a| std::str::from_utf8(a).ok())
+            .and_then(|a| std::str::from_utf8(a.as_ref()).ok())
             .and_then(|a| a.parse::<usize>().ok())
         else {
             return Vec::new();
@@ -247,7 +247,7 @@ pub(crate) fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
             .iter()
             .filter_map(|&i| args.get(i))
             .chain(keys)
-            .map(|k| &k[..])
+            .map(AsRef::as_ref)
             .collect();
     }
     let (Ok(first), Ok(step)) = (
@@ -269,7 +269,7 @@ pub(crate) fn key_args<'a>(spec: &Spec, args: &'a [Bytes]) -> Vec<&'a [u8]> {
             .map(|l| l.min(args.len() - 1))
     };
     match last.and_then(|last| args.get(first..=last)) {
-        Some(keys) => keys.iter().step_by(step).map(|k| &k[..]).collect(),
+        Some(keys) => keys.iter().step_by(step).map(AsRef::as_ref).collect(),
         None => Vec::new(),
     }
 }

@@ -273,9 +273,8 @@ fn keys_of(commands: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
         let Some(spec) = command.first().and_then(|n| table::lookup(n)) else {
             continue;
         };
-        let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
         keys.extend(
-            cluster::key_args(spec, &args)
+            cluster::key_args(spec, command)
                 .into_iter()
                 .map(<[u8]>::to_vec),
         );
@@ -1113,6 +1112,16 @@ impl Conn {
         }
     }
 
+    /// The protocol and limits this connection's commands run with in a transaction across
+    /// partitions.
+    fn txn_limits(&self) -> crate::replica::txn::Limits {
+        crate::replica::txn::Limits {
+            resp3: self.proto == Proto::Resp3,
+            bulk_bytes_max: self.shared.proto_max_bulk_len.load(Relaxed),
+            reply_bytes_max: self.shared.config.reply_bytes_max,
+        }
+    }
+
     /// Replicated cluster: runs `commands` (each with keys of one partition, the
     /// partitions two or more) as one transaction across their partitions (`replica::txn`);
     /// each command's reply, in order.
@@ -1168,11 +1177,7 @@ impl Conn {
                 place.push((i, work[i].1.len()));
                 work[i].1.push(args.iter().map(|a| a.to_vec()).collect());
             }
-            let limits = crate::replica::txn::Limits {
-                resp3: self.proto == Proto::Resp3,
-                bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-                reply_bytes_max: shared.config.reply_bytes_max,
-            };
+            let limits = self.txn_limits();
             let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
             // (If the slots moved into one partition, the same protocol runs it there: a
             // decision with no other participant.)
@@ -1336,11 +1341,7 @@ impl Conn {
         let command: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
         let work: crate::replica::txn::Work =
             (0..rep.n).map(|p| (p, vec![command.clone()])).collect();
-        let limits = crate::replica::txn::Limits {
-            resp3: self.proto == Proto::Resp3,
-            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-            reply_bytes_max: shared.config.reply_bytes_max,
-        };
+        let limits = self.txn_limits();
         let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
         let result = tokio::select! {
             r = crate::replica::txn::run_across(&node, work, limits) => r,

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::{Excluded, Included, Unbounded};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use keel::Db;
 use openraft::StorageError;
 use serde::{Deserialize, Serialize};
@@ -157,8 +157,7 @@ fn accesses(commands: &[Vec<Vec<u8>>]) -> Vec<(Vec<u8>, bool)> {
             continue;
         };
         let write = !data::is_read_only(spec.cmd);
-        let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
-        for key in crate::cluster::key_args(spec, &args) {
+        for key in crate::cluster::key_args(spec, command) {
             keys.push((key.to_vec(), write));
         }
     }
@@ -606,12 +605,27 @@ fn commit_run(
     seed: u64,
     books: &Books<'_>,
 ) -> Result<std::result::Result<Vec<Vec<u8>>, String>> {
+    commit_run_with(db, request, seed, books, |_| Ok(Vec::new()))
+}
+
+/// [`commit_run`], also writing the records `more` makes of the replies (a decision that
+/// keeps them), in the same commit.
+fn commit_run_with(
+    db: &'static Db,
+    request: &Request,
+    seed: u64,
+    books: &Books<'_>,
+    more: impl Fn(&[Vec<u8>]) -> Result<Vec<(Vec<u8>, Vec<u8>)>>,
+) -> Result<std::result::Result<Vec<Vec<u8>>, String>> {
     for _ in 0..machine::APPLY_ATTEMPTS {
         let (mut txn, replies, failed) = run_each(db, request, seed)?;
         if let Some(text) = failed {
             return Ok(Err(text));
         }
         books.write(&mut txn).map_err(sm_err)?;
+        for (k, v) in more(&replies)? {
+            txn.put(&k, &v).map_err(sm_err)?;
+        }
         match txn.commit() {
             Ok(Ok(_)) => return Ok(Ok(replies)),
             Ok(Err(_conflict)) => continue,
@@ -765,38 +779,31 @@ pub fn apply(
                 books.commit(db)?;
                 failed(WATCH_CHANGED.into())
             } else {
-                // The replies are known only once the commands ran: a first run gives them
-                // (and the error of a failing command), the committed run does the same.
-                let (ran, replies, fail) = run_each(db, request, seed)?;
-                drop(ran);
-                let outcome = match fail {
-                    Some(text) => Err(text),
-                    None => {
-                        let decided = Decided {
-                            participants: participants.clone(),
-                            deadline_ms: *deadline_ms,
-                            replies,
-                        };
-                        let mut with_decision = Books {
-                            puts: books.puts.clone(),
-                            deletes: books.deletes.clone(),
-                            marker,
-                        };
-                        with_decision.puts.push((
-                            key(DECIDED, *txn),
-                            postcard::to_stdvec(&decided).map_err(sm_err)?,
-                        ));
-                        let bumps = locks.bumps(&request.commands, index);
-                        with_decision
-                            .puts
-                            .extend(bumps.iter().map(|(k, v, l)| watch_record(k, *v, *l)));
-                        let done = commit_run(db, request, seed, &with_decision)?;
-                        if done.is_ok() {
-                            locks.bumped(bumps);
-                        }
-                        done.map(|_| decided)
-                    }
+                // The decision keeps the replies (for a driver that lost its answer), made
+                // in the commit of the commands that give them.
+                let decided_of = |replies: Vec<Vec<u8>>| Decided {
+                    participants: participants.clone(),
+                    deadline_ms: *deadline_ms,
+                    replies,
                 };
+                let decision = |replies: &[Vec<u8>]| {
+                    let record = postcard::to_stdvec(&decided_of(replies.to_vec()));
+                    Ok(vec![(key(DECIDED, *txn), record.map_err(sm_err)?)])
+                };
+                let bumps = locks.bumps(&request.commands, index);
+                let mut with_bumps = Books {
+                    puts: books.puts.clone(),
+                    deletes: books.deletes.clone(),
+                    marker,
+                };
+                with_bumps
+                    .puts
+                    .extend(bumps.iter().map(|(k, v, l)| watch_record(k, *v, *l)));
+                let outcome =
+                    commit_run_with(db, request, seed, &with_bumps, decision)?.map(|replies| {
+                        locks.bumped(bumps);
+                        decided_of(replies)
+                    });
                 match outcome {
                     Ok(decided) => {
                         let replies = decided.replies.clone();
