@@ -44,6 +44,25 @@ enum Command {
     /// batch one transaction (clients keep working; requests for a moving slot wait for it).
     /// Prints each move.
     Rebalance(RebalanceArgs),
+    /// Take a node out of a replicated cluster, online.
+    ///
+    /// Moves its partition's slots to the other partitions (as rebalance does), then sends
+    /// KEEL.REMOVENODE: each partition with a replica on the node moves that replica to
+    /// another node (the new one catches up as a Raft learner, then one joint membership
+    /// change swaps them), and the node leaves CLUSTER NODES. Returns once no partition
+    /// counts on it; the process may then be stopped. A node joins with `keel serve
+    /// --cluster-join`.
+    RemoveNode(RemoveNodeArgs),
+}
+
+/// Options of `keel cluster remove-node`.
+#[derive(clap::Args)]
+pub struct RemoveNodeArgs {
+    /// The id of the node to remove (CLUSTER NODES' first column).
+    id: String,
+    /// Any node of the cluster other than the one removed.
+    #[arg(long, default_value = "127.0.0.1:7001", value_name = "HOST:PORT")]
+    node: String,
 }
 
 /// Options of `keel cluster rebalance`.
@@ -111,6 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::Demo(demo) => run_demo(demo),
         Command::Start(start) => run_start(start),
         Command::Rebalance(rebalance) => run_rebalance(rebalance),
+        Command::RemoveNode(remove) => run_remove_node(remove),
     }
 }
 
@@ -157,24 +177,70 @@ fn ranges(slots: &[u16]) -> Vec<String> {
 }
 
 fn run_rebalance(args: RebalanceArgs) -> anyhow::Result<()> {
+    let mut conn = keel_bench::resp::Conn::connect(&args.node)
+        .with_context(|| format!("connecting to {}", args.node))?;
+    rebalance(&mut conn, &args.node, None, args.dry_run)
+}
+
+fn run_remove_node(args: RemoveNodeArgs) -> anyhow::Result<()> {
     use keel_bench::resp::Reply;
     let mut conn = keel_bench::resp::Conn::connect(&args.node)
         .with_context(|| format!("connecting to {}", args.node))?;
-    let mut map = slot_map(&mut conn)?;
-    let n = map.len();
-    anyhow::ensure!(n > 0, "{} lists no nodes", args.node);
+    let map = slot_map(&mut conn)?;
+    anyhow::ensure!(
+        map.iter().any(|(id, _)| id == &args.id),
+        "{} lists no node {} (CLUSTER NODES)",
+        args.node,
+        args.id
+    );
+    rebalance(&mut conn, &args.node, Some(&args.id), false)?;
+    say!("moving {}'s replicas to the other nodes", args.id);
+    match conn.call(&[b"KEEL.REMOVENODE", args.id.as_bytes()])? {
+        Reply::Int(moved) => {
+            say!(
+                "{} removed: {moved} partitions moved their replica off it",
+                args.id
+            );
+            Ok(())
+        }
+        Reply::Error(e) => anyhow::bail!("removing {}: {e}", args.id),
+        other => anyhow::bail!("KEEL.REMOVENODE answered {other:?}"),
+    }
+}
+
+/// Moves slots so that every partition but `emptied`'s holds its share and `emptied`'s
+/// none, printing each move.
+fn rebalance(
+    conn: &mut keel_bench::resp::Conn,
+    node: &str,
+    emptied: Option<&str>,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    use keel_bench::resp::Reply;
+    let mut map = slot_map(conn)?;
+    let n = map.len() - usize::from(emptied.is_some());
+    anyhow::ensure!(n > 0, "{node} lists no other node");
     let total: usize = map.iter().map(|(_, s)| s.len()).sum();
     // Each partition's share: the total split evenly, the first ones taking the remainder.
-    let share = |i: usize| total / n + usize::from(i < total % n);
+    let mut shares = Vec::with_capacity(map.len());
+    let mut rank = 0;
+    for (id, _) in &map {
+        if Some(id.as_str()) == emptied {
+            shares.push(0);
+        } else {
+            shares.push(total / n + usize::from(rank < total % n));
+            rank += 1;
+        }
+    }
     let mut surplus: Vec<u16> = Vec::new();
     for (i, (_, slots)) in map.iter_mut().enumerate() {
-        if slots.len() > share(i) {
-            surplus.extend(slots.drain(share(i)..));
+        if slots.len() > shares[i] {
+            surplus.extend(slots.drain(shares[i]..));
         }
     }
     let mut moves = 0;
     for (i, (id, slots)) in map.iter().enumerate() {
-        let want = share(i).saturating_sub(slots.len());
+        let want = shares[i].saturating_sub(slots.len());
         if want == 0 {
             continue;
         }
@@ -183,7 +249,7 @@ fn run_rebalance(args: RebalanceArgs) -> anyhow::Result<()> {
         let ranges = ranges(&take);
         say!("{} slots to {id}: {}", take.len(), ranges.join(" "));
         moves += take.len();
-        if args.dry_run {
+        if dry_run {
             continue;
         }
         let mut call: Vec<&[u8]> = vec![b"KEEL.MOVESLOTS", id.as_bytes()];
@@ -195,7 +261,7 @@ fn run_rebalance(args: RebalanceArgs) -> anyhow::Result<()> {
         }
     }
     if moves == 0 {
-        say!("balanced: {} partitions, {total} slots", n);
+        say!("balanced: {n} partitions, {total} slots");
     }
     Ok(())
 }

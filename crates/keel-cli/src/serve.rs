@@ -111,6 +111,103 @@ pub struct Args {
     /// [default: 3 when the cluster has three nodes or more, else 1].
     #[arg(long, value_name = "R")]
     replicas: Option<usize>,
+    /// Join a running replicated cluster through one of its nodes (HOST:PORT), as node
+    /// --cluster-myself ID listening on --bind (default 127.0.0.1) and --port, which must be
+    /// given: the cluster adds a partition on this node (with no slots until `keel cluster
+    /// rebalance` moves some to it) and moves replicas of other partitions here. A node that
+    /// joined restarts with the same flags (or, if the cluster cannot be reached, from the
+    /// view kept in --dir). `keel cluster remove-node ID` takes a node out.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["cluster", "cluster_node"])]
+    cluster_join: Option<String>,
+}
+
+/// How long a joining node keeps asking the cluster before it gives up.
+const JOIN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Joins the cluster `--cluster-join` names: its configuration with this node in it, and the
+/// view that placed it.
+fn join(
+    args: &Args,
+    seed: &str,
+) -> anyhow::Result<(
+    keel_server::cluster_map::Membership,
+    keel_server::ClusterView,
+)> {
+    use std::net::ToSocketAddrs;
+    let id = args
+        .cluster_myself
+        .as_deref()
+        .context("--cluster-join needs --cluster-myself ID: the id this node takes")?;
+    let port = args
+        .port
+        .filter(|&p| p != 0)
+        .context("--cluster-join needs --port: the port the other nodes reach this one on")?;
+    let bind: std::net::IpAddr = args
+        .bind
+        .unwrap_or_else(|| std::net::Ipv4Addr::LOCALHOST.into());
+    anyhow::ensure!(
+        !bind.is_unspecified(),
+        "--cluster-join needs --bind to be the address the other nodes reach this one at, \
+         not {bind}"
+    );
+    let addr = std::net::SocketAddr::new(bind, port);
+    let seed_addr = seed
+        .to_socket_addrs()
+        .with_context(|| format!("--cluster-join {seed:?} is not HOST:PORT"))?
+        .next()
+        .with_context(|| format!("--cluster-join {seed:?} names no address"))?;
+    let dir = args.dir.clone().unwrap_or_else(|| Config::default().dir);
+    let stored = keel_server::stored_view(&dir).map_err(anyhow::Error::msg)?;
+    let started = std::time::Instant::now();
+    let mut said = std::time::Instant::now() - std::time::Duration::from_secs(10);
+    let view = loop {
+        match keel_server::ask_to_join(
+            seed_addr,
+            id,
+            addr,
+            args.requirepass.as_deref(),
+            std::time::Duration::from_secs(10),
+        ) {
+            Ok(view) => break view,
+            Err(keel_server::JoinError::Refused(e)) => {
+                anyhow::bail!("the cluster at {seed} refused node {id} at {addr}: {e}")
+            }
+            Err(keel_server::JoinError::Unreachable(e)) => {
+                if let Some(view) = stored.as_ref().filter(|v| v.index(id).is_some()) {
+                    eprintln!(
+                        "keel: the cluster at {seed} cannot be reached ({e}); starting from \
+                         the view kept in {} (epoch {})",
+                        dir.display(),
+                        view.epoch
+                    );
+                    break view.clone();
+                }
+                anyhow::ensure!(
+                    started.elapsed() < JOIN_PATIENCE,
+                    "the cluster at {seed} cannot be reached: {e}"
+                );
+                if said.elapsed() >= std::time::Duration::from_secs(5) {
+                    eprintln!("keel: waiting for the cluster at {seed} ({e})");
+                    said = std::time::Instant::now();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+        }
+    };
+    let me = view
+        .index(id)
+        .with_context(|| format!("the cluster at {seed} answered a view without node {id}"))?;
+    if let Some(r) = args.replicas {
+        anyhow::ensure!(
+            r == view.r,
+            "--replicas {r}: the cluster keeps {} replicas of each partition",
+            view.r
+        );
+    }
+    let map = view
+        .membership(me)
+        .context("the cluster's view does not make a configuration")?;
+    Ok((map, view))
 }
 
 /// The cluster configuration the flags give, if any.
@@ -133,7 +230,7 @@ fn membership(args: &Args) -> anyhow::Result<Option<keel_server::cluster_map::Me
         )?));
     }
     anyhow::ensure!(
-        myself.is_none() && timeout.is_none(),
+        (myself.is_none() || args.cluster_join.is_some()) && timeout.is_none(),
         "--cluster-myself and --cluster-timeout-ms need --cluster or --cluster-node"
     );
     Ok(None)
@@ -141,7 +238,14 @@ fn membership(args: &Args) -> anyhow::Result<Option<keel_server::cluster_map::Me
 
 fn config(args: Args) -> anyhow::Result<Config> {
     let mut config = Config::default();
-    if let Some(map) = membership(&args)? {
+    if let Some(seed) = &args.cluster_join {
+        let (map, view) = join(&args, seed)?;
+        config.port = map.me().addr.port();
+        config.bind = map.me().addr.ip();
+        config.cluster = Some(std::sync::Arc::new(map));
+        config.replicas = view.r;
+        config.cluster_view = Some(view);
+    } else if let Some(map) = membership(&args)? {
         // The node listens where its peers and MOVED send clients, unless told otherwise.
         config.port = map.me().addr.port();
         config.bind = map.me().addr.ip();
@@ -153,7 +257,9 @@ fn config(args: Args) -> anyhow::Result<Config> {
     );
     // Three copies of every partition once there are three nodes to keep them.
     let nodes = config.cluster.as_ref().map_or(1, |m| m.nodes().len());
-    config.replicas = args.replicas.unwrap_or(if nodes >= 3 { 3 } else { 1 });
+    if config.cluster_view.is_none() {
+        config.replicas = args.replicas.unwrap_or(if nodes >= 3 { 3 } else { 1 });
+    }
     // A replicated node's replies wait for its partitions' logs and the network, and its
     // peers' Raft work needs the cores: a poller spinning through those gaps took them
     // (ycsb-a through a node of three on one 2-core machine: 3 362 and 3 837 txn/s polling

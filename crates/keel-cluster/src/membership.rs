@@ -482,6 +482,51 @@ impl Membership {
         )
     }
 
+    /// This configuration with `added` nodes after the configured ones, owning no slot (nodes
+    /// that joined a running cluster: slots come to them by moves), and `myself` the index
+    /// of this process's node among all of them. The digest is kept: it names the cluster
+    /// the configured nodes formed, which the added nodes joined.
+    pub fn extend(&self, added: &[(NodeId, SocketAddr)], myself: usize) -> Result<Self, Error> {
+        let mut nodes = self.nodes.clone();
+        if nodes.len() + added.len() > NODES_MAX {
+            return Err(Error::TooManyNodes(nodes.len() + added.len()));
+        }
+        for (id, addr) in added {
+            if nodes.iter().any(|m| &m.id == id) {
+                return Err(Error::DuplicateId(id.to_string()));
+            }
+            if let Some(m) = nodes.iter().find(|m| m.addr == *addr) {
+                return Err(Error::DuplicateAddr {
+                    addr: *addr,
+                    first: m.id.to_string(),
+                    second: id.to_string(),
+                });
+            }
+            nodes.push(Node {
+                id: id.clone(),
+                addr: *addr,
+                slots: Vec::new(),
+            });
+        }
+        if myself >= nodes.len() {
+            return Err(Error::UnknownMyself {
+                myself: myself.to_string(),
+                known: nodes
+                    .iter()
+                    .map(|n| n.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        Ok(Membership {
+            nodes,
+            myself,
+            timeout: self.timeout,
+            owners: self.owners.clone(),
+            digest: self.digest,
+        })
+    }
+
     /// Every node, in the order configured.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes

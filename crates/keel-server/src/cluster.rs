@@ -66,17 +66,40 @@ pub struct Down {
 
 /// This node's view of the cluster and its connections to the peers.
 pub struct Cluster {
-    /// The checked configuration.
-    pub map: Arc<Membership>,
+    /// The checked configuration; in a replicated cluster, with the nodes that joined since
+    /// (`replica::view`).
+    map: parking_lot::RwLock<Arc<Membership>>,
     /// Per node, idle connections speaking RESP2 (`[0]`) and RESP3 (`[1]`).
-    pools: Vec<[Mutex<Vec<std::net::TcpStream>>; 2]>,
+    pools: parking_lot::RwLock<Vec<Arc<Pool>>>,
 }
+
+/// Idle connections to one node, RESP2 (`[0]`) and RESP3 (`[1]`).
+type Pool = [Mutex<Vec<std::net::TcpStream>>; 2];
 
 impl Cluster {
     /// A node of `map`, with no connections yet.
     pub fn new(map: Arc<Membership>) -> Cluster {
-        let pools = map.nodes().iter().map(|_| Default::default()).collect();
-        Cluster { map, pools }
+        let pools = map.nodes().iter().map(|_| Arc::default()).collect();
+        Cluster {
+            map: parking_lot::RwLock::new(map),
+            pools: parking_lot::RwLock::new(pools),
+        }
+    }
+
+    /// The configuration now.
+    pub fn map(&self) -> Arc<Membership> {
+        Arc::clone(&self.map.read())
+    }
+
+    /// Takes `map` (the same nodes at the same indexes, and more) as the configuration.
+    pub fn set_map(&self, map: Arc<Membership>) {
+        {
+            let mut pools = self.pools.write();
+            while pools.len() < map.nodes().len() {
+                pools.push(Arc::default());
+            }
+        }
+        *self.map.write() = map;
     }
 
     /// Where the command `spec` with `args` runs.
@@ -87,13 +110,14 @@ impl Cluster {
             return Route::Local;
         };
         let slot = key_slot(first);
-        let node = self.map.owner(slot);
+        let map = self.map.read();
+        let node = map.owner(slot);
         for &key in keys {
-            if self.map.owner(key_slot(key)) != node {
+            if map.owner(key_slot(key)) != node {
                 return Route::CrossSlot;
             }
         }
-        if node == self.map.myself() {
+        if node == map.myself() {
             Route::Local
         } else {
             Route::Remote { node, slot }
@@ -102,7 +126,7 @@ impl Cluster {
 
     /// The `MOVED` error for `slot` on `node`.
     pub fn moved(&self, node: usize, slot: Slot) -> String {
-        format!("MOVED {slot} {}", self.map.nodes()[node].addr)
+        format!("MOVED {slot} {}", self.map.read().nodes()[node].addr)
     }
 
     /// Sends `requests` to `node` over one connection, in order, and returns the last one's
@@ -123,7 +147,7 @@ impl Cluster {
             requests,
             proto,
             password,
-            block.map(|b| b.map(|b| self.map.timeout().saturating_add(b))),
+            block.map(|b| b.map(|b| self.map.read().timeout().saturating_add(b))),
         )
         .await
         .map_err(|down| down.text)
@@ -139,8 +163,9 @@ impl Cluster {
         password: Option<String>,
         wait: Option<Option<Duration>>,
     ) -> Result<Bytes, Down> {
-        let peer = &self.map.nodes()[node];
-        let timeout = self.map.timeout();
+        let map = self.map();
+        let peer = &map.nodes()[node];
+        let timeout = map.timeout();
         let down = |why: &str| Down {
             text: format!(
                 "CLUSTERDOWN The cluster is down: node {} at {} {why}",
@@ -152,7 +177,8 @@ impl Cluster {
             sent: true,
             ..down(why)
         };
-        let pool = &self.pools[node][usize::from(proto == Proto::Resp3)];
+        let pools = Arc::clone(&self.pools.read()[node]);
+        let pool = &pools[usize::from(proto == Proto::Resp3)];
         // A pooled connection the peer has closed (it restarted, or died) is dropped before
         // anything is sent on it: a request written there would be lost without knowing
         // whether it ran.
@@ -408,6 +434,7 @@ pub fn command(
     aware: &mut bool,
     serving: &dyn Fn(usize) -> Vec<usize>,
     moved: &[(u16, usize)],
+    gone: &dyn Fn(usize) -> bool,
 ) -> Result<(), Fail> {
     let sub = args[1].to_ascii_lowercase();
     let arity = |n: usize| -> Result<(), Fail> {
@@ -452,7 +479,7 @@ pub fn command(
     let Some(cluster) = cluster else {
         return Err(DISABLED.into());
     };
-    let map = &*cluster.map;
+    let map = &*cluster.map();
     match &sub[..] {
         b"keyslot" => {
             arity(3)?;
@@ -490,8 +517,12 @@ pub fn command(
             arity(2)?;
             *aware = true;
             let ranges = ranges(map, moved);
-            out.array(map.nodes().len());
-            for part in 0..map.nodes().len() {
+            // A removed node's partition owns no slot and is left out.
+            let parts: Vec<usize> = (0..map.nodes().len())
+                .filter(|&p| !gone(p) || ranges.iter().any(|r| r.2 == p))
+                .collect();
+            out.array(parts.len());
+            for part in parts {
                 out.map(2);
                 out.bulk(b"slots");
                 let own: Vec<&(u16, u16, usize)> = ranges.iter().filter(|r| r.2 == part).collect();
@@ -527,7 +558,7 @@ pub fn command(
         b"nodes" => {
             arity(2)?;
             *aware = true;
-            out.verbatim(&nodes(map, &ranges(map, moved)));
+            out.verbatim(&nodes(map, &ranges(map, moved), gone));
         }
         _ => {
             return Err(format!(
@@ -576,9 +607,12 @@ fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
     out
 }
 
-fn nodes(map: &Membership, ranges: &[(u16, u16, usize)]) -> String {
+fn nodes(map: &Membership, ranges: &[(u16, u16, usize)], gone: &dyn Fn(usize) -> bool) -> String {
     let mut text = String::new();
     for (i, n) in map.nodes().iter().enumerate() {
+        if gone(i) {
+            continue;
+        }
         let flags = if i == map.myself() {
             "myself,master"
         } else {

@@ -310,6 +310,9 @@ pub struct Config {
     /// Cluster mode: the cluster's configuration, with this node in it (`None`: a single
     /// node, with no routing at all).
     pub cluster: Option<std::sync::Arc<keel_cluster::Membership>>,
+    /// A replicated cluster's view as a join brought it (`keel serve --cluster-join`); the
+    /// node starts from it if it is newer than the one it keeps (`replica::view`).
+    pub cluster_view: Option<crate::replica::View>,
     /// Cluster mode: every node's transport (bus) address, by node index; empty: each node's
     /// client address with the port + 10000, as Redis Cluster's bus.
     pub cluster_bus: Vec<std::net::SocketAddr>,
@@ -345,6 +348,7 @@ impl Default for Config {
             idle_poll_us: IDLE_POLL_US_DEFAULT,
             pubsub_output_limit: OutputLimit::default(),
             cluster: None,
+            cluster_view: None,
             cluster_bus: Vec::new(),
             cluster_bus_listener: None,
             replicas: 1,

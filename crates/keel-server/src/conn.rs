@@ -1339,8 +1339,9 @@ impl Conn {
         let shared = Arc::clone(&self.shared);
         let rep = shared.replication.get().expect("replicated");
         let command: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
-        let work: crate::replica::txn::Work =
-            (0..rep.n).map(|p| (p, vec![command.clone()])).collect();
+        let work: crate::replica::txn::Work = (0..rep.partitions())
+            .map(|p| (p, vec![command.clone()]))
+            .collect();
         let limits = self.txn_limits();
         let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
         let result = tokio::select! {
@@ -1362,18 +1363,20 @@ impl Conn {
     /// `KEEL.MOVESLOTS node-id slot|start-end ...`: moves the slots to the partition whose
     /// home is `node-id` (`replica::txn::move_slots`); the number of slots that changed.
     async fn move_slots(&self, args: &[Bytes]) -> Result<usize, Fail> {
-        let (Some(_), Some(cluster)) = (self.shared.replication.get(), &self.shared.cluster) else {
+        let (Some(rep), Some(cluster)) = (self.shared.replication.get(), &self.shared.cluster)
+        else {
             return Err(
                 "ERR keel: KEEL.MOVESLOTS moves slots between the partitions of a replicated \
                  cluster (--replicas 2 or more)"
                     .into(),
             );
         };
-        let map = &cluster.map;
+        let map = &cluster.map();
         let to = map
             .nodes()
             .iter()
             .position(|n| n.id.as_str().as_bytes() == &args[1][..])
+            .filter(|&n| !rep.removed(n))
             .ok_or_else(|| {
                 format!(
                     "ERR keel: no node '{}' in the cluster",
@@ -1422,7 +1425,7 @@ impl Conn {
         &self,
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) -> Option<(usize, keel_cluster::Slot)> {
-        let map = &self.shared.cluster.as_ref().expect("cluster mode").map;
+        let map = &self.shared.cluster.as_ref().expect("cluster mode").map();
         let rep = self.shared.replication.get();
         let mut at = None;
         for key in keys {
@@ -1479,7 +1482,7 @@ impl Conn {
             {
                 // While a key it reads is written by a prepared transaction, wait for its
                 // decision (up to the cluster timeout).
-                let give_up = std::time::Instant::now() + cluster.map.timeout();
+                let give_up = std::time::Instant::now() + cluster.map().timeout();
                 let refused = loop {
                     match part.read_local(&request) {
                         Ok(reply) => {
@@ -1746,7 +1749,7 @@ impl Conn {
                 .into());
             }
             let node = match cluster.route(spec, args) {
-                Route::Local => cluster.map.myself(),
+                Route::Local => cluster.map().myself(),
                 Route::Remote { node, .. } => node,
                 Route::CrossSlot => return Err(cluster::CROSSSLOT.into()),
             };
@@ -1843,7 +1846,7 @@ impl Conn {
     async fn range_across(&self, args: &[Bytes]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Fail> {
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
         let mut work = AcrossWork::new();
-        for node in 0..cluster.map.nodes().len() {
+        for node in 0..cluster.map().nodes().len() {
             let i = self.work_for(&mut work, node);
             work[i]
                 .1
@@ -1901,12 +1904,12 @@ impl Conn {
         if watched + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
-        let me = cluster.map.myself();
+        let me = cluster.map().myself();
         let mut local = Vec::new();
         let mut work = AcrossWork::new();
         let mut nodes = Vec::new();
         for key in keys {
-            let node = cluster.map.owner(keel_cluster::key_slot(key));
+            let node = cluster.map().owner(keel_cluster::key_slot(key));
             if node == me {
                 local.push(key.clone());
                 continue;
@@ -1957,7 +1960,7 @@ impl Conn {
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
         let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
         let (mut work, place) = self.plan_across(&commands)?;
-        let me = cluster.map.myself();
+        let me = cluster.map().myself();
         let i = self.work_for(&mut work, me);
         work[i].1.checks = watch
             .keys
@@ -2001,7 +2004,7 @@ impl Conn {
                 continue;
             };
             let node = match cluster.route(spec, args) {
-                Route::Local => cluster.map.myself(),
+                Route::Local => cluster.map().myself(),
                 Route::Remote { node, .. } => node,
                 Route::CrossSlot => return Some(Err(())),
             };
@@ -2010,7 +2013,7 @@ impl Conn {
             }
         }
         match at {
-            Some(node) if node != cluster.map.myself() => Some(Ok(node)),
+            Some(node) if node != cluster.map().myself() => Some(Ok(node)),
             _ => None,
         }
     }
@@ -2124,7 +2127,7 @@ impl Conn {
                     None => vec![p],
                 };
                 let moved = match (replication, self.shared.cluster.as_ref()) {
-                    (Some(rep), Some(cluster)) => rep.routes(&cluster.map),
+                    (Some(rep), Some(cluster)) => rep.routes(&cluster.map()),
                     _ => Vec::new(),
                 };
                 cluster::command(
@@ -2134,11 +2137,41 @@ impl Conn {
                     &mut self.aware,
                     &serving,
                     &moved,
+                    &|n| replication.is_some_and(|rep| rep.removed(n)),
                 )?;
             }
             Cmd::KeelMoveslots => {
                 let moved = self.move_slots(args).await?;
                 out.int(moved as i64);
+            }
+            Cmd::KeelJoin | Cmd::KeelRemovenode => {
+                let Some(rep) = self.shared.replication.get() else {
+                    return Err("ERR keel: nodes join and leave a replicated cluster \
+                                (--replicas 2 or more); a cluster of single copies has a fixed \
+                                config"
+                        .into());
+                };
+                let id = String::from_utf8_lossy(&args[1]).into_owned();
+                let work = async {
+                    if cmd == Cmd::KeelJoin {
+                        let addr: std::net::SocketAddr = std::str::from_utf8(&args[2])
+                            .ok()
+                            .and_then(|a| a.parse().ok())
+                            .ok_or("ERR keel: KEEL.JOIN needs the node's address as IP:PORT")?;
+                        let view = rep.join(&self.shared, &id, addr).await?;
+                        out.bulk(&postcard::to_stdvec(&*view).expect("a view encodes"));
+                    } else {
+                        let moved = rep.remove(&self.shared, &id).await?;
+                        out.int(moved as i64);
+                    }
+                    Ok::<(), String>(())
+                };
+                tokio::select! {
+                    r = work => r.map_err(|text| Fail(text.into()))?,
+                    () = self.info.kill.cancelled() => {
+                        return Err("ERR keel: the connection was killed".into());
+                    }
+                }
             }
             Cmd::KeelRaft => {
                 let answer = crate::replica::serve_rpc(&self.shared, args)

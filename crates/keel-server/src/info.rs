@@ -515,7 +515,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         t.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n");
         if let (Some(rep), Some(cluster)) = (shared.replication.get(), &shared.cluster) {
             let _ = write!(t, "keel_replicas:{}\r\n", rep.r);
-            for line in rep.describe(&cluster.map) {
+            for line in rep.describe(&cluster.map()) {
                 t.push_str(&line);
                 t.push_str("\r\n");
             }

@@ -49,6 +49,8 @@ pub use config::{
     SPLIT_PHASE_MS_DEFAULT, SPLIT_PHASE_MS_MAX, YesNo, check_idle_poll, parse_poller, parse_split,
 };
 pub use keel_cluster as cluster_map;
+pub use replica::stored_view;
+pub use replica::view::{JoinError, View as ClusterView, ask_to_join};
 pub use server::{Handle, Server, StartError};
 pub use xnode::BUS_PORT_OFFSET;
 

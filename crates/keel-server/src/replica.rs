@@ -32,6 +32,8 @@ mod machine;
 mod net;
 mod prepared;
 pub use prepared::WATCH_CHANGED;
+pub mod view;
+pub use view::View;
 #[cfg(test)]
 mod sim;
 pub mod txn;
@@ -64,7 +66,7 @@ openraft::declare_raft_types!(
 pub type Raft = openraft::Raft<Tc>;
 
 /// What one log entry asks: commands to run as one transaction on the partition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     /// Each command's arguments.
     pub commands: Vec<Vec<Vec<u8>>>,
@@ -166,6 +168,10 @@ pub enum Op {
         pairs: Vec<(Vec<u8>, Vec<u8>)>,
         deadline_ms: u64,
     },
+    /// A change of the cluster's view (`view`), in partition 0's log: `view` (encoded)
+    /// becomes the view if the one there is still at epoch `expect` (0: none was stored).
+    /// The reply is the encoded view in force after the entry.
+    View { expect: u64, view: Vec<u8> },
 }
 
 /// How an entry ended.
@@ -253,42 +259,53 @@ pub struct Part {
     pub raft: Raft,
     /// The partition's data.
     pub db: &'static Db,
-    /// Its nodes (indexes in the cluster config), the first its home.
-    pub replicas: Vec<usize>,
     /// The keys locked by prepared transactions, shared with the state machine.
     pub locks: prepared::Shared,
     /// The clock the leader stamps entries with (Unix ms): the wall clock, or the
     /// simulation's.
     pub clock: Clock,
-    /// The log's database.
-    log_db: &'static Db,
-    /// Whether the data database is this node's own (the server's) rather than opened here.
-    own_db: bool,
+    /// Whether the partition has moved any slot (its table is then consulted for routing).
+    moved: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// This node's side of replication.
 pub struct Replication {
     /// Replicas per partition.
     pub r: usize,
-    /// Nodes in the cluster (= partitions).
-    pub n: usize,
     /// This node's index.
     pub me: usize,
     /// A digest of the cluster config and `r`: every `KEEL.RAFT` carries it, and a node
     /// refuses messages from one that places partitions differently.
     pub layout: u64,
+    /// The newest view of the cluster this node knows (`view`).
+    view: parking_lot::RwLock<Arc<View>>,
     /// The hosted partitions, by partition.
-    parts: BTreeMap<usize, Part>,
+    parts: parking_lot::RwLock<BTreeMap<usize, Arc<Part>>>,
     /// For partitions not hosted here: the node last seen leading each.
-    hints: parking_lot::Mutex<Vec<Option<usize>>>,
+    hints: parking_lot::Mutex<std::collections::HashMap<usize, usize>>,
     /// Slots this node has learned moved from their config owner: slot → partition.
     routes: parking_lot::RwLock<std::collections::HashMap<u16, usize>>,
-    /// Per hosted partition, whether it has moved any slot (its table is then consulted).
-    moved_any: BTreeMap<usize, Arc<std::sync::atomic::AtomicBool>>,
     /// Drawn at start: names this process's transactions across partitions.
     incarnation: u64,
     /// The next transaction's sequence number.
     seq: std::sync::atomic::AtomicU64,
+    /// openraft's settings, for every group.
+    config: Arc<openraft::Config>,
+    /// The data directory (`None`: in memory).
+    dir: Option<PathBuf>,
+    /// Partitions whose membership this node (their leader) is changing now.
+    conforming: Arc<parking_lot::Mutex<std::collections::HashSet<usize>>>,
+    /// Hosted partitions the view no longer places here, since when.
+    leaving: parking_lot::Mutex<std::collections::HashMap<usize, Instant>>,
+    /// Wakes the reconciler (a newer view arrived).
+    wake: Arc<tokio::sync::Notify>,
+    /// A fetch of a newer view from a peer is under way.
+    fetching: std::sync::atomic::AtomicBool,
+    /// Every database opened here for a partition, by directory name (`raft-<p>`,
+    /// `partition-<p>`): a replica that leaves a partition keeps them open (a database's
+    /// directory lock lasts as long as the process) and reuses them if it comes back; all
+    /// are closed when the server stops.
+    dbs: parking_lot::Mutex<std::collections::HashMap<String, &'static Db>>,
 }
 
 /// Opening replication failed.
@@ -328,22 +345,54 @@ pub fn layout(config_digest: u64, r: usize) -> u64 {
     h
 }
 
-/// Partition `p`'s nodes when `n` nodes keep `r` replicas of each.
-pub fn placement(p: usize, n: usize, r: usize) -> Vec<usize> {
-    (0..r).map(|i| (p + i) % n).collect()
+/// Where a node keeps the newest view it knows, in its data directory.
+const VIEW_FILE: &str = "cluster-view";
+/// How long a hosted partition the view no longer places here keeps running while its own
+/// membership still lists this node (its leader has not removed it yet).
+const LEAVE_AFTER: Duration = Duration::from_secs(30);
+/// How often a node checks that it hosts what its view places on it, and that the
+/// partitions it leads have the view's members.
+const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+/// How long a leader waits for a new replica to catch up, and for a membership change.
+const CONFORM_WAIT: Duration = Duration::from_secs(120);
+
+/// Reads the view kept in `dir`, if there is one.
+pub fn stored_view(dir: &std::path::Path) -> Result<Option<View>, String> {
+    let path = dir.join(VIEW_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => postcard::from_bytes(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{} is damaged: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
+}
+
+/// Keeps `view` in `dir` (written aside, synced, then renamed over the old one).
+fn store_view(dir: &std::path::Path, view: &View) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{VIEW_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&postcard::to_stdvec(view).expect("a view encodes"))?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(VIEW_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Replication {
-    /// Opens every partition this node hosts and starts its Raft group. The home partition's
-    /// data is the server's database; the others' are opened under `<dir>/partition-<p>`, and
-    /// every log under `<dir>/raft-<p>`.
+    /// Opens every partition the view places on this node and starts its Raft group. The
+    /// view is the newest of the one kept in the data directory, the one a join brought
+    /// (`Config::cluster_view`) and the config's. The home partition's data is the server's
+    /// database; the others' are opened under `<dir>/partition-<p>`, and every log under
+    /// `<dir>/raft-<p>`.
     pub async fn start(shared: &Arc<Shared>) -> Result<Replication, StartError> {
-        let map = &shared
+        let cluster = shared
             .cluster
             .as_ref()
-            .expect("replication needs a cluster")
-            .map;
-        let (n, me, r) = (map.nodes().len(), map.myself(), shared.config.replicas);
+            .expect("replication needs a cluster");
+        let map = cluster.map();
+        let (me, r) = (map.myself(), shared.config.replicas);
+        let layout = layout(map.digest(), r);
         let config = openraft::Config {
             cluster_name: format!("keel-{:016x}", map.digest()),
             heartbeat_interval: HEARTBEAT_MS,
@@ -358,109 +407,193 @@ impl Replication {
             text: e.to_string(),
         })?);
         let dir = shared.db.dir().map(std::path::Path::to_path_buf);
-        let mut parts = BTreeMap::new();
-        let mut moved_any = BTreeMap::new();
-        for p in 0..n {
-            let replicas = placement(p, n, r);
-            if !replicas.contains(&me) {
-                continue;
-            }
-            let own_db = p == me;
-            let db: &'static Db = if own_db {
-                shared.db
-            } else {
-                open_db(dir.as_ref(), &format!("partition-{p}"), shared, p, "data").await?
-            };
-            let log_db = open_db(dir.as_ref(), &format!("raft-{p}"), shared, p, "log").await?;
-            let log = log::LogStore::open(log_db, shared.config.durability.engine());
-            let snapshot_dir = dir.as_ref().map(|d| d.join(format!("raft-{p}")));
-            let machine = machine::Machine::open(db, snapshot_dir)
-                .await
-                .map_err(|e| StartError::Raft {
-                    part: p,
-                    text: e.to_string(),
-                })?;
-            let log = log.purge_behind(machine.durable());
-            let locks = machine.locks();
-            let owners = Arc::clone(map);
-            moved_any.insert(p, locks.lock().moved_flag());
-            locks.lock().set_home((
-                p,
-                Arc::new(move |slot| owners.owner(keel_cluster::Slot(slot))),
-            ));
-            // Data that no log entry made (the directory of a node that ran without
-            // --replicas): the log would be applied over it, and the replicas would differ.
-            if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
+        let mut view = View::initial(&map, r, layout);
+        let stored = match &dir {
+            Some(d) => stored_view(d).map_err(|text| StartError::Raft { part: me, text })?,
+            None => None,
+        };
+        for other in stored.into_iter().chain(shared.config.cluster_view.clone()) {
+            if other.layout != layout {
                 return Err(StartError::Raft {
-                    part: p,
+                    part: me,
                     text: format!(
-                        "{} holds data written without --replicas; a replicated node starts \
-                         on an empty data directory (load the data through the cluster)",
-                        dir.as_ref()
-                            .map_or("the data directory".into(), |d| d.display().to_string())
+                        "the cluster view kept in the data directory belongs to another \
+                         cluster (layout {:016x}, this config and --replicas {r} give \
+                         {layout:016x}): start with that cluster's config, or an empty --dir",
+                        other.layout
                     ),
                 });
             }
-            let placed: std::collections::BTreeSet<u64> =
-                replicas.iter().map(|&i| i as u64).collect();
-            if let Some(stored) = machine.stored_voters(&log).await
-                && stored != placed
-            {
-                let names = |set: &std::collections::BTreeSet<u64>| {
-                    set.iter()
-                        .map(|&i| map.nodes()[i as usize % n].id.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                };
-                return Err(StartError::Raft {
-                    part: p,
-                    text: format!(
-                        "its data was replicated on {} but the config and --replicas {r} place \
-                         it on {}: changing a cluster's nodes or replicas is not supported yet; \
-                         start with the original config, or with an empty --dir",
-                        names(&stored),
-                        names(&placed)
-                    ),
-                });
+            if other.epoch > view.epoch {
+                view = other;
             }
-            let network = net::Network {
-                shared: Arc::downgrade(shared),
-                part: p,
-                idle: Arc::default(),
-            };
-            let raft = Raft::new(me as u64, Arc::clone(&config), network, log, machine)
-                .await
-                .map_err(|e| StartError::Raft {
-                    part: p,
-                    text: e.to_string(),
-                })?;
-            let members: BTreeMap<u64, BasicNode> = replicas
-                .iter()
-                .map(|&i| (i as u64, BasicNode::new(map.nodes()[i].addr.to_string())))
-                .collect();
-            let mut metrics = raft.metrics();
-            let ids: Vec<String> = map.nodes().iter().map(|n| n.id.to_string()).collect();
-            tokio::spawn(async move {
-                let mut last = None;
-                loop {
-                    let leader = metrics.borrow().current_leader;
-                    if leader != last {
-                        match leader.and_then(|l| ids.get(l as usize)) {
-                            Some(id) => tracing::info!("partition {p}: {id} leads"),
-                            None => tracing::info!("partition {p}: no leader"),
-                        }
-                        last = leader;
-                    }
-                    if metrics.changed().await.is_err() {
-                        return;
-                    }
-                }
+        }
+        if view.nodes.get(me).is_some_and(|n| n.removed) {
+            return Err(StartError::Raft {
+                part: me,
+                text: format!(
+                    "node {} was removed from the cluster (view epoch {}); a node joins again \
+                     under a new id with an empty --dir",
+                    map.me().id,
+                    view.epoch
+                ),
             });
-            // The partition's home node starts the group: with the first entry in its log
-            // it wins the first election, so each node first leads its own slots and the
-            // leaders are spread. If the home node is not there, the other replicas
-            // propose the same membership after a while. A group already started (a
-            // restart) refuses, which is what should happen.
+        }
+        if view.nodes.len() > map.nodes().len() {
+            let grown = view.membership(me).map_err(|e| StartError::Raft {
+                part: me,
+                text: format!("the cluster view: {e}"),
+            })?;
+            cluster.set_map(Arc::new(grown));
+        }
+        if let Some(d) = &dir
+            && view.epoch > 0
+            && let Err(e) = store_view(d, &view)
+        {
+            tracing::warn!("keeping the cluster view in {}: {e}", d.display());
+        }
+        let rep = Replication {
+            r,
+            me,
+            layout,
+            view: parking_lot::RwLock::new(Arc::new(view.clone())),
+            parts: Default::default(),
+            hints: Default::default(),
+            routes: Default::default(),
+            incarnation: data::random(),
+            seq: std::sync::atomic::AtomicU64::new(0),
+            config,
+            dir,
+            conforming: Default::default(),
+            leaving: Default::default(),
+            wake: Arc::default(),
+            fetching: std::sync::atomic::AtomicBool::new(false),
+            dbs: Default::default(),
+        };
+        for p in 0..view.parts.len() {
+            if view.parts[p].contains(&me) {
+                let part = rep.open_part(shared, &view, p).await?;
+                rep.parts.write().insert(p, Arc::new(part));
+            }
+        }
+        Ok(rep)
+    }
+
+    /// Opens partition `p` here and starts its Raft group (a member of `view.parts[p]`).
+    async fn open_part(
+        &self,
+        shared: &Arc<Shared>,
+        view: &View,
+        p: usize,
+    ) -> Result<Part, StartError> {
+        let (me, r) = (self.me, self.r);
+        let dir = self.dir.as_ref();
+        let own_db = p == me;
+        let db: &'static Db = if own_db {
+            shared.db
+        } else {
+            self.open_db(&format!("partition-{p}"), shared, p, "data")
+                .await?
+        };
+        let log_db = self.open_db(&format!("raft-{p}"), shared, p, "log").await?;
+        let log = log::LogStore::open(log_db, shared.config.durability.engine());
+        let snapshot_dir = dir.map(|d| d.join(format!("raft-{p}")));
+        let machine = machine::Machine::open(db, snapshot_dir)
+            .await
+            .map_err(|e| StartError::Raft {
+                part: p,
+                text: e.to_string(),
+            })?;
+        let log = log.purge_behind(machine.durable());
+        let locks = machine.locks();
+        let owners = shared.cluster.as_ref().expect("cluster mode").map();
+        let moved = locks.lock().moved_flag();
+        locks.lock().set_home((
+            p,
+            Arc::new(move |slot| owners.owner(keel_cluster::Slot(slot))),
+        ));
+        // Data that no log entry made (the directory of a node that ran without
+        // --replicas): the log would be applied over it, and the replicas would differ.
+        if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
+            return Err(StartError::Raft {
+                part: p,
+                text: format!(
+                    "{} holds data written without --replicas; a replicated node starts on an \
+                     empty data directory (load the data through the cluster)",
+                    dir.map_or("the data directory".into(), |d| d.display().to_string())
+                ),
+            });
+        }
+        let placed: std::collections::BTreeSet<u64> =
+            view.parts[p].iter().map(|&i| i as u64).collect();
+        // While the cluster is its config, a partition's members are the placement: other
+        // ones mean the config or --replicas changed under old data.
+        if view.epoch == 0
+            && let Some(stored) = machine.stored_voters(&log).await
+            && stored != placed
+        {
+            let names = |set: &std::collections::BTreeSet<u64>| {
+                set.iter()
+                    .map(|&i| {
+                        view.nodes
+                            .get(i as usize)
+                            .map_or_else(|| i.to_string(), |n| n.id.clone())
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            return Err(StartError::Raft {
+                part: p,
+                text: format!(
+                    "its data was replicated on {} but the config and --replicas {r} place it \
+                     on {}: a cluster's nodes change by joining and removing nodes, and its \
+                     replicas not at all; start with the original config, or with an empty \
+                     --dir",
+                    names(&stored),
+                    names(&placed)
+                ),
+            });
+        }
+        let network = net::Network {
+            shared: Arc::downgrade(shared),
+            part: p,
+            idle: Arc::default(),
+        };
+        let raft = Raft::new(me as u64, Arc::clone(&self.config), network, log, machine)
+            .await
+            .map_err(|e| StartError::Raft {
+                part: p,
+                text: e.to_string(),
+            })?;
+        let mut metrics = raft.metrics();
+        let ids: Vec<String> = view.nodes.iter().map(|n| n.id.clone()).collect();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let leader = metrics.borrow().current_leader;
+                if leader != last {
+                    match leader.and_then(|l| ids.get(l as usize)) {
+                        Some(id) => tracing::info!("partition {p}: {id} leads"),
+                        None => tracing::info!("partition {p}: no leader"),
+                    }
+                    last = leader;
+                }
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        // A partition is started by its home node with the nodes it was created on: with
+        // the first entry in its log the home node wins the first election, so each node
+        // first leads its own slots and the leaders are spread. If the home node is not
+        // there, the other replicas propose the same membership after a while. A group
+        // already started (a restart) refuses, which is what should happen. A replica
+        // placed here later (a join, a removal) waits for the leader to add it.
+        if view.parts[p] == view.born[p] {
+            let members: BTreeMap<u64, BasicNode> = view.born[p]
+                .iter()
+                .map(|&i| (i as u64, BasicNode::new(view.nodes[i].addr.clone())))
+                .collect();
             if p == me {
                 if let Err(e) = raft.initialize(members).await {
                     tracing::debug!("partition {p}: not initializing: {e}");
@@ -478,37 +611,76 @@ impl Replication {
                     }
                 });
             }
-            parts.insert(
-                p,
-                Part {
-                    id: p,
-                    raft,
-                    db,
-                    replicas,
-                    locks,
-                    clock: Arc::new(crate::keyspace::unix_ms),
-                    log_db,
-                    own_db,
-                },
-            );
         }
-        Ok(Replication {
-            r,
-            n,
-            me,
-            layout: layout(map.digest(), r),
-            parts,
-            hints: parking_lot::Mutex::new(vec![None; n]),
-            routes: Default::default(),
-            moved_any,
-            incarnation: data::random(),
-            seq: std::sync::atomic::AtomicU64::new(0),
+        Ok(Part {
+            id: p,
+            raft,
+            db,
+            locks,
+            clock: Arc::new(crate::keyspace::unix_ms),
+            moved,
         })
     }
 
+    /// Opens (or creates) one of a partition's databases, or takes the one opened before.
+    async fn open_db(
+        &self,
+        name: &str,
+        shared: &Shared,
+        part: usize,
+        what: &'static str,
+    ) -> Result<&'static Db, StartError> {
+        if let Some(db) = self.dbs.lock().get(name) {
+            return Ok(db);
+        }
+        let db = match &self.dir {
+            Some(dir) => {
+                let path = dir.join(name);
+                let mut options = shared.config.engine_options().split(keel::SplitMode::Off);
+                if what == "data" {
+                    options = options.durability(data_durability(shared.config.durability));
+                }
+                let at = path.clone();
+                tokio::task::spawn_blocking(move || Db::open(at, options))
+                    .await
+                    .expect("opening a database does not panic")
+                    .map_err(|source| StartError::Open {
+                        part,
+                        what,
+                        dir: path,
+                        source,
+                    })?
+            }
+            None => Db::in_memory(),
+        };
+        let db: &'static Db = Box::leak(Box::new(db));
+        self.dbs.lock().insert(name.to_owned(), db);
+        Ok(db)
+    }
+
     /// The partition hosted here, if it is.
-    pub fn part(&self, p: usize) -> Option<&Part> {
-        self.parts.get(&p)
+    pub fn part(&self, p: usize) -> Option<Arc<Part>> {
+        self.parts.read().get(&p).cloned()
+    }
+
+    /// Every partition hosted here.
+    pub fn hosted(&self) -> Vec<Arc<Part>> {
+        self.parts.read().values().cloned().collect()
+    }
+
+    /// The newest view of the cluster this node knows.
+    pub fn view(&self) -> Arc<View> {
+        Arc::clone(&self.view.read())
+    }
+
+    /// How many partitions the cluster has (every node it has had started one).
+    pub fn partitions(&self) -> usize {
+        self.view.read().parts.len()
+    }
+
+    /// Whether node `n` was removed from the cluster.
+    pub fn removed(&self, n: usize) -> bool {
+        self.view.read().nodes.get(n).is_some_and(|n| n.removed)
     }
 
     /// The partition that owns `slot`, as far as this node knows: a partition hosted here
@@ -525,21 +697,17 @@ impl Replication {
             .get(&slot)
             .copied()
             .unwrap_or_else(|| map.owner(keel_cluster::Slot(slot)));
-        for _ in 0..self.n {
+        let parts = self.parts.read();
+        for _ in 0..parts.len() {
+            let Some(part) = parts.get(&p) else {
+                break;
+            };
             // Without a move, a partition owns the config's slots: no need for its lock,
             // which the state machine holds while it applies each entry.
-            let moved = self
-                .moved_any
-                .get(&p)
-                .is_some_and(|f| f.load(std::sync::atomic::Ordering::Acquire));
-            if !moved {
+            if !part.moved.load(std::sync::atomic::Ordering::Acquire) {
                 break;
             }
-            match self
-                .parts
-                .get(&p)
-                .and_then(|part| part.locks.lock().owner(slot))
-            {
+            match part.locks.lock().owner(slot) {
                 Some(next) if next != p => p = next,
                 _ => break,
             }
@@ -549,9 +717,10 @@ impl Replication {
 
     /// Learns where slots went (from a `Moved` answer, or a move this node made).
     pub fn learn(&self, moved: &[(u16, usize)]) {
+        let n = self.partitions();
         let mut routes = self.routes.write();
         for &(slot, p) in moved {
-            if p < self.n {
+            if p < n {
                 routes.insert(slot, p);
             }
         }
@@ -569,16 +738,17 @@ impl Replication {
 
     /// `INFO replication`'s lines for the hosted partitions: `keel_partition_<p>:role=leader,
     /// leader=n2,term=3,last_log=120,applied=120,replicas=n1;n2;n3,prepared=0,decisions=0,
-    /// watched=0,moved_slots=0` (transactions prepared here, commit decisions kept here,
-    /// watched keys, slots whose owner is no longer the config's, as this partition knows).
+    /// watched=0,moved_slots=0` (the partition's voters as this replica knows them,
+    /// transactions prepared here, commit decisions kept here, watched keys, slots whose
+    /// owner is no longer the config's, as this partition knows).
     pub fn describe(&self, map: &keel_cluster::Membership) -> Vec<String> {
         let id = |n: u64| {
             map.nodes()
                 .get(n as usize)
                 .map_or_else(|| n.to_string(), |node| node.id.to_string())
         };
-        self.parts
-            .values()
+        self.hosted()
+            .iter()
             .map(|part| {
                 let m = part.raft.metrics().borrow().clone();
                 let role = match m.state {
@@ -588,8 +758,12 @@ impl Replication {
                     openraft::ServerState::Follower => "follower",
                     openraft::ServerState::Shutdown => "stopped",
                 };
-                let replicas: Vec<String> =
-                    part.replicas.iter().map(|&n| id(n as u64)).collect();
+                let replicas: Vec<String> = m
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .map(id)
+                    .collect();
                 let (prepared, decided, watched, moved) = part.locks.lock().counts();
                 format!(
                     "keel_partition_{}:role={role},leader={},term={},last_log={},applied={},replicas={},\
@@ -607,7 +781,7 @@ impl Replication {
 
     /// Partition `p`'s nodes, the one this node believes leads it first.
     pub fn serving(&self, p: usize) -> Vec<usize> {
-        let mut nodes = placement(p, self.n, self.r);
+        let mut nodes = self.view.read().parts.get(p).cloned().unwrap_or_default();
         if let Some(leader) = self.leader(p)
             && let Some(i) = nodes.iter().position(|&n| n == leader)
         {
@@ -618,36 +792,291 @@ impl Replication {
 
     /// The node this node believes leads partition `p`.
     pub fn leader(&self, p: usize) -> Option<usize> {
-        match self.parts.get(&p) {
+        match self.part(p) {
             Some(part) => part
                 .raft
                 .metrics()
                 .borrow()
                 .current_leader
                 .map(|l| l as usize),
-            None => self.hints.lock()[p],
+            None => self.hints.lock().get(&p).copied(),
         }
     }
 
     /// Stops every Raft group and closes the databases opened here.
     pub async fn stop(&self) {
-        for part in self.parts.values() {
-            if let Err(e) = part.raft.shutdown().await {
-                tracing::warn!("partition {}: stopping raft: {e}", part.id);
+        let parts: Vec<Arc<Part>> = std::mem::take(&mut *self.parts.write())
+            .into_values()
+            .collect();
+        for part in parts {
+            part.stop().await;
+        }
+        let dbs: Vec<&'static Db> = self.dbs.lock().drain().map(|(_, db)| db).collect();
+        let _ = tokio::task::spawn_blocking(move || {
+            for db in dbs {
+                if let Err(e) = db.clone().close() {
+                    tracing::error!("closing a partition's database: {e}");
+                }
             }
-            let log = part.log_db.clone();
-            let data = (!part.own_db).then(|| part.db.clone());
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Err(e) = log.close() {
-                    tracing::error!("closing a raft log: {e}");
+        })
+        .await;
+    }
+
+    /// Takes `view` if it is newer than the one this node knows (and of this cluster): keeps
+    /// it in the data directory, learns the nodes that joined, and wakes the reconciler.
+    pub fn adopt(&self, shared: &Shared, view: View) -> bool {
+        if view.layout != self.layout {
+            return false;
+        }
+        {
+            let mut current = self.view.write();
+            if view.epoch <= current.epoch {
+                return false;
+            }
+            if let Some(cluster) = &shared.cluster
+                && view.nodes.len() > cluster.map().nodes().len()
+            {
+                match view.membership(self.me) {
+                    Ok(map) => cluster.set_map(Arc::new(map)),
+                    Err(e) => {
+                        tracing::error!("a cluster view (epoch {}) is unusable: {e}", view.epoch);
+                        return false;
+                    }
                 }
-                if let Some(data) = data
-                    && let Err(e) = data.close()
-                {
-                    tracing::error!("closing a partition's data: {e}");
+            }
+            *current = Arc::new(view.clone());
+        }
+        tracing::info!("cluster view epoch {}", view.epoch);
+        if let Some(dir) = &self.dir
+            && let Err(e) = store_view(dir, &view)
+        {
+            tracing::warn!("keeping the cluster view in {}: {e}", dir.display());
+        }
+        self.wake.notify_one();
+        true
+    }
+
+    /// Sends this node's view to every other node it lists (a node that misses it learns it
+    /// from the next message of a node that has it).
+    fn spread(&self, shared: &Arc<Shared>) {
+        let view = self.view();
+        let payload = postcard::to_stdvec(&*view).expect("a view encodes");
+        for n in 0..view.nodes.len() {
+            if n == self.me {
+                continue;
+            }
+            let (shared, payload) = (Arc::clone(shared), payload.clone());
+            tokio::spawn(async move {
+                let _ = net::call_node(&shared, n, 0, "view", &payload, None).await;
+            });
+        }
+    }
+
+    /// A peer's message said it knows a view newer than this node's: asks it for that view.
+    fn fetch_view(&self, shared: Arc<Shared>, from: usize) {
+        use std::sync::atomic::Ordering;
+        if self.fetching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            if let Ok(bytes) = net::call_node(&shared, from, 0, "view-get", &[], None).await
+                && let Ok(view) = postcard::from_bytes::<View>(&bytes)
+                && let Some(rep) = shared.replication.get()
+            {
+                rep.adopt(&shared, view);
+            }
+            if let Some(rep) = shared.replication.get() {
+                rep.fetching.store(false, Ordering::Release);
+            }
+        });
+    }
+
+    /// Changes the view by `change` (of the newest view partition 0 holds), as an entry of
+    /// partition 0's log that applies only if the view there is still the one `change` saw;
+    /// retried on a newer one. The view in force once done.
+    async fn change_view(
+        &self,
+        shared: &Arc<Shared>,
+        change: impl Fn(&View) -> Result<Option<View>, String>,
+    ) -> Result<Arc<View>, String> {
+        for _ in 0..16 {
+            let current = self.view();
+            let Some(next) = change(&current)? else {
+                return Ok(current);
+            };
+            let request = Request {
+                op: Op::View {
+                    expect: current.epoch,
+                    view: postcard::to_stdvec(&next).expect("a view encodes"),
+                },
+                ..Request::default()
+            };
+            let reply = match self.run(shared, 0, request, false).await {
+                Ok(reply) => reply,
+                Err(RunError::Failed(text) | RunError::Unknown(text)) => return Err(text),
+                Err(RunError::Moved | RunError::RolledBack) => {
+                    return Err("ERR keel: partition 0 refused the view change".into());
                 }
-            })
-            .await;
+            };
+            let now: View = postcard::from_bytes(&reply)
+                .map_err(|e| format!("ERR keel: partition 0 answered a bad view: {e}"))?;
+            let done = now == next;
+            self.adopt(shared, now);
+            if done {
+                self.spread(shared);
+                return Ok(self.view());
+            }
+        }
+        Err("TRYAGAIN keel: the cluster view kept changing; try again".into())
+    }
+
+    /// Adds node `id` at `addr` to the cluster (`KEEL.JOIN`, sent by a node started with
+    /// `--cluster-join`): the view with it, which the joining node starts from.
+    pub async fn join(
+        &self,
+        shared: &Arc<Shared>,
+        id: &str,
+        addr: std::net::SocketAddr,
+    ) -> Result<Arc<View>, String> {
+        let view = self.change_view(shared, |v| v.join(id, addr)).await?;
+        tracing::info!(
+            "node {id} at {addr} is in the cluster (view epoch {})",
+            view.epoch
+        );
+        Ok(view)
+    }
+
+    /// Removes node `id` (`KEEL.REMOVENODE`): its partition must own no slot; each partition
+    /// it hosts moves that replica to another node. Returns once every such partition's
+    /// membership no longer has it (or fails with `TRYAGAIN` after a while, the change going
+    /// on); the number of partitions that moved a replica.
+    pub async fn remove(&self, shared: &Arc<Shared>, id: &str) -> Result<usize, String> {
+        let before = self.view();
+        let k = before
+            .index(id)
+            .ok_or_else(|| format!("ERR keel: no node '{id}' in the cluster"))?;
+        if !before.nodes[k].removed {
+            let map = shared.cluster.as_ref().expect("cluster mode").map();
+            let owned = (0..keel_cluster::SLOTS)
+                .filter(|&s| self.owner(&map, s) == k)
+                .count();
+            if owned > 0 {
+                return Err(format!(
+                    "ERR keel: node {id}'s partition owns {owned} slots: move them to other \
+                     partitions first (keel cluster remove-node does)"
+                ));
+            }
+        }
+        let view = self.change_view(shared, |v| v.remove(id)).await?;
+        let moving: Vec<usize> = (0..view.parts.len())
+            .filter(|&p| before.parts.get(p).is_some_and(|nodes| nodes.contains(&k)))
+            .collect();
+        let deadline = Instant::now() + CONFORM_WAIT;
+        let mut pending = moving.clone();
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for &p in &pending {
+                let target: std::collections::BTreeSet<u64> =
+                    view.parts[p].iter().map(|&n| n as u64).collect();
+                if self.voters(shared, p).await.as_ref() != Some(&target) {
+                    still.push(p);
+                }
+            }
+            pending = still;
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "TRYAGAIN keel: node {id} is out of the view, but partitions {pending:?} \
+                     still have it among their replicas; their leaders go on moving them"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(moving.len())
+    }
+
+    /// Partition `p`'s voters as its leader knows them.
+    async fn voters(&self, shared: &Shared, p: usize) -> Option<std::collections::BTreeSet<u64>> {
+        let leader = self.leader(p)?;
+        if leader == self.me {
+            let part = self.part(p)?;
+            let m = part.raft.metrics().borrow().clone();
+            return (m.state == openraft::ServerState::Leader)
+                .then(|| m.membership_config.membership().voter_ids().collect());
+        }
+        let bytes = net::call_node(shared, leader, p, "members", &[], None)
+            .await
+            .ok()?;
+        postcard::from_bytes::<Option<std::collections::BTreeSet<u64>>>(&bytes)
+            .ok()
+            .flatten()
+    }
+
+    /// Brings this node in line with its view: opens the partitions placed here, closes the
+    /// ones placed elsewhere once their membership lets this node go, and, for the ones it
+    /// leads, moves their membership to the view's placement.
+    pub async fn reconcile(&self, shared: &Arc<Shared>) {
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        let view = self.view();
+        for p in 0..view.parts.len() {
+            if view.parts[p].contains(&self.me) && self.part(p).is_none() {
+                match self.open_part(shared, &view, p).await {
+                    Ok(part) => {
+                        tracing::info!("partition {p}: a replica opened here");
+                        self.parts.write().insert(p, Arc::new(part));
+                    }
+                    Err(e) => tracing::warn!("partition {p}: cannot open a replica here: {e}"),
+                }
+            }
+        }
+        for part in self.hosted() {
+            let p = part.id;
+            let m = part.raft.metrics().borrow().clone();
+            let voters: std::collections::BTreeSet<u64> =
+                m.membership_config.membership().voter_ids().collect();
+            let target: std::collections::BTreeSet<u64> = view
+                .parts
+                .get(p)
+                .into_iter()
+                .flatten()
+                .map(|&n| n as u64)
+                .collect();
+            let leads = m.state == openraft::ServerState::Leader;
+            if !target.contains(&(self.me as u64)) && !leads {
+                let since = *self.leaving.lock().entry(p).or_insert_with(Instant::now);
+                // Out of the partition's membership as applied here, or long out of the view
+                // (a removed voter never hears of the final membership, which its leader
+                // sends only to the new members): nothing more comes here.
+                let members = m.membership_config.membership();
+                let out = !members.voter_ids().any(|v| v == self.me as u64)
+                    && !members.learner_ids().any(|l| l == self.me as u64);
+                if out || since.elapsed() > LEAVE_AFTER {
+                    self.parts.write().remove(&p);
+                    self.leaving.lock().remove(&p);
+                    tracing::info!("partition {p}: this node's replica left");
+                    part.stop().await;
+                }
+                continue;
+            }
+            self.leaving.lock().remove(&p);
+            if !leads || voters == target || target.is_empty() {
+                continue;
+            }
+            if !self.conforming.lock().insert(p) {
+                continue;
+            }
+            let conforming = Arc::clone(&self.conforming);
+            let view = Arc::clone(&view);
+            tokio::spawn(async move {
+                if let Err(e) = part.conform(&view, target).await {
+                    tracing::info!("partition {p}: membership change: {e}");
+                }
+                conforming.lock().remove(&p);
+            });
         }
     }
 
@@ -663,7 +1092,7 @@ impl Replication {
         read: bool,
     ) -> Result<Vec<u8>, RunError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let deadline = Instant::now() + cluster.map.timeout() * 3;
+        let deadline = Instant::now() + cluster.map().timeout() * 3;
         let mut backoff = Duration::from_millis(1);
         loop {
             let response = self.call(shared, p, &request, read, deadline).await?;
@@ -708,6 +1137,11 @@ impl Replication {
         deadline: Instant,
     ) -> Result<Response, RunError> {
         let mut target = self.leader(p);
+        if p >= self.partitions() {
+            return Err(RunError::Failed(format!(
+                "ERR keel: no partition {p} in this cluster"
+            )));
+        }
         if request.size_bound() > REQUEST_BYTES_MAX {
             return Err(RunError::Failed(format!(
                 "ERR keel: a replicated request is limited to {REQUEST_BYTES_MAX} bytes"
@@ -758,16 +1192,23 @@ impl Replication {
                              this node can reach"
                         )));
                     }
-                    let hint = hint.map(|h| h as usize).filter(|&h| h < self.n);
+                    let nodes = self.view.read().nodes.len();
+                    let hint = hint.map(|h| h as usize).filter(|&h| h < nodes);
                     if self.part(p).is_none() {
-                        self.hints.lock()[p] = hint;
+                        let mut hints = self.hints.lock();
+                        match hint {
+                            Some(h) => hints.insert(p, h),
+                            None => hints.remove(&p),
+                        };
                     }
                     tokio::time::sleep(RETRY_PAUSE).await;
                     // A replica other than the last one asked, if nobody knows the leader.
                     target = hint.or_else(|| self.leader(p)).or_else(|| {
-                        let replicas = placement(p, self.n, self.r);
+                        let replicas = self.view.read().parts.get(p).cloned()?;
                         let at = target.and_then(|t| replicas.iter().position(|&n| n == t));
-                        Some(replicas[at.map_or(0, |i| (i + 1) % replicas.len())])
+                        replicas
+                            .get(at.map_or(0, |i| (i + 1) % replicas.len()))
+                            .copied()
                     });
                 }
             }
@@ -776,6 +1217,54 @@ impl Replication {
 }
 
 impl Part {
+    /// Stops the Raft group (its databases stay open: `Replication::dbs`).
+    async fn stop(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!("partition {}: stopping raft: {e}", self.id);
+        }
+    }
+
+    /// Moves the partition's membership (this node leads it) to `target`: each new node
+    /// first joins as a learner and catches up from the log or a snapshot, then one joint
+    /// change makes the voters `target` (openraft's joint consensus: both the old and the new
+    /// majorities agree on every entry in between). A leader that is not in `target` steps
+    /// down once the change commits.
+    async fn conform(
+        &self,
+        view: &View,
+        target: std::collections::BTreeSet<u64>,
+    ) -> Result<(), String> {
+        let m = self.raft.metrics().borrow().clone();
+        let learners: std::collections::BTreeSet<u64> =
+            m.membership_config.membership().learner_ids().collect();
+        for &n in &target {
+            let known = m.membership_config.membership().voter_ids().any(|v| v == n)
+                || learners.contains(&n);
+            if known {
+                continue;
+            }
+            let addr = view
+                .nodes
+                .get(n as usize)
+                .map(|node| node.addr.clone())
+                .ok_or_else(|| format!("no node {n} in the view"))?;
+            tracing::info!("partition {}: adding node {n} as a learner", self.id);
+            tokio::time::timeout(
+                CONFORM_WAIT,
+                self.raft.add_learner(n, BasicNode::new(addr), true),
+            )
+            .await
+            .map_err(|_| format!("node {n} did not catch up in {CONFORM_WAIT:?}"))?
+            .map_err(|e| e.to_string())?;
+        }
+        tracing::info!("partition {}: changing the voters to {target:?}", self.id);
+        tokio::time::timeout(CONFORM_WAIT, self.raft.change_membership(target, false))
+            .await
+            .map_err(|_| format!("the change did not commit in {CONFORM_WAIT:?}"))?
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
     /// Runs `request`'s reads on this replica's copy, whatever its role: a consistent
     /// snapshot of the entries it has applied, possibly behind the leader (`READONLY`).
     /// `Err` (`Busy` or `Moved`) while a key it reads is written by a prepared
@@ -933,18 +1422,45 @@ impl Request {
     }
 }
 
+/// Runs [`Replication::reconcile`] every second, and at once when a newer view arrives,
+/// until the server stops.
+pub async fn reconcile_loop(shared: std::sync::Weak<Shared>) {
+    loop {
+        let wake = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if shared.shutdown.is_cancelled() {
+                return;
+            }
+            let Some(rep) = shared.replication.get() else {
+                return;
+            };
+            rep.reconcile(&shared).await;
+            Arc::clone(&rep.wake)
+        };
+        let _ = tokio::time::timeout(RECONCILE_EVERY, wake.notified()).await;
+    }
+}
+
 /// Serves a `KEEL.RAFT <partition> <kind> <payload>` request from another node: Raft's RPCs
 /// (`append`, `vote`, `snapshot`) and requests forwarded to this node as the leader
 /// (`write`, `read`). The reply is the encoded answer.
-pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, String> {
+pub async fn serve_rpc(shared: &Arc<Shared>, args: &[Bytes]) -> Result<Vec<u8>, String> {
     let Some(rep) = shared.replication.get() else {
         return Err("ERR keel: this node does not replicate partitions".into());
     };
-    let (p, layout) = std::str::from_utf8(&args[1])
-        .ok()
-        .and_then(|s| s.split_once('/'))
+    let header = std::str::from_utf8(&args[1]).unwrap_or("");
+    let mut fields = header.split('/');
+    let (p, layout) = fields
+        .next()
+        .zip(fields.next())
         .and_then(|(p, l)| Some((p.parse::<usize>().ok()?, u64::from_str_radix(l, 16).ok()?)))
-        .ok_or("ERR keel: KEEL.RAFT needs <partition>/<layout digest>")?;
+        .ok_or("ERR keel: KEEL.RAFT needs <partition>/<layout digest>[/<epoch>/<sender>]")?;
+    let sent_by = fields
+        .next()
+        .zip(fields.next())
+        .and_then(|(e, n)| Some((e.parse::<u64>().ok()?, n.parse::<usize>().ok()?)));
     if layout != rep.layout {
         // Nodes that place partitions differently must not vote in each other's groups.
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -960,6 +1476,24 @@ pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, Strin
     }
     let kind = args[2].as_ref();
     let payload = &args[3];
+    if let Some((epoch, sender)) = sent_by
+        && epoch > rep.view.read().epoch
+        && sender != rep.me
+        && sender < shared.cluster.as_ref().map_or(0, |c| c.map().nodes().len())
+    {
+        rep.fetch_view(Arc::clone(shared), sender);
+    }
+    match kind {
+        // A node passing on a newer view, and one asking for this node's.
+        b"view" => {
+            let view: View = postcard::from_bytes(payload)
+                .map_err(|e| format!("ERR keel: a bad cluster view: {e}"))?;
+            rep.adopt(shared, view);
+            return Ok(Vec::new());
+        }
+        b"view-get" => return Ok(postcard::to_stdvec(&*rep.view()).expect("a view encodes")),
+        _ => {}
+    }
     let Some(part) = rep.part(p) else {
         if matches!(kind, b"write" | b"read") {
             let refused: Result<Response, Refused> =
@@ -968,38 +1502,7 @@ pub async fn serve_rpc(shared: &Shared, args: &[Bytes]) -> Result<Vec<u8>, Strin
         }
         return Err(format!("ERR keel: partition {p} is not on this node"));
     };
-    net::serve(part, kind, payload).await
-}
-
-/// Opens (or creates) one of a partition's databases.
-async fn open_db(
-    dir: Option<&PathBuf>,
-    name: &str,
-    shared: &Shared,
-    part: usize,
-    what: &'static str,
-) -> Result<&'static Db, StartError> {
-    let db = match dir {
-        Some(dir) => {
-            let path = dir.join(name);
-            let mut options = shared.config.engine_options().split(keel::SplitMode::Off);
-            if what == "data" {
-                options = options.durability(data_durability(shared.config.durability));
-            }
-            let at = path.clone();
-            tokio::task::spawn_blocking(move || Db::open(at, options))
-                .await
-                .expect("opening a database does not panic")
-                .map_err(|source| StartError::Open {
-                    part,
-                    what,
-                    dir: path,
-                    source,
-                })?
-        }
-        None => Db::in_memory(),
-    };
-    Ok(Box::leak(Box::new(db)))
+    net::serve(&part, kind, payload).await
 }
 
 #[cfg(test)]

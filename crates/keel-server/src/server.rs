@@ -343,17 +343,28 @@ impl Server {
         });
         match &shared.cluster {
             Some(cluster) => {
-                let map = Arc::clone(&cluster.map);
-                let xnode = crate::xnode::Xnode::start(&shared, &map)
-                    .await
-                    .map_err(StartError::Cluster)?;
-                let _ = shared.xnode.set(xnode);
+                let map = cluster.map();
+                // The nodes of the config run the transport of cross-node transactions
+                // without replication; a node that joined a replicated cluster later is not
+                // in its peers' configs, and has no use for it.
+                let joined = shared
+                    .config
+                    .cluster_view
+                    .as_ref()
+                    .is_some_and(|v| map.myself() >= v.configured);
+                if !joined {
+                    let xnode = crate::xnode::Xnode::start(&shared, &map)
+                        .await
+                        .map_err(StartError::Cluster)?;
+                    let _ = shared.xnode.set(xnode);
+                }
                 if shared.config.replicas > 1 {
                     let replication = crate::replica::Replication::start(&shared)
                         .await
                         .map_err(StartError::Replication)?;
                     let _ = shared.replication.set(replication);
                     tokio::spawn(crate::replica::txn::resolve_loop(Arc::downgrade(&shared)));
+                    tokio::spawn(crate::replica::reconcile_loop(Arc::downgrade(&shared)));
                 }
             }
             None if db.recovery().is_some_and(|r| r.in_doubt > 0) => {

@@ -193,6 +193,8 @@ pub enum Cmd {
     KeelAdd,
     KeelRaft,
     KeelMoveslots,
+    KeelJoin,
+    KeelRemovenode,
 }
 
 /// One command's description.
@@ -2184,6 +2186,28 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Replicated cluster: KEEL.MOVESLOTS node-id slot|start-end ... moves the slots (and their keys) to the partition whose home is node-id, online and transactionally. Replies the number of slots moved."
+    ),
+    spec!(
+        "keel.join",
+        KeelJoin,
+        3,
+        &["admin", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Replicated cluster: KEEL.JOIN node-id host:port adds the node (sent by keel serve --cluster-join): a new partition on it, and replicas moved to it. Replies the cluster's view, encoded."
+    ),
+    spec!(
+        "keel.removenode",
+        KeelRemovenode,
+        2,
+        &["admin", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Replicated cluster: KEEL.REMOVENODE node-id moves the node's replicas to other nodes and removes it from the cluster; its partition must own no slots. Replies the number of partitions whose replica moved."
     ),
 ];
 

@@ -43,12 +43,12 @@ pub async fn call_node(
     let cluster = shared.cluster.as_ref().expect("cluster mode");
     let request = [
         Bytes::from_static(b"KEEL.RAFT"),
-        Bytes::from(format!("{p}/{:016x}", layout(shared))),
+        Bytes::from(header(shared, p)),
         Bytes::copy_from_slice(kind.as_bytes()),
         Bytes::copy_from_slice(payload),
     ];
     let password = shared.requirepass.read().clone();
-    let wait = wait.unwrap_or_else(|| cluster.map.timeout());
+    let wait = wait.unwrap_or_else(|| cluster.map().timeout());
     let reply = cluster
         .exchange(node, &[&request], Proto::Resp2, password, Some(Some(wait)))
         .await
@@ -62,10 +62,17 @@ pub async fn call_node(
     parse_bulk(&reply).map_err(CallError::Lost)
 }
 
-/// This node's layout digest (`Replication::layout`), known before replication has started.
-fn layout(shared: &Shared) -> u64 {
-    let map = &shared.cluster.as_ref().expect("cluster mode").map;
-    super::layout(map.digest(), shared.config.replicas)
+/// A `KEEL.RAFT` request's second argument: `<partition>/<layout digest>/<view epoch>/<sender>`
+/// (the layout digest is `Replication::layout`, known before replication has started; the
+/// receiver fetches the sender's view if it is newer than its own).
+fn header(shared: &Shared, p: usize) -> String {
+    let map = shared.cluster.as_ref().expect("cluster mode").map();
+    let layout = super::layout(map.digest(), shared.config.replicas);
+    let epoch = shared
+        .replication
+        .get()
+        .map_or(0, |rep| rep.view.read().epoch);
+    format!("{p}/{layout:016x}/{epoch}/{}", map.myself())
 }
 
 /// The contents of a RESP bulk string reply, or the error it carries.
@@ -141,7 +148,7 @@ impl Peer {
         wait: Duration,
     ) -> Result<Vec<u8>, CallError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let addr = cluster.map.nodes()[self.target].addr;
+        let addr = cluster.map().nodes()[self.target].addr;
         let pooled = self.idle.lock().get_mut(&self.target).and_then(Vec::pop);
         let mut conn = match pooled {
             Some(c) => c,
@@ -160,7 +167,7 @@ impl Peer {
         crate::cluster::encode(
             &[
                 Bytes::from_static(b"KEEL.RAFT"),
-                Bytes::from(format!("{}/{:016x}", self.part, layout(shared))),
+                Bytes::from(header(shared, self.part)),
                 Bytes::copy_from_slice(kind.as_bytes()),
                 Bytes::copy_from_slice(payload),
             ],
@@ -267,6 +274,13 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"append" => encode(&part.raft.append_entries(decode(payload)?).await),
         b"vote" => encode(&part.raft.vote(decode(payload)?).await),
         b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
+        b"members" => {
+            let m = part.raft.metrics().borrow().clone();
+            let voters: Option<std::collections::BTreeSet<u64>> = (m.state
+                == openraft::ServerState::Leader)
+                .then(|| m.membership_config.membership().voter_ids().collect());
+            encode(&voters)
+        }
         b"write" | b"read" => {
             let request: Request = decode(payload)?;
             let answer: Result<Response, Refused> = part.submit(request, kind == b"read").await;

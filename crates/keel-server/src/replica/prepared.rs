@@ -52,6 +52,8 @@ const CLOCK: &[u8] = &[0xFF, b'r', b't'];
 const MOVED: &[u8] = &[0xFF, b'r', b'o'];
 /// A watched key's version and when its watch lapses: `FF 'r' 'w' <key>` → 16 bytes.
 const WATCHED: &[u8] = &[0xFF, b'r', b'w'];
+/// The cluster's view (`super::view`), kept by partition 0: `FF 'r' 'v'` → the encoded view.
+const VIEW: &[u8] = &[0xFF, b'r', b'v'];
 
 /// How long a key stays watched after its last `WATCH` (by the partition's clock): an `EXEC`
 /// later than that finds no version and aborts, as if the key had changed.
@@ -1038,6 +1040,28 @@ pub fn apply(
                     reply: postcard::to_stdvec(&answer).map_err(sm_err)?,
                     ..Response::default()
                 }
+            }
+        }
+        Op::View { expect, view } => {
+            let stored = db.snapshot().map_err(sm_err)?.get(VIEW).map_err(sm_err)?;
+            let epoch = match &stored {
+                Some(bytes) => {
+                    postcard::from_bytes::<super::View>(bytes)
+                        .map_err(sm_err)?
+                        .epoch
+                }
+                None => 0,
+            };
+            let now = if epoch == *expect {
+                books.puts.push((VIEW.to_vec(), view.clone()));
+                view.clone()
+            } else {
+                stored.unwrap_or_default()
+            };
+            books.commit(db)?;
+            Response {
+                reply: now,
+                ..Response::default()
             }
         }
         Op::Forget { txn } => {

@@ -391,15 +391,14 @@ impl Sim {
     fn part(&self, node: usize, up: Up) -> Part {
         let n = &self.nodes[node];
         let epoch = self.epoch;
+        let moved = up.locks.lock().moved_flag();
         Part {
             id: self.part,
             raft: up.raft,
             db: n.data_db,
-            replicas: (0..self.n).collect(),
+            moved,
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
-            log_db: n.log_db,
-            own_db: false,
         }
     }
 

@@ -128,15 +128,20 @@ impl Net for Node {
 
     fn led(&self) -> Vec<(usize, prepared::Shared)> {
         self.rep()
-            .parts
-            .values()
+            .hosted()
+            .iter()
             .filter(|p| p.leads())
             .map(|p| (p.id, Arc::clone(&p.locks)))
             .collect()
     }
 
     fn timeout(&self) -> Duration {
-        self.0.cluster.as_ref().expect("cluster mode").map.timeout()
+        self.0
+            .cluster
+            .as_ref()
+            .expect("cluster mode")
+            .map()
+            .timeout()
     }
 
     fn now_ms(&self) -> u64 {
@@ -148,7 +153,7 @@ impl Net for Node {
     }
 
     fn owner(&self, slot: u16) -> usize {
-        let map = &self.0.cluster.as_ref().expect("cluster mode").map;
+        let map = &self.0.cluster.as_ref().expect("cluster mode").map();
         self.rep().owner(map, slot)
     }
 
