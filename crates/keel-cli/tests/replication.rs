@@ -300,8 +300,9 @@ fn elle_under_faults<T>(
     let mut finals: HashMap<u32, Vec<u64>> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     for (key, &k) in &key_index {
-        loop {
-            let read = connect_addr(addrs[k as usize % nodes_n])
+        // Each failed attempt tries the next node (one may be down for good).
+        for attempt in 0.. {
+            let read = connect_addr(addrs[(k as usize + attempt) % nodes_n])
                 .and_then(|mut c| redis::cmd("GET").arg(*key).query::<Option<String>>(&mut c));
             match read {
                 Ok(v) => {
@@ -757,6 +758,130 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
     );
     assert!(report.committed > 100, "{summary}");
     assert!(commits.len() > 100, "{summary}");
+}
+
+/// Membership under load: while the Elle clients and the bank run against five nodes, a
+/// sixth joins (`keel serve --cluster-join`: a new partition, replicas moved to it), `keel
+/// cluster rebalance` moves slots to it, `keel cluster remove-node n1` moves n1's slots and
+/// replicas away, and n1 is killed. The same checks as under faults (strict
+/// serializability, nothing acknowledged lost or doubled, the bank's total), and afterwards
+/// no partition keeps a replica on n1, the new node serves slots, and nothing stays prepared.
+#[test]
+fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Block 3's first two ports belong to `data_written_without_replicas_is_refused`.
+    let ports: Vec<u16> = support::ports(3, 8)[2..].to_vec();
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    let mut nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start_with(dir.path(), i, &ports[..NODES], &["--replicas", "3"]))
+        .collect();
+    let keel = |args: &[String]| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(args)
+            .output()
+            .expect("keel cluster");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "keel {args:?}: {text}");
+        text
+    };
+    let nodes_line = |addr: SocketAddr| -> String {
+        connect_addr(addr)
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c))
+            .unwrap_or_default()
+    };
+    let mut joined: Option<Node> = None;
+    let (report, commits, steps) = elle_under_faults(&addrs[..NODES], |cluster| {
+        std::thread::sleep(Duration::from_secs(1));
+        let began = Instant::now();
+        joined = Some(Node::join(dir.path(), NODES, ports[NODES], addrs[1]));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !nodes_line(addrs[0]).contains("n6 ") {
+            assert!(Instant::now() < deadline, "n6 never listed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let rebalanced = keel(&[
+            "cluster".into(),
+            "rebalance".into(),
+            "--node".into(),
+            addrs[2].to_string(),
+        ]);
+        assert!(rebalanced.contains("slots to n6"), "{rebalanced}");
+        std::thread::sleep(Duration::from_secs(1));
+        let removed = keel(&[
+            "cluster".into(),
+            "remove-node".into(),
+            "n1".into(),
+            "--node".into(),
+            addrs[3].to_string(),
+        ]);
+        assert!(removed.contains("n1 removed"), "{removed}");
+        cluster.avoid.fetch_or(1, Ordering::Relaxed);
+        nodes[0].kill_9();
+        let took = began.elapsed();
+        std::thread::sleep(Duration::from_secs(2));
+        format!("join, rebalance, remove-node in {took:?}:\n{rebalanced}{removed}")
+    });
+    println!("{report:?}\n{steps}");
+    assert!(report.committed > 100, "{report:?}");
+    assert!(commits.len() > 100);
+    let live: Vec<SocketAddr> = addrs[1..].to_vec();
+    // Every live node lists n2..n6 and every slot; none lists n1; the new node owns slots.
+    for &a in &live {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = nodes_line(a);
+            let ids: Vec<&str> = text.lines().filter_map(|l| l.split(' ').next()).collect();
+            if ids == ["n2", "n3", "n4", "n5", "n6"] {
+                let n6 = text.lines().find(|l| l.starts_with("n6 ")).expect("n6");
+                assert!(n6.split_whitespace().count() > 8, "n6 owns no slot: {text}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "on {a}: {text}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // No partition keeps n1 among its replicas, the new node hosts some, nothing prepared.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines: Vec<String> = live
+            .iter()
+            .flat_map(|&a| {
+                let info: String = connect_addr(a)
+                    .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c))
+                    .unwrap_or_default();
+                info.lines()
+                    .filter(|l| l.starts_with("keel_partition_"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let replicas = |l: &String| -> Vec<String> {
+            l.split(",replicas=")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .map(|r| r.split(';').map(str::to_owned).collect())
+                .unwrap_or_default()
+        };
+        let done = lines.len() == 3 * (NODES + 1)
+            && lines.iter().all(|l| {
+                let r = replicas(l);
+                r.len() == 3 && !r.contains(&"n1".to_owned()) && l.contains(",prepared=0,")
+            })
+            && lines.iter().any(|l| replicas(l).contains(&"n6".to_owned()));
+        if done {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{lines:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(joined);
 }
 
 /// A node whose disk is lost (killed, its directory deleted) comes back empty under the same

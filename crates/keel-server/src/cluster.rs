@@ -164,7 +164,14 @@ impl Cluster {
         wait: Option<Option<Duration>>,
     ) -> Result<Bytes, Down> {
         let map = self.map();
-        let peer = &map.nodes()[node];
+        let Some(peer) = map.nodes().get(node) else {
+            return Err(Down {
+                text: format!(
+                    "CLUSTERDOWN The cluster is down: node #{node} is not one this node knows"
+                ),
+                sent: false,
+            });
+        };
         let timeout = map.timeout();
         let down = |why: &str| Down {
             text: format!(

@@ -233,6 +233,9 @@ pub enum Refused {
     Failed(String),
     /// A batch that did not apply because one of its commands failed: run them one by one.
     RolledBack,
+    /// The partition's replica here stopped (it left the partition, or the server stops)
+    /// while the write was submitted: it may or may not have been appended.
+    Stopped(String),
 }
 
 /// Why [`Replication::run`] has no reply.
@@ -997,21 +1000,41 @@ impl Replication {
         Ok(moving.len())
     }
 
-    /// Partition `p`'s voters as its leader knows them.
+    /// Partition `p`'s voters as its leader knows them: asked of the leader this node
+    /// knows, else of the replicas the view places it on, following the leader they name.
     async fn voters(&self, shared: &Shared, p: usize) -> Option<std::collections::BTreeSet<u64>> {
-        let leader = self.leader(p)?;
-        if leader == self.me {
-            let part = self.part(p)?;
-            let m = part.raft.metrics().borrow().clone();
-            return (m.state == openraft::ServerState::Leader)
-                .then(|| m.membership_config.membership().voter_ids().collect());
+        let mut ask: Vec<usize> = self.leader(p).into_iter().collect();
+        ask.extend(self.view().parts.get(p).into_iter().flatten());
+        let mut asked = std::collections::HashSet::new();
+        while let Some(node) = ask.first().copied() {
+            ask.remove(0);
+            if !asked.insert(node) {
+                continue;
+            }
+            let answer = if node == self.me {
+                let part = self.part(p)?;
+                let m = part.raft.metrics().borrow().clone();
+                let voters = (m.state == openraft::ServerState::Leader)
+                    .then(|| m.membership_config.membership().voter_ids().collect());
+                (voters, m.current_leader)
+            } else {
+                let Ok(bytes) = net::call_node(shared, node, p, "members", &[], None).await else {
+                    continue;
+                };
+                match postcard::from_bytes::<(Option<std::collections::BTreeSet<u64>>, Option<u64>)>(
+                    &bytes,
+                ) {
+                    Ok(answer) => answer,
+                    Err(_) => continue,
+                }
+            };
+            match answer {
+                (Some(voters), _) => return Some(voters),
+                (None, Some(leader)) => ask.insert(0, leader as usize),
+                (None, None) => {}
+            }
         }
-        let bytes = net::call_node(shared, leader, p, "members", &[], None)
-            .await
-            .ok()?;
-        postcard::from_bytes::<Option<std::collections::BTreeSet<u64>>>(&bytes)
-            .ok()
-            .flatten()
+        None
     }
 
     /// Brings this node in line with its view: opens the partitions placed here, closes the
@@ -1048,12 +1071,17 @@ impl Replication {
             let leads = m.state == openraft::ServerState::Leader;
             if !target.contains(&(self.me as u64)) && !leads {
                 let since = *self.leaving.lock().entry(p).or_insert_with(Instant::now);
-                // Out of the partition's membership as applied here, or long out of the view
-                // (a removed voter never hears of the final membership, which its leader
-                // sends only to the new members): nothing more comes here.
+                // Out of the newest configuration of the partition's membership as this
+                // replica has it (a removed voter hears of the joint one, old and new, but
+                // not of the final one, which its leader sends only to the new members), or
+                // long out of the view: nothing more comes here.
                 let members = m.membership_config.membership();
-                let out = !members.voter_ids().any(|v| v == self.me as u64)
-                    && !members.learner_ids().any(|l| l == self.me as u64);
+                let me = self.me as u64;
+                let out = !members
+                    .get_joint_config()
+                    .last()
+                    .is_some_and(|newest| newest.contains(&me))
+                    && !members.learner_ids().any(|l| l == me);
                 if out || since.elapsed() > LEAVE_AFTER {
                     self.parts.write().remove(&p);
                     self.leaving.lock().remove(&p);
@@ -1184,6 +1212,7 @@ impl Replication {
             match outcome {
                 Ok(response) => return Ok(response),
                 Err(Refused::Failed(text)) => return Err(RunError::Failed(text)),
+                Err(Refused::Stopped(text)) => return Err(RunError::Unknown(text)),
                 Err(Refused::RolledBack) => return Err(RunError::RolledBack),
                 Err(Refused::NotLeader(hint)) => {
                     if Instant::now() >= deadline {
@@ -1290,6 +1319,10 @@ impl Part {
     /// read, `Busy` while a key it reads is written by a prepared transaction).
     pub async fn submit(&self, mut request: Request, read: bool) -> Result<Response, Refused> {
         use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+        // A replica that left the partition: nothing was submitted, try the others.
+        if self.raft.metrics().borrow().state == openraft::ServerState::Shutdown {
+            return Err(Refused::NotLeader(None));
+        }
         if read {
             match self.raft.ensure_linearizable().await {
                 Ok(_) => {}
@@ -1299,12 +1332,8 @@ impl Part {
                 Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
                     return Err(Refused::NotLeader(None));
                 }
-                Err(RaftError::Fatal(e)) => {
-                    return Err(Refused::Failed(format!(
-                        "ERR keel: partition {} stopped: {e}",
-                        self.id
-                    )));
-                }
+                // Stopped here: a read may go to another replica.
+                Err(RaftError::Fatal(_)) => return Err(Refused::NotLeader(None)),
             }
             return Ok(match read_here(self.db, &self.locks, &request) {
                 Ok(reply) => Response {
@@ -1326,8 +1355,9 @@ impl Part {
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
                 Refused::Failed(format!("ERR keel: partition {}: {e}", self.id)),
             ),
-            Err(RaftError::Fatal(e)) => Err(Refused::Failed(format!(
-                "ERR keel: partition {} stopped: {e}",
+            Err(RaftError::Fatal(e)) => Err(Refused::Stopped(format!(
+                "TRYAGAIN keel: partition {}'s replica on this node stopped ({e}); the write \
+                 may or may not have happened",
                 self.id
             ))),
         }

@@ -18,6 +18,9 @@ pub struct Node {
     hosts: Vec<std::net::IpAddr>,
     /// The network namespace the process runs in, if any (`ip netns exec`).
     netns: Option<String>,
+    /// A node that joins a running replicated cluster through this node of it
+    /// (`--cluster-join`) instead of being in the config.
+    join: Option<std::net::SocketAddr>,
 }
 
 impl Drop for Node {
@@ -58,6 +61,26 @@ impl Node {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             hosts: vec![std::net::Ipv4Addr::LOCALHOST.into(); ports.len()],
             netns: None,
+            join: None,
+        };
+        node.spawn();
+        node
+    }
+
+    /// Starts node `n<index + 1>` on loopback port `port`, joining the replicated cluster
+    /// that `seed` belongs to (`keel serve --cluster-join`), with data under
+    /// `dir/node-<index + 1>`.
+    pub fn join(dir: &Path, index: usize, port: u16, seed: std::net::SocketAddr) -> Node {
+        let mut node = Node {
+            child: None,
+            port,
+            dir: dir.join(format!("node-{}", index + 1)),
+            index: 0,
+            ports: vec![port],
+            extra: vec!["--cluster-myself".into(), format!("n{}", index + 1)],
+            hosts: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+            netns: None,
+            join: Some(seed),
         };
         node.spawn();
         node
@@ -84,6 +107,7 @@ impl Node {
             extra,
             hosts: hosts.to_vec(),
             netns: Some(netns.to_owned()),
+            join: None,
         };
         node.spawn();
         node
@@ -113,18 +137,25 @@ impl Node {
             .arg(self.port.to_string())
             .arg("--dir")
             .arg(&self.dir);
-        for (i, port) in self.ports.iter().enumerate() {
-            let (start, end) =
-                keel_server::cluster_map::membership::even_range(i, self.ports.len());
-            let host = self.hosts[i];
-            command
-                .arg("--cluster-node")
-                .arg(format!("n{},{host}:{port},{start}-{end}", i + 1));
+        match self.join {
+            Some(seed) => {
+                command.arg("--cluster-join").arg(seed.to_string());
+            }
+            None => {
+                for (i, port) in self.ports.iter().enumerate() {
+                    let (start, end) =
+                        keel_server::cluster_map::membership::even_range(i, self.ports.len());
+                    let host = self.hosts[i];
+                    command
+                        .arg("--cluster-node")
+                        .arg(format!("n{},{host}:{port},{start}-{end}", i + 1));
+                }
+                command
+                    .arg("--cluster-myself")
+                    .arg(format!("n{}", self.index + 1));
+            }
         }
-        command
-            .arg("--cluster-myself")
-            .arg(format!("n{}", self.index + 1))
-            .args(&self.extra);
+        command.args(&self.extra);
         // Its log, kept for a failure message.
         let log_path = self.dir.with_extension("log");
         let log = std::fs::OpenOptions::new()

@@ -148,7 +148,12 @@ impl Peer {
         wait: Duration,
     ) -> Result<Vec<u8>, CallError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let addr = cluster.map().nodes()[self.target].addr;
+        let Some(addr) = cluster.map().nodes().get(self.target).map(|n| n.addr) else {
+            return Err(CallError::Unsent(format!(
+                "node #{} is not one this node knows yet",
+                self.target
+            )));
+        };
         let pooled = self.idle.lock().get_mut(&self.target).and_then(Vec::pop);
         let mut conn = match pooled {
             Some(c) => c,
@@ -274,12 +279,13 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"append" => encode(&part.raft.append_entries(decode(payload)?).await),
         b"vote" => encode(&part.raft.vote(decode(payload)?).await),
         b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
+        // The partition's voters if this replica leads it, and the leader it knows.
         b"members" => {
             let m = part.raft.metrics().borrow().clone();
             let voters: Option<std::collections::BTreeSet<u64>> = (m.state
                 == openraft::ServerState::Leader)
                 .then(|| m.membership_config.membership().voter_ids().collect());
-            encode(&voters)
+            encode(&(voters, m.current_leader))
         }
         b"write" | b"read" => {
             let request: Request = decode(payload)?;

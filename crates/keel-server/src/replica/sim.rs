@@ -1090,7 +1090,8 @@ async fn call(sim: &Sim, guess: &mut usize, request: &Request, read: bool, rng: 
                     Ok(Err(Refused::NotLeader(hint))) => hint.map(|h| h as usize),
                     // The node stopped while it had the request: it may have been appended.
                     // (`RolledBack` is for pipelined batches, which these requests are not.)
-                    Ok(Err(Refused::Failed(_) | Refused::RolledBack)) | Err(_) => {
+                    Ok(Err(Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_)))
+                    | Err(_) => {
                         return Seen::Unknown;
                     }
                 }

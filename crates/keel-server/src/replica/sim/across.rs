@@ -214,7 +214,9 @@ impl Driver {
             Ok(Ok(response)) => Sent::Answer(response),
             Ok(Err(Refused::NotLeader(hint))) => Sent::NotLeader(hint),
             // The node stopped while it had the request, or did not answer in time.
-            Ok(Err(Refused::Failed(_) | Refused::RolledBack)) | Err(_) => return Sent::Lost,
+            Ok(Err(Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_))) | Err(_) => {
+                return Sent::Lost;
+            }
         };
         match self.link(target, self.home) {
             Ok(delay) => sleep(delay).await,
