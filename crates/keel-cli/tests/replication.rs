@@ -881,7 +881,53 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
         assert!(Instant::now() < deadline, "{lines:#?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    drop(joined);
+    // The joined node restarts with the same command (a join that changes nothing) and
+    // serves every key again.
+    let mut joined = joined.expect("n6 joined");
+    joined.kill_9();
+    joined.spawn();
+    let mut c = connect(ports[NODES]).expect("connect to n6");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while redis::cmd("MGET")
+        .arg(&cluster_keys(addrs[1]))
+        .query::<Vec<Option<String>>>(&mut c)
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "n6 does not serve after a restart"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Joins that conflict are refused, with the reason, and change nothing.
+    let refused = |id: &str, port: u16| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args([
+                "serve",
+                "--cluster-join",
+                &addrs[2].to_string(),
+                "--cluster-myself",
+                id,
+            ])
+            .args(["--port", &port.to_string(), "--dir"])
+            .arg(dir.path().join(format!("refused-{id}")))
+            .output()
+            .expect("keel serve");
+        assert!(!out.status.success(), "{id} joined");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let spare = support::ports(3, 8)[0];
+    let text = refused("n2", spare);
+    assert!(text.contains("is in the cluster at"), "{text}");
+    let text = refused("n1", spare);
+    assert!(text.contains("was removed"), "{text}");
+    let text = refused("n7", ports[2]);
+    assert!(text.contains("address"), "{text}");
+}
+
+/// The Elle keys of every partition, as `CLUSTER KEYSLOT` on `addr` finds them.
+fn cluster_keys(addr: SocketAddr) -> Vec<String> {
+    keys_by_partition(addr).into_iter().flatten().collect()
 }
 
 /// A node whose disk is lost (killed, its directory deleted) comes back empty under the same
