@@ -889,7 +889,7 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
     let mut c = connect(ports[NODES]).expect("connect to n6");
     let deadline = Instant::now() + Duration::from_secs(20);
     while redis::cmd("MGET")
-        .arg(&cluster_keys(addrs[1]))
+        .arg(cluster_keys(addrs[1]))
         .query::<Vec<Option<String>>>(&mut c)
         .is_err()
     {
