@@ -499,6 +499,16 @@ impl Replication {
                 .await?
         };
         let log_db = self.open_db(&format!("raft-{p}"), shared, p, "log").await?;
+        // A replica emptied when it left, and a crash cut the emptying short.
+        for (db, what) in [(db, "data"), (log_db, "log")] {
+            tokio::task::spawn_blocking(move || machine::finish_wipe(db))
+                .await
+                .expect("emptying does not panic")
+                .map_err(|text| StartError::Raft {
+                    part: p,
+                    text: format!("finishing the emptying of its {what}: {text}"),
+                })?;
+        }
         let log = log::LogStore::open(log_db, shared.config.durability.engine());
         let snapshot_dir = dir.map(|d| d.join(format!("raft-{p}")));
         let machine = machine::Machine::open(db, snapshot_dir)
@@ -1000,6 +1010,32 @@ impl Replication {
         Ok(moving.len())
     }
 
+    /// Empties the databases of a replica that left partition `p` (its data `db`, its log,
+    /// its snapshot file), keeping them open for a return.
+    async fn empty(&self, p: usize, db: &'static Db) {
+        let log = self.dbs.lock().get(&format!("raft-{p}")).copied();
+        let snapshot = self
+            .dir
+            .as_ref()
+            .map(|d| d.join(format!("raft-{p}")).join(machine::SNAPSHOT_FILE));
+        let emptied = tokio::task::spawn_blocking(move || {
+            machine::wipe(db)?;
+            if let Some(log) = log {
+                machine::wipe(log)?;
+            }
+            match snapshot.map(std::fs::remove_file) {
+                Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+                _ => Ok(()),
+            }
+        })
+        .await
+        .expect("emptying does not panic");
+        match emptied {
+            Ok(()) => tracing::info!("partition {p}: the replica that left here is emptied"),
+            Err(e) => tracing::warn!("partition {p}: emptying the replica that left: {e}"),
+        }
+    }
+
     /// Partition `p`'s voters as its leader knows them: asked of the leader this node
     /// knows, else of the replicas the view places it on, following the leader they name.
     async fn voters(&self, shared: &Shared, p: usize) -> Option<std::collections::BTreeSet<u64>> {
@@ -1087,6 +1123,12 @@ impl Replication {
                     self.leaving.lock().remove(&p);
                     tracing::info!("partition {p}: this node's replica left");
                     part.stop().await;
+                    // Out of every configuration: nothing will ask this replica for its
+                    // log or vote, so its memory (data and log) goes back. A replica only
+                    // long out of the view may still be a voter, and keeps them.
+                    if out {
+                        self.empty(p, part.db).await;
+                    }
                 }
                 continue;
             }
@@ -1557,6 +1599,27 @@ mod tests {
     }
 
     /// openraft's own conformance suite for log stores and state machines.
+    #[test]
+    fn a_replica_that_left_is_emptied_even_across_a_crash() {
+        let db = leaked();
+        db.transact(|t| (0..5000u32).try_for_each(|i| t.put(format!("k{i}").as_bytes(), b"v")))
+            .expect("writes");
+        machine::wipe(db).expect("wipe");
+        assert_eq!(db.snapshot().unwrap().range::<[u8]>(..).count(), 0);
+        // A crash after the mark: the next open finishes it; an unmarked database is kept.
+        db.transact(|t| {
+            t.put(b"a", b"1")?;
+            t.put(&[0xFF, b'r', b'x'], b"")
+        })
+        .expect("writes");
+        let kept = leaked();
+        kept.transact(|t| t.put(b"b", b"2")).expect("writes");
+        machine::finish_wipe(db).expect("finish");
+        machine::finish_wipe(kept).expect("finish");
+        assert_eq!(db.snapshot().unwrap().range::<[u8]>(..).count(), 0);
+        assert_eq!(kept.snapshot().unwrap().range::<[u8]>(..).count(), 1);
+    }
+
     #[test]
     fn log_and_state_machine_pass_openraft_suite() {
         Suite::test_all(Stores).expect("the suite passes");

@@ -51,6 +51,58 @@ const SYNC: &[u8] = &[0xFF, b'r', b's'];
 /// partitions, which are part of a snapshot's data).
 const MARKERS: &[u8] = &[0xFF, b'r'];
 
+/// The snapshot file's name in the partition's log directory.
+pub const SNAPSHOT_FILE: &str = "snapshot";
+
+/// Marks a database being emptied (a replica's data or log after it left its partition): a
+/// crash part way leaves the mark, and the next open finishes the job before anything reads
+/// a half-emptied database.
+const WIPING: &[u8] = &[0xFF, b'r', b'x'];
+
+/// Empties `db`, giving its memory back: the mark first (durably), every other key a batch
+/// at a time, then the mark.
+pub fn wipe(db: &Db) -> std::result::Result<(), String> {
+    let done = |e: keel::TransactError<keel::Error>| e.to_string();
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        t.put(WIPING, b"")
+    })
+    .map_err(done)?;
+    loop {
+        let keys: Vec<Vec<u8>> = db
+            .snapshot()
+            .map_err(|e| e.to_string())?
+            .range::<[u8]>(..)
+            .filter(|(k, _)| k.as_slice() != WIPING)
+            .take(BATCH_KEYS)
+            .map(|(k, _)| k)
+            .collect();
+        if keys.is_empty() {
+            break;
+        }
+        db.transact(|t| {
+            t.set_durability(LAZY);
+            keys.iter().try_for_each(|k| t.delete(k))
+        })
+        .map_err(done)?;
+    }
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        t.delete(WIPING)
+    })
+    .map_err(done)
+}
+
+/// Finishes a [`wipe`] that a crash interrupted, if `db` is marked.
+pub fn finish_wipe(db: &Db) -> std::result::Result<(), String> {
+    let snap = db.snapshot().map_err(|e| e.to_string())?;
+    if snap.get(WIPING).map_err(|e| e.to_string())?.is_some() {
+        drop(snap);
+        wipe(db)?;
+    }
+    Ok(())
+}
+
 /// Whether `key` is one of the markers, which a snapshot does not carry.
 fn is_marker(key: &[u8]) -> bool {
     key == APPLIED || key == SYNC
@@ -245,7 +297,7 @@ impl Machine {
     }
 
     fn file_path(&self) -> Option<PathBuf> {
-        self.dir.as_ref().map(|d| d.join("snapshot"))
+        self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE))
     }
 
     fn read_file(&self) -> Result<Option<SnapshotFile>> {
