@@ -445,11 +445,108 @@ def partitioned_redis(results):
         print(json.dumps(row))
 
 
+def membership(results, records):
+    """A node joins a loaded 3-node cluster, slots are rebalanced onto it, then node 1 is
+    removed, while writers keep going: how long each step takes, the writes per second
+    around them, and whether every acknowledged write is there at the end."""
+    print(f"== membership: join n4, rebalance, remove n1; {records} records of 100 B, writers on")
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        k = Keel(3, root)
+        joiner = None
+        try:
+            c = redis.Redis(port=BASE, socket_timeout=30)
+            for start in range(0, records, 1000):
+                p = c.pipeline(transaction=False)
+                for i in range(start, min(records, start + 1000)):
+                    p.set(f"r{i}", "v" * 100)
+                p.execute()
+            acked, lock, stop = [], threading.Lock(), [False]
+            marks = []
+
+            def write(w):
+                ports = [BASE + 1, BASE + 2]
+                i, conn = 0, None
+                while not stop[0]:
+                    key = f"m{w}.{i}"
+                    try:
+                        if conn is None:
+                            conn = redis.Redis(port=ports[i % 2], socket_timeout=10)
+                        conn.set(key, "x")
+                        with lock:
+                            acked.append((time.perf_counter(), key))
+                    except redis.RedisError:
+                        conn = None
+                        time.sleep(0.01)
+                    i += 1
+
+            threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+            for th in threads:
+                th.start()
+            t0 = time.perf_counter()
+            time.sleep(3)
+            marks.append(("join", time.perf_counter()))
+            log = open(os.path.join(root, "node-4.log"), "ab")
+            joiner = subprocess.Popen(
+                [KEEL, "serve", "--cluster-join", f"127.0.0.1:{BASE}", "--cluster-myself", "n4",
+                 "--port", str(BASE + 3), "--durability", "sync",
+                 "--dir", os.path.join(root, "node-4")],
+                stdout=subprocess.DEVNULL, stderr=log)
+            # Joined once n4 is a voter of every partition placed on it.
+            while True:
+                try:
+                    info = redis.Redis(port=BASE + 3, socket_timeout=2).info("replication")
+                    parts = [v for key, v in info.items() if key.startswith("keel_partition_")]
+                    if len(parts) == 3 and all("n4" in str(p.get("replicas", "")) and
+                                               p.get("role") in ("leader", "follower")
+                                               for p in parts):
+                        break
+                except redis.RedisError:
+                    pass
+                time.sleep(0.05)
+            marks.append(("rebalance", time.perf_counter()))
+            subprocess.run([KEEL, "cluster", "rebalance", "--node", f"127.0.0.1:{BASE + 1}"],
+                           check=True, stdout=subprocess.DEVNULL)
+            marks.append(("remove", time.perf_counter()))
+            subprocess.run([KEEL, "cluster", "remove-node", "n1", "--node",
+                            f"127.0.0.1:{BASE + 1}"], check=True, stdout=subprocess.DEVNULL)
+            marks.append(("after", time.perf_counter()))
+            time.sleep(3)
+            stop[0] = True
+            for th in threads:
+                th.join()
+            end = time.perf_counter()
+            k.kill9(0)
+            c = redis.Redis(port=BASE + 2, socket_timeout=30)
+            keys = [key for _, key in acked]
+            lost = sum(1 for i in range(0, len(keys), 500)
+                       for v in c.mget(keys[i:i + 500]) if v is None)
+            row = {"records": records, "acknowledged": len(keys), "lost": lost}
+            bounds = [("before", t0)] + marks + [("end", end)]
+            for (name, a), (_, b) in zip(bounds, bounds[1:]):
+                n = sum(1 for t, _ in acked if a <= t < b)
+                row[f"{name}_s"] = round(b - a, 2)
+                row[f"{name}_writes_per_s"] = round(n / (b - a)) if b > a else 0
+            # Writes per half second, for the eye: where they stall.
+            row["writes_per_half_second"] = [
+                sum(1 for t, _ in acked if t0 + i / 2 <= t < t0 + (i + 1) / 2)
+                for i in range(int((end - t0) * 2))]
+            results["membership"] = row
+            print(json.dumps(row))
+        finally:
+            if joiner:
+                joiner.send_signal(signal.SIGTERM)
+                joiner.wait(timeout=15)
+            k.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--json")
-    ap.add_argument("--only", choices=["cost", "workloads", "failover", "lost", "partition"])
+    ap.add_argument("--only", choices=["cost", "workloads", "failover", "lost", "partition",
+                                       "membership"])
+    ap.add_argument("--records", type=int, default=100000,
+                    help="records loaded before the membership run")
     ap.add_argument("--seconds", type=int, default=10, help="length of each workload run")
     args = ap.parse_args()
     results = {}
@@ -463,6 +560,8 @@ def main():
         lost_writes(results)
     if args.only in (None, "partition"):
         partitioned_redis(results)
+    if args.only in (None, "membership"):
+        membership(results, args.records)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

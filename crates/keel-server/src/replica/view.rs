@@ -214,8 +214,15 @@ impl View {
             if load[from] <= load[me] + 1 {
                 break;
             }
+            // Preferably not `from`'s own partition, which `from` most likely leads: a
+            // leader that leaves steps down, and its partition waits out an election
+            // (openraft 0.9 cannot hand leadership over).
+            let movable =
+                |p: &usize| next.parts[*p].contains(&from) && !next.parts[*p].contains(&me);
             let Some(p) = (0..next.parts.len())
-                .find(|&p| next.parts[p].contains(&from) && !next.parts[p].contains(&me))
+                .filter(movable)
+                .find(|&p| p != from)
+                .or_else(|| (0..next.parts.len()).find(movable))
             else {
                 break;
             };
