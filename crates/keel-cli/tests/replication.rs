@@ -881,6 +881,14 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
         assert!(Instant::now() < deadline, "{lines:#?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut connect_addr(addrs[4]).expect("connect"))
+        .expect("INFO");
+    assert!(
+        info.contains("keel_view_epoch:2\r\nkeel_nodes:5\r\nkeel_partitions:6"),
+        "{info}"
+    );
     // Replicas that left a partition gave their memory back.
     assert!(
         nodes[1..]

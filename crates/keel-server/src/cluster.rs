@@ -498,7 +498,7 @@ pub fn command(
         }
         b"info" => {
             arity(2)?;
-            out.verbatim(&info(map));
+            out.verbatim(&info(map, gone));
         }
         b"slots" => {
             arity(2)?;
@@ -580,8 +580,8 @@ pub fn command(
 
 /// `CLUSTER INFO`'s text. The configuration is static and every node serves its slots, so
 /// the state is `ok`; there is no cluster bus yet, so no bus messages.
-fn info(map: &Membership) -> String {
-    let n = map.nodes().len();
+fn info(map: &Membership, gone: &dyn Fn(usize) -> bool) -> String {
+    let n = (0..map.nodes().len()).filter(|&i| !gone(i)).count();
     format!(
         "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
          cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\

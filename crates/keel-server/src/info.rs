@@ -514,7 +514,15 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
     if want("replication") {
         t.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n");
         if let (Some(rep), Some(cluster)) = (shared.replication.get(), &shared.cluster) {
-            let _ = write!(t, "keel_replicas:{}\r\n", rep.r);
+            let view = rep.view();
+            let _ = write!(
+                t,
+                "keel_replicas:{}\r\nkeel_view_epoch:{}\r\nkeel_nodes:{}\r\nkeel_partitions:{}\r\n",
+                rep.r,
+                view.epoch,
+                view.live().count(),
+                view.parts.len()
+            );
             for line in rep.describe(&cluster.map()) {
                 t.push_str(&line);
                 t.push_str("\r\n");
