@@ -792,6 +792,8 @@ impl Conn {
                 reply_bytes_max: shared.config.reply_bytes_max,
                 op: crate::replica::Op::Run,
                 watched: Vec::new(),
+                id: None,
+                keep_ms: 0,
             };
             let read = members.iter().all(|&i| data::is_read_only(cmds[i].0));
             let (shared, p) = (Arc::clone(&shared), *p);
@@ -1301,6 +1303,8 @@ impl Conn {
                     reply_bytes_max: shared.config.reply_bytes_max,
                     op: crate::replica::Op::Watch,
                     watched: Vec::new(),
+                    id: None,
+                    keep_ms: 0,
                 };
                 let answer = tokio::select! {
                     r = rep.run(&shared, p, request, false) => r,
@@ -1470,6 +1474,8 @@ impl Conn {
             reply_bytes_max: shared.config.reply_bytes_max,
             op: crate::replica::Op::Run,
             watched: Vec::new(),
+            id: None,
+            keep_ms: 0,
         };
         let (mut p, mut slot) = (p, slot);
         // A slot that moved to another partition is followed (a few times: it may move on).

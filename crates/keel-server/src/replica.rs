@@ -91,6 +91,12 @@ pub struct Request {
     /// `EXEC` under `WATCH`: the watched keys of this partition as `WATCH` found them; if
     /// one changed since, nothing runs (the reply is a null array, or the vote is no).
     pub watched: Vec<Watched>,
+    /// A write's id (`Op::Run`): the partition keeps the answer of an applied write for
+    /// `keep_ms`, and answers it again to the same id without running it again, so that the
+    /// node that sent it may send it again after losing the answer (a leader that died).
+    pub id: Option<TxnId>,
+    /// How long the answer is kept (ms from the entry's clock).
+    pub keep_ms: u64,
 }
 
 /// A key watched in a replicated cluster: the version its partition gave it at `WATCH` (the
@@ -221,6 +227,9 @@ const SNAPSHOT_EVERY: u64 = 10_000;
 /// How long the replicas of a partition other than its home wait for the home node to start
 /// the group on a fresh cluster before they do.
 const INITIALIZE_AFTER: Duration = Duration::from_secs(3);
+/// How much longer than its sender may send it again a write's answer is kept (clocks of
+/// different nodes differ by this much at most, for the purpose).
+const REQUEST_KEEP_MARGIN_MS: u64 = 10_000;
 /// Pause between attempts while a partition has no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -1036,6 +1045,15 @@ impl Replication {
         }
     }
 
+    /// A new id for a request or a transaction of this node.
+    pub fn next_id(&self) -> TxnId {
+        TxnId {
+            node: u16::try_from(self.me).expect("at most u16::MAX nodes"),
+            incarnation: self.incarnation,
+            seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     /// Partition `p`'s voters as its leader knows them: asked of the leader this node
     /// knows, else of the replicas the view places it on, following the leader they name.
     async fn voters(&self, shared: &Shared, p: usize) -> Option<std::collections::BTreeSet<u64>> {
@@ -1162,7 +1180,15 @@ impl Replication {
         read: bool,
     ) -> Result<Vec<u8>, RunError> {
         let cluster = shared.cluster.as_ref().expect("cluster mode");
-        let deadline = Instant::now() + cluster.map().timeout() * 3;
+        let patience = cluster.map().timeout() * 3;
+        let deadline = Instant::now() + patience;
+        let mut request = request;
+        if !read && request.op == Op::Run && request.id.is_none() {
+            request.id = Some(self.next_id());
+            // Kept while this node may send it again, with a margin for the clocks.
+            request.keep_ms = u64::try_from(patience.as_millis()).unwrap_or(u64::MAX / 2)
+                + REQUEST_KEEP_MARGIN_MS;
+        }
         let mut backoff = Duration::from_millis(1);
         loop {
             let response = self.call(shared, p, &request, read, deadline).await?;
@@ -1218,6 +1244,9 @@ impl Replication {
             )));
         }
         let mut payload: Option<Vec<u8>> = None;
+        // A write with an id that may have applied (its answer was lost): sent again until
+        // answered, the partition answering what it did the first time.
+        let mut maybe_applied = false;
         loop {
             let outcome = match target {
                 Some(node) if node == self.me => match self.part(p) {
@@ -1240,11 +1269,15 @@ impl Replication {
                         // Never sent: try again once the partition has a reachable leader.
                         Err(net::CallError::Unsent(_)) => Err(Refused::NotLeader(None)),
                         // Sent, and the answer lost: a write may or may not have happened.
-                        Err(net::CallError::Lost(text)) if !read => {
+                        Err(net::CallError::Lost(text)) if !read && request.id.is_none() => {
                             return Err(RunError::Unknown(format!(
                                 "TRYAGAIN keel: partition {p}'s leader did not answer ({text}); \
                                  the write may or may not have happened"
                             )));
+                        }
+                        Err(net::CallError::Lost(_)) if !read => {
+                            maybe_applied = true;
+                            Err(Refused::NotLeader(None))
                         }
                         Err(net::CallError::Lost(_)) => Err(Refused::NotLeader(None)),
                     }
@@ -1254,9 +1287,29 @@ impl Replication {
             match outcome {
                 Ok(response) => return Ok(response),
                 Err(Refused::Failed(text)) => return Err(RunError::Failed(text)),
-                Err(Refused::Stopped(text)) => return Err(RunError::Unknown(text)),
+                Err(Refused::Stopped(text)) if request.id.is_none() => {
+                    return Err(RunError::Unknown(text));
+                }
+                Err(Refused::Stopped(_)) => {
+                    maybe_applied = true;
+                    if Instant::now() >= deadline {
+                        return Err(RunError::Unknown(format!(
+                            "TRYAGAIN keel: partition {p} did not answer a write in time; it \
+                             may or may not have happened"
+                        )));
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    target = None;
+                }
                 Err(Refused::RolledBack) => return Err(RunError::RolledBack),
                 Err(Refused::NotLeader(hint)) => {
+                    if Instant::now() >= deadline && maybe_applied {
+                        return Err(RunError::Unknown(format!(
+                            "TRYAGAIN keel: partition {p}'s leader did not answer a write, and \
+                             no leader could be asked again in time; it may or may not have \
+                             happened"
+                        )));
+                    }
                     if Instant::now() >= deadline {
                         return Err(RunError::Failed(format!(
                             "CLUSTERDOWN The cluster is down: partition {p} has no leader \
@@ -1599,6 +1652,57 @@ mod tests {
     }
 
     /// openraft's own conformance suite for log stores and state machines.
+    #[tokio::test]
+    async fn a_write_sent_again_is_answered_once_and_its_answer_dropped_in_time() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let id = TxnId {
+            node: 1,
+            incarnation: 2,
+            seq: 3,
+        };
+        let incr = |index: u64, now_ms: u64, id: Option<TxnId>| {
+            let mut e = step(index, now_ms, &[&["INCR", "n"]], Op::Run);
+            if let EntryPayload::Normal(r) = &mut e.payload {
+                r.id = id;
+                r.keep_ms = 1_000;
+            }
+            e
+        };
+        let t = 1_700_000_000_000;
+        let replies = m
+            .apply(vec![
+                incr(1, t, Some(id)),
+                // The same write again (its sender lost the answer): answered, not run.
+                incr(2, t + 10, Some(id)),
+                incr(3, t + 20, None),
+            ])
+            .await
+            .expect("apply");
+        let replies: Vec<&[u8]> = replies.iter().map(|r| r.reply.as_slice()).collect();
+        assert_eq!(replies, [&b":1\r\n"[..], b":1\r\n", b":2\r\n"]);
+        // Past its time, the next sweep (every 64 entries) drops the answer: the id would
+        // run again, and nothing is kept for it.
+        let later: Vec<Entry<Tc>> = (4..=64).map(|i| incr(i, t + 5_000, None)).collect();
+        m.apply(later).await.expect("apply");
+        let kept = |db: &Db| {
+            db.snapshot()
+                .unwrap()
+                .range::<[u8]>(..)
+                .filter(|(k, _)| {
+                    k.starts_with(&[0xFF, b'r', b'q']) || k.starts_with(&[0xFF, b'r', b'Q'])
+                })
+                .count()
+        };
+        assert_eq!(kept(db), 0);
+        let again = m
+            .apply(vec![incr(65, t + 5_000, Some(id))])
+            .await
+            .expect("apply");
+        assert_eq!(again[0].reply, b":64\r\n");
+        assert_eq!(kept(db), 2);
+    }
+
     #[test]
     fn a_replica_that_left_is_emptied_even_across_a_crash() {
         let db = leaked();
@@ -1641,6 +1745,8 @@ mod tests {
                 reply_bytes_max: 1 << 30,
                 op: Op::Run,
                 watched: Vec::new(),
+                id: None,
+                keep_ms: 0,
             }),
         }
     }

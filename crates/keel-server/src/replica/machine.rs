@@ -599,6 +599,20 @@ pub fn execute(
     seed: u64,
     index: u64,
 ) -> Result<Response> {
+    // A write sent again after its answer was lost: the answer it got, nothing run again.
+    let kept_key = request
+        .id
+        .map(|id| [REQUESTS, &prepared::id_bytes(id)[..]].concat());
+    if let Some(key) = &kept_key
+        && let Some(kept) = db.snapshot().map_err(sm_err)?.get(key).map_err(sm_err)?
+    {
+        let (_, reply): (u64, Vec<u8>) = postcard::from_bytes(&kept).map_err(sm_err)?;
+        put_marker(db, marker)?;
+        return Ok(Response {
+            reply,
+            ..Response::default()
+        });
+    }
     let touched = prepared::touched(request);
     let moved = locks.misplaced(&touched);
     if !moved.is_empty() {
@@ -677,6 +691,12 @@ pub fn execute(
             let (key, value) = prepared::watch_record(k, *v, *lapse);
             txn.put(&key, &value).map_err(sm_err)?;
         }
+        if let (Some(key), Some(id)) = (&kept_key, request.id) {
+            keep_answer(&mut txn, request, key, id, buf.as_ref())?;
+        }
+        if index.is_multiple_of(REQUESTS_SWEEP_EVERY) {
+            sweep_answers(db, &mut txn, request.now_ms)?;
+        }
         match txn.commit() {
             Ok(Ok(_)) => {
                 locks.bumped(bumps);
@@ -697,6 +717,54 @@ pub fn execute(
         }
     }
     Err(sm_err("an entry's transaction kept conflicting"))
+}
+
+/// Answers of applied writes by id (`Request::id`): `FF 'r' 'q' <id>` → (until, reply).
+const REQUESTS: &[u8] = &[0xFF, b'r', b'q'];
+/// The same by the time they may go: `FF 'r' 'Q' <until, 8 bytes big-endian> <id>` → "".
+const REQUESTS_UNTIL: &[u8] = &[0xFF, b'r', b'Q'];
+/// Every this many entries, answers past their time are dropped (in the entry's commit, if
+/// it is a write that commits).
+const REQUESTS_SWEEP_EVERY: u64 = 64;
+
+/// Keeps the answer `reply` of the write `request` (id `id`, record `key`) in `txn` until
+/// its time by the entry's clock.
+fn keep_answer(
+    txn: &mut keel::Txn<'_>,
+    request: &Request,
+    key: &[u8],
+    id: super::TxnId,
+    reply: &[u8],
+) -> Result<()> {
+    let until = request.now_ms.saturating_add(request.keep_ms);
+    txn.put(key, &postcard::to_stdvec(&(until, reply)).map_err(sm_err)?)
+        .map_err(sm_err)?;
+    txn.put(
+        &[
+            REQUESTS_UNTIL,
+            &until.to_be_bytes(),
+            &prepared::id_bytes(id),
+        ]
+        .concat(),
+        b"",
+    )
+    .map_err(sm_err)
+}
+
+/// Drops, in `txn`, the kept answers whose time is before `now_ms` (the entry's clock):
+/// every [`REQUESTS_SWEEP_EVERY`] entries, by log index, so every replica drops the same.
+fn sweep_answers(db: &Db, txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<()> {
+    let end = [REQUESTS_UNTIL, &now_ms.to_be_bytes()].concat();
+    let snap = db.snapshot().map_err(sm_err)?;
+    for (k, _) in snap.range::<[u8]>((
+        std::ops::Bound::Included(REQUESTS_UNTIL),
+        std::ops::Bound::Excluded(end.as_slice()),
+    )) {
+        txn.delete(&[REQUESTS, &k[REQUESTS_UNTIL.len() + 8..]].concat())
+            .map_err(sm_err)?;
+        txn.delete(&k).map_err(sm_err)?;
+    }
+    Ok(())
 }
 
 fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {

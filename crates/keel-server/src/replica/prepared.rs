@@ -506,7 +506,7 @@ fn dedup(mut keys: Vec<(Vec<u8>, bool)>) -> Vec<(Vec<u8>, bool)> {
     keys
 }
 
-fn id_bytes(txn: TxnId) -> [u8; 18] {
+pub(super) fn id_bytes(txn: TxnId) -> [u8; 18] {
     let mut b = [0; 18];
     b[..2].copy_from_slice(&txn.node.to_be_bytes());
     b[2..10].copy_from_slice(&txn.incarnation.to_be_bytes());

@@ -1064,6 +1064,8 @@ fn request(plan: &[(u32, Option<u64>)]) -> Request {
         reply_bytes_max: 1 << 30,
         op: super::Op::Run,
         watched: Vec::new(),
+        id: None,
+        keep_ms: 0,
     }
 }
 

@@ -158,12 +158,7 @@ impl Net for Node {
     }
 
     fn next_txn(&self) -> TxnId {
-        let rep = self.rep();
-        TxnId {
-            node: u16::try_from(rep.me).expect("at most u16::MAX nodes"),
-            incarnation: rep.incarnation,
-            seq: rep.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        }
+        self.rep().next_id()
     }
 }
 
@@ -256,6 +251,8 @@ fn step(op: Op, now_ms: u64) -> Request {
         reply_bytes_max: 0,
         op,
         watched: Vec::new(),
+        id: None,
+        keep_ms: 0,
     }
 }
 
