@@ -484,9 +484,15 @@ impl Membership {
 
     /// This configuration with `added` nodes after the configured ones, owning no slot (nodes
     /// that joined a running cluster: slots come to them by moves), and `myself` the index
-    /// of this process's node among all of them. The digest is kept: it names the cluster
-    /// the configured nodes formed, which the added nodes joined.
-    pub fn extend(&self, added: &[(NodeId, SocketAddr)], myself: usize) -> Result<Self, Error> {
+    /// of this process's node among all of them. Nodes at the indexes in `retired` have left
+    /// the cluster: a node added later may take one's address. The digest is kept: it names
+    /// the cluster the configured nodes formed, which the added nodes joined.
+    pub fn extend(
+        &self,
+        added: &[(NodeId, SocketAddr)],
+        myself: usize,
+        retired: &[usize],
+    ) -> Result<Self, Error> {
         let mut nodes = self.nodes.clone();
         if nodes.len() + added.len() > NODES_MAX {
             return Err(Error::TooManyNodes(nodes.len() + added.len()));
@@ -495,7 +501,11 @@ impl Membership {
             if nodes.iter().any(|m| &m.id == id) {
                 return Err(Error::DuplicateId(id.to_string()));
             }
-            if let Some(m) = nodes.iter().find(|m| m.addr == *addr) {
+            if let Some((_, m)) = nodes
+                .iter()
+                .enumerate()
+                .find(|(i, m)| m.addr == *addr && !retired.contains(i))
+            {
                 return Err(Error::DuplicateAddr {
                     addr: *addr,
                     first: m.id.to_string(),

@@ -147,7 +147,10 @@ impl View {
                 Ok((NodeId::new(&n.id)?, addr))
             })
             .collect::<Result<Vec<_>, MembershipError>>()?;
-        map.extend(&added, me)
+        let retired: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].removed)
+            .collect();
+        map.extend(&added, me, &retired)
     }
 
     /// This view with node `id` at `addr` added: a new partition homed there (no slots yet;
@@ -346,6 +349,14 @@ mod tests {
                 .is_err(),
             "a removed id does not come back"
         );
+        // A new node may take a removed one's address; every node's configuration has it.
+        let back = gone
+            .join("n7", "127.0.0.1:7001".parse().unwrap())
+            .unwrap()
+            .unwrap();
+        let map = back.membership(back.index("n7").unwrap()).unwrap();
+        assert_eq!(map.me().addr, "127.0.0.1:7001".parse().unwrap());
+        assert!(back.membership(1).is_ok());
         assert_eq!(gone.moved_parts(&v5).len(), 3);
     }
 
