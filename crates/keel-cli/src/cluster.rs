@@ -35,6 +35,8 @@ enum Command {
     /// each of its partitions elects a new leader within a few seconds, and nothing
     /// acknowledged is lost. This command restarts a node that died after a few seconds
     /// (unless --no-restart), and the node catches up from its peers. Ctrl-C stops them all.
+    /// Nodes join such a cluster with `keel serve --cluster-join` (this command prints the
+    /// line) and leave it with `keel cluster remove-node`.
     Start(StartArgs),
     /// Even out the slots over a replicated cluster's partitions, online.
     ///
@@ -522,6 +524,17 @@ fn run_start(args: StartArgs) -> anyhow::Result<()> {
     say!("  redis-cli -p {first} set hello world        # any node serves any key");
     say!("  redis-cli -p {first} info replication       # who leads each partition");
     say!("  kill -9 <a pid above>                      # the others keep serving");
+    if replicas > 1 {
+        let next = usize::from(first) + args.nodes;
+        say!(
+            "  keel serve --cluster-join 127.0.0.1:{first} --cluster-myself n{n} --port {next} \
+             --dir {}/node-{n}   # add a node",
+            args.dir.display(),
+            n = args.nodes + 1
+        );
+        say!("  keel cluster rebalance --node 127.0.0.1:{first}          # then move slots to it");
+        say!("  keel cluster remove-node n1 --node 127.0.0.1:{}   # take a node out", first + 1);
+    }
     say!("Ctrl-C stops every node.");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
