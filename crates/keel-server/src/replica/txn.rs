@@ -591,7 +591,7 @@ pub async fn resolve_once<N: Net>(net: &Arc<N>) {
 }
 
 /// Slots moved per transaction at most (fewer when their data is too large for one entry).
-const MOVE_BATCH: usize = 64;
+const MOVE_BATCH: usize = 512;
 /// Attempts at one batch of a move that meets locked keys before giving up.
 const MOVE_ATTEMPTS: u32 = 200;
 
