@@ -533,7 +533,10 @@ fn run_start(args: StartArgs) -> anyhow::Result<()> {
             n = args.nodes + 1
         );
         say!("  keel cluster rebalance --node 127.0.0.1:{first}          # then move slots to it");
-        say!("  keel cluster remove-node n1 --node 127.0.0.1:{}   # take a node out", first + 1);
+        say!(
+            "  keel cluster remove-node n1 --node 127.0.0.1:{}   # take a node out",
+            first + 1
+        );
     }
     say!("Ctrl-C stops every node.");
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -1071,6 +1071,21 @@ fn rebalance_evens_out_the_slots() {
         .arg((0..200).map(|i| format!("r{i}")).collect::<Vec<_>>())
         .query(&mut c)
         .expect("MGET");
+    // Requests to the peers (Raft's messages, the moves) are timed per peer.
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut c)
+        .expect("INFO cluster");
+    for peer in ["n2", "n3"] {
+        let line = info
+            .lines()
+            .find(|l| l.starts_with(&format!("keel_rpc_{peer}:calls=")))
+            .unwrap_or_else(|| panic!("no RPC latency for {peer}: {info}"));
+        assert!(
+            line.contains(",p99_us=") && !line.contains("calls=0,"),
+            "{line}"
+        );
+    }
     assert!(
         values.iter().enumerate().all(|(i, v)| *v == Some(i as i64)),
         "{values:?}"

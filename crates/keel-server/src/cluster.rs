@@ -71,6 +71,8 @@ pub struct Cluster {
     map: parking_lot::RwLock<Arc<Membership>>,
     /// Per node, idle connections speaking RESP2 (`[0]`) and RESP3 (`[1]`).
     pools: parking_lot::RwLock<Vec<Arc<Pool>>>,
+    /// How long requests to each node take.
+    pub rpc: crate::rpc_stats::Peers,
 }
 
 /// Idle connections to one node, RESP2 (`[0]`) and RESP3 (`[1]`).
@@ -83,6 +85,7 @@ impl Cluster {
         Cluster {
             map: parking_lot::RwLock::new(map),
             pools: parking_lot::RwLock::new(pools),
+            rpc: Default::default(),
         }
     }
 
@@ -156,6 +159,25 @@ impl Cluster {
     /// As [`Cluster::forward`], waiting at most `wait` for the answer (`Some(None)`: for ever;
     /// `None`: the request timeout), and saying whether a failed request was sent at all.
     pub async fn exchange(
+        &self,
+        node: usize,
+        requests: &[&[Bytes]],
+        proto: Proto,
+        password: Option<String>,
+        wait: Option<Option<Duration>>,
+    ) -> Result<Bytes, Down> {
+        let began = std::time::Instant::now();
+        let answer = self
+            .exchange_timed(node, requests, proto, password, wait)
+            .await;
+        // A blocking command's wait is the client's, not the peer's.
+        if wait.is_none() {
+            self.rpc.of(node).record(began.elapsed(), answer.is_ok());
+        }
+        answer
+    }
+
+    async fn exchange_timed(
         &self,
         node: usize,
         requests: &[&[Bytes]],

@@ -536,6 +536,27 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             "# Cluster\r\ncluster_enabled:{}\r\n",
             u8::from(shared.cluster.is_some())
         );
+        if let Some(cluster) = &shared.cluster {
+            // Requests to each peer: forwarded commands, Raft's messages, requests to
+            // partitions' leaders. Quantiles are bucket bounds (powers of two µs).
+            let map = cluster.map();
+            for (node, latency) in cluster.rpc.used() {
+                let s = latency.summary();
+                let _ = write!(
+                    t,
+                    "keel_rpc_{}:calls={},errors={},mean_us={},p50_us={},p99_us={},max_us={}\r\n",
+                    map.nodes()
+                        .get(node)
+                        .map_or_else(|| node.to_string(), |n| n.id.to_string()),
+                    s.calls,
+                    s.errors,
+                    s.mean_us,
+                    s.p50_us,
+                    s.p99_us,
+                    s.max_us
+                );
+            }
+        }
         if let Some(x) = shared.xnode.get() {
             let s = &x.stats;
             let _ = write!(
@@ -909,6 +930,39 @@ pub fn prometheus(shared: &Shared) -> String {
         "keel_command_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
     );
     let _ = writeln!(t, "keel_command_duration_seconds_count {cumulative}");
+    if let Some(cluster) = &shared.cluster {
+        let _ = writeln!(
+            t,
+            "# HELP keel_rpc_duration_seconds Time of one request to another node of the \
+             cluster (forwarded commands, Raft messages), by peer.\n\
+             # TYPE keel_rpc_duration_seconds histogram"
+        );
+        let map = cluster.map();
+        for (node, latency) in cluster.rpc.used() {
+            let peer = map
+                .nodes()
+                .get(node)
+                .map_or_else(|| node.to_string(), |n| n.id.to_string());
+            let cumulative = latency.cumulative();
+            for &(bound_us, n) in &cumulative {
+                let le = bound_us as f64 / 1e6;
+                let _ = writeln!(
+                    t,
+                    "keel_rpc_duration_seconds_bucket{{peer=\"{peer}\",le=\"{le:e}\"}} {n}"
+                );
+            }
+            let s = latency.summary();
+            let _ = writeln!(
+                t,
+                "keel_rpc_duration_seconds_bucket{{peer=\"{peer}\",le=\"+Inf\"}} {}\n\
+                 keel_rpc_duration_seconds_sum{{peer=\"{peer}\"}} {}\n\
+                 keel_rpc_duration_seconds_count{{peer=\"{peer}\"}} {}",
+                s.calls,
+                s.sum_us as f64 / 1e6,
+                s.calls
+            );
+        }
+    }
     t
 }
 

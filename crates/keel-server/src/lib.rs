@@ -38,6 +38,7 @@ mod reaper;
 mod replica;
 mod reply;
 pub mod resp;
+mod rpc_stats;
 mod server;
 mod sets;
 mod table;

@@ -220,7 +220,14 @@ impl Peer {
         };
         let payload =
             postcard::to_stdvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let began = std::time::Instant::now();
         let answer = self.call(&shared, kind, &payload, option.hard_ttl()).await;
+        if let Some(cluster) = &shared.cluster {
+            cluster
+                .rpc
+                .of(self.target)
+                .record(began.elapsed(), answer.is_ok());
+        }
         drop(shared);
         match answer {
             Ok(bytes) => {
