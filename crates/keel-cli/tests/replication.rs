@@ -1377,6 +1377,52 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         let set = redis::cmd("SET").arg("k").arg("v1").query::<String>(&mut c);
         assert_eq!(set.expect("a write after FLUSHALL"), "OK");
     }
+    // Multi-key commands whose keys span partitions, inside MULTI: split key by key into
+    // the partitions' parts of one transaction, their replies merged as Redis gives them.
+    {
+        let mut c = connect(ports[1]).expect("connect");
+        let keys = support::keys_per_node(&mut c, 3, 1, "multikey");
+        let (x, y, z) = (&keys[0][0], &keys[1][0], &keys[2][0]);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("MSET")
+            .arg(x)
+            .arg("1")
+            .arg(y)
+            .arg("2")
+            .arg(x)
+            .arg("3")
+            .cmd("SET")
+            .arg(z)
+            .arg("4")
+            .cmd("MGET")
+            .arg(&[x, y, z, &"missing-key".to_owned()])
+            .cmd("EXISTS")
+            .arg(&[x, y, z, x])
+            .cmd("DEL")
+            .arg(&[y, z])
+            .cmd("MGET")
+            .arg(&[y, x]);
+        type Replies = (
+            String,
+            String,
+            Vec<Option<String>>,
+            i64,
+            i64,
+            Vec<Option<String>>,
+        );
+        let (ok, set, got, exists, deleted, after): Replies = pipe
+            .query(&mut c)
+            .expect("EXEC with multi-key commands across partitions");
+        assert_eq!((ok.as_str(), set.as_str()), ("OK", "OK"));
+        assert_eq!(
+            got,
+            [Some("3".into()), Some("2".into()), Some("4".into()), None],
+            "the later value of x in one MSET wins, as in Redis"
+        );
+        assert_eq!((exists, deleted), (4, 2));
+        assert_eq!(after, [None, Some("3".into())]);
+    }
     // WATCH: each watched key's partition checks it at EXEC, in one transaction with the
     // commands wherever they are; a write to it, or its deadline passing, aborts the EXEC.
     {

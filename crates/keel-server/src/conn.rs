@@ -186,11 +186,27 @@ fn parse_pairs(reply: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 /// The work of a transaction across nodes: each node and its part.
 type AcrossWork = Vec<(keel_cluster::txn::Peer, crate::xnode::Work)>;
 
-/// Each command's reply, from every node's replies by (work index, position).
-fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[(usize, usize)]) -> Vec<Vec<u8>> {
+/// Where a command of a transaction across nodes or partitions has its reply: one
+/// (work index, position), or, for a multi-key command split key by key ([`per_key`]),
+/// one per key and how they merge.
+type Place = (Vec<(usize, usize)>, Option<Merge>);
+
+/// Each command's reply, from every node's (or partition's) replies by `place`.
+fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[Place], proto: Proto) -> Vec<Vec<u8>> {
     place
         .iter()
-        .map(|&(i, j)| std::mem::take(&mut replies[i][j]))
+        .map(|(at, merge)| match merge {
+            None => std::mem::take(&mut replies[at[0].0][at[0].1]),
+            Some(merge) => {
+                let parts: Vec<Vec<u8>> = at
+                    .iter()
+                    .map(|&(i, j)| std::mem::take(&mut replies[i][j]))
+                    .collect();
+                let mut buf = BytesMut::new();
+                merge_replies(*merge, &parts, &mut Out::new(&mut buf, proto));
+                buf.to_vec()
+            }
+        })
         .collect()
 }
 
@@ -1154,7 +1170,20 @@ impl Conn {
                 }
             }
             let mut work: crate::replica::txn::Work = Vec::new();
-            let mut place = Vec::with_capacity(commands.len());
+            // Where each command's reply will be: one place, or, for a multi-key command
+            // whose keys span partitions, one per key and how they merge.
+            let mut place: Vec<Place> = Vec::with_capacity(commands.len());
+            let mut put = |p: usize, command: Vec<Vec<u8>>| {
+                let i = match work.iter().position(|(q, _)| *q == p) {
+                    Some(i) => i,
+                    None => {
+                        work.push((p, Vec::new()));
+                        work.len() - 1
+                    }
+                };
+                work[i].1.push(command);
+                (i, work[i].1.len() - 1)
+            };
             for args in commands {
                 let spec = table::lookup(&args[0]).expect("a queued command is known");
                 let keys = cluster::key_args(spec, args);
@@ -1166,18 +1195,24 @@ impl Conn {
                     )
                     .into());
                 }
-                let Some((p, _)) = self.partition_of(keys.iter().copied()) else {
+                if let Some((p, _)) = self.partition_of(keys.iter().copied()) {
+                    let at = put(p, args.iter().map(|a| a.to_vec()).collect());
+                    place.push((vec![at], None));
+                    continue;
+                }
+                // Keys of several partitions: key by key, each part in its key's partition
+                // (in the transaction's order there), the replies merged.
+                let Some((parts, merge)) = per_key(spec.cmd, args) else {
                     return Err(cluster::CROSSSLOT.into());
                 };
-                let i = match work.iter().position(|(q, _)| *q == p) {
-                    Some(i) => i,
-                    None => {
-                        work.push((p, Vec::new()));
-                        work.len() - 1
-                    }
-                };
-                place.push((i, work[i].1.len()));
-                work[i].1.push(args.iter().map(|a| a.to_vec()).collect());
+                let mut at = Vec::with_capacity(parts.len());
+                for part in parts {
+                    let (p, _) = self
+                        .partition_of([part[1].as_ref()])
+                        .expect("one key, one partition");
+                    at.push(put(p, part.iter().map(|a| a.to_vec()).collect()));
+                }
+                place.push((at, Some(merge)));
             }
             let limits = self.txn_limits();
             let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
@@ -1190,7 +1225,7 @@ impl Conn {
                 }
             };
             match replies {
-                Ok(replies) => return Ok(Some(gather(replies, &place))),
+                Ok(replies) => return Ok(Some(gather(replies, &place, self.proto))),
                 Err(crate::replica::txn::AcrossError::Failed(text))
                     if text == crate::replica::WATCH_CHANGED =>
                 {
@@ -1672,6 +1707,14 @@ impl Conn {
                 self.split_across(spec, args, output, false).await;
                 return true;
             }
+            // Queued: `EXEC` runs it key by key in its transaction across nodes.
+            Route::CrossSlot
+                if self.shared.xnode.get().is_some()
+                    && per_key(spec.cmd, args).is_some()
+                    && !(spec.cmd == Cmd::Mset && args.len().is_multiple_of(2)) =>
+            {
+                return false;
+            }
             Route::CrossSlot => {
                 self.flag_multi();
                 self.out(output).error(cluster::CROSSSLOT);
@@ -1732,18 +1775,23 @@ impl Conn {
             .run_across(work)
             .await?
             .expect("nothing watched, nothing to change");
-        Ok(gather(replies, &place))
+        Ok(gather(replies, &place, self.proto))
     }
 
     /// Splits `commands` by the node that owns their keys: each node's work, and where each
     /// command's reply will be (work index, position).
-    fn plan_across(
-        &self,
-        commands: &[&[Bytes]],
-    ) -> Result<(AcrossWork, Vec<(usize, usize)>), Fail> {
+    fn plan_across(&self, commands: &[&[Bytes]]) -> Result<(AcrossWork, Vec<Place>), Fail> {
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
         let mut work = Vec::new();
         let mut place = Vec::with_capacity(commands.len());
+        let put = |work: &mut AcrossWork, node: usize, command: &[Bytes]| {
+            let i = self.work_for(work, node);
+            work[i]
+                .1
+                .commands
+                .push(command.iter().map(|a| a.to_vec()).collect());
+            (i, work[i].1.commands.len() - 1)
+        };
         for args in commands {
             let spec = table::lookup(&args[0]).expect("a queued command is known");
             if !data::is_data(spec.cmd) || spec.first_key == 0 {
@@ -1757,14 +1805,23 @@ impl Conn {
             let node = match cluster.route(spec, args) {
                 Route::Local => cluster.map().myself(),
                 Route::Remote { node, .. } => node,
-                Route::CrossSlot => return Err(cluster::CROSSSLOT.into()),
+                Route::CrossSlot => {
+                    // Key by key, each part on its key's node, the replies merged.
+                    let (parts, merge) =
+                        per_key(spec.cmd, args).ok_or_else(|| Fail::from(cluster::CROSSSLOT))?;
+                    let map = cluster.map();
+                    let at = parts
+                        .iter()
+                        .map(|part| {
+                            let node = map.owner(keel_cluster::key_slot(&part[1]));
+                            put(&mut work, node, part)
+                        })
+                        .collect();
+                    place.push((at, Some(merge)));
+                    continue;
+                }
             };
-            let i = self.work_for(&mut work, node);
-            place.push((i, work[i].1.commands.len()));
-            work[i]
-                .1
-                .commands
-                .push(args.iter().map(|a| a.to_vec()).collect());
+            place.push((vec![put(&mut work, node, args)], None));
         }
         Ok((work, place))
     }
@@ -1986,7 +2043,7 @@ impl Conn {
         let mut out = Out::new(output, self.proto);
         match result? {
             Some(replies) => {
-                let replies = gather(replies, &place);
+                let replies = gather(replies, &place, self.proto);
                 out.array(replies.len());
                 for reply in replies {
                     out.buf.extend_from_slice(&reply);
