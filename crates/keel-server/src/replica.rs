@@ -278,6 +278,45 @@ pub struct Part {
     pub clock: Clock,
     /// Whether the partition has moved any slot (its table is then consulted for routing).
     moved: Arc<std::sync::atomic::AtomicBool>,
+    /// Concurrent linearizable reads share read-index rounds.
+    reads: ReadRounds,
+}
+
+/// Linearizable reads' read-index rounds (openraft's `ensure_linearizable`: the leader
+/// confirms with a quorum that it still leads, then waits to have applied everything
+/// committed when the round began). A read needs a round that began after it arrived; reads
+/// that arrive while a round runs share the next one, so N concurrent reads cost about two
+/// rounds of heartbeats, not N (etcd batches its ReadIndex requests the same way).
+#[derive(Default)]
+pub struct ReadRounds {
+    /// Rounds begun, numbered from 1.
+    begun: std::sync::atomic::AtomicU64,
+    /// One round at a time; inside: the last round that succeeded.
+    round: tokio::sync::Mutex<u64>,
+}
+
+impl ReadRounds {
+    /// Returns once a round that began after this call succeeded (running `check` as one if
+    /// none did), or with the error of the round run for it.
+    pub async fn linearize<F, Fut>(&self, check: F) -> Result<(), Refused>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(), Refused>>,
+    {
+        use std::sync::atomic::Ordering;
+        // Any round numbered from here on begins after this read arrived.
+        let need = self.begun.load(Ordering::Acquire) + 1;
+        let mut last_ok = self.round.lock().await;
+        if *last_ok >= need {
+            return Ok(());
+        }
+        let id = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
+        let result = check().await;
+        if result.is_ok() {
+            *last_ok = id;
+        }
+        result
+    }
 }
 
 /// This node's side of replication.
@@ -641,6 +680,7 @@ impl Replication {
             locks,
             clock: Arc::new(crate::keyspace::unix_ms),
             moved,
+            reads: ReadRounds::default(),
         })
     }
 
@@ -1419,17 +1459,21 @@ impl Part {
             return Err(Refused::NotLeader(None));
         }
         if read {
-            match self.raft.ensure_linearizable().await {
-                Ok(_) => {}
-                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                    return Err(Refused::NotLeader(f.leader_id));
-                }
-                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                    return Err(Refused::NotLeader(None));
-                }
-                // Stopped here: a read may go to another replica.
-                Err(RaftError::Fatal(_)) => return Err(Refused::NotLeader(None)),
-            }
+            self.reads
+                .linearize(|| async {
+                    match self.raft.ensure_linearizable().await {
+                        Ok(_) => Ok(()),
+                        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                            Err(Refused::NotLeader(f.leader_id))
+                        }
+                        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                            Err(Refused::NotLeader(None))
+                        }
+                        // Stopped here: a read may go to another replica.
+                        Err(RaftError::Fatal(_)) => Err(Refused::NotLeader(None)),
+                    }
+                })
+                .await?;
             return Ok(match read_here(self.db, &self.locks, &request) {
                 Ok(reply) => Response {
                     reply,
@@ -1652,6 +1696,65 @@ mod tests {
     }
 
     /// openraft's own conformance suite for log stores and state machines.
+    #[tokio::test]
+    async fn reads_share_rounds_that_began_after_they_arrived() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let rounds = Arc::new(ReadRounds::default());
+        let checks = Arc::new(AtomicU64::new(0));
+        let (release, hold) = tokio::sync::oneshot::channel::<()>();
+        // A round under way, held open.
+        let first = {
+            let (rounds, checks) = (Arc::clone(&rounds), Arc::clone(&checks));
+            tokio::spawn(async move {
+                rounds
+                    .linearize(|| async move {
+                        checks.fetch_add(1, Ordering::SeqCst);
+                        hold.await.ok();
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        while checks.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Ten reads arrive while it runs: it began before them, so it serves none of them;
+        // one more round serves them all.
+        let later: Vec<_> = (0..10)
+            .map(|_| {
+                let (rounds, checks) = (Arc::clone(&rounds), Arc::clone(&checks));
+                tokio::spawn(async move {
+                    rounds
+                        .linearize(|| async move {
+                            checks.fetch_add(1, Ordering::SeqCst);
+                            Ok(())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        release.send(()).expect("held");
+        first.await.expect("joins").expect("ok");
+        for read in later {
+            read.await.expect("joins").expect("ok");
+        }
+        assert_eq!(checks.load(Ordering::SeqCst), 2);
+        // A failed round serves nobody else: the next read runs its own.
+        let failed = rounds
+            .linearize(|| async { Err(Refused::NotLeader(None)) })
+            .await;
+        assert!(failed.is_err());
+        rounds
+            .linearize(|| async {
+                checks.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .await
+            .expect("ok");
+        assert_eq!(checks.load(Ordering::SeqCst), 3);
+    }
+
     #[tokio::test]
     async fn a_write_sent_again_is_answered_once_and_its_answer_dropped_in_time() {
         let db = leaked();

@@ -397,6 +397,7 @@ impl Sim {
             raft: up.raft,
             db: n.data_db,
             moved,
+            reads: Default::default(),
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
         }
