@@ -761,8 +761,8 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
 }
 
 /// Membership under load: while the Elle clients and the bank run against five nodes, a
-/// sixth joins (`keel serve --cluster-join`: a new partition, replicas moved to it), `keel
-/// cluster rebalance` moves slots to it, `keel cluster remove-node n1` moves n1's slots and
+/// sixth joins (`keel serve --cluster-join`: a new partition, replicas moved to it) while
+/// another node is killed and restarted, `keel cluster rebalance` moves slots to it, `keel cluster remove-node n1` moves n1's slots and
 /// replicas away, and n1 is killed. The same checks as under faults (strict
 /// serializability, nothing acknowledged lost or doubled, the bank's total), and afterwards
 /// no partition keeps a replica on n1, the new node serves slots, and nothing stays prepared.
@@ -806,6 +806,11 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
             assert!(Instant::now() < deadline, "n6 never listed");
             std::thread::sleep(Duration::from_millis(100));
         }
+        // A node dies while replicas move to n6 (kill -9), and comes back 2 s later: the
+        // moves its partitions' leaders make go on, or are made again, once it is back.
+        nodes[2].kill_9();
+        std::thread::sleep(Duration::from_secs(2));
+        nodes[2].spawn();
         let rebalanced = keel(&[
             "cluster".into(),
             "rebalance".into(),
