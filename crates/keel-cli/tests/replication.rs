@@ -819,6 +819,12 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
         ]);
         assert!(rebalanced.contains("slots to n6"), "{rebalanced}");
         std::thread::sleep(Duration::from_secs(1));
+        // Not while its partition owns slots (as that partition's leader knows).
+        let refused = redis::cmd("KEEL.REMOVENODE")
+            .arg("n1")
+            .query::<i64>(&mut connect_addr(addrs[4]).expect("connect"))
+            .expect_err("n1's partition owns slots");
+        assert!(refused.to_string().contains("owns"), "{refused}");
         let removed = keel(&[
             "cluster".into(),
             "remove-node".into(),

@@ -1018,10 +1018,13 @@ impl Replication {
             .index(id)
             .ok_or_else(|| format!("ERR keel: no node '{id}' in the cluster"))?;
         if !before.nodes[k].removed {
-            let map = shared.cluster.as_ref().expect("cluster mode").map();
-            let owned = (0..keel_cluster::SLOTS)
-                .filter(|&s| self.owner(&map, s) == k)
-                .count();
+            // As the partition's leader knows it (this node's routes may be behind).
+            let owned = self.owned(shared, k).await.ok_or_else(|| {
+                format!(
+                    "CLUSTERDOWN keel: node {id}'s partition has no leader this node can ask \
+                     which slots it owns; nothing was changed"
+                )
+            })?;
             if owned > 0 {
                 return Err(format!(
                     "ERR keel: node {id}'s partition owns {owned} slots: move them to other \
@@ -1094,9 +1097,19 @@ impl Replication {
         }
     }
 
-    /// Partition `p`'s voters as its leader knows them: asked of the leader this node
-    /// knows, else of the replicas the view places it on, following the leader they name.
+    /// Partition `p`'s voters as its leader knows them.
     async fn voters(&self, shared: &Shared, p: usize) -> Option<std::collections::BTreeSet<u64>> {
+        postcard::from_bytes(&self.ask_leader(shared, p, b"members").await?).ok()
+    }
+
+    /// How many slots partition `p` owns, as its leader knows.
+    async fn owned(&self, shared: &Shared, p: usize) -> Option<usize> {
+        postcard::from_bytes(&self.ask_leader(shared, p, b"owned").await?).ok()
+    }
+
+    /// [`Part::leader_knows`] `kind` of partition `p`, asked of the leader this node knows,
+    /// else of the replicas the view places it on, following the leader they name.
+    async fn ask_leader(&self, shared: &Shared, p: usize, kind: &[u8]) -> Option<Vec<u8>> {
         let mut ask: Vec<usize> = self.leader(p).into_iter().collect();
         ask.extend(self.view().parts.get(p).into_iter().flatten());
         let mut asked = std::collections::HashSet::new();
@@ -1105,25 +1118,22 @@ impl Replication {
             if !asked.insert(node) {
                 continue;
             }
-            let answer = if node == self.me {
+            let (known, leader): (Option<Vec<u8>>, Option<u64>) = if node == self.me {
                 let part = self.part(p)?;
-                let m = part.raft.metrics().borrow().clone();
-                let voters = (m.state == openraft::ServerState::Leader)
-                    .then(|| m.membership_config.membership().voter_ids().collect());
-                (voters, m.current_leader)
+                let leader = part.raft.metrics().borrow().current_leader;
+                (part.leader_knows(kind), leader)
             } else {
-                let Ok(bytes) = net::call_node(shared, node, p, "members", &[], None).await else {
+                let kind = std::str::from_utf8(kind).expect("an ASCII kind");
+                let Ok(bytes) = net::call_node(shared, node, p, kind, &[], None).await else {
                     continue;
                 };
-                match postcard::from_bytes::<(Option<std::collections::BTreeSet<u64>>, Option<u64>)>(
-                    &bytes,
-                ) {
+                match postcard::from_bytes(&bytes) {
                     Ok(answer) => answer,
                     Err(_) => continue,
                 }
             };
-            match answer {
-                (Some(voters), _) => return Some(voters),
+            match (known, leader) {
+                (Some(known), _) => return Some(known),
                 (None, Some(leader)) => ask.insert(0, leader as usize),
                 (None, None) => {}
             }
@@ -1500,6 +1510,32 @@ impl Part {
                 self.id
             ))),
         }
+    }
+
+    /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
+    /// (`members`), or how many slots it owns (`owned`).
+    pub fn leader_knows(&self, kind: &[u8]) -> Option<Vec<u8>> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != openraft::ServerState::Leader {
+            return None;
+        }
+        let encoded = match kind {
+            b"members" => postcard::to_stdvec(
+                &m.membership_config
+                    .membership()
+                    .voter_ids()
+                    .collect::<std::collections::BTreeSet<u64>>(),
+            ),
+            _ => {
+                let locks = self.locks.lock();
+                postcard::to_stdvec(
+                    &(0..keel_cluster::SLOTS)
+                        .filter(|&s| locks.owner(s) == Some(self.id))
+                        .count(),
+                )
+            }
+        };
+        Some(encoded.expect("encodes"))
     }
 
     /// Whether this node leads the partition now.

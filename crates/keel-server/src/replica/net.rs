@@ -286,14 +286,12 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"append" => encode(&part.raft.append_entries(decode(payload)?).await),
         b"vote" => encode(&part.raft.vote(decode(payload)?).await),
         b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
-        // The partition's voters if this replica leads it, and the leader it knows.
-        b"members" => {
-            let m = part.raft.metrics().borrow().clone();
-            let voters: Option<std::collections::BTreeSet<u64>> = (m.state
-                == openraft::ServerState::Leader)
-                .then(|| m.membership_config.membership().voter_ids().collect());
-            encode(&(voters, m.current_leader))
-        }
+        // What the leader knows (`None` from a replica that does not lead), and the leader
+        // this replica knows: the partition's voters, or how many slots it owns.
+        b"members" | b"owned" => encode(&(
+            part.leader_knows(kind),
+            part.raft.metrics().borrow().current_leader,
+        )),
         b"write" | b"read" => {
             let request: Request = decode(payload)?;
             let answer: Result<Response, Refused> = part.submit(request, kind == b"read").await;
