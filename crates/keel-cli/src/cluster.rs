@@ -219,6 +219,12 @@ fn rebalance(
     dry_run: bool,
 ) -> anyhow::Result<()> {
     use keel_bench::resp::Reply;
+    // The node's map shows the moves it knows of: first it learns every partition's.
+    match conn.call(&[b"KEEL.LEARNSLOTS"])? {
+        Reply::Int(_) => {}
+        Reply::Error(e) => anyhow::bail!("KEEL.LEARNSLOTS on {node}: {e}"),
+        other => anyhow::bail!("KEEL.LEARNSLOTS answered {other:?}"),
+    }
     let mut map = slot_map(conn)?;
     let n = map.len() - usize::from(emptied.is_some());
     anyhow::ensure!(n > 0, "{node} lists no other node");

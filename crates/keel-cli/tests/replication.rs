@@ -833,6 +833,16 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
             addrs[3].to_string(),
         ]);
         assert!(removed.contains("n1 removed"), "{removed}");
+        // Planned from every partition's own table (KEEL.LEARNSLOTS), not the node's
+        // routes: every slot a plan names moves.
+        for text in [&rebalanced, &removed] {
+            let lines: Vec<&str> = text.lines().collect();
+            for pair in lines.windows(2) {
+                if let Some((n, _)) = pair[0].split_once(" slots to ") {
+                    assert_eq!(pair[1].trim(), format!("moved {n}"), "{text}");
+                }
+            }
+        }
         cluster.avoid.fetch_or(1, Ordering::Relaxed);
         nodes[0].kill_9();
         let took = began.elapsed();

@@ -2207,6 +2207,15 @@ impl Conn {
                 let moved = self.move_slots(args).await?;
                 out.int(moved as i64);
             }
+            Cmd::KeelLearnslots => {
+                let Some(rep) = self.shared.replication.get() else {
+                    return Err("ERR keel: KEEL.LEARNSLOTS is for a replicated cluster \
+                                (--replicas 2 or more)"
+                        .into());
+                };
+                let answered = rep.learn_slots(&self.shared).await;
+                out.int(answered as i64);
+            }
             Cmd::KeelJoin | Cmd::KeelRemovenode => {
                 let Some(rep) = self.shared.replication.get() else {
                     return Err("ERR keel: nodes join and leave a replicated cluster \

@@ -1107,6 +1107,22 @@ impl Replication {
         postcard::from_bytes(&self.ask_leader(shared, p, b"owned").await?).ok()
     }
 
+    /// Asks every partition's leader which slots it owns and learns the answers (a node's
+    /// routes otherwise hold only the moves it made or met); how many partitions answered.
+    pub async fn learn_slots(&self, shared: &Shared) -> usize {
+        let mut answered = 0;
+        for p in 0..self.partitions() {
+            let Some(bytes) = self.ask_leader(shared, p, b"slots").await else {
+                continue;
+            };
+            if let Ok(slots) = postcard::from_bytes::<Vec<u16>>(&bytes) {
+                self.learn(&slots.iter().map(|&s| (s, p)).collect::<Vec<_>>());
+                answered += 1;
+            }
+        }
+        answered
+    }
+
     /// [`Part::leader_knows`] `kind` of partition `p`, asked of the leader this node knows,
     /// else of the replicas the view places it on, following the leader they name.
     async fn ask_leader(&self, shared: &Shared, p: usize, kind: &[u8]) -> Option<Vec<u8>> {
@@ -1513,7 +1529,7 @@ impl Part {
     }
 
     /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
-    /// (`members`), or how many slots it owns (`owned`).
+    /// (`members`), how many slots it owns (`owned`), or which (`slots`).
     pub fn leader_knows(&self, kind: &[u8]) -> Option<Vec<u8>> {
         let m = self.raft.metrics().borrow().clone();
         if m.state != openraft::ServerState::Leader {
@@ -1526,6 +1542,14 @@ impl Part {
                     .voter_ids()
                     .collect::<std::collections::BTreeSet<u64>>(),
             ),
+            b"slots" => {
+                let locks = self.locks.lock();
+                postcard::to_stdvec(
+                    &(0..keel_cluster::SLOTS)
+                        .filter(|&s| locks.owner(s) == Some(self.id))
+                        .collect::<Vec<u16>>(),
+                )
+            }
             _ => {
                 let locks = self.locks.lock();
                 postcard::to_stdvec(

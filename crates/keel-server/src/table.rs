@@ -195,6 +195,7 @@ pub enum Cmd {
     KeelMoveslots,
     KeelJoin,
     KeelRemovenode,
+    KeelLearnslots,
 }
 
 /// One command's description.
@@ -2197,6 +2198,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Replicated cluster: KEEL.JOIN node-id host:port adds the node (sent by keel serve --cluster-join): a new partition on it, and replicas moved to it. Replies the cluster's view, encoded."
+    ),
+    spec!(
+        "keel.learnslots",
+        KeelLearnslots,
+        1,
+        &["admin", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Replicated cluster: KEEL.LEARNSLOTS asks every partition's leader which slots it owns, so that this node's CLUSTER SLOTS/SHARDS/NODES show every move. Replies the number of partitions that answered."
     ),
     spec!(
         "keel.removenode",
