@@ -348,6 +348,10 @@ pub struct Replication {
     conforming: Arc<parking_lot::Mutex<std::collections::HashSet<usize>>>,
     /// Hosted partitions the view no longer places here, since when.
     leaving: parking_lot::Mutex<std::collections::HashMap<usize, Instant>>,
+    /// Replicas that left (out of the newest configuration they had), with their data,
+    /// waiting for their partition's leader to have committed a membership without this
+    /// node before they are emptied.
+    unsettled: parking_lot::Mutex<BTreeMap<usize, &'static Db>>,
     /// Wakes the reconciler (a newer view arrived).
     wake: Arc<tokio::sync::Notify>,
     /// A fetch of a newer view from a peer is under way.
@@ -517,6 +521,7 @@ impl Replication {
             dir,
             conforming: Default::default(),
             leaving: Default::default(),
+            unsettled: Default::default(),
             wake: Arc::default(),
             fetching: std::sync::atomic::AtomicBool::new(false),
             dbs: Default::default(),
@@ -1102,6 +1107,16 @@ impl Replication {
         postcard::from_bytes(&self.ask_leader(shared, p, b"members").await?).ok()
     }
 
+    /// Whether partition `p`'s leader has a committed, not joint, membership without this
+    /// node.
+    async fn settled_without_me(&self, shared: &Shared, p: usize) -> bool {
+        let Some(bytes) = self.ask_leader(shared, p, b"settled").await else {
+            return false;
+        };
+        postcard::from_bytes::<std::collections::BTreeSet<u64>>(&bytes)
+            .is_ok_and(|voters| !voters.is_empty() && !voters.contains(&(self.me as u64)))
+    }
+
     /// How many slots partition `p` owns, as its leader knows.
     async fn owned(&self, shared: &Shared, p: usize) -> Option<usize> {
         postcard::from_bytes(&self.ask_leader(shared, p, b"owned").await?).ok()
@@ -1165,6 +1180,25 @@ impl Replication {
             return;
         }
         let view = self.view();
+        let unsettled: Vec<(usize, &'static Db)> = self
+            .unsettled
+            .lock()
+            .iter()
+            .map(|(&p, &db)| (p, db))
+            .collect();
+        for (p, db) in unsettled {
+            // Placed here again: its databases are reused as they are.
+            let back = view
+                .parts
+                .get(p)
+                .is_some_and(|nodes| nodes.contains(&self.me));
+            if back || self.settled_without_me(shared, p).await {
+                self.unsettled.lock().remove(&p);
+                if !back {
+                    self.empty(p, db).await;
+                }
+            }
+        }
         for p in 0..view.parts.len() {
             if view.parts[p].contains(&self.me) && self.part(p).is_none() {
                 match self.open_part(shared, &view, p).await {
@@ -1207,11 +1241,13 @@ impl Replication {
                     self.leaving.lock().remove(&p);
                     tracing::info!("partition {p}: this node's replica left");
                     part.stop().await;
-                    // Out of every configuration: nothing will ask this replica for its
-                    // log or vote, so its memory (data and log) goes back. A replica only
-                    // long out of the view may still be a voter, and keeps them.
+                    // Once the leader's membership without this node has committed, and is
+                    // not joint, nothing will ask this replica for its log or vote: its
+                    // memory (data and log) goes back. Until then (the change might still
+                    // be undone, this node a voter again) it keeps them, as one only long
+                    // out of the view does.
                     if out {
-                        self.empty(p, part.db).await;
+                        self.unsettled.lock().insert(p, part.db);
                     }
                 }
                 continue;
@@ -1529,7 +1565,8 @@ impl Part {
     }
 
     /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
-    /// (`members`), how many slots it owns (`owned`), or which (`slots`).
+    /// (`members`; `settled`: only once the membership committed and is not joint), how many
+    /// slots it owns (`owned`), or which (`slots`).
     pub fn leader_knows(&self, kind: &[u8]) -> Option<Vec<u8>> {
         let m = self.raft.metrics().borrow().clone();
         if m.state != openraft::ServerState::Leader {
@@ -1542,6 +1579,23 @@ impl Part {
                     .voter_ids()
                     .collect::<std::collections::BTreeSet<u64>>(),
             ),
+            // The voters, once the membership is one configuration (not joint) that
+            // committed: nodes outside it are out for good.
+            b"settled" => {
+                let stored = &m.membership_config;
+                let uniform = stored.membership().get_joint_config().len() == 1;
+                let applied = m.last_applied.map(|l| l.index);
+                let committed = stored.log_id().is_none_or(|l| Some(l.index) <= applied);
+                if !(uniform && committed) {
+                    return None;
+                }
+                postcard::to_stdvec(
+                    &stored
+                        .membership()
+                        .voter_ids()
+                        .collect::<std::collections::BTreeSet<u64>>(),
+                )
+            }
             b"slots" => {
                 let locks = self.locks.lock();
                 postcard::to_stdvec(

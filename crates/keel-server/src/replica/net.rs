@@ -288,7 +288,7 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"snapshot" => encode(&part.raft.install_snapshot(decode(payload)?).await),
         // What the leader knows (`None` from a replica that does not lead), and the leader
         // this replica knows: the partition's voters, or how many slots it owns.
-        b"members" | b"owned" | b"slots" => encode(&(
+        b"members" | b"settled" | b"owned" | b"slots" => encode(&(
             part.leader_knows(kind),
             part.raft.metrics().borrow().current_leader,
         )),
