@@ -1461,6 +1461,12 @@ impl Part {
         target: std::collections::BTreeSet<u64>,
     ) -> Result<(), String> {
         let m = self.raft.metrics().borrow().clone();
+        // A leader that committed a membership without itself leads on only until it steps
+        // down; openraft asserts that such a leader appends no membership: the next one does.
+        let (me, members) = (m.id, m.membership_config.membership());
+        if !members.voter_ids().any(|v| v == me) {
+            return Err(format!("node {me} is leaving; the next leader changes it"));
+        }
         let learners: std::collections::BTreeSet<u64> =
             m.membership_config.membership().learner_ids().collect();
         for &n in &target {

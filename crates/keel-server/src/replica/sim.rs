@@ -35,7 +35,8 @@
 //! may need a few runs). `KEEL_SIM_SEED=<seed>` replays one seed, `KEEL_SIM_SEEDS=<n>` runs
 //! `n` more seeds (from the clock) after the fixed list.
 //!
-//! `across` runs several partitions' groups on the same nodes, with transactions across them.
+//! `across` runs several partitions' groups on the same nodes, with transactions across them;
+//! `member` moves the partition's membership between the nodes of a pool while the faults run.
 
 // openraft's storage traits return its `StorageError`, which is large.
 #![allow(clippy::result_large_err)]
@@ -45,6 +46,7 @@
 mod history;
 
 mod across;
+mod member;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -141,6 +143,9 @@ enum Mutation {
     /// The resolvers (`across`) abort what they find prepared without asking its coordinator
     /// partition.
     RogueResolver,
+    /// A replica placed on a node after the group started (`member`) initializes the group
+    /// itself with the view's placement, instead of waiting for the leader to add it.
+    JoinerInitializes,
 }
 
 /// The network's state: which links are cut and how lossy the others are.
@@ -230,6 +235,8 @@ struct Node {
     life: tokio::sync::Mutex<()>,
     /// Whether a snapshot install is under way here.
     installing: AtomicBool,
+    /// The node's process is down (crashed): nothing opens its replica until it restarts.
+    down: AtomicBool,
 }
 
 /// Counts for the run's summary.
@@ -242,7 +249,21 @@ struct Stats {
     crashes_installing: AtomicU64,
     installs: AtomicU64,
     snapshots: AtomicU64,
+    /// Crashes while a membership change was adding a learner, between its learners and the
+    /// change of voters or during that change, and while some replica's membership was joint
+    /// (`member`).
+    crashes_adding: AtomicU64,
+    crashes_changing: AtomicU64,
+    crashes_joint: AtomicU64,
+    /// Replicas closed because the membership let their node go.
+    left: AtomicU64,
 }
+
+/// Where a membership change (`member`) is: [`IDLE`], [`ADDING`] a learner, or [`CHANGING`]
+/// the voters (its learners were added).
+const IDLE: u64 = 0;
+const ADDING: u64 = 1;
+const CHANGING: u64 = 2;
 
 /// What the clients saw.
 #[derive(Default)]
@@ -265,6 +286,14 @@ struct Sim {
     /// Every group of the simulation, this one among them.
     groups: Mutex<Vec<std::sync::Weak<Sim>>>,
     nodes: Vec<Node>,
+    /// The nodes the group is started with (all `n` but in `member`).
+    born: BTreeSet<u64>,
+    /// The nodes the cluster's view places the partition on: a node opens its replica only
+    /// while placed, and initializes the group only while the placement is `born` (as
+    /// `Replication::open_part` does).
+    placed: Mutex<BTreeSet<u64>>,
+    /// Where a membership change is ([`IDLE`], [`ADDING`], [`CHANGING`]).
+    changing: AtomicU64,
     lives: AtomicU64,
     /// Set once every fault is healed: no more crashes.
     healed: AtomicBool,
@@ -311,6 +340,19 @@ impl Sim {
         net: Arc<Mutex<Net>>,
         epoch: Instant,
     ) -> Arc<Sim> {
+        Sim::new_on(n, (0..n as u64).collect(), part, mutation, net, epoch)
+    }
+
+    /// As [`Sim::new`], the group started on `born` of the `n` nodes (the others host no
+    /// replica until the view places them).
+    fn new_on(
+        n: usize,
+        born: BTreeSet<u64>,
+        part: usize,
+        mutation: Mutation,
+        net: Arc<Mutex<Net>>,
+        epoch: Instant,
+    ) -> Arc<Sim> {
         let config = openraft::Config {
             cluster_name: "keel-sim".into(),
             heartbeat_interval: super::HEARTBEAT_MS,
@@ -338,8 +380,12 @@ impl Sim {
                     up: Mutex::new(None),
                     life: tokio::sync::Mutex::new(()),
                     installing: AtomicBool::new(false),
+                    down: AtomicBool::new(false),
                 })
                 .collect(),
+            placed: Mutex::new(born.clone()),
+            born,
+            changing: AtomicU64::new(IDLE),
             lives: AtomicU64::new(0),
             healed: AtomicBool::new(false),
             epoch,
@@ -416,11 +462,16 @@ impl Sim {
 
     /// Waits until every replica applied the leader's last entry.
     async fn catch_up(&self) -> Result<(), String> {
-        let n = self.n;
+        self.catch_up_among(&(0..self.n).collect::<Vec<_>>()).await
+    }
+
+    /// Waits until the replicas on `nodes` applied the leader's last entry.
+    async fn catch_up_among(&self, nodes: &[usize]) -> Result<(), String> {
         let caught_up = Instant::now();
         loop {
-            let indexes: Vec<Option<u64>> = (0..n)
-                .map(|i| {
+            let indexes: Vec<Option<u64>> = nodes
+                .iter()
+                .map(|&i| {
                     let m = self.raft(i)?.metrics().borrow().clone();
                     m.running_state.as_ref().ok()?;
                     m.last_applied.map(|l| l.index)
@@ -435,8 +486,8 @@ impl Sim {
             self.stopped()?;
             if caught_up.elapsed() > Duration::from_millis(RECOVERY_MS) {
                 return Err(format!(
-                    "partition {}: replicas not caught up {RECOVERY_MS} ms after healing: \
-                     applied {indexes:?}, the leader's last log index {leader_last:?}",
+                    "partition {}: replicas {nodes:?} not caught up {RECOVERY_MS} ms after \
+                     healing: applied {indexes:?}, the leader's last log index {leader_last:?}",
                     self.part
                 ));
             }
@@ -446,6 +497,11 @@ impl Sim {
 
     /// The replicas whose data differs from node 0's.
     fn differing(&self) -> Vec<String> {
+        self.differing_among(&(0..self.n).collect::<Vec<_>>())
+    }
+
+    /// The replicas of `nodes` whose data differs from the first one's.
+    fn differing_among(&self, nodes: &[usize]) -> Vec<String> {
         let show = |c: &[(Vec<u8>, Vec<u8>)]| {
             c.iter()
                 .map(|(k, v)| (String::from_utf8_lossy(k), String::from_utf8_lossy(v)))
@@ -453,13 +509,16 @@ impl Sim {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let reference = contents(self.nodes[0].data_db);
-        self.nodes[1..]
-            .iter()
+        let Some((&first, rest)) = nodes.split_first() else {
+            return Vec::new();
+        };
+        let reference = contents(self.nodes[first].data_db);
+        rest.iter()
+            .map(|&i| &self.nodes[i])
             .filter(|node| contents(node.data_db) != reference)
             .map(|node| {
                 format!(
-                    "partition {}: node {}'s data differs from node 0's:\n{}\n{}",
+                    "partition {}: node {}'s data differs from node {first}'s:\n{}\n{}",
                     self.part,
                     node.id,
                     show(&contents(node.data_db)),
@@ -492,11 +551,24 @@ impl Sim {
         }
     }
 
-    /// Starts node `i` (again) on its databases.
+    /// Starts node `i`'s process (again): its replica opens if the view places it there.
     async fn start(self: &Arc<Sim>, i: usize) {
+        {
+            let _alone = self.nodes[i].life.lock().await;
+            self.nodes[i].down.store(false, Ordering::SeqCst);
+        }
+        self.open(i).await;
+    }
+
+    /// Opens node `i`'s replica on its databases, unless it is open, its process is down, or
+    /// the view does not place it here.
+    async fn open(self: &Arc<Sim>, i: usize) {
         let node = &self.nodes[i];
         let _alone = node.life.lock().await;
-        if node.up.lock().is_some() {
+        if node.up.lock().is_some()
+            || node.down.load(Ordering::SeqCst)
+            || !self.placed.lock().contains(&node.id)
+        {
             return;
         }
         node.installing.store(false, Ordering::SeqCst);
@@ -532,12 +604,24 @@ impl Sim {
             Ok(raft) => raft,
             Err(e) => return self.violation(format!("node {i}'s raft won't start: {e}")),
         };
-        // As `Replication::start` does: every start proposes the initial membership, and a
-        // group already started refuses.
-        let members: BTreeMap<u64, BasicNode> = (0..self.n as u64)
-            .map(|i| (i, BasicNode::new(format!("n{i}"))))
-            .collect();
-        let _ = raft.initialize(members).await;
+        // As `Replication::open_part` does: while the placement is the one the group was
+        // born with, every start of a born member proposes the initial membership, and a group
+        // already started refuses; a replica placed later waits for the leader to add it.
+        let placed = self.placed.lock().clone();
+        let born = if placed == self.born && self.born.contains(&node.id) {
+            Some(&self.born)
+        } else if self.mutation == Mutation::JoinerInitializes {
+            Some(&placed)
+        } else {
+            None
+        };
+        if let Some(born) = born {
+            let members: BTreeMap<u64, BasicNode> = born
+                .iter()
+                .map(|&i| (i, BasicNode::new(format!("n{i}"))))
+                .collect();
+            let _ = raft.initialize(members).await;
+        }
         let mut metrics = raft.metrics();
         let sim = Arc::clone(self);
         let id = node.id;
@@ -567,19 +651,47 @@ impl Sim {
     /// ones fail, and its Raft stops.
     async fn crash(&self, i: usize) {
         let _alone = self.nodes[i].life.lock().await;
+        self.nodes[i].down.store(true, Ordering::SeqCst);
         let Some(up) = self.nodes[i].up.lock().take() else {
             return;
         };
-        self.stats.crashes.fetch_add(1, Ordering::Relaxed);
+        let s = &self.stats;
+        s.crashes.fetch_add(1, Ordering::Relaxed);
         if self.nodes[i].installing.load(Ordering::SeqCst) {
-            self.stats
-                .crashes_installing
-                .fetch_add(1, Ordering::Relaxed);
+            s.crashes_installing.fetch_add(1, Ordering::Relaxed);
+        }
+        match self.changing.load(Ordering::SeqCst) {
+            ADDING => s.crashes_adding.fetch_add(1, Ordering::Relaxed),
+            CHANGING => s.crashes_changing.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        let joint = |raft: &Raft| {
+            let m = raft.metrics().borrow().membership_config.clone();
+            m.membership().get_joint_config().len() > 1
+        };
+        if joint(&up.raft) || (0..self.n).any(|o| self.raft(o).is_some_and(|r| joint(&r))) {
+            s.crashes_joint.fetch_add(1, Ordering::Relaxed);
         }
         {
             let _all = up.gate.lock.write().await;
             up.gate.dead.store(true, Ordering::SeqCst);
         }
+        if tokio::time::timeout(Duration::from_secs(30), up.raft.shutdown())
+            .await
+            .is_err()
+        {
+            self.violation(format!("node {i}'s raft did not stop within 30 s"));
+        }
+    }
+
+    /// Closes node `i`'s replica, which left the partition (`Part::stop`); its databases
+    /// stay, for a later return.
+    async fn leave(&self, i: usize) {
+        let _alone = self.nodes[i].life.lock().await;
+        let Some(up) = self.nodes[i].up.lock().take() else {
+            return;
+        };
+        self.stats.left.fetch_add(1, Ordering::Relaxed);
         if tokio::time::timeout(Duration::from_secs(30), up.raft.shutdown())
             .await
             .is_err()
@@ -1366,156 +1478,197 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
     for i in 0..n {
         sim.start(i).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let elems = Arc::new(AtomicU64::new(1));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            tokio::spawn(client(
-                Arc::clone(&sim),
-                c,
-                seed,
-                Arc::clone(&stop),
-                Arc::clone(&elems),
-            ))
-        })
-        .collect();
-    let faults = nemesis(&[Arc::clone(&sim)], seed, FAULT_MS).await;
-    if let Err(e) = faults {
-        stop.store(true, Ordering::SeqCst);
+    let mut run = Run::begin(&sim, seed);
+    if let Err(e) = nemesis(&[Arc::clone(&sim)], seed, FAULT_MS).await {
+        run.stop.store(true, Ordering::SeqCst);
         return Err(e);
     }
+    let recovery_ms = run.probe(&sim).await?;
+    run.check(&sim, &(0..n).collect::<Vec<_>>(), recovery_ms)
+        .await
+}
 
-    // 4. Healed: a write commits within RECOVERY_MS.
-    let healed = Instant::now();
-    let probe = Request {
-        commands: vec![vec![b"SET".to_vec(), b"probe".to_vec(), b"1".to_vec()]],
-        exec: false,
-        ..request(&[])
-    };
-    let mut rng = Rng::new(seed ^ 0x0050_524f_4245);
-    let mut guess = 0;
-    loop {
-        match call(&sim, &mut guess, &probe, false, &mut rng).await {
-            Seen::Done(reply) if reply == b"+OK\r\n" => break,
-            Seen::Done(reply) => {
-                sim.violation(format!("the probe write answered {reply:?}"));
-                break;
-            }
-            _ => {
-                sim.stopped()?;
-                if healed.elapsed() > Duration::from_millis(RECOVERY_MS) {
-                    return Err(format!(
-                        "no write committed within {RECOVERY_MS} ms of healing every fault"
-                    ));
+/// One run's clients, and how it reaches the partition.
+struct Run {
+    stop: Arc<AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+    rng: Rng,
+    /// The node last seen leading.
+    guess: usize,
+}
+
+impl Run {
+    /// Starts the clients.
+    fn begin(sim: &Arc<Sim>, seed: u64) -> Run {
+        let stop = Arc::new(AtomicBool::new(false));
+        let elems = Arc::new(AtomicU64::new(1));
+        let clients = (0..CLIENTS)
+            .map(|c| {
+                tokio::spawn(client(
+                    Arc::clone(sim),
+                    c,
+                    seed,
+                    Arc::clone(&stop),
+                    Arc::clone(&elems),
+                ))
+            })
+            .collect();
+        Run {
+            stop,
+            clients,
+            rng: Rng::new(seed ^ 0x0050_524f_4245),
+            guess: 0,
+        }
+    }
+
+    /// 4. Healed: a write commits within RECOVERY_MS. How long it took (ms).
+    async fn probe(&mut self, sim: &Sim) -> Result<u64, String> {
+        let healed = Instant::now();
+        let probe = Request {
+            commands: vec![vec![b"SET".to_vec(), b"probe".to_vec(), b"1".to_vec()]],
+            exec: false,
+            ..request(&[])
+        };
+        loop {
+            match call(sim, &mut self.guess, &probe, false, &mut self.rng).await {
+                Seen::Done(reply) if reply == b"+OK\r\n" => break,
+                Seen::Done(reply) => {
+                    sim.violation(format!("the probe write answered {reply:?}"));
+                    break;
+                }
+                _ => {
+                    sim.stopped()?;
+                    if healed.elapsed() > Duration::from_millis(RECOVERY_MS) {
+                        return Err(format!(
+                            "no write committed within {RECOVERY_MS} ms of healing every fault"
+                        ));
+                    }
+                    // An unknown outcome may come at once (a replica stopping): not in a loop
+                    // that lets no time pass.
+                    sleep(super::RETRY_PAUSE).await;
                 }
             }
         }
-    }
-    let recovery_ms = healed.elapsed().as_millis() as u64;
-    stop.store(true, Ordering::SeqCst);
-    for c in clients {
-        if let Err(e) = c.await {
-            std::panic::resume_unwind(e.into_panic());
-        }
+        Ok(healed.elapsed().as_millis() as u64)
     }
 
-    // Every replica catches up with the leader.
-    sim.catch_up().await?;
-    let caught_up = Instant::now();
-
-    // The final state, read linearizably through the leader.
-    let all: Vec<(u32, Option<u64>)> = (0..KEYS).map(|k| (k, None)).collect();
-    let final_began = sim.now();
-    let finals = loop {
-        if let Seen::Done(reply) = call(&sim, &mut guess, &request(&all), true, &mut rng).await {
-            break parse_exec(&reply, &all).map_err(|e| format!("the final read: {e}"))?;
-        }
-        if caught_up.elapsed() > Duration::from_millis(2 * RECOVERY_MS) {
-            return Err("no final read".into());
-        }
-    };
-    let final_ended = sim.now();
-    let last_index = sim
-        .leader()
-        .and_then(|l| sim.raft(l)?.metrics().borrow().last_log_index)
-        .unwrap_or(0);
-    for i in 0..n {
-        if let Some(raft) = sim.raft(i) {
-            let _ = raft.shutdown().await;
-        }
-    }
-
-    let mut violations = std::mem::take(&mut *sim.violations.lock());
-    // 2. Identical replicas; every acknowledged append in each, none twice.
-    violations.extend(sim.differing());
-    let mut present: HashSet<(u32, u64)> = HashSet::new();
-    for op in &finals {
-        if let Op::Read { key, value } = op {
-            let distinct: HashSet<&u64> = value.iter().collect();
-            if distinct.len() != value.len() {
-                violations.push(format!("key {key} holds an element twice: {value:?}"));
+    /// Stops the clients, waits for the replicas on `nodes` to catch up, reads the final
+    /// state and checks the history and the replicas (1 to 3).
+    async fn check(
+        mut self,
+        sim: &Sim,
+        nodes: &[usize],
+        recovery_ms: u64,
+    ) -> Result<Summary, String> {
+        let n = sim.n;
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self.clients.drain(..) {
+            if let Err(e) = c.await {
+                std::panic::resume_unwind(e.into_panic());
             }
-            present.extend(value.iter().map(|&e| (*key, e)));
         }
-    }
-    let book = std::mem::take(&mut *sim.book.lock());
-    let mut history = book.records;
-    let mut acknowledged = 0;
-    for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
-        for op in &t.ops {
-            if let Op::Append { key, elem } = op {
-                acknowledged += 1;
-                if !present.contains(&(*key, *elem)) {
-                    violations.push(format!(
-                        "{}: the acknowledged append of {elem} to k{key} is lost",
-                        t.name
-                    ));
+
+        // Every replica catches up with the leader.
+        sim.catch_up_among(nodes).await?;
+        let caught_up = Instant::now();
+
+        // The final state, read linearizably through the leader.
+        let all: Vec<(u32, Option<u64>)> = (0..KEYS).map(|k| (k, None)).collect();
+        let final_began = sim.now();
+        let finals = loop {
+            let read = call(sim, &mut self.guess, &request(&all), true, &mut self.rng).await;
+            if let Seen::Done(reply) = read {
+                break parse_exec(&reply, &all).map_err(|e| format!("the final read: {e}"))?;
+            }
+            if caught_up.elapsed() > Duration::from_millis(2 * RECOVERY_MS) {
+                return Err("no final read".into());
+            }
+            sleep(super::RETRY_PAUSE).await;
+        };
+        let final_ended = sim.now();
+        let last_index = sim
+            .leader()
+            .and_then(|l| sim.raft(l)?.metrics().borrow().last_log_index)
+            .unwrap_or(0);
+        for i in 0..n {
+            if let Some(raft) = sim.raft(i) {
+                let _ = raft.shutdown().await;
+            }
+        }
+
+        let mut violations = std::mem::take(&mut *sim.violations.lock());
+        // 2. Identical replicas; every acknowledged append in each, none twice.
+        violations.extend(sim.differing_among(nodes));
+        let mut present: HashSet<(u32, u64)> = HashSet::new();
+        for op in &finals {
+            if let Op::Read { key, value } = op {
+                let distinct: HashSet<&u64> = value.iter().collect();
+                if distinct.len() != value.len() {
+                    violations.push(format!("key {key} holds an element twice: {value:?}"));
+                }
+                present.extend(value.iter().map(|&e| (*key, e)));
+            }
+        }
+        let book = std::mem::take(&mut *sim.book.lock());
+        let mut history = book.records;
+        let mut acknowledged = 0;
+        for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
+            for op in &t.ops {
+                if let Op::Append { key, elem } = op {
+                    acknowledged += 1;
+                    if !present.contains(&(*key, *elem)) {
+                        violations.push(format!(
+                            "{}: the acknowledged append of {elem} to k{key} is lost",
+                            t.name
+                        ));
+                    }
                 }
             }
         }
-    }
-    let unknown = book.unknown.len();
-    for (name, appends, began) in book.unknown {
-        match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e))) {
-            Ok(record) => history.push(record),
-            Err(violation) => violations.push(violation),
+        let unknown = book.unknown.len();
+        for (name, appends, began) in book.unknown {
+            match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e)))
+            {
+                Ok(record) => history.push(record),
+                Err(violation) => violations.push(violation),
+            }
         }
-    }
-    history.push(TxnRecord {
-        name: "final".into(),
-        ops: finals,
-        outcome: Outcome::Committed,
-        position: None,
-        read_ts: None,
-        time: Some((final_began, final_ended)),
-    });
-    // 1. Strict serializability.
-    let report = match history::check(&history) {
-        Ok(report) => Some(report),
-        Err(e) => {
-            violations.push(format!("the history is not strictly serializable: {e}"));
-            None
+        history.push(TxnRecord {
+            name: "final".into(),
+            ops: finals,
+            outcome: Outcome::Committed,
+            position: None,
+            read_ts: None,
+            time: Some((final_began, final_ended)),
+        });
+        // 1. Strict serializability.
+        let report = match history::check(&history) {
+            Ok(report) => Some(report),
+            Err(e) => {
+                violations.push(format!("the history is not strictly serializable: {e}"));
+                None
+            }
+        };
+        if !violations.is_empty() {
+            return Err(violations.join("\n"));
         }
-    };
-    if !violations.is_empty() {
-        return Err(violations.join("\n"));
+        let s = &sim.stats;
+        Ok(Summary {
+            acknowledged,
+            unknown,
+            history: report.expect("checked"),
+            recovery_ms,
+            crashes: s.crashes.load(Ordering::Relaxed),
+            crashes_installing: s.crashes_installing.load(Ordering::Relaxed),
+            installs: s.installs.load(Ordering::Relaxed),
+            snapshots: s.snapshots.load(Ordering::Relaxed),
+            messages: s.messages.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            duplicated: s.duplicated.load(Ordering::Relaxed),
+            two_leader_terms: sim.leaders.lock().values().filter(|l| l.len() > 1).count(),
+            last_index,
+        })
     }
-    let s = &sim.stats;
-    Ok(Summary {
-        acknowledged,
-        unknown,
-        history: report.expect("checked"),
-        recovery_ms,
-        crashes: s.crashes.load(Ordering::Relaxed),
-        crashes_installing: s.crashes_installing.load(Ordering::Relaxed),
-        installs: s.installs.load(Ordering::Relaxed),
-        snapshots: s.snapshots.load(Ordering::Relaxed),
-        messages: s.messages.load(Ordering::Relaxed),
-        dropped: s.dropped.load(Ordering::Relaxed),
-        duplicated: s.duplicated.load(Ordering::Relaxed),
-        two_leader_terms: sim.leaders.lock().values().filter(|l| l.len() > 1).count(),
-        last_index,
-    })
 }
 
 /// The seeds to run: `KEEL_SIM_SEED` alone, else `fixed` and `KEEL_SIM_SEEDS` more.
