@@ -13,9 +13,11 @@
 //! its replica only while the view places it there (a crashed node that restarts out of the
 //! view stays closed), a born member initializes the group only while the placement is the
 //! born one, and a replica the view no longer places closes once the newest configuration of
-//! its membership excludes it (or after [`LEAVE_AFTER_MS`]), unless it leads. Snapshots every 20
-//! entries make a new learner catch up by a snapshot install, and the nemesis crashes nodes
-//! during installs.
+//! its membership excludes it (or after [`LEAVE_AFTER_MS`]), unless it leads. It keeps its
+//! data, log and vote: the server now empties it once the leader's committed, uniform
+//! membership excludes it, which loses committed entries
+//! (`a_replica_that_left_is_emptied_safely`, ignored). Snapshots every 20 entries make a new
+//! learner catch up by a snapshot install, and the nemesis crashes nodes during installs.
 //!
 //! Checked once every fault is healed, besides `sim`'s checks (strict serializability of the
 //! whole history, every acknowledged append present, no index applied with two different
@@ -40,8 +42,8 @@ use parking_lot::Mutex;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{ADDING, CHANGING, IDLE, Mutation, Net, RECOVERY_MS, Rng, Run, Sim, nemesis, seeds};
-use crate::replica::Tc;
 use crate::replica::view::{View, ViewNode};
+use crate::replica::{Tc, machine};
 
 /// Nodes in the pool.
 const POOL: usize = 5;
@@ -314,9 +316,24 @@ async fn driver(
 
 /// Every node's reconciler (`Replication::reconcile`), until `stop`: opens the replica the
 /// view places on a node, and closes one it no longer places once its membership lets it go.
-async fn reconciler(sim: Arc<Sim>, stop: Arc<AtomicBool>) {
+/// With `empties`, a replica that left because its membership excluded it is emptied (its
+/// data, log, vote and snapshot) once the leader has a committed, uniform membership without
+/// it, as the server does; placed again before that, it keeps them. How many were emptied.
+async fn reconciler(sim: Arc<Sim>, empties: bool, stop: Arc<AtomicBool>) -> u64 {
     let mut leaving: BTreeMap<usize, Instant> = BTreeMap::new();
+    let mut unsettled: BTreeSet<usize> = BTreeSet::new();
+    let mut emptied = 0;
     while !stop.load(Ordering::SeqCst) {
+        for i in unsettled.clone() {
+            if sim.placed.lock().contains(&(i as u64)) {
+                unsettled.remove(&i);
+            } else if settled_without(&sim, i as u64) {
+                unsettled.remove(&i);
+                if empty(&sim, i).await {
+                    emptied += 1;
+                }
+            }
+        }
         for i in 0..sim.n {
             let me = i as u64;
             if sim.placed.lock().contains(&me) {
@@ -342,10 +359,54 @@ async fn reconciler(sim: Arc<Sim>, stop: Arc<AtomicBool>) {
             if out || since.elapsed() > Duration::from_millis(LEAVE_AFTER_MS) {
                 leaving.remove(&i);
                 sim.leave(i).await;
+                if out && empties {
+                    unsettled.insert(i);
+                }
             }
         }
         sleep(Duration::from_millis(RECONCILE_MS)).await;
     }
+    emptied
+}
+
+/// Whether the leader has a committed membership, not joint, without `node`
+/// (`Part::leader_knows`, `settled`).
+fn settled_without(sim: &Sim, node: u64) -> bool {
+    let Some(raft) = sim.leader().and_then(|l| sim.raft(l)) else {
+        return false;
+    };
+    let m = raft.metrics().borrow().clone();
+    let stored = &m.membership_config;
+    let (voters, uniform) = voters(stored.membership());
+    let applied = m.last_applied.map(|l| l.index);
+    let committed = stored.log_id().is_none_or(|l| Some(l.index) <= applied);
+    m.state == ServerState::Leader
+        && uniform
+        && committed
+        && !voters.is_empty()
+        && !voters.contains(&node)
+}
+
+/// Empties node `i`'s closed replica (`Replication::empty`): its data, log and vote, and its
+/// snapshot file.
+async fn empty(sim: &Sim, i: usize) -> bool {
+    let node = &sim.nodes[i];
+    let _alone = node.life.lock().await;
+    if node.up.lock().is_some() {
+        return false;
+    }
+    for db in [node.data_db, node.log_db] {
+        if let Err(e) = machine::wipe(db) {
+            sim.violation(format!("emptying node {i}'s replica: {e}"));
+        }
+    }
+    match std::fs::remove_file(node.dir.path().join(machine::SNAPSHOT_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            sim.violation(format!("emptying node {i}'s snapshot: {e}"));
+        }
+        _ => {}
+    }
+    true
 }
 
 /// 2: the committed membership entries, in log order, against what the driver asked and saw.
@@ -447,19 +508,25 @@ struct Summary {
     crashed_after_learner: u64,
     crashed_joint: u64,
     left: u64,
+    emptied: u64,
     run: super::Summary,
 }
 
-fn run(seed: u64, careful: Careful, mutation: Mutation) -> Result<Summary, String> {
+fn run(seed: u64, careful: Careful, empties: bool, mutation: Mutation) -> Result<Summary, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a runtime");
-    rt.block_on(simulate(seed, careful, mutation))
+    rt.block_on(simulate(seed, careful, empties, mutation))
 }
 
-async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Summary, String> {
+async fn simulate(
+    seed: u64,
+    careful: Careful,
+    empties: bool,
+    mutation: Mutation,
+) -> Result<Summary, String> {
     let born: BTreeSet<u64> = (0..REPLICAS as u64).collect();
     let sim = Sim::new_on(
         POOL,
@@ -478,7 +545,11 @@ async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Sum
     }));
     let mut run = Run::begin(&sim, seed);
     let (stop_driver, stop_reconciler) = (Arc::default(), Arc::new(AtomicBool::new(false)));
-    let reconciling = tokio::spawn(reconciler(Arc::clone(&sim), Arc::clone(&stop_reconciler)));
+    let reconciling = tokio::spawn(reconciler(
+        Arc::clone(&sim),
+        empties,
+        Arc::clone(&stop_reconciler),
+    ));
     let driving = tokio::spawn(driver(
         Arc::clone(&sim),
         seed,
@@ -546,9 +617,10 @@ async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Sum
         sleep(Duration::from_millis(100)).await;
     }
     stop_reconciler.store(true, Ordering::SeqCst);
-    if let Err(e) = reconciling.await {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    let emptied = match reconciling.await {
+        Ok(emptied) => emptied,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
 
     let changes = std::mem::take(&mut *changes.lock());
     for v in check_memberships(&sim, &changes, &last) {
@@ -569,6 +641,7 @@ async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Sum
         crashed_after_learner: changes.crashed_after_learner,
         crashed_joint: changes.crashed_joint,
         left: s.left.load(Ordering::Relaxed),
+        emptied,
         run: summary,
     })
 }
@@ -577,7 +650,7 @@ async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Sum
 fn replicas_move_between_nodes_under_seeded_faults() {
     for seed in seeds(SEEDS) {
         let began = std::time::Instant::now();
-        match run(seed, Careful::Majority, Mutation::None) {
+        match run(seed, Careful::Majority, false, Mutation::None) {
             Ok(summary) => println!(
                 "member seed {seed}: ok in {} ms: {summary:?}",
                 began.elapsed().as_millis()
@@ -597,7 +670,7 @@ fn replicas_move_between_nodes_under_seeded_faults() {
 fn the_checks_catch_a_joiner_that_initializes_the_group() {
     let caught = [1u64, 2, 3]
         .iter()
-        .find_map(|&seed| run(seed, Careful::Majority, Mutation::JoinerInitializes).err())
+        .find_map(|&seed| run(seed, Careful::Majority, false, Mutation::JoinerInitializes).err())
         .expect("no seed caught a joiner initializing the group");
     println!("{}", &caught[..caught.len().min(300)]);
     assert!(caught.contains("two different entries"), "{caught}");
@@ -610,28 +683,44 @@ fn the_checks_catch_a_joiner_that_initializes_the_group() {
 /// replica, though the partition's membership still counts it as a voter (and the
 /// reconciler never opens it either). Once the view is two swaps ahead of the membership and
 /// both of those nodes restart, the old configuration has one live voter of three: no leader,
-/// so no change of membership either, for good (seed 4: placed on {0, 3, 4}, membership still
-/// {0, 1, 2}, nodes 1 and 2 closed). A fix would reopen at start the replicas whose stored
+/// so no change of membership either, for good (seed 4 once: placed on {0, 3, 4}, membership
+/// still {0, 1, 2}, nodes 1 and 2 closed; seeds 15 and others too). A fix would reopen at start the replicas whose stored
 /// membership still has the node, and let the reconciler close them once it lets the node go.
 #[test]
 #[ignore = "bug: a node restarting out of the view does not reopen a replica its partition's \
             membership still counts; with two, the partition loses its majority for good"]
 fn a_membership_behind_the_view_survives_restarts() {
-    let failed: Vec<String> = seeds(&[4, 5, 6])
-        .into_iter()
-        .filter_map(|seed| match run(seed, Careful::No, Mutation::None) {
-            Ok(summary) => {
-                println!("member seed {seed} (careless): ok: {summary:?}");
-                None
-            }
-            Err(e) => {
-                println!("member seed {seed} (careless) failed:\n{e}");
-                Some(format!(
-                    "seed {seed}: {}",
-                    e.lines().next().unwrap_or_default()
-                ))
-            }
-        })
-        .collect();
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    survive(Careful::No, false, &[4]);
+}
+
+/// As the server does since it empties replicas that left (`Replication::empty`), a replica
+/// that left is emptied once the leader's committed, uniform membership excludes it. Fails:
+/// that membership is not yet every node's. Seed 1795570281810405307 once (seed 33 and
+/// others too, or a follower whose committed entries differ trips openraft's assertions): the
+/// membership moves
+/// from {0, 1, 4} to {0, 1, 3} (committed at index 112 by node 0, term 2, with node 3) while
+/// node 1 is down; node 4 leaves and is emptied; the view places the partition on node 4 again,
+/// which opens with no log and no vote; node 1 restarts with its old log (configuration
+/// {0, 1, 4}, no entries past 102), stands for term 5 and gets node 4's vote, which a replica
+/// that kept its log would have refused: it leads {0, 1, 4} and overwrites indexes 103 to 115,
+/// which node 0 had committed and applied (acknowledged appends lost, two entries applied at
+/// one index). A replica may forget its log and vote only once no node can count it a voter
+/// any more (every node of the older configurations has the newer one), or not at all.
+#[test]
+#[ignore = "bug: a replica that left is emptied while a lagging node still counts it a voter; \
+            its empty log votes for a stale candidate, which overwrites committed entries"]
+fn a_replica_that_left_is_emptied_safely() {
+    survive(Careful::Majority, true, &[1_795_570_281_810_405_307]);
+}
+
+/// Runs `first`, then seeds 1 to 80 (a seed replays its schedule, not always its
+/// interleaving), until one fails: for the tests of bugs that some seeds hit.
+fn survive(careful: Careful, empties: bool, first: &[u64]) {
+    let mut list = first.to_vec();
+    list.extend(1..=80);
+    for seed in seeds(&list) {
+        if let Err(e) = run(seed, careful, empties, Mutation::None) {
+            panic!("seed {seed} ({careful:?}, emptied: {empties}):\n{e}");
+        }
+    }
 }
