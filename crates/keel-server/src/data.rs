@@ -93,30 +93,32 @@ impl<'db> View<'_, 'db> {
         }
     }
 
-    /// Calls `f` on each pair in `(lo, hi)`, in order (or reversed), until it says stop.
+    /// Calls `f` on each pair in `(lo, hi)`, in order (or reversed), until it says stop. The
+    /// pairs are passed in place: nothing is copied unless `f` copies it.
     pub fn range(
         &mut self,
         lo: Bound<Vec<u8>>,
         hi: Bound<Vec<u8>>,
         rev: bool,
-        mut f: impl FnMut(Vec<u8>, Vec<u8>) -> ControlFlow<()>,
+        mut f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
     ) {
-        fn drive(
-            it: &mut dyn DoubleEndedIterator<Item = (Vec<u8>, Vec<u8>)>,
-            rev: bool,
-            f: &mut dyn FnMut(Vec<u8>, Vec<u8>) -> ControlFlow<()>,
-        ) {
-            loop {
-                let next = if rev { it.next_back() } else { it.next() };
-                let Some((k, v)) = next else { return };
-                if f(k, v).is_break() {
-                    return;
+        match self {
+            View::Txn(t) => {
+                let mut range = t.range((lo, hi));
+                while let Some(flow) = range.next_with(rev, &mut f) {
+                    if flow.is_break() {
+                        return;
+                    }
                 }
             }
-        }
-        match self {
-            View::Txn(t) => drive(&mut t.range((lo, hi)), rev, &mut f),
-            View::Snap(s) => drive(&mut s.range((lo, hi)), rev, &mut f),
+            View::Snap(s) => {
+                let mut scan = s.range((lo, hi));
+                while let Some(flow) = scan.next_with(rev, &mut f) {
+                    if flow.is_break() {
+                        return;
+                    }
+                }
+            }
         }
     }
 }

@@ -108,7 +108,7 @@ fn each_field(
         Some(field) => Bound::Excluded(ks::sub_key(HASH_FIELD, generation, field).to_vec()),
         None => lo,
     };
-    view.range(lo, hi, false, |k, v| f(&k[prefix.len()..], v));
+    view.range(lo, hi, false, |k, v| f(&k[prefix.len()..], v.to_vec()));
 }
 
 /// Runs one hash command (see [`handles`]).

@@ -343,7 +343,7 @@ fn all_sub_keys(
     let mut all = true;
     let score = meta.ty == Type::ZSet;
     view.range(lo, hi, false, |k, v| {
-        all = test(&k[prefix.len()..], if score { &[] } else { &v });
+        all = test(&k[prefix.len()..], if score { &[] } else { v });
         if all {
             ControlFlow::Continue(())
         } else {

@@ -806,14 +806,14 @@ pub fn list(
     };
     let mut plain = Vec::new();
     view.range(map_plain(lo), plain_hi, rev, |k, v| {
-        let Some(user) = user_key(&k) else {
+        let Some(user) = user_key(k) else {
             return Continue(());
         };
         if keep(&user, Type::String) {
             plain.push(Listed {
                 key: user.into_owned(),
                 ty: Type::String,
-                value: if values { v } else { Vec::new() },
+                value: if values { v.to_vec() } else { Vec::new() },
             });
         }
         if plain.len() >= cap {
@@ -832,7 +832,7 @@ pub fn list(
     };
     let mut metas = Vec::new();
     view.range(meta_lo, meta_hi, rev, |k, v| {
-        if let Ok(m) = Meta::decode(&v)
+        if let Ok(m) = Meta::decode(v)
             && !m.expired(now_ms)
             && keep(&k[2..], m.ty)
         {

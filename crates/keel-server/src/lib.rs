@@ -23,6 +23,8 @@ mod blocking;
 mod cluster;
 mod config;
 mod conn;
+#[cfg(test)]
+mod cost;
 mod data;
 mod expiry;
 mod glob;

@@ -220,14 +220,14 @@ fn each(
     lo: i64,
     hi: i64,
     rev: bool,
-    mut f: impl FnMut(i64, Vec<u8>) -> ControlFlow<()>,
+    mut f: impl FnMut(i64, &[u8]) -> ControlFlow<()>,
 ) {
     if lo > hi {
         return;
     }
     let lo = Bound::Included(item_key(generation, lo).to_vec());
     let hi = Bound::Included(item_key(generation, hi).to_vec());
-    view.range(lo, hi, rev, |k, v| f(index_of(&k), v));
+    view.range(lo, hi, rev, |k, v| f(index_of(k), v));
 }
 
 /// Removes the key of a list whose last element is gone (its elements already deleted): no
@@ -332,7 +332,7 @@ fn pop(
     };
     let mut found = Vec::new();
     each(&mut View::Txn(t), generation, lo, hi, tail, |_, v| {
-        found.push(v);
+        found.push(v.to_vec());
         if found.len() >= want {
             ControlFlow::Break(())
         } else {
@@ -488,11 +488,16 @@ pub fn run(
             if e - s >= REPLY_ITEMS_MAX as i64 {
                 return Err(reply_too_big());
             }
-            let mut items = Vec::with_capacity((e - s + 1) as usize);
-            let mut bytes = 0;
+            // The elements go straight from the engine into the reply, uncopied: the
+            // indices are dense, so their count is known before they are read.
+            let mark = out.buf.len();
+            let count = (e - s + 1) as usize;
+            out.array(count);
+            let (mut bytes, mut written) = (0, 0);
             each(view, m.generation, head + s, head + e, false, |_, v| {
                 bytes += v.len() + 16;
-                items.push(v);
+                written += 1;
+                out.bulk(v);
                 if bytes > ctx.reply_bytes_max {
                     ControlFlow::Break(())
                 } else {
@@ -500,11 +505,12 @@ pub fn run(
                 }
             });
             if bytes > ctx.reply_bytes_max {
+                out.buf.truncate(mark);
                 return Err(reply_too_big());
             }
-            out.array(items.len());
-            for v in &items {
-                out.bulk(v);
+            if written != count {
+                out.buf.truncate(mark);
+                return Err("ERR keel: a list's elements are not dense".into());
             }
         }
         Cmd::Lindex => {
@@ -805,7 +811,7 @@ fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Re
         rev,
         |i, v| {
             let hit = v == element;
-            scanned.push((i, v, hit));
+            scanned.push((i, v.to_vec(), hit));
             if hit {
                 matches += 1;
                 last_match = scanned.len();
@@ -878,10 +884,10 @@ fn linsert(
         |i, v| {
             if v == pivot {
                 found = Some(i);
-                before.push(v);
+                before.push(v.to_vec());
                 return ControlFlow::Break(());
             }
-            before.push(v);
+            before.push(v.to_vec());
             ControlFlow::Continue(())
         },
     );
@@ -908,7 +914,7 @@ fn linsert(
             tail - 1,
             false,
             |i, v| {
-                rest.push((i, v));
+                rest.push((i, v.to_vec()));
                 ControlFlow::Continue(())
             },
         );
@@ -985,7 +991,7 @@ fn lpos(
             return ControlFlow::Break(());
         }
         scanned += 1;
-        if v == element[..] {
+        if *v == element[..] {
             matches += 1;
             if matches >= rank {
                 hits.push(i - head);

@@ -129,7 +129,7 @@ pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
         let hi = Bound::Included(ks::expiry_key(now_ms, &[]).to_vec());
         let mut due = Vec::new();
         View::Snap(&snap).range(lo, hi, false, |k, _| {
-            if let Some((deadline, key)) = ks::parse_expiry_key(&k) {
+            if let Some((deadline, key)) = ks::parse_expiry_key(k) {
                 due.push((deadline, key.to_vec()));
             }
             if due.len() > BATCH_KEYS {
@@ -177,7 +177,7 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
         Bound::Excluded(vec![ks::INTERNAL, ks::GRAVE + 1]),
         false,
         |k, v| {
-            graves.push((k, v));
+            graves.push((k.to_vec(), v.to_vec()));
             if graves.len() >= BATCH_KEYS {
                 ControlFlow::Break(())
             } else {
@@ -201,7 +201,7 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
         for &kind in prefixes {
             let (lo, hi) = ks::prefix_range(&ks::sub_prefix(kind, generation));
             View::Snap(&snap).range(lo, hi, false, |k, _| {
-                doomed.push(k);
+                doomed.push(k.to_vec());
                 if doomed.len() >= BATCH_KEYS {
                     ControlFlow::Break(())
                 } else {

@@ -5,13 +5,16 @@
 //!
 //! Adding a member reads the meta record and the member's key and adds to the size without
 //! reading it: two clients adding different members never conflict. Removing members (`SREM`,
-//! `SPOP`, `SMOVE`) reads the size, to delete the key with its last member as Redis does.
+//! `SMOVE`) reads the size, to delete the key with its last member as Redis does; `SPOP`
+//! reads it only when it may take the last member (below).
 //! Deleting or overwriting a whole set is O(1) (its generation goes to the graveyard), and so
 //! is `SPOP` of every member.
 //!
-//! Costs: `SPOP`/`SRANDMEMBER` read the members up to the one picked (a uniform pick needs a
-//! position, and there is no positional index: one would be a structure to keep in step with
-//! every write), so they are O(n) in the set's size, bounded by the reply limits. `SINTER`
+//! Costs: `SPOP`/`SRANDMEMBER` without a count read the first and the last member and the one
+//! picked (a uniform pick needs a position, and there is no positional index: one would be a
+//! structure to keep in step with every write); with a count they read every member, O(n),
+//! bounded by the reply limits. A pop that leaves members behind (it read two, or all of them)
+//! takes its members off the size record with the commutative add, without reading it. `SINTER`
 //! walks the smallest set and looks each member up in the others.
 //!
 //! Helpers shared with the sorted sets (`zsets`) live here too: finding a collection of a
@@ -168,13 +171,27 @@ fn each_member(
     view.range(lo, hi, false, |k, _| f(&k[prefix.len()..]));
 }
 
+/// A member [`random_member`] picked, and whether it is the set's only one.
+struct Pick {
+    member: Vec<u8>,
+    alone: bool,
+}
+
 /// One member, picked at random in O(log n) without reading the set: the first and the last
-/// member bound a random key drawn between them (from the bytes after their common prefix),
-/// and the pick is the first member at or after it. Members that follow a wide gap in byte
-/// order are picked more often than others, so this is "random", not uniform (Redis's own
-/// `SPOP` is not uniform either); what it buys is that a pop reads three short stretches of
-/// the set, not all of it, so concurrent pops of a large set rarely conflict.
-fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Vec<u8>> {
+/// member bound a random key drawn between them, and the pick is the first member at or
+/// after it. The key's first byte after the two members' common prefix is drawn between
+/// theirs, each later byte between the smallest and the largest byte of their suffixes
+/// (digits for `element:000000123456`, letters for words), so that the draws spread over the
+/// members as they are spelled rather than over all byte strings (which would pick the first
+/// member after each change of a leading digit most of the time). Members that follow a
+/// wide gap are still picked more often than others, so this is "random", not uniform
+/// (Redis's own `SPOP` is not uniform either); what it buys is that a pop reads three short
+/// stretches of the set, not all of it, so concurrent pops of a large set rarely conflict,
+/// and that pops spread over the set rather than piling their deleted keys up in a few
+/// places that every later pick must pass.
+fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Pick> {
+    /// Bytes drawn after the common prefix: enough to tell 2^64 members apart.
+    const DRAWN_BYTES_MAX: usize = 16;
     let prefix = ks::sub_prefix(SET_MEMBER, generation);
     let (lo, hi) = ks::prefix_range(&prefix);
     let end = |view: &mut View<'_, '_>, rev: bool| {
@@ -188,20 +205,31 @@ fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Vec<u8>> {
     let first = end(view, false)?;
     let last = end(view, true)?;
     if first == last {
-        return Some(first);
+        return Some(Pick {
+            member: first,
+            alone: true,
+        });
     }
     let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
-    let word = |m: &[u8]| {
-        let mut w = [0u8; 8];
-        for (i, b) in m.iter().skip(common).take(8).enumerate() {
-            w[i] = *b;
-        }
-        u64::from_be_bytes(w)
+    let (first_rest, last_rest) = (&first[common..], &last[common..]);
+    let (low, high) = first_rest
+        .iter()
+        .chain(last_rest)
+        .fold((u8::MAX, u8::MIN), |(l, h), &b| (l.min(b), h.max(b)));
+    let between = |a: u8, b: u8| {
+        let span = u64::from(b.saturating_sub(a)) + 1;
+        a + (random() % span) as u8
     };
-    let (a, b) = (word(&first), word(&last));
-    let r = a + random() % (b - a).saturating_add(1).max(1);
+    // `first` is a prefix of `last` when it has no byte here: its next byte is then lowest.
     let mut target = first[..common].to_vec();
-    target.extend_from_slice(&r.to_be_bytes());
+    target.push(between(
+        first_rest.first().copied().unwrap_or(low),
+        last_rest[0],
+    ));
+    let drawn = first_rest.len().max(last_rest.len()).min(DRAWN_BYTES_MAX);
+    for _ in 1..drawn {
+        target.push(between(low, high));
+    }
     let mut pick = None;
     view.range(
         std::ops::Bound::Included(member_key(generation, &target).to_vec()),
@@ -212,8 +240,11 @@ fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Vec<u8>> {
             ControlFlow::Break(())
         },
     );
-    // `last` is at or after any target drawn, unless the target's padding passed it.
-    Some(pick.unwrap_or(last))
+    // `last` is at or after any target drawn, unless the target's later bytes passed it.
+    Some(Pick {
+        member: pick.unwrap_or(last),
+        alone: false,
+    })
 }
 
 /// Every member, in byte order; fails past the reply limits (the result is built in memory).
@@ -493,9 +524,16 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
     let Some(count) = count else {
         let pick = random_member(&mut View::Txn(t), meta.generation)
             .ok_or("ERR keel: a set with a size record but no members")?;
-        t.delete(&member_key(meta.generation, &pick))?;
-        shrink(t, key, &meta, 1)?;
-        out.bulk(&pick);
+        t.delete(&member_key(meta.generation, &pick.member))?;
+        if pick.alone {
+            shrink(t, key, &meta, 1)?;
+        } else {
+            // The first and the last member were read, and one of them stays: the set does
+            // not run empty, so the size goes down without being read (pops of one set then
+            // conflict only on the members they read, not on the size every pop writes).
+            t.add(&ks::size_key(meta.generation), -1)?;
+        }
+        out.bulk(&pick.member);
         return Ok(());
     };
     let all = members(&mut View::Txn(t), ctx, meta.generation)?;
@@ -512,7 +550,8 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
         t.delete(&member_key(meta.generation, &all[i]))?;
         out.bulk(&all[i]);
     }
-    shrink(t, key, &meta, picks.len() as i64)?;
+    // Every member was read and some stay: no need to read the size.
+    t.add(&ks::size_key(meta.generation), -(picks.len() as i64))?;
     Ok(())
 }
 
@@ -534,7 +573,7 @@ fn srandmember(
             Some(m) => {
                 let pick = random_member(view, m.generation)
                     .ok_or("ERR keel: a set with a size record but no members")?;
-                out.bulk(&pick);
+                out.bulk(&pick.member);
             }
         }
         return Ok(());

@@ -1140,22 +1140,29 @@ fn zpop(
     let (lo, hi) = all(meta.generation);
     let mut got = Collect::new(ctx.reply_bytes_max);
     let mut left = want;
+    // One member past those popped, if any, says the set stays non-empty without reading its
+    // size record, which every pop writes: pops then conflict only on the members they read.
+    let mut more = false;
     walk(&mut View::Txn(t), lo, hi, max, |m, s| {
+        if left == 0 {
+            more = true;
+            return ControlFlow::Break(());
+        }
         if got.push(m, s).is_break() {
             return ControlFlow::Break(());
         }
         left -= 1;
-        if left == 0 {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
+        ControlFlow::Continue(())
     });
     let items = got.done()?;
     for (m, s) in &items {
         delete_member(t, meta.generation, m, encode_score(*s))?;
     }
-    shrink(t, key, &meta, items.len() as i64)?;
+    if more {
+        t.add(&ks::size_key(meta.generation), -(items.len() as i64))?;
+    } else {
+        shrink(t, key, &meta, items.len() as i64)?;
+    }
     let nested = count.is_some() && out.proto == Proto::Resp3;
     out.array(if nested { items.len() } else { 2 * items.len() });
     for (m, s) in &items {

@@ -1673,8 +1673,8 @@ impl<'db> Scan<'db> {
         }
     }
 
-    /// Next candidate from the front: `(key, value)` where `None` means deleted/absent.
-    fn step_front(&mut self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    /// Next candidate from the front (a deleted or absent one included).
+    fn step_front(&mut self) -> Option<Candidate> {
         if self.front.is_none() {
             // Once the records run out from this end, the other end's peeked record is the
             // last one left.
@@ -1689,19 +1689,21 @@ impl<'db> Scan<'db> {
             (Some(r), Some(o)) => o.as_slice() <= r,
         };
         if take_overlay {
-            let (key, value) = self.overlay[self.overlay_lo].clone();
+            let i = self.overlay_lo;
             self.overlay_lo += 1;
-            if self.front.is_some_and(|r| r.get().key() == key.as_slice()) {
+            if self
+                .front
+                .is_some_and(|r| r.get().key() == self.overlay[i].0.as_slice())
+            {
                 self.front = None;
             }
-            Some((key, value))
+            Some(Candidate::Overlay(i))
         } else {
-            let record = self.front.take().expect("checked above");
-            Some(self.record_item(record))
+            Some(Candidate::Record(self.front.take().expect("checked above")))
         }
     }
 
-    fn step_back(&mut self) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+    fn step_back(&mut self) -> Option<Candidate> {
         if self.back.is_none() {
             self.back = self.records.next_back().or_else(|| self.front.take());
         }
@@ -1716,65 +1718,119 @@ impl<'db> Scan<'db> {
         };
         if take_overlay {
             self.overlay_hi -= 1;
-            let (key, value) = self.overlay[self.overlay_hi].clone();
-            if self.back.is_some_and(|r| r.get().key() == key.as_slice()) {
+            let i = self.overlay_hi;
+            if self
+                .back
+                .is_some_and(|r| r.get().key() == self.overlay[i].0.as_slice())
+            {
                 self.back = None;
             }
-            Some((key, value))
+            Some(Candidate::Overlay(i))
         } else {
-            let record = self.back.take().expect("checked above");
-            Some(self.record_item(record))
+            Some(Candidate::Record(self.back.take().expect("checked above")))
         }
     }
 
-    fn record_item(&self, record: RecordRef) -> (Vec<u8>, Option<Vec<u8>>) {
-        let r = record.get();
-        // A split record's delta that cannot apply (impossible by construction: the phase's
-        // base accepts its kind) reads as absent rather than failing the scan.
-        let value = read_at(self.db, Some(record), self.read_ts, |v, _| {
-            v.map(<[u8]>::to_vec)
-        });
-        (r.key().to_vec(), value.unwrap_or(None))
+    /// The next pair from the front (`rev`: from the back), passed to `f` in place: nothing
+    /// is copied, and keys deleted or absent at the snapshot are passed over without
+    /// allocating. `None` once the ends meet or the range is done.
+    pub fn next_with<T>(&mut self, rev: bool, f: impl FnOnce(&[u8], &[u8]) -> T) -> Option<T> {
+        let mut f = Some(f);
+        loop {
+            let done = if rev { self.back_done } else { self.front_done };
+            if done {
+                return None;
+            }
+            let step = if rev {
+                self.step_back()
+            } else {
+                self.step_front()
+            };
+            let Some(candidate) = step else {
+                break;
+            };
+            let db = self.db;
+            let read_ts = self.read_ts;
+            let (key, result) = match candidate {
+                Candidate::Overlay(i) => {
+                    let (key, value) = &self.overlay[i];
+                    if crossed(&self.front_last, &self.back_last, rev, key) {
+                        break;
+                    }
+                    let result = value
+                        .as_deref()
+                        .map(|v| f.take().expect("called once")(key, v));
+                    (key.as_slice(), result)
+                }
+                Candidate::Record(record) => {
+                    let key = record.get().key();
+                    if crossed(&self.front_last, &self.back_last, rev, key) {
+                        break;
+                    }
+                    // A split record's delta that cannot apply (impossible by construction:
+                    // the phase's base accepts its kind) reads as absent rather than failing
+                    // the scan.
+                    let result = read_at(db, Some(record), read_ts, |v, _| {
+                        v.map(|v| f.take().expect("called once")(key, v))
+                    })
+                    .unwrap_or(None);
+                    (key, result)
+                }
+            };
+            if let Some(result) = result {
+                let last = if rev {
+                    &mut self.back_last
+                } else {
+                    &mut self.front_last
+                };
+                let last = last.get_or_insert_with(Vec::new);
+                last.clear();
+                last.extend_from_slice(key);
+                return Some(result);
+            }
+        }
+        if rev {
+            self.back_done = true;
+        } else {
+            self.front_done = true;
+        }
+        None
     }
+}
+
+/// Whether `key`, reached from the front (`rev`: the back), is at or past the last key the
+/// other end of a [`Scan`] yielded.
+fn crossed(
+    front_last: &Option<Vec<u8>>,
+    back_last: &Option<Vec<u8>>,
+    rev: bool,
+    key: &[u8],
+) -> bool {
+    if rev {
+        front_last.as_deref().is_some_and(|f| key <= f)
+    } else {
+        back_last.as_deref().is_some_and(|b| key >= b)
+    }
+}
+
+/// What one step of a [`Scan`] reached: one of the transaction's own writes, or a record.
+#[derive(Clone, Copy)]
+enum Candidate {
+    Overlay(usize),
+    Record(RecordRef),
 }
 
 impl Iterator for Scan<'_> {
     type Item = (Vec<u8>, Vec<u8>);
 
     fn next(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
-        while !self.front_done {
-            let Some((key, value)) = self.step_front() else {
-                break;
-            };
-            if self.back_last.as_ref().is_some_and(|b| key >= *b) {
-                break;
-            }
-            if let Some(value) = value {
-                self.front_last = Some(key.clone());
-                return Some((key, value));
-            }
-        }
-        self.front_done = true;
-        None
+        self.next_with(false, |k, v| (k.to_vec(), v.to_vec()))
     }
 }
 
 impl DoubleEndedIterator for Scan<'_> {
     fn next_back(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
-        while !self.back_done {
-            let Some((key, value)) = self.step_back() else {
-                break;
-            };
-            if self.front_last.as_ref().is_some_and(|f| key <= *f) {
-                break;
-            }
-            if let Some(value) = value {
-                self.back_last = Some(key.clone());
-                return Some((key, value));
-            }
-        }
-        self.back_done = true;
-        None
+        self.next_with(true, |k, v| (k.to_vec(), v.to_vec()))
     }
 }
 
@@ -1784,6 +1840,14 @@ pub struct Range<'t, 'db> {
     txn: &'t mut Txn<'db>,
     range: KeyRange,
     scan: Scan<'db>,
+}
+
+impl Range<'_, '_> {
+    /// The next pair from the front (`rev`: from the back), passed to `f` in place, as
+    /// [`Scan::next_with`].
+    pub fn next_with<T>(&mut self, rev: bool, f: impl FnOnce(&[u8], &[u8]) -> T) -> Option<T> {
+        self.scan.next_with(rev, f)
+    }
 }
 
 impl Iterator for Range<'_, '_> {

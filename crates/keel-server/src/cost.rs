@@ -1,0 +1,221 @@
+//! The work behind redis-benchmark's type tests (`SPOP`, `ZPOPMIN`, `LRANGE_100/300/600`),
+//! run in process through the command functions, so that a profiler can count it without a
+//! server or a client: each test fills a key as redis-benchmark does, then runs the measured
+//! loop in a function of its own (`measured_*`). Instructions per command:
+//!
+//! ```sh
+//! cargo test --release -p keel-server --lib cost:: --no-run   # prints the test binary
+//! valgrind --tool=callgrind --toggle-collect='keel_server::cost::measured_*' \
+//!   target/release/deps/keel_server-<hash> cost::spop --test-threads=1
+//! ```
+//!
+//! and divide the total `Ir` by the commands the loop ran (each test prints its count). The
+//! tests check the replies too, and that concurrent pops of one key conflict only as they
+//! must (`*_interleaved`).
+
+use bytes::{Bytes, BytesMut};
+
+use crate::data::test_support::{args, ctx, exec};
+use crate::data::{self, Cursors, View};
+use crate::reply::{Out, Proto};
+
+/// Members or elements a test loads: redis-benchmark loads ~95 000 with its defaults, which
+/// is too slow under a profiler; the costs that grow with the size show at this one.
+const LOADED: usize = 10_000;
+
+/// redis-benchmark's `element:__rand_int__` with `-r 1000000`: twelve digits.
+fn element(i: usize) -> String {
+    // A fixed scramble of 0..1_000_000, so that members arrive out of order.
+    format!("element:{:012}", (i * 7_919 + 13) % 1_000_000)
+}
+
+/// Runs a write command in its own transaction, retrying nothing: it must commit.
+fn write(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+    exec(db, cursors, a)
+}
+
+/// Runs a read-only command on a snapshot, as the server does outside `MULTI`.
+fn read(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+    let cmd = crate::table::lookup(a[0].as_bytes())
+        .expect("a command")
+        .cmd;
+    let snap = db.snapshot().expect("snapshot");
+    let mut buf = BytesMut::new();
+    let mut out = Out::new(&mut buf, Proto::Resp2);
+    data::run(
+        cmd,
+        &args(a),
+        &mut View::Snap(&snap),
+        &ctx(cursors),
+        &mut out,
+    )
+    .expect("runs");
+    buf.to_vec()
+}
+
+/// The count of the array a RESP2 reply opens with.
+fn array_len(reply: &[u8]) -> usize {
+    assert_eq!(reply[0], b'*', "{}", String::from_utf8_lossy(reply));
+    let end = reply.iter().position(|&b| b == b'\r').expect("a line");
+    std::str::from_utf8(&reply[1..end])
+        .expect("ascii")
+        .parse()
+        .expect("a count")
+}
+
+#[inline(never)]
+fn measured_spop(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| write(db, cursors, &["SPOP", "myset"]))
+        .collect()
+}
+
+#[inline(never)]
+fn measured_zpopmin(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| write(db, cursors, &["ZPOPMIN", "myzset"]))
+        .collect()
+}
+
+#[inline(never)]
+fn measured_lrange(db: &keel::Db, cursors: &Cursors, stop: usize, n: usize) -> usize {
+    let stop = stop.to_string();
+    (0..n)
+        .map(|_| array_len(&read(db, cursors, &["LRANGE", "mylist", "0", &stop])))
+        .sum()
+}
+
+#[test]
+fn spop() {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SADD", "myset", &element(i)]);
+    }
+    let popped = measured_spop(&db, &cursors, LOADED + 1);
+    eprintln!("spop: {} commands", popped.len());
+    let mut seen = std::collections::BTreeSet::new();
+    for reply in &popped[..LOADED] {
+        assert!(reply.starts_with(b"$20\r\nelement:"), "{reply:?}");
+        assert!(seen.insert(reply.clone()), "popped twice: {reply:?}");
+    }
+    assert_eq!(popped[LOADED], b"$-1\r\n");
+    assert_eq!(read(&db, &cursors, &["EXISTS", "myset"]), b":0\r\n");
+}
+
+#[test]
+fn zpopmin() {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        let member = element(i);
+        // redis-benchmark's score is a random integer too.
+        let score = &member["element:".len()..];
+        write(&db, &cursors, &["ZADD", "myzset", score, &member]);
+    }
+    let popped = measured_zpopmin(&db, &cursors, LOADED + 1);
+    eprintln!("zpopmin: {} commands", popped.len());
+    let mut last = Vec::new();
+    for reply in &popped[..LOADED] {
+        // Members sort as their scores do here, so each pop is after the last.
+        assert!(reply.starts_with(b"*2\r\n$20\r\nelement:"), "{reply:?}");
+        assert!(*reply > last, "out of order: {reply:?} after {last:?}");
+        last = reply.clone();
+    }
+    assert_eq!(popped[LOADED], b"*0\r\n");
+    assert_eq!(read(&db, &cursors, &["EXISTS", "myzset"]), b":0\r\n");
+}
+
+fn lrange(stop: usize) {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for _ in 0..LOADED {
+        write(&db, &cursors, &["LPUSH", "mylist", "xxx"]);
+    }
+    let runs = 200;
+    let items = measured_lrange(&db, &cursors, stop, runs);
+    eprintln!("lrange_{}: {runs} commands", stop + 1);
+    assert_eq!(items, runs * (stop + 1));
+}
+
+#[test]
+fn lrange_100() {
+    lrange(99);
+}
+
+#[test]
+fn lrange_300() {
+    lrange(299);
+}
+
+#[test]
+fn lrange_600() {
+    lrange(599);
+}
+
+/// Runs `cmd` in `k` transactions begun together and committed one after another, as `k`
+/// clients' commands overlap on a server's threads; returns how many conflicted.
+fn interleaved(db: &keel::Db, cursors: &Cursors, cmd: &[&str], k: usize) -> usize {
+    let c = ctx(cursors);
+    let table = crate::table::lookup(cmd[0].as_bytes())
+        .expect("a command")
+        .cmd;
+    let cmd_args: Vec<Bytes> = args(cmd);
+    let mut txns = Vec::new();
+    for _ in 0..k {
+        let mut txn = db.begin().expect("begin");
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, Proto::Resp2);
+        data::run(table, &cmd_args, &mut View::Txn(&mut txn), &c, &mut out).expect("runs");
+        txns.push(txn);
+    }
+    txns.into_iter()
+        .map(|t| t.commit().expect("commit"))
+        .filter(Result::is_err)
+        .count()
+}
+
+/// Two pops of a large set at once pick different members, and neither reads what the
+/// other writes beyond what it must: they rarely conflict.
+#[test]
+fn spop_interleaved() {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SADD", "myset", &element(i)]);
+    }
+    let rounds = 200;
+    let conflicts: usize = (0..rounds)
+        .map(|_| interleaved(&db, &cursors, &["SPOP", "myset"], 2))
+        .sum();
+    eprintln!("spop_interleaved: {conflicts} conflicts in {rounds} rounds of 2");
+    assert!(
+        conflicts <= rounds / 10,
+        "{conflicts} of {rounds} rounds conflicted"
+    );
+    let left = read(&db, &cursors, &["SCARD", "myset"]);
+    let expected = format!(":{}\r\n", LOADED - (2 * rounds - conflicts));
+    assert_eq!(left, expected.as_bytes());
+    let members = array_len(&read(&db, &cursors, &["SMEMBERS", "myset"]));
+    assert_eq!(members, LOADED - (2 * rounds - conflicts));
+}
+
+/// Two pops of a sorted set's minimum at once: both read the same first member, so one must
+/// lose (serializability), and the members popped are each popped once.
+#[test]
+fn zpopmin_interleaved() {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for i in 0..100 {
+        write(
+            &db,
+            &cursors,
+            &["ZADD", "myzset", &i.to_string(), &element(i)],
+        );
+    }
+    for round in 0..50 {
+        assert_eq!(interleaved(&db, &cursors, &["ZPOPMIN", "myzset"], 2), 1);
+        let card = format!(":{}\r\n", 100 - round - 1);
+        assert_eq!(read(&db, &cursors, &["ZCARD", "myzset"]), card.as_bytes());
+    }
+}
