@@ -287,6 +287,10 @@ pub fn format_double(x: f64) -> String {
     if x == 0.0 {
         return if x.is_sign_negative() { "-0" } else { "0" }.into();
     }
+    // An integer below 10^17 has at most 17 digits and is exact: printed whole.
+    if x.fract() == 0.0 && x.abs() < 1e17 {
+        return (x as i64).to_string();
+    }
     let sci = format!("{x:.16e}");
     let (mantissa, exp) = sci.split_once('e').expect("{:e} writes an exponent");
     let exp: i32 = exp.parse().expect("{:e} writes a decimal exponent");
@@ -354,6 +358,9 @@ mod tests {
             (1e-5, "1.0000000000000001e-05"),
             (123_456_789_012_345_678.0, "1.2345678901234568e+17"),
             (1e16, "10000000000000000"),
+            (-123.0, "-123"),
+            (9_007_199_254_740_993.0, "9007199254740992"),
+            (99_999_999_999_999_984.0, "99999999999999984"),
             (1e17, "1e+17"),
             (5e-324, "4.9406564584124654e-324"),
             (f64::MAX, "1.7976931348623157e+308"),

@@ -23,6 +23,13 @@
 //! nodes, and the records removed before it, are freed after a grace period (every
 //! transaction open at the swap has ended), since readers may still be in it.
 //!
+//! Until then, emptied leaves stay where they were: popping a queue's head leaves a run of
+//! them at the front, which every scan from the start crosses. Each leaf therefore links to
+//! its right neighbour (set under the leaf's lock when it splits, and when leaves are built;
+//! leaves are never unlinked but with their whole tree), and a forward scan that runs off a
+//! leaf follows the link, checking each leaf's version as a descent would, instead of
+//! descending from the root for every leaf. Backward scans still descend.
+//!
 //! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
 //! values (which its version check then rejects), never undefined ones.
 
@@ -109,6 +116,10 @@ struct Node {
     /// follow this node in its [`Inner`]. Fixed at creation. Reached through this pointer, which covers the whole block, rather
     /// than by casting a `&Node` to its `Inner`: a reference covers only its own type.
     children: AtomicPtr<[AtomicPtr<Node>; CAP + 1]>,
+    /// A leaf's right neighbour (null in the last leaf, and in inner nodes): set when a leaf
+    /// splits (under its lock) and when leaves are built, so that a forward scan goes on to
+    /// the next leaf, past empty ones too, without descending from the root again.
+    next: AtomicPtr<Node>,
     heads: [AtomicU64; CAP],
     /// Leaf: the records, in key order. Inner: separators; `keys[i]` is the smallest key
     /// under `children[i + 1]`.
@@ -130,6 +141,7 @@ impl Node {
             count: AtomicU32::new(0),
             prefix,
             children: AtomicPtr::new(ptr::null_mut()),
+            next: AtomicPtr::new(ptr::null_mut()),
             heads: std::array::from_fn(|_| AtomicU64::new(0)),
             keys: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
         }
@@ -365,7 +377,8 @@ enum Probe<'a> {
     Max,
 }
 
-/// A leaf reached by a descent, with the version it was read at and its key range.
+/// A leaf reached by a descent, with the version it was read at and its key range (or by a
+/// link from its left neighbour: then without its key range, `None` at both ends).
 #[derive(Clone, Copy)]
 struct Leaf<'a> {
     node: &'a Node,
@@ -686,6 +699,12 @@ impl Ordered {
             }
         }
         right.count.store((n - first) as u32, Ordering::Relaxed);
+        if leaf {
+            right
+                .next
+                .store(node.next.load(Ordering::Acquire), Ordering::Relaxed);
+            node.next.store(right_ptr, Ordering::Release);
+        }
         let right = right_ptr;
         node.count.store(mid as u32, Ordering::Relaxed);
         match parent {
@@ -740,14 +759,58 @@ impl Ordered {
                         record: RecordRef(record),
                     });
                 }
-                // Nothing more in this leaf that way: go on from the neighbouring leaf's
+                // Nothing more in this leaf that way: forwards, follow the leaves' links;
+                // else (or if a leaf on the way changed) go on from the neighbouring leaf's
                 // edge (a leaf's high fence is the next leaf's first key).
                 None => {
+                    if forward && let Some(found) = self.hop_right(leaf) {
+                        return found;
+                    }
                     let edge = if forward { leaf.hi } else { leaf.lo }?;
                     probe = Probe::Key(edge.get().key());
                     inclusive = forward;
                 }
             }
+        }
+    }
+
+    /// The first record in the leaves right of `leaf` (read at its version), reached by
+    /// following their links past empty ones: `Some(None)` at the tree's end, `None` if a
+    /// leaf on the way changed (then the caller descends from the root instead). Every key
+    /// there is above `leaf`'s range.
+    fn hop_right<'a>(&'a self, leaf: Leaf<'a>) -> Option<Option<Cursor<'a>>> {
+        let (mut node, mut version) = (leaf.node, leaf.version);
+        loop {
+            let next = node.next.load(Ordering::Acquire);
+            if !node.unchanged(version) {
+                return None;
+            }
+            // SAFETY: a non-null link points at a leaf of this tree, and nodes are freed
+            // only with their tree (after every reader in it has left).
+            let Some(next) = (unsafe { next.as_ref() }) else {
+                return Some(None);
+            };
+            let next_version = next.stable_version();
+            let first = (next.count() > 0).then(|| next.key(0));
+            if !next.unchanged(next_version) {
+                return None;
+            }
+            if let Some(record) = first.and_then(NonNull::new) {
+                return Some(Some(Cursor {
+                    // Reached by a link: its fences are not known (nothing after a seek
+                    // uses them).
+                    leaf: Leaf {
+                        node: next,
+                        version: next_version,
+                        lo: None,
+                        hi: None,
+                    },
+                    at: 0,
+                    record: RecordRef(record),
+                }));
+            }
+            node = next;
+            version = next_version;
         }
     }
 
@@ -876,6 +939,12 @@ impl Ordered {
             .into_iter()
             .map(|(leaf, first)| (Box::into_raw(leaf), first))
             .collect();
+        for pair in level.windows(2) {
+            // SAFETY: fresh leaves, not shared yet; freed only with the tree.
+            unsafe { &*pair[0].0 }
+                .next
+                .store(pair[1].0, Ordering::Relaxed);
+        }
         while level.len() > 1 {
             let groups: Vec<&[(*mut Node, RecordRef)]> = level.chunks(CAP + 1).collect();
             let mut up = Vec::with_capacity(groups.len());
@@ -999,9 +1068,14 @@ impl<'a> Range<'a> {
         };
         let seek = |bound| list.seek(forward, bound);
         let found = match mine {
-            Some(at) => at
-                .step(forward)
-                .or_else(|| seek(Bound::Excluded(at.record.get().key()))),
+            Some(at) => match at.step(forward) {
+                Some(found) => Some(found),
+                // Past the leaf's end, forwards: its link leads on, unless the leaf changed.
+                None => match forward.then(|| list.hop_right(at.leaf)).flatten() {
+                    Some(found) => found,
+                    None => seek(Bound::Excluded(at.record.get().key())),
+                },
+            },
             None if forward => seek(self.range.lo.as_ref().map(Vec::as_slice)),
             None => seek(self.range.hi.as_ref().map(Vec::as_slice)),
         };

@@ -22,7 +22,29 @@ fn check_structure(list: &Ordered, expected: &BTreeSet<Vec<u8>>) {
     assert_eq!(all, expected.iter().cloned().collect::<Vec<_>>());
     let mut leaf_depths = BTreeSet::new();
     let mut in_leaves = Vec::new();
-    check_node(list.root(), None, None, 0, &mut leaf_depths, &mut in_leaves);
+    let mut leaves = Vec::new();
+    check_node(
+        list.root(),
+        None,
+        None,
+        0,
+        &mut leaf_depths,
+        &mut in_leaves,
+        &mut leaves,
+    );
+    // The links run through the leaves in key order, the last one's to nothing.
+    let mut linked = vec![leaves[0]];
+    loop {
+        let next = unsafe { &*linked[linked.len() - 1] }
+            .next
+            .load(Ordering::Relaxed);
+        if next.is_null() {
+            break;
+        }
+        linked.push(next.cast_const());
+        assert!(linked.len() <= leaves.len(), "the links run in a loop");
+    }
+    assert_eq!(linked, leaves, "the links follow the leaves in order");
     assert_eq!(
         leaf_depths.len(),
         1,
@@ -38,6 +60,7 @@ fn check_node(
     depth: usize,
     leaf_depths: &mut BTreeSet<usize>,
     in_leaves: &mut Vec<Vec<u8>>,
+    leaves: &mut Vec<*const Node>,
 ) {
     let n = node.count();
     let key = |i: usize| unsafe { &*node.key(i) }.key();
@@ -54,6 +77,7 @@ fn check_node(
     }
     if node.is_leaf() {
         leaf_depths.insert(depth);
+        leaves.push(node);
         in_leaves.extend((0..n).map(|i| key(i).to_vec()));
         return;
     }
@@ -61,7 +85,15 @@ fn check_node(
         let child = unsafe { &*node.children()[c].load(Ordering::Relaxed) };
         let child_lo = if c > 0 { Some(key(c - 1)) } else { lo };
         let child_hi = if c < n { Some(key(c)) } else { hi };
-        check_node(child, child_lo, child_hi, depth + 1, leaf_depths, in_leaves);
+        check_node(
+            child,
+            child_lo,
+            child_hi,
+            depth + 1,
+            leaf_depths,
+            in_leaves,
+            leaves,
+        );
     }
 }
 
@@ -331,4 +363,61 @@ fn removal_and_rebuild_keep_order_and_free_empty_leaves() {
     live.insert(b"k~after".to_vec());
     check_structure(&list, &live);
     assert_eq!(kept.len() + 1, live.len());
+}
+
+/// Removing keys from the front, as pops of a queue's head do, leaves empty leaves there
+/// until a rebuild: a scan from the start passes them by their links, and finds what is left
+/// from either end and from any bound.
+#[test]
+fn scans_pass_empty_leaves() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let mut live = BTreeSet::new();
+    let mut records = Vec::new();
+    for i in 0u32..5_000 {
+        let key = format!("q{:06}", (i * 7_919) % 5_000).into_bytes();
+        let r = record(&arena, &key);
+        list.insert(r);
+        records.push(r);
+        live.insert(key);
+    }
+    records.sort_by(|a, b| a.get().key().cmp(b.get().key()));
+    let all = || KeyRange {
+        lo: Bound::Unbounded,
+        hi: Bound::Unbounded,
+    };
+    for (i, r) in records.iter().enumerate() {
+        if i % 1000 == 999 {
+            check_structure(&list, &live);
+            let first = list.range(all()).next().map(|r| r.get().key().to_vec());
+            assert_eq!(first.as_ref(), live.first());
+            let last = list
+                .range(all())
+                .next_back()
+                .map(|r| r.get().key().to_vec());
+            assert_eq!(last.as_ref(), live.last());
+            // From a bound inside the emptied stretch, both ways.
+            let probe = b"q000500".to_vec();
+            let from = keys(list.range(KeyRange {
+                lo: Bound::Included(probe.clone()),
+                hi: Bound::Unbounded,
+            }));
+            assert_eq!(
+                from,
+                live.range(probe.clone()..).cloned().collect::<Vec<_>>()
+            );
+            let to = keys(
+                list.range(KeyRange {
+                    lo: Bound::Unbounded,
+                    hi: Bound::Excluded(probe.clone()),
+                })
+                .rev(),
+            );
+            assert_eq!(to, live.range(..probe).rev().cloned().collect::<Vec<_>>());
+        }
+        assert!(list.remove(*r).is_some());
+        live.remove(r.get().key());
+    }
+    check_structure(&list, &live);
+    assert!(list.range(all()).next().is_none());
 }
