@@ -910,13 +910,6 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
         info.contains("keel_view_epoch:2\r\nkeel_nodes:5\r\nkeel_partitions:6"),
         "{info}"
     );
-    // Replicas that left a partition gave their memory back.
-    assert!(
-        nodes[1..]
-            .iter()
-            .any(|n| n.log().contains("the replica that left here is emptied")),
-        "no replica was emptied"
-    );
     // The joined node restarts with the same command (a join that changes nothing) and
     // serves every key again.
     let mut joined = joined.expect("n6 joined");

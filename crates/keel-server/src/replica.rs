@@ -346,12 +346,6 @@ pub struct Replication {
     dir: Option<PathBuf>,
     /// Partitions whose membership this node (their leader) is changing now.
     conforming: Arc<parking_lot::Mutex<std::collections::HashSet<usize>>>,
-    /// Hosted partitions the view no longer places here, since when.
-    leaving: parking_lot::Mutex<std::collections::HashMap<usize, Instant>>,
-    /// Replicas that left (out of the newest configuration they had), with their data,
-    /// waiting for their partition's leader to have committed a membership without this
-    /// node before they are emptied.
-    unsettled: parking_lot::Mutex<BTreeMap<usize, &'static Db>>,
     /// Wakes the reconciler (a newer view arrived).
     wake: Arc<tokio::sync::Notify>,
     /// A fetch of a newer view from a peer is under way.
@@ -402,9 +396,6 @@ pub fn layout(config_digest: u64, r: usize) -> u64 {
 
 /// Where a node keeps the newest view it knows, in its data directory.
 const VIEW_FILE: &str = "cluster-view";
-/// How long a hosted partition the view no longer places here keeps running while its own
-/// membership still lists this node (its leader has not removed it yet).
-const LEAVE_AFTER: Duration = Duration::from_secs(30);
 /// How often a node checks that it hosts what its view places on it, and that the
 /// partitions it leads have the view's members.
 const RECONCILE_EVERY: Duration = Duration::from_secs(1);
@@ -520,8 +511,6 @@ impl Replication {
             config,
             dir,
             conforming: Default::default(),
-            leaving: Default::default(),
-            unsettled: Default::default(),
             wake: Arc::default(),
             fetching: std::sync::atomic::AtomicBool::new(false),
             dbs: Default::default(),
@@ -530,6 +519,40 @@ impl Replication {
             if view.parts[p].contains(&me) {
                 let part = rep.open_part(shared, &view, p).await?;
                 rep.parts.write().insert(p, Arc::new(part));
+            }
+        }
+        // Replicas the view placed elsewhere whose membership may still count this node
+        // (it stopped before its leader let it go): reopened, so that the partition keeps
+        // its majority; the reconciler closes them once the leader has let this node go.
+        let kept: Vec<usize> = rep
+            .dir
+            .as_ref()
+            .and_then(|d| std::fs::read_dir(d).ok())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("raft-")?
+                    .parse()
+                    .ok()
+            })
+            .filter(|&p: &usize| p < view.parts.len() && !view.parts[p].contains(&me))
+            .collect();
+        for p in kept {
+            let part = rep.open_part(shared, &view, p).await?;
+            let members = part.raft.metrics().borrow().membership_config.clone();
+            let counted = members
+                .membership()
+                .get_joint_config()
+                .iter()
+                .any(|config| config.contains(&(me as u64)));
+            if counted {
+                tracing::info!("partition {p}: reopened a replica its membership still counts");
+                rep.parts.write().insert(p, Arc::new(part));
+            } else {
+                part.stop().await;
             }
         }
         Ok(rep)
@@ -552,16 +575,6 @@ impl Replication {
                 .await?
         };
         let log_db = self.open_db(&format!("raft-{p}"), shared, p, "log").await?;
-        // A replica emptied when it left, and a crash cut the emptying short.
-        for (db, what) in [(db, "data"), (log_db, "log")] {
-            tokio::task::spawn_blocking(move || machine::finish_wipe(db))
-                .await
-                .expect("emptying does not panic")
-                .map_err(|text| StartError::Raft {
-                    part: p,
-                    text: format!("finishing the emptying of its {what}: {text}"),
-                })?;
-        }
         let log = log::LogStore::open(log_db, shared.config.durability.engine());
         let snapshot_dir = dir.map(|d| d.join(format!("raft-{p}")));
         let machine = machine::Machine::open(db, snapshot_dir)
@@ -655,7 +668,7 @@ impl Replication {
         // there, the other replicas propose the same membership after a while. A group
         // already started (a restart) refuses, which is what should happen. A replica
         // placed here later (a join, a removal) waits for the leader to add it.
-        if view.parts[p] == view.born[p] {
+        if view.parts[p] == view.born[p] && view.born[p].contains(&me) {
             let members: BTreeMap<u64, BasicNode> = view.born[p]
                 .iter()
                 .map(|&i| (i as u64, BasicNode::new(view.nodes[i].addr.clone())))
@@ -1067,32 +1080,6 @@ impl Replication {
         Ok(moving.len())
     }
 
-    /// Empties the databases of a replica that left partition `p` (its data `db`, its log,
-    /// its snapshot file), keeping them open for a return.
-    async fn empty(&self, p: usize, db: &'static Db) {
-        let log = self.dbs.lock().get(&format!("raft-{p}")).copied();
-        let snapshot = self
-            .dir
-            .as_ref()
-            .map(|d| d.join(format!("raft-{p}")).join(machine::SNAPSHOT_FILE));
-        let emptied = tokio::task::spawn_blocking(move || {
-            machine::wipe(db)?;
-            if let Some(log) = log {
-                machine::wipe(log)?;
-            }
-            match snapshot.map(std::fs::remove_file) {
-                Some(Err(e)) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
-                _ => Ok(()),
-            }
-        })
-        .await
-        .expect("emptying does not panic");
-        match emptied {
-            Ok(()) => tracing::info!("partition {p}: the replica that left here is emptied"),
-            Err(e) => tracing::warn!("partition {p}: emptying the replica that left: {e}"),
-        }
-    }
-
     /// A new id for a request or a transaction of this node.
     pub fn next_id(&self) -> TxnId {
         TxnId {
@@ -1180,25 +1167,6 @@ impl Replication {
             return;
         }
         let view = self.view();
-        let unsettled: Vec<(usize, &'static Db)> = self
-            .unsettled
-            .lock()
-            .iter()
-            .map(|(&p, &db)| (p, db))
-            .collect();
-        for (p, db) in unsettled {
-            // Placed here again: its databases are reused as they are.
-            let back = view
-                .parts
-                .get(p)
-                .is_some_and(|nodes| nodes.contains(&self.me));
-            if back || self.settled_without_me(shared, p).await {
-                self.unsettled.lock().remove(&p);
-                if !back {
-                    self.empty(p, db).await;
-                }
-            }
-        }
         for p in 0..view.parts.len() {
             if view.parts[p].contains(&self.me) && self.part(p).is_none() {
                 match self.open_part(shared, &view, p).await {
@@ -1224,35 +1192,20 @@ impl Replication {
                 .collect();
             let leads = m.state == openraft::ServerState::Leader;
             if !target.contains(&(self.me as u64)) && !leads {
-                let since = *self.leaving.lock().entry(p).or_insert_with(Instant::now);
-                // Out of the newest configuration of the partition's membership as this
-                // replica has it (a removed voter hears of the joint one, old and new, but
-                // not of the final one, which its leader sends only to the new members), or
-                // long out of the view: nothing more comes here.
-                let members = m.membership_config.membership();
-                let me = self.me as u64;
-                let out = !members
-                    .get_joint_config()
-                    .last()
-                    .is_some_and(|newest| newest.contains(&me))
-                    && !members.learner_ids().any(|l| l == me);
-                if out || since.elapsed() > LEAVE_AFTER {
+                // Out of the view, it stays until the partition's leader has committed a
+                // membership without it that is not joint: until then the change may be
+                // undone, or a node that is behind still count it a voter (a removed voter
+                // never hears of the final configuration, which goes only to the new
+                // members). Its log and data stay (on disk; in memory until a restart): a
+                // replica placed here again that had forgotten its log and vote could elect
+                // a stale node of an older configuration that still counts it.
+                if self.settled_without_me(shared, p).await {
                     self.parts.write().remove(&p);
-                    self.leaving.lock().remove(&p);
                     tracing::info!("partition {p}: this node's replica left");
                     part.stop().await;
-                    // Once the leader's membership without this node has committed, and is
-                    // not joint, nothing will ask this replica for its log or vote: its
-                    // memory (data and log) goes back. Until then (the change might still
-                    // be undone, this node a voter again) it keeps them, as one only long
-                    // out of the view does.
-                    if out {
-                        self.unsettled.lock().insert(p, part.db);
-                    }
                 }
                 continue;
             }
-            self.leaving.lock().remove(&p);
             if !leads || voters == target || target.is_empty() {
                 continue;
             }
@@ -1924,27 +1877,6 @@ mod tests {
             .expect("apply");
         assert_eq!(again[0].reply, b":64\r\n");
         assert_eq!(kept(db), 2);
-    }
-
-    #[test]
-    fn a_replica_that_left_is_emptied_even_across_a_crash() {
-        let db = leaked();
-        db.transact(|t| (0..5000u32).try_for_each(|i| t.put(format!("k{i}").as_bytes(), b"v")))
-            .expect("writes");
-        machine::wipe(db).expect("wipe");
-        assert_eq!(db.snapshot().unwrap().range::<[u8]>(..).count(), 0);
-        // A crash after the mark: the next open finishes it; an unmarked database is kept.
-        db.transact(|t| {
-            t.put(b"a", b"1")?;
-            t.put(&[0xFF, b'r', b'x'], b"")
-        })
-        .expect("writes");
-        let kept = leaked();
-        kept.transact(|t| t.put(b"b", b"2")).expect("writes");
-        machine::finish_wipe(db).expect("finish");
-        machine::finish_wipe(kept).expect("finish");
-        assert_eq!(db.snapshot().unwrap().range::<[u8]>(..).count(), 0);
-        assert_eq!(kept.snapshot().unwrap().range::<[u8]>(..).count(), 1);
     }
 
     #[test]

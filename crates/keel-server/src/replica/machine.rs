@@ -54,13 +54,15 @@ const MARKERS: &[u8] = &[0xFF, b'r'];
 /// The snapshot file's name in the partition's log directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
 
-/// Marks a database being emptied (a replica's data or log after it left its partition): a
-/// crash part way leaves the mark, and the next open finishes the job before anything reads
-/// a half-emptied database.
+/// Marks a database being emptied (see [`wipe`]).
+#[cfg(test)]
 const WIPING: &[u8] = &[0xFF, b'r', b'x'];
 
-/// Empties `db`, giving its memory back: the mark first (durably), every other key a batch
-/// at a time, then the mark.
+/// Empties `db`: the mark first (durably), every other key a batch at a time, then the mark.
+/// The server never empties a replica that left its partition (a replica placed there again
+/// without its log and vote could elect a stale node that still counts it);
+/// `sim::member` empties them to show why.
+#[cfg(test)]
 pub fn wipe(db: &Db) -> std::result::Result<(), String> {
     let done = |e: keel::TransactError<keel::Error>| e.to_string();
     db.transact(|t| {
@@ -91,16 +93,6 @@ pub fn wipe(db: &Db) -> std::result::Result<(), String> {
         t.delete(WIPING)
     })
     .map_err(done)
-}
-
-/// Finishes a [`wipe`] that a crash interrupted, if `db` is marked.
-pub fn finish_wipe(db: &Db) -> std::result::Result<(), String> {
-    let snap = db.snapshot().map_err(|e| e.to_string())?;
-    if snap.get(WIPING).map_err(|e| e.to_string())?.is_some() {
-        drop(snap);
-        wipe(db)?;
-    }
-    Ok(())
 }
 
 /// Whether `key` is one of the markers, which a snapshot does not carry.
