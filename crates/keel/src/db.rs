@@ -239,6 +239,9 @@ pub(crate) struct Shared {
     ts_lease_step: u64,
     /// Prepared transactions recovery found undecided, until [`Db::in_doubt`] takes them.
     in_doubt: Mutex<Vec<InDoubt>>,
+    /// The collector thread's signal: set, it stops; notified, it runs a pass now
+    /// ([`Shared::wake_collector`]).
+    collector_signal: StopSignal,
 }
 
 /// A prepared transaction recovered without its decision: its records are locked by `owner`.
@@ -541,8 +544,8 @@ impl Periodic {
         shared: &Arc<Shared>,
         interval: Duration,
         tick: fn(&Shared) -> bool,
+        stop: StopSignal,
     ) -> Periodic {
-        let stop: StopSignal = Arc::new((Mutex::new(false), Condvar::new()));
         let (worker, signal) = (Arc::clone(shared), Arc::clone(&stop));
         let handle = std::thread::Builder::new()
             .name(name.into())
@@ -743,6 +746,7 @@ impl Db {
             lease_renewal_end: AtomicU64::new(0),
             ts_lease_step: options.ts_lease_step,
             in_doubt: Mutex::new(Vec::new()),
+            collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
         });
         Db::from_shared(shared, None)
     }
@@ -759,6 +763,7 @@ impl Db {
                     shared.gc_pass();
                     true
                 },
+                Arc::clone(&shared.collector_signal),
             ))),
             coordinator: Mutex::new(None),
             recovery,
@@ -777,6 +782,7 @@ impl Db {
                 &shared,
                 Duration::from_millis(200),
                 checkpoint_tick,
+                Arc::new((Mutex::new(false), Condvar::new())),
             ));
         }
         Db { shared, owner }
@@ -1054,6 +1060,7 @@ impl Db {
             lease_renewal_end: AtomicU64::new(0),
             ts_lease_step,
             in_doubt: Mutex::new(in_doubt),
+            collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);
@@ -1379,6 +1386,12 @@ impl Db {
 const GC_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Shared {
+    /// Wakes the collector for a pass now, before its interval is up (if it is waiting: a
+    /// pass under way already takes what was noted before it started).
+    pub(crate) fn wake_collector(&self) {
+        self.collector_signal.1.notify_one();
+    }
+
     /// One pass of the collector (`gc::pass`) at a freshly computed horizon. If retired
     /// memory waits for a watermark that nothing has moved past since, takes an empty
     /// timestamp, so that the next pass can free it.

@@ -37,6 +37,15 @@ use crate::mvcc::RecordRef;
 /// least: below it a rebuild costs more than the empty leaves it frees.
 const REBUILD_REMOVALS_MIN: usize = 8192;
 
+/// Candidates noted since the collector's last pass that wake it before its interval is up.
+/// Deleted keys stay in the ordered index until collected, and every scan that starts before
+/// them passes them: popping a queue's head (`ZPOPMIN`) at 100 000 pops a second would leave
+/// a thousand of them in front of the next pop by the end of an interval. One wake (a futex
+/// call) per this many deletes keeps that run short for little. No wake while the last pass
+/// left as many waiting for the horizon (an old snapshot holds it back): a pass then frees
+/// nothing more, and each one walks the waiting list.
+const WAKE_CANDIDATES: usize = 128;
+
 /// Records noted dead, with the timestamp from which they hold only absence.
 type Noted = Vec<(RecordRef, Ts)>;
 
@@ -45,6 +54,8 @@ type Noted = Vec<(RecordRef, Ts)>;
 pub(crate) struct Candidates {
     shards: Box<[CachePadded<Mutex<Noted>>]>,
     count: CachePadded<AtomicUsize>,
+    /// Candidates the last pass left waiting for the horizon.
+    waiting: AtomicUsize,
 }
 
 impl Candidates {
@@ -54,15 +65,21 @@ impl Candidates {
                 .map(|_| CachePadded::new(Mutex::new(Vec::new())))
                 .collect(),
             count: CachePadded::new(AtomicUsize::new(0)),
+            waiting: AtomicUsize::new(0),
         }
     }
 
     /// `record` may hold nothing but absence from `ts` on: a tombstone committed at `ts`, or
     /// (`Ts(0)`) a record its creator left empty.
-    pub(crate) fn note(&self, record: RecordRef, ts: Ts) {
+    /// Returns whether the collector should run now rather than at its next interval.
+    pub(crate) fn note(&self, record: RecordRef, ts: Ts) -> bool {
         let shard = &self.shards[crate::memory::thread_number() % self.shards.len()];
         shard.lock().push((record, ts));
-        self.count.fetch_add(1, Ordering::Relaxed);
+        // The count runs behind the shards (a drain may take this record before the add):
+        // it may wrap below zero for a moment, so it adds wrapping, as the atomic does.
+        let noted = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        noted.is_multiple_of(WAKE_CANDIDATES)
+            && self.waiting.load(Ordering::Relaxed) < WAKE_CANDIDATES
     }
 
     fn drain_into(&self, out: &mut Vec<(RecordRef, Ts)>) {
@@ -169,6 +186,10 @@ pub(crate) fn pass(
         });
     }
     out.waiting = state.waiting.len();
+    store
+        .candidates()
+        .waiting
+        .store(out.waiting, Ordering::Relaxed);
     // 3. Unlink: the ordered index first, so that a new record for the same key (which
     //    waits until the point index lets go of this one) never meets it in the tree.
     let mut batch = Batch {
@@ -202,4 +223,44 @@ pub(crate) fn pass(
         .fetch_add(out.freed as u64, Ordering::Relaxed);
     out.blocked_at = state.retired.front().map(|b| b.after);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Arena;
+    use crate::mvcc::{LockOwner, Record};
+
+    /// Every [`WAKE_CANDIDATES`]th delete wakes the collector, unless its last pass left as
+    /// many waiting for the horizon.
+    #[test]
+    fn deletes_wake_the_collector_unless_it_is_held_back() {
+        let arena = Arena::new();
+        let record = RecordRef(Record::new_locked(&arena, b"k", LockOwner(1), None));
+        let candidates = Candidates::new();
+        let wakes: Vec<usize> = (1..=3 * WAKE_CANDIDATES)
+            .filter(|_| candidates.note(record, Ts(1)))
+            .collect();
+        assert_eq!(
+            wakes,
+            [WAKE_CANDIDATES, 2 * WAKE_CANDIDATES, 3 * WAKE_CANDIDATES]
+        );
+        let mut drained = Vec::new();
+        candidates.drain_into(&mut drained);
+        assert_eq!(drained.len(), 3 * WAKE_CANDIDATES);
+        candidates.waiting.store(WAKE_CANDIDATES, Ordering::Relaxed);
+        assert!(!(0..2 * WAKE_CANDIDATES).any(|_| candidates.note(record, Ts(1))));
+        candidates
+            .waiting
+            .store(WAKE_CANDIDATES - 1, Ordering::Relaxed);
+        let wakes = (0..WAKE_CANDIDATES)
+            .filter(|_| candidates.note(record, Ts(1)))
+            .count();
+        assert_eq!(wakes, 1);
+        // A drain may take a record before its add to the count: the count wraps below zero
+        // for a moment, and noting goes on.
+        candidates.count.store(usize::MAX, Ordering::Relaxed);
+        candidates.note(record, Ts(1));
+        assert_eq!(candidates.count.load(Ordering::Relaxed), 0);
+    }
 }

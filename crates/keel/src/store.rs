@@ -117,8 +117,8 @@ impl MemStore {
     /// `record` holds only absence from `ts` on (a tombstone committed at `ts`, or `Ts(0)`:
     /// an empty record its creator left): the collector will look at it.
     #[inline]
-    pub(crate) fn note_dead(&self, record: RecordRef, ts: crate::Ts) {
-        self.candidates.note(record, ts);
+    pub(crate) fn note_dead(&self, record: RecordRef, ts: crate::Ts) -> bool {
+        self.candidates.note(record, ts)
     }
 
     /// Frees an unlinked record and its versions.

@@ -1270,10 +1270,11 @@ impl<'db> Txn<'db> {
             versions += record
                 .get()
                 .install(me, commit_ts, value.as_deref(), horizon);
-            if value.is_none() {
-                self.db.store.note_dead(*record, commit_ts);
-            }
+            let wake = value.is_none() && self.db.store.note_dead(*record, commit_ts);
             record.get().unlock(me);
+            if wake {
+                self.db.wake_collector();
+            }
         }
         leave(self);
         let durable_end = log_end.and_then(|(log, end)| {
