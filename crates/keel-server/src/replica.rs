@@ -541,18 +541,9 @@ impl Replication {
             .filter(|&p: &usize| p < view.parts.len() && !view.parts[p].contains(&me))
             .collect();
         for p in kept {
-            let part = rep.open_part(shared, &view, p).await?;
-            let members = part.raft.metrics().borrow().membership_config.clone();
-            let counted = members
-                .membership()
-                .get_joint_config()
-                .iter()
-                .any(|config| config.contains(&(me as u64)));
-            if counted {
+            if let Some(part) = rep.open_part_if(shared, &view, p, true).await? {
                 tracing::info!("partition {p}: reopened a replica its membership still counts");
                 rep.parts.write().insert(p, Arc::new(part));
-            } else {
-                part.stop().await;
             }
         }
         Ok(rep)
@@ -565,6 +556,21 @@ impl Replication {
         view: &View,
         p: usize,
     ) -> Result<Part, StartError> {
+        Ok(self
+            .open_part_if(shared, view, p, false)
+            .await?
+            .expect("opened unconditionally"))
+    }
+
+    /// [`Replication::open_part`]; with `if_counted`, only if the membership its storage
+    /// holds (applied, or its log's first entry) counts this node (`None` otherwise).
+    async fn open_part_if(
+        &self,
+        shared: &Arc<Shared>,
+        view: &View,
+        p: usize,
+        if_counted: bool,
+    ) -> Result<Option<Part>, StartError> {
         let (me, r) = (self.me, self.r);
         let dir = self.dir.as_ref();
         let own_db = p == me;
@@ -584,6 +590,14 @@ impl Replication {
                 text: e.to_string(),
             })?;
         let log = log.purge_behind(machine.durable());
+        if if_counted
+            && !machine
+                .stored_voters(&log)
+                .await
+                .is_some_and(|voters| voters.contains(&(me as u64)))
+        {
+            return Ok(None);
+        }
         let locks = machine.locks();
         let owners = shared.cluster.as_ref().expect("cluster mode").map();
         let moved = locks.lock().moved_flag();
@@ -691,7 +705,7 @@ impl Replication {
                 });
             }
         }
-        Ok(Part {
+        Ok(Some(Part {
             id: p,
             raft,
             db,
@@ -699,7 +713,7 @@ impl Replication {
             clock: Arc::new(crate::keyspace::unix_ms),
             moved,
             reads: ReadRounds::default(),
-        })
+        }))
     }
 
     /// Opens (or creates) one of a partition's databases, or takes the one opened before.

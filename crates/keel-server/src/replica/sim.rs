@@ -557,17 +557,24 @@ impl Sim {
             let _alone = self.nodes[i].life.lock().await;
             self.nodes[i].down.store(false, Ordering::SeqCst);
         }
-        self.open(i).await;
+        self.open_as(i, true).await;
     }
 
     /// Opens node `i`'s replica on its databases, unless it is open, its process is down, or
     /// the view does not place it here.
     async fn open(self: &Arc<Sim>, i: usize) {
+        self.open_as(i, false).await;
+    }
+
+    /// [`Sim::open`]; at the process's start (`Replication::start`) also a replica the view
+    /// does not place here but whose stored membership still counts the node.
+    async fn open_as(self: &Arc<Sim>, i: usize, at_start: bool) {
         let node = &self.nodes[i];
         let _alone = node.life.lock().await;
+        let placed_here = self.placed.lock().contains(&node.id);
         if node.up.lock().is_some()
             || node.down.load(Ordering::SeqCst)
-            || !self.placed.lock().contains(&node.id)
+            || !(placed_here || at_start)
         {
             return;
         }
@@ -582,10 +589,20 @@ impl Sim {
         if self.mutation == Mutation::IgnoreLocks {
             locks.lock().ignore_locks = true;
         }
+        let inner =
+            LogStore::open(node.log_db, keel::Durability::Sync).purge_behind(machine.durable());
+        // Out of the view, only a replica whose stored membership counts the node reopens.
+        if !placed_here
+            && !machine
+                .stored_voters(&inner)
+                .await
+                .is_some_and(|voters| voters.contains(&node.id))
+        {
+            return;
+        }
         let log = SimLog {
             durable: machine.durable(),
-            inner: LogStore::open(node.log_db, keel::Durability::Sync)
-                .purge_behind(machine.durable()),
+            inner,
             sim: Arc::clone(self),
             gate: Arc::clone(&gate),
         };

@@ -350,6 +350,15 @@ async fn reconciler(sim: Arc<Sim>, empties: bool, stop: Arc<AtomicBool>) -> u64 
             if m.state == ServerState::Leader {
                 continue;
             }
+            if !empties {
+                // As the server does (8460c9d): out of the view, a replica stops once the
+                // leader has committed a membership without it that is not joint.
+                if settled_without(&sim, me) {
+                    sim.leave(i).await;
+                }
+                continue;
+            }
+            // The rules before 8460c9d, which emptied replicas that left.
             let since = *leaving.entry(i).or_insert_with(Instant::now);
             let members = m.membership_config.membership();
             let out = !members
@@ -360,7 +369,7 @@ async fn reconciler(sim: Arc<Sim>, empties: bool, stop: Arc<AtomicBool>) -> u64 
             if out || since.elapsed() > Duration::from_millis(LEAVE_AFTER_MS) {
                 leaving.remove(&i);
                 sim.leave(i).await;
-                if out && empties {
+                if out {
                     unsettled.insert(i);
                 }
             }
@@ -687,9 +696,17 @@ fn the_checks_catch_a_joiner_that_initializes_the_group() {
 /// so no change of membership either, for good (seed 4 once: placed on {0, 3, 4}, membership
 /// still {0, 1, 2}, nodes 1 and 2 closed; seeds 15 and others too). A fix would reopen at start the replicas whose stored
 /// membership still has the node, and let the reconciler close them once it lets the node go.
+///
+/// Since 8460c9d a node reopens at start the replicas its stored membership counts, and a
+/// replica out of the view stops only once the leader has committed a membership without
+/// it; the simulation's nodes do the same when `empties` is off, and 81 seeds then passed
+/// (62 s in a debug build, too long for CI). One run of seed 4 hit openraft's debug
+/// assertion that only a leader updates the effective membership, reached through the
+/// driver's two-step change (not `Part::conform`, which refuses on a leader outside its own
+/// membership).
 #[test]
-#[ignore = "bug: a node restarting out of the view does not reopen a replica its partition's \
-            membership still counts; with two, the partition loses its majority for good"]
+#[ignore = "long (81 seeds, about a minute); one run hit an openraft debug assertion through \
+            the driver's two-step change"]
 fn a_membership_behind_the_view_survives_restarts() {
     survive(Careful::No, false, &[4]);
 }
