@@ -145,39 +145,26 @@ impl Cluster {
         password: Option<String>,
         block: Option<Option<Duration>>,
     ) -> Result<Bytes, String> {
-        self.exchange(
-            node,
-            requests,
-            proto,
-            password,
-            block.map(|b| b.map(|b| self.map.read().timeout().saturating_add(b))),
-        )
-        .await
-        .map_err(|down| down.text)
+        let began = std::time::Instant::now();
+        let answer = self
+            .exchange(
+                node,
+                requests,
+                proto,
+                password,
+                block.map(|b| b.map(|b| self.map.read().timeout().saturating_add(b))),
+            )
+            .await;
+        // A blocking command's wait is the client's, not the peer's.
+        if block.is_none() {
+            self.rpc.of(node).record(began.elapsed(), answer.is_ok());
+        }
+        answer.map_err(|down| down.text)
     }
 
     /// As [`Cluster::forward`], waiting at most `wait` for the answer (`Some(None)`: for ever;
     /// `None`: the request timeout), and saying whether a failed request was sent at all.
     pub async fn exchange(
-        &self,
-        node: usize,
-        requests: &[&[Bytes]],
-        proto: Proto,
-        password: Option<String>,
-        wait: Option<Option<Duration>>,
-    ) -> Result<Bytes, Down> {
-        let began = std::time::Instant::now();
-        let answer = self
-            .exchange_timed(node, requests, proto, password, wait)
-            .await;
-        // A blocking command's wait is the client's, not the peer's.
-        if wait.is_none() {
-            self.rpc.of(node).record(began.elapsed(), answer.is_ok());
-        }
-        answer
-    }
-
-    async fn exchange_timed(
         &self,
         node: usize,
         requests: &[&[Bytes]],

@@ -49,16 +49,18 @@ pub async fn call_node(
     ];
     let password = shared.requirepass.read().clone();
     let wait = wait.unwrap_or_else(|| cluster.map().timeout());
+    let began = std::time::Instant::now();
     let reply = cluster
         .exchange(node, &[&request], Proto::Resp2, password, Some(Some(wait)))
-        .await
-        .map_err(|down| {
-            if down.sent {
-                CallError::Lost(down.text)
-            } else {
-                CallError::Unsent(down.text)
-            }
-        })?;
+        .await;
+    cluster.rpc.of(node).record(began.elapsed(), reply.is_ok());
+    let reply = reply.map_err(|down| {
+        if down.sent {
+            CallError::Lost(down.text)
+        } else {
+            CallError::Unsent(down.text)
+        }
+    })?;
     parse_bulk(&reply).map_err(CallError::Lost)
 }
 
