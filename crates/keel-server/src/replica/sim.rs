@@ -273,6 +273,66 @@ struct Book {
     unknown: Vec<(String, Vec<Op>, u64)>,
 }
 
+/// Checks a run's history against its final reads (`finals`, taken during `final_time`): no
+/// element twice, every acknowledged append present, each unknown outcome all or nothing,
+/// and the whole history strictly serializable; what fails goes to `violations`. The
+/// checker's report, the acknowledged appends and the unknown outcomes.
+fn check_history(
+    book: Book,
+    finals: Vec<Op>,
+    final_time: (u64, u64),
+    violations: &mut Vec<String>,
+) -> (Option<history::Report>, usize, usize) {
+    let mut present: HashSet<(u32, u64)> = HashSet::new();
+    for op in &finals {
+        if let Op::Read { key, value } = op {
+            let distinct: HashSet<&u64> = value.iter().collect();
+            if distinct.len() != value.len() {
+                violations.push(format!("key {key} holds an element twice: {value:?}"));
+            }
+            present.extend(value.iter().map(|&e| (*key, e)));
+        }
+    }
+    let mut history = book.records;
+    let mut acknowledged = 0;
+    for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
+        for op in &t.ops {
+            if let Op::Append { key, elem } = op {
+                acknowledged += 1;
+                if !present.contains(&(*key, *elem)) {
+                    violations.push(format!(
+                        "{}: the acknowledged append of {elem} to k{key} is lost",
+                        t.name
+                    ));
+                }
+            }
+        }
+    }
+    let unknown = book.unknown.len();
+    for (name, appends, began) in book.unknown {
+        match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e))) {
+            Ok(record) => history.push(record),
+            Err(violation) => violations.push(violation),
+        }
+    }
+    history.push(TxnRecord {
+        name: "final".into(),
+        ops: finals,
+        outcome: Outcome::Committed,
+        position: None,
+        read_ts: None,
+        time: Some(final_time),
+    });
+    let report = match history::check(&history) {
+        Ok(report) => Some(report),
+        Err(e) => {
+            violations.push(format!("the history is not strictly serializable: {e}"));
+            None
+        }
+    };
+    (report, acknowledged, unknown)
+}
+
 /// One partition's Raft group on `n` nodes. The groups of a simulation with several
 /// partitions (`across`) share the network, the clock and the nodes' fates: a crash of a node
 /// crashes its replica of every group.
@@ -1616,56 +1676,9 @@ impl Run {
         let mut violations = std::mem::take(&mut *sim.violations.lock());
         // 2. Identical replicas; every acknowledged append in each, none twice.
         violations.extend(sim.differing_among(nodes));
-        let mut present: HashSet<(u32, u64)> = HashSet::new();
-        for op in &finals {
-            if let Op::Read { key, value } = op {
-                let distinct: HashSet<&u64> = value.iter().collect();
-                if distinct.len() != value.len() {
-                    violations.push(format!("key {key} holds an element twice: {value:?}"));
-                }
-                present.extend(value.iter().map(|&e| (*key, e)));
-            }
-        }
         let book = std::mem::take(&mut *sim.book.lock());
-        let mut history = book.records;
-        let mut acknowledged = 0;
-        for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
-            for op in &t.ops {
-                if let Op::Append { key, elem } = op {
-                    acknowledged += 1;
-                    if !present.contains(&(*key, *elem)) {
-                        violations.push(format!(
-                            "{}: the acknowledged append of {elem} to k{key} is lost",
-                            t.name
-                        ));
-                    }
-                }
-            }
-        }
-        let unknown = book.unknown.len();
-        for (name, appends, began) in book.unknown {
-            match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e)))
-            {
-                Ok(record) => history.push(record),
-                Err(violation) => violations.push(violation),
-            }
-        }
-        history.push(TxnRecord {
-            name: "final".into(),
-            ops: finals,
-            outcome: Outcome::Committed,
-            position: None,
-            read_ts: None,
-            time: Some((final_began, final_ended)),
-        });
-        // 1. Strict serializability.
-        let report = match history::check(&history) {
-            Ok(report) => Some(report),
-            Err(e) => {
-                violations.push(format!("the history is not strictly serializable: {e}"));
-                None
-            }
-        };
+        let (report, acknowledged, unknown) =
+            check_history(book, finals, (final_began, final_ended), &mut violations);
         if !violations.is_empty() {
             return Err(violations.join("\n"));
         }

@@ -26,7 +26,7 @@
 //!    no replica holds a prepared transaction, a lock or a commit decision;
 //! 5. every committed audit, and the final balances, sum to the opening total.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -38,8 +38,8 @@ use tokio::time::{Instant, sleep};
 
 use super::history::{self, Op, Outcome, TxnRecord};
 use super::{
-    Book, Mutation, Net, RECOVERY_MS, Rng, Sim, decode, nemesis, parse_exec, request, resp_value,
-    seeds,
+    Book, Mutation, Net, RECOVERY_MS, Rng, Sim, check_history, decode, nemesis, parse_exec,
+    request, resp_value, seeds,
 };
 use crate::replica::txn::{self, Limits, Work};
 use crate::replica::{Refused, Request, Response, RunError, Status, TxnId, prepared};
@@ -960,55 +960,9 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         violations.extend(std::mem::take(&mut *g.violations.lock()));
         violations.extend(g.differing());
     }
-    let mut present: HashSet<(u32, u64)> = HashSet::new();
-    for op in &finals {
-        if let Op::Read { key, value } = op {
-            let distinct: HashSet<&u64> = value.iter().collect();
-            if distinct.len() != value.len() {
-                violations.push(format!("key {key} holds an element twice: {value:?}"));
-            }
-            present.extend(value.iter().map(|&e| (*key, e)));
-        }
-    }
     let book = std::mem::take(&mut *world.book.lock());
-    let mut history = book.records;
-    let mut acknowledged = 0;
-    for t in history.iter().filter(|t| t.outcome == Outcome::Committed) {
-        for op in &t.ops {
-            if let Op::Append { key, elem } = op {
-                acknowledged += 1;
-                if !present.contains(&(*key, *elem)) {
-                    violations.push(format!(
-                        "{}: the acknowledged append of {elem} to k{key} is lost",
-                        t.name
-                    ));
-                }
-            }
-        }
-    }
-    let unknown = book.unknown.len();
-    for (name, appends, began) in book.unknown {
-        match TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e))) {
-            Ok(record) => history.push(record),
-            Err(violation) => violations.push(violation),
-        }
-    }
-    history.push(TxnRecord {
-        name: "final".into(),
-        ops: finals,
-        outcome: Outcome::Committed,
-        position: None,
-        read_ts: None,
-        time: Some((final_began, final_ended)),
-    });
-    // 1. Strict serializability.
-    let report = match history::check(&history) {
-        Ok(report) => Some(report),
-        Err(e) => {
-            violations.push(format!("the history is not strictly serializable: {e}"));
-            None
-        }
-    };
+    let (report, acknowledged, unknown) =
+        check_history(book, finals, (final_began, final_ended), &mut violations);
     if !violations.is_empty() {
         return Err(violations.join("\n"));
     }
