@@ -1395,6 +1395,11 @@ impl Shared {
     /// One pass of the collector (`gc::pass`) at a freshly computed horizon. If retired
     /// memory waits for a watermark that nothing has moved past since, takes an empty
     /// timestamp, so that the next pass can free it.
+    ///
+    /// It takes one only once the watermark has passed the last it took. Timestamps in
+    /// flight must stay fewer than the oracle's ring of finished ones: a commit stuck for a
+    /// minute would otherwise see the collector take 6 000 behind it, wrap the ring, and the
+    /// watermark could never pass them.
     pub(crate) fn gc_pass(&self) -> crate::gc::Pass {
         let mut state = self.store.gc.lock();
         self.oracle.collect();
@@ -1406,9 +1411,11 @@ impl Shared {
         let pass = crate::gc::pass(&self.store, &mut state, horizon, visible, &self.splitter);
         if let Some(at) = pass.blocked_at
             && self.oracle.visible() <= at
+            && self.oracle.visible() >= state.nudged
             && !self.log_failed()
         {
             let ts = self.next_commit_ts();
+            state.nudged = ts;
             self.oracle.finish(ts);
             self.oracle.advance();
         }
@@ -1435,5 +1442,44 @@ impl std::fmt::Debug for Db {
             .field("dir", &self.dir())
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A commit stuck between taking its timestamp and finishing it holds the watermark. The
+    /// collector, finding retired memory behind that watermark, takes at most one empty
+    /// timestamp meanwhile; when the commit finishes, the watermark passes everything.
+    #[test]
+    fn a_stuck_commit_does_not_make_the_collector_wrap_the_finished_ring() {
+        let db = Db::in_memory();
+        db.transact(|txn| txn.put(b"k", b"v")).unwrap();
+        db.transact(|txn| txn.delete(b"k")).unwrap();
+        let shared = &db.shared;
+        let stuck = shared.next_commit_ts();
+        // Far more passes than the ring of finished timestamps holds (2 × OPEN_TXNS_MAX).
+        let passes = 4 * crate::limits::OPEN_TXNS_MAX + 1;
+        for _ in 0..passes {
+            assert!(
+                shared.gc_pass().blocked_at.is_some(),
+                "the stuck commit holds it"
+            );
+        }
+        let taken = shared.oracle.clock() - stuck.0;
+        assert!(
+            taken <= 1,
+            "the collector took {taken} timestamps behind a stuck commit"
+        );
+        shared.oracle.finish(stuck);
+        let last = shared.oracle.clock();
+        assert_eq!(
+            shared.oracle.advance(),
+            last,
+            "the watermark passes every timestamp"
+        );
+        assert!(db.reclaim_deleted(10) > 0, "the deleted key is freed");
+        db.transact(|txn| txn.put(b"k", b"again")).unwrap();
     }
 }

@@ -113,6 +113,9 @@ pub(crate) struct State {
     separators: Vec<RecordRef>,
     removed_since_rebuild: usize,
     retired: VecDeque<Batch>,
+    /// The last empty timestamp the collector took to move the watermark
+    /// (`Shared::gc_pass`). It takes no other until the watermark has passed this one.
+    pub(crate) nudged: Ts,
 }
 
 /// What a pass left behind.

@@ -258,6 +258,12 @@ impl Oracle {
         Some(oracle)
     }
 
+    /// The last commit timestamp taken.
+    #[cfg(test)]
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock.load(Ordering::SeqCst)
+    }
+
     /// Takes the next commit timestamp. The caller must publish it with [`Oracle::publish`]
     /// whether it commits or not, or the watermark stops.
     pub(crate) fn next_commit_ts(&self) -> Ts {
