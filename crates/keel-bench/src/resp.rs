@@ -141,14 +141,17 @@ fn read_reply(r: &mut BufReader<TcpStream>, depth: u32) -> anyhow::Result<Reply>
 /// A RESP server as a benchmark target.
 pub struct Server {
     label: String,
-    addr: String,
+    /// Where the connections go, in turn (the nodes of a cluster, or one server).
+    addrs: Vec<String>,
     depth: usize,
     control: Mutex<Conn>,
 }
 
 impl Server {
     /// Connects to `addr`; `label` names it in reports, `depth` is the pipelining depth.
-    /// Refuses workloads whose operations have no RESP mapping.
+    /// `addr` may name several servers joined by `+` (a cluster's nodes): worker `i` connects
+    /// to the `i`th of them, in turn, and loading goes through the first. Refuses workloads
+    /// whose operations have no RESP mapping.
     pub fn connect(
         label: &str,
         addr: &str,
@@ -159,14 +162,21 @@ impl Server {
             !matches!(workload, Workload::YcsbE | Workload::Bid),
             "{workload} is not supported over RESP: it needs scans or MAX, which Redis lacks"
         );
-        let mut control = Conn::connect(addr)?;
-        match control.call(&[b"PING"])? {
-            Reply::Simple(s) if s == "PONG" => {}
-            other => anyhow::bail!("{addr} answered PING with {other:?}"),
+        let addrs: Vec<String> = addr.split('+').map(str::to_owned).collect();
+        let mut control = None;
+        for addr in &addrs {
+            anyhow::ensure!(!addr.is_empty(), "an empty address in {addr:?}");
+            let mut conn = Conn::connect(addr)?;
+            match conn.call(&[b"PING"])? {
+                Reply::Simple(s) if s == "PONG" => {}
+                other => anyhow::bail!("{addr} answered PING with {other:?}"),
+            }
+            control.get_or_insert(conn);
         }
+        let control = control.expect("split yields at least one address");
         Ok(Server {
             label: label.to_owned(),
-            addr: addr.to_owned(),
+            addrs,
             depth: depth.max(1),
             control: Mutex::new(control),
         })
@@ -257,7 +267,7 @@ impl Target for Server {
     }
     fn worker(&self, thread: u32) -> anyhow::Result<Box<dyn Worker + '_>> {
         Ok(Box::new(Client {
-            conn: Conn::connect(&self.addr)?,
+            conn: Conn::connect(&self.addrs[thread as usize % self.addrs.len()])?,
             depth: self.depth,
             writer: Writer::new(thread),
         }))

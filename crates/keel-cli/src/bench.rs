@@ -75,7 +75,9 @@ pub struct Args {
     target: Vec<String>,
     /// Drive RESP servers instead of embedded targets: comma-separated `host:port` or
     /// `label=host:port` (e.g. redis=127.0.0.1:6379,keel=127.0.0.1:7379). The records are
-    /// loaded with MSET first.
+    /// loaded with MSET first. A target may join several addresses with `+` (a cluster's
+    /// nodes, e.g. keel3=127.0.0.1:7001+127.0.0.1:7002+127.0.0.1:7003): the connections go
+    /// to them in turn.
     #[arg(long, value_delimiter = ',')]
     server: Vec<String>,
     /// Server mode: transactions in flight per connection (pipelining depth).

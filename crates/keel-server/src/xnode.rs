@@ -139,48 +139,66 @@ enum Input {
     },
 }
 
-/// How long a prepare waits for the node's [`Gate`] before it votes `Busy`: briefly. A
-/// prepare that waits holds another node's gate meanwhile, and two transactions that each hold
-/// one node's gate and wait for the other's stall both until the wait ends. Measured with
-/// `benchmarks/cross-node.py` (16 clients, 2-node transactions, in memory): 311 txn/s waiting up
-/// to 20 ms, 1 812 not waiting (but under `sync` a client then lost 30 conflicts in a row), 1 331
-/// waiting up to 2 ms with no client refused. The coordinator retries with jittered backoff.
+/// How long a prepare waits for the node's [`Gate`] before it votes `Busy`: briefly (the
+/// coordinator retries with jittered backoff). With one transaction prepared per node at a
+/// time (before read holds), `benchmarks/cross-node.py` measured 311 txn/s waiting up to
+/// 20 ms, 1 812 not waiting (but under `sync` a client then lost 30 conflicts in a row),
+/// 1 331 waiting up to 2 ms with no client refused.
 const GATE_WAIT: Duration = Duration::from_millis(2);
 
-/// At most one transaction prepared and undecided on this node at a time. A prepared
-/// transaction holds the watermark, so everything after it on this node serializes after it,
-/// but that orders only *votes*: two transactions that each read on one node what the other
-/// writes there, preparing in opposite orders on two nodes, would both commit (write skew
-/// across nodes; the Elle test found it under load). Commitment ordering needs every
-/// transaction that follows a prepared one in a node's conflict order to vote only after
-/// that one's decision; letting one prepare at a time per node gives that, at the cost of
-/// concurrency between cross-node transactions on a node (one-node transactions are not
-/// affected). Read locks held from prepare to decision (docs/cluster.md) would give it back.
+/// The prepared transactions on this node whose reads the engine does not hold: those that
+/// scanned a range (a key inserted into it later follows them without touching a record
+/// they hold), and those recovered in doubt (their read holds were not logged).
+///
+/// Commitment ordering needs every transaction that follows a prepared one in a node's
+/// conflict order to vote only after that one's decision; otherwise two transactions that
+/// each read on one node what the other writes there, preparing in opposite orders on two
+/// nodes, would both commit (the Elle test found that write skew under load). A prepared
+/// transaction holds the keys it wrote (exclusively) and read (shared) in the engine, so for
+/// keys nothing can follow it before its decision, on this node or through a local commit
+/// (`keel/src/txn/prepared.rs`). For the transactions counted here the gate does it: one at
+/// a time, taken before its validation, and every other prepare checks after its own
+/// validation that none is undecided, or aborts. A transaction that follows one counted here
+/// through a local commit validated after that commit, which came after the counted one's
+/// validation, so its check sees it.
 #[derive(Default)]
 struct Gate {
-    held: Mutex<usize>,
+    unheld: Mutex<usize>,
     freed: parking_lot::Condvar,
 }
 
 impl Gate {
-    /// Takes the gate, waiting at most `wait`; whether it did.
-    fn enter(&self, wait: Duration) -> bool {
+    /// Waits at most `wait` for no transaction to be counted; whether none is.
+    fn clear(&self, wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
-        let mut held = self.held.lock();
-        while *held > 0 {
-            if self.freed.wait_until(&mut held, deadline).timed_out() {
+        let mut unheld = self.unheld.lock();
+        while *unheld > 0 {
+            if self.freed.wait_until(&mut unheld, deadline).timed_out() {
                 return false;
             }
         }
-        *held = 1;
+        true
+    }
+
+    /// Counts a transaction whose reads are not held, once none is, waiting at most `wait`;
+    /// whether it did.
+    fn enter(&self, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut unheld = self.unheld.lock();
+        while *unheld > 0 {
+            if self.freed.wait_until(&mut unheld, deadline).timed_out() {
+                return false;
+            }
+        }
+        *unheld = 1;
         true
     }
 
     fn leave(&self) {
-        let mut held = self.held.lock();
-        *held = held.saturating_sub(1);
-        if *held == 0 {
-            self.freed.notify_one();
+        let mut unheld = self.unheld.lock();
+        *unheld = unheld.saturating_sub(1);
+        if *unheld == 0 {
+            self.freed.notify_all();
         }
     }
 }
@@ -190,6 +208,8 @@ impl Gate {
 struct Held {
     prepared: Prepared<'static>,
     commands: Vec<Vec<Vec<u8>>>,
+    /// Counted by the [`Gate`] until decided.
+    gated: bool,
 }
 
 /// This node's end of cross-node transactions.
@@ -319,12 +339,13 @@ impl Xnode {
                 Held {
                     prepared,
                     commands: Vec::new(),
+                    gated: true,
                 },
             );
         }
-        // Transactions recovered in doubt hold the gate until each is decided.
+        // Transactions recovered in doubt hold no reads: the gate counts them until decided.
         let gate = Arc::new(Gate::default());
-        *gate.held.lock() = records.len();
+        *gate.unheld.lock() = records.len();
         let decisions_db = match shared.db.dir() {
             Some(dir) => {
                 let path = dir.join(DECISIONS_DIR);
@@ -617,27 +638,24 @@ impl Driver {
         let gate = Arc::clone(&self.gate);
         tokio::task::spawn_blocking(move || {
             stats.prepares.fetch_add(1, Relaxed);
-            let result = if gate.enter(GATE_WAIT) {
-                let result = execute(&shared, &work, |reply| Meta {
+            let result = if gate.clear(GATE_WAIT) {
+                execute(&shared, &work, &gate, |reply| Meta {
                     txn,
                     prepare,
                     participants,
                     reply,
-                });
-                if result.is_err() {
-                    gate.leave();
-                }
-                result
+                })
             } else {
                 Err(Refusal::Busy)
             };
             let result = match result {
-                Ok((prepared, reply)) => {
+                Ok((prepared, reply, gated)) => {
                     held.lock().insert(
                         txn,
                         Held {
                             prepared,
                             commands: work.commands,
+                            gated,
                         },
                     );
                     Ok(reply)
@@ -661,8 +679,9 @@ impl Driver {
         tokio::task::spawn_blocking(move || {
             let db = shared.db;
             let committed = held.prepared.commit();
-            // Decided: the next transaction may prepare here.
-            gate.leave();
+            if held.gated {
+                gate.leave();
+            }
             match committed {
                 Ok(ts) => {
                     // Acknowledged only once visible: the client hears of it after that.
@@ -694,18 +713,23 @@ impl Driver {
             if let Err(e) = held.prepared.abort() {
                 tracing::error!("aborting {txn}: {e}");
             }
-            gate.leave();
+            if held.gated {
+                gate.leave();
+            }
         });
     }
 }
 
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
-/// `meta` builds from the replies.
+/// `meta` builds from the replies. A transaction that scanned a range is counted by `gate`
+/// from before its validation (the flag returned says so); any other checks after its own
+/// validation that none is counted.
 fn execute(
     shared: &Shared,
     work: &Work,
+    gate: &Gate,
     meta: impl FnOnce(Replies) -> Meta,
-) -> Result<(Prepared<'static>, Replies), Refusal> {
+) -> Result<(Prepared<'static>, Replies, bool), Refusal> {
     let db: &'static Db = shared.db;
     let mut ctx = crate::conn::ctx(shared);
     // Increments read: their replies must travel with the vote.
@@ -759,9 +783,31 @@ fn execute(
         replies.push(postcard::to_stdvec(&report).expect("a report encodes"));
     }
     let meta = postcard::to_stdvec(&meta(replies.clone())).expect("metadata encodes");
-    match txn.prepare(|_| meta) {
-        Ok(Ok(prepared)) => Ok((prepared, replies)),
-        Ok(Err(_conflict)) => Err(Refusal::Busy),
-        Err(e) => Err(Refusal::Failed(format!("ERR keel: {e}"))),
+    let gated = txn.reads_ranges();
+    if gated && !gate.enter(GATE_WAIT) {
+        return Err(Refusal::Busy);
     }
+    let prepared = match txn.prepare(|_| meta) {
+        Ok(Ok(prepared)) => prepared,
+        Ok(Err(_conflict)) => {
+            if gated {
+                gate.leave();
+            }
+            return Err(Refusal::Busy);
+        }
+        Err(e) => {
+            if gated {
+                gate.leave();
+            }
+            return Err(Refusal::Failed(format!("ERR keel: {e}")));
+        }
+    };
+    if !gated && !gate.clear(Duration::ZERO) {
+        // A counted transaction is undecided: this one may follow it (see `Gate`).
+        if let Err(e) = prepared.abort() {
+            tracing::error!("aborting a prepare behind the gate: {e}");
+        }
+        return Err(Refusal::Busy);
+    }
+    Ok((prepared, replies, gated))
 }

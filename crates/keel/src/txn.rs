@@ -57,6 +57,24 @@ const OPS_FIRST_VALUE_RESERVE: usize = 8;
 /// keeps its locks only while it validates, logs and installs (never across an fsync), so the
 /// wait is short unless the holder was descheduled, which yielding lets it recover from.
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a prepare waits for a key it read to be free of an exclusive holder.
+/// How long a prepare waits for a lock (exclusive for a key it writes, shared for one it
+/// read): briefly, as it holds its other locks meanwhile, and the holder may be a prepared
+/// transaction waiting in turn for this one's locks on another node. Its coordinator
+/// retries with backoff.
+const PREPARE_LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Gives back shared holds; a record left empty (made for a key read absent) goes to the
+/// collector.
+pub(crate) fn unlock_shared(db: &Shared, shared: &[RecordRef]) {
+    for record in shared {
+        let r = record.get();
+        r.unlock_shared();
+        if r.head().is_none() {
+            db.store.note_dead(*record, Ts(0));
+        }
+    }
+}
 
 /// How often a commit starts over because a record it applies commutative operations to
 /// moved into a split phase while it was locking.
@@ -304,6 +322,8 @@ enum Step {
         writes: Vec<WriteEntry>,
         locked: Vec<RecordRef>,
         values: Vec<Option<Vec<u8>>>,
+        /// The records read, held shared (absent keys get an empty record to hold).
+        shared: Vec<RecordRef>,
     },
 }
 
@@ -480,6 +500,13 @@ impl<'db> Txn<'db> {
     /// logged, so [`Durability::None`] acts as `Async` there.
     pub fn set_durability(&mut self, durability: Durability) {
         self.durability = Some(durability);
+    }
+
+    /// Whether the transaction scanned a range (its validation covers keys it never saw). A
+    /// prepared transaction holds the keys it read, but not its ranges (see
+    /// [`Txn::prepare`]).
+    pub fn reads_ranges(&self) -> bool {
+        !self.ranges.is_empty()
     }
 
     /// The snapshot this transaction reads.
@@ -1082,7 +1109,12 @@ impl<'db> Txn<'db> {
                     let outcome = if created {
                         Locking::Held
                     } else {
-                        self.lock(record, me, &entry.write, slices_allowed && untracked)
+                        let wait = if prepare {
+                            PREPARE_LOCK_WAIT_MAX
+                        } else {
+                            LOCK_WAIT_MAX
+                        };
+                        self.lock(record, me, &entry.write, slices_allowed && untracked, wait)
                     };
                     if !matches!(outcome, Locking::Dead) {
                         break (record, outcome);
@@ -1202,6 +1234,22 @@ impl<'db> Txn<'db> {
             values.push(value);
         }
 
+        // 2b. A prepare also holds what it read, shared, until its decision (see
+        //     `txn/prepared.rs`): locks come before validation, so nothing changes a read
+        //     between its validation and the decision.
+        let shared = if prepare {
+            match self.lock_reads(me) {
+                Ok(shared) => shared,
+                Err(conflict) => {
+                    self.unlock_all(&locked, &slices, me);
+                    SlotStats::bump(&stats.aborts_read_changed);
+                    return Step::Done(Ok(Err(conflict)));
+                }
+            }
+        } else {
+            Vec::new()
+        };
+
         // 3. Take the commit timestamp; from here on it must be published.
         let commit_ts = self.db.next_commit_ts();
 
@@ -1212,6 +1260,7 @@ impl<'db> Txn<'db> {
             }
             leave(self);
             self.unlock_all(&locked, &slices, me);
+            self.unlock_shared(&shared);
             let counter = match conflict.reason {
                 ConflictReason::Phantom => &stats.aborts_phantom,
                 ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
@@ -1231,6 +1280,7 @@ impl<'db> Txn<'db> {
                 writes,
                 locked,
                 values,
+                shared,
             };
         }
 
@@ -1361,13 +1411,20 @@ impl<'db> Txn<'db> {
         Some(Step::Done(Ok(Ok(self.conclude_split_only(committed)))))
     }
 
-    /// Locks a record for writing `write`, waiting (bounded by [`LOCK_WAIT_MAX`]) if another
+    /// Locks a record for writing `write`, waiting (bounded by `wait`) if another
     /// committer holds it. If the splitter holds it: commutative operations it takes wait for
     /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
     /// a slice, if `slices` allows); anything else is stashed until the reconciliation. A
     /// wait by commutative operations that could go to a slice counts toward splitting the
     /// record.
-    fn lock(&self, record: RecordRef, me: LockOwner, write: &Write, slices: bool) -> Locking {
+    fn lock(
+        &self,
+        record: RecordRef,
+        me: LockOwner,
+        write: &Write,
+        slices: bool,
+        wait: std::time::Duration,
+    ) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
             return Locking::Held;
@@ -1401,7 +1458,7 @@ impl<'db> Txn<'db> {
             }
             backoff.snooze();
         }
-        let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
+        let deadline = std::time::Instant::now() + wait;
         loop {
             if r.try_lock(me) {
                 return Locking::Held;
@@ -1435,6 +1492,70 @@ impl<'db> Txn<'db> {
 
     /// Unlocks the write set of a commit that stops short. A record it created and leaves
     /// empty goes to the collector.
+    /// Takes a shared hold on the record of every key read and not written (an empty,
+    /// held record for a key read absent), waiting briefly for an exclusive holder; on a
+    /// timeout gives every hold back and reports the key.
+    fn lock_reads(&self, me: LockOwner) -> Result<Vec<RecordRef>, Conflict> {
+        let mut shared = Vec::with_capacity(self.reads.len());
+        for read in &self.reads {
+            let (key, hash) = match read {
+                Read::Record(record) => {
+                    let key = record.get().key();
+                    (key, hash(key))
+                }
+                Read::Absent { key, hash } => (key.as_slice(), *hash),
+            };
+            let held = loop {
+                let (record, created) = self.db.store.get_or_create_locked(key, hash, me, None);
+                let r = record.get();
+                if created {
+                    r.downgrade(me);
+                    break Some(record);
+                }
+                if r.is_locked_by(me) {
+                    // Written too: held exclusively already.
+                    break None;
+                }
+                match Self::lock_shared(r) {
+                    Locking::Held => break Some(record),
+                    Locking::Dead => continue,
+                    _ => {
+                        self.unlock_shared(&shared);
+                        return Err(Conflict {
+                            key: key.to_vec(),
+                            reason: ConflictReason::ReadChanged,
+                        });
+                    }
+                }
+            };
+            shared.extend(held);
+        }
+        Ok(shared)
+    }
+
+    /// A shared hold on `r`, waiting at most [`PREPARE_LOCK_WAIT_MAX`] for its exclusive holder:
+    /// a prepare that waits holds its other locks meanwhile.
+    fn lock_shared(r: &crate::mvcc::Record) -> Locking {
+        let deadline = std::time::Instant::now() + PREPARE_LOCK_WAIT_MAX;
+        let backoff = Backoff::new();
+        loop {
+            if r.try_lock_shared() {
+                return Locking::Held;
+            }
+            if r.is_dead() {
+                return Locking::Dead;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Locking::Busy;
+            }
+            backoff.snooze();
+        }
+    }
+
+    fn unlock_shared(&self, shared: &[RecordRef]) {
+        unlock_shared(self.db, shared);
+    }
+
     fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
         for (i, record) in locked.iter().enumerate() {
             if slices.get(i).is_none_or(Option::is_none) {

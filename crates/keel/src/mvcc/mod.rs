@@ -202,6 +202,18 @@ const _: () = assert!(crate::limits::VALUE_BYTES_MAX < SLOT_USED as usize);
 /// and will be freed. A committer that meets it looks the key up again.
 pub(crate) const DEAD_OWNER: LockOwner = LockOwner(u64::MAX - 2);
 
+/// A record held *shared* by prepared transactions that read it (`txn/prepared.rs`): the lock
+/// word is `SHARED + n` for `n` holders. Writers wait as for any lock; readers validating do
+/// not count it as a change (reads do not conflict with reads). Owners (registry slots + 1)
+/// and the special owners near `u64::MAX` never fall in this range.
+const SHARED: u64 = 1 << 62;
+const SHARED_HOLDERS_MAX: u64 = u32::MAX as u64;
+
+#[inline]
+fn is_shared(word: u64) -> bool {
+    word > SHARED && word <= SHARED + SHARED_HOLDERS_MAX
+}
+
 /// Identifies the transaction holding a record lock; never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LockOwner(pub(crate) u64);
@@ -401,7 +413,7 @@ impl Record {
         if owner == DEAD_OWNER.0 {
             return Staleness::Dead;
         }
-        if owner != 0 && owner != me.0 {
+        if owner != 0 && owner != me.0 && !is_shared(owner) {
             return Staleness::Locked;
         }
         match self.head() {
@@ -414,6 +426,53 @@ impl Record {
         self.lock
             .compare_exchange(0, me.0, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Takes a shared hold on the record if nobody holds it exclusively; whether it did.
+    pub(crate) fn try_lock_shared(&self) -> bool {
+        let mut word = self.lock.load(Ordering::Relaxed);
+        loop {
+            let next = match word {
+                0 => SHARED + 1,
+                w if is_shared(w) && w < SHARED + SHARED_HOLDERS_MAX => w + 1,
+                _ => return false,
+            };
+            match self
+                .lock
+                .compare_exchange_weak(word, next, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Gives back one shared hold.
+    pub(crate) fn unlock_shared(&self) {
+        let mut word = self.lock.load(Ordering::Relaxed);
+        loop {
+            assert!(
+                is_shared(word),
+                "a shared hold given back that was not taken"
+            );
+            let next = if word == SHARED + 1 { 0 } else { word - 1 };
+            match self
+                .lock
+                .compare_exchange_weak(word, next, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Turns `me`'s exclusive lock into one shared hold.
+    pub(crate) fn downgrade(&self, me: LockOwner) {
+        let was = self.lock.swap(SHARED + 1, Ordering::Release);
+        assert_eq!(
+            was, me.0,
+            "a record downgraded by a transaction that did not hold it"
+        );
     }
 
     pub(crate) fn is_locked_by(&self, me: LockOwner) -> bool {

@@ -2,17 +2,25 @@
 //! timestamp taken and its writes logged) that commits or aborts later, on a decision taken
 //! elsewhere (`docs/cluster.md`).
 //!
-//! A prepared transaction holds its write set's record locks and its commit timestamp, which
-//! stays unpublished until the decision: the watermark stops below it, so no snapshot can be
-//! taken at or above it while its writes are missing, and later commits wait to become visible
-//! until it is decided. Its serial position is fixed at prepare (the timestamp): each
-//! database's serial order is its order of votes. That alone does not make databases that
-//! each order by their own timestamps serializable together: two transactions that each read
-//! on one database what the other writes there, preparing in opposite orders, would both
-//! commit (write skew across databases). The caller must also keep a transaction from
-//! preparing on a database while a conflicting one prepared earlier there is undecided
-//! (commitment ordering); keel's cluster lets one transaction be prepared per node at a time
-//! (`keel-server/src/xnode.rs`, `Gate`).
+//! A prepared transaction holds its write set's record locks, a *shared* hold on the record
+//! of every key it read (an empty record is made for a key read absent), and its commit
+//! timestamp, which stays unpublished until the decision: the watermark stops below it, so no
+//! snapshot can be taken at or above it while its writes are missing, and later commits wait
+//! to become visible until it is decided. Its serial position is fixed at prepare (the
+//! timestamp): each database's serial order is its order of votes.
+//!
+//! The timestamp alone does not make databases that each order by their own timestamps
+//! serializable together: two transactions that each read on one database what the other
+//! writes there, preparing in opposite orders, would both commit (write skew across
+//! databases). What does is commitment ordering: nothing that follows a prepared transaction
+//! in a database's conflict order commits (or prepares) there before its decision. The locks
+//! give that for keys: a writer of a key it read or wrote waits for the decision, and a
+//! reader of a key it wrote fails validation (the record is locked); shared holds do not
+//! conflict with each other or with validating readers. They do not cover a scanned
+//! range: a key inserted into it later follows the prepared transaction without touching
+//! any record it holds. Nor does a transaction recovered in doubt hold its reads (they are
+//! not logged). The caller keeps others from preparing while such a transaction is
+//! undecided (`keel-server/src/xnode.rs`, `Gate`; [`Txn::reads_ranges`]).
 //!
 //! Durability: the prepare frame (the writes, the caller's metadata) is durable before
 //! [`Txn::prepare`] returns; the decision frame is durable before the timestamp is published.
@@ -57,6 +65,8 @@ pub struct Prepared<'db> {
     keys: Vec<Vec<u8>>,
     locked: Vec<RecordRef>,
     values: Vec<Option<Vec<u8>>>,
+    /// The records of the keys it read (and did not write), held shared until the decision.
+    shared: Vec<RecordRef>,
     /// A prepare frame is in the log: the decision must be logged too.
     logged: bool,
     settled: bool,
@@ -78,8 +88,10 @@ impl std::fmt::Debug for Prepared<'_> {
 }
 
 impl<'db> Txn<'db> {
-    /// Phase one of a two-phase commit: locks the write set, resolves commutative operations,
-    /// takes the commit timestamp, validates the reads, and logs the writes with the metadata
+    /// Phase one of a two-phase commit: locks the write set, holds the keys read (shared;
+    /// a brief wait for a key locked exclusively, then a conflict), resolves commutative
+    /// operations, takes the commit timestamp, validates the reads, and logs the writes with
+    /// the metadata
     /// `meta` returns (given the tickets' values; at most
     /// [`PREPARE_META_BYTES_MAX`](crate::limits::PREPARE_META_BYTES_MAX) bytes), durably.
     /// On success the transaction is prepared: its locks and timestamp are held until
@@ -112,7 +124,7 @@ impl<'db> Txn<'db> {
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Err(CommitError::Log(error));
         }
-        let (ts, writes, locked, values) = match self.commit_work(true) {
+        let (ts, writes, locked, values, shared) = match self.commit_work(true) {
             Step::Done(Ok(Ok(_))) => unreachable!("a prepare always stops prepared"),
             Step::Done(Ok(Err(conflict))) => return Ok(Err(conflict)),
             Step::Done(Err(error)) => return Err(error),
@@ -135,7 +147,8 @@ impl<'db> Txn<'db> {
                 writes,
                 locked,
                 values,
-            } => (ts, writes, locked, values),
+                shared,
+            } => (ts, writes, locked, values, shared),
         };
         let meta = meta(&Resolved {
             tracked: &self.tracked,
@@ -151,6 +164,7 @@ impl<'db> Txn<'db> {
             keys,
             locked,
             values,
+            shared,
             logged: false,
             // Until logged, dropping it only unlocks and publishes.
             settled: false,
@@ -226,6 +240,9 @@ impl<'db> Prepared<'db> {
             keys,
             locked,
             values,
+            // Not logged: a transaction recovered in doubt holds its writes only, and its
+            // caller must keep others from depending on what it read (xnode's `Gate`).
+            shared: Vec::new(),
             logged: true,
             settled: false,
         }
@@ -291,6 +308,7 @@ impl<'db> Prepared<'db> {
             }
             record.get().unlock(self.owner);
         }
+        super::unlock_shared(db, &std::mem::take(&mut self.shared));
         if let Some((log, end)) = durable_end
             && let Err(error) = log.wait_durable(end)
         {

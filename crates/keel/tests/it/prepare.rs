@@ -81,6 +81,74 @@ fn a_prepared_transaction_holds_its_locks_until_the_decision() {
     assert_eq!(get(&db, b"a").as_deref(), Some(&b"4"[..]));
 }
 
+/// A prepared transaction holds the keys it read, shared: writers wait for its decision
+/// (a prepare gives up after a brief wait), readers do not, nor other prepares that read
+/// them. A key read absent is held too, by an empty record the collector takes back.
+#[test]
+fn a_prepared_transaction_holds_what_it_read_until_the_decision() {
+    let db = Db::in_memory();
+    put(&db, b"read", b"1");
+    let mut txn = db.begin().unwrap();
+    txn.get(b"read").unwrap();
+    assert_eq!(txn.get(b"absent").unwrap(), None);
+    txn.put(b"written", b"1").unwrap();
+    let prepared = prepare(txn);
+
+    for key in [&b"read"[..], b"absent"] {
+        let mut writer = db.begin().unwrap();
+        writer.put(key, b"2").unwrap();
+        let conflict = writer.prepare(|_| Vec::new()).unwrap().unwrap_err();
+        assert_eq!(conflict.key, key);
+        assert_eq!(conflict.reason, ConflictReason::WriteLocked);
+    }
+    // A reader of the held keys that writes elsewhere, and another prepare that only reads
+    // them: neither conflicts with a shared hold.
+    let mut reader = db.begin().unwrap();
+    assert_eq!(reader.get(b"read").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(reader.get(b"absent").unwrap(), None);
+    reader.put(b"elsewhere", b"1").unwrap();
+    let reader = prepare(reader);
+    let mut also = db.begin().unwrap();
+    also.get(b"read").unwrap();
+    let also = prepare(also);
+
+    prepared.commit().unwrap();
+    reader.commit().unwrap();
+    also.commit().unwrap();
+    // Decided: the holds are gone, and the empty record of the absent key goes back.
+    let before = db.stats().records;
+    assert!(
+        db.reclaim_deleted(100) >= 1,
+        "the empty record is reclaimed"
+    );
+    assert!(db.stats().records < before);
+    put(&db, b"read", b"3");
+    put(&db, b"absent", b"3");
+    assert_eq!(get(&db, b"absent").as_deref(), Some(&b"3"[..]));
+}
+
+/// A prepare that cannot hold a key it read (another prepared transaction writes it) gives
+/// back everything it took, and its timestamp is never taken.
+#[test]
+fn a_prepare_that_cannot_hold_a_read_gives_everything_back() {
+    let db = Db::in_memory();
+    put(&db, b"a", b"1");
+    let mut writer = db.begin().unwrap();
+    writer.put(b"a", b"2").unwrap();
+    let writer = prepare(writer);
+    let mut reader = db.begin().unwrap();
+    reader.get(b"a").unwrap();
+    reader.get(b"fresh").unwrap();
+    reader.put(b"b", b"1").unwrap();
+    let conflict = reader.prepare(|_| Vec::new()).unwrap().unwrap_err();
+    assert_eq!(conflict.key, b"a");
+    writer.abort().unwrap();
+    // Nothing stays held: every key takes a write.
+    for key in [&b"a"[..], b"b", b"fresh"] {
+        put(&db, key, b"x");
+    }
+}
+
 #[test]
 fn dropping_a_prepared_transaction_aborts_it() {
     let db = Db::in_memory();
@@ -164,10 +232,42 @@ fn oversized_metadata_is_refused_and_releases_everything() {
 /// Runs `body` on both databases as one transaction: prepare on both (in the order given),
 /// then commit both; a conflict on either aborts both. Returns whether it committed, and the
 /// results.
-fn two_phase<T>(dbs: [&Db; 2], mut body: impl FnMut(usize, &mut Txn<'_>) -> T) -> Option<[T; 2]> {
+fn two_phase<T>(dbs: [&Db; 2], body: impl FnMut(usize, &mut Txn<'_>) -> T) -> Option<[T; 2]> {
+    two_phase_gated(dbs, true, body)
+}
+
+/// [`two_phase`], with or without a gate per database. Without, transactions rely on the
+/// engine's holds of what they read and wrote (point reads only here).
+fn two_phase_gated<T>(
+    dbs: [&Db; 2],
+    gated: bool,
+    mut body: impl FnMut(usize, &mut Txn<'_>) -> T,
+) -> Option<[T; 2]> {
     let mut txns = [dbs[0].begin().unwrap(), dbs[1].begin().unwrap()];
     let results = [body(0, &mut txns[0]), body(1, &mut txns[1])];
     let [t0, t1] = txns;
+    if !gated {
+        // Votes in either order, as messages to two nodes arrive, with time between them
+        // (a message's flight) for another transaction to prepare on both in between.
+        static FLIP: AtomicU64 = AtomicU64::new(0);
+        let flip = FLIP.fetch_add(1, Ordering::Relaxed) % 2 == 1;
+        let (first, second) = if flip { (t1, t0) } else { (t0, t1) };
+        let p_first = first.prepare(|_| Vec::new()).unwrap().ok()?;
+        std::thread::sleep(Duration::from_micros(100));
+        let Ok(p_second) = second.prepare(|_| Vec::new()).unwrap() else {
+            p_first.abort().unwrap();
+            return None;
+        };
+        let (p0, p1) = if flip {
+            (p_second, p_first)
+        } else {
+            (p_first, p_second)
+        };
+        let ts = [p0.commit().unwrap(), p1.commit().unwrap()];
+        dbs[0].wait_visible(ts[0]).unwrap();
+        dbs[1].wait_visible(ts[1]).unwrap();
+        return Some(results);
+    }
     // One transaction prepared per database at a time, taken in database order (no
     // deadlock): a transaction prepares only once the one prepared before it is decided.
     static GATES: [std::sync::Mutex<()>; 2] =
@@ -281,6 +381,19 @@ fn a_bank_across_two_databases_keeps_its_total() {
 /// both, committed by two-phase commit; the history (with real-time order) must be acyclic.
 #[test]
 fn list_append_histories_across_two_databases_are_strictly_serializable() {
+    list_append_across_two_databases(true, 0);
+}
+
+/// The same without a gate, beside transactions local to one database: prepared
+/// transactions hold what they read, so nothing that follows one in a database's conflict
+/// order (directly, or through a local commit) commits or prepares there before its
+/// decision. Without the holds this finds cycles through the local transactions.
+#[test]
+fn list_append_across_two_databases_without_a_gate_holds_reads_until_the_decision() {
+    list_append_across_two_databases(false, 2);
+}
+
+fn list_append_across_two_databases(gated: bool, local_workers: u64) {
     const KEYS: u32 = 6;
     let dbs = [Db::in_memory(), Db::in_memory()];
     let epoch = Instant::now();
@@ -288,6 +401,60 @@ fn list_append_histories_across_two_databases_are_strictly_serializable() {
     let next_elem = AtomicU64::new(1);
     let records = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
+        for worker in 0..local_workers {
+            let (dbs, next_elem, records) = (&dbs, &next_elem, &records);
+            s.spawn(move || {
+                let mut rng = worker * 7_901 + 11;
+                let mut next = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                for n in 0..1500 {
+                    // Read one key of a database, append to another of the same one.
+                    let d = next() % 2;
+                    let k = |r: u64| (d + 2 * (r % u64::from(KEYS / 2))) as u32;
+                    let (read, append) = (k(next()), k(next()));
+                    let elem = next_elem.fetch_add(1, Ordering::Relaxed);
+                    let began = tick();
+                    let db = &dbs[d as usize];
+                    let mut txn = db.begin().unwrap();
+                    let seen =
+                        history::decode_list(txn.get(&history::list_key(read)).unwrap().as_deref());
+                    let akey = history::list_key(append);
+                    let mut list = history::decode_list(txn.get(&akey).unwrap().as_deref());
+                    list.push(elem);
+                    txn.put(&akey, &history::encode_list(&list)).unwrap();
+                    let committed = matches!(txn.commit(), Ok(Ok(_)));
+                    let ended = tick();
+                    let mut ops = vec![Op::Read {
+                        key: read,
+                        value: seen,
+                    }];
+                    if committed && read != append {
+                        list.pop();
+                        ops.push(Op::Read {
+                            key: append,
+                            value: list,
+                        });
+                    }
+                    ops.push(Op::Append { key: append, elem });
+                    records.lock().unwrap().push(TxnRecord {
+                        name: format!("l{worker}.{n}"),
+                        ops,
+                        outcome: if committed {
+                            Outcome::Committed
+                        } else {
+                            Outcome::Aborted
+                        },
+                        position: None,
+                        read_ts: None,
+                        time: Some((began, ended)),
+                    });
+                }
+            });
+        }
         for worker in 0..3u64 {
             let (dbs, next_elem, records) = (&dbs, &next_elem, &records);
             s.spawn(move || {
@@ -298,7 +465,7 @@ fn list_append_histories_across_two_databases_are_strictly_serializable() {
                     rng ^= rng << 17;
                     rng
                 };
-                for n in 0..300 {
+                for n in 0..if gated { 300 } else { 1000 } {
                     // Two or three keys, each read then (mostly) appended to.
                     let mut keys: Vec<u32> = (0..2 + next() % 2)
                         .map(|_| (next() % u64::from(KEYS)) as u32)
@@ -314,7 +481,7 @@ fn list_append_histories_across_two_databases_are_strictly_serializable() {
                         .collect();
                     let began = tick();
                     let mut ops = Vec::new();
-                    let outcome = two_phase([&dbs[0], &dbs[1]], |d, txn| {
+                    let outcome = two_phase_gated([&dbs[0], &dbs[1]], gated, |d, txn| {
                         let mut mine = Vec::new();
                         for &(k, append) in &plan {
                             if (k % 2) as usize != d {
