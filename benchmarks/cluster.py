@@ -4,7 +4,7 @@ three unreplicated cluster nodes (`--replicas 1`), with the servers' CPU from /p
 
     cargo build --release -p keel-cli
     /usr/bin/python3 benchmarks/cluster.py [--durability none|sync] [--seconds 8]
-        [--workloads deut,ycsb-a,mgp] [--json out.json]
+        [--workloads deut,ycsb-a,mgp] [--serve-args '--idle-poll-us 0'] [--json out.json]
 
 deut's transactions read and write several keys drawn over all slots, so on three nodes
 almost every one spans partitions (two-phase commit); ycsb-a's are single keys (one
@@ -45,7 +45,7 @@ def cpu_seconds(pids):
 class Servers:
     """`n` keel processes: one plain server, or the nodes of an unreplicated cluster."""
 
-    def __init__(self, n, durability, root):
+    def __init__(self, n, durability, root, extra=()):
         self.n = n
         self.procs = []
         per = 16384 // n
@@ -55,7 +55,7 @@ class Servers:
             nodes.append(f"n{i + 1},127.0.0.1:{BASE + i},{i * per}-{end}")
         for i in range(n):
             args = [KEEL, "serve", "--port", str(BASE + i), "--durability", durability,
-                    "--dir", os.path.join(root, f"node-{i + 1}")]
+                    "--dir", os.path.join(root, f"node-{i + 1}"), *extra]
             if n > 1:
                 args += ["--replicas", "1", "--cluster-myself", f"n{i + 1}"]
                 for node in nodes:
@@ -105,7 +105,7 @@ class Servers:
 
 def run(workload, n, args):
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
-        s = Servers(n, args.durability, root)
+        s = Servers(n, args.durability, root, args.serve_args.split())
         try:
             out = os.path.join(root, "bench.json")
             label = f"keel-{n}"
@@ -142,6 +142,8 @@ def main():
     p.add_argument("--records", type=int, default=100000)
     p.add_argument("--workloads", default="deut,ycsb-a")
     p.add_argument("--nodes", default="1,3")
+    p.add_argument("--serve-args", default="",
+                   help="more `keel serve` flags for every node, e.g. '--idle-poll-us 0'")
     p.add_argument("--json")
     args = p.parse_args()
     rows = []

@@ -384,6 +384,7 @@ impl Xnode {
             held,
             gate,
             decisions: decisions_db,
+            inline: shared.db.dir().is_none() && shared.db.durability() == Durability::None,
             stats: Arc::clone(&stats),
             now_ms: Box::new(now_ms),
         };
@@ -455,6 +456,8 @@ struct Driver {
     gate: Arc<Gate>,
     /// The commit decisions' database.
     decisions: &'static Db,
+    /// Nothing on disk (no log, decisions in memory): steps run on the driver's task.
+    inline: bool,
     stats: Arc<Stats>,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -601,7 +604,7 @@ impl Driver {
 
     fn log_commit(&self, decision: Decision) {
         let (db, inputs) = (self.decisions, self.inputs.clone());
-        tokio::task::spawn_blocking(move || {
+        self.offload(move || {
             let txn = decision.txn;
             let value = postcard::to_stdvec(&decision).expect("a decision encodes");
             let logged = db.transact(|t| {
@@ -619,9 +622,21 @@ impl Driver {
         });
     }
 
+    /// Runs `work` (a step on the databases) on tokio's blocking pool, or here on the
+    /// driver's task when the node keeps nothing on disk: then no step waits for a disk,
+    /// and handing each to another thread and its result back cost more than the step.
+    /// Prepares then take no lock waits (`execute`): the holders' decisions run here too.
+    fn offload(&self, work: impl FnOnce() + Send + 'static) {
+        if self.inline {
+            work();
+        } else {
+            tokio::task::spawn_blocking(work);
+        }
+    }
+
     fn forget(&self, txn: TxnId) {
         let db = self.decisions;
-        tokio::task::spawn_blocking(move || {
+        self.offload(move || {
             if let Err(e) = db.transact(|t| t.delete(&decision_key(txn))) {
                 tracing::warn!("forgetting the decision of {txn}: {e}");
             }
@@ -636,10 +651,12 @@ impl Driver {
         );
         let stats = Arc::clone(&self.stats);
         let gate = Arc::clone(&self.gate);
-        tokio::task::spawn_blocking(move || {
+        let inline = self.inline;
+        self.offload(move || {
             stats.prepares.fetch_add(1, Relaxed);
-            let result = if gate.clear(GATE_WAIT) {
-                execute(&shared, &work, &gate, |reply| Meta {
+            let gate_wait = if inline { Duration::ZERO } else { GATE_WAIT };
+            let result = if gate.clear(gate_wait) {
+                execute(&shared, &work, &gate, inline, |reply| Meta {
                     txn,
                     prepare,
                     participants,
@@ -676,30 +693,42 @@ impl Driver {
         };
         let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
         let gate = Arc::clone(&self.gate);
-        tokio::task::spawn_blocking(move || {
+        let inline = self.inline;
+        self.offload(move || {
             let db = shared.db;
             let committed = held.prepared.commit();
             if held.gated {
                 gate.leave();
             }
-            match committed {
-                Ok(ts) => {
-                    // Acknowledged only once visible: the client hears of it after that.
-                    if db.wait_visible(ts).is_err() {
-                        return;
-                    }
-                    for command in &held.commands {
-                        let args: Vec<Bytes> =
-                            command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
-                        if let Some(spec) = table::lookup(&args[0]) {
-                            shared.blocked.committed(spec.cmd, &args);
-                        }
-                    }
-                    let _ = inputs.send(Input::Committed { txn });
-                }
+            let ts = match committed {
+                Ok(ts) => ts,
                 // The log failed: nothing commits any more; the prepare stays in doubt for
                 // the next start.
-                Err(e) => tracing::error!("committing {txn}: {e}"),
+                Err(e) => return tracing::error!("committing {txn}: {e}"),
+            };
+            let commands = held.commands;
+            let acknowledge = move || {
+                for command in &commands {
+                    let args: Vec<Bytes> =
+                        command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                    if let Some(spec) = table::lookup(&args[0]) {
+                        shared.blocked.committed(spec.cmd, &args);
+                    }
+                }
+                let _ = inputs.send(Input::Committed { txn });
+            };
+            // Acknowledged only once visible: the client hears of it after that. An earlier
+            // transaction prepared here and undecided holds it up.
+            if db.is_visible(ts) {
+                acknowledge();
+            } else if inline {
+                tokio::spawn(async move {
+                    if db.visible(ts).await.is_ok() {
+                        acknowledge();
+                    }
+                });
+            } else if db.wait_visible(ts).is_ok() {
+                acknowledge();
             }
         });
     }
@@ -709,7 +738,7 @@ impl Driver {
             return;
         };
         let gate = Arc::clone(&self.gate);
-        tokio::task::spawn_blocking(move || {
+        self.offload(move || {
             if let Err(e) = held.prepared.abort() {
                 tracing::error!("aborting {txn}: {e}");
             }
@@ -728,8 +757,10 @@ fn execute(
     shared: &Shared,
     work: &Work,
     gate: &Gate,
+    inline: bool,
     meta: impl FnOnce(Replies) -> Meta,
 ) -> Result<(Prepared<'static>, Replies, bool), Refusal> {
+    let gate_wait = if inline { Duration::ZERO } else { GATE_WAIT };
     let db: &'static Db = shared.db;
     let mut ctx = crate::conn::ctx(shared);
     // Increments read: their replies must travel with the vote.
@@ -740,6 +771,10 @@ fn execute(
         Proto::Resp2
     };
     let mut txn = db.begin().map_err(|_| Refusal::Overloaded)?;
+    if inline {
+        // The holders' decisions run on this very task: waiting for them cannot help.
+        txn.set_prepare_lock_wait(Duration::ZERO);
+    }
     let failed = |e: keel::Error| Refusal::Failed(format!("ERR keel: {e}"));
     for (key, ts) in &work.checks {
         if txn.newest_ts(key).map_err(failed)? > Some(keel::Ts(*ts)) {
@@ -784,7 +819,7 @@ fn execute(
     }
     let meta = postcard::to_stdvec(&meta(replies.clone())).expect("metadata encodes");
     let gated = txn.reads_ranges();
-    if gated && !gate.enter(GATE_WAIT) {
+    if gated && !gate.enter(gate_wait) {
         return Err(Refusal::Busy);
     }
     let prepared = match txn.prepare(|_| meta) {

@@ -1119,6 +1119,43 @@ impl Db {
             .expect("the wait stops early only after a log failure"))
     }
 
+    /// Whether every commit at or below `ts` is visible now.
+    pub fn is_visible(&self, ts: Ts) -> bool {
+        self.shared.oracle.advance() >= ts.0
+    }
+
+    /// [`Db::wait_visible`] without blocking a thread: resolves once every commit at or
+    /// below `ts` is visible, or with the log's failure.
+    pub fn visible(&self, ts: Ts) -> impl std::future::Future<Output = Result<(), LogFailed>> {
+        let shared = Arc::clone(&self.shared);
+        std::future::poll_fn(move |cx| {
+            use std::task::Poll;
+            let failed = || {
+                shared
+                    .log
+                    .as_ref()
+                    .and_then(Log::failed)
+                    .expect("a log failure was flagged")
+            };
+            if shared.oracle.advance() >= ts.0 {
+                return Poll::Ready(Ok(()));
+            }
+            if shared.log_failed() {
+                return Poll::Ready(Err(failed()));
+            }
+            let passed = shared.oracle.watch(ts, cx.waker());
+            // The failure check after registering pairs with the log's failure path, which
+            // sets the flag before it wakes the watchers.
+            if passed {
+                Poll::Ready(Ok(()))
+            } else if shared.log_failed() {
+                Poll::Ready(Err(failed()))
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
     /// Opens a read-only snapshot of everything committed so far. It never blocks writers
     /// and never aborts.
     pub fn snapshot(&self) -> Result<Snapshot<'_>, BeginError> {

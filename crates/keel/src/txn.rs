@@ -440,6 +440,8 @@ impl Committed {
 pub struct Txn<'db> {
     db: &'db Shared,
     durability: Option<Durability>,
+    /// How long a prepare waits for each lock ([`Txn::set_prepare_lock_wait`]).
+    prepare_lock_wait: std::time::Duration,
     slot: SlotId,
     read_ts: Ts,
     reads: smallvec::SmallVec<[Read; READS_INLINE]>,
@@ -484,6 +486,7 @@ impl<'db> Txn<'db> {
         Ok(Txn {
             db,
             durability: None,
+            prepare_lock_wait: PREPARE_LOCK_WAIT_MAX,
             slot,
             read_ts,
             reads: smallvec::SmallVec::new(),
@@ -500,6 +503,13 @@ impl<'db> Txn<'db> {
     /// logged, so [`Durability::None`] acts as `Async` there.
     pub fn set_durability(&mut self, durability: Durability) {
         self.durability = Some(durability);
+    }
+
+    /// How long [`Txn::prepare`] waits for each lock held by another transaction, after a
+    /// brief spin (default 2 ms). A caller that would itself decide the holder (a single
+    /// thread running every prepare and decision) sets zero: waiting cannot help it.
+    pub fn set_prepare_lock_wait(&mut self, wait: std::time::Duration) {
+        self.prepare_lock_wait = wait;
     }
 
     /// Whether the transaction scanned a range (its validation covers keys it never saw). A
@@ -1110,7 +1120,7 @@ impl<'db> Txn<'db> {
                         Locking::Held
                     } else {
                         let wait = if prepare {
-                            PREPARE_LOCK_WAIT_MAX
+                            self.prepare_lock_wait
                         } else {
                             LOCK_WAIT_MAX
                         };
@@ -1516,7 +1526,7 @@ impl<'db> Txn<'db> {
                     // Written too: held exclusively already.
                     break None;
                 }
-                match Self::lock_shared(r) {
+                match Self::lock_shared(r, self.prepare_lock_wait) {
                     Locking::Held => break Some(record),
                     Locking::Dead => continue,
                     _ => {
@@ -1533,10 +1543,10 @@ impl<'db> Txn<'db> {
         Ok(shared)
     }
 
-    /// A shared hold on `r`, waiting at most [`PREPARE_LOCK_WAIT_MAX`] for its exclusive holder:
-    /// a prepare that waits holds its other locks meanwhile.
-    fn lock_shared(r: &crate::mvcc::Record) -> Locking {
-        let deadline = std::time::Instant::now() + PREPARE_LOCK_WAIT_MAX;
+    /// A shared hold on `r`, waiting at most `wait` (after a brief spin) for its exclusive
+    /// holder: a prepare that waits holds its other locks meanwhile.
+    fn lock_shared(r: &crate::mvcc::Record, wait: std::time::Duration) -> Locking {
+        let deadline = std::time::Instant::now() + wait;
         let backoff = Backoff::new();
         loop {
             if r.try_lock_shared() {
@@ -1545,7 +1555,7 @@ impl<'db> Txn<'db> {
             if r.is_dead() {
                 return Locking::Dead;
             }
-            if std::time::Instant::now() >= deadline {
+            if backoff.is_completed() && std::time::Instant::now() >= deadline {
                 return Locking::Busy;
             }
             backoff.snooze();
