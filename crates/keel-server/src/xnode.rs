@@ -693,7 +693,6 @@ impl Driver {
         };
         let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
         let gate = Arc::clone(&self.gate);
-        let inline = self.inline;
         self.offload(move || {
             let db = shared.db;
             let committed = held.prepared.commit();
@@ -718,17 +717,17 @@ impl Driver {
                 let _ = inputs.send(Input::Committed { txn });
             };
             // Acknowledged only once visible: the client hears of it after that. An earlier
-            // transaction prepared here and undecided holds it up.
+            // transaction prepared here and undecided holds it up, or (with a log) the fsync
+            // of the decision: wait on the watermark's watchers, not in a thread (the wait
+            // for an earlier decision can be long, and `Db::wait_visible` spins).
             if db.is_visible(ts) {
                 acknowledge();
-            } else if inline {
+            } else {
                 tokio::spawn(async move {
                     if db.visible(ts).await.is_ok() {
                         acknowledge();
                     }
                 });
-            } else if db.wait_visible(ts).is_ok() {
-                acknowledge();
             }
         });
     }
