@@ -178,6 +178,10 @@ pub enum Op {
     /// becomes the view if the one there is still at epoch `expect` (0: none was stored).
     /// The reply is the encoded view in force after the entry.
     View { expect: u64, view: Vec<u8> },
+    /// Writes of several clients in one entry (`Proposals`): each request (an `Op::Run`)
+    /// applies as if it were an entry of its own, in order; `Response::replies` holds each
+    /// one's response, encoded.
+    Many(Vec<Request>),
 }
 
 /// How an entry ended.
@@ -280,6 +284,133 @@ pub struct Part {
     moved: Arc<std::sync::atomic::AtomicBool>,
     /// Concurrent linearizable reads share read-index rounds.
     reads: ReadRounds,
+    /// Concurrent writes share log entries.
+    proposals: Arc<Proposals>,
+}
+
+/// Writes from several clients that go into one log entry together (`Op::Many`). At most
+/// `GROUPS_IN_FLIGHT` entries of grouped writes are in flight per partition; writes that
+/// arrive meanwhile wait, and the next entry takes every one of them. One entry's round
+/// (append, replication, fsync, apply) then serves a whole group, where each write paid for
+/// its own before (etcd and TiKV batch proposals likewise).
+#[derive(Default)]
+pub struct Proposals {
+    state: parking_lot::Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    #[allow(clippy::type_complexity)]
+    writes: std::collections::VecDeque<(
+        Request,
+        tokio::sync::oneshot::Sender<Result<Response, Refused>>,
+    )>,
+    /// Tasks proposing groups.
+    proposers: usize,
+}
+
+/// The most writes one group takes, and the most bytes (`Request::size_bound`) it holds:
+/// a larger write goes alone.
+const GROUP_WRITES_MAX: usize = 64;
+const GROUP_BYTES_MAX: usize = 1 << 20;
+/// Entries of grouped writes in flight per partition at once.
+const GROUPS_IN_FLIGHT: usize = 2;
+
+impl Proposals {
+    /// Queues `request`; whether the caller must start a proposer (`Proposals::propose`).
+    fn push(
+        &self,
+        request: Request,
+        answer: tokio::sync::oneshot::Sender<Result<Response, Refused>>,
+    ) -> bool {
+        let mut state = self.state.lock();
+        state.writes.push_back((request, answer));
+        let start = state.proposers < GROUPS_IN_FLIGHT;
+        if start {
+            state.proposers += 1;
+        }
+        start
+    }
+
+    /// Proposes the waiting writes, a group per entry, until none waits; answers each.
+    async fn propose(self: Arc<Self>, raft: Raft, part: usize) {
+        // Writes arriving while this task gets going join its first group.
+        tokio::task::yield_now().await;
+        loop {
+            let (requests, answers): (Vec<Request>, Vec<_>) = {
+                let mut state = self.state.lock();
+                if state.writes.is_empty() {
+                    state.proposers -= 1;
+                    return;
+                }
+                let mut bytes = 0;
+                let mut take = 0;
+                for (request, _) in &state.writes {
+                    bytes += request.size_bound();
+                    if take == GROUP_WRITES_MAX || (take > 0 && bytes > GROUP_BYTES_MAX) {
+                        break;
+                    }
+                    take += 1;
+                }
+                state.writes.drain(..take).unzip()
+            };
+            if requests.len() == 1 {
+                let request = requests.into_iter().next().expect("one");
+                let answer = write_entry(&raft, part, request).await;
+                let _ = answers.into_iter().next().expect("one").send(answer);
+                continue;
+            }
+            let entry = Request {
+                now_ms: requests.iter().map(|r| r.now_ms).max().unwrap_or(0),
+                op: Op::Many(requests),
+                ..Request::default()
+            };
+            let n = answers.len();
+            let responses: Vec<Result<Response, Refused>> =
+                match write_entry(&raft, part, entry).await {
+                    Ok(response) if response.replies.len() == n => response
+                        .replies
+                        .iter()
+                        .map(|r| {
+                            postcard::from_bytes(r).map_err(|e| {
+                                Refused::Failed(format!("ERR keel: a grouped answer: {e}"))
+                            })
+                        })
+                        .collect(),
+                    Ok(response) => vec![
+                        Err(Refused::Failed(format!(
+                            "ERR keel: a group of {n} writes got {} answers",
+                            response.replies.len()
+                        )));
+                        n
+                    ],
+                    Err(refused) => vec![Err(refused); n],
+                };
+            for (answer, response) in answers.into_iter().zip(responses) {
+                let _ = answer.send(response);
+            }
+        }
+    }
+}
+
+/// Appends `request` to the partition's log as the leader and waits for it to apply.
+async fn write_entry(raft: &Raft, part: usize, request: Request) -> Result<Response, Refused> {
+    use openraft::error::{ClientWriteError, RaftError};
+    match raft.client_write(request).await {
+        Ok(written) => Ok(written.data),
+        // Not appended (or cut from the log): it will never apply, so it may be sent
+        // again.
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(Refused::NotLeader(f.leader_id))
+        }
+        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+            Err(Refused::Failed(format!("ERR keel: partition {part}: {e}")))
+        }
+        Err(RaftError::Fatal(e)) => Err(Refused::Stopped(format!(
+            "TRYAGAIN keel: partition {part}'s replica on this node stopped ({e}); the write \
+             may or may not have happened"
+        ))),
+    }
 }
 
 /// Linearizable reads' read-index rounds (openraft's `ensure_linearizable`: the leader
@@ -713,6 +844,7 @@ impl Replication {
             clock: Arc::new(crate::keyspace::unix_ms),
             moved,
             reads: ReadRounds::default(),
+            proposals: Arc::default(),
         }))
     }
 
@@ -1488,7 +1620,7 @@ impl Part {
     /// Runs `request` here if this node leads the partition; the entry's response (for a
     /// read, `Busy` while a key it reads is written by a prepared transaction).
     pub async fn submit(&self, mut request: Request, read: bool) -> Result<Response, Refused> {
-        use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+        use openraft::error::{CheckIsLeaderError, RaftError};
         // A replica that left the partition: nothing was submitted, try the others.
         if self.raft.metrics().borrow().state == openraft::ServerState::Shutdown {
             return Err(Refused::NotLeader(None));
@@ -1519,22 +1651,21 @@ impl Part {
         }
         // The entry runs at the leader's time, whichever node took the request.
         request.now_ms = (self.clock)();
-        match self.raft.client_write(request).await {
-            Ok(written) => Ok(written.data),
-            // Not appended (or cut from the log): it will never apply, so it may be sent
-            // again.
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(Refused::NotLeader(f.leader_id))
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
-                Refused::Failed(format!("ERR keel: partition {}: {e}", self.id)),
-            ),
-            Err(RaftError::Fatal(e)) => Err(Refused::Stopped(format!(
-                "TRYAGAIN keel: partition {}'s replica on this node stopped ({e}); the write \
-                 may or may not have happened",
-                self.id
-            ))),
+        if !matches!(request.op, Op::Run) || request.size_bound() > GROUP_BYTES_MAX {
+            return write_entry(&self.raft, self.id, request).await;
         }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        if self.proposals.push(request, answer) {
+            // In a task of its own: the group must be proposed even if this caller goes.
+            tokio::spawn(Arc::clone(&self.proposals).propose(self.raft.clone(), self.id));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(Refused::Stopped(format!(
+                "TRYAGAIN keel: partition {}'s replica on this node stopped; the write may or \
+                 may not have happened",
+                self.id
+            )))
+        })
     }
 
     /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
@@ -1891,6 +2022,63 @@ mod tests {
             .expect("apply");
         assert_eq!(again[0].reply, b":64\r\n");
         assert_eq!(kept(db), 2);
+    }
+
+    /// A group's writes apply in order, each as its own entry would (ids included), and
+    /// each gets its own response; anything but a plain write in a group is refused alone.
+    #[tokio::test]
+    async fn a_group_of_writes_applies_each_as_its_own_entry() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let id = TxnId {
+            node: 1,
+            incarnation: 2,
+            seq: 3,
+        };
+        let request = |commands: &[&[&str]], id: Option<TxnId>, op: Op| {
+            let EntryPayload::Normal(mut r) = step(0, 1_700_000_000_000, commands, op).payload
+            else {
+                unreachable!("a normal entry")
+            };
+            r.id = id;
+            r.keep_ms = 1_000;
+            r
+        };
+        let group = vec![
+            request(&[&["INCR", "n"]], Some(id), Op::Run),
+            // Sent again inside the same group: answered from the first, not run.
+            request(&[&["INCR", "n"]], Some(id), Op::Run),
+            request(&[&["INCR", "n"]], None, Op::Run),
+            request(&[&["GET", "n"]], None, Op::Watch),
+            request(&[&["SET", "s", "v"]], None, Op::Run),
+        ];
+        let mut entry = step(1, 1_700_000_000_000, &[], Op::Many(group));
+        if let EntryPayload::Normal(r) = &mut entry.payload {
+            r.commands.clear();
+        }
+        let responses = m.apply(vec![entry]).await.expect("apply");
+        let inner: Vec<Response> = responses[0]
+            .replies
+            .iter()
+            .map(|r| postcard::from_bytes(r).expect("a response"))
+            .collect();
+        let replies: Vec<&[u8]> = inner.iter().map(|r| r.reply.as_slice()).collect();
+        assert_eq!(
+            replies,
+            [
+                &b":1\r\n"[..],
+                b":1\r\n",
+                b":2\r\n",
+                b"ERR keel: only writes go into a group",
+                b"+OK\r\n"
+            ]
+        );
+        assert_eq!(inner[3].status, Status::Failed);
+        let after = m
+            .apply(vec![step(2, 1_700_000_000_010, &[&["GET", "n"]], Op::Run)])
+            .await
+            .expect("apply");
+        assert_eq!(after[0].reply, b"$1\r\n2\r\n");
     }
 
     #[test]

@@ -491,9 +491,41 @@ impl RaftStateMachine<Tc> for Machine {
                         // Held while the entry applies: readers see the lock table and the
                         // data after the same entries.
                         let mut locks = locks.lock();
-                        match request.op {
+                        match &request.op {
                             Op::Run => {
                                 execute(db, &mut locks, request, &marker, seed, log_id.index)?
+                            }
+                            Op::Many(requests) => {
+                                let mut replies = Vec::with_capacity(requests.len());
+                                for (i, request) in requests.iter().enumerate() {
+                                    // Each its own random numbers, the same on every replica.
+                                    let seed =
+                                        seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                                    let response = match request.op {
+                                        Op::Run => execute(
+                                            db,
+                                            &mut locks,
+                                            request,
+                                            &marker,
+                                            seed,
+                                            log_id.index,
+                                        )?,
+                                        _ => Response {
+                                            reply: b"ERR keel: only writes go into a group"
+                                                .to_vec(),
+                                            status: Status::Failed,
+                                            ..Response::default()
+                                        },
+                                    };
+                                    replies.push(postcard::to_stdvec(&response).map_err(sm_err)?);
+                                }
+                                if requests.is_empty() {
+                                    put_marker(db, &marker)?;
+                                }
+                                Response {
+                                    replies,
+                                    ..Response::default()
+                                }
                             }
                             _ => prepared::apply(
                                 db,

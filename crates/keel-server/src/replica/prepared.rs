@@ -695,7 +695,7 @@ pub fn apply(
             .is_some())
     };
     let response = match &request.op {
-        Op::Run => unreachable!("a plain entry is applied by the machine"),
+        Op::Run | Op::Many(_) => unreachable!("plain entries are applied by the machine"),
         Op::Prepare {
             txn,
             coordinator,

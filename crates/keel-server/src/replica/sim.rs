@@ -504,6 +504,7 @@ impl Sim {
             db: n.data_db,
             moved,
             reads: Default::default(),
+            proposals: Default::default(),
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
         }
