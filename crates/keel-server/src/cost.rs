@@ -1,5 +1,5 @@
 //! The work behind redis-benchmark's type tests (`SPOP`, `ZPOPMIN`, `LRANGE_100/300/600`),
-//! run in process through the command functions, so that a profiler can count it without a
+//! and `ZPOPMAX` beside them (which pops from the other end of the score index), run in process through the command functions, so that a profiler can count it without a
 //! server or a client: each test fills a key as redis-benchmark does, then runs the measured
 //! loop in a function of its own (`measured_*`). Instructions per command:
 //!
@@ -78,6 +78,13 @@ fn measured_zpopmin(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> 
 }
 
 #[inline(never)]
+fn measured_zpopmax(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| write(db, cursors, &["ZPOPMAX", "myzset"]))
+        .collect()
+}
+
+#[inline(never)]
 fn measured_lrange(db: &keel::Db, cursors: &Cursors, stop: usize, n: usize) -> usize {
     let stop = stop.to_string();
     (0..n)
@@ -103,8 +110,8 @@ fn spop() {
     assert_eq!(read(&db, &cursors, &["EXISTS", "myset"]), b":0\r\n");
 }
 
-#[test]
-fn zpopmin() {
+/// A sorted set loaded as redis-benchmark's `ZADD` test leaves it.
+fn loaded_zset() -> (keel::Db, Cursors) {
     let db = keel::Db::in_memory();
     let cursors = Cursors::default();
     for i in 0..LOADED {
@@ -113,17 +120,44 @@ fn zpopmin() {
         let score = &member["element:".len()..];
         write(&db, &cursors, &["ZADD", "myzset", score, &member]);
     }
-    let popped = measured_zpopmin(&db, &cursors, LOADED + 1);
-    eprintln!("zpopmin: {} commands", popped.len());
-    let mut last = Vec::new();
-    for reply in &popped[..LOADED] {
-        // Members sort as their scores do here, so each pop is after the last.
-        assert!(reply.starts_with(b"*2\r\n$20\r\nelement:"), "{reply:?}");
-        assert!(*reply > last, "out of order: {reply:?} after {last:?}");
-        last = reply.clone();
+    (db, cursors)
+}
+
+/// Checks the replies of popping a set loaded by [`loaded_zset`] empty and once more: each
+/// pop after the last in pop order (members sort as their scores do here), then nothing.
+fn check_popped(db: &keel::Db, cursors: &Cursors, popped: &[Vec<u8>], max: bool) {
+    assert_eq!(popped.len(), LOADED + 1);
+    for pair in popped[..LOADED].windows(2) {
+        for reply in pair {
+            assert!(reply.starts_with(b"*2\r\n$20\r\nelement:"), "{reply:?}");
+        }
+        let in_order = if max {
+            pair[0] > pair[1]
+        } else {
+            pair[0] < pair[1]
+        };
+        assert!(in_order, "out of order: {:?} then {:?}", pair[0], pair[1]);
     }
     assert_eq!(popped[LOADED], b"*0\r\n");
-    assert_eq!(read(&db, &cursors, &["EXISTS", "myzset"]), b":0\r\n");
+    assert_eq!(read(db, cursors, &["EXISTS", "myzset"]), b":0\r\n");
+}
+
+#[test]
+fn zpopmin() {
+    let (db, cursors) = loaded_zset();
+    let popped = measured_zpopmin(&db, &cursors, LOADED + 1);
+    eprintln!("zpopmin: {} commands", popped.len());
+    check_popped(&db, &cursors, &popped, false);
+}
+
+/// `ZPOPMAX` pops from the top of the score index, so the emptied leaves a backward scan
+/// passes pile up at its end.
+#[test]
+fn zpopmax() {
+    let (db, cursors) = loaded_zset();
+    let popped = measured_zpopmax(&db, &cursors, LOADED + 1);
+    eprintln!("zpopmax: {} commands", popped.len());
+    check_popped(&db, &cursors, &popped, true);
 }
 
 fn lrange(stop: usize) {
