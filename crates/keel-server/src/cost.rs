@@ -5,11 +5,13 @@
 //!
 //! ```sh
 //! cargo test --release -p keel-server --lib cost:: --no-run   # prints the test binary
-//! valgrind --tool=callgrind --toggle-collect='keel_server::cost::measured_*' \
+//! valgrind --tool=callgrind --fair-sched=yes --toggle-collect='keel_server::cost::measured_*' \
 //!   target/release/deps/keel_server-<hash> cost::spop --test-threads=1
 //! ```
 //!
-//! and divide the total `Ir` by the commands the loop ran (each test prints its count). The
+//! and divide the total `Ir` by the commands the loop ran (each test prints its count).
+//! `--fair-sched=yes` lets the collector thread run its share: without it, pops may pass
+//! thousands of members it has not yet taken out of the index, differently every run. The
 //! tests check the replies too, and that concurrent pops of one key conflict only as they
 //! must (`*_interleaved`).
 

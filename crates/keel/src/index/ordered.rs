@@ -23,12 +23,16 @@
 //! nodes, and the records removed before it, are freed after a grace period (every
 //! transaction open at the swap has ended), since readers may still be in it.
 //!
-//! Until then, emptied leaves stay where they were: popping a queue's head leaves a run of
-//! them at the front, which every scan from the start crosses. Each leaf therefore links to
-//! its right neighbour (set under the leaf's lock when it splits, and when leaves are built;
-//! leaves are never unlinked but with their whole tree), and a forward scan that runs off a
-//! leaf follows the link, checking each leaf's version as a descent would, instead of
-//! descending from the root for every leaf. Backward scans still descend.
+//! Until then, emptied leaves stay where they were: popping a queue's head (or a sorted set's
+//! maximum) leaves a run of them at one end, which every scan from that end crosses. Each
+//! leaf therefore links to both neighbours, and a scan that runs off a leaf follows the link
+//! its way, checking each leaf's version as a descent would, instead of descending from the
+//! root for every leaf. Leaves are never unlinked but with their whole tree, and the links
+//! change only when a leaf splits, under the splitting leaf's lock: its right link and the new
+//! leaf's two links, and the left link of the leaf after it, which is not locked. So a left
+//! link is written only by whoever holds the lock of the leaf's left neighbour, and may be
+//! read behind a split of it: a backward step takes the leaf it leads to only if that leaf's
+//! right link, read at the version it checks, points back (else it descends).
 //!
 //! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
 //! values (which its version check then rejects), never undefined ones.
@@ -120,6 +124,11 @@ struct Node {
     /// splits (under its lock) and when leaves are built, so that a forward scan goes on to
     /// the next leaf, past empty ones too, without descending from the root again.
     next: AtomicPtr<Node>,
+    /// A leaf's left neighbour (null in the first leaf, and in inner nodes), for backward
+    /// scans: set when leaves are built, when the leaf is made by a split, and when its left
+    /// neighbour splits, under that neighbour's lock rather than this leaf's (so a reader
+    /// checks that the leaf it leads to links back).
+    prev: AtomicPtr<Node>,
     heads: [AtomicU64; CAP],
     /// Leaf: the records, in key order. Inner: separators; `keys[i]` is the smallest key
     /// under `children[i + 1]`.
@@ -142,6 +151,7 @@ impl Node {
             prefix,
             children: AtomicPtr::new(ptr::null_mut()),
             next: AtomicPtr::new(ptr::null_mut()),
+            prev: AtomicPtr::new(ptr::null_mut()),
             heads: std::array::from_fn(|_| AtomicU64::new(0)),
             keys: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
         }
@@ -378,13 +388,19 @@ enum Probe<'a> {
 }
 
 /// A leaf reached by a descent, with the version it was read at and its key range (or by a
-/// link from its left neighbour: then without its key range, `None` at both ends).
+/// link from a neighbour: then without its key range, `None` at both ends).
 #[derive(Clone, Copy)]
 struct Leaf<'a> {
     node: &'a Node,
     version: u64,
     lo: Option<RecordRef>,
     hi: Option<RecordRef>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Descents from the root this thread began (tests count them, to see scans take links).
+    static DESCENTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The B+tree. Holds no records: it points at records the store owns.
@@ -477,6 +493,8 @@ impl Ordered {
     /// the keys just below it.
     fn leaf(&self, probe: Probe<'_>, right: bool) -> Leaf<'_> {
         'restart: loop {
+            #[cfg(test)]
+            DESCENTS.with(|d| d.set(d.get() + 1));
             let (mut node, mut version) = self.start();
             let (mut lo, mut hi) = (None, None);
             while !node.is_leaf() {
@@ -700,9 +718,20 @@ impl Ordered {
         }
         right.count.store((n - first) as u32, Ordering::Relaxed);
         if leaf {
+            // The new leaf goes between `node` and its right neighbour. It is complete before
+            // either link to it is stored (readers may follow them at once), and reachable
+            // from the parent only after both, so whoever splits it next (and so writes the
+            // neighbour's left link again) does so after this.
+            let next = node.next.load(Ordering::Acquire);
+            right.next.store(next, Ordering::Relaxed);
             right
-                .next
-                .store(node.next.load(Ordering::Acquire), Ordering::Relaxed);
+                .prev
+                .store(ptr::from_ref(node).cast_mut(), Ordering::Relaxed);
+            // SAFETY: a non-null link points at a leaf of this tree, and nodes are freed only
+            // with the tree.
+            if let Some(next) = unsafe { next.as_ref() } {
+                next.prev.store(right_ptr, Ordering::Release);
+            }
             node.next.store(right_ptr, Ordering::Release);
         }
         let right = right_ptr;
@@ -759,11 +788,11 @@ impl Ordered {
                         record: RecordRef(record),
                     });
                 }
-                // Nothing more in this leaf that way: forwards, follow the leaves' links;
-                // else (or if a leaf on the way changed) go on from the neighbouring leaf's
-                // edge (a leaf's high fence is the next leaf's first key).
+                // Nothing more in this leaf that way: follow the leaves' links; if a leaf
+                // on the way changed, go on from the neighbouring leaf's edge (a leaf's high
+                // fence is the next leaf's first key).
                 None => {
-                    if forward && let Some(found) = self.hop_right(leaf) {
+                    if let Some(found) = self.hop(forward, leaf) {
                         return found;
                     }
                     let edge = if forward { leaf.hi } else { leaf.lo }?;
@@ -771,6 +800,18 @@ impl Ordered {
                     inclusive = forward;
                 }
             }
+        }
+    }
+
+    /// The next record past `leaf` (read at its version) in the leaves right of it
+    /// (`forward`) or left of it, by their links: see [`Ordered::hop_right`] and
+    /// [`Ordered::hop_left`].
+    #[inline]
+    fn hop<'a>(&'a self, forward: bool, leaf: Leaf<'a>) -> Option<Option<Cursor<'a>>> {
+        if forward {
+            self.hop_right(leaf)
+        } else {
+            self.hop_left(leaf)
         }
     }
 
@@ -811,6 +852,57 @@ impl Ordered {
             }
             node = next;
             version = next_version;
+        }
+    }
+
+    /// The last record in the leaves left of `leaf` (read at its version), reached by
+    /// following their left links past empty ones: `Some(None)` at the tree's start, `None`
+    /// if a leaf on the way changed or a link was read behind a split (then the caller
+    /// descends from the root instead). Every key there is below `leaf`'s range.
+    ///
+    /// A leaf's left link is not written under its own lock, so the leaf it leads to is
+    /// taken only if its right link, read at the version checked, points back: then at that
+    /// version the two are neighbours, and the left one holds every key between the start
+    /// of its range and the start of `node`'s (a leaf's low fence never moves), as a descent
+    /// to it would have found.
+    fn hop_left<'a>(&'a self, leaf: Leaf<'a>) -> Option<Option<Cursor<'a>>> {
+        let (mut node, mut version) = (leaf.node, leaf.version);
+        loop {
+            let prev = node.prev.load(Ordering::Acquire);
+            // Not for the link (checked below), but for what the caller read of the leaf:
+            // nothing before its cursor, since the leaf is as it was.
+            if !node.unchanged(version) {
+                return None;
+            }
+            // SAFETY: a non-null link points at a leaf of this tree, and nodes are freed
+            // only with their tree (after every reader in it has left). The first leaf
+            // stays first (leaves split to the right), and only it has no left link.
+            let Some(prev) = (unsafe { prev.as_ref() }) else {
+                return Some(None);
+            };
+            let prev_version = prev.stable_version();
+            let back = prev.next.load(Ordering::Acquire);
+            let at = prev.count().checked_sub(1);
+            let last = at.map(|at| prev.key(at));
+            if !prev.unchanged(prev_version) || !ptr::eq(back, node) {
+                return None;
+            }
+            if let (Some(at), Some(record)) = (at, last.and_then(NonNull::new)) {
+                return Some(Some(Cursor {
+                    // Reached by a link: its fences are not known (nothing after a seek
+                    // uses them).
+                    leaf: Leaf {
+                        node: prev,
+                        version: prev_version,
+                        lo: None,
+                        hi: None,
+                    },
+                    at,
+                    record: RecordRef(record),
+                }));
+            }
+            node = prev;
+            version = prev_version;
         }
     }
 
@@ -941,9 +1033,9 @@ impl Ordered {
             .collect();
         for pair in level.windows(2) {
             // SAFETY: fresh leaves, not shared yet; freed only with the tree.
-            unsafe { &*pair[0].0 }
-                .next
-                .store(pair[1].0, Ordering::Relaxed);
+            let (left, right) = unsafe { (&*pair[0].0, &*pair[1].0) };
+            left.next.store(pair[1].0, Ordering::Relaxed);
+            right.prev.store(pair[0].0, Ordering::Relaxed);
         }
         while level.len() > 1 {
             let groups: Vec<&[(*mut Node, RecordRef)]> = level.chunks(CAP + 1).collect();
@@ -1070,8 +1162,8 @@ impl<'a> Range<'a> {
         let found = match mine {
             Some(at) => match at.step(forward) {
                 Some(found) => Some(found),
-                // Past the leaf's end, forwards: its link leads on, unless the leaf changed.
-                None => match forward.then(|| list.hop_right(at.leaf)).flatten() {
+                // Past the leaf's end: its link that way leads on, unless the leaf changed.
+                None => match list.hop(forward, at.leaf) {
                     Some(found) => found,
                     None => seek(Bound::Excluded(at.record.get().key())),
                 },

@@ -45,6 +45,16 @@ fn check_structure(list: &Ordered, expected: &BTreeSet<Vec<u8>>) {
         assert!(linked.len() <= leaves.len(), "the links run in a loop");
     }
     assert_eq!(linked, leaves, "the links follow the leaves in order");
+    // Each leaf's left link points back at the leaf whose right link points at it; the
+    // first leaf's at nothing.
+    for (i, &leaf) in leaves.iter().enumerate() {
+        let prev = unsafe { &*leaf }.prev.load(Ordering::Relaxed).cast_const();
+        let expected = if i == 0 { ptr::null() } else { leaves[i - 1] };
+        assert_eq!(
+            prev, expected,
+            "leaf {i}'s left link is not its left neighbour"
+        );
+    }
     assert_eq!(
         leaf_depths.len(),
         1,
@@ -283,6 +293,189 @@ fn concurrent_inserts_and_scans_stay_sorted_and_miss_nothing_finished() {
     check_structure(&list, &model);
 }
 
+/// A left link can be read just before the leaf it leads to splits (its new right half then
+/// lies between): a backward scan must not take that leaf, whose right link no longer points
+/// back, or it would skip the new leaf's keys. Made here by pointing a leaf's left link past
+/// its neighbour, as such a reader sees it.
+#[test]
+fn backward_scans_refuse_a_left_link_read_behind_a_split() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let mut model = BTreeSet::new();
+    for i in 0u32..400 {
+        let key = format!("s{:04}", (i * 7_919) % 400).into_bytes();
+        list.insert(record(&arena, &key));
+        model.insert(key);
+    }
+    check_structure(&list, &model);
+    let mut leaves = vec![list.leaf(Probe::Key(&[]), true).node];
+    while let Some(next) = unsafe {
+        leaves[leaves.len() - 1]
+            .next
+            .load(Ordering::Acquire)
+            .as_ref()
+    } {
+        leaves.push(next);
+    }
+    assert!(leaves.len() > 4, "{} leaves", leaves.len());
+    let (skipped, stale) = (leaves[2], leaves[3]);
+    assert!(skipped.count() > 0);
+    stale
+        .prev
+        .store(ptr::from_ref(leaves[1]).cast_mut(), Ordering::Release);
+    let all = || KeyRange {
+        lo: Bound::Unbounded,
+        hi: Bound::Unbounded,
+    };
+    let mut backward = keys(list.range(all()).rev());
+    backward.reverse();
+    assert_eq!(backward, model.iter().cloned().collect::<Vec<_>>());
+    // From inside the leaf with the stale link, and from its first key, excluded.
+    let first = unsafe { &*stale.key(0) }.key().to_vec();
+    for hi in [
+        Bound::Excluded(first.clone()),
+        Bound::Included(first.clone()),
+    ] {
+        let to = keys(
+            list.range(KeyRange {
+                lo: Bound::Unbounded,
+                hi: hi.clone(),
+            })
+            .rev(),
+        );
+        let expected: Vec<Vec<u8>> = model
+            .range((Bound::Unbounded, hi.clone()))
+            .rev()
+            .cloned()
+            .collect();
+        assert_eq!(to, expected, "to {hi:?}");
+    }
+    stale
+        .prev
+        .store(ptr::from_ref(skipped).cast_mut(), Ordering::Release);
+    check_structure(&list, &model);
+}
+
+/// Scanners from both ends race inserters and the collector's work at once: removals from
+/// the top (as `ZPOPMAX` leaves emptied leaves where backward scans start) and rebuilds.
+/// Every scan is sorted, sees every key whose insert had returned and none whose removal
+/// had before it began, and every key not yet removed when it ended.
+#[test]
+fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    const THREADS: u32 = 2;
+    const PER_THREAD: u32 = 15_000;
+    /// Odd keys, present from the start and removed from the largest down.
+    const DOOMED: u32 = 30_000;
+    let key = |k: u32| k.to_be_bytes().to_vec();
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let doomed: Vec<RecordRef> = (0..DOOMED)
+        .map(|j| record(&arena, &key(2 * j + 1)))
+        .collect();
+    for &r in &doomed {
+        list.insert(r);
+    }
+    let done = AtomicBool::new(false);
+    // Even keys, each inserter's in an order of its own.
+    let orders: Vec<Vec<u32>> = (0..THREADS)
+        .map(|t| {
+            let mut order: Vec<u32> = (0..PER_THREAD).map(|i| 2 * (i * THREADS + t)).collect();
+            let mut rng = StdRng::seed_from_u64(u64::from(t) + 100);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.random_range(0..=i));
+            }
+            order
+        })
+        .collect();
+    let progress: Vec<AtomicUsize> = (0..THREADS).map(|_| AtomicUsize::new(0)).collect();
+    let removed = AtomicUsize::new(0);
+    // Replaced trees stay until every scanner has left (the collector's grace period).
+    let mut retired = Vec::new();
+    std::thread::scope(|s| {
+        let mut workers = Vec::new();
+        for (order, progress) in orders.iter().zip(&progress) {
+            let (arena, list) = (&arena, &list);
+            workers.push(s.spawn(move || {
+                for (n, &k) in order.iter().enumerate() {
+                    list.insert(record(arena, &key(k)));
+                    progress.store(n + 1, Ordering::Release);
+                }
+            }));
+        }
+        let remover = {
+            let (list, doomed, removed) = (&list, &doomed, &removed);
+            s.spawn(move || {
+                let mut retired = Vec::new();
+                for (m, &r) in doomed.iter().rev().enumerate() {
+                    assert!(list.remove(r).is_some(), "a doomed key was missing");
+                    removed.store(m + 1, Ordering::Release);
+                    if m % 6_000 == 5_999 {
+                        retired.push(list.rebuild());
+                    }
+                }
+                retired
+            })
+        };
+        for reverse in [false, true] {
+            let (list, done, orders, progress, removed) =
+                (&list, &done, &orders, &progress, &removed);
+            s.spawn(move || {
+                let mut scans = 0;
+                while !done.load(Ordering::Relaxed) || scans < 3 {
+                    scans += 1;
+                    let finished: Vec<usize> =
+                        progress.iter().map(|p| p.load(Ordering::Acquire)).collect();
+                    let gone_before = removed.load(Ordering::Acquire) as u32;
+                    let everything = KeyRange {
+                        lo: Bound::Unbounded,
+                        hi: Bound::Unbounded,
+                    };
+                    let mut seen = keys(if reverse {
+                        Box::new(list.range(everything).rev()) as Box<dyn Iterator<Item = _>>
+                    } else {
+                        Box::new(list.range(everything))
+                    });
+                    let gone_after = removed.load(Ordering::Acquire) as u32;
+                    if reverse {
+                        seen.reverse();
+                    }
+                    assert!(seen.windows(2).all(|w| w[0] < w[1]), "a scan saw disorder");
+                    for (order, &n) in orders.iter().zip(&finished) {
+                        for &k in &order[..n] {
+                            assert!(
+                                seen.binary_search(&key(k)).is_ok(),
+                                "a scan missed key {k}, inserted before it began"
+                            );
+                        }
+                    }
+                    for j in 0..DOOMED {
+                        let found = seen.binary_search(&key(2 * j + 1)).is_ok();
+                        if j >= DOOMED - gone_before {
+                            assert!(
+                                !found,
+                                "a scan saw key {}, removed before it began",
+                                2 * j + 1
+                            );
+                        }
+                        if j < DOOMED - gone_after {
+                            assert!(found, "a scan missed key {}, never removed", 2 * j + 1);
+                        }
+                    }
+                }
+            });
+        }
+        retired = remover.join().expect("remover");
+        for worker in workers {
+            worker.join().expect("inserter");
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    drop(retired);
+    let model: BTreeSet<Vec<u8>> = orders.iter().flatten().map(|&k| key(k)).collect();
+    check_structure(&list, &model);
+}
+
 #[test]
 fn word_compare_is_byte_order() {
     let mut rng = StdRng::seed_from_u64(3);
@@ -365,11 +558,32 @@ fn removal_and_rebuild_keep_order_and_free_empty_leaves() {
     assert_eq!(kept.len() + 1, live.len());
 }
 
+/// Descents from the root that `f` makes on this thread.
+fn descents(f: impl FnOnce()) -> usize {
+    let before = DESCENTS.with(std::cell::Cell::get);
+    f();
+    DESCENTS.with(std::cell::Cell::get) - before
+}
+
 /// Removing keys from the front, as pops of a queue's head do, leaves empty leaves there
 /// until a rebuild: a scan from the start passes them by their links, and finds what is left
 /// from either end and from any bound.
 #[test]
 fn scans_pass_empty_leaves() {
+    pass_empty_leaves(false);
+}
+
+/// The same from the back, as pops of a sorted set's maximum leave them: a backward scan
+/// passes them by their left links.
+#[test]
+fn backward_scans_pass_empty_leaves() {
+    pass_empty_leaves(true);
+}
+
+/// Removes 5 000 keys one by one from the front (or the back, `from_back`), checking every
+/// thousand that scans from either end and from bounds inside the emptied run find what is
+/// left, and that a scan from the emptied end descends from the root once.
+fn pass_empty_leaves(from_back: bool) {
     let arena = Arena::new();
     let list = Ordered::new();
     let mut live = BTreeSet::new();
@@ -382,6 +596,9 @@ fn scans_pass_empty_leaves() {
         live.insert(key);
     }
     records.sort_by(|a, b| a.get().key().cmp(b.get().key()));
+    if from_back {
+        records.reverse();
+    }
     let all = || KeyRange {
         lo: Bound::Unbounded,
         hi: Bound::Unbounded,
@@ -389,35 +606,49 @@ fn scans_pass_empty_leaves() {
     for (i, r) in records.iter().enumerate() {
         if i % 1000 == 999 {
             check_structure(&list, &live);
-            let first = list.range(all()).next().map(|r| r.get().key().to_vec());
-            assert_eq!(first.as_ref(), live.first());
-            let last = list
-                .range(all())
-                .next_back()
-                .map(|r| r.get().key().to_vec());
-            assert_eq!(last.as_ref(), live.last());
-            // From a bound inside the emptied stretch, both ways.
-            let probe = b"q000500".to_vec();
-            let from = keys(list.range(KeyRange {
-                lo: Bound::Included(probe.clone()),
-                hi: Bound::Unbounded,
-            }));
+            let mut first = None;
+            let forward = descents(|| first = list.range(all()).next());
+            assert_eq!(first.map(|r| r.get().key().to_vec()).as_ref(), live.first());
+            let mut last = None;
+            let backward = descents(|| last = list.range(all()).next_back());
+            assert_eq!(last.map(|r| r.get().key().to_vec()).as_ref(), live.last());
+            // Hundreds of leaves emptied at one end: crossing them takes no descent.
             assert_eq!(
-                from,
-                live.range(probe.clone()..).cloned().collect::<Vec<_>>()
+                (forward, backward),
+                (1, 1),
+                "descents of a scan from each end"
             );
-            let to = keys(
-                list.range(KeyRange {
-                    lo: Bound::Unbounded,
-                    hi: Bound::Excluded(probe.clone()),
-                })
-                .rev(),
-            );
-            assert_eq!(to, live.range(..probe).rev().cloned().collect::<Vec<_>>());
+            // From bounds inside the emptied stretch, both ways.
+            let probe = if from_back { "q004500" } else { "q000500" };
+            let probe = probe.as_bytes().to_vec();
+            for probe in [
+                Bound::Included(probe.clone()),
+                Bound::Excluded(probe.clone()),
+            ] {
+                let from = keys(list.range(KeyRange {
+                    lo: probe.clone(),
+                    hi: Bound::Unbounded,
+                }));
+                let expected: Vec<_> = live.range((probe.clone(), Bound::Unbounded)).collect();
+                assert_eq!(from.iter().collect::<Vec<_>>(), expected, "from {probe:?}");
+                let to = keys(
+                    list.range(KeyRange {
+                        lo: Bound::Unbounded,
+                        hi: probe.clone(),
+                    })
+                    .rev(),
+                );
+                let expected: Vec<_> = live
+                    .range((Bound::Unbounded, probe.clone()))
+                    .rev()
+                    .collect();
+                assert_eq!(to.iter().collect::<Vec<_>>(), expected, "to {probe:?}");
+            }
         }
         assert!(list.remove(*r).is_some());
         live.remove(r.get().key());
     }
     check_structure(&list, &live);
     assert!(list.range(all()).next().is_none());
+    assert!(list.range(all()).next_back().is_none());
 }
