@@ -1787,6 +1787,9 @@ impl Drop for Netns {
 /// from the three the clients reach for 4 s. Nothing acknowledged is lost, the history is
 /// strictly serializable, and the majority side commits during each partition.
 #[cfg(feature = "netns")]
+/// How long each network partition of the test below lasts.
+const PARTITION_MS: u64 = 5000;
+
 #[test]
 fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
     let net = Netns::new(NODES);
@@ -1814,7 +1817,9 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
         net.isolate(leader);
         cluster.avoid.store(1 << leader, Ordering::Relaxed);
         let cut = ns_now();
-        std::thread::sleep(Duration::from_millis(4000));
+        // Long enough that the check below, after the election, covers 2.5 s: clients
+        // stuck on a partition without a majority wait out their retries meanwhile.
+        std::thread::sleep(Duration::from_millis(PARTITION_MS));
         net.heal();
         cluster.avoid.store(0, Ordering::Relaxed);
         let healed = ns_now();
@@ -1827,7 +1832,9 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
             .avoid
             .store((1 << minority[0]) | (1 << minority[1]), Ordering::Relaxed);
         let split = ns_now();
-        std::thread::sleep(Duration::from_millis(4000));
+        // Long enough that the check below, after the election, covers 2.5 s: clients
+        // stuck on a partition without a majority wait out their retries meanwhile.
+        std::thread::sleep(Duration::from_millis(PARTITION_MS));
         net.heal();
         cluster.avoid.store(0, Ordering::Relaxed);
         let healed2 = ns_now();
