@@ -51,8 +51,10 @@ use crate::txn::Peer;
 #[cfg(test)]
 mod tests;
 
-/// The transport protocol's version, compared at the handshake.
-pub const VERSION: u32 = 1;
+/// The transport protocol's version, compared at the handshake. 2: a commit decision carries
+/// every participant's prepare, and participants ask each other (`PeerInquire`,
+/// `NoYesVote`).
+pub const VERSION: u32 = 2;
 
 /// The first bytes of every hello.
 const MAGIC: [u8; 8] = *b"KEELBUS\0";

@@ -47,6 +47,14 @@
 //!   restart it is given its durable prepared records ([`Participant::recover`]) and inquires
 //!   about each at once. A restarted coordinator is given its durable decisions
 //!   ([`Coordinator::recover`]) and sends them again until acknowledged.
+//! - Cooperative termination: a prepared participant whose inquiry went unanswered also asks
+//!   the other participants ([`Message::PeerInquire`]; the participant list comes with the
+//!   `Prepare` and is kept in the prepared record). One that knows the decision tells it (a
+//!   commit decision carries every participant's counted prepare, so it can); one that knows
+//!   none and holds no prepare answers how far back it knows it never voted yes
+//!   ([`Message::NoYesVote`]), and the asker aborts on that only when it proves no yes vote
+//!   of the answerer can count (see [`Participant::handle`]). The coordinator never counts a
+//!   vote that arrives after its vote timeout, which that proof relies on.
 //!
 //! The client is answered `Committed` once the decision is durable and every participant
 //! acknowledged, or once the decision is durable and [`Config::ack_wait_ms`] passed without
@@ -143,14 +151,28 @@ pub enum Vote<R> {
     No(Refusal),
 }
 
-/// A coordinator's decision, as sent to one participant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A transaction's decision, as the coordinator (or a participant that knows it) tells a
+/// participant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Decided {
-    /// Commit the prepare named here (the one whose yes vote was counted); any other prepare
-    /// of the transaction that the participant holds is a stale re-prepare, to abort.
-    Commit(PrepareId),
+    /// Commit, with every participant's counted prepare (the one whose yes vote was counted):
+    /// the recipient commits its own, and any other prepare of the transaction it holds is a
+    /// stale re-prepare, to abort. The whole list travels so that a participant that learnt
+    /// the decision can tell it to the others ([`Message::PeerInquire`]).
+    Commit(Vec<(Peer, PrepareId)>),
     /// Abort whatever prepare of the transaction the participant holds.
     Abort,
+}
+
+impl Decided {
+    /// The prepare of `peer` that a commit decision counted; `None` for abort, or if `peer`
+    /// is not a participant.
+    pub fn counted(&self, peer: Peer) -> Option<PrepareId> {
+        match self {
+            Decided::Commit(parts) => parts.iter().find(|(p, _)| *p == peer).map(|(_, id)| *id),
+            Decided::Abort => None,
+        }
+    }
 }
 
 /// Everything nodes say to each other about a transaction.
@@ -197,6 +219,33 @@ pub enum Message<W, R> {
         /// The prepare it holds.
         prepare: PrepareId,
     },
+    /// Participant to participant (cooperative termination): `from` is prepared, and its
+    /// coordinator did not answer its inquiry; what does the recipient know? The recipient
+    /// answers with [`Message::Decide`] if it knows the decision, with
+    /// [`Message::NoYesVote`] if it never voted yes lately, and not at all if it is prepared
+    /// and undecided itself.
+    PeerInquire {
+        /// The transaction.
+        txn: TxnId,
+        /// The asking participant.
+        from: Peer,
+        /// The asker's clock when it asked, echoed in a [`Message::NoYesVote`] answer.
+        asked_ms: u64,
+    },
+    /// Participant to participant, the answer to [`Message::PeerInquire`] of one that knows no
+    /// decision and holds no prepare of `txn`: it has not voted yes for `txn` in the last
+    /// `for_ms` milliseconds of its clock before answering (its memory of the transactions it
+    /// prepared is complete that far back), and it votes no if a `Prepare` comes now.
+    NoYesVote {
+        /// The transaction.
+        txn: TxnId,
+        /// The answering participant.
+        from: Peer,
+        /// How far back, by the answerer's clock, it knows it never voted yes.
+        for_ms: u64,
+        /// The asker's `asked_ms`, echoed.
+        asked_ms: u64,
+    },
 }
 
 impl<W, R> Message<W, R> {
@@ -207,12 +256,14 @@ impl<W, R> Message<W, R> {
             | Message::Vote { txn, .. }
             | Message::Decide { txn, .. }
             | Message::Ack { txn, .. }
-            | Message::Inquire { txn, .. } => *txn,
+            | Message::Inquire { txn, .. }
+            | Message::PeerInquire { txn, .. }
+            | Message::NoYesVote { txn, .. } => *txn,
         }
     }
 
     /// Whether the coordinator consumes it (`Vote`, `Ack`, `Inquire`) rather than a
-    /// participant (`Prepare`, `Decide`).
+    /// participant (`Prepare`, `Decide`, `PeerInquire`, `NoYesVote`).
     pub fn is_for_coordinator(&self) -> bool {
         matches!(
             self,
@@ -253,7 +304,9 @@ pub struct Config {
     /// How often the coordinator resends a `Prepare` to a participant that has not voted, and
     /// a commit `Decide` to one that has not acknowledged.
     pub resend_ms: u64,
-    /// How long the coordinator waits for votes before it aborts.
+    /// How long the coordinator waits for votes before it aborts; it counts no vote that
+    /// arrives later. Participants rely on it when they ask each other: every node must use
+    /// the same value.
     pub vote_timeout_ms: u64,
     /// How long after the commit decision is durable the coordinator waits for every
     /// acknowledgement before it answers the client `Committed` anyway. Answering then keeps

@@ -332,6 +332,7 @@ impl Xnode {
             records.push(Recovered {
                 txn: meta.txn,
                 prepare: meta.prepare,
+                participants: meta.participants,
                 reply: meta.reply,
             });
             held.lock().insert(
@@ -507,10 +508,13 @@ impl Driver {
         c: &mut Vec<CoordinatorAction<Work, Replies>>,
         p: &mut Vec<ParticipantAction<Work, Replies>>,
     ) {
+        // `PeerInquire` and `NoYesVote` (participants asking each other while a coordinator
+        // is away) go to the participant like `Prepare` and `Decide`.
+        let now = (self.now_ms)();
         if msg.is_for_coordinator() {
-            self.coordinator.handle(msg, c);
+            self.coordinator.handle(now, msg, c);
         } else {
-            self.participant.handle(msg, p);
+            self.participant.handle(now, msg, p);
         }
     }
 
@@ -537,7 +541,7 @@ impl Driver {
                 }
             },
             Input::Prepared { txn, result } => self.participant.prepared(now, txn, result, p),
-            Input::Committed { txn } => self.participant.committed(txn, p),
+            Input::Committed { txn } => self.participant.committed(now, txn, p),
             Input::Logged { txn } => self.coordinator.logged(now, txn, c),
         }
     }

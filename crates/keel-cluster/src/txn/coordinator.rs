@@ -197,17 +197,28 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
         Ok(id)
     }
 
-    /// Consumes a message for the coordinator (`Vote`, `Ack`, `Inquire`); others are ignored.
-    pub fn handle(&mut self, msg: Message<W, R>, out: &mut Vec<Action<W, R>>) {
+    /// Consumes a message for the coordinator (`Vote`, `Ack`, `Inquire`) at `now_ms`; others
+    /// are ignored.
+    pub fn handle(&mut self, now_ms: u64, msg: Message<W, R>, out: &mut Vec<Action<W, R>>) {
         match msg {
-            Message::Vote { txn, from, vote } => self.on_vote(txn, from, vote, out),
+            Message::Vote { txn, from, vote } => self.on_vote(now_ms, txn, from, vote, out),
             Message::Inquire { txn, from, .. } => self.on_inquire(txn, from, out),
             Message::Ack { txn, from } => self.on_ack(txn, from, out),
-            Message::Prepare { .. } | Message::Decide { .. } => {}
+            Message::Prepare { .. }
+            | Message::Decide { .. }
+            | Message::PeerInquire { .. }
+            | Message::NoYesVote { .. } => {}
         }
     }
 
-    fn on_vote(&mut self, id: TxnId, from: Peer, vote: Vote<R>, out: &mut Vec<Action<W, R>>) {
+    fn on_vote(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        from: Peer,
+        vote: Vote<R>,
+        out: &mut Vec<Action<W, R>>,
+    ) {
         if id.coordinator != self.me {
             return;
         }
@@ -222,6 +233,13 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
         let Some(i) = txn.parts.iter().position(|p| p.peer == from) else {
             return;
         };
+        // No vote counts after the vote deadline, even when the tick that aborts is late (a
+        // stalled process): participants that ask each other rely on a commit decision
+        // never counting a vote cast later than `vote_timeout_ms` after `begin`.
+        if txn.phase == Phase::Voting && now_ms >= txn.began_ms + self.config.vote_timeout_ms {
+            self.abort(id, AbortReason::Timeout, out);
+            return;
+        }
         match (txn.phase, vote) {
             (Phase::Voting, Vote::Yes { prepare, reply }) => {
                 let part = &mut txn.parts[i];
@@ -243,7 +261,7 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
             (Phase::Logging, _) | (Phase::Committing { .. }, Vote::No(_)) => {}
             // A lost `Decide`, or a stale re-prepare: the decision names the counted prepare.
             (Phase::Committing { .. }, Vote::Yes { .. }) => {
-                out.push(send_decision(id, &txn.parts[i]));
+                out.push(send_decision(id, txn, &txn.parts[i]));
             }
         }
     }
@@ -261,7 +279,7 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
         };
         // Undecided: the participant hears the decision when it is made.
         if let Phase::Committing { .. } = txn.phase {
-            out.push(send_decision(id, part));
+            out.push(send_decision(id, txn, part));
         }
     }
 
@@ -380,14 +398,18 @@ fn send<W, R>(to: Peer, txn: TxnId, decision: Decided) -> Action<W, R> {
     }
 }
 
-fn send_decision<W, R>(id: TxnId, part: &Part<W, R>) -> Action<W, R> {
-    let (prepare, _) = part.yes.as_ref().expect("a commit decision has every vote");
-    send(part.peer, id, Decided::Commit(*prepare))
+/// The commit decision, to `part`: every participant's counted prepare.
+fn send_decision<W, R>(id: TxnId, txn: &Txn<W, R>, part: &Part<W, R>) -> Action<W, R> {
+    send(
+        part.peer,
+        id,
+        Decided::Commit(decision(id, txn).participants),
+    )
 }
 
 fn send_decisions<W, R>(id: TxnId, txn: &Txn<W, R>, out: &mut Vec<Action<W, R>>) {
     for part in txn.parts.iter().filter(|p| !p.acked) {
-        out.push(send_decision(id, part));
+        out.push(send_decision(id, txn, part));
     }
 }
 

@@ -10,10 +10,23 @@
 //! Invariants: a prepare is committed only when a commit decision names its [`PrepareId`];
 //! a yes vote is sent only once its prepare is durable; an acknowledgement only once the
 //! commit is durable (a participant that acknowledged never needs the decision again).
+//!
+//! Cooperative termination: a prepared participant whose coordinator left an inquiry
+//! unanswered also asks the other participants ([`Message::PeerInquire`]). One that knows the
+//! decision tells it ([`Message::Decide`], the same as the coordinator's); one that holds no
+//! prepare and knows no decision answers [`Message::NoYesVote`]: how far back its memory of
+//! the transactions it voted yes for is complete (its *horizon*: when this incarnation
+//! started, or when the newest transaction it forgot had finished), and it refuses the
+//! transaction from then on. The asker aborts on that answer only if it proves that no yes
+//! vote of the answerer can have been counted: see [`Participant::handle`] and
+//! docs/cluster.md, "Cooperative termination".
 
 use std::collections::{BTreeMap, VecDeque};
 
 use super::{Config, Decided, Message, Peer, PrepareId, Refusal, TxnId, Vote};
+
+/// A commit decision: every participant and its counted prepare.
+type Decision = Vec<(Peer, PrepareId)>;
 
 /// What the caller must do for the participant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +78,9 @@ pub struct Recovered<R> {
     pub txn: TxnId,
     /// Which execution of its prepare.
     pub prepare: PrepareId,
+    /// Every participant of the transaction (from the `Prepare`), to ask when the
+    /// coordinator does not answer.
+    pub participants: Vec<Peer>,
     /// The reply the prepare voted with (to vote again if the coordinator asks).
     pub reply: R,
 }
@@ -77,10 +93,14 @@ pub struct Participant<R> {
     prepare_last: u64,
     config: Config,
     txns: BTreeMap<TxnId, Txn<R>>,
-    /// Finished transactions, oldest first in `finished_order`, at most
-    /// [`Config::finished_max`].
+    /// Finished transactions, oldest first in `finished_order` with when each finished, at
+    /// most [`Config::finished_max`].
     finished: BTreeMap<TxnId, Finished>,
-    finished_order: VecDeque<TxnId>,
+    finished_order: VecDeque<(TxnId, u64)>,
+    /// Since when (this participant's clock) it remembers every transaction it voted yes
+    /// for: its first clock reading, raised to the finish time of each finished transaction
+    /// it forgets. `None` until the first call that gives the time.
+    horizon_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -89,23 +109,38 @@ enum Txn<R> {
     /// (the prepare is aborted when it completes).
     Preparing {
         prepare: PrepareId,
+        participants: Vec<Peer>,
         doom: Option<Finished>,
     },
     /// Prepared and voted yes; waiting for the decision.
     Prepared {
         prepare: PrepareId,
         reply: R,
+        participants: Vec<Peer>,
+        /// When the yes vote was first sent, by this incarnation's clock; `None` for a record
+        /// recovered from an earlier incarnation (its age is unknown).
+        voted_ms: Option<u64>,
         inquire_at_ms: u64,
+        /// Inquiries sent to the coordinator; from the second on, the others are asked too.
+        inquiries: u32,
     },
     /// Told to commit; the storage is installing.
-    Committing { prepare: PrepareId },
+    Committing {
+        prepare: PrepareId,
+        decision: Decision,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Finished {
-    Committed,
-    /// Aborted; the refusal if this participant voted no.
-    Aborted(Option<Refusal>),
+    /// Committed, by this decision.
+    Committed(Decision),
+    /// Aborted, as the coordinator or a participant that knew said, or as this participant
+    /// proved from a [`Message::NoYesVote`].
+    Aborted,
+    /// This participant voted no (or promised a peer to), and had voted no yes for the
+    /// transaction since `horizon_ms` when it did.
+    Refused { refusal: Refusal, horizon_ms: u64 },
 }
 
 impl<R: Clone> Participant<R> {
@@ -120,6 +155,7 @@ impl<R: Clone> Participant<R> {
             txns: BTreeMap::new(),
             finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
+            horizon_ms: None,
         }
     }
 
@@ -132,6 +168,7 @@ impl<R: Clone> Participant<R> {
         records: impl IntoIterator<Item = Recovered<R>>,
         out: &mut Vec<Action<W, R>>,
     ) {
+        self.clock(now_ms);
         for record in records {
             out.push(self.inquiry(record.txn, record.prepare));
             self.txns.insert(
@@ -139,21 +176,55 @@ impl<R: Clone> Participant<R> {
                 Txn::Prepared {
                     prepare: record.prepare,
                     reply: record.reply,
+                    participants: record.participants,
+                    voted_ms: None,
                     inquire_at_ms: now_ms + self.config.inquire_every_ms,
+                    inquiries: 1,
                 },
             );
         }
     }
 
-    /// Consumes a message for the participant (`Prepare`, `Decide`); others are ignored.
-    pub fn handle<W>(&mut self, msg: Message<W, R>, out: &mut Vec<Action<W, R>>) {
+    /// Consumes a message for the participant (`Prepare`, `Decide`, `PeerInquire`,
+    /// `NoYesVote`) at `now_ms`; others are ignored.
+    ///
+    /// A `NoYesVote` from a participant aborts this participant's prepare only if both hold,
+    /// with `window` twice [`Config::vote_timeout_ms`] and `voted` when this prepare first
+    /// voted yes (by this incarnation's clock; a prepare recovered from an earlier
+    /// incarnation never aborts on it):
+    ///
+    /// - the question was asked at least `window` after `voted`: the coordinator began the
+    ///   transaction before `voted` and counts no vote later than the vote timeout after
+    ///   that, so the answerer's voting time was over when it answered;
+    /// - the answerer's memory reaches more than `window` before `voted`: had this prepare's
+    ///   yes vote been counted, it arrived within the vote timeout of the begin, so the
+    ///   answerer's counted yes vote, cast after the begin, is inside its memory, and it would
+    ///   not have answered so.
+    ///
+    /// So no yes vote of the answerer can be counted, and the transaction cannot commit, or
+    /// it committed with another prepare of this participant (this one is a stale
+    /// re-prepare). `window` is twice the vote timeout to allow for clocks that measure time
+    /// at slightly different rates.
+    pub fn handle<W>(&mut self, now_ms: u64, msg: Message<W, R>, out: &mut Vec<Action<W, R>>) {
+        self.clock(now_ms);
         match msg {
             Message::Prepare {
                 txn,
                 participants,
                 work,
             } => self.on_prepare(txn, participants, work, out),
-            Message::Decide { txn, decision } => self.on_decide(txn, decision, out),
+            Message::Decide { txn, decision } => self.on_decide(now_ms, txn, decision, out),
+            Message::PeerInquire {
+                txn,
+                from,
+                asked_ms,
+            } => self.on_peer_inquire(now_ms, txn, from, asked_ms, out),
+            Message::NoYesVote {
+                txn,
+                for_ms,
+                asked_ms,
+                ..
+            } => self.on_no_yes_vote(now_ms, txn, for_ms, asked_ms, out),
             Message::Vote { .. } | Message::Ack { .. } | Message::Inquire { .. } => {}
         }
     }
@@ -179,9 +250,13 @@ impl<R: Clone> Participant<R> {
             None => {}
         }
         match self.finished.get(&id) {
-            Some(Finished::Committed) => return,
-            Some(Finished::Aborted(refusal)) => {
-                let refusal = refusal.clone().unwrap_or(Refusal::Finished);
+            Some(Finished::Committed(_)) => return,
+            Some(Finished::Aborted) => {
+                out.push(self.vote(id, Vote::No(Refusal::Finished)));
+                return;
+            }
+            Some(Finished::Refused { refusal, .. }) => {
+                let refusal = refusal.clone();
                 out.push(self.vote(id, Vote::No(refusal)));
                 return;
             }
@@ -200,6 +275,7 @@ impl<R: Clone> Participant<R> {
             id,
             Txn::Preparing {
                 prepare,
+                participants: participants.clone(),
                 doom: None,
             },
         );
@@ -211,40 +287,64 @@ impl<R: Clone> Participant<R> {
         });
     }
 
-    fn on_decide<W>(&mut self, id: TxnId, decision: Decided, out: &mut Vec<Action<W, R>>) {
+    fn on_decide<W>(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        decision: Decided,
+        out: &mut Vec<Action<W, R>>,
+    ) {
+        let counted = match &decision {
+            Decided::Commit(_) => match decision.counted(self.me) {
+                Some(counted) => Some(counted),
+                // Not a participant: not for this node.
+                None => return,
+            },
+            Decided::Abort => None,
+        };
         let Some(txn) = self.txns.get_mut(&id) else {
             // A commit of a prepare this participant no longer holds: that prepare was
             // installed (nothing else ends a prepare of a transaction decided commit), and
             // the acknowledgement was lost.
-            if let Decided::Commit(_) = decision {
+            if counted.is_some() {
                 out.push(self.ack(id));
             }
             return;
         };
         match (txn, decision) {
-            (Txn::Preparing { prepare, doom }, Decided::Commit(counted)) => {
+            (Txn::Preparing { prepare, doom, .. }, Decided::Commit(all)) => {
                 // This prepare voted nothing yet, so it is not the counted one: a stale
                 // re-prepare of a transaction committed here before.
-                assert_ne!(*prepare, counted, "commit of a prepare that has not voted");
-                *doom = Some(Finished::Committed);
+                assert_ne!(
+                    Some(*prepare),
+                    counted,
+                    "commit of a prepare that has not voted"
+                );
+                *doom = Some(Finished::Committed(all));
                 out.push(self.ack(id));
             }
             (Txn::Preparing { doom, .. }, Decided::Abort) => {
-                *doom = Some(Finished::Aborted(None));
+                *doom = Some(Finished::Aborted);
             }
-            (Txn::Prepared { prepare, .. }, Decided::Commit(counted)) if *prepare == counted => {
+            (Txn::Prepared { prepare, .. }, Decided::Commit(all)) if Some(*prepare) == counted => {
                 let prepare = *prepare;
-                self.txns.insert(id, Txn::Committing { prepare });
+                self.txns.insert(
+                    id,
+                    Txn::Committing {
+                        prepare,
+                        decision: all,
+                    },
+                );
                 out.push(Action::Commit { txn: id, prepare });
             }
-            (Txn::Prepared { prepare, .. }, Decided::Commit(_)) => {
+            (Txn::Prepared { prepare, .. }, Decided::Commit(all)) => {
                 // Stale re-prepare; the counted prepare was installed before.
                 out.push(Action::Abort {
                     txn: id,
                     prepare: *prepare,
                 });
                 self.txns.remove(&id);
-                self.finish(id, Finished::Committed);
+                self.finish(now_ms, id, Finished::Committed(all));
                 out.push(self.ack(id));
             }
             (Txn::Prepared { prepare, .. }, Decided::Abort) => {
@@ -253,17 +353,94 @@ impl<R: Clone> Participant<R> {
                     prepare: *prepare,
                 });
                 self.txns.remove(&id);
-                self.finish(id, Finished::Aborted(None));
+                self.finish(now_ms, id, Finished::Aborted);
             }
             // Installing: acknowledged when durable. A decision never changes, so a commit
             // names the same prepare again.
-            (Txn::Committing { prepare }, Decided::Commit(counted)) => {
-                assert_eq!(*prepare, counted, "two commit decisions for {id}");
+            (Txn::Committing { prepare, .. }, Decided::Commit(_)) => {
+                assert_eq!(Some(*prepare), counted, "two commit decisions for {id}");
             }
             // An abort cannot follow a commit decision: the coordinator keeps that until
             // every participant acknowledged it. Ignored rather than trusted.
             (Txn::Committing { .. }, Decided::Abort) => {}
         }
+    }
+
+    /// Another participant of `id` asks what this one knows.
+    fn on_peer_inquire<W>(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        from: Peer,
+        asked_ms: u64,
+        out: &mut Vec<Action<W, R>>,
+    ) {
+        let known = match self.txns.get(&id) {
+            // Undecided here too: no answer.
+            Some(Txn::Preparing { doom: None, .. } | Txn::Prepared { .. }) => return,
+            Some(Txn::Preparing {
+                doom: Some(doom), ..
+            }) => doom.clone(),
+            Some(Txn::Committing { decision, .. }) => Finished::Committed(decision.clone()),
+            None => match self.finished.get(&id) {
+                Some(finished) => finished.clone(),
+                None => {
+                    // Never voted yes since the horizon, and from now on votes no.
+                    let refused = Finished::Refused {
+                        refusal: Refusal::Finished,
+                        horizon_ms: self.horizon(),
+                    };
+                    self.finish(now_ms, id, refused.clone());
+                    refused
+                }
+            },
+        };
+        let msg = match known {
+            Finished::Committed(all) => Message::Decide {
+                txn: id,
+                decision: Decided::Commit(all),
+            },
+            Finished::Aborted => Message::Decide {
+                txn: id,
+                decision: Decided::Abort,
+            },
+            Finished::Refused { horizon_ms, .. } => Message::NoYesVote {
+                txn: id,
+                from: self.me,
+                for_ms: now_ms.saturating_sub(horizon_ms),
+                asked_ms,
+            },
+        };
+        out.push(Action::Send { to: from, msg });
+    }
+
+    /// A participant that never voted yes lately answered this one's question.
+    fn on_no_yes_vote<W>(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        for_ms: u64,
+        asked_ms: u64,
+        out: &mut Vec<Action<W, R>>,
+    ) {
+        let window = self.config.vote_timeout_ms.saturating_mul(2);
+        let Some(Txn::Prepared {
+            prepare,
+            voted_ms: Some(voted),
+            ..
+        }) = self.txns.get(&id)
+        else {
+            return;
+        };
+        let (prepare, voted) = (*prepare, *voted);
+        let asked_late = asked_ms <= now_ms && asked_ms >= voted.saturating_add(window);
+        let remembers = for_ms > now_ms.saturating_sub(voted).saturating_add(window);
+        if !(asked_late && remembers) {
+            return;
+        }
+        out.push(Action::Abort { txn: id, prepare });
+        self.txns.remove(&id);
+        self.finish(now_ms, id, Finished::Aborted);
     }
 
     /// The storage finished the prepare of `txn`: `Ok` with the reply once the prepared
@@ -275,13 +452,19 @@ impl<R: Clone> Participant<R> {
         result: Result<R, Refusal>,
         out: &mut Vec<Action<W, R>>,
     ) {
-        let Some(Txn::Preparing { prepare, doom }) = self.txns.remove(&id) else {
+        self.clock(now_ms);
+        let Some(Txn::Preparing {
+            prepare,
+            participants,
+            doom,
+        }) = self.txns.remove(&id)
+        else {
             panic!("prepare of {id} completed, but none was started");
         };
         match (result, doom) {
             (Ok(_), Some(doom)) => {
                 out.push(Action::Abort { txn: id, prepare });
-                self.finish(id, doom);
+                self.finish(now_ms, id, doom);
             }
             (Ok(reply), None) => {
                 let vote = Vote::Yes {
@@ -294,44 +477,76 @@ impl<R: Clone> Participant<R> {
                     Txn::Prepared {
                         prepare,
                         reply,
+                        participants,
+                        voted_ms: Some(now_ms),
                         inquire_at_ms: now_ms + self.config.inquire_after_ms,
+                        inquiries: 0,
                     },
                 );
             }
-            (Err(_), Some(doom)) => self.finish(id, doom),
+            (Err(_), Some(doom)) => self.finish(now_ms, id, doom),
             (Err(refusal), None) => {
                 out.push(self.vote(id, Vote::No(refusal.clone())));
-                self.finish(id, Finished::Aborted(Some(refusal)));
+                let horizon_ms = self.horizon();
+                self.finish(
+                    now_ms,
+                    id,
+                    Finished::Refused {
+                        refusal,
+                        horizon_ms,
+                    },
+                );
             }
         }
     }
 
     /// The storage installed the commit of `txn` durably: acknowledge it.
-    pub fn committed<W>(&mut self, id: TxnId, out: &mut Vec<Action<W, R>>) {
-        let Some(Txn::Committing { .. }) = self.txns.remove(&id) else {
+    pub fn committed<W>(&mut self, now_ms: u64, id: TxnId, out: &mut Vec<Action<W, R>>) {
+        self.clock(now_ms);
+        let Some(Txn::Committing { decision, .. }) = self.txns.remove(&id) else {
             panic!("commit of {id} completed, but none was started");
         };
-        self.finish(id, Finished::Committed);
+        self.finish(now_ms, id, Finished::Committed(decision));
         out.push(self.ack(id));
     }
 
-    /// Inquires about the prepared transactions whose decision is overdue at `now_ms`.
+    /// Inquires about the prepared transactions whose decision is overdue at `now_ms`: of the
+    /// coordinator, and from the second inquiry on of the other participants too.
     pub fn tick<W>(&mut self, now_ms: u64, out: &mut Vec<Action<W, R>>) {
+        self.clock(now_ms);
         let mut due = Vec::new();
         for (&id, txn) in &mut self.txns {
             if let Txn::Prepared {
                 prepare,
+                participants,
                 inquire_at_ms,
+                inquiries,
                 ..
             } = txn
                 && now_ms >= *inquire_at_ms
             {
                 *inquire_at_ms = now_ms + self.config.inquire_every_ms;
-                due.push((id, *prepare));
+                *inquiries += 1;
+                let peers = if *inquiries > 1 {
+                    participants.clone()
+                } else {
+                    Vec::new()
+                };
+                due.push((id, *prepare, peers));
             }
         }
-        for (id, prepare) in due {
+        for (id, prepare, peers) in due {
             out.push(self.inquiry(id, prepare));
+            for peer in peers.into_iter().filter(|&p| p != self.me) {
+                out.push(Action::Send {
+                    to: peer,
+                    msg: Message::PeerInquire {
+                        txn: id,
+                        from: self.me,
+                        asked_ms: now_ms,
+                    },
+                });
+            }
         }
     }
 
@@ -345,16 +560,34 @@ impl<R: Clone> Participant<R> {
         self.txns.is_empty()
     }
 
-    fn finish(&mut self, id: TxnId, how: Finished) {
-        if self.finished.insert(id, how).is_none() {
-            self.finished_order.push_back(id);
+    /// Starts the horizon at the first clock reading of this incarnation: every yes vote of
+    /// this incarnation comes later, and earlier incarnations' still prepared records are
+    /// recovered (a later reading than the true start only shortens what it vouches for).
+    fn clock(&mut self, now_ms: u64) {
+        self.horizon_ms.get_or_insert(now_ms);
+    }
+
+    fn horizon(&self) -> u64 {
+        self.horizon_ms
+            .expect("set by the call that gives the time")
+    }
+
+    fn finish(&mut self, now_ms: u64, id: TxnId, how: Finished) {
+        let before = self.finished.insert(id, how);
+        debug_assert!(before.is_none(), "{id} finished twice");
+        if before.is_none() {
+            self.finished_order.push_back((id, now_ms));
         }
         while self.finished_order.len() > self.config.finished_max {
-            let oldest = self
+            let (oldest, finished_ms) = self
                 .finished_order
                 .pop_front()
                 .expect("longer than the bound");
             self.finished.remove(&oldest);
+            // Every transaction finished after it is still remembered: a yes vote cast
+            // after `finished_ms` belongs to one of those, or to one in progress.
+            let horizon = self.horizon_ms.get_or_insert(finished_ms);
+            *horizon = (*horizon).max(finished_ms);
         }
     }
 
