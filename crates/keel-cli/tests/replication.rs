@@ -1782,14 +1782,15 @@ impl Drop for Netns {
     }
 }
 
-/// Five nodes in network namespaces, `--replicas 3`, Elle list-append clients on the
-/// bridge: a partition's leader is cut off from everyone for 4 s, then two nodes are split
-/// from the three the clients reach for 4 s. Nothing acknowledged is lost, the history is
-/// strictly serializable, and the majority side commits during each partition.
-#[cfg(feature = "netns")]
 /// How long each network partition of the test below lasts.
+#[cfg(feature = "netns")]
 const PARTITION_MS: u64 = 5000;
 
+/// Five nodes in network namespaces, `--replicas 3`, Elle list-append clients on the
+/// bridge: a partition's leader is cut off from everyone for `PARTITION_MS`, then two nodes
+/// are split from the three the clients reach for as long. Nothing acknowledged is lost, the
+/// history is strictly serializable, and the majority side commits during each partition.
+#[cfg(feature = "netns")]
 #[test]
 fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
     let net = Netns::new(NODES);
