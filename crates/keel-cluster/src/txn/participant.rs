@@ -511,7 +511,10 @@ impl<R: Clone> Participant<R> {
     }
 
     /// Inquires about the prepared transactions whose decision is overdue at `now_ms`: of the
-    /// coordinator, and from the second inquiry on of the other participants too.
+    /// coordinator, and from the second inquiry on of the other participants too, once a vote
+    /// timeout has passed since this participant's vote. Before that the coordinator may still
+    /// be collecting votes, and a participant whose `Prepare` is still on its way would refuse
+    /// it on being asked, aborting a transaction that could commit.
     pub fn tick<W>(&mut self, now_ms: u64, out: &mut Vec<Action<W, R>>) {
         self.clock(now_ms);
         let mut due = Vec::new();
@@ -519,6 +522,7 @@ impl<R: Clone> Participant<R> {
             if let Txn::Prepared {
                 prepare,
                 participants,
+                voted_ms,
                 inquire_at_ms,
                 inquiries,
                 ..
@@ -527,7 +531,9 @@ impl<R: Clone> Participant<R> {
             {
                 *inquire_at_ms = now_ms + self.config.inquire_every_ms;
                 *inquiries += 1;
-                let peers = if *inquiries > 1 {
+                let voting_over = voted_ms
+                    .is_none_or(|v| now_ms >= v.saturating_add(self.config.vote_timeout_ms));
+                let peers = if *inquiries > 1 && voting_over {
                     participants.clone()
                 } else {
                     Vec::new()

@@ -658,10 +658,17 @@ fn participant_inquires_until_it_hears() {
     p.tick(150, &mut out);
     assert_eq!(
         out,
+        vec![p_inquire(1, prep(3, 1))],
+        "the coordinator may still be collecting votes (vote timeout 100): nobody else yet"
+    );
+    out.clear();
+    p.tick(200, &mut out);
+    assert_eq!(
+        out,
         vec![
             p_inquire(1, prep(3, 1)),
-            p_peer_inquire(1, A, 150),
-            p_peer_inquire(1, C, 150)
+            p_peer_inquire(1, A, 200),
+            p_peer_inquire(1, C, 200)
         ],
         "unanswered: the other participants too (A coordinates and takes part)"
     );
@@ -844,21 +851,21 @@ fn learns_commit_from_a_peer_while_the_coordinator_is_down() {
     b.tick(30, &mut out);
     assert_eq!(out, vec![p_inquire(1, prep(3, 1))]);
     out.clear();
-    b.tick(50, &mut out);
+    b.tick(100, &mut out);
     assert_eq!(
         out,
         vec![
             p_inquire(1, prep(3, 1)),
-            p_peer_inquire(1, A, 50),
-            p_peer_inquire(1, C, 50)
+            p_peer_inquire(1, A, 100),
+            p_peer_inquire(1, C, 100)
         ]
     );
     out.clear();
     // A is down; C knows.
-    let answer = ask(&mut c, B, 1, 50, 52);
+    let answer = ask(&mut c, B, 1, 100, 102);
     assert_eq!(answer, vec![p_decide(1, commit_abc())]);
     for msg in answer {
-        b.handle(53, msg, &mut out);
+        b.handle(103, msg, &mut out);
     }
     assert_eq!(
         out,
@@ -869,7 +876,7 @@ fn learns_commit_from_a_peer_while_the_coordinator_is_down() {
         "B commits its counted prepare"
     );
     out.clear();
-    b.committed(60, txn(1), &mut out);
+    b.committed(110, txn(1), &mut out);
     assert_eq!(out, vec![p_ack(1)], "acknowledged to the coordinator");
     assert!(b.is_empty());
     // B now knows too, and tells C's question (say C restarted and asks) the same.
@@ -907,18 +914,20 @@ fn learns_abort_from_a_peer_that_never_prepared_and_the_peer_refuses_the_late_pr
     // B votes yes at 1000; the Prepare to C is lost, and A goes down.
     prepare_at(&mut b, 1, 1000);
     b.tick(1030, &mut out);
-    b.tick(1050, &mut out);
+    b.tick(1150, &mut out);
+    assert!(out.contains(&p_peer_inquire(1, C, 1150)), "{out:?}");
     out.clear();
-    // Asked at 1050, 50 ms after B voted: the vote timeout (100, twice for the margin) may
-    // not be over, so A could still count a yes vote from C. C answers what it knows ...
-    let early = ask(&mut c, B, 1, 1050, 1051);
+    // Asked at 1150, 150 ms after B voted: past the vote timeout (100) by B's clock, but not
+    // by twice it, the margin for clocks that run at different rates. C answers what it
+    // knows ...
+    let early = ask(&mut c, B, 1, 1150, 1151);
     assert_eq!(
         early,
         vec![Message::NoYesVote {
             txn: txn(1),
             from: C,
-            for_ms: 1051,
-            asked_ms: 1050
+            for_ms: 1151,
+            asked_ms: 1150
         }],
         "C's memory reaches back to its start"
     );
@@ -938,7 +947,7 @@ fn learns_abort_from_a_peer_that_never_prepared_and_the_peer_refuses_the_late_pr
     out.clear();
     // B does not decide on an answer to so early a question.
     for msg in early {
-        b.handle(1052, msg, &mut out);
+        b.handle(1152, msg, &mut out);
     }
     assert!(out.is_empty(), "{out:?}");
     assert_eq!(b.len(), 1);
