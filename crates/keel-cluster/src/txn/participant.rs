@@ -135,8 +135,9 @@ enum Txn<R> {
 enum Finished {
     /// Committed, by this decision.
     Committed(Decision),
-    /// Aborted, as the coordinator or a participant that knew said, or as this participant
-    /// proved from a [`Message::NoYesVote`].
+    /// Aborted, as the coordinator said, or a participant that knew. (Not what a
+    /// [`Message::NoYesVote`] proves: that is only that this participant's own prepare was
+    /// not counted, and the transaction may have committed with an earlier prepare of it.)
     Aborted,
     /// This participant voted no (or promised a peer to), and had voted no yes for the
     /// transaction since `horizon_ms` when it did.
@@ -440,7 +441,15 @@ impl<R: Clone> Participant<R> {
         }
         out.push(Action::Abort { txn: id, prepare });
         self.txns.remove(&id);
-        self.finish(now_ms, id, Finished::Aborted);
+        // Not `Aborted`, which others would take as the decision: the transaction may have
+        // committed with an earlier prepare of this participant's, which it forgot, and
+        // another participant may hold its counted prepare still. What this one knows is
+        // that it voted yes for it last when this prepare did.
+        let refused = Finished::Refused {
+            refusal: Refusal::Finished,
+            horizon_ms: voted,
+        };
+        self.finish(now_ms, id, refused);
     }
 
     /// The storage finished the prepare of `txn`: `Ok` with the reply once the prepared

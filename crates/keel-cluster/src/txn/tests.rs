@@ -976,10 +976,18 @@ fn learns_abort_from_a_peer_that_never_prepared_and_the_peer_refuses_the_late_pr
     );
     out.clear();
     assert!(b.is_empty());
-    // B learnt abort: it says so to whoever asks, and refuses a late duplicate Prepare.
+    // B does not pass abort on as the decision: it proved only that its own prepare was not
+    // counted (the transaction might have committed with an earlier prepare of B's that B
+    // forgot). It vouches for what it knows: no yes vote since its prepare's, at 1000. And
+    // it refuses a late duplicate Prepare.
     assert_eq!(
         ask(&mut b, C, 1, 1300, 1300),
-        vec![p_decide(1, Decided::Abort)]
+        vec![Message::NoYesVote {
+            txn: txn(1),
+            from: B,
+            for_ms: 300,
+            asked_ms: 1300
+        }]
     );
     b.handle(1301, prepare3(1), &mut out);
     assert_eq!(out, vec![p_vote(1, Vote::No(Refusal::Finished))]);
