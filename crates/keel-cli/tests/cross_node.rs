@@ -373,3 +373,35 @@ fn list_append_across_nodes_is_strictly_serializable() {
     println!("{report:?}");
     assert!(report.committed > 300 && report.rw_edges > 20, "{report:?}");
 }
+
+/// A kept answer of a forwarded write (`KEEL.ONCE`, docs/cluster.md, "Exactly-once
+/// forwarding") is durable with the write: after SIGKILL and a restart of the owner, a
+/// request sent again with the same id gets the answer it got and runs nothing.
+#[test]
+fn kept_answers_survive_sigkill_of_the_owner() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(3, 2);
+    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
+    let mut owner = connect(ports[1]).expect("connect");
+    let key = support::keys_per_node(&mut owner, 2, 1, "once")[1][0].clone();
+    let once = |c: &mut redis::Connection| -> i64 {
+        redis::cmd("KEEL.ONCE")
+            .arg(&["0", "12345", "1", "60000", "INCR", &key])
+            .query(c)
+            .expect("KEEL.ONCE")
+    };
+    assert_eq!(once(&mut owner), 1);
+    // Forwarded by node 0 (with an id of its own).
+    let mut via = connect(ports[0]).expect("connect");
+    let n: i64 = redis::cmd("INCR").arg(&key).query(&mut via).expect("INCR");
+    assert_eq!(n, 2);
+    nodes[1].kill_9();
+    nodes[1].spawn();
+    let mut owner = connect(ports[1]).expect("connect");
+    assert_eq!(once(&mut owner), 1, "the kept answer");
+    let n: i64 = redis::cmd("GET").arg(&key).query(&mut owner).expect("GET");
+    assert_eq!(n, 2, "nothing ran again");
+    // Forwarding goes on past the restart.
+    let n: i64 = redis::cmd("INCR").arg(&key).query(&mut via).expect("INCR");
+    assert_eq!(n, 3);
+}

@@ -22,6 +22,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -31,6 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::data::Fail;
+use crate::once;
 use crate::reply::{Out, Proto};
 use crate::table::Spec;
 
@@ -73,6 +75,23 @@ pub struct Cluster {
     pools: parking_lot::RwLock<Vec<Arc<Pool>>>,
     /// How long requests to each node take.
     pub rpc: crate::rpc_stats::Peers,
+    /// Forwarded writes' ids (`once`): this process's incarnation, drawn at start (so that
+    /// no id of an earlier run is used again), and the next sequence number.
+    incarnation: u64,
+    seq: AtomicU64,
+    /// Exactly-once forwarding's counters, for `INFO cluster`.
+    pub once: OnceStats,
+}
+
+/// Counters of exactly-once forwarding (`once`).
+#[derive(Debug, Default)]
+pub struct OnceStats {
+    /// Forwarded writes sent again after their answer was lost.
+    pub retries: AtomicU64,
+    /// Forwarded writes whose answer stayed lost for the whole retry window.
+    pub ambiguous: AtomicU64,
+    /// Writes forwarded to this node again that got their kept answer and ran nothing.
+    pub replayed: AtomicU64,
 }
 
 /// Idle connections to one node, RESP2 (`[0]`) and RESP3 (`[1]`).
@@ -86,6 +105,9 @@ impl Cluster {
             map: parking_lot::RwLock::new(map),
             pools: parking_lot::RwLock::new(pools),
             rpc: Default::default(),
+            incarnation: incarnation(),
+            seq: AtomicU64::new(1),
+            once: OnceStats::default(),
         }
     }
 
@@ -160,6 +182,74 @@ impl Cluster {
             self.rpc.of(node).record(began.elapsed(), answer.is_ok());
         }
         answer.map_err(|down| down.text)
+    }
+
+    /// As [`Cluster::forward`] for a write without blocking (a command, or the `EXEC` of a
+    /// transaction: the last of `requests`), exactly once: the last request goes as
+    /// `KEEL.ONCE` with a fresh id (`once`), and if its answer is lost after it was sent
+    /// (the connection broke or timed out), all of `requests` go again with the same id,
+    /// within [`once::RETRY_TIMEOUTS`] cluster timeouts; the owner runs it at most once and
+    /// answers a request it already ran with the answer it kept. Only when no answer comes
+    /// within that window is the client told that the write may or may not have happened.
+    pub async fn forward_once(
+        &self,
+        node: usize,
+        requests: &[&[Bytes]],
+        proto: Proto,
+        password: Option<String>,
+    ) -> Result<Bytes, String> {
+        let map = self.map();
+        let timeout = map.timeout();
+        let window = timeout.saturating_mul(once::RETRY_TIMEOUTS);
+        let keep_ms = u64::try_from(window.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(once::KEEP_SLACK_MS)
+            .min(once::KEEP_MS_MAX);
+        let id = once::Id {
+            node: u16::try_from(map.myself()).expect("node indices fit 16 bits"),
+            incarnation: self.incarnation,
+            seq: self.seq.fetch_add(1, Relaxed),
+        };
+        let (last, before) = requests.split_last().expect("a request to forward");
+        let wrapped = once::wrap(id, keep_ms, last);
+        let mut sending: Vec<&[Bytes]> = before.to_vec();
+        sending.push(&wrapped);
+        let began = std::time::Instant::now();
+        let mut sent = false;
+        let mut attempt = 0u32;
+        loop {
+            let try_began = std::time::Instant::now();
+            let answer = self
+                .exchange(node, &sending, proto, password.clone(), None)
+                .await;
+            self.rpc
+                .of(node)
+                .record(try_began.elapsed(), answer.is_ok());
+            let down = match answer {
+                Ok(reply) => return Ok(reply),
+                Err(down) => down,
+            };
+            sent |= down.sent;
+            if !sent {
+                // Never sent: nothing ran, the client may send it again itself.
+                return Err(down.text);
+            }
+            if began.elapsed() >= window {
+                self.once.ambiguous.fetch_add(1, Relaxed);
+                return Err(format!(
+                    "{}; the write may or may not have happened",
+                    down.text
+                ));
+            }
+            self.once.retries.fetch_add(1, Relaxed);
+            // A broken connection is tried again at once, then with a growing pause (the
+            // owner may be restarting), each pause at most a quarter of the timeout.
+            if attempt > 0 {
+                let pause = Duration::from_millis(10u64 << attempt.min(8)).min(timeout / 4);
+                tokio::time::sleep(pause).await;
+            }
+            attempt += 1;
+        }
     }
 
     /// As [`Cluster::forward`], waiting at most `wait` for the answer (`Some(None)`: for ever;
@@ -332,6 +422,16 @@ pub fn block_time(spec: &Spec, args: &[Bytes]) -> Option<Option<Duration>> {
         return None; // The owner answers the error at once.
     }
     Some((secs > 0.0).then(|| Duration::from_secs_f64(secs.min(1e9))))
+}
+
+/// A fresh incarnation: differs from every earlier run of this node (with overwhelming
+/// probability), so that no forwarded write's id is used twice.
+fn incarnation() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    RandomState::new().hash_one((now, std::process::id(), "once"))
 }
 
 /// Opens a connection to a peer's client port, authenticated and speaking `proto`.

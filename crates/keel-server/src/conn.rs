@@ -49,7 +49,9 @@ use tokio::net::TcpStream;
 
 use crate::cluster::{self, Route};
 use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
+use crate::keyspace as ks;
 use crate::lanes::Lane;
+use crate::once;
 use crate::pubsub::{self, Kind, Mailbox, Subs};
 use crate::reply::{Out, Proto};
 use crate::resp::{self, Limits, Parsed, Request};
@@ -81,6 +83,8 @@ const ARGS_KEPT_MAX: usize = 4096;
 type CommitOutcome = Result<Result<keel::Committed, keel::Conflict>, keel::CommitError>;
 
 const NOAUTH: &str = "NOAUTH Authentication required.";
+const ONCE_ONLY: &str = "ERR keel: KEEL.ONCE carries writes between the nodes of a cluster \
+                         of single copies (--cluster-node ... --replicas 1)";
 const PING_ARITY: &str = "ERR wrong number of arguments for 'ping' command";
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
@@ -1008,7 +1012,13 @@ impl Conn {
         if self.multi.is_some()
             && !matches!(
                 spec.cmd,
-                Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Watch | Cmd::Quit | Cmd::Reset
+                Cmd::Exec
+                    | Cmd::Discard
+                    | Cmd::Multi
+                    | Cmd::Watch
+                    | Cmd::Quit
+                    | Cmd::Reset
+                    | Cmd::KeelOnce
             )
         {
             self.queue(spec, args, output);
@@ -1736,18 +1746,22 @@ impl Conn {
             return false;
         }
         let block = cluster::block_time(spec, args);
-        self.forward(node, &[args], output, block).await;
+        // A write goes exactly once (`once`); reads and blocking pops as they are.
+        let once = block.is_none() && !data::is_read_only(spec.cmd);
+        self.forward(node, &[args], output, block, once).await;
         true
     }
 
     /// Runs `requests` on cluster node `node` and writes the last one's reply (or why it
-    /// failed) to `output`.
+    /// failed) to `output`. With `once`, the last request (a write that does not block) runs
+    /// exactly once: sent again with its id when its answer is lost (`Cluster::forward_once`).
     async fn forward(
         &self,
         node: usize,
         requests: &[&[Bytes]],
         output: &mut BytesMut,
         block: Option<Option<std::time::Duration>>,
+        once: bool,
     ) {
         let cluster = self
             .shared
@@ -1755,14 +1769,202 @@ impl Conn {
             .as_ref()
             .expect("called in cluster mode");
         let password = self.shared.requirepass.read().clone();
+        let forwarding = async {
+            if once {
+                cluster
+                    .forward_once(node, requests, self.proto, password)
+                    .await
+            } else {
+                cluster
+                    .forward(node, requests, self.proto, password, block)
+                    .await
+            }
+        };
         // A killed connection (CLIENT KILL, shutdown) stops waiting, as a blocked pop does.
         let forwarded = tokio::select! {
-            r = cluster.forward(node, requests, self.proto, password, block) => r,
+            r = forwarding => r,
             () = self.info.kill.cancelled() => return,
         };
         match forwarded {
             Ok(reply) => output.extend_from_slice(&reply),
             Err(text) => self.out(output).error(&text),
+        }
+    }
+
+    /// `KEEL.ONCE node incarnation seq keep-ms command [arg ...]` (`once`): a write that
+    /// another node of a cluster of single copies forwarded here, run at most once per id. The
+    /// command is a data command with keys on this node's slots, or `EXEC` of the MULTI this
+    /// connection queued.
+    async fn keel_once(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<(), Fail> {
+        let Some(cluster) = self.shared.cluster.as_ref() else {
+            return Err(ONCE_ONLY.into());
+        };
+        if self.shared.replication.get().is_some() {
+            return Err(ONCE_ONLY.into());
+        }
+        let request = once::parse(args)?;
+        let Some(spec) = table::lookup(&request.command[0]) else {
+            return Err(Fail(
+                String::from_utf8_lossy(&unknown_command(request.command))
+                    .trim_start_matches('-')
+                    .trim_end()
+                    .to_owned()
+                    .into(),
+            ));
+        };
+        if !spec.arity_ok(request.command.len()) {
+            return Err(
+                format!("ERR wrong number of arguments for '{}' command", spec.name).into(),
+            );
+        }
+        let local = |spec: &Spec, args: &[Bytes]| -> Result<(), Fail> {
+            if !data::is_data(spec.cmd)
+                || crate::lists::is_blocking(spec.cmd)
+                || cluster::key_args(spec, args).is_empty()
+            {
+                return Err(format!(
+                    "ERR keel: KEEL.ONCE runs a data command with keys that does not block,                      and '{}' is not one",
+                    spec.name
+                )
+                .into());
+            }
+            match cluster.route(spec, args) {
+                Route::Local => Ok(()),
+                Route::Remote { node, slot } => Err(cluster.moved(node, slot).into()),
+                Route::CrossSlot => Err(cluster::CROSSSLOT.into()),
+            }
+        };
+        if spec.cmd != Cmd::Exec {
+            if self.multi.is_some() {
+                self.flag_multi();
+                return Err("ERR keel: inside MULTI, KEEL.ONCE wraps only EXEC".into());
+            }
+            local(spec, request.command)?;
+            let commands = [(spec.cmd, request.command.to_vec())];
+            self.run_once(request.id, request.keep_ms, &commands, false, output)
+                .await;
+            return Ok(());
+        }
+        let Some(multi) = self.multi.take() else {
+            return Err("ERR EXEC without MULTI".into());
+        };
+        if self.watch.take().is_some() {
+            self.rwatch.clear();
+            return Err("ERR keel: KEEL.ONCE does not run an EXEC under WATCH".into());
+        }
+        if multi.dirty {
+            return Err("EXECABORT Transaction discarded because of previous errors.".into());
+        }
+        for (cmd, args) in &multi.queue {
+            let spec = table::lookup(&args[0]).expect("a queued command is known");
+            debug_assert_eq!(spec.cmd, *cmd);
+            local(spec, args)?;
+        }
+        self.run_once(request.id, request.keep_ms, &multi.queue, true, output)
+            .await;
+        Ok(())
+    }
+
+    /// Runs `commands` (one, or `EXEC`'s queue when `exec`) as one transaction that first
+    /// looks for `id`'s kept answer (then runs nothing and writes that answer) and that
+    /// keeps its reply under `id` for `keep_ms` in its own commit (`once`). Increments read
+    /// their value rather than wait for the commit, so the reply is whole before it.
+    async fn run_once(
+        &self,
+        id: once::Id,
+        keep_ms: u64,
+        commands: &[(Cmd, Vec<Bytes>)],
+        exec: bool,
+        output: &mut BytesMut,
+    ) {
+        let shared = &*self.shared;
+        let mut ctx = ctx(shared);
+        ctx.track_increments = false;
+        let ctx = ctx;
+        let mark = output.len();
+        let mut out = Out::new(output, self.proto);
+        let may_wait = self.may_wait(commands.iter().map(|(c, _)| *c));
+        let mut attempt = 1;
+        let mut rejoin = false;
+        loop {
+            let mut replayed = false;
+            let prepare = || {
+                ctx.clock.reset();
+                let mut txn = shared.db.begin().map_err(|e| Some(begin_error(e)))?;
+                if let Some(kept) = once::kept(&mut txn, id).map_err(Some)? {
+                    out.buf.extend_from_slice(&kept);
+                    replayed = true;
+                    return Err(None);
+                }
+                if exec {
+                    out.array(commands.len());
+                }
+                let mut failed = false;
+                for (cmd, args) in commands {
+                    let slot = out.buf.len();
+                    let result = data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out);
+                    if let Err(Fail(text)) = result {
+                        out.buf.truncate(slot);
+                        out.error(&text);
+                        failed = true;
+                    }
+                    if out.buf.len() - mark > ctx.reply_bytes_max {
+                        return Err(Some(data::reply_too_big()));
+                    }
+                }
+                if failed {
+                    // Nothing changed (keel rolls back a whole EXEC with a failing command):
+                    // the reply stands and nothing needs keeping.
+                    return Err(None);
+                }
+                let deadline = ks::unix_ms().saturating_add(keep_ms);
+                once::keep(&mut txn, id, deadline, &out.buf[mark..]).map_err(Some)?;
+                Ok(txn)
+            };
+            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+                Ok(committed) => committed,
+                Err(None) => {
+                    if replayed && let Some(cluster) = &shared.cluster {
+                        cluster.once.replayed.fetch_add(1, Relaxed);
+                    }
+                    return;
+                }
+                Err(Some(Fail(text))) => {
+                    out.buf.truncate(mark);
+                    out.error(&text);
+                    return;
+                }
+            };
+            match committed {
+                Ok(Ok(_)) => {
+                    for (cmd, args) in commands {
+                        shared.blocked.committed(*cmd, args);
+                    }
+                    return;
+                }
+                Ok(Err(conflict)) => {
+                    out.buf.truncate(mark);
+                    if attempt >= CONFLICT_ATTEMPTS_MAX {
+                        out.error(&format!(
+                            "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
+                        ));
+                        return;
+                    }
+                    shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    rejoin = self.wait_to_retry(&conflict, attempt).await;
+                    attempt += 1;
+                }
+                Err(keel::CommitError::Apply(e)) => {
+                    out.buf.truncate(mark);
+                    out.error(&data::engine_error(&e).0);
+                    return;
+                }
+                Err(e) => {
+                    out.buf.truncate(mark);
+                    out.error(&format!("ERR keel: {e}"));
+                    return;
+                }
+            }
         }
     }
 
@@ -2245,6 +2447,7 @@ impl Conn {
                     }
                 }
             }
+            Cmd::KeelOnce => self.keel_once(args, output).await?,
             Cmd::KeelRaft => {
                 let answer = crate::replica::serve_rpc(&self.shared, args)
                     .await
@@ -2979,7 +3182,11 @@ impl Conn {
                 if let Some(x) = self.shared.xnode.get() {
                     x.stats.one_node_forwarded.fetch_add(1, Relaxed);
                 }
-                self.forward(node, &requests, output, None).await;
+                // Exactly once (`once`) when every command is a data command and one writes;
+                // a transaction of only reads, or with PUBLISH, PING, ..., goes as it is.
+                let once = multi.queue.iter().all(|(c, _)| data::is_data(*c))
+                    && !multi.queue.iter().all(|(c, _)| data::is_read_only(*c));
+                self.forward(node, &requests, output, None, once).await;
                 return Ok(());
             }
         }

@@ -720,16 +720,25 @@ pub fn check_flush_args(args: &[Bytes]) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Deletes up to [`FLUSH_BATCH_KEYS`] keys in `txn`; `true` when more remain.
+/// Deletes up to [`FLUSH_BATCH_KEYS`] keys in `txn`; `true` when more remain. Exactly-once
+/// answers (`FF 'o'`, `once`) are not data and stay: a forwarded write sent again after the
+/// flush still finds its answer.
 pub fn flush_batch(txn: &mut Txn<'_>) -> Result<bool, Fail> {
     let mut keys = Vec::new();
     let mut more = false;
-    for (k, _) in txn.range::<Vec<u8>>(..) {
-        if keys.len() == FLUSH_BATCH_KEYS {
-            more = true;
-            break;
+    let once_lo = [ks::INTERNAL, crate::once::ONCE];
+    let once_hi = [ks::INTERNAL, crate::once::ONCE + 1];
+    for part in [
+        (Bound::Unbounded, Bound::Excluded(&once_lo[..])),
+        (Bound::Included(&once_hi[..]), Bound::Unbounded),
+    ] {
+        for (k, _) in txn.range::<[u8]>(part) {
+            if keys.len() == FLUSH_BATCH_KEYS {
+                more = true;
+                break;
+            }
+            keys.push(k);
         }
-        keys.push(k);
     }
     for k in &keys {
         txn.delete(k)?;

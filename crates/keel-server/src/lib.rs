@@ -35,6 +35,7 @@ mod keyspace;
 pub mod lanes;
 mod lists;
 mod long_double;
+mod once;
 mod pubsub;
 mod reaper;
 mod replica;

@@ -9,7 +9,8 @@
 //! waits for, a concurrent write of the key, which decides that key's fate instead). Sweeper:
 //! deletes a dead generation's sub-keys in transactions of at most [`BATCH_KEYS`], then its
 //! graveyard entry. Nobody else writes a dead generation's sub-keys (every writer reads the
-//! meta record that pointed to it), so these deletes are blind.
+//! meta record that pointed to it), so these deletes are blind. It also deletes the kept
+//! answers of forwarded writes past their deadline (`once::sweep`).
 //!
 //! It runs every [`INTERVAL`], and again at once while a pass finds a full batch. It never
 //! blocks a command; a pass that loses a conflict is simply tried again next time.
@@ -38,6 +39,8 @@ pub struct ReaperStats {
     pub expired_keys: AtomicU64,
     /// Sub-keys of dropped collections deleted.
     pub swept_keys: AtomicU64,
+    /// Exactly-once answers (`once`) deleted after their deadline.
+    pub swept_answers: AtomicU64,
 }
 
 type StopSignal = Arc<(Mutex<bool>, Condvar)>;
@@ -105,7 +108,17 @@ pub fn pass(db: &Db, stats: &ReaperStats) -> bool {
             false
         }
     };
-    expired || swept
+    let answers = match crate::once::sweep(db, ks::unix_ms()) {
+        Ok(n) => {
+            stats.swept_answers.fetch_add(n.deleted, Relaxed);
+            n.full
+        }
+        Err(e) => {
+            tracing::debug!(error = %e.0, "kept answer pass failed; retrying later");
+            false
+        }
+    };
+    expired || swept || answers
 }
 
 /// What a pass did.

@@ -196,6 +196,7 @@ pub enum Cmd {
     KeelJoin,
     KeelRemovenode,
     KeelLearnslots,
+    KeelOnce,
 }
 
 /// One command's description.
@@ -2220,6 +2221,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Replicated cluster: KEEL.REMOVENODE node-id moves the node's replicas to other nodes and removes it from the cluster; its partition must own no slots. Replies the number of partitions whose replica moved."
+    ),
+    spec!(
+        "keel.once",
+        KeelOnce,
+        -6,
+        &["write", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing."
     ),
 ];
 

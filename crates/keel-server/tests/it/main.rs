@@ -15,6 +15,7 @@ mod hashes;
 mod history;
 mod lanes;
 mod lists;
+mod once;
 mod protocol;
 mod pubsub;
 mod server;
