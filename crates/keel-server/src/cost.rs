@@ -87,6 +87,13 @@ fn measured_zpopmax(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> 
 }
 
 #[inline(never)]
+fn measured_pop(db: &keel::Db, cursors: &Cursors, cmd: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|_| write(db, cursors, &[cmd, "mylist"]))
+        .collect()
+}
+
+#[inline(never)]
 fn measured_lrange(db: &keel::Db, cursors: &Cursors, stop: usize, n: usize) -> usize {
     let stop = stop.to_string();
     (0..n)
@@ -160,6 +167,34 @@ fn zpopmax() {
     let popped = measured_zpopmax(&db, &cursors, LOADED + 1);
     eprintln!("zpopmax: {} commands", popped.len());
     check_popped(&db, &cursors, &popped, true);
+}
+
+/// `LPOP`/`RPOP` until the list (as redis-benchmark's `LPUSH` leaves it) is gone.
+fn pop(cmd: &str) {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["RPUSH", "mylist", &element(i)]);
+    }
+    let popped = measured_pop(&db, &cursors, cmd, LOADED + 1);
+    eprintln!("{cmd}: {} commands", popped.len());
+    for (n, reply) in popped[..LOADED].iter().enumerate() {
+        let i = if cmd == "LPOP" { n } else { LOADED - 1 - n };
+        let want = format!("$20\r\n{}\r\n", element(i));
+        assert_eq!(reply, want.as_bytes(), "pop {n}");
+    }
+    assert_eq!(popped[LOADED], b"$-1\r\n");
+    assert_eq!(read(&db, &cursors, &["EXISTS", "mylist"]), b":0\r\n");
+}
+
+#[test]
+fn lpop() {
+    pop("LPOP");
+}
+
+#[test]
+fn rpop() {
+    pop("RPOP");
 }
 
 fn lrange(stop: usize) {

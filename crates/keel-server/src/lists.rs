@@ -313,6 +313,10 @@ fn size_of(view: &mut View<'_, '_>, generation: u64) -> Result<i64, Fail> {
 
 /// Pops up to `count` elements from `end` of the list `meta` at `key`, deleting the key with
 /// its last element.
+/// Pops of at most this many elements (one more is read, to see whether any remain) read
+/// them one by one rather than as a range.
+const POP_POINT_READS_MAX: usize = 8;
+
 fn pop(
     t: &mut Txn<'_>,
     key: &[u8],
@@ -331,14 +335,28 @@ fn pop(
         End::Tail => (at.saturating_sub(span), at - 1),
     };
     let mut found = Vec::new();
-    each(&mut View::Txn(t), generation, lo, hi, tail, |_, v| {
-        found.push(v.to_vec());
-        if found.len() >= want {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
+    if want <= POP_POINT_READS_MAX {
+        // A few elements: read them by index. Indices are dense, so the first absent one
+        // ends the list. Point reads go through the hash index and validate one record each;
+        // a range would descend the ordered index and be scanned again at commit.
+        for i in 0..span {
+            let index = if tail { at - 1 - i } else { at + i };
+            let key = item_key(generation, index);
+            match View::Txn(t).get_with(&key, |v| v.map(<[u8]>::to_vec))? {
+                Some(v) => found.push(v),
+                None => break,
+            }
         }
-    });
+    } else {
+        each(&mut View::Txn(t), generation, lo, hi, tail, |_, v| {
+            found.push(v.to_vec());
+            if found.len() >= want {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+    }
     let more = found.len() > count;
     found.truncate(count);
     let n = found.len() as i64;
