@@ -371,3 +371,56 @@ fn keel_once_refuses_what_it_cannot_run_once() {
     let v: i64 = query(&mut con, &["KEEL.ONCE", "1", "2", "10", "100", "INCR", "s"]);
     assert_eq!(v, 6);
 }
+
+#[test]
+fn attempts_of_one_id_at_once_run_it_once() {
+    // A retry may reach the owner while the first attempt still runs (the first answer was
+    // only late). Three connections send every id at about the same time: each id runs
+    // once, and every attempt answers what it kept. (`KEEL.ADD` is blind, `INCR` reads.)
+    let node = single();
+    const IDS: u64 = 300;
+    let url = node.url(false);
+    let replies: Vec<Vec<i64>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let url = url.clone();
+                s.spawn(move || {
+                    let mut con = crate::connect(&url);
+                    let mut incrs = Vec::new();
+                    for seq in 0..IDS {
+                        let (a, b) = (seq.to_string(), (seq + IDS).to_string());
+                        incrs.push(query(
+                            &mut con,
+                            &["KEEL.ONCE", "4", "42", &a, "60000", "INCR", "n"],
+                        ));
+                        let () = query(
+                            &mut con,
+                            &["KEEL.ONCE", "4", "42", &b, "60000", "KEEL.ADD", "m", "1"],
+                        );
+                    }
+                    incrs
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    let (n, m): (i64, i64) = redis::cmd("MGET")
+        .arg("n")
+        .arg("m")
+        .query(&mut node.client())
+        .expect("MGET");
+    assert_eq!((n, m), (IDS as i64, IDS as i64), "each id ran once");
+    for seq in 0..IDS as usize {
+        assert!(
+            replies.iter().all(|r| r[seq] == replies[0][seq]),
+            "id {seq}: every attempt got the same answer"
+        );
+    }
+    let mut answers: Vec<i64> = replies[0].clone();
+    answers.sort_unstable();
+    answers.dedup();
+    assert_eq!(answers.len(), IDS as usize, "each id its own increment");
+}
