@@ -168,30 +168,29 @@ struct Gate {
 }
 
 impl Gate {
-    /// Waits at most `wait` for no transaction to be counted; whether none is.
-    fn clear(&self, wait: Duration) -> bool {
+    /// Waits at most `wait` for no transaction to be counted; the count, locked, if none is.
+    fn none_within(&self, wait: Duration) -> Option<parking_lot::MutexGuard<'_, usize>> {
         let deadline = Instant::now() + wait;
         let mut unheld = self.unheld.lock();
         while *unheld > 0 {
             if self.freed.wait_until(&mut unheld, deadline).timed_out() {
-                return false;
+                return None;
             }
         }
-        true
+        Some(unheld)
+    }
+
+    /// Waits at most `wait` for no transaction to be counted; whether none is.
+    fn clear(&self, wait: Duration) -> bool {
+        self.none_within(wait).is_some()
     }
 
     /// Counts a transaction whose reads are not held, once none is, waiting at most `wait`;
     /// whether it did.
     fn enter(&self, wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        let mut unheld = self.unheld.lock();
-        while *unheld > 0 {
-            if self.freed.wait_until(&mut unheld, deadline).timed_out() {
-                return false;
-            }
-        }
-        *unheld = 1;
-        true
+        self.none_within(wait)
+            .map(|mut unheld| *unheld = 1)
+            .is_some()
     }
 
     fn leave(&self) {

@@ -495,38 +495,14 @@ impl RaftStateMachine<Tc> for Machine {
                             Op::Run => {
                                 execute(db, &mut locks, request, &marker, seed, log_id.index)?
                             }
-                            Op::Many(requests) => {
-                                let mut replies = Vec::with_capacity(requests.len());
-                                for (i, request) in requests.iter().enumerate() {
-                                    // Each its own random numbers, the same on every replica.
-                                    let seed =
-                                        seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                                    let response = match request.op {
-                                        Op::Run => execute(
-                                            db,
-                                            &mut locks,
-                                            request,
-                                            &marker,
-                                            seed,
-                                            log_id.index,
-                                        )?,
-                                        _ => Response {
-                                            reply: b"ERR keel: only writes go into a group"
-                                                .to_vec(),
-                                            status: Status::Failed,
-                                            ..Response::default()
-                                        },
-                                    };
-                                    replies.push(postcard::to_stdvec(&response).map_err(sm_err)?);
-                                }
-                                if requests.is_empty() {
-                                    put_marker(db, &marker)?;
-                                }
-                                Response {
-                                    replies,
-                                    ..Response::default()
-                                }
-                            }
+                            Op::Many(requests) => execute_group(
+                                db,
+                                &mut locks,
+                                requests,
+                                &marker,
+                                seed,
+                                log_id.index,
+                            )?,
                             _ => prepared::apply(
                                 db,
                                 &mut locks,
@@ -615,6 +591,38 @@ impl RaftStateMachine<Tc> for Machine {
 /// Applies one request to `db` with `marker` as the new applied marker, drawing random
 /// numbers from `seed`; returns the reply. Nothing applies (`Busy`) if a key it touches is
 /// locked by a prepared transaction.
+/// Applies a group of writes (`Op::Many`): each as an entry of its own would apply, in
+/// order, with random numbers of its own; each one's response, encoded, in `replies`.
+fn execute_group(
+    db: &Db,
+    locks: &mut prepared::Locks,
+    requests: &[Request],
+    marker: &[u8],
+    seed: u64,
+    index: u64,
+) -> Result<Response> {
+    let mut replies = Vec::with_capacity(requests.len());
+    for (i, request) in requests.iter().enumerate() {
+        let seed = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let response = match request.op {
+            Op::Run => execute(db, locks, request, marker, seed, index)?,
+            _ => Response {
+                reply: b"ERR keel: only writes go into a group".to_vec(),
+                status: Status::Failed,
+                ..Response::default()
+            },
+        };
+        replies.push(postcard::to_stdvec(&response).map_err(sm_err)?);
+    }
+    if requests.is_empty() {
+        put_marker(db, marker)?;
+    }
+    Ok(Response {
+        replies,
+        ..Response::default()
+    })
+}
+
 pub fn execute(
     db: &Db,
     locks: &mut prepared::Locks,
