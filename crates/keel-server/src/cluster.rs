@@ -92,6 +92,8 @@ pub struct OnceStats {
     pub ambiguous: AtomicU64,
     /// Writes forwarded to this node again that got their kept answer and ran nothing.
     pub replayed: AtomicU64,
+    /// Answers of writes forwarded to this node kept (committed with their write).
+    pub kept: AtomicU64,
 }
 
 /// Idle connections to one node, RESP2 (`[0]`) and RESP3 (`[1]`).

@@ -1937,6 +1937,9 @@ impl Conn {
             };
             match committed {
                 Ok(Ok(_)) => {
+                    if let Some(cluster) = &shared.cluster {
+                        cluster.once.kept.fetch_add(1, Relaxed);
+                    }
                     for (cmd, args) in commands {
                         shared.blocked.committed(*cmd, args);
                     }

@@ -560,20 +560,17 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         if let Some(cluster) = &shared.cluster
             && shared.replication.get().is_none()
         {
-            // Exactly-once forwarding (`once`): writes sent again, given up, answered from a
-            // kept answer here, answers kept and swept here.
+            // Exactly-once forwarding (`once`), since start: writes sent again, given up,
+            // answered from a kept answer here, answers kept and swept here.
             let o = &cluster.once;
-            let kept = shared
-                .db
-                .snapshot()
-                .map_or(0, |snap| crate::once::count(&snap));
             let _ = write!(
                 t,
                 "keel_once_retries:{}\r\nkeel_once_ambiguous:{}\r\nkeel_once_replayed:{}\r\n\
-                 keel_once_kept:{kept}\r\nkeel_once_swept:{}\r\n",
+                 keel_once_kept:{}\r\nkeel_once_swept:{}\r\n",
                 o.retries.load(Relaxed),
                 o.ambiguous.load(Relaxed),
                 o.replayed.load(Relaxed),
+                o.kept.load(Relaxed),
                 shared.reaper.swept_answers.load(Relaxed),
             );
         }
