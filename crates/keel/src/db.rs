@@ -1519,4 +1519,57 @@ mod tests {
         assert!(db.reclaim_deleted(10) > 0, "the deleted key is freed");
         db.transact(|txn| txn.put(b"k", b"again")).unwrap();
     }
+
+    /// A queue's front popped: its records leave the ordered index but its leaves stay,
+    /// empty, and every scan from the front passes them. Far fewer removals than half the
+    /// live records, but once scans have passed that many empty leaves the collector
+    /// rebuilds the tree, and scans from the front pass none.
+    #[test]
+    fn scans_passing_many_empty_leaves_make_the_collector_rebuild() {
+        let db = Db::in_memory();
+        let key = |prefix: &str, i: u32| format!("{prefix}:{i:08}").into_bytes();
+        for chunk in (0..60_000u32).collect::<Vec<_>>().chunks(1000) {
+            db.transact(|txn| {
+                for &i in chunk {
+                    txn.put(&key("other", i), b"v")?;
+                    if i < 20_000 {
+                        txn.put(&key("queue", i), b"v")?;
+                    }
+                }
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        }
+        for chunk in (0..10_000u32).collect::<Vec<_>>().chunks(1000) {
+            db.transact(|txn| {
+                for &i in chunk {
+                    txn.delete(&key("queue", i))?;
+                }
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        }
+        db.reclaim_deleted(100);
+        let ordered = db.shared.store.ordered();
+        let front = |db: &Db| {
+            let snap = db.snapshot().unwrap();
+            let first = snap.range(&b"queue:"[..]..&b"queue;"[..]).next();
+            first.map(|(k, _)| k)
+        };
+        let hops = |db: &Db| {
+            let before = ordered.empty_hops();
+            assert_eq!(front(db), Some(key("queue", 10_000)));
+            ordered.empty_hops() - before
+        };
+        let per_scan = hops(&db);
+        assert!(per_scan > 10, "the front's empty leaves: {per_scan}");
+        // Not yet due by removals (10 000 of 70 000 live): scans until they have passed
+        // half the live records' worth of empty leaves, then one more pass rebuilds.
+        let due = 35_000 / per_scan + 1;
+        for _ in 0..due {
+            hops(&db);
+        }
+        db.reclaim_deleted(1);
+        assert_eq!(hops(&db), 0, "rebuilt: nothing empty in front");
+    }
 }

@@ -20,7 +20,8 @@
 //!
 //! A record that is a separator in the ordered index (its leaf's low fence) stays until the
 //! tree is rebuilt ([`Ordered::rebuild`](crate::index::ordered::Ordered::rebuild)), which
-//! the collector does once removals since the last rebuild reach half the live records.
+//! the collector does once removals since the last rebuild reach half the live records, or
+//! once scans have passed that many empty leaves (with at least 8192 removals either way).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -112,6 +113,9 @@ pub(crate) struct State {
     /// Unlinked records the ordered index may still use as separators.
     separators: Vec<RecordRef>,
     removed_since_rebuild: usize,
+    /// [`Ordered::empty_hops`](crate::index::ordered::Ordered::empty_hops) at the last
+    /// rebuild.
+    hops_at_rebuild: u64,
     retired: VecDeque<Batch>,
     /// The last empty timestamp the collector took to move the watermark
     /// (`Shared::gc_pass`). It takes no other until the watermark has passed this one.
@@ -210,10 +214,20 @@ pub(crate) fn pass(
     store.index().remove_all(&taken);
     out.unlinked = taken.len();
     state.removed_since_rebuild += taken.len();
-    if state.removed_since_rebuild >= REBUILD_REMOVALS_MIN.max(store.index().len() / 2) {
+    // Due once removals reach half the live records, or once scans have passed as many
+    // empty leaves as that: popping a queue's front leaves empty leaves there, and every
+    // later pop passes all of them until a rebuild (quadratic in the pops), while a rebuild
+    // costs about one step per live record.
+    let due = REBUILD_REMOVALS_MIN.max(store.index().len() / 2);
+    let hops = store.ordered().empty_hops();
+    let passed = usize::try_from(hops - state.hops_at_rebuild).unwrap_or(usize::MAX);
+    if state.removed_since_rebuild >= due
+        || (state.removed_since_rebuild >= REBUILD_REMOVALS_MIN && passed >= due)
+    {
         batch.tree = Some(store.ordered().rebuild());
         batch.records.append(&mut state.separators);
         state.removed_since_rebuild = 0;
+        state.hops_at_rebuild = hops;
     }
     batch.tables = store.index().take_retired();
     if !batch.records.is_empty() || !batch.tables.is_empty() || batch.tree.is_some() {

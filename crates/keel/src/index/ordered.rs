@@ -414,6 +414,9 @@ pub(crate) struct Ordered {
     /// A rebuild is reading the tree: inserts are also noted in `pending` for replay.
     rebuilding: AtomicBool,
     pending: Mutex<Vec<RecordRef>>,
+    /// Empty leaves scans have passed (a queue's front, popped and not yet rebuilt away):
+    /// the collector rebuilds sooner when scans waste much time on them.
+    empty_hops: CachePadded<std::sync::atomic::AtomicU64>,
 }
 
 /// The nodes of a tree a rebuild replaced, owned by the collector until no reader can be
@@ -469,7 +472,14 @@ impl Ordered {
             publish: Mutex::new(()),
             rebuilding: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
+            empty_hops: CachePadded::new(std::sync::atomic::AtomicU64::new(0)),
         }
+    }
+
+    /// Empty leaves scans have passed since the tree was made (every rebuild's tree
+    /// included).
+    pub(crate) fn empty_hops(&self) -> u64 {
+        self.empty_hops.load(Ordering::Relaxed)
     }
 
     fn root(&self) -> &Node {
@@ -850,6 +860,7 @@ impl Ordered {
                     record: RecordRef(record),
                 }));
             }
+            self.empty_hops.fetch_add(1, Ordering::Relaxed);
             node = next;
             version = next_version;
         }
@@ -901,6 +912,7 @@ impl Ordered {
                     record: RecordRef(record),
                 }));
             }
+            self.empty_hops.fetch_add(1, Ordering::Relaxed);
             node = prev;
             version = prev_version;
         }
