@@ -758,6 +758,28 @@ pub fn prometheus(shared: &Shared) -> String {
         "counter",
         &one(shared.reaper.swept_keys.load(Relaxed)),
     );
+    if let Some(cluster) = &shared.cluster
+        && shared.replication.get().is_none()
+    {
+        let o = &cluster.once;
+        counter(
+            "keel_once_total",
+            "Exactly-once forwarding: writes sent again after a lost answer (retried), given \
+             up with an ambiguous answer (ambiguous), answered here from a kept answer \
+             (replayed), answers kept here (kept), kept answers the reaper deleted (swept).",
+            "counter",
+            &[
+                ("{event=\"retried\"}".into(), o.retries.load(Relaxed)),
+                ("{event=\"ambiguous\"}".into(), o.ambiguous.load(Relaxed)),
+                ("{event=\"replayed\"}".into(), o.replayed.load(Relaxed)),
+                ("{event=\"kept\"}".into(), o.kept.load(Relaxed)),
+                (
+                    "{event=\"swept\"}".into(),
+                    shared.reaper.swept_answers.load(Relaxed),
+                ),
+            ],
+        );
+    }
     let l = &shared.lanes;
     counter(
         "keel_lane_switches_total",

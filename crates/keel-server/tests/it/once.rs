@@ -139,6 +139,7 @@ impl Pair {
                     c.cluster = Some(Arc::new(map));
                     c.cluster_bus = bus_addrs;
                     c.cluster_bus_listener = Some(bus);
+                    c.metrics = Some("127.0.0.1:0".parse().expect("an address"));
                 })
             })
             .collect();
@@ -210,6 +211,11 @@ fn a_write_whose_answer_is_lost_is_sent_again_and_applied_once() {
     assert_eq!(v, (3, 1), "the transaction ran once");
     assert_eq!(info_counter(&info(&pair.nodes[0]), "keel_once_retries"), 2);
     assert_eq!(info_counter(&info(&pair.nodes[1]), "keel_once_replayed"), 2);
+    let metrics = pair.nodes[1].metrics();
+    assert!(
+        metrics.contains("keel_once_total{event=\"replayed\"} 2\n"),
+        "{metrics}"
+    );
 
     // Reads carry no id and are not kept.
     let kept = info_counter(&info(&pair.nodes[1]), "keel_once_kept");
