@@ -28,6 +28,10 @@
 //! prepare or decision of it, so the records that refuse late duplicates (a prepare after
 //! its abort, a decision after a `Resolve`) need not be kept longer.
 //!
+//! A transaction that only reads is answered at its decision: its installs only release
+//! its keys, and every participant held them at the decision (one released early would
+//! have been resolved through the coordinator's log, before the decision).
+//!
 //! The client's answer waits for the participants' installs (up to one cluster timeout):
 //! after that, a participant that has not installed still holds the transaction's locks, and
 //! anything that would read the old value is refused (`Busy`) and retried until it installs.
@@ -402,6 +406,21 @@ async fn attempt_once<N: Net>(
         }
     }
 
+    // A transaction that only reads (no watched keys either) installs nothing: its commits
+    // only let go of the keys it holds. At the decision every participant held them (a
+    // participant that let go early was resolved through the coordinator's log, where the
+    // decision came first), so what it read is one state, current then: answer without
+    // waiting for the releases.
+    let reads_only = checks.iter().all(Vec::is_empty)
+        && work.iter().all(|(_, commands)| {
+            commands.iter().all(|command| {
+                command
+                    .first()
+                    .and_then(|name| crate::table::lookup(name))
+                    .is_some_and(|spec| crate::data::is_read_only(spec.cmd))
+            })
+        });
+
     // 3. Committed: the installs, then the answer; the decision is forgotten once every
     // participant installed.
     let installs = prepared
@@ -417,7 +436,9 @@ async fn attempt_once<N: Net>(
             let _ = net2.call(coordinator, forget, Instant::now() + span).await;
         }
     });
-    let _ = tokio::time::timeout_at(wait, &mut finish).await;
+    if !reads_only {
+        let _ = tokio::time::timeout_at(wait, &mut finish).await;
+    }
     Attempt::Committed(replies)
 }
 
