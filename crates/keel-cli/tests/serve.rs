@@ -560,9 +560,14 @@ fn a_server_that_churns_collections_and_ttls_stays_bounded() {
         rss.push(rss_of(server.child.id()));
     }
     let mib: Vec<u64> = rss.iter().map(|b| b >> 20).collect();
-    // RSS is noisy here (±10 MiB between rounds); without the sweeper it grows ~4 MiB a round.
+    // RSS is noisy here (±10 MiB between rounds, and a round that ends as the collector
+    // swaps in a rebuilt index holds both for a moment: one CI run saw 104 MiB among rounds
+    // of 72-86); without the sweeper it grows ~4 MiB a round. The median of the last three
+    // rounds against the first four: a spike does not count, steady growth does.
+    let mut last = rss[7..].to_vec();
+    last.sort_unstable();
     assert!(
-        rss[7..].iter().max() <= Some(&(rss[..4].iter().max().unwrap() + (16 << 20))),
+        last[1] <= rss[..4].iter().max().unwrap() + (16 << 20),
         "the server kept growing (MiB per round): {mib:?}"
     );
     drop(c);
