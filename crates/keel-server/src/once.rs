@@ -139,18 +139,9 @@ pub fn keep(txn: &mut Txn<'_>, id: Id, deadline_ms: u64, reply: &[u8]) -> Result
     Ok(())
 }
 
-/// What [`sweep`] did.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Swept {
-    /// Answers deleted.
-    pub deleted: u64,
-    /// More are due.
-    pub full: bool,
-}
-
 /// Deletes up to [`SWEEP_BATCH`] kept answers whose deadline is before `now_ms` (blind
 /// deletes: nothing else writes an answer once kept).
-pub fn sweep(db: &Db, now_ms: u64) -> Result<Swept, Fail> {
+pub fn sweep(db: &Db, now_ms: u64) -> Result<crate::reaper::Done, Fail> {
     let due: Vec<Vec<u8>> = {
         let snap = db
             .snapshot()
@@ -175,7 +166,7 @@ pub fn sweep(db: &Db, now_ms: u64) -> Result<Swept, Fail> {
     let full = due.len() > SWEEP_BATCH;
     let due = &due[..due.len().min(SWEEP_BATCH)];
     if due.is_empty() {
-        return Ok(Swept::default());
+        return Ok(crate::reaper::Done::default());
     }
     let mut txn = db
         .begin()
@@ -185,7 +176,7 @@ pub fn sweep(db: &Db, now_ms: u64) -> Result<Swept, Fail> {
         txn.delete(k)?;
     }
     match txn.commit() {
-        Ok(Ok(_)) => Ok(Swept {
+        Ok(Ok(_)) => Ok(crate::reaper::Done {
             deleted: due.len() as u64,
             full,
         }),
@@ -248,7 +239,7 @@ mod tests {
         // Due: deadlines before 2000 ms (the first only).
         assert_eq!(
             sweep(db, 2000).expect("sweeps"),
-            Swept {
+            crate::reaper::Done {
                 deleted: 1,
                 full: false
             }

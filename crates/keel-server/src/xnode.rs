@@ -139,11 +139,11 @@ enum Input {
     },
 }
 
-/// How long a prepare waits for the node's [`Gate`] before it votes `Busy`: briefly (the
-/// coordinator retries with jittered backoff). With one transaction prepared per node at a
-/// time (before read holds), `benchmarks/cross-node.py` measured 311 txn/s waiting up to
-/// 20 ms, 1 812 not waiting (but under `sync` a client then lost 30 conflicts in a row),
-/// 1 331 waiting up to 2 ms with no client refused.
+/// How long a prepare waits for the node's [`Gate`], or for a lock, before it votes `Busy`:
+/// briefly (the coordinator retries with jittered backoff). With one transaction prepared
+/// per node at a time (before read holds), `benchmarks/cross-node.py` measured 311 txn/s
+/// waiting up to 20 ms, 1 812 not waiting (but under `sync` a client then lost 30 conflicts
+/// in a row), 1 331 waiting up to 2 ms with no client refused.
 const GATE_WAIT: Duration = Duration::from_millis(2);
 
 /// The prepared transactions on this node whose reads the engine does not hold: those that
@@ -657,9 +657,10 @@ impl Driver {
         let inline = self.inline;
         self.offload(move || {
             stats.prepares.fetch_add(1, Relaxed);
-            let gate_wait = if inline { Duration::ZERO } else { GATE_WAIT };
-            let result = if gate.clear(gate_wait) {
-                execute(&shared, &work, &gate, inline, |reply| Meta {
+            // On the driver's task the holders' decisions run here too: waiting cannot help.
+            let wait = if inline { Duration::ZERO } else { GATE_WAIT };
+            let result = if gate.clear(wait) {
+                execute(&shared, &work, &gate, wait, |reply| Meta {
                     txn,
                     prepare,
                     participants,
@@ -754,15 +755,14 @@ impl Driver {
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
 /// `meta` builds from the replies. A transaction that scanned a range is counted by `gate`
 /// from before its validation (the flag returned says so); any other checks after its own
-/// validation that none is counted.
+/// validation that none is counted. `wait` bounds each wait for the gate and for a lock.
 fn execute(
     shared: &Shared,
     work: &Work,
     gate: &Gate,
-    inline: bool,
+    wait: Duration,
     meta: impl FnOnce(Replies) -> Meta,
 ) -> Result<(Prepared<'static>, Replies, bool), Refusal> {
-    let gate_wait = if inline { Duration::ZERO } else { GATE_WAIT };
     let db: &'static Db = shared.db;
     let mut ctx = crate::conn::ctx(shared);
     // Increments read: their replies must travel with the vote.
@@ -773,10 +773,7 @@ fn execute(
         Proto::Resp2
     };
     let mut txn = db.begin().map_err(|_| Refusal::Overloaded)?;
-    if inline {
-        // The holders' decisions run on this very task: waiting for them cannot help.
-        txn.set_prepare_lock_wait(Duration::ZERO);
-    }
+    txn.set_prepare_lock_wait(wait);
     let failed = |e: keel::Error| Refusal::Failed(format!("ERR keel: {e}"));
     for (key, ts) in &work.checks {
         if txn.newest_ts(key).map_err(failed)? > Some(keel::Ts(*ts)) {
@@ -821,7 +818,7 @@ fn execute(
     }
     let meta = postcard::to_stdvec(&meta(replies.clone())).expect("metadata encodes");
     let gated = txn.reads_ranges();
-    if gated && !gate.enter(gate_wait) {
+    if gated && !gate.enter(wait) {
         return Err(Refusal::Busy);
     }
     let prepared = match txn.prepare(|_| meta) {

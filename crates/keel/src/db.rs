@@ -1129,30 +1129,16 @@ impl Db {
     pub fn visible(&self, ts: Ts) -> impl std::future::Future<Output = Result<(), LogFailed>> {
         let shared = Arc::clone(&self.shared);
         std::future::poll_fn(move |cx| {
-            use std::task::Poll;
-            let failed = || {
-                shared
-                    .log
-                    .as_ref()
-                    .and_then(Log::failed)
-                    .expect("a log failure was flagged")
-            };
-            if shared.oracle.advance() >= ts.0 {
-                return Poll::Ready(Ok(()));
-            }
-            if shared.log_failed() {
-                return Poll::Ready(Err(failed()));
-            }
-            let passed = shared.oracle.watch(ts, cx.waker());
-            // The failure check after registering pairs with the log's failure path, which
-            // sets the flag before it wakes the watchers.
-            if passed {
-                Poll::Ready(Ok(()))
-            } else if shared.log_failed() {
-                Poll::Ready(Err(failed()))
-            } else {
-                Poll::Pending
-            }
+            shared
+                .poll_published(ts, cx)
+                .map(|published| match published {
+                    true => Ok(()),
+                    false => Err(shared
+                        .log
+                        .as_ref()
+                        .and_then(Log::failed)
+                        .expect("a log failure was flagged")),
+                })
         })
     }
 
@@ -1423,6 +1409,32 @@ impl Db {
 const GC_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Shared {
+    /// Whether the watermark has passed `ts` (`Ready(true)`) or the log failed first
+    /// (`Ready(false)`: the watermark may never move again); otherwise `cx` is woken when
+    /// either happens.
+    pub(crate) fn poll_published(
+        &self,
+        ts: Ts,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<bool> {
+        use std::task::Poll;
+        if self.oracle.advance() >= ts.0 {
+            return Poll::Ready(true);
+        }
+        if self.log_failed() {
+            return Poll::Ready(false);
+        }
+        // The failure check after registering pairs with the log's failure path, which sets
+        // the flag before it wakes the watchers.
+        if self.oracle.watch(ts, cx.waker()) {
+            Poll::Ready(true)
+        } else if self.log_failed() {
+            Poll::Ready(false)
+        } else {
+            Poll::Pending
+        }
+    }
+
     /// Wakes the collector for a pass now, before its interval is up (if it is waiting: a
     /// pass under way already takes what was noted before it started).
     pub(crate) fn wake_collector(&self) {

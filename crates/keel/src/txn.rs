@@ -360,38 +360,28 @@ impl std::future::Future for CommitFuture<'_> {
         use std::task::Poll;
         let this = &mut *self;
         let db = this.txn.db;
-        loop {
-            match this.state.take().expect("polled after it resolved") {
-                State::Ready(result) => return Poll::Ready(result),
-                State::Publish { ts, outcome } => {
-                    if db.oracle.advance() >= ts.0 {
-                        return Poll::Ready(this.txn.conclude(ts, outcome, true));
-                    }
-                    if db.log_failed() {
-                        return Poll::Ready(this.txn.conclude(ts, outcome, false));
-                    }
-                    let passed = db.oracle.watch(ts, cx.waker());
+        match this.state.take().expect("polled after it resolved") {
+            State::Ready(result) => Poll::Ready(result),
+            State::Publish { ts, outcome } => {
+                let Poll::Ready(published) = db.poll_published(ts, cx) else {
                     this.state = Some(State::Publish { ts, outcome });
-                    // The failure check after registering pairs with the log's failure
-                    // path, which sets the flag before it wakes the watchers.
-                    if !passed && !db.log_failed() {
-                        return Poll::Pending;
-                    }
+                    return Poll::Pending;
+                };
+                Poll::Ready(this.txn.conclude(ts, outcome, published))
+            }
+            State::Durable { end, committed } => {
+                let log = db.log.as_ref().expect("a durable wait has a log");
+                if !log.watch_durable(end, cx.waker()) {
+                    this.state = Some(State::Durable { end, committed });
+                    return Poll::Pending;
                 }
-                State::Durable { end, committed } => {
-                    let log = db.log.as_ref().expect("a durable wait has a log");
-                    if !log.watch_durable(end, cx.waker()) {
-                        this.state = Some(State::Durable { end, committed });
-                        return Poll::Pending;
-                    }
-                    return Poll::Ready(match log.durable_lsn() >= end {
-                        true => Ok(Ok(this.txn.conclude_split_only(committed))),
-                        false => Err(CommitError::Log(
-                            log.failed()
-                                .expect("a durable wait ends early only on failure"),
-                        )),
-                    });
-                }
+                Poll::Ready(match log.durable_lsn() >= end {
+                    true => Ok(Ok(this.txn.conclude_split_only(committed))),
+                    false => Err(CommitError::Log(
+                        log.failed()
+                            .expect("a durable wait ends early only on failure"),
+                    )),
+                })
             }
         }
     }
@@ -1270,7 +1260,7 @@ impl<'db> Txn<'db> {
             }
             leave(self);
             self.unlock_all(&locked, &slices, me);
-            self.unlock_shared(&shared);
+            unlock_shared(self.db, &shared);
             let counter = match conflict.reason {
                 ConflictReason::Phantom => &stats.aborts_phantom,
                 ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
@@ -1530,7 +1520,7 @@ impl<'db> Txn<'db> {
                     Locking::Held => break Some(record),
                     Locking::Dead => continue,
                     _ => {
-                        self.unlock_shared(&shared);
+                        unlock_shared(self.db, &shared);
                         return Err(Conflict {
                             key: key.to_vec(),
                             reason: ConflictReason::ReadChanged,
@@ -1560,10 +1550,6 @@ impl<'db> Txn<'db> {
             }
             backoff.snooze();
         }
-    }
-
-    fn unlock_shared(&self, shared: &[RecordRef]) {
-        unlock_shared(self.db, shared);
     }
 
     fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
