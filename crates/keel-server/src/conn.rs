@@ -134,7 +134,8 @@ pub(crate) fn watch_targets(
             crate::keyspace::plain_key(user_key).into_owned(),
         ));
         engine_keys.push(Bytes::from(meta_key.to_vec()));
-        // A collection's size record too, which every change of the collection writes.
+        // A collection's size record too, which every change of the collection writes (a
+        // packed hash has none: every change of it rewrites its meta record).
         let meta = txn.get_with(&meta_key, |v| v.map(crate::keyspace::Meta::decode))?;
         if let Some(Ok(m)) = &meta
             && m.deadline > crate::keyspace::unix_ms()
@@ -143,6 +144,7 @@ pub(crate) fn watch_targets(
         }
         if let Some(Ok(m)) = meta
             && m.ty != crate::keyspace::Type::String
+            && !m.packed
         {
             engine_keys.push(Bytes::from(
                 crate::keyspace::size_key(m.generation).to_vec(),
@@ -932,6 +934,7 @@ impl Conn {
                 }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
+                    ctx.contended.set(&conflict);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
@@ -1947,6 +1950,7 @@ impl Conn {
                 }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
+                    ctx.contended.set(&conflict);
                     if attempt >= CONFLICT_ATTEMPTS_MAX {
                         out.error(&format!(
                             "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
@@ -2980,6 +2984,7 @@ impl Conn {
                 }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
+                    ctx.contended.set(&conflict);
                     if attempt >= CONFLICT_ATTEMPTS_MAX {
                         out.error(&format!(
                             "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
@@ -3414,6 +3419,7 @@ pub(crate) fn ctx(shared: &Shared) -> Ctx<'_> {
         track_increments: true,
         clock: Default::default(),
         encodings: &shared.encodings,
+        contended: Default::default(),
     }
 }
 

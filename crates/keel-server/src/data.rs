@@ -189,6 +189,26 @@ pub struct Ctx<'a> {
     pub clock: ks::Clock,
     /// Redis' encoding thresholds, for `OBJECT ENCODING`.
     pub encodings: &'a crate::config::Encodings,
+    /// The engine key on which the caller's last attempt lost a conflict: a packed hash whose
+    /// meta record it is spreads over sub-keys when this attempt writes it (`hashes`). Never
+    /// set where commands must run alike on every replica (a replicated partition's log).
+    pub contended: Contended,
+}
+
+/// The key of the conflict that ended the last attempt (see [`Ctx::contended`]).
+#[derive(Default)]
+pub struct Contended(std::sync::Mutex<Option<Vec<u8>>>);
+
+impl Contended {
+    /// Records the conflict that ended an attempt.
+    pub fn set(&self, conflict: &keel::Conflict) {
+        *self.0.lock().expect("not poisoned") = Some(conflict.key.clone());
+    }
+
+    /// Whether the last attempt lost a conflict on `key`.
+    pub fn is(&self, key: &[u8]) -> bool {
+        self.0.lock().expect("not poisoned").as_deref() == Some(key)
+    }
 }
 
 /// The error for a reply over the output buffer limit.
@@ -1095,6 +1115,7 @@ pub mod test_support {
             track_increments: true,
             clock: Default::default(),
             encodings: &ENCODINGS,
+            contended: Default::default(),
         }
     }
 
@@ -1106,12 +1127,17 @@ pub mod test_support {
 
     /// Runs one command in `txn`, returning its reply bytes.
     pub fn run_in(txn: &mut Txn<'_>, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+        run_in_ctx(txn, &ctx(cursors), a)
+    }
+
+    /// Runs one command in `txn` with `ctx`, returning its reply bytes.
+    pub fn run_in_ctx(txn: &mut Txn<'_>, ctx: &Ctx<'_>, a: &[&str]) -> Vec<u8> {
         let cmd = crate::table::lookup(a[0].as_bytes())
             .expect("a command")
             .cmd;
         let mut buf = BytesMut::new();
         let mut out = Out::new(&mut buf, Proto::Resp2);
-        super::run(cmd, &args(a), &mut View::Txn(txn), &ctx(cursors), &mut out).expect("runs");
+        super::run(cmd, &args(a), &mut View::Txn(txn), ctx, &mut out).expect("runs");
         buf.to_vec()
     }
 

@@ -1,9 +1,18 @@
 //! Hash commands (`HSET`, `HGET`, `HINCRBY`, `HSCAN`, ...), over the layout of
-//! `docs/types.md`: the meta record holds the hash's generation; each field is its own engine
-//! key `FF 'h' gen field`; the size record `FF 'n' gen` is kept with the engine's commutative
-//! `add`.
+//! `docs/types.md`, in one of two encodings.
 //!
-//! A field write reads the meta record (which changes only when the hash is created, deleted,
+//! Packed ([`Fields`]): a small hash lives in its meta record (type code `H`), its fields in
+//! the order they were added, as Redis packs a small hash into a listpack. One record per hash
+//! instead of one per field plus two: a tenth of the memory for a hash of ten short fields.
+//! Every write rewrites the record, so writers of one packed hash conflict. A hash is spread
+//! (below) when it outgrows [`FIELDS_MAX`] fields or a field or value outgrows
+//! [`ITEM_BYTES_MAX`] bytes, and when a write to it follows a conflict on its meta record
+//! ([`Ctx::contended`]): a hash that concurrent writers contend for stops conflicting. A hash
+//! never goes back from spread to packed (nor does Redis' listpack), until it is deleted.
+//!
+//! Spread: the meta record holds the hash's generation; each field is its own engine
+//! key `FF 'h' gen field`; the size record `FF 'n' gen` is kept with the engine's commutative
+//! `add`. A field write reads the meta record (which changes only when the hash is created, deleted,
 //! renamed or given a TTL) and the one field, and adds to the size record without reading it:
 //! two writers of different fields never conflict. Every write adds, 0 when it only overwrites
 //! fields, so that the size record has a new version whenever the hash changes: that is what
@@ -11,6 +20,7 @@
 //! with its last field, as Redis does. Deleting or overwriting a whole hash is O(1): its
 //! generation goes to the graveyard (`keyspace::drop_meta`).
 
+use std::borrow::Cow;
 use std::ops::{Bound, ControlFlow};
 
 use bytes::Bytes;
@@ -66,15 +76,229 @@ fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Met
     }
 }
 
-/// The hash at `key` for a write: the existing one, or a new one (created in `t`, with an
-/// absent size record, so that the first `add` sets it). Whether it is new.
-fn find_or_create(t: &mut Txn<'_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Meta, Fail> {
-    if let Some(m) = find(&mut View::Txn(t), ctx, key)? {
-        return Ok(m);
+/// The largest packed hash: one more field spreads it. Redis packs up to 512 by default; keel
+/// stops sooner because every write rewrites the whole record (into the log too, where Redis'
+/// append-only file gets the command): at most about 16 KiB per write.
+pub const FIELDS_MAX: usize = 128;
+/// The longest field or value a packed hash holds (Redis' `hash-max-listpack-value` default):
+/// a longer one spreads it. Also what makes one length byte enough.
+pub const ITEM_BYTES_MAX: usize = 64;
+
+/// A packed hash's fields and values, in the order they were added: decoded from (and
+/// encoded to) its meta record's value, a sequence of `len (1 byte) field len (1 byte)
+/// value`.
+pub struct Fields<'a> {
+    list: Vec<(&'a [u8], Cow<'a, [u8]>)>,
+}
+
+impl<'a> Fields<'a> {
+    /// No fields: a hash about to be created.
+    fn new() -> Fields<'a> {
+        Fields { list: Vec::new() }
     }
-    let meta = Meta::collection(Type::Hash);
-    ks::put_meta(t, key, &meta, 0)?;
+
+    /// Decodes a packed hash's fields; damage is an error.
+    pub fn parse(mut bytes: &'a [u8]) -> Result<Fields<'a>, Fail> {
+        let mut list = Vec::new();
+        while !bytes.is_empty() {
+            let field = take_item(&mut bytes)?;
+            let value = take_item(&mut bytes)?;
+            list.push((field, Cow::Borrowed(value)));
+        }
+        Ok(Fields { list })
+    }
+
+    /// How many fields.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Each field and its value, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.list.iter().map(|(f, v)| (*f, &**v))
+    }
+
+    fn position(&self, field: &[u8]) -> Option<usize> {
+        self.list.iter().position(|(f, _)| *f == field)
+    }
+
+    /// The value of `field`.
+    pub fn get(&self, field: &[u8]) -> Option<&[u8]> {
+        self.position(field).map(|i| &*self.list[i].1)
+    }
+
+    /// Sets `field` to `value` (in place, or added last); whether it is new.
+    fn set(&mut self, field: &'a [u8], value: Cow<'a, [u8]>) -> bool {
+        match self.position(field) {
+            Some(i) => {
+                self.list[i].1 = value;
+                false
+            }
+            None => {
+                self.list.push((field, value));
+                true
+            }
+        }
+    }
+
+    /// Removes `field`; whether it was there.
+    fn remove(&mut self, field: &[u8]) -> bool {
+        match self.position(field) {
+            Some(i) => {
+                self.list.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the fields may stay packed.
+    fn fit(&self) -> bool {
+        self.list.len() <= FIELDS_MAX
+            && self
+                .list
+                .iter()
+                .all(|(f, v)| f.len() <= ITEM_BYTES_MAX && v.len() <= ITEM_BYTES_MAX)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let bytes = self.list.iter().map(|(f, v)| 2 + f.len() + v.len()).sum();
+        let mut out = Vec::with_capacity(bytes);
+        for (f, v) in &self.list {
+            for item in [*f, &**v] {
+                out.push(u8::try_from(item.len()).expect("a packed item fits a length byte"));
+                out.extend_from_slice(item);
+            }
+        }
+        out
+    }
+}
+
+/// Splits one length-prefixed item off the front of `bytes`.
+fn take_item<'a>(bytes: &mut &'a [u8]) -> Result<&'a [u8], Fail> {
+    let damaged = || Fail::from("ERR keel: damaged packed hash");
+    let (&len, rest) = bytes.split_first().ok_or_else(damaged)?;
+    let item = rest.get(..usize::from(len)).ok_or_else(damaged)?;
+    *bytes = &rest[usize::from(len)..];
+    Ok(item)
+}
+
+/// Writes the hash at `key` (`old`: its meta record; `None`: it is new) with `fields` after a
+/// change, packed if they fit and no conflict on the record preceded this attempt, else
+/// spread; with no fields left, deletes it.
+fn write_packed(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    old: Option<&Meta>,
+    fields: &Fields<'_>,
+) -> Result<(), Fail> {
+    if fields.len() == 0 {
+        if let Some(m) = old {
+            ks::drop_meta(t, key, m)?;
+        }
+        return Ok(());
+    }
+    if fields.fit() && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
+        let deadline = old.map_or(0, |m| m.deadline);
+        let meta = Meta::packed_hash(fields.encode(), deadline);
+        return ks::put_meta(t, key, &meta, deadline);
+    }
+    spread(t, key, old, fields).map(drop)
+}
+
+/// Spreads the hash at `key` (`old`: its meta record; `None`: it is new) with `fields` over
+/// sub-keys of a new generation; its new meta record.
+fn spread(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    old: Option<&Meta>,
+    fields: &Fields<'_>,
+) -> Result<Meta, Fail> {
+    let deadline = old.map_or(0, |m| m.deadline);
+    let mut meta = Meta::collection(Type::Hash);
+    meta.deadline = deadline;
+    for (f, v) in fields.iter() {
+        t.put(&ks::sub_key(HASH_FIELD, meta.generation, f), v)?;
+    }
+    if fields.len() > 0 {
+        t.add(&ks::size_key(meta.generation), fields.len() as i64)?;
+    }
+    ks::put_meta(t, key, &meta, deadline)?;
     Ok(meta)
+}
+
+/// A hash about to be written: the packed fields to change (of a new hash, or a packed one),
+/// or a spread hash's meta record.
+enum Target<'m> {
+    Packed(Option<&'m Meta>, Fields<'m>),
+    Spread(Meta),
+}
+
+impl<'m> Target<'m> {
+    /// The hash `meta` (`None`: absent, to be created), to be written with `items` (fields
+    /// and values): spread at once (in `t`) if they cannot all be packed, so that a large
+    /// `HSET` never packs field by field.
+    fn of(
+        t: &mut Txn<'_>,
+        key: &[u8],
+        meta: Option<&'m Meta>,
+        items: &[Bytes],
+    ) -> Result<Target<'m>, Fail> {
+        let target = match meta {
+            None => Target::Packed(None, Fields::new()),
+            Some(m) if m.packed => Target::Packed(Some(m), Fields::parse(&m.value)?),
+            Some(m) => return Ok(Target::Spread(m.clone())),
+        };
+        let fit = items.len() / 2 <= FIELDS_MAX && items.iter().all(|a| a.len() <= ITEM_BYTES_MAX);
+        match target {
+            Target::Packed(old, fields) if !fit => {
+                Ok(Target::Spread(spread(t, key, old, &fields)?))
+            }
+            target => Ok(target),
+        }
+    }
+}
+
+/// Reads a hash's field: from its packed fields, or its sub-key.
+fn read_field<T>(
+    view: &mut View<'_, '_>,
+    meta: &Meta,
+    field: &[u8],
+    f: impl FnOnce(Option<&[u8]>) -> T,
+) -> Result<T, Fail> {
+    if meta.packed {
+        return Ok(f(Fields::parse(&meta.value)?.get(field)));
+    }
+    Ok(view.get_with(&ks::sub_key(HASH_FIELD, meta.generation, field), f)?)
+}
+
+/// The number of fields of the hash `meta`.
+fn len(view: &mut View<'_, '_>, meta: &Meta) -> Result<i64, Fail> {
+    if meta.packed {
+        return Ok(Fields::parse(&meta.value)?.len() as i64);
+    }
+    size(view, meta.generation)
+}
+
+/// `HINCRBY`'s sum.
+fn incr_int(current: Option<&[u8]>, delta: i64) -> Result<i64, Fail> {
+    let base = match current {
+        None => 0,
+        Some(v) => string_to_i64(v).ok_or("ERR hash value is not an integer")?,
+    };
+    Ok(base
+        .checked_add(delta)
+        .ok_or("ERR increment or decrement would overflow")?)
+}
+
+/// `HINCRBYFLOAT`'s sum, as text.
+fn incr_float(current: Option<&[u8]>, incr: &[u8]) -> Result<Vec<u8>, Fail> {
+    long_double::add(current, incr).map_err(|e| match e {
+        long_double::Error::Current => Fail::from("ERR hash value is not a float"),
+        long_double::Error::Incr => NOT_FLOAT.into(),
+        long_double::Error::NotFinite => "ERR increment would produce NaN or Infinity".into(),
+    })
 }
 
 /// The number of fields (the size record).
@@ -111,6 +335,42 @@ fn each_field(
     view.range(lo, hi, false, |k, v| f(&k[prefix.len()..], v.to_vec()));
 }
 
+/// A field and its value.
+type Pair = (Vec<u8>, Vec<u8>);
+
+/// Every field and value of the hash `meta` (in the order they were added when packed, else
+/// in field order), bounded by the reply limits.
+fn all_fields(
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    meta: &Meta,
+) -> Result<Vec<Pair>, Fail> {
+    let mut pairs = Vec::new();
+    let mut bytes = 0;
+    let mut take = |f: &[u8], v: Vec<u8>| {
+        bytes += f.len() + v.len() + 32;
+        pairs.push((f.to_vec(), v));
+        if bytes > ctx.reply_bytes_max || pairs.len() > REPLY_ITEMS_MAX {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    };
+    if meta.packed {
+        for (f, v) in Fields::parse(&meta.value)?.iter() {
+            if take(f, v.to_vec()).is_break() {
+                break;
+            }
+        }
+    } else {
+        each_field(view, meta.generation, None, take);
+    }
+    if bytes > ctx.reply_bytes_max || pairs.len() > REPLY_ITEMS_MAX {
+        return Err(reply_too_big());
+    }
+    Ok(pairs)
+}
+
 /// Runs one hash command (see [`handles`]).
 pub fn run(
     cmd: Cmd,
@@ -127,13 +387,24 @@ pub fn run(
                 return Err(format!("ERR wrong number of arguments for '{name}' command").into());
             }
             let t = view.txn();
-            let meta = find_or_create(t, ctx, key)?;
+            let meta = find(&mut View::Txn(t), ctx, key)?;
             let mut added = 0;
-            for pair in args[2..].chunks(2) {
-                added += i64::from(put_field(t, meta.generation, &pair[0], &pair[1])?);
+            match Target::of(t, key, meta.as_ref(), &args[2..])? {
+                Target::Packed(old, mut fields) => {
+                    for pair in args[2..].chunks(2) {
+                        added += i64::from(fields.set(&pair[0], Cow::Borrowed(&pair[1])));
+                    }
+                    write_packed(t, ctx, key, old, &fields)?;
+                }
+                Target::Spread(m) => {
+                    for pair in args[2..].chunks(2) {
+                        added += i64::from(put_field(t, m.generation, &pair[0], &pair[1])?);
+                    }
+                    // Also when every field was there already (add 0): `WATCH` sees the
+                    // overwrite.
+                    t.add(&ks::size_key(m.generation), added)?;
+                }
             }
-            // Also when every field was there already (add 0): `WATCH` sees the overwrite.
-            t.add(&ks::size_key(meta.generation), added)?;
             if cmd == Cmd::Hset {
                 out.int(added);
             } else {
@@ -142,30 +413,44 @@ pub fn run(
         }
         Cmd::Hsetnx => {
             let t = view.txn();
-            let meta = find_or_create(t, ctx, key)?;
-            let fk = ks::sub_key(HASH_FIELD, meta.generation, &args[2]);
-            if t.get_with(&fk, |v| v.is_some())? {
-                out.int(0);
-            } else {
-                t.put(&fk, &args[3])?;
-                t.add(&ks::size_key(meta.generation), 1)?;
-                out.int(1);
-            }
+            let meta = find(&mut View::Txn(t), ctx, key)?;
+            let added = match Target::of(t, key, meta.as_ref(), &args[2..])? {
+                Target::Packed(old, mut fields) => {
+                    let added = fields.get(&args[2]).is_none();
+                    if added {
+                        fields.set(&args[2], Cow::Borrowed(&args[3]));
+                        write_packed(t, ctx, key, old, &fields)?;
+                    }
+                    added
+                }
+                Target::Spread(m) => {
+                    let fk = ks::sub_key(HASH_FIELD, m.generation, &args[2]);
+                    let added = !t.get_with(&fk, |v| v.is_some())?;
+                    if added {
+                        t.put(&fk, &args[3])?;
+                        t.add(&ks::size_key(m.generation), 1)?;
+                    }
+                    added
+                }
+            };
+            out.int(i64::from(added));
         }
         Cmd::Hget => match find(view, ctx, key)? {
             None => out.null(),
-            Some(m) => {
-                let fk = ks::sub_key(HASH_FIELD, m.generation, &args[2]);
-                view.get_with(&fk, |v| out.bulk_or_null(v))?;
-            }
+            Some(m) => read_field(view, &m, &args[2], |v| out.bulk_or_null(v))?,
         },
         Cmd::Hmget => {
             let meta = find(view, ctx, key)?;
+            let packed = match &meta {
+                Some(m) if m.packed => Some(Fields::parse(&m.value)?),
+                _ => None,
+            };
             out.array(args.len() - 2);
             for field in &args[2..] {
-                match &meta {
-                    None => out.null(),
-                    Some(m) => {
+                match (&meta, &packed) {
+                    (None, _) => out.null(),
+                    (Some(_), Some(fields)) => out.bulk_or_null(fields.get(field)),
+                    (Some(m), None) => {
                         let fk = ks::sub_key(HASH_FIELD, m.generation, field);
                         view.get_with(&fk, |v| out.bulk_or_null(v))?;
                     }
@@ -183,20 +468,7 @@ pub fn run(
                 }
                 return Ok(());
             };
-            let mut pairs = Vec::new();
-            let mut bytes = 0;
-            each_field(view, m.generation, None, |f, v| {
-                bytes += f.len() + v.len() + 32;
-                pairs.push((f.to_vec(), v));
-                if bytes > ctx.reply_bytes_max || pairs.len() > REPLY_ITEMS_MAX {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            });
-            if bytes > ctx.reply_bytes_max || pairs.len() > REPLY_ITEMS_MAX {
-                return Err(reply_too_big());
-            }
+            let pairs = all_fields(view, ctx, &m)?;
             match cmd {
                 Cmd::Hgetall => out.map(pairs.len()),
                 _ => out.array(pairs.len()),
@@ -217,6 +489,17 @@ pub fn run(
                 return Ok(());
             };
             let mut removed = 0;
+            if m.packed {
+                let mut fields = Fields::parse(&m.value)?;
+                for field in &args[2..] {
+                    removed += i64::from(fields.remove(field));
+                }
+                if removed > 0 {
+                    write_packed(t, ctx, key, Some(&m), &fields)?;
+                }
+                out.int(removed);
+                return Ok(());
+            }
             for field in &args[2..] {
                 let fk = ks::sub_key(HASH_FIELD, m.generation, field);
                 if t.get_with(&fk, |v| v.is_some())? {
@@ -242,47 +525,45 @@ pub fn run(
         Cmd::Hlen => {
             let n = match find(view, ctx, key)? {
                 None => 0,
-                Some(m) => size(view, m.generation)?,
+                Some(m) => len(view, &m)?,
             };
             out.int(n);
         }
         Cmd::Hexists => {
             let found = match find(view, ctx, key)? {
                 None => false,
-                Some(m) => view
-                    .get_with(&ks::sub_key(HASH_FIELD, m.generation, &args[2]), |v| {
-                        v.is_some()
-                    })?,
+                Some(m) => read_field(view, &m, &args[2], |v| v.is_some())?,
             };
             out.int(i64::from(found));
         }
         Cmd::Hstrlen => {
             let len = match find(view, ctx, key)? {
                 None => 0,
-                Some(m) => view
-                    .get_with(&ks::sub_key(HASH_FIELD, m.generation, &args[2]), |v| {
-                        v.map_or(0, <[u8]>::len)
-                    })?,
+                Some(m) => read_field(view, &m, &args[2], |v| v.map_or(0, <[u8]>::len))?,
             };
             out.int(len as i64);
         }
         Cmd::Hincrby => {
             let delta = int_arg(&args[3])?;
             let t = view.txn();
-            let meta = find_or_create(t, ctx, key)?;
-            let fk = ks::sub_key(HASH_FIELD, meta.generation, &args[2]);
-            let current = t.get_with(&fk, |v| v.map(string_to_i64))?;
-            let base = match current {
-                None => 0,
-                Some(Some(n)) => n,
-                Some(None) => return Err("ERR hash value is not an integer".into()),
+            let meta = find(&mut View::Txn(t), ctx, key)?;
+            let sum = match Target::of(t, key, meta.as_ref(), &args[2..3])? {
+                Target::Packed(old, mut fields) => {
+                    let sum = incr_int(fields.get(&args[2]), delta)?;
+                    fields.set(&args[2], Cow::Owned(sum.to_string().into_bytes()));
+                    write_packed(t, ctx, key, old, &fields)?;
+                    sum
+                }
+                Target::Spread(m) => {
+                    let fk = ks::sub_key(HASH_FIELD, m.generation, &args[2]);
+                    let (sum, new) = t.get_with(&fk, |v| (incr_int(v, delta), v.is_none()))?;
+                    let sum = sum?;
+                    t.put(&fk, sum.to_string().as_bytes())?;
+                    // 0 for an existing field: `WATCH` sees the overwrite.
+                    t.add(&ks::size_key(m.generation), i64::from(new))?;
+                    sum
+                }
             };
-            let sum = base
-                .checked_add(delta)
-                .ok_or("ERR increment or decrement would overflow")?;
-            t.put(&fk, sum.to_string().as_bytes())?;
-            // 0 for an existing field: `WATCH` sees the overwrite.
-            t.add(&ks::size_key(meta.generation), i64::from(current.is_none()))?;
             out.int(sum);
         }
         Cmd::Hincrbyfloat => {
@@ -294,19 +575,24 @@ pub fn run(
                 Some(false) => {}
             }
             let t = view.txn();
-            let meta = find_or_create(t, ctx, key)?;
-            let fk = ks::sub_key(HASH_FIELD, meta.generation, &args[2]);
-            let current = t.get(&fk)?;
-            let text = long_double::add(current.as_deref(), &args[3]).map_err(|e| match e {
-                long_double::Error::Current => Fail::from("ERR hash value is not a float"),
-                long_double::Error::Incr => NOT_FLOAT.into(),
-                long_double::Error::NotFinite => {
-                    "ERR increment would produce NaN or Infinity".into()
+            let meta = find(&mut View::Txn(t), ctx, key)?;
+            let text = match Target::of(t, key, meta.as_ref(), &args[2..3])? {
+                Target::Packed(old, mut fields) => {
+                    let text = incr_float(fields.get(&args[2]), &args[3])?;
+                    fields.set(&args[2], Cow::Owned(text.clone()));
+                    write_packed(t, ctx, key, old, &fields)?;
+                    text
                 }
-            })?;
-            t.put(&fk, &text)?;
-            // 0 for an existing field: `WATCH` sees the overwrite.
-            t.add(&ks::size_key(meta.generation), i64::from(current.is_none()))?;
+                Target::Spread(m) => {
+                    let fk = ks::sub_key(HASH_FIELD, m.generation, &args[2]);
+                    let current = t.get(&fk)?;
+                    let text = incr_float(current.as_deref(), &args[3])?;
+                    t.put(&fk, &text)?;
+                    // 0 for an existing field: `WATCH` sees the overwrite.
+                    t.add(&ks::size_key(m.generation), i64::from(current.is_none()))?;
+                    text
+                }
+            };
             out.bulk(&text);
         }
         Cmd::Hscan => hscan(args, view, ctx, out)?,
@@ -332,27 +618,33 @@ fn hscan(
         return Ok(());
     };
     let (pattern, mut count) = scan_options(args)?;
-    let after = ctx.cursors.resume(cursor)?;
-    if cursor == 0 && size(view, m.generation)? as u64 <= HSCAN_WHOLE_FIELDS_MAX {
-        count = HSCAN_WHOLE_FIELDS_MAX as usize + 1;
-    }
-    let mut visited = Vec::new();
-    let mut bytes = 0;
-    each_field(view, m.generation, after.as_deref(), |f, v| {
-        bytes += f.len() + v.len() + 32;
-        visited.push((f.to_vec(), v));
-        if visited.len() >= count || bytes > ctx.reply_bytes_max {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
+    let (visited, next) = if m.packed {
+        // Whole, whatever the cursor, as Redis scans a listpack.
+        (all_fields(view, ctx, &m)?, 0)
+    } else {
+        let after = ctx.cursors.resume(cursor)?;
+        if cursor == 0 && size(view, m.generation)? as u64 <= HSCAN_WHOLE_FIELDS_MAX {
+            count = HSCAN_WHOLE_FIELDS_MAX as usize + 1;
         }
-    });
-    if bytes > ctx.reply_bytes_max {
-        return Err(reply_too_big());
-    }
-    let next = match visited.last() {
-        Some((last, _)) if visited.len() == count => ctx.cursors.save(last.clone()),
-        _ => 0,
+        let mut visited = Vec::new();
+        let mut bytes = 0;
+        each_field(view, m.generation, after.as_deref(), |f, v| {
+            bytes += f.len() + v.len() + 32;
+            visited.push((f.to_vec(), v));
+            if visited.len() >= count || bytes > ctx.reply_bytes_max {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        if bytes > ctx.reply_bytes_max {
+            return Err(reply_too_big());
+        }
+        let next = match visited.last() {
+            Some((last, _)) if visited.len() == count => ctx.cursors.save(last.clone()),
+            _ => 0,
+        };
+        (visited, next)
     };
     let hits: Vec<_> = visited
         .iter()
@@ -393,6 +685,12 @@ fn hrandfield(
             out.null();
             return Ok(());
         };
+        if m.packed {
+            let fields = Fields::parse(&m.value)?;
+            let pick = random() as usize % fields.len().max(1);
+            out.bulk_or_null(fields.iter().nth(pick).map(|(f, _)| f));
+            return Ok(());
+        }
         let n = size(view, m.generation)?;
         let pick = if n > 0 { random() % n as u64 } else { 0 };
         let mut i = 0;
@@ -413,20 +711,7 @@ fn hrandfield(
         return Ok(());
     };
     // Read the hash (bounded by the reply limit), then pick from it.
-    let mut all = Vec::new();
-    let mut bytes = 0;
-    each_field(view, m.generation, None, |f, v| {
-        bytes += f.len() + v.len() + 32;
-        all.push((f.to_vec(), v));
-        if bytes > ctx.reply_bytes_max || all.len() > REPLY_ITEMS_MAX {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    });
-    if bytes > ctx.reply_bytes_max || all.len() > REPLY_ITEMS_MAX {
-        return Err(reply_too_big());
-    }
+    let all = all_fields(view, ctx, &m)?;
     if all.is_empty() {
         // Not left by any command (the last field's HDEL deletes the key), but no reason to
         // divide by zero below.

@@ -277,6 +277,12 @@ fn encoding(
         Held::Absent => unreachable!("the caller checked that the key exists"),
         Held::Plain(v) => return Ok(string_encoding(v.as_deref().unwrap_or_default())),
         Held::Meta(m) if m.ty == Type::String => return Ok(string_encoding(&m.value)),
+        Held::Meta(m) if m.packed => {
+            let fields = crate::hashes::Fields::parse(&m.value)?;
+            let listpack = fields.len() as i64 <= limits.hash_entries()
+                && fields.iter().all(|(f, v)| fits(f, v, limits.hash_value()));
+            return Ok(if listpack { "listpack" } else { "hashtable" });
+        }
         Held::Meta(m) => m,
     };
     let size = crate::sets::size(view, meta.generation)?;

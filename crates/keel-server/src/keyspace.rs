@@ -133,11 +133,18 @@ pub struct Meta {
     pub deadline: u64,
     /// A collection's generation (0 for a string).
     pub generation: u64,
-    /// A string's value (empty for a collection).
+    /// A string's value; a packed hash's fields (`crate::hashes::packed`); empty for any
+    /// other collection.
     pub value: Vec<u8>,
+    /// A small hash packed into this record (type code `H`): its fields are `value`, and it
+    /// has no generation, sub-keys or size record.
+    pub packed: bool,
 }
 
 const META_HEAD_BYTES: usize = 9;
+
+/// The type code of a packed hash's meta record.
+const PACKED_HASH: u8 = b'H';
 
 impl Meta {
     /// A string with a TTL.
@@ -147,6 +154,19 @@ impl Meta {
             deadline,
             generation: 0,
             value: value.to_vec(),
+            packed: false,
+        }
+    }
+
+    /// A hash packed into its meta record, with `fields` (`crate::hashes::packed`'s bytes)
+    /// and `deadline`.
+    pub fn packed_hash(fields: Vec<u8>, deadline: u64) -> Meta {
+        Meta {
+            ty: Type::Hash,
+            deadline,
+            generation: 0,
+            value: fields,
+            packed: true,
         }
     }
 
@@ -157,17 +177,24 @@ impl Meta {
             deadline: 0,
             generation: new_generation(),
             value: Vec::new(),
+            packed: false,
         }
     }
 
-    /// The record's bytes: type, deadline (8, big-endian), then the value or generation.
+    /// The record's bytes: type, deadline (8, big-endian), then the value (a string's, a
+    /// packed hash's fields) or the generation.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(META_HEAD_BYTES + 8 + self.value.len());
-        out.push(self.ty.code());
+        out.push(if self.packed {
+            PACKED_HASH
+        } else {
+            self.ty.code()
+        });
         out.extend_from_slice(&self.deadline.to_be_bytes());
-        match self.ty {
-            Type::String => out.extend_from_slice(&self.value),
-            _ => out.extend_from_slice(&self.generation.to_be_bytes()),
+        if self.ty == Type::String || self.packed {
+            out.extend_from_slice(&self.value);
+        } else {
+            out.extend_from_slice(&self.generation.to_be_bytes());
         }
         out
     }
@@ -176,9 +203,12 @@ impl Meta {
     pub fn decode(bytes: &[u8]) -> Result<Meta, Fail> {
         let damaged = || -> Fail { "ERR keel: damaged meta record".into() };
         let (&code, rest) = bytes.split_first().ok_or_else(damaged)?;
-        let ty = Type::from_code(code).ok_or_else(damaged)?;
         let (deadline, body) = rest.split_first_chunk::<8>().ok_or_else(damaged)?;
         let deadline = u64::from_be_bytes(*deadline);
+        if code == PACKED_HASH {
+            return Ok(Meta::packed_hash(body.to_vec(), deadline));
+        }
+        let ty = Type::from_code(code).ok_or_else(damaged)?;
         let (generation, value) = match ty {
             Type::String => (0, body.to_vec()),
             _ => {
@@ -191,6 +221,7 @@ impl Meta {
             deadline,
             generation,
             value,
+            packed: false,
         })
     }
 
@@ -537,14 +568,15 @@ pub fn lookup(
 }
 
 /// Removes `key` whose meta record is `meta` (and any plain integer shadowing it is left to
-/// the caller): the meta record, its expiry index entry and, for a collection, its size
-/// record, with a graveyard entry for the sweeper to delete its sub-keys.
+/// the caller): the meta record, its expiry index entry and, for a collection with sub-keys
+/// (not a packed hash), its size record, with a graveyard entry for the sweeper to delete its
+/// sub-keys.
 pub fn drop_meta(t: &mut Txn<'_>, key: &[u8], meta: &Meta) -> Result<(), Fail> {
     t.delete(&meta_key(key))?;
     if meta.deadline != 0 {
         t.delete(&expiry_key(meta.deadline, key))?;
     }
-    if meta.ty != Type::String {
+    if meta.ty != Type::String && !meta.packed {
         t.delete(&size_key(meta.generation))?;
         t.put(&grave_key(meta.generation), &[meta.ty.code()])?;
     }
@@ -664,8 +696,8 @@ pub fn rename(
 }
 
 /// Copies `src` (holding `held`, with its value read) to `dst`, replacing whatever `dst`
-/// holds; the TTL is copied too. A collection is copied member by member under a new
-/// generation (sub-keys and size record), in `t`: O(n), within one transaction's limits.
+/// holds; the TTL is copied too. A packed hash is copied with its meta record; another
+/// collection is copied member by member under a new generation (sub-keys and size record), in `t`: O(n), within one transaction's limits.
 pub fn copy(
     t: &mut Txn<'_>,
     clock: &Clock,
@@ -676,7 +708,7 @@ pub fn copy(
     let copied = match held {
         Held::Absent => unreachable!("the caller checked that the source exists"),
         Held::Plain(_) => held.clone(),
-        Held::Meta(m) if m.ty == Type::String => held.clone(),
+        Held::Meta(m) if m.ty == Type::String || m.packed => held.clone(),
         Held::Meta(m) => {
             let fresh = Meta::collection(m.ty).generation;
             copy_members(t, src, m, fresh)?;

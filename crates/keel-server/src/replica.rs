@@ -1744,6 +1744,7 @@ fn read_here(
         track_increments: false,
         clock: Default::default(),
         encodings: &encodings,
+        contended: Default::default(),
     };
     let mut buf = bytes::BytesMut::new();
     let mut out = Out::new(&mut buf, request.proto());

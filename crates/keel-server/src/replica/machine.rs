@@ -685,6 +685,7 @@ pub fn execute(
             track_increments: false,
             clock: Clock::at(request.now_ms),
             encodings: &encodings,
+            contended: Default::default(),
         };
         let mut buf = BytesMut::new();
         let mut out = Out::new(&mut buf, proto);

@@ -575,6 +575,7 @@ fn run_each(
         track_increments: false,
         clock: crate::keyspace::Clock::at(request.now_ms),
         encodings: &encodings,
+        contended: Default::default(),
     };
     let commands = request.args();
     data::with_seed(seed, || {
