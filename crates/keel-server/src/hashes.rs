@@ -31,7 +31,7 @@ use crate::data::{
     random_count_arg, random_picks, reply_too_big, scan_options,
 };
 use crate::glob;
-use crate::keyspace::{self as ks, HASH_FIELD, Held, Meta, Type, WRONGTYPE};
+use crate::keyspace::{self as ks, HASH_FIELD, Held, Meta, Type, WRONGTYPE, packed};
 use crate::long_double;
 use crate::reply::{Out, Proto};
 use crate::resp::string_to_i64;
@@ -76,13 +76,10 @@ fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Met
     }
 }
 
-/// The largest packed hash: one more field spreads it. Redis packs up to 512 by default; keel
-/// stops sooner because every write rewrites the whole record (into the log too, where Redis'
-/// append-only file gets the command): at most about 16 KiB per write.
-pub const FIELDS_MAX: usize = 128;
-/// The longest field or value a packed hash holds (Redis' `hash-max-listpack-value` default):
-/// a longer one spreads it. Also what makes one length byte enough.
-pub const ITEM_BYTES_MAX: usize = 64;
+/// The largest packed hash: one more field spreads it.
+pub const FIELDS_MAX: usize = packed::ITEMS_MAX;
+/// The longest field or value a packed hash holds: a longer one spreads it.
+pub const ITEM_BYTES_MAX: usize = packed::ITEM_BYTES_MAX;
 
 /// A packed hash's fields and values, in the order they were added: decoded from (and
 /// encoded to) its meta record's value, a sequence of `len (1 byte) field len (1 byte)
@@ -101,8 +98,8 @@ impl<'a> Fields<'a> {
     pub fn parse(mut bytes: &'a [u8]) -> Result<Fields<'a>, Fail> {
         let mut list = Vec::new();
         while !bytes.is_empty() {
-            let field = take_item(&mut bytes)?;
-            let value = take_item(&mut bytes)?;
+            let field = packed::take(&mut bytes)?;
+            let value = packed::take(&mut bytes)?;
             list.push((field, Cow::Borrowed(value)));
         }
         Ok(Fields { list })
@@ -154,33 +151,19 @@ impl<'a> Fields<'a> {
 
     /// Whether the fields may stay packed.
     fn fit(&self) -> bool {
-        self.list.len() <= FIELDS_MAX
-            && self
-                .list
-                .iter()
-                .all(|(f, v)| f.len() <= ITEM_BYTES_MAX && v.len() <= ITEM_BYTES_MAX)
+        let items = self.list.iter().flat_map(|(f, v)| [*f, &**v]);
+        packed::fit(self.list.len(), items)
     }
 
     fn encode(&self) -> Vec<u8> {
         let bytes = self.list.iter().map(|(f, v)| 2 + f.len() + v.len()).sum();
         let mut out = Vec::with_capacity(bytes);
         for (f, v) in &self.list {
-            for item in [*f, &**v] {
-                out.push(u8::try_from(item.len()).expect("a packed item fits a length byte"));
-                out.extend_from_slice(item);
-            }
+            packed::push(&mut out, f);
+            packed::push(&mut out, v);
         }
         out
     }
-}
-
-/// Splits one length-prefixed item off the front of `bytes`.
-fn take_item<'a>(bytes: &mut &'a [u8]) -> Result<&'a [u8], Fail> {
-    let damaged = || Fail::from("ERR keel: damaged packed hash");
-    let (&len, rest) = bytes.split_first().ok_or_else(damaged)?;
-    let item = rest.get(..usize::from(len)).ok_or_else(damaged)?;
-    *bytes = &rest[usize::from(len)..];
-    Ok(item)
 }
 
 /// Writes the hash at `key` (`old`: its meta record; `None`: it is new) with `fields` after a
@@ -201,7 +184,7 @@ fn write_packed(
     }
     if fields.fit() && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
         let deadline = old.map_or(0, |m| m.deadline);
-        let meta = Meta::packed_hash(fields.encode(), deadline);
+        let meta = Meta::packed(Type::Hash, fields.encode(), deadline);
         return ks::put_meta(t, key, &meta, deadline);
     }
     spread(t, key, old, fields).map(drop)
@@ -340,11 +323,7 @@ type Pair = (Vec<u8>, Vec<u8>);
 
 /// Every field and value of the hash `meta` (in the order they were added when packed, else
 /// in field order), bounded by the reply limits.
-fn all_fields(
-    view: &mut View<'_, '_>,
-    ctx: &Ctx<'_>,
-    meta: &Meta,
-) -> Result<Vec<Pair>, Fail> {
+fn all_fields(view: &mut View<'_, '_>, ctx: &Ctx<'_>, meta: &Meta) -> Result<Vec<Pair>, Fail> {
     let mut pairs = Vec::new();
     let mut bytes = 0;
     let mut take = |f: &[u8], v: Vec<u8>| {

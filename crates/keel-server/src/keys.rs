@@ -277,6 +277,7 @@ fn encoding(
         Held::Absent => unreachable!("the caller checked that the key exists"),
         Held::Plain(v) => return Ok(string_encoding(v.as_deref().unwrap_or_default())),
         Held::Meta(m) if m.ty == Type::String => return Ok(string_encoding(&m.value)),
+        Held::Meta(m) if m.ty == Type::List => return Ok("quicklist"),
         Held::Meta(m) if m.packed => {
             let fields = crate::hashes::Fields::parse(&m.value)?;
             let listpack = fields.len() as i64 <= limits.hash_entries()

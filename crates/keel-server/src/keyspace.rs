@@ -133,11 +133,11 @@ pub struct Meta {
     pub deadline: u64,
     /// A collection's generation (0 for a string).
     pub generation: u64,
-    /// A string's value; a packed hash's fields (`crate::hashes::packed`); empty for any
-    /// other collection.
+    /// A string's value; a packed collection's items ([`packed`]); empty for any other
+    /// collection.
     pub value: Vec<u8>,
-    /// A small hash packed into this record (type code `H`): its fields are `value`, and it
-    /// has no generation, sub-keys or size record.
+    /// A small hash or list packed into this record (type code `H` or `L`): its items are
+    /// `value`, and it has no generation, sub-keys or size record.
     pub packed: bool,
 }
 
@@ -145,6 +145,8 @@ const META_HEAD_BYTES: usize = 9;
 
 /// The type code of a packed hash's meta record.
 const PACKED_HASH: u8 = b'H';
+/// The type code of a packed list's meta record.
+const PACKED_LIST: u8 = b'L';
 
 impl Meta {
     /// A string with a TTL.
@@ -158,14 +160,15 @@ impl Meta {
         }
     }
 
-    /// A hash packed into its meta record, with `fields` (`crate::hashes::packed`'s bytes)
-    /// and `deadline`.
-    pub fn packed_hash(fields: Vec<u8>, deadline: u64) -> Meta {
+    /// A hash or list packed into its meta record, with `items` ([`packed`]'s bytes) and
+    /// `deadline`.
+    pub fn packed(ty: Type, items: Vec<u8>, deadline: u64) -> Meta {
+        debug_assert!(matches!(ty, Type::Hash | Type::List));
         Meta {
-            ty: Type::Hash,
+            ty,
             deadline,
             generation: 0,
-            value: fields,
+            value: items,
             packed: true,
         }
     }
@@ -185,10 +188,10 @@ impl Meta {
     /// packed hash's fields) or the generation.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(META_HEAD_BYTES + 8 + self.value.len());
-        out.push(if self.packed {
-            PACKED_HASH
-        } else {
-            self.ty.code()
+        out.push(match (self.packed, self.ty) {
+            (true, Type::List) => PACKED_LIST,
+            (true, _) => PACKED_HASH,
+            (false, ty) => ty.code(),
         });
         out.extend_from_slice(&self.deadline.to_be_bytes());
         if self.ty == Type::String || self.packed {
@@ -205,8 +208,10 @@ impl Meta {
         let (&code, rest) = bytes.split_first().ok_or_else(damaged)?;
         let (deadline, body) = rest.split_first_chunk::<8>().ok_or_else(damaged)?;
         let deadline = u64::from_be_bytes(*deadline);
-        if code == PACKED_HASH {
-            return Ok(Meta::packed_hash(body.to_vec(), deadline));
+        match code {
+            PACKED_HASH => return Ok(Meta::packed(Type::Hash, body.to_vec(), deadline)),
+            PACKED_LIST => return Ok(Meta::packed(Type::List, body.to_vec(), deadline)),
+            _ => {}
         }
         let ty = Type::from_code(code).ok_or_else(damaged)?;
         let (generation, value) = match ty {
@@ -954,6 +959,42 @@ pub fn expiry_summary(snap: &keel::Snapshot<'_>) -> (u64, u64) {
         u64::try_from(left_sum / u128::from(left_n)).unwrap_or(u64::MAX)
     };
     (n, avg)
+}
+
+/// The items of a collection packed into its meta record (a hash's fields and values, a
+/// list's elements): each a length byte, then its bytes.
+pub mod packed {
+    use crate::data::Fail;
+
+    /// The longest item a packed collection holds (Redis' `hash-max-listpack-value`
+    /// default): a longer one spreads it. Also what makes one length byte enough.
+    pub const ITEM_BYTES_MAX: usize = 64;
+
+    /// Most items (fields, elements) a packed collection holds: one more spreads it. Redis
+    /// packs up to 512 hash fields by default; keel stops sooner because every write rewrites
+    /// the whole record (into the log too, where Redis' append-only file gets the command):
+    /// at most about 16 KiB per write.
+    pub const ITEMS_MAX: usize = 128;
+
+    /// Appends one item.
+    pub fn push(out: &mut Vec<u8>, item: &[u8]) {
+        out.push(u8::try_from(item.len()).expect("a packed item fits a length byte"));
+        out.extend_from_slice(item);
+    }
+
+    /// Splits one item off the front of `bytes`; damage is an error.
+    pub fn take<'a>(bytes: &mut &'a [u8]) -> Result<&'a [u8], Fail> {
+        let damaged = || Fail::from("ERR keel: damaged packed collection");
+        let (&len, rest) = bytes.split_first().ok_or_else(damaged)?;
+        let item = rest.get(..usize::from(len)).ok_or_else(damaged)?;
+        *bytes = &rest[usize::from(len)..];
+        Ok(item)
+    }
+
+    /// Whether `items` may stay packed.
+    pub fn fit<'a>(count: usize, mut items: impl Iterator<Item = &'a [u8]>) -> bool {
+        count <= ITEMS_MAX && items.all(|i| i.len() <= ITEM_BYTES_MAX)
+    }
 }
 
 #[cfg(test)]

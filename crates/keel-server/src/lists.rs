@@ -22,13 +22,14 @@
 //! like the non-blocking command or says that it would block; the connection then waits in the
 //! registry of `blocking.rs`. Inside `MULTI` they never block: nothing to pop is a null reply.
 
+use std::collections::BTreeMap;
 use std::ops::{Bound, ControlFlow};
 
 use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, reply_too_big};
-use crate::keyspace::{self as ks, Held, LIST_ITEM, Meta, Type, WRONGTYPE};
+use crate::keyspace::{self as ks, Held, LIST_ITEM, Meta, Type, WRONGTYPE, packed};
 use crate::reply::Out;
 use crate::table::Cmd;
 
@@ -182,25 +183,282 @@ fn damaged() -> Fail {
     "ERR keel: damaged list record".into()
 }
 
-/// Reads the head (`tail == false`) or tail record.
-fn read_end(view: &mut View<'_, '_>, generation: u64, tail: bool) -> Result<i64, Fail> {
-    let v = view.get_with(&ks::list_end_key(generation, tail), |v| {
-        v.and_then(|b| <[u8; 8]>::try_from(b).ok())
-    })?;
-    v.map(i64::from_be_bytes).ok_or_else(damaged)
+/// A list as one command sees it: spread over sub-keys (its elements at `FF 'l' gen index`,
+/// its ends and its size record), or packed in its meta record. A packed list's elements are
+/// loaded into a map under the dense indices a spread list would give them (head 0), so that
+/// every command runs the same steps on either; [`List::finish`] writes a changed packed list
+/// back: packed, or spread when it outgrew the limits or its record was contended, or deleted.
+struct List {
+    /// The meta record as found (`None`: a list this command creates).
+    meta: Option<Meta>,
+    /// A packed (or new) list's elements, as the command changes them.
+    packed: Option<Packed>,
 }
 
-fn write_end(t: &mut Txn<'_>, generation: u64, tail: bool, index: i64) -> Result<(), Fail> {
-    t.put(&ks::list_end_key(generation, tail), &index.to_be_bytes())?;
-    Ok(())
+/// A packed list's elements while a command runs.
+struct Packed {
+    items: BTreeMap<i64, Vec<u8>>,
+    head: i64,
+    tail: i64,
+    /// Changed: [`List::finish`] writes it back.
+    dirty: bool,
+    /// Its last element went: [`List::finish`] deletes the key.
+    dropped: bool,
 }
 
-/// Head and tail.
-fn ends(view: &mut View<'_, '_>, generation: u64) -> Result<(i64, i64), Fail> {
-    Ok((
-        read_end(view, generation, false)?,
-        read_end(view, generation, true)?,
-    ))
+impl List {
+    /// The list `meta` describes.
+    fn open(meta: Meta) -> Result<List, Fail> {
+        if !meta.packed {
+            return Ok(List {
+                meta: Some(meta),
+                packed: None,
+            });
+        }
+        let mut items = BTreeMap::new();
+        let mut bytes = &meta.value[..];
+        let mut tail = 0;
+        while !bytes.is_empty() {
+            items.insert(tail, packed::take(&mut bytes)?.to_vec());
+            tail += 1;
+        }
+        Ok(List {
+            meta: Some(meta),
+            packed: Some(Packed {
+                items,
+                head: 0,
+                tail,
+                dirty: false,
+                dropped: false,
+            }),
+        })
+    }
+
+    /// A new, empty list (written by [`List::finish`] once something is pushed).
+    fn create() -> List {
+        List {
+            meta: None,
+            packed: Some(Packed {
+                items: BTreeMap::new(),
+                head: 0,
+                tail: 0,
+                dirty: false,
+                dropped: false,
+            }),
+        }
+    }
+
+    /// A spread list's generation.
+    fn generation(&self) -> u64 {
+        self.meta.as_ref().map_or(0, |m| m.generation)
+    }
+
+    fn item_key(&self, index: i64) -> ks::KeyBuf {
+        item_key(self.generation(), index)
+    }
+
+    /// The head (`tail == false`: the index of the first element) or the tail (one past the
+    /// last).
+    fn end(&mut self, view: &mut View<'_, '_>, tail: bool) -> Result<i64, Fail> {
+        if let Some(p) = &self.packed {
+            return Ok(if tail { p.tail } else { p.head });
+        }
+        let v = view.get_with(&ks::list_end_key(self.generation(), tail), |v| {
+            v.and_then(|b| <[u8; 8]>::try_from(b).ok())
+        })?;
+        v.map(i64::from_be_bytes).ok_or_else(damaged)
+    }
+
+    /// Head and tail.
+    fn ends(&mut self, view: &mut View<'_, '_>) -> Result<(i64, i64), Fail> {
+        Ok((self.end(view, false)?, self.end(view, true)?))
+    }
+
+    fn set_end(&mut self, t: &mut Txn<'_>, tail: bool, index: i64) -> Result<(), Fail> {
+        if let Some(p) = &mut self.packed {
+            *(if tail { &mut p.tail } else { &mut p.head }) = index;
+            p.dirty = true;
+            return Ok(());
+        }
+        t.put(
+            &ks::list_end_key(self.generation(), tail),
+            &index.to_be_bytes(),
+        )?;
+        Ok(())
+    }
+
+    /// Calls `f` with the element at `index` (`None`: none).
+    fn get_with<T>(
+        &mut self,
+        view: &mut View<'_, '_>,
+        index: i64,
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, Fail> {
+        if let Some(p) = &self.packed {
+            return Ok(f(p.items.get(&index).map(Vec::as_slice)));
+        }
+        Ok(view.get_with(&self.item_key(index), f)?)
+    }
+
+    fn put(&mut self, t: &mut Txn<'_>, index: i64, value: &[u8]) -> Result<(), Fail> {
+        if let Some(p) = &mut self.packed {
+            p.items.insert(index, value.to_vec());
+            p.dirty = true;
+            return Ok(());
+        }
+        t.put(&self.item_key(index), value)?;
+        Ok(())
+    }
+
+    fn delete(&mut self, t: &mut Txn<'_>, index: i64) -> Result<(), Fail> {
+        if let Some(p) = &mut self.packed {
+            p.items.remove(&index);
+            p.dirty = true;
+            return Ok(());
+        }
+        t.delete(&self.item_key(index))?;
+        Ok(())
+    }
+
+    /// Calls `f` on the elements with indices in `lo..=hi`, in order (reversed with `rev`),
+    /// until it says stop.
+    fn each(
+        &mut self,
+        view: &mut View<'_, '_>,
+        lo: i64,
+        hi: i64,
+        rev: bool,
+        mut f: impl FnMut(i64, &[u8]) -> ControlFlow<()>,
+    ) {
+        if lo > hi {
+            return;
+        }
+        if let Some(p) = &self.packed {
+            let mut range = p.items.range(lo..=hi);
+            let mut visit = |(&i, v): (&i64, &Vec<u8>)| f(i, v);
+            if rev {
+                let _ = range.rev().try_for_each(&mut visit);
+            } else {
+                let _ = range.try_for_each(&mut visit);
+            }
+            return;
+        }
+        let generation = self.generation();
+        let lo = Bound::Included(item_key(generation, lo).to_vec());
+        let hi = Bound::Included(item_key(generation, hi).to_vec());
+        view.range(lo, hi, rev, |k, v| f(index_of(k), v));
+    }
+
+    /// Adds `n` to the length (0 when it stays: still a change that `WATCH` sees).
+    fn add_len(&mut self, t: &mut Txn<'_>, n: i64) -> Result<(), Fail> {
+        if let Some(p) = &mut self.packed {
+            p.dirty = true;
+            return Ok(());
+        }
+        t.add(&ks::size_key(self.generation()), n)?;
+        Ok(())
+    }
+
+    /// The length.
+    fn len(&mut self, view: &mut View<'_, '_>) -> Result<i64, Fail> {
+        if let Some(p) = &self.packed {
+            return Ok(p.items.len() as i64);
+        }
+        let n = view.get_with(&ks::size_key(self.generation()), |v| {
+            v.map(crate::resp::string_to_i64)
+        })?;
+        match n {
+            None => Ok(0),
+            Some(Some(n)) => Ok(n),
+            Some(None) => Err(damaged()),
+        }
+    }
+
+    /// Removes the key of a list whose last element is gone (its elements already deleted):
+    /// no graveyard entry, there is nothing left to sweep.
+    fn drop_empty(&mut self, t: &mut Txn<'_>, key: &[u8]) -> Result<(), Fail> {
+        if let Some(p) = &mut self.packed {
+            p.dropped = true;
+            p.dirty = true;
+            return Ok(());
+        }
+        let meta = self
+            .meta
+            .as_ref()
+            .expect("a spread list has its meta record");
+        t.delete(&ks::meta_key(key))?;
+        if meta.deadline != 0 {
+            t.delete(&ks::expiry_key(meta.deadline, key))?;
+        }
+        t.delete(&ks::list_end_key(meta.generation, false))?;
+        t.delete(&ks::list_end_key(meta.generation, true))?;
+        t.delete(&ks::size_key(meta.generation))?;
+        Ok(())
+    }
+
+    /// Replies with the length after a change: for a spread list tracked (resolved at commit,
+    /// without reading the size record) when the caller allows it.
+    fn reply_len(&mut self, t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Result<(), Fail> {
+        if self.packed.is_none() && ctx.track_increments {
+            out.tracked(t.track(&ks::size_key(self.generation()))?);
+        } else {
+            out.int(self.len(&mut View::Txn(t))?);
+        }
+        Ok(())
+    }
+
+    /// The element index of offset `index` (negative: from the tail), `None` if out of range.
+    fn resolve(&mut self, view: &mut View<'_, '_>, index: i64) -> Result<Option<i64>, Fail> {
+        let (head, tail) = self.ends(view)?;
+        let at = if index < 0 {
+            tail.checked_add(index)
+        } else {
+            head.checked_add(index)
+        };
+        Ok(at.filter(|&i| i >= head && i < tail))
+    }
+
+    /// Writes a changed packed list back to `key` (see [`List`]); a spread list's changes are
+    /// written already.
+    fn finish(self, t: &mut Txn<'_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<(), Fail> {
+        let Some(p) = self.packed.filter(|p| p.dirty) else {
+            return Ok(());
+        };
+        let old = self.meta.as_ref();
+        if p.dropped || p.items.is_empty() {
+            if let Some(m) = old {
+                ks::drop_meta(t, key, m)?;
+            }
+            return Ok(());
+        }
+        let dense = p.items.len() as i64 == p.tail - p.head
+            && p.items.first_key_value().is_some_and(|(&i, _)| i == p.head);
+        if !dense {
+            return Err("ERR keel: a list's elements are not dense".into());
+        }
+        let deadline = old.map_or(0, |m| m.deadline);
+        let fit = packed::fit(p.items.len(), p.items.values().map(Vec::as_slice));
+        if fit && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
+            let mut items = Vec::with_capacity(p.items.values().map(|v| v.len() + 1).sum());
+            for v in p.items.values() {
+                packed::push(&mut items, v);
+            }
+            return ks::put_meta(t, key, &Meta::packed(Type::List, items, deadline), deadline);
+        }
+        let mut meta = Meta::collection(Type::List);
+        meta.deadline = deadline;
+        for (i, v) in p.items.values().enumerate() {
+            t.put(&item_key(meta.generation, i as i64), v)?;
+        }
+        let len = p.items.len() as i64;
+        t.put(
+            &ks::list_end_key(meta.generation, false),
+            &0i64.to_be_bytes(),
+        )?;
+        t.put(&ks::list_end_key(meta.generation, true), &len.to_be_bytes())?;
+        t.add(&ks::size_key(meta.generation), len)?;
+        ks::put_meta(t, key, &meta, deadline)
+    }
 }
 
 /// The list at `key`: `None` if absent, `WRONGTYPE` if it holds something else.
@@ -212,121 +470,53 @@ fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Met
     }
 }
 
-/// Calls `f` on the elements with indices in `lo..=hi`, in order (reversed with `rev`), until
-/// it says stop.
-fn each(
-    view: &mut View<'_, '_>,
-    generation: u64,
-    lo: i64,
-    hi: i64,
-    rev: bool,
-    mut f: impl FnMut(i64, &[u8]) -> ControlFlow<()>,
-) {
-    if lo > hi {
-        return;
-    }
-    let lo = Bound::Included(item_key(generation, lo).to_vec());
-    let hi = Bound::Included(item_key(generation, hi).to_vec());
-    view.range(lo, hi, rev, |k, v| f(index_of(k), v));
+/// The list at `key`, opened: `None` if absent, `WRONGTYPE` if it holds something else.
+fn open(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<List>, Fail> {
+    find(view, ctx, key)?.map(List::open).transpose()
 }
 
-/// Removes the key of a list whose last element is gone (its elements already deleted): no
-/// graveyard entry, there is nothing left to sweep.
-fn drop_empty(t: &mut Txn<'_>, key: &[u8], meta: &Meta) -> Result<(), Fail> {
-    t.delete(&ks::meta_key(key))?;
-    if meta.deadline != 0 {
-        t.delete(&ks::expiry_key(meta.deadline, key))?;
-    }
-    t.delete(&ks::list_end_key(meta.generation, false))?;
-    t.delete(&ks::list_end_key(meta.generation, true))?;
-    t.delete(&ks::size_key(meta.generation))?;
-    Ok(())
-}
-
-/// Pushes `values` at `end` of the list `meta` (`None`: create it at `key`); the list's
-/// generation. The caller adds to the size record.
+/// Pushes `values` at `end` of `list` (`None`: create it); the list, to finish. The caller
+/// adds to the length.
 fn push(
     t: &mut Txn<'_>,
-    key: &[u8],
-    meta: Option<Meta>,
+    list: Option<List>,
     end: End,
     values: &[impl AsRef<[u8]>],
-) -> Result<u64, Fail> {
+) -> Result<List, Fail> {
     let tail = end == End::Tail;
-    let (generation, mut at) = match meta {
-        Some(m) => (
-            m.generation,
-            read_end(&mut View::Txn(t), m.generation, tail)?,
-        ),
-        None => {
-            let m = Meta::collection(Type::List);
-            ks::put_meta(t, key, &m, 0)?;
-            // The end not pushed at is written once, here.
-            write_end(t, m.generation, !tail, 0)?;
-            (m.generation, 0)
-        }
-    };
+    let mut list = list.unwrap_or_else(List::create);
+    let mut at = list.end(&mut View::Txn(t), tail)?;
     for v in values {
         match end {
             End::Head => {
                 at -= 1;
-                t.put(&item_key(generation, at), v.as_ref())?;
+                list.put(t, at, v.as_ref())?;
             }
             End::Tail => {
-                t.put(&item_key(generation, at), v.as_ref())?;
+                list.put(t, at, v.as_ref())?;
                 at += 1;
             }
         }
     }
-    write_end(t, generation, tail, at)?;
-    Ok(generation)
+    list.set_end(t, tail, at)?;
+    Ok(list)
 }
 
-/// Replies with a list's length after a change: tracked (resolved at commit, without reading
-/// the size record) when the caller allows it.
-fn reply_len(
-    t: &mut Txn<'_>,
-    ctx: &Ctx<'_>,
-    generation: u64,
-    out: &mut Out<'_>,
-) -> Result<(), Fail> {
-    let size = ks::size_key(generation);
-    if ctx.track_increments {
-        out.tracked(t.track(&size)?);
-    } else {
-        out.int(size_of(&mut View::Txn(t), generation)?);
-    }
-    Ok(())
-}
-
-/// The length (the size record).
-fn size_of(view: &mut View<'_, '_>, generation: u64) -> Result<i64, Fail> {
-    let n = view.get_with(&ks::size_key(generation), |v| {
-        v.map(crate::resp::string_to_i64)
-    })?;
-    match n {
-        None => Ok(0),
-        Some(Some(n)) => Ok(n),
-        Some(None) => Err(damaged()),
-    }
-}
-
-/// Pops up to `count` elements from `end` of the list `meta` at `key`, deleting the key with
-/// its last element.
 /// Pops of at most this many elements (one more is read, to see whether any remain) read
 /// them one by one rather than as a range.
 const POP_POINT_READS_MAX: usize = 8;
 
+/// Pops up to `count` elements from `end` of `list` at `key`, deleting the key with its last
+/// element.
 fn pop(
     t: &mut Txn<'_>,
     key: &[u8],
-    meta: &Meta,
+    list: &mut List,
     end: End,
     count: usize,
 ) -> Result<Vec<Vec<u8>>, Fail> {
-    let generation = meta.generation;
     let tail = end == End::Tail;
-    let at = read_end(&mut View::Txn(t), generation, tail)?;
+    let at = list.end(&mut View::Txn(t), tail)?;
     // One element more than asked for: whether any remain.
     let want = count.saturating_add(1);
     let span = i64::try_from(want).unwrap_or(i64::MAX);
@@ -341,14 +531,13 @@ fn pop(
         // a range would descend the ordered index and be scanned again at commit.
         for i in 0..span {
             let index = if tail { at - 1 - i } else { at + i };
-            let key = item_key(generation, index);
-            match View::Txn(t).get_with(&key, |v| v.map(<[u8]>::to_vec))? {
+            match list.get_with(&mut View::Txn(t), index, |v| v.map(<[u8]>::to_vec))? {
                 Some(v) => found.push(v),
                 None => break,
             }
         }
     } else {
-        each(&mut View::Txn(t), generation, lo, hi, tail, |_, v| {
+        list.each(&mut View::Txn(t), lo, hi, tail, |_, v| {
             found.push(v.to_vec());
             if found.len() >= want {
                 ControlFlow::Break(())
@@ -365,13 +554,13 @@ fn pop(
             End::Head => at + i,
             End::Tail => at - 1 - i,
         };
-        t.delete(&item_key(generation, index))?;
+        list.delete(t, index)?;
     }
     if !more {
-        drop_empty(t, key, meta)?;
+        list.drop_empty(t, key)?;
     } else if n > 0 {
-        write_end(t, generation, tail, if tail { at - n } else { at + n })?;
-        t.add(&ks::size_key(generation), -n)?;
+        list.set_end(t, tail, if tail { at - n } else { at + n })?;
+        list.add_len(t, -n)?;
     }
     Ok(found)
 }
@@ -401,17 +590,6 @@ fn clamp(start: i64, end: i64, len: i64) -> Option<(i64, i64)> {
     Some((start, end))
 }
 
-/// The element index of offset `index` (negative: from the tail), `None` if out of range.
-fn resolve(view: &mut View<'_, '_>, generation: u64, index: i64) -> Result<Option<i64>, Fail> {
-    let (head, tail) = ends(view, generation)?;
-    let at = if index < 0 {
-        tail.checked_add(index)
-    } else {
-        head.checked_add(index)
-    };
-    Ok(at.filter(|&i| i >= head && i < tail))
-}
-
 /// Runs one list command (see [`handles`]). Blocking commands here do not block (`MULTI`).
 pub fn run(
     cmd: Cmd,
@@ -429,14 +607,15 @@ pub fn run(
                 End::Tail
             };
             let t = view.txn();
-            let meta = find(&mut View::Txn(t), ctx, key)?;
-            if meta.is_none() && matches!(cmd, Cmd::Lpushx | Cmd::Rpushx) {
+            let list = open(&mut View::Txn(t), ctx, key)?;
+            if list.is_none() && matches!(cmd, Cmd::Lpushx | Cmd::Rpushx) {
                 out.int(0);
                 return Ok(());
             }
-            let generation = push(t, key, meta, end, &args[2..])?;
-            t.add(&ks::size_key(generation), (args.len() - 2) as i64)?;
-            reply_len(t, ctx, generation, out)?;
+            let mut list = push(t, list, end, &args[2..])?;
+            list.add_len(t, (args.len() - 2) as i64)?;
+            list.reply_len(t, ctx, out)?;
+            list.finish(t, ctx, key)?;
         }
         Cmd::Lpop | Cmd::Rpop => {
             let end = if cmd == Cmd::Lpop {
@@ -457,7 +636,7 @@ pub fn run(
                 ),
             };
             let t = view.txn();
-            let Some(meta) = find(&mut View::Txn(t), ctx, key)? else {
+            let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
                 match count {
                     Some(_) => out.null_array(),
                     None => out.null(),
@@ -466,12 +645,12 @@ pub fn run(
             };
             match count {
                 None => {
-                    let popped = pop(t, key, &meta, end, 1)?;
+                    let popped = pop(t, key, &mut list, end, 1)?;
                     out.bulk_or_null(popped.first().map(Vec::as_slice));
                 }
                 Some(0) => out.array(0),
                 Some(n) => {
-                    let popped = pop(t, key, &meta, end, n.min(REPLY_ITEMS_MAX + 1))?;
+                    let popped = pop(t, key, &mut list, end, n.min(REPLY_ITEMS_MAX + 1))?;
                     if popped.len() > REPLY_ITEMS_MAX
                         || popped.iter().map(|v| v.len() + 16).sum::<usize>() > ctx.reply_bytes_max
                     {
@@ -483,22 +662,23 @@ pub fn run(
                     }
                 }
             }
+            list.finish(t, ctx, key)?;
         }
         Cmd::Llen => {
-            let n = match find(view, ctx, key)? {
+            let n = match open(view, ctx, key)? {
                 None => 0,
-                Some(m) => size_of(view, m.generation)?,
+                Some(mut list) => list.len(view)?,
             };
             out.int(n);
         }
         Cmd::Lrange => {
             let start = int_arg(&args[2])?;
             let stop = int_arg(&args[3])?;
-            let Some(m) = find(view, ctx, key)? else {
+            let Some(mut list) = open(view, ctx, key)? else {
                 out.array(0);
                 return Ok(());
             };
-            let (head, tail) = ends(view, m.generation)?;
+            let (head, tail) = list.ends(view)?;
             let Some((s, e)) = clamp(start, stop, tail - head) else {
                 out.array(0);
                 return Ok(());
@@ -512,7 +692,7 @@ pub fn run(
             let count = (e - s + 1) as usize;
             out.array(count);
             let (mut bytes, mut written) = (0, 0);
-            each(view, m.generation, head + s, head + e, false, |_, v| {
+            list.each(view, head + s, head + e, false, |_, v| {
                 bytes += v.len() + 16;
                 written += 1;
                 out.bulk(v);
@@ -532,49 +712,53 @@ pub fn run(
             }
         }
         Cmd::Lindex => {
-            let Some(m) = find(view, ctx, key)? else {
+            let Some(mut list) = open(view, ctx, key)? else {
                 out.null();
                 return Ok(());
             };
             let index = int_arg(&args[2])?;
-            match resolve(view, m.generation, index)? {
+            match list.resolve(view, index)? {
                 None => out.null(),
-                Some(at) => {
-                    view.get_with(&item_key(m.generation, at), |v| out.bulk_or_null(v))?;
-                }
+                Some(at) => list.get_with(view, at, |v| out.bulk_or_null(v))?,
             }
         }
         Cmd::Lset => {
             let t = view.txn();
-            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+            let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
                 return Err("ERR no such key".into());
             };
             let index = int_arg(&args[2])?;
-            let at = resolve(&mut View::Txn(t), m.generation, index)?.ok_or(OUT_OF_RANGE)?;
-            t.put(&item_key(m.generation, at), &args[3])?;
+            let at = list
+                .resolve(&mut View::Txn(t), index)?
+                .ok_or(OUT_OF_RANGE)?;
+            list.put(t, at, &args[3])?;
             // No change of length, but a new version of the size record: `WATCH` sees it.
-            t.add(&ks::size_key(m.generation), 0)?;
+            list.add_len(t, 0)?;
+            list.finish(t, ctx, key)?;
             out.ok();
         }
         Cmd::Ltrim => {
             let start = int_arg(&args[2])?;
             let stop = int_arg(&args[3])?;
             let t = view.txn();
-            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+            let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
                 out.ok();
                 return Ok(());
             };
-            ltrim(t, key, &m, start, stop)?;
+            ltrim(t, key, &mut list, start, stop)?;
+            list.finish(t, ctx, key)?;
             out.ok();
         }
         Cmd::Lrem => {
             let count = int_arg(&args[2])?;
             let t = view.txn();
-            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+            let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
                 out.int(0);
                 return Ok(());
             };
-            out.int(lrem(t, key, &m, count, &args[3])?);
+            let removed = lrem(t, key, &mut list, count, &args[3])?;
+            list.finish(t, ctx, key)?;
+            out.int(removed);
         }
         Cmd::Linsert => {
             let after = if args[2].eq_ignore_ascii_case(b"after") {
@@ -585,12 +769,13 @@ pub fn run(
                 return Err(SYNTAX.into());
             };
             let t = view.txn();
-            let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+            let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
                 out.int(0);
                 return Ok(());
             };
-            if linsert(t, &m, after, &args[3], &args[4])? {
-                reply_len(t, ctx, m.generation, out)?;
+            if linsert(t, &mut list, after, &args[3], &args[4])? {
+                list.reply_len(t, ctx, out)?;
+                list.finish(t, ctx, key)?;
             } else {
                 out.int(-1);
             }
@@ -646,8 +831,9 @@ pub fn run_blocking(
                 End::Tail
             };
             for key in blocking_keys(cmd, args) {
-                if let Some(m) = find(&mut View::Txn(t), ctx, key)? {
-                    let popped = pop(t, key, &m, end, 1)?;
+                if let Some(mut list) = open(&mut View::Txn(t), ctx, key)? {
+                    let popped = pop(t, key, &mut list, end, 1)?;
+                    list.finish(t, ctx, key)?;
                     let value = popped.first().ok_or_else(damaged)?;
                     out.array(2);
                     out.bulk(key);
@@ -717,10 +903,11 @@ fn mpop(
     out: &mut Out<'_>,
 ) -> Result<bool, Fail> {
     for key in keys {
-        let Some(m) = find(&mut View::Txn(t), ctx, key)? else {
+        let Some(mut list) = open(&mut View::Txn(t), ctx, key)? else {
             continue;
         };
-        let popped = pop(t, key, &m, end, count.min(REPLY_ITEMS_MAX + 1))?;
+        let popped = pop(t, key, &mut list, end, count.min(REPLY_ITEMS_MAX + 1))?;
+        list.finish(t, ctx, key)?;
         if popped.len() > REPLY_ITEMS_MAX
             || popped.iter().map(|v| v.len() + 16).sum::<usize>() > ctx.reply_bytes_max
         {
@@ -748,37 +935,41 @@ fn lmove(
     to: End,
     out: &mut Out<'_>,
 ) -> Result<bool, Fail> {
-    let Some(m) = find(&mut View::Txn(t), ctx, src)? else {
+    let Some(mut list) = open(&mut View::Txn(t), ctx, src)? else {
         return Ok(false);
     };
     // The destination's type is checked before anything moves, as in Redis.
     find(&mut View::Txn(t), ctx, dst)?;
     if src == dst {
-        let (head, tail) = ends(&mut View::Txn(t), m.generation)?;
+        let (head, tail) = list.ends(&mut View::Txn(t))?;
         if tail - head == 1 {
             // Moving the only element of a list onto itself leaves the list as it was; Redis
             // pushes before it checks whether the source ran empty, so the key (and its TTL)
             // stays. Nothing moves, but 0 is added to the length, so that it is still a
             // write to a WATCH (as `LSET`).
-            let value = t.get(&item_key(m.generation, head))?.ok_or_else(damaged)?;
-            t.add(&ks::size_key(m.generation), 0)?;
+            let value = list
+                .get_with(&mut View::Txn(t), head, |v| v.map(<[u8]>::to_vec))?
+                .ok_or_else(damaged)?;
+            list.add_len(t, 0)?;
+            list.finish(t, ctx, src)?;
             out.bulk(&value);
             return Ok(true);
         }
     }
-    let popped = pop(t, src, &m, from, 1)?;
+    let popped = pop(t, src, &mut list, from, 1)?;
+    list.finish(t, ctx, src)?;
     let value = popped.into_iter().next().ok_or_else(damaged)?;
     // Looked up again: popping the last element of `src` deleted it, and `dst` may be `src`.
-    let dst_meta = find(&mut View::Txn(t), ctx, dst)?;
-    let generation = push(t, dst, dst_meta, to, &[&value])?;
-    t.add(&ks::size_key(generation), 1)?;
+    let dst_list = open(&mut View::Txn(t), ctx, dst)?;
+    let mut dst_list = push(t, dst_list, to, &[&value])?;
+    dst_list.add_len(t, 1)?;
+    dst_list.finish(t, ctx, dst)?;
     out.bulk(&value);
     Ok(true)
 }
 
-fn ltrim(t: &mut Txn<'_>, key: &[u8], m: &Meta, start: i64, stop: i64) -> Result<(), Fail> {
-    let generation = m.generation;
-    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+fn ltrim(t: &mut Txn<'_>, key: &[u8], list: &mut List, start: i64, stop: i64) -> Result<(), Fail> {
+    let (head, tail) = list.ends(&mut View::Txn(t))?;
     let len = tail - head;
     let (left, right) = match clamp(start, stop, len) {
         None => (len, 0),
@@ -787,59 +978,55 @@ fn ltrim(t: &mut Txn<'_>, key: &[u8], m: &Meta, start: i64, stop: i64) -> Result
     if left == 0 && right == 0 {
         // Nothing trimmed, but Redis counts `LTRIM` of a list as a change all the same: a
         // new version of the length, so that `WATCH` sees it.
-        t.add(&ks::size_key(generation), 0)?;
-        return Ok(());
+        return list.add_len(t, 0);
     }
     for i in head..head + left {
-        t.delete(&item_key(generation, i))?;
+        list.delete(t, i)?;
     }
     for i in tail - right..tail {
-        t.delete(&item_key(generation, i))?;
+        list.delete(t, i)?;
     }
     if left + right == len {
-        return drop_empty(t, key, m);
+        return list.drop_empty(t, key);
     }
     if left > 0 {
-        write_end(t, generation, false, head + left)?;
+        list.set_end(t, false, head + left)?;
     }
     if right > 0 {
-        write_end(t, generation, true, tail - right)?;
+        list.set_end(t, true, tail - right)?;
     }
-    t.add(&ks::size_key(generation), -(left + right))?;
-    Ok(())
+    list.add_len(t, -(left + right))
 }
 
 /// `LREM`: removes up to `|count|` elements equal to `element` (all with 0), from the head
 /// (from the tail for a negative count); how many. The elements between the end scanned from
 /// and the last one removed move toward that end by the number removed before them.
-fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Result<i64, Fail> {
-    let generation = m.generation;
-    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+fn lrem(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    list: &mut List,
+    count: i64,
+    element: &[u8],
+) -> Result<i64, Fail> {
+    let (head, tail) = list.ends(&mut View::Txn(t))?;
     let rev = count < 0;
     let limit = count.unsigned_abs();
     // Every element from the scanned end up to the last match, in scan order.
     let mut scanned: Vec<(i64, Vec<u8>, bool)> = Vec::new();
     let mut matches = 0u64;
     let mut last_match = 0;
-    each(
-        &mut View::Txn(t),
-        generation,
-        head,
-        tail - 1,
-        rev,
-        |i, v| {
-            let hit = v == element;
-            scanned.push((i, v.to_vec(), hit));
-            if hit {
-                matches += 1;
-                last_match = scanned.len();
-                if limit != 0 && matches == limit {
-                    return ControlFlow::Break(());
-                }
+    list.each(&mut View::Txn(t), head, tail - 1, rev, |i, v| {
+        let hit = v == element;
+        scanned.push((i, v.to_vec(), hit));
+        if hit {
+            matches += 1;
+            last_match = scanned.len();
+            if limit != 0 && matches == limit {
+                return ControlFlow::Break(());
             }
-            ControlFlow::Continue(())
-        },
-    );
+        }
+        ControlFlow::Continue(())
+    });
     if matches == 0 {
         return Ok(0);
     }
@@ -847,9 +1034,9 @@ fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Re
     let removed = matches as i64;
     if removed == tail - head {
         for (i, _, _) in &scanned {
-            t.delete(&item_key(generation, *i))?;
+            list.delete(t, *i)?;
         }
-        drop_empty(t, key, m)?;
+        list.drop_empty(t, key)?;
         return Ok(removed);
     }
     // Survivors move toward the end scanned from, filling the gaps: walk from the last
@@ -860,23 +1047,23 @@ fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Re
             continue;
         }
         if *i != slot {
-            t.put(&item_key(generation, slot), v)?;
+            list.put(t, slot, v)?;
         }
         slot = if rev { slot + 1 } else { slot - 1 };
     }
     // `slot` is now the last vacated index, counting from the scanned end.
     if rev {
         for i in slot..tail {
-            t.delete(&item_key(generation, i))?;
+            list.delete(t, i)?;
         }
-        write_end(t, generation, true, slot)?;
+        list.set_end(t, true, slot)?;
     } else {
         for i in head..=slot {
-            t.delete(&item_key(generation, i))?;
+            list.delete(t, i)?;
         }
-        write_end(t, generation, false, slot + 1)?;
+        list.set_end(t, false, slot + 1)?;
     }
-    t.add(&ks::size_key(generation), -removed)?;
+    list.add_len(t, -removed)?;
     Ok(removed)
 }
 
@@ -884,31 +1071,23 @@ fn lrem(t: &mut Txn<'_>, key: &[u8], m: &Meta, count: i64, element: &[u8]) -> Re
 /// pivot was found. The elements on the shorter side of the new one move outward by one.
 fn linsert(
     t: &mut Txn<'_>,
-    m: &Meta,
+    list: &mut List,
     after: bool,
     pivot: &[u8],
     element: &[u8],
 ) -> Result<bool, Fail> {
-    let generation = m.generation;
-    let (head, tail) = ends(&mut View::Txn(t), generation)?;
+    let (head, tail) = list.ends(&mut View::Txn(t))?;
     let mut before = Vec::new();
     let mut found = None;
-    each(
-        &mut View::Txn(t),
-        generation,
-        head,
-        tail - 1,
-        false,
-        |i, v| {
-            if v == pivot {
-                found = Some(i);
-                before.push(v.to_vec());
-                return ControlFlow::Break(());
-            }
+    list.each(&mut View::Txn(t), head, tail - 1, false, |i, v| {
+        if v == pivot {
+            found = Some(i);
             before.push(v.to_vec());
-            ControlFlow::Continue(())
-        },
-    );
+            return ControlFlow::Break(());
+        }
+        before.push(v.to_vec());
+        ControlFlow::Continue(())
+    });
     let Some(pivot_at) = found else {
         return Ok(false);
     };
@@ -918,31 +1097,24 @@ fn linsert(
     if q <= len - q {
         // Move the q elements before it one step toward the head.
         for (j, v) in before.iter().take(q as usize).enumerate() {
-            t.put(&item_key(generation, head + j as i64 - 1), v)?;
+            list.put(t, head + j as i64 - 1, v)?;
         }
-        t.put(&item_key(generation, head + q - 1), element)?;
-        write_end(t, generation, false, head - 1)?;
+        list.put(t, head + q - 1, element)?;
+        list.set_end(t, false, head - 1)?;
     } else {
         // Move the elements from offset q on one step toward the tail.
         let mut rest = Vec::new();
-        each(
-            &mut View::Txn(t),
-            generation,
-            head + q,
-            tail - 1,
-            false,
-            |i, v| {
-                rest.push((i, v.to_vec()));
-                ControlFlow::Continue(())
-            },
-        );
+        list.each(&mut View::Txn(t), head + q, tail - 1, false, |i, v| {
+            rest.push((i, v.to_vec()));
+            ControlFlow::Continue(())
+        });
         for (i, v) in &rest {
-            t.put(&item_key(generation, i + 1), v)?;
+            list.put(t, i + 1, v)?;
         }
-        t.put(&item_key(generation, head + q), element)?;
-        write_end(t, generation, true, tail + 1)?;
+        list.put(t, head + q, element)?;
+        list.set_end(t, true, tail + 1)?;
     }
-    t.add(&ks::size_key(generation), 1)?;
+    list.add_len(t, 1)?;
     Ok(true)
 }
 
@@ -991,7 +1163,7 @@ fn lpos(
     }
     let rev = rank < 0;
     let rank = rank.unsigned_abs();
-    let Some(m) = find(view, ctx, &args[1])? else {
+    let Some(mut list) = open(view, ctx, &args[1])? else {
         if count.is_some() {
             out.array(0);
         } else {
@@ -999,12 +1171,12 @@ fn lpos(
         }
         return Ok(());
     };
-    let (head, tail) = ends(view, m.generation)?;
+    let (head, tail) = list.ends(view)?;
     let element = &args[2];
     let mut scanned = 0i64;
     let mut matches = 0u64;
     let mut hits = Vec::new();
-    each(view, m.generation, head, tail - 1, rev, |i, v| {
+    list.each(view, head, tail - 1, rev, |i, v| {
         if maxlen != 0 && scanned >= maxlen {
             return ControlFlow::Break(());
         }
@@ -1046,6 +1218,134 @@ fn lpos(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::Cursors;
+    use crate::data::test_support::{ctx, exec, run_in, run_in_ctx};
+
+    /// How many engine records the database holds.
+    fn records(db: &keel::Db) -> usize {
+        db.snapshot()
+            .expect("snapshot")
+            .range::<Vec<u8>>(..)
+            .count()
+    }
+
+    fn meta(db: &keel::Db, key: &str) -> Meta {
+        let snap = db.snapshot().expect("snapshot");
+        let v = snap.get(&ks::meta_key(key.as_bytes())).expect("read");
+        Meta::decode(&v.expect("a meta record")).expect("decodes")
+    }
+
+    /// A short list is one engine record, its meta record, through every command; one element
+    /// too many or too long spreads it over sub-keys, keeping its elements and TTL.
+    #[test]
+    fn a_short_list_is_packed_until_it_outgrows_the_limits() {
+        let db = keel::Db::in_memory();
+        let c = Cursors::default();
+        let steps: &[(&[&str], &[u8])] = &[
+            (&["RPUSH", "l", "b", "c", "d"], b":3\r\n"),
+            (&["LPUSH", "l", "a"], b":4\r\n"),
+            (&["LINSERT", "l", "BEFORE", "c", "x"], b":5\r\n"),
+            (&["LSET", "l", "-1", "z"], b"+OK\r\n"),
+            (&["LREM", "l", "0", "x"], b":1\r\n"),
+            (&["LMOVE", "l", "l", "LEFT", "RIGHT"], b"$1\r\na\r\n"),
+            (&["RPOP", "l"], b"$1\r\na\r\n"),
+            (&["LTRIM", "l", "0", "-1"], b"+OK\r\n"),
+            (&["EXPIRE", "l", "1000"], b":1\r\n"),
+            (&["LPOS", "l", "z"], b":2\r\n"),
+            (&["LINDEX", "l", "1"], b"$1\r\nc\r\n"),
+            (
+                &["LRANGE", "l", "0", "-1"],
+                b"*3\r\n$1\r\nb\r\n$1\r\nc\r\n$1\r\nz\r\n",
+            ),
+        ];
+        for (cmd, reply) in steps {
+            assert_eq!(exec(&db, &c, cmd), *reply, "{cmd:?}");
+        }
+        assert!(meta(&db, "l").packed);
+        assert_eq!(records(&db), 2, "the meta record and the expiry entry");
+        let more: Vec<String> = (3..packed::ITEMS_MAX).map(|i| i.to_string()).collect();
+        let mut rpush = vec!["RPUSH", "l"];
+        rpush.extend(more.iter().map(String::as_str));
+        let n = packed::ITEMS_MAX;
+        assert_eq!(exec(&db, &c, &rpush), format!(":{n}\r\n").as_bytes());
+        assert!(meta(&db, "l").packed);
+        assert_eq!(
+            exec(&db, &c, &["LPUSH", "l", "first"]),
+            format!(":{}\r\n", n + 1).as_bytes()
+        );
+        assert!(!meta(&db, "l").packed);
+        assert_eq!(
+            records(&db),
+            1 + (n + 1) + 2 + 1 + 1,
+            "meta, elements, ends, size, expiry"
+        );
+        assert_eq!(exec(&db, &c, &["LINDEX", "l", "0"]), b"$5\r\nfirst\r\n");
+        assert_eq!(
+            exec(&db, &c, &["LINDEX", "l", "-1"]),
+            format!("${}\r\n{}\r\n", (n - 1).to_string().len(), n - 1).as_bytes()
+        );
+        let ttl = exec(&db, &c, &["TTL", "l"]);
+        assert!(ttl.starts_with(b":9") || ttl == b":1000\r\n", "{ttl:?}");
+
+        // A long element spreads a list at once.
+        let long = "v".repeat(packed::ITEM_BYTES_MAX + 1);
+        exec(&db, &c, &["RPUSH", "m", "a", &long]);
+        assert!(!meta(&db, "m").packed);
+        // Popping the last element of a packed list deletes it, leaving nothing.
+        exec(&db, &c, &["DEL", "l", "m"]);
+        let before = records(&db);
+        exec(&db, &c, &["RPUSH", "p", "a", "b"]);
+        assert_eq!(
+            exec(&db, &c, &["LPOP", "p", "5"]),
+            b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+        );
+        assert_eq!(exec(&db, &c, &["EXISTS", "p"]), b":0\r\n");
+        exec(&db, &c, &["RPUSH", "p", "a", "b"]);
+        assert_eq!(exec(&db, &c, &["RPOPLPUSH", "p", "q"]), b"$1\r\nb\r\n");
+        assert_eq!(
+            exec(&db, &c, &["LMOVE", "p", "q", "LEFT", "LEFT"]),
+            b"$1\r\na\r\n"
+        );
+        assert_eq!(
+            exec(&db, &c, &["LRANGE", "q", "0", "-1"]),
+            b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+        );
+        assert_eq!(exec(&db, &c, &["LTRIM", "q", "5", "6"]), b"+OK\r\n");
+        assert_eq!(exec(&db, &c, &["EXISTS", "p", "q"]), b":0\r\n");
+        assert_eq!(records(&db), before);
+    }
+
+    /// A push at each end of a packed list conflict (both rewrite its meta record); the retry
+    /// of the one that lost spreads the list, after which they no longer conflict.
+    #[test]
+    fn a_contended_packed_list_is_spread() {
+        let db = keel::Db::in_memory();
+        let c = Cursors::default();
+        exec(&db, &c, &["RPUSH", "q", "a"]);
+        let mut t1 = db.begin().expect("begin");
+        let mut t2 = db.begin().expect("begin");
+        run_in(&mut t1, &c, &["LPUSH", "q", "x"]);
+        run_in(&mut t2, &c, &["RPUSH", "q", "y"]);
+        assert!(t1.commit().expect("commit").is_ok());
+        let conflict = t2.commit().expect("commit").expect_err("one meta record");
+        assert_eq!(conflict.key, ks::meta_key(b"q").to_vec());
+        let retry = ctx(&c);
+        retry.contended.set(&conflict);
+        let mut t2 = db.begin().expect("begin");
+        assert_eq!(run_in_ctx(&mut t2, &retry, &["RPUSH", "q", "y"]), b":3\r\n");
+        assert!(t2.commit().expect("commit").is_ok());
+        assert!(!meta(&db, "q").packed);
+        let mut t1 = db.begin().expect("begin");
+        let mut t2 = db.begin().expect("begin");
+        run_in(&mut t1, &c, &["LPUSH", "q", "w"]);
+        run_in(&mut t2, &c, &["RPUSH", "q", "z"]);
+        assert!(t1.commit().expect("commit").is_ok());
+        assert!(t2.commit().expect("commit").is_ok());
+        assert_eq!(
+            exec(&db, &c, &["LRANGE", "q", "0", "-1"]),
+            b"*5\r\n$1\r\nw\r\n$1\r\nx\r\n$1\r\na\r\n$1\r\ny\r\n$1\r\nz\r\n"
+        );
+    }
 
     #[test]
     fn index_bytes_keep_order() {
