@@ -1036,6 +1036,29 @@ fn rebalance_evens_out_the_slots() {
         assert!(Instant::now() < deadline, "writes: {e}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A transaction across partitions answers PING, ECHO and TIME where the client is.
+    let mut commands = vec![redis::cmd("PING"), redis::cmd("ECHO").arg("hi").clone()];
+    commands.extend((0..10).map(|i| redis::cmd("GET").arg(format!("r{i}")).clone()));
+    commands.push(redis::cmd("TIME"));
+    let got = exec(&mut c, &commands).expect("EXEC across partitions with PING");
+    let got: (String, String, Vec<i64>) = match got {
+        redis::Value::Array(mut v) => {
+            let time = v.pop().expect("TIME");
+            assert!(
+                matches!(&time, redis::Value::Array(t) if t.len() == 2),
+                "{time:?}"
+            );
+            let gets = redis::from_redis_value(redis::Value::Array(v.split_off(2))).expect("GETs");
+            let mut v = v.into_iter();
+            (
+                redis::from_redis_value(v.next().expect("PING")).expect("PONG"),
+                redis::from_redis_value(v.next().expect("ECHO")).expect("hi"),
+                gets,
+            )
+        }
+        other => panic!("EXEC: {other:?}"),
+    };
+    assert_eq!(got, ("PONG".into(), "hi".into(), (0..10).collect()));
     let (start, end) = keel_server::cluster_map::membership::even_range(1, 3);
     let moved: i64 = redis::cmd("KEEL.MOVESLOTS")
         .arg("n1")

@@ -192,18 +192,40 @@ fn parse_pairs(reply: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 /// The work of a transaction across nodes: each node and its part.
 type AcrossWork = Vec<(keel_cluster::txn::Peer, crate::xnode::Work)>;
 
-/// Where a command of a transaction across nodes or partitions has its reply: one
-/// (work index, position), or, for a multi-key command split key by key ([`per_key`]),
-/// one per key and how they merge.
-type Place = (Vec<(usize, usize)>, Option<Merge>);
+/// Where a command of a transaction across nodes or partitions has its reply.
+enum Place {
+    /// Run on one node (or partition): its reply is at (work index, position).
+    At(usize, usize),
+    /// A multi-key command split key by key ([`per_key`]): one part per key, and how they
+    /// merge.
+    Split(Vec<(usize, usize)>, Merge),
+    /// Answered by the node the client is on (`PING`, `ECHO`, `TIME`, `UNWATCH`, which touch
+    /// no data), when the transaction is planned.
+    Here(Vec<u8>),
+}
+
+impl Place {
+    /// Where a command that touches no data is answered, if `cmd` is one: `PING`, `ECHO`,
+    /// `TIME` and `UNWATCH` reply as they would inside a local `EXEC`.
+    fn here(cmd: Cmd, args: &[Bytes], proto: Proto) -> Option<Result<Place, Fail>> {
+        if !matches!(cmd, Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch) {
+            return None;
+        }
+        let mut buf = BytesMut::new();
+        Some(
+            simple_in_exec(cmd, args, &mut Out::new(&mut buf, proto))
+                .map(|()| Place::Here(buf.to_vec())),
+        )
+    }
+}
 
 /// Each command's reply, from every node's (or partition's) replies by `place`.
 fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[Place], proto: Proto) -> Vec<Vec<u8>> {
     place
         .iter()
-        .map(|(at, merge)| match merge {
-            None => std::mem::take(&mut replies[at[0].0][at[0].1]),
-            Some(merge) => {
+        .map(|place| match place {
+            Place::At(i, j) => std::mem::take(&mut replies[*i][*j]),
+            Place::Split(at, merge) => {
                 let parts: Vec<Vec<u8>> = at
                     .iter()
                     .map(|&(i, j)| std::mem::take(&mut replies[i][j]))
@@ -212,6 +234,7 @@ fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[Place], proto: Proto) -> Vec<
                 merge_replies(*merge, &parts, &mut Out::new(&mut buf, proto));
                 buf.to_vec()
             }
+            Place::Here(reply) => reply.clone(),
         })
         .collect()
 }
@@ -1199,18 +1222,22 @@ impl Conn {
             };
             for args in commands {
                 let spec = table::lookup(&args[0]).expect("a queued command is known");
+                if let Some(here) = Place::here(spec.cmd, args, self.proto) {
+                    place.push(here?);
+                    continue;
+                }
                 let keys = cluster::key_args(spec, args);
                 if !data::is_data(spec.cmd) || keys.is_empty() {
                     return Err(format!(
                         "ERR keel: a transaction across partitions runs only commands with \
-                         keys, and '{}' has none",
+                         keys and PING, ECHO, TIME, and '{}' is none",
                         spec.name
                     )
                     .into());
                 }
                 if let Some((p, _)) = self.partition_of(keys.iter().copied()) {
-                    let at = put(p, args.iter().map(|a| a.to_vec()).collect());
-                    place.push((vec![at], None));
+                    let (i, j) = put(p, args.iter().map(|a| a.to_vec()).collect());
+                    place.push(Place::At(i, j));
                     continue;
                 }
                 // Keys of several partitions: key by key, each part in its key's partition
@@ -1225,7 +1252,7 @@ impl Conn {
                         .expect("one key, one partition");
                     at.push(put(p, part.iter().map(|a| a.to_vec()).collect()));
                 }
-                place.push((at, Some(merge)));
+                place.push(Place::Split(at, merge));
             }
             let limits = self.txn_limits();
             let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
@@ -1635,10 +1662,17 @@ impl Conn {
     async fn exec_replicated(&mut self, multi: Multi, output: &mut BytesMut) -> Result<(), Fail> {
         let watched = std::mem::take(&mut self.rwatch);
         let mut keys = Vec::new();
+        // PING, ECHO, TIME and UNWATCH are answered here (`Place::here`), by the path across
+        // partitions, which places replies from several sources.
+        let mut here = 0;
         for (cmd, args) in &multi.queue {
             let spec = table::lookup(&args[0])
                 .filter(|s| s.cmd == *cmd)
                 .expect("a queued command is known");
+            if Place::here(*cmd, args, self.proto).is_some() {
+                here += 1;
+                continue;
+            }
             if !data::is_data(*cmd) {
                 return Err(format!(
                     "ERR keel: {} inside MULTI is not supported in a replicated cluster yet",
@@ -1676,11 +1710,19 @@ impl Conn {
             }
             return Ok(());
         }
-        if multi.queue.is_empty() {
-            self.out(output).array(0);
+        if here == multi.queue.len() {
+            // Nothing for a partition.
+            let mut out = self.out(output);
+            out.array(multi.queue.len());
+            for (cmd, args) in &multi.queue {
+                simple_in_exec(*cmd, args, &mut out)?;
+            }
             return Ok(());
         }
-        let Some((p, slot)) = self.partition_of(keys.iter().copied()) else {
+        let one = self
+            .partition_of(keys.iter().copied())
+            .filter(|_| here == 0);
+        let Some((p, slot)) = one else {
             let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
             let replies = self.across_partitions(&commands).await?;
             let mut out = self.out(output);
@@ -2003,14 +2045,21 @@ impl Conn {
         };
         for args in commands {
             let spec = table::lookup(&args[0]).expect("a queued command is known");
-            if !data::is_data(spec.cmd) || spec.first_key == 0 {
+            if let Some(here) = Place::here(spec.cmd, args, self.proto) {
+                place.push(here?);
+                continue;
+            }
+            if !data::is_data(spec.cmd) {
                 return Err(format!(
-                    "ERR keel: a transaction across nodes runs only commands with keys, \
-                     and '{}' has none",
+                    "ERR keel: a transaction across nodes runs only data commands and PING, \
+                     ECHO, TIME, and '{}' is none",
                     spec.name
                 )
                 .into());
             }
+            // A command without keys (DBSIZE, KEYS, SCAN, RANDOMKEY, FLUSHDB, ...) runs on
+            // this node, as it does outside MULTI: a node answers for its own slots, as in
+            // Redis Cluster.
             let node = match cluster.route(spec, args) {
                 Route::Local => cluster.map().myself(),
                 Route::Remote { node, .. } => node,
@@ -2026,11 +2075,12 @@ impl Conn {
                             put(&mut work, node, part)
                         })
                         .collect();
-                    place.push((at, Some(merge)));
+                    place.push(Place::Split(at, merge));
                     continue;
                 }
             };
-            place.push((vec![put(&mut work, node, args)], None));
+            let (i, j) = put(&mut work, node, args);
+            place.push(Place::At(i, j));
         }
         Ok((work, place))
     }

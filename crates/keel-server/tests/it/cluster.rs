@@ -247,6 +247,41 @@ fn multi_key_commands_and_transactions() {
             2
         )
     );
+    // Commands without keys: PING, ECHO and TIME are answered by the node the client is
+    // on; DBSIZE (like KEYS, SCAN, FLUSHDB) runs on it, as outside MULTI, in the transaction.
+    let local_keys: i64 = query(&mut con, &["DBSIZE"]);
+    type Keyless = (String, String, String, i64, Vec<String>, String);
+    let got: Keyless = redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg(&a)
+        .arg("10")
+        .cmd("PING")
+        .cmd("ECHO")
+        .arg("hi")
+        .cmd("DBSIZE")
+        .cmd("TIME")
+        .cmd("SET")
+        .arg(&b)
+        .arg("11")
+        .query(&mut con)
+        .expect("EXEC across nodes with commands without keys");
+    assert_eq!((&got.0[..], &got.1[..], &got.2[..]), ("OK", "PONG", "hi"));
+    assert_eq!(got.3, local_keys, "DBSIZE of the node the client is on");
+    assert_eq!(got.4.len(), 2, "TIME: seconds and microseconds");
+    assert_eq!(got.5, "OK");
+    let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
+    assert_eq!(got, ["10", "11"]);
+    // A command that is not a data command (nor PING, ECHO, TIME) is refused at EXEC, and
+    // nothing of the transaction is applied.
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SET", &a, "12"]);
+    let _: String = query(&mut con, &["PUBLISH", "ch", "m"]);
+    let _: String = query(&mut con, &["SET", &b, "13"]);
+    let refused = error(&mut con, &["EXEC"]);
+    assert!(refused.contains("'publish' is none"), "{refused}");
+    let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
+    assert_eq!(got, ["10", "11"]);
     // One that does not split key by key is refused as it is queued.
     let _: () = query(&mut con, &["MULTI"]);
     assert!(error(&mut con, &["COPY", &a, &b]).starts_with("CROSSSLOT"));
@@ -261,9 +296,10 @@ fn multi_key_commands_and_transactions() {
             .unwrap_or_else(|| panic!("{name} in {info}"));
         line.trim().parse().expect("a count")
     };
-    // MSET, MGET, DEL, the EXEC, the MGET, the split EXEC, the MSET: two-phase; the
-    // failing EXEC: aborted.
-    assert_eq!(count("keel_cluster_txns_committed"), 7, "{info}");
+    // MSET, MGET, DEL, the EXEC, the MGET, the split EXEC, the EXEC with PING and the
+    // rest, two MGETs, the MSET: two-phase; the failing EXEC: aborted (the one with PUBLISH
+    // never began).
+    assert_eq!(count("keel_cluster_txns_committed"), 10, "{info}");
     assert_eq!(count("keel_cluster_aborts_failed"), 1, "{info}");
     assert_eq!(count("keel_cluster_exec_forwarded"), 1, "{info}");
     assert!(count("keel_cluster_commit_us_max") > 0, "{info}");
