@@ -5,8 +5,8 @@
 //! the order they were added, as Redis packs a small hash into a listpack. One record per hash
 //! instead of one per field plus two: a tenth of the memory for a hash of ten short fields.
 //! Every write rewrites the record, so writers of one packed hash conflict. A hash is spread
-//! (below) when it outgrows [`FIELDS_MAX`] fields or a field or value outgrows
-//! [`ITEM_BYTES_MAX`] bytes, and when a write to it follows a conflict on its meta record
+//! (below) when it outgrows [`FIELDS_MAX`] fields, a field or value outgrows
+//! [`ITEM_BYTES_MAX`] bytes or all of them `packed::BYTES_MAX`, and when a write to it follows a conflict on its meta record
 //! ([`Ctx::contended`]): a hash that concurrent writers contend for stops conflicting. A hash
 //! never goes back from spread to packed (nor does Redis' listpack), until it is deleted.
 //!
@@ -233,7 +233,9 @@ impl<'m> Target<'m> {
             Some(m) if m.packed => Target::Packed(Some(m), Fields::parse(&m.value)?),
             Some(m) => return Ok(Target::Spread(m.clone())),
         };
-        let fit = items.len() / 2 <= FIELDS_MAX && items.iter().all(|a| a.len() <= ITEM_BYTES_MAX);
+        let fit = items.len() / 2 <= FIELDS_MAX
+            && items.iter().all(|a| a.len() <= ITEM_BYTES_MAX)
+            && items.iter().map(|a| a.len() + 1).sum::<usize>() <= packed::BYTES_MAX;
         match target {
             Target::Packed(old, fields) if !fit => {
                 Ok(Target::Spread(spread(t, key, old, &fields)?))

@@ -966,15 +966,18 @@ pub fn expiry_summary(snap: &keel::Snapshot<'_>) -> (u64, u64) {
 pub mod packed {
     use crate::data::Fail;
 
-    /// The longest item a packed collection holds (Redis' `hash-max-listpack-value`
-    /// default): a longer one spreads it. Also what makes one length byte enough.
-    pub const ITEM_BYTES_MAX: usize = 64;
+    /// The longest item a packed collection holds: a longer one spreads it. What one length
+    /// byte can say; Redis packs items of up to 64 bytes, but a record of its own costs keel
+    /// more than Redis' dictionary entry does, so keel packs YCSB's 100-byte fields too.
+    pub const ITEM_BYTES_MAX: usize = u8::MAX as usize;
 
-    /// Most items (fields, elements) a packed collection holds: one more spreads it. Redis
-    /// packs up to 512 hash fields by default; keel stops sooner because every write rewrites
-    /// the whole record (into the log too, where Redis' append-only file gets the command):
-    /// at most about 16 KiB per write.
+    /// Most items (fields, elements) a packed collection holds: one more spreads it.
     pub const ITEMS_MAX: usize = 128;
+
+    /// Most bytes of a packed collection's items (with their length bytes): a write that
+    /// would take it past this spreads it. Every write rewrites the whole record, into the
+    /// log too, where Redis' append-only file gets only the command: this bounds that copy.
+    pub const BYTES_MAX: usize = 4096;
 
     /// Appends one item.
     pub fn push(out: &mut Vec<u8>, item: &[u8]) {
@@ -991,9 +994,19 @@ pub mod packed {
         Ok(item)
     }
 
-    /// Whether `items` may stay packed.
-    pub fn fit<'a>(count: usize, mut items: impl Iterator<Item = &'a [u8]>) -> bool {
-        count <= ITEMS_MAX && items.all(|i| i.len() <= ITEM_BYTES_MAX)
+    /// Whether `count` items may stay packed.
+    pub fn fit<'a>(count: usize, items: impl Iterator<Item = &'a [u8]>) -> bool {
+        if count > ITEMS_MAX {
+            return false;
+        }
+        let mut bytes = 0;
+        for item in items {
+            if item.len() > ITEM_BYTES_MAX {
+                return false;
+            }
+            bytes += 1 + item.len();
+        }
+        bytes <= BYTES_MAX
     }
 }
 

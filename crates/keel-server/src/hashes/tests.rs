@@ -168,6 +168,23 @@ fn a_small_hash_is_packed_until_it_outgrows_the_limits() {
     let v = exec(&db, &cursors, &["HGET", "f", "a"]);
     assert!(!meta(&db, "f").packed, "{}", String::from_utf8_lossy(&v));
 
+    // Fields that each fit but together outgrow `packed::BYTES_MAX` spread it too.
+    let value = "v".repeat(super::ITEM_BYTES_MAX);
+    let mut n = 0;
+    while n == 0 || meta(&db, "e").packed {
+        n += 1;
+        exec(&db, &cursors, &["HSET", "e", &format!("f{n}"), &value]);
+        assert!(
+            n * (value.len() + 1) < ks::packed::BYTES_MAX + 2 * (value.len() + 1),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        exec(&db, &cursors, &["HLEN", "e"]),
+        format!(":{n}\r\n").as_bytes()
+    );
+    exec(&db, &cursors, &["DEL", "e"]);
+
     // Deleting a packed hash leaves nothing to sweep; so does removing its last field.
     exec(&db, &cursors, &["DEL", "h", "g", "f"]);
     let before = records(&db);
