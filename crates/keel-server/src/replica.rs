@@ -1588,11 +1588,22 @@ impl Part {
             .map_err(|_| format!("node {n} did not catch up in {CONFORM_WAIT:?}"))?
             .map_err(|e| e.to_string())?;
         }
-        tracing::info!("partition {}: changing the voters to {target:?}", self.id);
-        tokio::time::timeout(CONFORM_WAIT, self.raft.change_membership(target, false))
-            .await
-            .map_err(|_| format!("the change did not commit in {CONFORM_WAIT:?}"))?
-            .map_err(|e| e.to_string())?;
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let goal = next_voters(m.membership(), me, &target);
+        tracing::info!("partition {}: changing the voters to {goal:?}", self.id);
+        tokio::time::timeout(
+            CONFORM_WAIT,
+            self.raft.change_membership(goal.clone(), false),
+        )
+        .await
+        .map_err(|_| format!("the change did not commit in {CONFORM_WAIT:?}"))?
+        .map_err(|e| e.to_string())?;
+        if goal != target {
+            return Err(format!(
+                "finished an earlier change to {goal:?}, which this leader leaves; the next \
+                 leader moves on to {target:?}"
+            ));
+        }
         Ok(())
     }
 
@@ -1723,6 +1734,29 @@ impl Part {
     /// Whether this node leads the partition now.
     pub fn leads(&self) -> bool {
         self.raft.metrics().borrow().state == openraft::ServerState::Leader
+    }
+}
+
+/// The voters the leader `me` changes the membership `m` to on its way to `target`:
+/// `target`, except when `m` is joint (a change an earlier leader began), its newer
+/// configuration lacks `me`, and `target` too. openraft moves a joint `[old, new]` toward
+/// `target` through `[new, target]`, then `[target]`, each step a membership entry this
+/// leader appends; the second would be appended by a leader its effective membership no
+/// longer counts, which openraft asserts never happens (`Only leader is allowed to call
+/// update_effective_membership()`). Then the change goes to `new` alone (one step), after
+/// which this leader steps down and the next one moves on to `target`.
+pub(crate) fn next_voters(
+    m: &openraft::Membership<u64, BasicNode>,
+    me: u64,
+    target: &std::collections::BTreeSet<u64>,
+) -> std::collections::BTreeSet<u64> {
+    match m.get_joint_config().as_slice() {
+        [old, new]
+            if new != target && old != target && !new.contains(&me) && !target.contains(&me) =>
+        {
+            new.clone()
+        }
+        _ => target.clone(),
     }
 }
 
@@ -2486,6 +2520,34 @@ mod tests {
             .await
             .expect("no wait")
             .expect("purge");
+    }
+
+    /// A leader finishing a joint configuration an earlier leader began, that the newer half
+    /// lacks, moves it to a target that lacks it too only through that newer half alone: the
+    /// two steps through `[new, target]` would have it append a membership while its
+    /// effective one no longer counts it (openraft's debug assertion `Only leader is allowed
+    /// to call update_effective_membership()`, seen in `sim::member`).
+    #[test]
+    fn a_leader_leaving_a_joint_membership_only_finishes_it() {
+        let set = |ids: &[u64]| {
+            ids.iter()
+                .copied()
+                .collect::<std::collections::BTreeSet<u64>>()
+        };
+        let joint = openraft::Membership::<u64, BasicNode>::new(
+            vec![set(&[1, 2, 4]), set(&[2, 3, 4])],
+            None,
+        );
+        // Leader 1 is in the old half only.
+        assert_eq!(next_voters(&joint, 1, &set(&[0, 2, 3])), set(&[2, 3, 4]));
+        // A target with it, or the newer half itself: straight there.
+        assert_eq!(next_voters(&joint, 1, &set(&[1, 2, 3])), set(&[1, 2, 3]));
+        assert_eq!(next_voters(&joint, 1, &set(&[2, 3, 4])), set(&[2, 3, 4]));
+        assert_eq!(next_voters(&joint, 1, &set(&[1, 2, 4])), set(&[1, 2, 4]));
+        // A leader in the newer half, or a uniform membership: straight there.
+        assert_eq!(next_voters(&joint, 2, &set(&[0, 2, 3])), set(&[0, 2, 3]));
+        let uniform = openraft::Membership::<u64, BasicNode>::new(vec![set(&[1, 2, 4])], None);
+        assert_eq!(next_voters(&uniform, 1, &set(&[0, 2, 3])), set(&[0, 2, 3]));
     }
 
     /// Two replicas applying the same entries end with identical databases (random picks,

@@ -43,7 +43,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::{ADDING, CHANGING, IDLE, Mutation, Net, RECOVERY_MS, Rng, Run, Sim, nemesis, seeds};
 use crate::replica::view::{View, ViewNode};
-use crate::replica::{Tc, machine};
+use crate::replica::{self, Tc, machine};
 
 /// Nodes in the pool.
 const POOL: usize = 5;
@@ -140,6 +140,9 @@ async fn attempt(
     if !now.contains(&(l as u64)) {
         return Err(format!("node {l} is leaving"));
     }
+    // As `Part::conform`: an earlier change this leader cannot finish toward the target goes
+    // to its newer configuration first.
+    let goal = replica::next_voters(m.membership(), l as u64, target);
     changes.lock().tries += 1;
     let learners: BTreeSet<u64> = m.membership().learner_ids().collect();
     let adding: Vec<u64> = target
@@ -215,7 +218,7 @@ async fn attempt(
         });
         let changed = timeout(
             Duration::from_millis(STEP_MS),
-            raft.change_membership(target.clone(), false),
+            raft.change_membership(goal.clone(), false),
         )
         .await;
         sim.changing.store(IDLE, Ordering::SeqCst);
@@ -233,6 +236,11 @@ async fn attempt(
             Err(_) => return Err("changing the voters timed out".into()),
         }
     };
+    if goal != *target {
+        return Err(format!(
+            "node {l} finished an earlier change to {goal:?} and leaves"
+        ));
+    }
     // The change succeeded: its voters are the target's, no other.
     let (got, uniform) = voters(seen.membership());
     if !uniform || got != *target {
@@ -701,12 +709,14 @@ fn the_checks_catch_a_joiner_that_initializes_the_group() {
 /// replica out of the view stops only once the leader has committed a membership without
 /// it; the simulation's nodes do the same when `empties` is off, and 81 seeds then passed
 /// (62 s in a debug build, too long for CI). One run of seed 4 hit openraft's debug
-/// assertion that only a leader updates the effective membership, reached through the
-/// driver's two-step change (not `Part::conform`, which refuses on a leader outside its own
-/// membership).
+/// assertion `Only leader is allowed to call update_effective_membership()`: a new leader in
+/// the old configuration of a joint one that an earlier leader began, but not in its new
+/// one, moving it to a third placement; openraft goes through `[new, third]`, whose second
+/// step this leader appends while its effective membership no longer counts it (through
+/// `Part::conform` as well as the driver's two steps). `replica::next_voters` now finishes
+/// the earlier change alone first.
 #[test]
-#[ignore = "long (81 seeds, about a minute); one run hit an openraft debug assertion through \
-            the driver's two-step change"]
+#[ignore = "long (81 seeds, about a minute)"]
 fn a_membership_behind_the_view_survives_restarts() {
     survive(Careful::No, false, &[4]);
 }
