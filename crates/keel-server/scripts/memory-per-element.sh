@@ -6,13 +6,14 @@
 #   crates/keel-server/scripts/memory-per-element.sh [N] > memory.csv
 #
 # Data sets (N defaults to 1000000): `hash` N hashes of 10 fields (10-byte values), `zset` one
-# sorted set of N members, `list` N lists of 5 elements, `string` N strings (the baseline).
+# sorted set of N members, `list` N lists of 5 elements, `set` N sets of 5 members, `string` N
+# strings (the baseline).
 # KEEL_BIN (default target/release/keel) and REDIS_BIN pick the servers; SETS picks data sets.
 set -euo pipefail
 n=${1:-1000000}
 keel=${KEEL_BIN:-target/release/keel}
 redis=${REDIS_BIN:-$(command -v redis-server)}
-sets=${SETS:-string hash zset list}
+sets=${SETS:-string hash zset list set}
 work=$(mktemp -d /tmp/keel-mem.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 port=16395
@@ -60,6 +61,10 @@ elif kind == "zset":
 elif kind == "list":
     for i in range(n):
         cmd("RPUSH", f"list:{i:010d}", *["v" * 10] * 5)
+    elements = 5 * n
+elif kind == "set":
+    for i in range(n):
+        cmd("SADD", f"set:{i:010d}", *[f"member:{j}" for j in range(5)])
     elements = 5 * n
 os.write(3, b"%d\n" % elements)
 PY

@@ -278,6 +278,12 @@ fn encoding(
         Held::Plain(v) => return Ok(string_encoding(v.as_deref().unwrap_or_default())),
         Held::Meta(m) if m.ty == Type::String => return Ok(string_encoding(&m.value)),
         Held::Meta(m) if m.ty == Type::List => return Ok("quicklist"),
+        Held::Meta(m) if m.packed && m.ty == Type::Set => {
+            let members = ks::packed::items(&m.value)?;
+            let intset = members.len() as i64 <= limits.intset_entries()
+                && members.iter().all(|m| is_integer(m));
+            return Ok(if intset { "intset" } else { "hashtable" });
+        }
         Held::Meta(m) if m.packed => {
             let fields = crate::hashes::Fields::parse(&m.value)?;
             let listpack = fields.len() as i64 <= limits.hash_entries()

@@ -136,8 +136,8 @@ pub struct Meta {
     /// A string's value; a packed collection's items ([`packed`]); empty for any other
     /// collection.
     pub value: Vec<u8>,
-    /// A small hash or list packed into this record (type code `H` or `L`): its items are
-    /// `value`, and it has no generation, sub-keys or size record.
+    /// A small hash, list or set packed into this record (type code `H`, `L` or `T`): its
+    /// items are `value`, and it has no generation, sub-keys or size record.
     pub packed: bool,
 }
 
@@ -147,6 +147,8 @@ const META_HEAD_BYTES: usize = 9;
 const PACKED_HASH: u8 = b'H';
 /// The type code of a packed list's meta record.
 const PACKED_LIST: u8 = b'L';
+/// The type code of a packed set's meta record.
+const PACKED_SET: u8 = b'T';
 
 impl Meta {
     /// A string with a TTL.
@@ -160,10 +162,10 @@ impl Meta {
         }
     }
 
-    /// A hash or list packed into its meta record, with `items` ([`packed`]'s bytes) and
-    /// `deadline`.
+    /// A hash, list or set packed into its meta record, with `items` ([`packed`]'s bytes)
+    /// and `deadline`.
     pub fn packed(ty: Type, items: Vec<u8>, deadline: u64) -> Meta {
-        debug_assert!(matches!(ty, Type::Hash | Type::List));
+        debug_assert!(matches!(ty, Type::Hash | Type::List | Type::Set));
         Meta {
             ty,
             deadline,
@@ -190,6 +192,7 @@ impl Meta {
         let mut out = Vec::with_capacity(META_HEAD_BYTES + 8 + self.value.len());
         out.push(match (self.packed, self.ty) {
             (true, Type::List) => PACKED_LIST,
+            (true, Type::Set) => PACKED_SET,
             (true, _) => PACKED_HASH,
             (false, ty) => ty.code(),
         });
@@ -211,6 +214,7 @@ impl Meta {
         match code {
             PACKED_HASH => return Ok(Meta::packed(Type::Hash, body.to_vec(), deadline)),
             PACKED_LIST => return Ok(Meta::packed(Type::List, body.to_vec(), deadline)),
+            PACKED_SET => return Ok(Meta::packed(Type::Set, body.to_vec(), deadline)),
             _ => {}
         }
         let ty = Type::from_code(code).ok_or_else(damaged)?;
@@ -962,7 +966,7 @@ pub fn expiry_summary(snap: &keel::Snapshot<'_>) -> (u64, u64) {
 }
 
 /// The items of a collection packed into its meta record (a hash's fields and values, a
-/// list's elements): each a length byte, then its bytes.
+/// list's elements, a set's members): each a length byte, then its bytes.
 pub mod packed {
     use crate::data::Fail;
 
@@ -992,6 +996,24 @@ pub mod packed {
         let item = rest.get(..usize::from(len)).ok_or_else(damaged)?;
         *bytes = &rest[usize::from(len)..];
         Ok(item)
+    }
+
+    /// Every item of `bytes`, in order; damage is an error.
+    pub fn items(mut bytes: &[u8]) -> Result<Vec<&[u8]>, Fail> {
+        let mut items = Vec::new();
+        while !bytes.is_empty() {
+            items.push(take(&mut bytes)?);
+        }
+        Ok(items)
+    }
+
+    /// The items, encoded.
+    pub fn encode<'a>(items: impl Iterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+        let mut out = Vec::with_capacity(items.clone().map(|i| 1 + i.len()).sum());
+        for item in items {
+            push(&mut out, item);
+        }
+        out
     }
 
     /// Whether `count` items may stay packed.

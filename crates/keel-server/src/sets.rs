@@ -1,5 +1,12 @@
 //! Set commands (`SADD`, `SREM`, `SINTER`, `SPOP`, `SSCAN`, ...), over the layout of
-//! `docs/types.md`: the meta record holds the set's generation; each member is its own engine
+//! `docs/types.md`, in one of two encodings.
+//!
+//! Packed: a small set lives in its meta record (type code `T`), its members in the order they
+//! were added, within the limits of `keyspace::packed` (as hashes and lists). Every write
+//! rewrites the record, so writers of one packed set conflict; a write that would outgrow the
+//! limits, or that follows a conflict on the record (`Ctx::contended`), spreads it.
+//!
+//! Spread: the meta record holds the set's generation; each member is its own engine
 //! key `FF 's' gen member` with an empty value; the size record `FF 'n' gen` is kept with the
 //! engine's commutative `add`.
 //!
@@ -32,7 +39,7 @@ use crate::data::{
     scan_options,
 };
 use crate::glob;
-use crate::keyspace::{self as ks, Held, Meta, SET_MEMBER, Type, WRONGTYPE};
+use crate::keyspace::{self as ks, Held, Meta, SET_MEMBER, Type, WRONGTYPE, packed};
 use crate::reply::Out;
 use crate::resp::string_to_i64;
 use crate::table::Cmd;
@@ -88,17 +95,6 @@ pub fn find_typed(
     }
 }
 
-/// The collection of type `ty` at `key` for a write: the existing one, or a new, empty one
-/// (created in `t` with no size record, so that the first `add` sets it).
-pub fn find_or_create(t: &mut Txn<'_>, ctx: &Ctx<'_>, key: &[u8], ty: Type) -> Result<Meta, Fail> {
-    if let Some(m) = find_typed(&mut View::Txn(t), ctx, key, ty)? {
-        return Ok(m);
-    }
-    let meta = Meta::collection(ty);
-    ks::put_meta(t, key, &meta, 0)?;
-    Ok(meta)
-}
-
 /// A collection's number of members (its size record).
 pub fn size(view: &mut View<'_, '_>, generation: u64) -> Result<i64, Fail> {
     let n = view.get_with(&ks::size_key(generation), |v| v.map(string_to_i64))?;
@@ -151,8 +147,143 @@ fn member_key(generation: u64, member: &[u8]) -> ks::KeyBuf {
     ks::sub_key(SET_MEMBER, generation, member)
 }
 
-fn is_member(view: &mut View<'_, '_>, generation: u64, member: &[u8]) -> Result<bool, Fail> {
-    Ok(view.get_with(&member_key(generation, member), |v| v.is_some())?)
+/// Whether `member` is in the set `meta`.
+pub fn is_member(view: &mut View<'_, '_>, meta: &Meta, member: &[u8]) -> Result<bool, Fail> {
+    if meta.packed {
+        return Ok(packed::items(&meta.value)?.contains(&member));
+    }
+    Ok(view.get_with(&member_key(meta.generation, member), |v| v.is_some())?)
+}
+
+/// The number of members of the set `meta`.
+pub fn set_len(view: &mut View<'_, '_>, meta: &Meta) -> Result<i64, Fail> {
+    if meta.packed {
+        return Ok(packed::items(&meta.value)?.len() as i64);
+    }
+    size(view, meta.generation)
+}
+
+/// Writes the set at `key` (`old`: its meta record; `None`: it is new) with `members` after a
+/// change: packed if they fit and no conflict on the record preceded this attempt, else spread
+/// under a new generation; with no members left, deletes it.
+fn write_packed(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    old: Option<&Meta>,
+    members: &[&[u8]],
+) -> Result<(), Fail> {
+    if members.is_empty() {
+        if let Some(m) = old {
+            ks::drop_meta(t, key, m)?;
+        }
+        return Ok(());
+    }
+    let deadline = old.map_or(0, |m| m.deadline);
+    let fit = packed::fit(members.len(), members.iter().copied());
+    if fit && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
+        let meta = Meta::packed(Type::Set, packed::encode(members.iter().copied()), deadline);
+        return ks::put_meta(t, key, &meta, deadline);
+    }
+    let mut meta = Meta::collection(Type::Set);
+    meta.deadline = deadline;
+    for m in members {
+        t.put(&member_key(meta.generation, m), &[])?;
+    }
+    t.add(&ks::size_key(meta.generation), members.len() as i64)?;
+    ks::put_meta(t, key, &meta, deadline)
+}
+
+/// Adds `members` to the set `meta` at `key` (`None`: creates it, unless none is added); how
+/// many were not there. Adding only members it has writes nothing (not a change to Redis).
+fn add_members(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    meta: Option<&Meta>,
+    members: &[&[u8]],
+) -> Result<i64, Fail> {
+    let packed_now = meta.is_none_or(|m| m.packed);
+    if packed_now && members.len() <= packed::ITEMS_MAX {
+        let mut all = match meta {
+            Some(m) => packed::items(&m.value)?,
+            None => Vec::new(),
+        };
+        let mut added = 0;
+        for &m in members {
+            if !all.contains(&m) {
+                all.push(m);
+                added += 1;
+            }
+        }
+        if added > 0 {
+            write_packed(t, ctx, key, meta, &all)?;
+        }
+        return Ok(added);
+    }
+    // Spread, or to be spread at once: too many members to add one by one to a packed list.
+    let spread = match meta {
+        Some(m) if !m.packed => m.clone(),
+        _ => {
+            let mut fresh = Meta::collection(Type::Set);
+            fresh.deadline = meta.map_or(0, |m| m.deadline);
+            let old = match meta {
+                Some(m) => packed::items(&m.value)?,
+                None => Vec::new(),
+            };
+            for m in &old {
+                t.put(&member_key(fresh.generation, m), &[])?;
+            }
+            if !old.is_empty() {
+                t.add(&ks::size_key(fresh.generation), old.len() as i64)?;
+            }
+            ks::put_meta(t, key, &fresh, fresh.deadline)?;
+            fresh
+        }
+    };
+    let mut added = 0;
+    for m in members {
+        let mk = member_key(spread.generation, m);
+        if !t.get_with(&mk, |v| v.is_some())? {
+            t.put(&mk, &[])?;
+            added += 1;
+        }
+    }
+    if added > 0 {
+        t.add(&ks::size_key(spread.generation), added)?;
+    }
+    Ok(added)
+}
+
+/// Removes `members` from the set `meta` at `key`, deleting the key with its last member; how
+/// many were there.
+fn remove_members(
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    meta: &Meta,
+    members: &[&[u8]],
+) -> Result<i64, Fail> {
+    if meta.packed {
+        let mut all = packed::items(&meta.value)?;
+        let before = all.len();
+        all.retain(|m| !members.contains(m));
+        let removed = (before - all.len()) as i64;
+        if removed > 0 {
+            write_packed(t, ctx, key, Some(meta), &all)?;
+        }
+        return Ok(removed);
+    }
+    let mut removed = 0;
+    for m in members {
+        let mk = member_key(meta.generation, m);
+        if t.get_with(&mk, |v| v.is_some())? {
+            t.delete(&mk)?;
+            removed += 1;
+        }
+    }
+    shrink(t, key, meta, removed)?;
+    Ok(removed)
 }
 
 /// Calls `f` on each member, in byte order, after `after` if given, until it says stop.
@@ -247,12 +378,20 @@ fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Pick> {
     })
 }
 
-/// Every member, in byte order; fails past the reply limits (the result is built in memory).
-fn members(view: &mut View<'_, '_>, ctx: &Ctx<'_>, generation: u64) -> Result<Vec<Vec<u8>>, Fail> {
+/// Every member (in the order added when packed, else in byte order); fails past the reply
+/// limits (the result is built in memory).
+pub fn members(view: &mut View<'_, '_>, ctx: &Ctx<'_>, meta: &Meta) -> Result<Vec<Vec<u8>>, Fail> {
+    if meta.packed {
+        // At most `packed::BYTES_MAX` bytes: within any reply limit.
+        return Ok(packed::items(&meta.value)?
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect());
+    }
     let mut all = Vec::new();
     let mut bytes = 0;
     let mut over = false;
-    each_member(view, generation, None, |m| {
+    each_member(view, meta.generation, None, |m| {
         bytes += m.len() + 16;
         all.push(m.to_vec());
         over = bytes > ctx.reply_bytes_max || all.len() > REPLY_ITEMS_MAX;
@@ -266,6 +405,11 @@ fn members(view: &mut View<'_, '_>, ctx: &Ctx<'_>, generation: u64) -> Result<Ve
         return Err(reply_too_big());
     }
     Ok(all)
+}
+
+/// The error for a set that has no member to pick.
+fn empty_set() -> Fail {
+    "ERR keel: a set with a size record but no members".into()
 }
 
 /// Writes a set reply (an array in RESP2).
@@ -288,19 +432,9 @@ pub fn run(
     match cmd {
         Cmd::Sadd => {
             let t = view.txn();
-            let meta = find_or_create(t, ctx, key, Type::Set)?;
-            let mut added = 0;
-            for m in &args[2..] {
-                let mk = member_key(meta.generation, m);
-                if !t.get_with(&mk, |v| v.is_some())? {
-                    t.put(&mk, &[])?;
-                    added += 1;
-                }
-            }
-            if added > 0 {
-                t.add(&ks::size_key(meta.generation), added)?;
-            }
-            out.int(added);
+            let meta = find_typed(&mut View::Txn(t), ctx, key, Type::Set)?;
+            let members: Vec<&[u8]> = args[2..].iter().map(|m| &m[..]).collect();
+            out.int(add_members(t, ctx, key, meta.as_ref(), &members)?);
         }
         Cmd::Srem => {
             let t = view.txn();
@@ -308,28 +442,20 @@ pub fn run(
                 out.int(0);
                 return Ok(());
             };
-            let mut removed = 0;
-            for m in &args[2..] {
-                let mk = member_key(meta.generation, m);
-                if t.get_with(&mk, |v| v.is_some())? {
-                    t.delete(&mk)?;
-                    removed += 1;
-                }
-            }
-            shrink(t, key, &meta, removed)?;
-            out.int(removed);
+            let members: Vec<&[u8]> = args[2..].iter().map(|m| &m[..]).collect();
+            out.int(remove_members(t, ctx, key, &meta, &members)?);
         }
         Cmd::Smembers => match find_typed(view, ctx, key, Type::Set)? {
             None => out.set(0),
             Some(m) => {
-                let all = members(view, ctx, m.generation)?;
+                let all = members(view, ctx, &m)?;
                 reply_set(out, all.iter());
             }
         },
         Cmd::Sismember => {
             let found = match find_typed(view, ctx, key, Type::Set)? {
                 None => false,
-                Some(m) => is_member(view, m.generation, &args[2])?,
+                Some(m) => is_member(view, &m, &args[2])?,
             };
             out.int(i64::from(found));
         }
@@ -339,7 +465,7 @@ pub fn run(
             for m in &args[2..] {
                 let found = match &meta {
                     None => false,
-                    Some(meta) => is_member(view, meta.generation, m)?,
+                    Some(meta) => is_member(view, meta, m)?,
                 };
                 out.int(i64::from(found));
             }
@@ -347,7 +473,7 @@ pub fn run(
         Cmd::Scard => {
             let n = match find_typed(view, ctx, key, Type::Set)? {
                 None => 0,
-                Some(m) => size(view, m.generation)?,
+                Some(m) => set_len(view, &m)?,
             };
             out.int(n);
         }
@@ -366,13 +492,10 @@ pub fn run(
             };
             let t = view.txn();
             let result = combine(op, &args[2..], &mut View::Txn(t), ctx, usize::MAX)?;
-            if let Some(meta) = replace(t, ctx, key, Type::Set, result.is_empty())? {
-                for m in &result {
-                    t.put(&member_key(meta.generation, m), &[])?;
-                }
-                let n = i64::try_from(result.len()).expect("bounded by REPLY_ITEMS_MAX");
-                t.put(&ks::size_key(meta.generation), n.to_string().as_bytes())?;
-            }
+            // The destination goes (whatever it held), and the result is written anew.
+            replace(t, ctx, key, Type::Set, true)?;
+            let members: Vec<&[u8]> = result.iter().map(Vec::as_slice).collect();
+            add_members(t, ctx, key, None, &members)?;
             out.int(result.len() as i64);
         }
         Cmd::Sintercard => sintercard(args, view, ctx, out)?,
@@ -412,16 +535,16 @@ fn combine(
             if sets.iter().any(Option::is_none) {
                 return Ok(result);
             }
-            let mut gens = Vec::with_capacity(sets.len());
+            let mut by_size = Vec::with_capacity(sets.len());
             for m in sets.iter().flatten() {
-                gens.push((size(view, m.generation)?, m.generation));
+                by_size.push((set_len(view, m)?, m));
             }
-            gens.sort_unstable();
-            let (_, smallest) = gens[0];
+            by_size.sort_unstable_by_key(|&(n, _)| n);
+            let (_, smallest) = by_size[0];
             for m in members(view, ctx, smallest)? {
                 let mut everywhere = true;
-                for &(_, g) in &gens[1..] {
-                    if !is_member(view, g, &m)? {
+                for &(_, other) in &by_size[1..] {
+                    if !is_member(view, other, &m)? {
                         everywhere = false;
                         break;
                     }
@@ -433,7 +556,7 @@ fn combine(
         }
         Cmd::Sunion => {
             for m in sets.iter().flatten() {
-                for member in members(view, ctx, m.generation)? {
+                for member in members(view, ctx, m)? {
                     keep(&mut result, &member)?;
                 }
             }
@@ -442,11 +565,11 @@ fn combine(
             let Some(Some(first)) = sets.first() else {
                 return Ok(result);
             };
-            let others: Vec<u64> = sets[1..].iter().flatten().map(|m| m.generation).collect();
-            for m in members(view, ctx, first.generation)? {
+            let others: Vec<&Meta> = sets[1..].iter().flatten().collect();
+            for m in members(view, ctx, first)? {
                 let mut elsewhere = false;
-                for &g in &others {
-                    if is_member(view, g, &m)? {
+                for &other in &others {
+                    if is_member(view, other, &m)? {
                         elsewhere = true;
                         break;
                     }
@@ -521,9 +644,33 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
         out.set(0);
         return Ok(());
     }
+    if meta.packed {
+        let all = packed::items(&meta.value)?;
+        let picks = match count {
+            None => vec![random() as usize % all.len().max(1)],
+            Some(n) => distinct_picks(all.len(), usize::try_from(n).unwrap_or(usize::MAX)),
+        };
+        let popped: Vec<&[u8]> = picks.iter().map(|&i| all[i]).collect();
+        let left: Vec<&[u8]> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !picks.contains(i))
+            .map(|(_, m)| *m)
+            .collect();
+        write_packed(t, ctx, key, Some(&meta), &left)?;
+        match count {
+            None => out.bulk(popped.first().ok_or_else(empty_set)?),
+            Some(_) => {
+                out.set(popped.len());
+                for m in popped {
+                    out.bulk(m);
+                }
+            }
+        }
+        return Ok(());
+    }
     let Some(count) = count else {
-        let pick = random_member(&mut View::Txn(t), meta.generation)
-            .ok_or("ERR keel: a set with a size record but no members")?;
+        let pick = random_member(&mut View::Txn(t), meta.generation).ok_or_else(empty_set)?;
         t.delete(&member_key(meta.generation, &pick.member))?;
         if pick.alone {
             shrink(t, key, &meta, 1)?;
@@ -536,7 +683,7 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
         out.bulk(&pick.member);
         return Ok(());
     };
-    let all = members(&mut View::Txn(t), ctx, meta.generation)?;
+    let all = members(&mut View::Txn(t), ctx, &meta)?;
     let count = usize::try_from(count).unwrap_or(usize::MAX);
     if count >= all.len() {
         // Every member: the whole set goes, O(1), to the graveyard.
@@ -570,9 +717,15 @@ fn srandmember(
     let Some(count) = count else {
         match meta {
             None => out.null(),
+            Some(m) if m.packed => {
+                let all = packed::items(&m.value)?;
+                out.bulk(
+                    all.get(random() as usize % all.len().max(1))
+                        .ok_or_else(empty_set)?,
+                );
+            }
             Some(m) => {
-                let pick = random_member(view, m.generation)
-                    .ok_or("ERR keel: a set with a size record but no members")?;
+                let pick = random_member(view, m.generation).ok_or_else(empty_set)?;
                 out.bulk(&pick.member);
             }
         }
@@ -582,7 +735,7 @@ fn srandmember(
         out.array(0);
         return Ok(());
     };
-    let all = members(view, ctx, meta.generation)?;
+    let all = members(view, ctx, &meta)?;
     let picks = random_picks(all.len(), count)?;
     let bytes: usize = picks.iter().map(|&i| all[i].len() + 16).sum();
     if bytes > ctx.reply_bytes_max {
@@ -611,30 +764,19 @@ fn smove(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> R
         unreachable!("a set has a meta record")
     };
     if src == dst {
-        let found = is_member(&mut View::Txn(t), src_meta.generation, member)?;
+        let found = is_member(&mut View::Txn(t), &src_meta, member)?;
         out.int(i64::from(found));
         return Ok(());
     }
-    let mk = member_key(src_meta.generation, member);
-    if !t.get_with(&mk, |v| v.is_some())? {
+    if remove_members(t, ctx, src, &src_meta, &[member])? == 0 {
         out.int(0);
         return Ok(());
     }
-    t.delete(&mk)?;
-    shrink(t, src, &src_meta, 1)?;
     let dst_meta = match dst_held {
-        Held::Meta(m) => m,
-        _ => {
-            let meta = Meta::collection(Type::Set);
-            ks::put_meta(t, dst, &meta, 0)?;
-            meta
-        }
+        Held::Meta(m) => Some(m),
+        _ => None,
     };
-    let dk = member_key(dst_meta.generation, member);
-    if !t.get_with(&dk, |v| v.is_some())? {
-        t.put(&dk, &[])?;
-        t.add(&ks::size_key(dst_meta.generation), 1)?;
-    }
+    add_members(t, ctx, dst, dst_meta.as_ref(), &[member])?;
     out.int(1);
     Ok(())
 }
@@ -654,27 +796,33 @@ fn sscan(
         return Ok(());
     };
     let (pattern, mut count) = scan_options(args)?;
-    let after = ctx.cursors.resume(cursor)?;
-    if cursor == 0 && size(view, meta.generation)? as u64 <= SSCAN_WHOLE_MEMBERS_MAX {
-        count = SSCAN_WHOLE_MEMBERS_MAX as usize + 1;
-    }
-    let mut visited = Vec::new();
-    let mut bytes = 0;
-    each_member(view, meta.generation, after.as_deref(), |m| {
-        bytes += m.len() + 16;
-        visited.push(m.to_vec());
-        if visited.len() >= count || bytes > ctx.reply_bytes_max {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
+    let (visited, next) = if meta.packed {
+        // Whole, whatever the cursor, as Redis scans a listpack.
+        (members(view, ctx, &meta)?, 0)
+    } else {
+        let after = ctx.cursors.resume(cursor)?;
+        if cursor == 0 && size(view, meta.generation)? as u64 <= SSCAN_WHOLE_MEMBERS_MAX {
+            count = SSCAN_WHOLE_MEMBERS_MAX as usize + 1;
         }
-    });
-    if bytes > ctx.reply_bytes_max {
-        return Err(reply_too_big());
-    }
-    let next = match visited.last() {
-        Some(last) if visited.len() == count => ctx.cursors.save(last.clone()),
-        _ => 0,
+        let mut visited = Vec::new();
+        let mut bytes = 0;
+        each_member(view, meta.generation, after.as_deref(), |m| {
+            bytes += m.len() + 16;
+            visited.push(m.to_vec());
+            if visited.len() >= count || bytes > ctx.reply_bytes_max {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        if bytes > ctx.reply_bytes_max {
+            return Err(reply_too_big());
+        }
+        let next = match visited.last() {
+            Some(last) if visited.len() == count => ctx.cursors.save(last.clone()),
+            _ => 0,
+        };
+        (visited, next)
     };
     let hits: Vec<&Vec<u8>> = visited
         .iter()

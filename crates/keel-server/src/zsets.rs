@@ -1253,6 +1253,7 @@ fn zunioninter(
     for (i, m) in sources.into_iter().enumerate() {
         let n = match &m {
             None => 0,
+            Some(m) if m.ty == Type::Set => sets::set_len(&mut View::Txn(t), m)?,
             Some(m) => size(&mut View::Txn(t), m.generation)?,
         };
         inputs.push((n, i, m));
@@ -1311,11 +1312,11 @@ fn zunioninter(
 fn members_of(t: &mut Txn<'_>, ctx: &Ctx<'_>, m: &Meta) -> Result<Vec<Scored>, Fail> {
     let mut got = Collect::new(ctx.reply_bytes_max);
     if m.ty == Type::Set {
-        let prefix = ks::sub_prefix(ks::SET_MEMBER, m.generation);
-        let (lo, hi) = ks::prefix_range(&prefix);
-        View::Txn(t).range(lo, hi, false, |k, _| {
-            got.push(&k[prefix.len()..], encode_score(1.0))
-        });
+        for member in sets::members(&mut View::Txn(t), ctx, m)? {
+            if got.push(&member, encode_score(1.0)).is_break() {
+                break;
+            }
+        }
     } else {
         let (lo, hi) = all(m.generation);
         walk(&mut View::Txn(t), lo, hi, false, |member, s| {
@@ -1328,8 +1329,7 @@ fn members_of(t: &mut Txn<'_>, ctx: &Ctx<'_>, m: &Meta) -> Result<Vec<Scored>, F
 /// `member`'s score in a set (1) or sorted set.
 fn score_in(t: &mut Txn<'_>, m: &Meta, member: &[u8]) -> Result<Option<f64>, Fail> {
     if m.ty == Type::Set {
-        let k = ks::sub_key(ks::SET_MEMBER, m.generation, member);
-        return Ok(t.get_with(&k, |v| v.is_some())?.then_some(1.0));
+        return Ok(sets::is_member(&mut View::Txn(t), m, member)?.then_some(1.0));
     }
     Ok(score_of(&mut View::Txn(t), m.generation, member)?.map(decode_score))
 }
