@@ -286,6 +286,9 @@ pub struct Part {
     reads: ReadRounds,
     /// Concurrent writes share log entries.
     proposals: Arc<Proposals>,
+    /// The newest last log id the replica had when it was emptied (`log::floor`): it votes
+    /// for no candidate with an older log ([`vote`]).
+    floor: Option<openraft::LogId<u64>>,
 }
 
 /// Writes from several clients that go into one log entry together (`Op::Many`). At most
@@ -411,6 +414,61 @@ async fn write_entry(raft: &Raft, part: usize, request: Request) -> Result<Respo
              may or may not have happened"
         ))),
     }
+}
+
+/// Serves a vote request to a replica whose floor is `floor` (`log::floor`): refused, as
+/// openraft refuses a candidate whose log is older than its own, when the candidate's last
+/// log id is older than the floor (the log this replica had before it was emptied).
+pub async fn vote(
+    raft: &Raft,
+    floor: Option<openraft::LogId<u64>>,
+    request: openraft::raft::VoteRequest<u64>,
+) -> Result<openraft::raft::VoteResponse<u64>, openraft::error::RaftError<u64>> {
+    if floor.is_some() && request.last_log_id < floor {
+        let vote = raft.metrics().borrow().vote;
+        return Ok(openraft::raft::VoteResponse::new(vote, floor, false));
+    }
+    raft.vote(request).await
+}
+
+/// Empties the replica of a partition that left this node (stopped): its data (`data`), its
+/// log (`log_db`) but for its vote, and its snapshot file, keeping a floor
+/// (`log::begin_emptying`): placed here again, it starts with no log and no data, and votes
+/// as if it still had the log it forgot. Without the vote and the floor, a node of an older
+/// configuration that still counts this replica a voter (one that was down while the
+/// membership moved on) could get its vote in a new term with an older log, and overwrite
+/// entries this replica helped commit. A crash part way is finished by the next open
+/// ([`finish_emptying`]).
+pub fn empty(data: &Db, log_db: &Db, snapshot: Option<&std::path::Path>) -> Result<(), String> {
+    log::begin_emptying(log_db)?;
+    finish_emptying(data, log_db, snapshot).map(|_| ())
+}
+
+/// Finishes an [`empty`] that the log's mark says was begun (whether one was).
+pub fn finish_emptying(
+    data: &Db,
+    log_db: &Db,
+    snapshot: Option<&std::path::Path>,
+) -> Result<bool, String> {
+    if !log::emptying(log_db)? {
+        return Ok(false);
+    }
+    machine::wipe(data)?;
+    if let Some(path) = snapshot {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("removing {}: {e}", path.display()));
+            }
+            _ => {}
+        }
+        if let Some(dir) = path.parent()
+            && let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all())
+        {
+            return Err(format!("syncing {}: {e}", dir.display()));
+        }
+    }
+    log::finish_emptying(log_db)?;
+    Ok(true)
 }
 
 /// Linearizable reads' read-index rounds (openraft's `ensure_linearizable`: the leader
@@ -712,8 +770,23 @@ impl Replication {
                 .await?
         };
         let log_db = self.open_db(&format!("raft-{p}"), shared, p, "log").await?;
-        let log = log::LogStore::open(log_db, shared.config.durability.engine());
         let snapshot_dir = dir.map(|d| d.join(format!("raft-{p}")));
+        // A replica whose emptying a crash cut short (`Replication::empty`): finished
+        // before anything reads its data or log.
+        let snapshot_file = snapshot_dir
+            .as_ref()
+            .map(|d| d.join(machine::SNAPSHOT_FILE));
+        let floor = tokio::task::spawn_blocking(move || {
+            finish_emptying(db, log_db, snapshot_file.as_deref())?;
+            log::floor(log_db)
+        })
+        .await
+        .expect("emptying does not panic")
+        .map_err(|text| StartError::Raft {
+            part: p,
+            text: format!("finishing the emptying of the replica that left: {text}"),
+        })?;
+        let log = log::LogStore::open(log_db, shared.config.durability.engine());
         let machine = machine::Machine::open(db, snapshot_dir)
             .await
             .map_err(|e| StartError::Raft {
@@ -845,6 +918,7 @@ impl Replication {
             moved,
             reads: ReadRounds::default(),
             proposals: Arc::default(),
+            floor,
         }))
     }
 
@@ -1226,6 +1300,24 @@ impl Replication {
         Ok(moving.len())
     }
 
+    /// Empties the replica of partition `p` that left this node (stopped; its data `db`),
+    /// keeping its databases open for a return ([`empty`]).
+    async fn empty(&self, p: usize, db: &'static Db) {
+        let Some(log_db) = self.dbs.lock().get(&format!("raft-{p}")).copied() else {
+            return;
+        };
+        let snapshot = self
+            .dir
+            .as_ref()
+            .map(|d| d.join(format!("raft-{p}")).join(machine::SNAPSHOT_FILE));
+        let emptied =
+            tokio::task::spawn_blocking(move || empty(db, log_db, snapshot.as_deref())).await;
+        match emptied.expect("emptying does not panic") {
+            Ok(()) => tracing::info!("partition {p}: the replica that left here is emptied"),
+            Err(e) => tracing::warn!("partition {p}: emptying the replica that left: {e}"),
+        }
+    }
+
     /// A new id for a request or a transaction of this node.
     pub fn next_id(&self) -> TxnId {
         TxnId {
@@ -1241,7 +1333,7 @@ impl Replication {
     }
 
     /// Whether partition `p`'s leader has a committed, not joint, membership without this
-    /// node.
+    /// node (neither a voter nor a learner).
     async fn settled_without_me(&self, shared: &Shared, p: usize) -> bool {
         let Some(bytes) = self.ask_leader(shared, p, b"settled").await else {
             return false;
@@ -1340,19 +1432,23 @@ impl Replication {
             if !target.contains(&(self.me as u64)) && !leads {
                 // Out of the view, it stays until the partition's leader has committed a
                 // membership without it that is not joint: until then the change may be
-                // undone, or a node that is behind still count it a voter (a removed voter
-                // never hears of the final configuration, which goes only to the new
-                // members). Its log and data stay (on disk; in memory until a restart): a
-                // replica placed here again that had forgotten its log and vote could elect
-                // a stale node of an older configuration that still counts it.
+                // undone (a removed voter never hears of the final configuration, which goes
+                // only to the new members). Then it is emptied, keeping its vote and a floor
+                // ([`empty`]): a node that is behind may still count it a voter.
                 if self.settled_without_me(shared, p).await {
                     self.parts.write().remove(&p);
                     tracing::info!("partition {p}: this node's replica left");
                     part.stop().await;
+                    self.empty(p, part.db).await;
                 }
                 continue;
             }
-            if !leads || voters == target || target.is_empty() {
+            let stray_learners = m
+                .membership_config
+                .membership()
+                .learner_ids()
+                .any(|n| !target.contains(&n));
+            if !leads || (voters == target && !stray_learners) || target.is_empty() {
                 continue;
             }
             if !self.conforming.lock().insert(p) {
@@ -1552,26 +1648,19 @@ impl Part {
     /// Moves the partition's membership (this node leads it) to `target`: each new node
     /// first joins as a learner and catches up from the log or a snapshot, then one joint
     /// change makes the voters `target` (openraft's joint consensus: both the old and the new
-    /// majorities agree on every entry in between). A leader that is not in `target` steps
-    /// down once the change commits.
+    /// majorities agree on every entry in between), and learners outside `target` (added
+    /// for a placement the view left before the change) are removed. A leader that is not
+    /// in `target` steps down once the change commits.
     async fn conform(
         &self,
         view: &View,
         target: std::collections::BTreeSet<u64>,
     ) -> Result<(), String> {
-        let m = self.raft.metrics().borrow().clone();
-        // A leader that committed a membership without itself leads on only until it steps
-        // down; openraft asserts that such a leader appends no membership: the next one does.
-        let (me, members) = (m.id, m.membership_config.membership());
-        if !members.voter_ids().any(|v| v == me) {
-            return Err(format!("node {me} is leaving; the next leader changes it"));
-        }
-        let learners: std::collections::BTreeSet<u64> =
-            m.membership_config.membership().learner_ids().collect();
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let known: std::collections::BTreeSet<u64> =
+            m.membership().nodes().map(|(&n, _)| n).collect();
         for &n in &target {
-            let known = m.membership_config.membership().voter_ids().any(|v| v == n)
-                || learners.contains(&n);
-            if known {
+            if known.contains(&n) {
                 continue;
             }
             let addr = view
@@ -1579,6 +1668,7 @@ impl Part {
                 .get(n as usize)
                 .map(|node| node.addr.clone())
                 .ok_or_else(|| format!("no node {n} in the view"))?;
+            may_change_membership(&self.raft)?;
             tracing::info!("partition {}: adding node {n} as a learner", self.id);
             tokio::time::timeout(
                 CONFORM_WAIT,
@@ -1589,22 +1679,31 @@ impl Part {
             .map_err(|e| e.to_string())?;
         }
         let m = self.raft.metrics().borrow().membership_config.clone();
-        let goal = next_voters(m.membership(), me, &target);
-        tracing::info!("partition {}: changing the voters to {goal:?}", self.id);
-        tokio::time::timeout(
-            CONFORM_WAIT,
-            self.raft.change_membership(goal.clone(), false),
-        )
-        .await
-        .map_err(|_| format!("the change did not commit in {CONFORM_WAIT:?}"))?
-        .map_err(|e| e.to_string())?;
-        if goal != target {
-            return Err(format!(
-                "finished an earlier change to {goal:?}, which this leader leaves; the next \
-                 leader moves on to {target:?}"
-            ));
+        let (voters, uniform) = (
+            m.membership()
+                .voter_ids()
+                .collect::<std::collections::BTreeSet<u64>>(),
+            m.membership().get_joint_config().len() == 1,
+        );
+        if !(uniform && voters == target) {
+            may_change_membership(&self.raft)?;
+            let goal = next_voters(m.membership(), self.raft.metrics().borrow().id, &target);
+            tracing::info!("partition {}: changing the voters to {goal:?}", self.id);
+            tokio::time::timeout(
+                CONFORM_WAIT,
+                self.raft.change_membership(goal.clone(), false),
+            )
+            .await
+            .map_err(|_| format!("the change did not commit in {CONFORM_WAIT:?}"))?
+            .map_err(|e| e.to_string())?;
+            if goal != target {
+                return Err(format!(
+                    "finished an earlier change to {goal:?}, which this leader leaves; the next \
+                     leader moves on to {target:?}"
+                ));
+            }
         }
-        Ok(())
+        remove_learners(&self.raft, &target, self.id).await
     }
 
     /// Runs `request`'s reads on this replica's copy, whatever its role: a consistent
@@ -1680,7 +1779,8 @@ impl Part {
     }
 
     /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
-    /// (`members`; `settled`: only once the membership committed and is not joint), how many
+    /// (`members`; `settled`: every node of it, only once the membership committed and is not
+    /// joint), how many
     /// slots it owns (`owned`), or which (`slots`).
     pub fn leader_knows(&self, kind: &[u8]) -> Option<Vec<u8>> {
         let m = self.raft.metrics().borrow().clone();
@@ -1694,8 +1794,8 @@ impl Part {
                     .voter_ids()
                     .collect::<std::collections::BTreeSet<u64>>(),
             ),
-            // The voters, once the membership is one configuration (not joint) that
-            // committed: nodes outside it are out for good.
+            // Every node of the membership (voters and learners), once it is one
+            // configuration (not joint) that committed: nodes outside it are out for good.
             b"settled" => {
                 let stored = &m.membership_config;
                 let uniform = stored.membership().get_joint_config().len() == 1;
@@ -1707,7 +1807,8 @@ impl Part {
                 postcard::to_stdvec(
                     &stored
                         .membership()
-                        .voter_ids()
+                        .nodes()
+                        .map(|(&n, _)| n)
                         .collect::<std::collections::BTreeSet<u64>>(),
                 )
             }
@@ -1737,6 +1838,34 @@ impl Part {
     }
 }
 
+/// Whether the leader `raft` may propose a membership change now (`Err`: why not): only
+/// while its membership has committed and counts it a voter. One whose committed membership
+/// no longer has it (the end of a change that removed it, maybe one a caller gave up
+/// waiting for) leads on until it steps down, and openraft asserts that it appends no
+/// membership meanwhile (`Only leader is allowed to call update_effective_membership()`).
+/// Checked right before each change: a learner's catch-up may take long, and a change
+/// given up on goes on meanwhile.
+/// Whether the leader `raft` may propose a membership change now (`Err`: why not): only
+/// while its membership has committed and counts it a voter (one whose committed membership
+/// no longer has it leads on until it steps down, and openraft asserts that it appends no
+/// membership meanwhile). Checked right before each change: a learner's catch-up may take
+/// long, and a change a caller gave up waiting for goes on meanwhile.
+pub(crate) fn may_change_membership(raft: &Raft) -> Result<(), String> {
+    let m = raft.metrics().borrow().clone();
+    let stored = &m.membership_config;
+    let applied = m.last_applied.map(|l| l.index);
+    if stored.log_id().is_some_and(|l| Some(l.index) > applied) {
+        return Err("the last membership change has not committed yet".into());
+    }
+    if !stored.membership().voter_ids().any(|v| v == m.id) {
+        return Err(format!(
+            "node {} is leaving; the next leader changes it",
+            m.id
+        ));
+    }
+    Ok(())
+}
+
 /// The voters the leader `me` changes the membership `m` to on its way to `target`:
 /// `target`, except when `m` is joint (a change an earlier leader began), its newer
 /// configuration lacks `me`, and `target` too. openraft moves a joint `[old, new]` toward
@@ -1758,6 +1887,35 @@ pub(crate) fn next_voters(
         }
         _ => target.clone(),
     }
+}
+
+/// Removes from the leader `raft`'s membership of partition `part` the learners outside
+/// `target` (its voters): a replica stops only once the membership does not count it at
+/// all (`Part::leader_knows`, `settled`), and a leader keeps replicating to its learners.
+pub(crate) async fn remove_learners(
+    raft: &Raft,
+    target: &std::collections::BTreeSet<u64>,
+    part: usize,
+) -> Result<(), String> {
+    let m = raft.metrics().borrow().membership_config.clone();
+    let stray: std::collections::BTreeSet<u64> = m
+        .membership()
+        .learner_ids()
+        .filter(|n| !target.contains(n))
+        .collect();
+    if stray.is_empty() {
+        return Ok(());
+    }
+    may_change_membership(raft)?;
+    tracing::info!("partition {part}: removing the learners {stray:?}");
+    tokio::time::timeout(
+        CONFORM_WAIT,
+        raft.change_membership(openraft::ChangeMembers::RemoveNodes(stray), false),
+    )
+    .await
+    .map_err(|_| format!("removing learners did not commit in {CONFORM_WAIT:?}"))?
+    .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Runs `request`'s read-only commands on `db` (after a linearizable read check) and returns
@@ -2548,6 +2706,134 @@ mod tests {
         assert_eq!(next_voters(&joint, 2, &set(&[0, 2, 3])), set(&[0, 2, 3]));
         let uniform = openraft::Membership::<u64, BasicNode>::new(vec![set(&[1, 2, 4])], None);
         assert_eq!(next_voters(&uniform, 1, &set(&[0, 2, 3])), set(&[0, 2, 3]));
+    }
+
+    /// A single-node group on `data` and `log_db` (node 1), with a snapshot directory.
+    async fn one_node(data: &'static Db, log_db: &'static Db, dir: &std::path::Path) -> Raft {
+        let config = openraft::Config {
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_MS.0,
+            election_timeout_max: ELECTION_MS.1,
+            ..Default::default()
+        };
+        let machine = machine::Machine::open(data, Some(dir.to_path_buf()))
+            .await
+            .expect("open");
+        let log =
+            log::LogStore::open(log_db, keel::Durability::Sync).purge_behind(machine.durable());
+        let network = net::Network {
+            shared: std::sync::Weak::new(),
+            part: 0,
+            idle: Arc::default(),
+        };
+        let config = Arc::new(config.validate().expect("a valid config"));
+        Raft::new(1, config, network, log, machine)
+            .await
+            .expect("raft")
+    }
+
+    /// A replica that left is emptied (`empty`): its data, log and snapshot go, its vote
+    /// stays, and, opened again, it refuses its vote to a candidate whose log is older than
+    /// the one it forgot (which its empty log alone would grant: the lost entries of
+    /// `sim::member`'s `a_replica_that_left_is_emptied_safely`). An emptying a crash cut
+    /// short is finished by the next open, and a second one keeps the floor.
+    #[tokio::test(start_paused = true)]
+    async fn an_emptied_replica_keeps_its_vote_and_refuses_older_logs() {
+        use openraft::raft::VoteRequest;
+        use openraft::storage::RaftLogStorage;
+        use openraft::{ServerState, Vote};
+        let (data, log_db) = (leaked(), leaked());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let raft = one_node(data, log_db, dir.path()).await;
+        let members: BTreeMap<u64, BasicNode> = [(1, BasicNode::new("n1"))].into();
+        raft.initialize(members).await.expect("initialize");
+        raft.wait(Some(Duration::from_secs(10)))
+            .state(ServerState::Leader, "leads")
+            .await
+            .expect("leads");
+        for i in 0..5 {
+            let mut request = match entry(0, &[&["SET", &format!("k{i}"), "v"]]).payload {
+                EntryPayload::Normal(r) => r,
+                _ => unreachable!(),
+            };
+            request.now_ms = 1_700_000_000_000;
+            raft.client_write(request).await.expect("write");
+        }
+        raft.trigger().snapshot().await.expect("snapshot");
+        raft.wait(Some(Duration::from_secs(10)))
+            .metrics(|m| m.snapshot.is_some(), "a snapshot")
+            .await
+            .expect("snapshot");
+        let before = raft.metrics().borrow().clone();
+        let last = LogId::new(
+            CommittedLeaderId::new(before.current_term, 1),
+            before.last_log_index.expect("a log"),
+        );
+        raft.shutdown().await.expect("shutdown");
+        assert!(machine::holds_data(data));
+        let snapshot = dir.path().join(machine::SNAPSHOT_FILE);
+        assert!(snapshot.exists());
+
+        // Cut short after the data: the next open finishes it.
+        log::begin_emptying(log_db).expect("begin");
+        machine::wipe(data).expect("wipe");
+        assert!(finish_emptying(data, log_db, Some(&snapshot)).expect("finish"));
+        assert!(!finish_emptying(data, log_db, Some(&snapshot)).expect("nothing left"));
+        assert!(!machine::holds_data(data));
+        assert!(!snapshot.exists());
+        assert_eq!(log::floor(log_db).expect("floor"), Some(last));
+        // Emptied again: the floor stays.
+        empty(data, log_db, Some(&snapshot)).expect("empty");
+        let floor = log::floor(log_db).expect("floor");
+        assert_eq!(floor, Some(last));
+        let mut store = log::LogStore::open(log_db, keel::Durability::Sync);
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!((state.last_purged_log_id, state.last_log_id), (None, None));
+        assert_eq!(store.read_committed().await.expect("committed"), None);
+        assert_eq!(store.read_vote().await.expect("vote"), Some(before.vote));
+
+        let raft = one_node(data, log_db, dir.path()).await;
+        let m = raft
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(|m| m.vote == before.vote, "the kept vote")
+            .await
+            .expect("the kept vote");
+        assert_eq!((m.last_log_index, m.last_applied), (None, None));
+        assert_eq!(m.state, ServerState::Learner);
+        // Past the kept vote's leader lease.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let term = before.current_term;
+        let older = Some(LogId::new(CommittedLeaderId::new(term, 0), last.index - 1));
+        // A candidate of the kept vote's term: refused, the vote is taken.
+        let stale = raft
+            .vote(VoteRequest::new(Vote::new(term, 0), Some(last)))
+            .await
+            .expect("vote");
+        assert!(!stale.vote_granted);
+        // A newer term with an older log: refused by the floor, which openraft alone, on an
+        // empty log, would grant.
+        let request = VoteRequest::new(Vote::new(term + 1, 0), older);
+        let refused = vote(&raft, floor, request.clone()).await.expect("vote");
+        assert!(!refused.vote_granted);
+        assert_eq!(refused.last_log_id, floor);
+        assert_eq!(raft.metrics().borrow().vote, before.vote);
+        let granted = vote(
+            &raft,
+            floor,
+            VoteRequest::new(Vote::new(term + 1, 0), Some(last)),
+        )
+        .await
+        .expect("vote");
+        assert!(granted.vote_granted);
+        let unguarded = raft
+            .vote(VoteRequest::new(Vote::new(term + 2, 0), older))
+            .await
+            .expect("vote");
+        assert!(
+            unguarded.vote_granted,
+            "an empty log alone votes for any log"
+        );
+        raft.shutdown().await.expect("shutdown");
     }
 
     /// Two replicas applying the same entries end with identical databases (random picks,

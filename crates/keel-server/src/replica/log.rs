@@ -1,7 +1,10 @@
 //! A partition's Raft log, on a keel database of its own.
 //!
 //! Keys: `e` + index (8 bytes, big-endian, so entries sort by index) → the entry (postcard);
-//! `v` → the vote; `p` → the last purged log id; `c` → the last committed log id known. An
+//! `v` → the vote; `p` → the last purged log id; `c` → the last committed log id known; `f`
+//! → the replica's floor and `x` → a mark, both of [`empty`]ing (a replica that left its
+//! partition forgets its log and data, but never its vote, and never votes for a log older
+//! than the one it forgot). An
 //! append is one engine transaction per batch (at most [`BATCH_KEYS`] entries and
 //! [`BATCH_BYTES`] bytes each), committed with the server's durability, so under `sync` it is
 //! on disk before openraft hears it was appended; a vote is always fsynced (voting twice in a
@@ -41,6 +44,8 @@ const ENTRY: u8 = b'e';
 const VOTE: &[u8] = b"v";
 const PURGED: &[u8] = b"p";
 const COMMITTED: &[u8] = b"c";
+const FLOOR: &[u8] = b"f";
+const EMPTYING: &[u8] = b"x";
 
 /// Most entries one transaction of an append, truncate or purge writes.
 const BATCH_KEYS: usize = 4096;
@@ -393,4 +398,105 @@ impl RaftLogStorage<Tc> for LogStore {
         .await
         .map_err(write_err)?
     }
+}
+
+fn get_in<T: serde::de::DeserializeOwned>(
+    snap: &keel::Snapshot<'_>,
+    key: &[u8],
+) -> std::result::Result<Option<T>, String> {
+    match snap.get(key).map_err(|e| e.to_string())? {
+        Some(v) => postcard::from_bytes(&v)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        None => Ok(None),
+    }
+}
+
+/// The floor of the replica whose log is `db`: the newest last log id it had when it was
+/// emptied (`None`: never emptied). Such a replica refuses its vote to a candidate whose last
+/// log id is older (`super::vote`), as it would have with its log: a node of an older
+/// configuration that still counts it a voter cannot be elected by its empty log, which could
+/// then overwrite entries this replica helped commit.
+pub fn floor(db: &Db) -> std::result::Result<Option<LogId<u64>>, String> {
+    let snap = db.snapshot().map_err(|e| e.to_string())?;
+    Ok(get_in::<Option<LogId<u64>>>(&snap, FLOOR)?.flatten())
+}
+
+/// Begins emptying the log in `db` (of a replica that left its partition, stopped): in one
+/// durable commit, the mark and the floor (the newer of the floor and the last log id).
+/// Until [`finish_emptying`] clears the mark, the replica's data and snapshot are being
+/// emptied too; an open finishes the job first (`super::finish_emptying`).
+pub fn begin_emptying(db: &Db) -> std::result::Result<(), String> {
+    /// An engine error, or a value that does not decode.
+    struct Failed(String);
+    impl From<keel::Error> for Failed {
+        fn from(e: keel::Error) -> Failed {
+            Failed(e.to_string())
+        }
+    }
+    impl std::fmt::Display for Failed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    fn decode<T: serde::de::DeserializeOwned>(
+        v: Option<Vec<u8>>,
+    ) -> std::result::Result<Option<T>, Failed> {
+        v.map(|v| postcard::from_bytes(&v).map_err(|e| Failed(e.to_string())))
+            .transpose()
+    }
+    // Read in the transaction: an append whose commit is still on its way to visibility
+    // conflicts with this one, which then runs again and sees it.
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        let last = t
+            .range([ENTRY].as_slice()..[ENTRY + 1].as_slice())
+            .next_back()
+            .map(|(_, v)| v);
+        let last: Option<LogId<u64>> = decode::<Entry<Tc>>(last)?.map(|e| e.log_id);
+        let purged: Option<LogId<u64>> = decode(t.get(PURGED)?)?;
+        let before: Option<Option<LogId<u64>>> = decode(t.get(FLOOR)?)?;
+        let floor = last.max(purged).max(before.flatten());
+        t.put(
+            FLOOR,
+            &postcard::to_stdvec(&floor).expect("a log id encodes"),
+        )?;
+        t.put(EMPTYING, b"")?;
+        Ok::<_, Failed>(())
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Whether the log in `db` is marked as being emptied.
+pub fn emptying(db: &Db) -> std::result::Result<bool, String> {
+    let snap = db.snapshot().map_err(|e| e.to_string())?;
+    Ok(snap.get(EMPTYING).map_err(|e| e.to_string())?.is_some())
+}
+
+/// Deletes every key of the log in `db` but its vote and floor, a batch at a time, then the
+/// mark.
+pub fn finish_emptying(db: &Db) -> std::result::Result<(), String> {
+    loop {
+        let keys: Vec<Vec<u8>> = db
+            .snapshot()
+            .map_err(|e| e.to_string())?
+            .range::<[u8]>(..)
+            .map(|(k, _)| k)
+            .filter(|k| ![VOTE, FLOOR, EMPTYING].contains(&k.as_slice()))
+            .take(BATCH_KEYS)
+            .collect();
+        if keys.is_empty() {
+            break;
+        }
+        db.transact(|t| {
+            t.set_durability(LAZY);
+            keys.iter().try_for_each(|k| t.delete(k))
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    db.transact(|t| {
+        t.set_durability(Durability::Sync);
+        t.delete(EMPTYING)
+    })
+    .map_err(|e| e.to_string())
 }

@@ -54,28 +54,15 @@ const MARKERS: &[u8] = &[0xFF, b'r'];
 /// The snapshot file's name in the partition's log directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
 
-/// Marks a database being emptied (see [`wipe`]).
-#[cfg(test)]
-const WIPING: &[u8] = &[0xFF, b'r', b'x'];
-
-/// Empties `db`: the mark first (durably), every other key a batch at a time, then the mark.
-/// The server never empties a replica that left its partition (a replica placed there again
-/// without its log and vote could elect a stale node that still counts it);
-/// `sim::member` empties them to show why.
-#[cfg(test)]
+/// Deletes every key of `db` (a replica's data, as it is emptied: `super::empty`), a batch
+/// at a time. A crash part way leaves the log's mark (`log::begin_emptying`), and the next
+/// open finishes the job before anything reads the data.
 pub fn wipe(db: &Db) -> std::result::Result<(), String> {
-    let done = |e: keel::TransactError<keel::Error>| e.to_string();
-    db.transact(|t| {
-        t.set_durability(Durability::Sync);
-        t.put(WIPING, b"")
-    })
-    .map_err(done)?;
     loop {
         let keys: Vec<Vec<u8>> = db
             .snapshot()
             .map_err(|e| e.to_string())?
             .range::<[u8]>(..)
-            .filter(|(k, _)| k.as_slice() != WIPING)
             .take(BATCH_KEYS)
             .map(|(k, _)| k)
             .collect();
@@ -86,13 +73,22 @@ pub fn wipe(db: &Db) -> std::result::Result<(), String> {
             t.set_durability(LAZY);
             keys.iter().try_for_each(|k| t.delete(k))
         })
-        .map_err(done)?;
+        .map_err(|e: keel::TransactError<keel::Error>| e.to_string())?;
     }
-    db.transact(|t| {
-        t.set_durability(Durability::Sync);
-        t.delete(WIPING)
-    })
-    .map_err(done)
+    // Durable before the log's mark goes: a commit with `sync` makes the deletions before
+    // it durable too.
+    for put in [true, false] {
+        db.transact(|t| {
+            t.set_durability(Durability::Sync);
+            if put {
+                t.put(SYNC, b"")
+            } else {
+                t.delete(SYNC)
+            }
+        })
+        .map_err(|e: keel::TransactError<keel::Error>| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Whether `key` is one of the markers, which a snapshot does not carry.

@@ -146,6 +146,9 @@ enum Mutation {
     /// A replica placed on a node after the group started (`member`) initializes the group
     /// itself with the view's placement, instead of waiting for the leader to add it.
     JoinerInitializes,
+    /// A replica that left (`member`) is emptied vote and all, with no floor: what the server
+    /// once did (`replica::empty` keeps both).
+    ForgetsVote,
 }
 
 /// The network's state: which links are cut and how lossy the others are.
@@ -222,6 +225,8 @@ struct Up {
     gate: Arc<Gate>,
     life: u64,
     locks: super::prepared::Shared,
+    /// The replica's floor (`log::floor`), which its votes respect (`replica::vote`).
+    floor: Option<LogId<u64>>,
 }
 
 /// One node: its databases survive crashes.
@@ -507,6 +512,7 @@ impl Sim {
             proposals: Default::default(),
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
+            floor: up.floor,
         }
     }
 
@@ -640,6 +646,14 @@ impl Sim {
             return;
         }
         node.installing.store(false, Ordering::SeqCst);
+        // As `Replication::open_part`: an emptying cut short is finished first.
+        let snapshot = node.dir.path().join(super::machine::SNAPSHOT_FILE);
+        let floor = super::finish_emptying(node.data_db, node.log_db, Some(&snapshot))
+            .and_then(|_| super::log::floor(node.log_db));
+        let floor = match floor {
+            Ok(floor) => floor,
+            Err(e) => return self.violation(format!("node {i}'s emptying won't finish: {e}")),
+        };
         let gate = Arc::new(Gate::default());
         let life = self.lives.fetch_add(1, Ordering::SeqCst);
         let machine = match Machine::open(node.data_db, Some(node.dir.path().to_path_buf())).await {
@@ -722,6 +736,7 @@ impl Sim {
             gate,
             life,
             locks,
+            floor,
         });
     }
 
@@ -1024,8 +1039,8 @@ impl RaftNetworkFactory<Tc> for Router {
 struct Unsent;
 
 impl Link {
-    /// The request's way there; the target's Raft to deliver it to.
-    async fn send(&self) -> Result<Raft, Unsent> {
+    /// The request's way there; the target's replica to deliver it to.
+    async fn send(&self) -> Result<Up, Unsent> {
         self.sim.stats.messages.fetch_add(1, Ordering::Relaxed);
         if !self.sim.alive(self.from, self.life) {
             return Err(Unsent);
@@ -1055,7 +1070,7 @@ impl Link {
             std::future::pending::<()>().await;
         }
         // A node that is down refuses the connection.
-        self.sim.raft(to).ok_or(Unsent)
+        self.sim.up(to).ok_or(Unsent)
     }
 
     /// The answer's way back.
@@ -1089,23 +1104,42 @@ impl Link {
     }
 }
 
-/// Sends one RPC through the fault layer: `$method` is the `Raft` method that serves it.
+/// How a replica serves each RPC (a vote as the server's `net::serve` does).
+async fn serve_append(
+    up: Up,
+    rpc: AppendEntriesRequest<Tc>,
+) -> Result<AppendEntriesResponse<u64>, RaftError<u64>> {
+    up.raft.append_entries(rpc).await
+}
+
+async fn serve_snapshot(
+    up: Up,
+    rpc: InstallSnapshotRequest<Tc>,
+) -> Result<InstallSnapshotResponse<u64>, RaftError<u64, openraft::error::InstallSnapshotError>> {
+    up.raft.install_snapshot(rpc).await
+}
+
+async fn serve_vote(up: Up, rpc: VoteRequest<u64>) -> Result<VoteResponse<u64>, RaftError<u64>> {
+    super::vote(&up.raft, up.floor, rpc).await
+}
+
+/// Sends one RPC through the fault layer: `$serve` serves it on the target.
 macro_rules! deliver {
-    ($link:expr, $rpc:expr, $option:expr, $method:ident) => {{
+    ($link:expr, $rpc:expr, $option:expr, $serve:ident) => {{
         let link: &Link = $link;
         let rpc = $rpc;
         let call = async {
-            let raft = link.send().await?;
+            let up = link.send().await?;
             if let Some(after) = link.duplicate() {
                 let (sim, to, copy) = (Arc::clone(&link.sim), link.to as usize, roundtrip(&rpc));
                 tokio::spawn(async move {
                     sleep(after).await;
-                    if let Some(raft) = sim.raft(to) {
-                        let _ = raft.$method(copy).await;
+                    if let Some(up) = sim.up(to) {
+                        let _ = $serve(up, copy).await;
                     }
                 });
             }
-            let answer = raft.$method(roundtrip(&rpc)).await;
+            let answer = $serve(up, roundtrip(&rpc)).await;
             link.reply().await;
             Ok::<_, Unsent>(answer)
         };
@@ -1131,7 +1165,7 @@ impl RaftNetwork<Tc> for Link {
         rpc: AppendEntriesRequest<Tc>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        deliver!(self, rpc, option, append_entries)
+        deliver!(self, rpc, option, serve_append)
     }
 
     async fn install_snapshot(
@@ -1142,7 +1176,7 @@ impl RaftNetwork<Tc> for Link {
         InstallSnapshotResponse<u64>,
         RPCError<u64, BasicNode, RaftError<u64, openraft::error::InstallSnapshotError>>,
     > {
-        deliver!(self, rpc, option, install_snapshot)
+        deliver!(self, rpc, option, serve_snapshot)
     }
 
     async fn vote(
@@ -1150,7 +1184,7 @@ impl RaftNetwork<Tc> for Link {
         rpc: VoteRequest<u64>,
         option: RPCOption,
     ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        deliver!(self, rpc, option, vote)
+        deliver!(self, rpc, option, serve_vote)
     }
 }
 

@@ -10,14 +10,14 @@
 //! then `change_membership`), so that for some seeds the driver crashes, on purpose, the leader
 //! or the new learner right after `add_learner` returns, and the leader, a node leaving or a
 //! node joining once the leader's membership turns joint. As the server does, a node opens
-//! its replica only while the view places it there (a crashed node that restarts out of the
-//! view stays closed), a born member initializes the group only while the placement is the
-//! born one, and a replica the view no longer places closes once the newest configuration of
-//! its membership excludes it (or after [`LEAVE_AFTER_MS`]), unless it leads. It keeps its
-//! data, log and vote: the server now empties it once the leader's committed, uniform
-//! membership excludes it, which loses committed entries
-//! (`a_replica_that_left_is_emptied_safely`, ignored). Snapshots every 20 entries make a new
-//! learner catch up by a snapshot install, and the nemesis crashes nodes during installs.
+//! its replica while the view places it there (and, at a restart, one its stored membership
+//! still counts), a born member initializes the group only while the placement is the born
+//! one, and a replica the view no longer places closes, unless it leads, once the leader's
+//! committed, uniform membership no longer has it (neither a voter nor a learner: the leader
+//! removes learners the view left), and is then emptied (`replica::empty`: its data, log and
+//! snapshot go, its vote and a floor stay; one emptying in four is cut short and finished by
+//! the next open). Snapshots every 20 entries make a new learner catch up by a snapshot
+//! install, and the nemesis crashes nodes during installs.
 //!
 //! Checked once every fault is healed, besides `sim`'s checks (strict serializability of the
 //! whole history, every acknowledged append present, no index applied with two different
@@ -32,7 +32,7 @@
 //!    the final placement alone;
 //! 3. the final voters' data identical once caught up.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -43,7 +43,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::{ADDING, CHANGING, IDLE, Mutation, Net, RECOVERY_MS, Rng, Run, Sim, nemesis, seeds};
 use crate::replica::view::{View, ViewNode};
-use crate::replica::{self, Tc, machine};
+use crate::replica::{self, Tc, log, machine};
 
 /// Nodes in the pool.
 const POOL: usize = 5;
@@ -57,9 +57,6 @@ const FAULT_MS: u64 = 20_000;
 const STEP_MS: u64 = 6_000;
 /// The reconciler's period (`RECONCILE_EVERY`).
 const RECONCILE_MS: u64 = 1_000;
-/// A replica out of the view closes after this even if its membership still has it
-/// (`LEAVE_AFTER`).
-const LEAVE_AFTER_MS: u64 = 30_000;
 
 /// Seeds every CI run checks.
 const SEEDS: &[u64] = &[1, 2, 3, 4];
@@ -133,13 +130,12 @@ async fn attempt(
     let raft = up.raft.clone();
     let m = raft.metrics().borrow().membership_config.clone();
     let (now, uniform) = voters(m.membership());
-    if uniform && now == *target {
+    let stray = m.membership().learner_ids().any(|n| !target.contains(&n));
+    if uniform && now == *target && !stray {
         return Ok(());
     }
     // As `Part::conform`: a leader outside its own membership is stepping down.
-    if !now.contains(&(l as u64)) {
-        return Err(format!("node {l} is leaving"));
-    }
+    replica::may_change_membership(&raft)?;
     // As `Part::conform`: an earlier change this leader cannot finish toward the target goes
     // to its newer configuration first.
     let goal = replica::next_voters(m.membership(), l as u64, target);
@@ -164,9 +160,17 @@ async fn attempt(
         sim.changing.store(IDLE, Ordering::SeqCst);
         done.map_err(|_| "Part::conform timed out".to_string())??;
         raft.metrics().borrow().membership_config.clone()
+    } else if uniform && now == *target {
+        // Only learners outside the target are left (added for a placement the view left):
+        // removed, as `Part::conform` does.
+        return replica::remove_learners(&raft, target, sim.part).await;
     } else {
         for &n in &adding {
             sim.changing.store(ADDING, Ordering::SeqCst);
+            if let Err(e) = replica::may_change_membership(&raft) {
+                sim.changing.store(IDLE, Ordering::SeqCst);
+                return Err(e);
+            }
             let added = timeout(
                 Duration::from_millis(STEP_MS),
                 raft.add_learner(n, BasicNode::new(format!("n{n}")), true),
@@ -216,18 +220,21 @@ async fn attempt(
                 crash_for(&sim, victim, down).await
             })
         });
-        let changed = timeout(
-            Duration::from_millis(STEP_MS),
-            raft.change_membership(goal.clone(), false),
-        )
-        .await;
+        let changed = match replica::may_change_membership(&raft) {
+            Ok(()) => Ok(timeout(
+                Duration::from_millis(STEP_MS),
+                raft.change_membership(goal.clone(), false),
+            )
+            .await),
+            Err(e) => Err(e),
+        };
         sim.changing.store(IDLE, Ordering::SeqCst);
         if let Some(watcher) = watcher
             && watcher.await.unwrap_or(false)
         {
             changes.lock().crashed_joint += 1;
         }
-        match changed {
+        match changed? {
             Ok(Ok(response)) => response.membership.map_or_else(
                 || raft.metrics().borrow().membership_config.clone(),
                 |m| Arc::new(openraft::StoredMembership::new(Some(response.log_id), m)),
@@ -250,7 +257,7 @@ async fn attempt(
         ));
     }
     changes.lock().done.push(target.clone());
-    Ok(())
+    replica::remove_learners(&raft, target, sim.part).await
 }
 
 /// Whether moving the view to `placement` now leaves every configuration of the leader's
@@ -324,61 +331,28 @@ async fn driver(
 }
 
 /// Every node's reconciler (`Replication::reconcile`), until `stop`: opens the replica the
-/// view places on a node, and closes one it no longer places once its membership lets it go.
-/// With `empties`, a replica that left because its membership excluded it is emptied (its
-/// data, log, vote and snapshot) once the leader has a committed, uniform membership without
-/// it, as the server does; placed again before that, it keeps them. How many were emptied.
-async fn reconciler(sim: Arc<Sim>, empties: bool, stop: Arc<AtomicBool>) -> u64 {
-    let mut leaving: BTreeMap<usize, Instant> = BTreeMap::new();
-    let mut unsettled: BTreeSet<usize> = BTreeSet::new();
+/// view places on a node, and closes one it no longer places (unless it leads) once the
+/// leader has a committed, uniform membership without it, then empties it as the server
+/// does ([`empty`]). How many were emptied.
+async fn reconciler(sim: Arc<Sim>, stop: Arc<AtomicBool>) -> u64 {
     let mut emptied = 0;
     while !stop.load(Ordering::SeqCst) {
-        for i in unsettled.clone() {
-            if sim.placed.lock().contains(&(i as u64)) {
-                unsettled.remove(&i);
-            } else if settled_without(&sim, i as u64) {
-                unsettled.remove(&i);
-                if empty(&sim, i).await {
-                    emptied += 1;
-                }
-            }
-        }
         for i in 0..sim.n {
             let me = i as u64;
             if sim.placed.lock().contains(&me) {
-                leaving.remove(&i);
                 sim.open(i).await;
                 continue;
             }
             let Some(raft) = sim.raft(i) else {
-                leaving.remove(&i);
                 continue;
             };
-            let m = raft.metrics().borrow().clone();
-            if m.state == ServerState::Leader {
+            if raft.metrics().borrow().state == ServerState::Leader {
                 continue;
             }
-            if !empties {
-                // As the server does (8460c9d): out of the view, a replica stops once the
-                // leader has committed a membership without it that is not joint.
-                if settled_without(&sim, me) {
-                    sim.leave(i).await;
-                }
-                continue;
-            }
-            // The rules before 8460c9d, which emptied replicas that left.
-            let since = *leaving.entry(i).or_insert_with(Instant::now);
-            let members = m.membership_config.membership();
-            let out = !members
-                .get_joint_config()
-                .last()
-                .is_some_and(|newest| newest.contains(&me))
-                && !members.learner_ids().any(|l| l == me);
-            if out || since.elapsed() > Duration::from_millis(LEAVE_AFTER_MS) {
-                leaving.remove(&i);
+            if settled_without(&sim, me) {
                 sim.leave(i).await;
-                if out {
-                    unsettled.insert(i);
+                if empty(&sim, i).await {
+                    emptied += 1;
                 }
             }
         }
@@ -402,27 +376,35 @@ fn settled_without(sim: &Sim, node: u64) -> bool {
         && uniform
         && committed
         && !voters.is_empty()
-        && !voters.contains(&node)
+        && !stored.membership().nodes().any(|(&n, _)| n == node)
 }
 
-/// Empties node `i`'s closed replica (`Replication::empty`): its data, log and vote, and its
-/// snapshot file.
+/// Empties node `i`'s closed replica as the server does (`replica::empty`: its data, its log
+/// but for its vote, its snapshot file; a floor kept), unless it opened again meanwhile.
+/// One emptying in four is cut short after its mark and the data (a crash part way): the
+/// next open finishes it. With `Mutation::ForgetsVote`, the whole log goes, vote and all.
 async fn empty(sim: &Sim, i: usize) -> bool {
     let node = &sim.nodes[i];
     let _alone = node.life.lock().await;
     if node.up.lock().is_some() {
         return false;
     }
-    for db in [node.data_db, node.log_db] {
-        if let Err(e) = machine::wipe(db) {
-            sim.violation(format!("emptying node {i}'s replica: {e}"));
-        }
-    }
-    match std::fs::remove_file(node.dir.path().join(machine::SNAPSHOT_FILE)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            sim.violation(format!("emptying node {i}'s snapshot: {e}"));
-        }
-        _ => {}
+    let snapshot = node.dir.path().join(machine::SNAPSHOT_FILE);
+    let cut_short = sim.net.lock().rng.chance(250);
+    let emptied = if sim.mutation == Mutation::ForgetsVote {
+        machine::wipe(node.data_db)
+            .and_then(|()| machine::wipe(node.log_db))
+            .and_then(|()| match std::fs::remove_file(&snapshot) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+                _ => Ok(()),
+            })
+    } else if cut_short {
+        log::begin_emptying(node.log_db).and_then(|()| machine::wipe(node.data_db))
+    } else {
+        replica::empty(node.data_db, node.log_db, Some(&snapshot))
+    };
+    if let Err(e) = emptied {
+        sim.violation(format!("emptying node {i}'s replica: {e}"));
     }
     true
 }
@@ -530,21 +512,16 @@ struct Summary {
     run: super::Summary,
 }
 
-fn run(seed: u64, careful: Careful, empties: bool, mutation: Mutation) -> Result<Summary, String> {
+fn run(seed: u64, careful: Careful, mutation: Mutation) -> Result<Summary, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a runtime");
-    rt.block_on(simulate(seed, careful, empties, mutation))
+    rt.block_on(simulate(seed, careful, mutation))
 }
 
-async fn simulate(
-    seed: u64,
-    careful: Careful,
-    empties: bool,
-    mutation: Mutation,
-) -> Result<Summary, String> {
+async fn simulate(seed: u64, careful: Careful, mutation: Mutation) -> Result<Summary, String> {
     let born: BTreeSet<u64> = (0..REPLICAS as u64).collect();
     let sim = Sim::new_on(
         POOL,
@@ -563,11 +540,7 @@ async fn simulate(
     }));
     let mut run = Run::begin(&sim, seed);
     let (stop_driver, stop_reconciler) = (Arc::default(), Arc::new(AtomicBool::new(false)));
-    let reconciling = tokio::spawn(reconciler(
-        Arc::clone(&sim),
-        empties,
-        Arc::clone(&stop_reconciler),
-    ));
+    let reconciling = tokio::spawn(reconciler(Arc::clone(&sim), Arc::clone(&stop_reconciler)));
     let driving = tokio::spawn(driver(
         Arc::clone(&sim),
         seed,
@@ -668,7 +641,7 @@ async fn simulate(
 fn replicas_move_between_nodes_under_seeded_faults() {
     for seed in seeds(SEEDS) {
         let began = std::time::Instant::now();
-        match run(seed, Careful::Majority, false, Mutation::None) {
+        match run(seed, Careful::Majority, Mutation::None) {
             Ok(summary) => println!(
                 "member seed {seed}: ok in {} ms: {summary:?}",
                 began.elapsed().as_millis()
@@ -688,67 +661,102 @@ fn replicas_move_between_nodes_under_seeded_faults() {
 fn the_checks_catch_a_joiner_that_initializes_the_group() {
     let caught = [1u64, 2, 3]
         .iter()
-        .find_map(|&seed| run(seed, Careful::Majority, false, Mutation::JoinerInitializes).err())
+        .find_map(|&seed| run(seed, Careful::Majority, Mutation::JoinerInitializes).err())
         .expect("no seed caught a joiner initializing the group");
     println!("{}", &caught[..caught.len().min(300)]);
     assert!(caught.contains("two different entries"), "{caught}");
 }
 
 /// The view moves on by another swap whenever the driver's patience runs out, however far
-/// behind the membership is (`Careful::No`: joins and removals in quick succession). Fails:
-/// `Replication::start` opens only the partitions the view places on the node, so a node
-/// that restarts while the view has moved a partition away from it does not reopen its
-/// replica, though the partition's membership still counts it as a voter (and the
-/// reconciler never opens it either). Once the view is two swaps ahead of the membership and
-/// both of those nodes restart, the old configuration has one live voter of three: no leader,
-/// so no change of membership either, for good (seed 4 once: placed on {0, 3, 4}, membership
-/// still {0, 1, 2}, nodes 1 and 2 closed; seeds 15 and others too). A fix would reopen at start the replicas whose stored
-/// membership still has the node, and let the reconciler close them once it lets the node go.
+/// behind the membership is (`Careful::No`: joins and removals in quick succession). A node
+/// that restarts while the view has moved a partition away from it reopens the replica its
+/// stored membership still counts (once it did not, and the old configuration could be left
+/// with one live voter of three, for good: seeds 4 and 15 before 8460c9d), and a replica out
+/// of the view stops only once the leader has committed a membership without it.
 ///
-/// Since 8460c9d a node reopens at start the replicas its stored membership counts, and a
-/// replica out of the view stops only once the leader has committed a membership without
-/// it; the simulation's nodes do the same when `empties` is off, and 81 seeds then passed
-/// (62 s in a debug build, too long for CI). One run of seed 4 hit openraft's debug
-/// assertion `Only leader is allowed to call update_effective_membership()`: a new leader in
-/// the old configuration of a joint one that an earlier leader began, but not in its new
-/// one, moving it to a third placement; openraft goes through `[new, third]`, whose second
-/// step this leader appends while its effective membership no longer counts it (through
-/// `Part::conform` as well as the driver's two steps). `replica::next_voters` now finishes
-/// the earlier change alone first.
+/// Seed 4 also hit openraft's debug assertion `Only leader is allowed to call
+/// update_effective_membership()` (two runs in eight): a new leader in the old configuration
+/// of a joint one that an earlier leader began, but not in its new one, moving it to a third
+/// placement: openraft goes through `[new, third]`, whose second step this leader appends
+/// while its effective membership no longer counts it (`replica::next_voters` now finishes
+/// the earlier change alone first).
 #[test]
-#[ignore = "long (81 seeds, about a minute)"]
 fn a_membership_behind_the_view_survives_restarts() {
-    survive(Careful::No, false, &[4]);
+    survive(Careful::No, Mutation::None, &[4, 15], 0);
 }
 
-/// As the server does since it empties replicas that left (`Replication::empty`), a replica
-/// that left is emptied once the leader's committed, uniform membership excludes it. Fails:
-/// that membership is not yet every node's. Seed 1795570281810405307 once (seed 33 and
-/// others too, or a follower whose committed entries differ trips openraft's assertions): the
-/// membership moves
-/// from {0, 1, 4} to {0, 1, 3} (committed at index 112 by node 0, term 2, with node 3) while
-/// node 1 is down; node 4 leaves and is emptied; the view places the partition on node 4 again,
-/// which opens with no log and no vote; node 1 restarts with its old log (configuration
-/// {0, 1, 4}, no entries past 102), stands for term 5 and gets node 4's vote, which a replica
-/// that kept its log would have refused: it leads {0, 1, 4} and overwrites indexes 103 to 115,
-/// which node 0 had committed and applied (acknowledged appends lost, two entries applied at
-/// one index). A replica may forget its log and vote only once no node can count it a voter
-/// any more (every node of the older configurations has the newer one), or not at all.
+/// [`a_membership_behind_the_view_survives_restarts`] over seeds 1 to 80 as well.
 #[test]
-#[ignore = "bug: a replica that left is emptied while a lagging node still counts it a voter; \
-            its empty log votes for a stale candidate, which overwrites committed entries"]
-fn a_replica_that_left_is_emptied_safely() {
-    survive(Careful::Majority, true, &[1_795_570_281_810_405_307]);
+#[ignore = "long: 82 seeds, about a minute in a debug build"]
+fn a_membership_behind_the_view_survives_restarts_over_many_seeds() {
+    survive(Careful::No, Mutation::None, &[4, 15], 80);
 }
 
-/// Runs `first`, then seeds 1 to 80 (a seed replays its schedule, not always its
+/// A replica that left is emptied once the leader's committed, uniform membership no longer
+/// has it, as the server does (`Replication::empty`). Without its vote and log, that was
+/// unsafe: that membership is not yet every node's. Seed 1795570281810405307 once (seed 33
+/// and others too, or a follower whose committed entries differ trips openraft's
+/// assertions): the membership moves from {0, 1, 4} to {0, 1, 3} (committed at index 112 by
+/// node 0, term 2, with node 3) while node 1 is down; node 4 leaves and is emptied; the view
+/// places the partition on node 4 again, which opens with no log and no vote; node 1
+/// restarts with its old log (configuration {0, 1, 4}, no entries past 102), stands for term
+/// 5 and gets node 4's vote, which a replica that kept its log would have refused: it leads
+/// {0, 1, 4} and overwrites indexes 103 to 115, which node 0 had committed and applied
+/// (acknowledged appends lost, two entries applied at one index). Now the emptied replica
+/// keeps its vote, and a floor: the last log id it forgot, below which it votes for no
+/// candidate (`replica::vote`; `replica::tests::an_emptied_replica_keeps_its_vote_and_
+/// refuses_older_logs`).
+#[test]
+fn a_replica_that_left_is_emptied_safely() {
+    survive(
+        Careful::Majority,
+        Mutation::None,
+        &[1_795_570_281_810_405_307, 33, 35],
+        0,
+    );
+}
+
+/// [`a_replica_that_left_is_emptied_safely`] over seeds 1 to 80 as well (81 passed, with
+/// 129 emptyings).
+#[test]
+#[ignore = "long: 83 seeds, about a minute in a debug build"]
+fn a_replica_that_left_is_emptied_safely_over_many_seeds() {
+    survive(
+        Careful::Majority,
+        Mutation::None,
+        &[1_795_570_281_810_405_307, 33, 35],
+        80,
+    );
+}
+
+/// The checks catch replicas emptied vote and all, with no floor (`Mutation::ForgetsVote`,
+/// the server's emptying before the floor): seed 26 (and 7, 20) of 1 to 80, a follower's
+/// committed entries overwritten (openraft's `has_log_id` assertion), a replica never caught
+/// up. About one seed in thirty catches it, hence ignored.
+#[test]
+#[ignore = "long: about one seed in thirty catches it, up to a minute"]
+fn the_checks_catch_a_replica_emptied_vote_and_all() {
+    let caught = (1..=80u64).find_map(|seed| {
+        std::panic::catch_unwind(|| run(seed, Careful::Majority, Mutation::ForgetsVote))
+            .map_or_else(|_| Some("openraft panicked".to_string()), Result::err)
+    });
+    let caught = caught.expect("no seed caught replicas emptied vote and all");
+    println!("{}", &caught[..caught.len().min(300)]);
+}
+
+/// Runs `first`, then seeds 1 to `more` (a seed replays its schedule, not always its
 /// interleaving), until one fails: for the tests of bugs that some seeds hit.
-fn survive(careful: Careful, empties: bool, first: &[u64]) {
+fn survive(careful: Careful, mutation: Mutation, first: &[u64], more: u64) {
     let mut list = first.to_vec();
-    list.extend(1..=80);
+    list.extend(1..=more);
     for seed in seeds(&list) {
-        if let Err(e) = run(seed, careful, empties, Mutation::None) {
-            panic!("seed {seed} ({careful:?}, emptied: {empties}):\n{e}");
+        let began = std::time::Instant::now();
+        match run(seed, careful, mutation) {
+            Ok(summary) => println!(
+                "member seed {seed} ({careful:?}): ok in {} ms: {summary:?}",
+                began.elapsed().as_millis()
+            ),
+            Err(e) => panic!("seed {seed} ({careful:?}, {mutation:?}):\n{e}"),
         }
     }
 }
