@@ -195,6 +195,14 @@ pub struct Ctx<'a> {
     pub contended: Contended,
 }
 
+impl Ctx<'_> {
+    /// Whether a write to the packed collection `old` at `key` (`None`: a new one) spreads it
+    /// because the last attempt lost a conflict on its meta record.
+    pub fn contends(&self, key: &[u8], old: Option<&ks::Meta>) -> bool {
+        old.is_some_and(|m| m.packed) && self.contended.is(&ks::meta_key(key))
+    }
+}
+
 /// The key of the conflict that ended the last attempt (see [`Ctx::contended`]).
 #[derive(Default)]
 pub struct Contended(std::sync::Mutex<Option<Vec<u8>>>);
@@ -1117,6 +1125,23 @@ pub mod test_support {
             encodings: &ENCODINGS,
             contended: Default::default(),
         }
+    }
+
+    /// How many engine records the database holds.
+    pub fn records(db: &keel::Db) -> usize {
+        db.snapshot()
+            .expect("snapshot")
+            .range::<Vec<u8>>(..)
+            .count()
+    }
+
+    /// The meta record of `key`, which must exist.
+    pub fn meta(db: &keel::Db, key: &str) -> crate::keyspace::Meta {
+        let snap = db.snapshot().expect("snapshot");
+        let v = snap
+            .get(&crate::keyspace::meta_key(key.as_bytes()))
+            .expect("read");
+        crate::keyspace::Meta::decode(&v.expect("a meta record")).expect("decodes")
     }
 
     pub fn args(a: &[&str]) -> Vec<Bytes> {

@@ -176,18 +176,11 @@ fn write_packed(
     old: Option<&Meta>,
     fields: &Fields<'_>,
 ) -> Result<(), Fail> {
-    if fields.len() == 0 {
-        if let Some(m) = old {
-            ks::drop_meta(t, key, m)?;
-        }
-        return Ok(());
-    }
-    if fields.fit() && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
-        let deadline = old.map_or(0, |m| m.deadline);
-        let meta = Meta::packed(Type::Hash, fields.encode(), deadline);
-        return ks::put_meta(t, key, &meta, deadline);
-    }
-    spread(t, key, old, fields).map(drop)
+    let contended = ctx.contends(key, old);
+    let packed = (fields.fit() && !contended).then(|| fields.encode());
+    ks::write_collection(t, key, Type::Hash, old, fields.len(), packed, |t, g| {
+        put_fields(t, g, fields)
+    })
 }
 
 /// Spreads the hash at `key` (`old`: its meta record; `None`: it is new) with `fields` over
@@ -198,17 +191,17 @@ fn spread(
     old: Option<&Meta>,
     fields: &Fields<'_>,
 ) -> Result<Meta, Fail> {
-    let deadline = old.map_or(0, |m| m.deadline);
-    let mut meta = Meta::collection(Type::Hash);
-    meta.deadline = deadline;
+    ks::spread_collection(t, key, Type::Hash, old, fields.len(), |t, g| {
+        put_fields(t, g, fields)
+    })
+}
+
+/// Writes `fields` as sub-keys of `generation`.
+fn put_fields(t: &mut Txn<'_>, generation: u64, fields: &Fields<'_>) -> Result<(), Fail> {
     for (f, v) in fields.iter() {
-        t.put(&ks::sub_key(HASH_FIELD, meta.generation, f), v)?;
+        t.put(&ks::sub_key(HASH_FIELD, generation, f), v)?;
     }
-    if fields.len() > 0 {
-        t.add(&ks::size_key(meta.generation), fields.len() as i64)?;
-    }
-    ks::put_meta(t, key, &meta, deadline)?;
-    Ok(meta)
+    Ok(())
 }
 
 /// A hash about to be written: the packed fields to change (of a new hash, or a packed one),

@@ -660,6 +660,55 @@ pub fn put_meta(t: &mut Txn<'_>, key: &[u8], meta: &Meta, old_deadline: u64) -> 
     Ok(())
 }
 
+/// Writes the hash, list or set of type `ty` at `key` after a change left it `count` items
+/// (`old`: its meta record; `None`: it is new): with none left, deletes it; packed into its
+/// meta record when `packed` gives the record's items ([`packed`]), else spread by
+/// [`spread_collection`].
+pub fn write_collection(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    ty: Type,
+    old: Option<&Meta>,
+    count: usize,
+    packed: Option<Vec<u8>>,
+    put: impl FnOnce(&mut Txn<'_>, u64) -> Result<(), Fail>,
+) -> Result<(), Fail> {
+    if count == 0 {
+        if let Some(m) = old {
+            drop_meta(t, key, m)?;
+        }
+        return Ok(());
+    }
+    let deadline = old.map_or(0, |m| m.deadline);
+    match packed {
+        Some(items) => put_meta(t, key, &Meta::packed(ty, items, deadline), deadline),
+        None => spread_collection(t, key, ty, old, count, put).map(drop),
+    }
+}
+
+/// Writes the collection of type `ty` at `key` (`old`: its meta record, whose deadline it
+/// keeps; `None`: it is new) spread over a fresh generation: `put` writes its `count` items'
+/// sub-keys under the generation it is given, and the size record starts at `count`. Its new
+/// meta record.
+pub fn spread_collection(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    ty: Type,
+    old: Option<&Meta>,
+    count: usize,
+    put: impl FnOnce(&mut Txn<'_>, u64) -> Result<(), Fail>,
+) -> Result<Meta, Fail> {
+    let deadline = old.map_or(0, |m| m.deadline);
+    let mut meta = Meta::collection(ty);
+    meta.deadline = deadline;
+    put(t, meta.generation)?;
+    if count > 0 {
+        t.add(&size_key(meta.generation), count as i64)?;
+    }
+    put_meta(t, key, &meta, deadline)?;
+    Ok(meta)
+}
+
 /// Gives `key` (holding `held`, a string's value read) the deadline `deadline` (0: none,
 /// as `PERSIST`): a string moves between its plain key and its meta record; a collection's
 /// meta record is rewritten.

@@ -424,40 +424,24 @@ impl List {
         let Some(p) = self.packed.filter(|p| p.dirty) else {
             return Ok(());
         };
-        let old = self.meta.as_ref();
-        if p.dropped || p.items.is_empty() {
-            if let Some(m) = old {
-                ks::drop_meta(t, key, m)?;
-            }
-            return Ok(());
-        }
+        let count = if p.dropped { 0 } else { p.items.len() };
         let dense = p.items.len() as i64 == p.tail - p.head
             && p.items.first_key_value().is_some_and(|(&i, _)| i == p.head);
-        if !dense {
+        if count > 0 && !dense {
             return Err("ERR keel: a list's elements are not dense".into());
         }
-        let deadline = old.map_or(0, |m| m.deadline);
-        let fit = packed::fit(p.items.len(), p.items.values().map(Vec::as_slice));
-        if fit && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
-            let mut items = Vec::with_capacity(p.items.values().map(|v| v.len() + 1).sum());
-            for v in p.items.values() {
-                packed::push(&mut items, v);
+        let old = self.meta.as_ref();
+        let contended = ctx.contends(key, old);
+        let items = || p.items.values().map(Vec::as_slice);
+        let packed = (packed::fit(count, items()) && !contended).then(|| packed::encode(items()));
+        ks::write_collection(t, key, Type::List, old, count, packed, |t, g| {
+            for (i, v) in items().enumerate() {
+                t.put(&item_key(g, i as i64), v)?;
             }
-            return ks::put_meta(t, key, &Meta::packed(Type::List, items, deadline), deadline);
-        }
-        let mut meta = Meta::collection(Type::List);
-        meta.deadline = deadline;
-        for (i, v) in p.items.values().enumerate() {
-            t.put(&item_key(meta.generation, i as i64), v)?;
-        }
-        let len = p.items.len() as i64;
-        t.put(
-            &ks::list_end_key(meta.generation, false),
-            &0i64.to_be_bytes(),
-        )?;
-        t.put(&ks::list_end_key(meta.generation, true), &len.to_be_bytes())?;
-        t.add(&ks::size_key(meta.generation), len)?;
-        ks::put_meta(t, key, &meta, deadline)
+            t.put(&ks::list_end_key(g, false), &0i64.to_be_bytes())?;
+            t.put(&ks::list_end_key(g, true), &(count as i64).to_be_bytes())?;
+            Ok(())
+        })
     }
 }
 
@@ -1219,21 +1203,7 @@ fn lpos(
 mod tests {
     use super::*;
     use crate::data::Cursors;
-    use crate::data::test_support::{ctx, exec, run_in, run_in_ctx};
-
-    /// How many engine records the database holds.
-    fn records(db: &keel::Db) -> usize {
-        db.snapshot()
-            .expect("snapshot")
-            .range::<Vec<u8>>(..)
-            .count()
-    }
-
-    fn meta(db: &keel::Db, key: &str) -> Meta {
-        let snap = db.snapshot().expect("snapshot");
-        let v = snap.get(&ks::meta_key(key.as_bytes())).expect("read");
-        Meta::decode(&v.expect("a meta record")).expect("decodes")
-    }
+    use crate::data::test_support::{ctx, exec, meta, records, run_in, run_in_ctx};
 
     /// A short list is one engine record, its meta record, through every command; one element
     /// too many or too long spreads it over sub-keys, keeping its elements and TTL.

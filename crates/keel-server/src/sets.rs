@@ -173,25 +173,33 @@ fn write_packed(
     old: Option<&Meta>,
     members: &[&[u8]],
 ) -> Result<(), Fail> {
-    if members.is_empty() {
-        if let Some(m) = old {
-            ks::drop_meta(t, key, m)?;
-        }
-        return Ok(());
-    }
-    let deadline = old.map_or(0, |m| m.deadline);
+    let contended = ctx.contends(key, old);
     let fit = packed::fit(members.len(), members.iter().copied());
-    if fit && !(old.is_some() && ctx.contended.is(&ks::meta_key(key))) {
-        let meta = Meta::packed(Type::Set, packed::encode(members.iter().copied()), deadline);
-        return ks::put_meta(t, key, &meta, deadline);
-    }
-    let mut meta = Meta::collection(Type::Set);
-    meta.deadline = deadline;
+    let items = (fit && !contended).then(|| packed::encode(members.iter().copied()));
+    ks::write_collection(t, key, Type::Set, old, members.len(), items, |t, g| {
+        put_members(t, g, members)
+    })
+}
+
+/// Spreads the set at `key` (`old`: its meta record; `None`: it is new) with `members` over
+/// sub-keys of a new generation; its new meta record.
+fn spread(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    old: Option<&Meta>,
+    members: &[&[u8]],
+) -> Result<Meta, Fail> {
+    ks::spread_collection(t, key, Type::Set, old, members.len(), |t, g| {
+        put_members(t, g, members)
+    })
+}
+
+/// Writes `members` as sub-keys of `generation`.
+fn put_members(t: &mut Txn<'_>, generation: u64, members: &[&[u8]]) -> Result<(), Fail> {
     for m in members {
-        t.put(&member_key(meta.generation, m), &[])?;
+        t.put(&member_key(generation, m), &[])?;
     }
-    t.add(&ks::size_key(meta.generation), members.len() as i64)?;
-    ks::put_meta(t, key, &meta, deadline)
+    Ok(())
 }
 
 /// Adds `members` to the set `meta` at `key` (`None`: creates it, unless none is added); how
@@ -224,22 +232,8 @@ fn add_members(
     // Spread, or to be spread at once: too many members to add one by one to a packed list.
     let spread = match meta {
         Some(m) if !m.packed => m.clone(),
-        _ => {
-            let mut fresh = Meta::collection(Type::Set);
-            fresh.deadline = meta.map_or(0, |m| m.deadline);
-            let old = match meta {
-                Some(m) => packed::items(&m.value)?,
-                None => Vec::new(),
-            };
-            for m in &old {
-                t.put(&member_key(fresh.generation, m), &[])?;
-            }
-            if !old.is_empty() {
-                t.add(&ks::size_key(fresh.generation), old.len() as i64)?;
-            }
-            ks::put_meta(t, key, &fresh, fresh.deadline)?;
-            fresh
-        }
+        Some(m) => spread(t, key, meta, &packed::items(&m.value)?)?,
+        None => spread(t, key, None, &[])?,
     };
     let mut added = 0;
     for m in members {

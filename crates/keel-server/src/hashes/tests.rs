@@ -1,14 +1,6 @@
 use crate::data::Cursors;
-use crate::data::test_support::{ctx, exec, run_in, run_in_ctx};
+use crate::data::test_support::{ctx, exec, meta, records, run_in, run_in_ctx};
 use crate::keyspace as ks;
-
-/// How many engine records the database holds.
-fn records(db: &keel::Db) -> usize {
-    db.snapshot()
-        .expect("snapshot")
-        .range::<Vec<u8>>(..)
-        .count()
-}
 
 /// Two open transactions writing different fields of one spread hash (new fields and
 /// increments) both commit: neither reads what the other writes, and the size record is a
@@ -153,14 +145,6 @@ fn a_small_hash_is_packed_until_it_outgrows_the_limits() {
     exec(&db, &cursors, &["HSET", "g", "a", "1"]);
     let long = "v".repeat(super::ITEM_BYTES_MAX + 1);
     exec(&db, &cursors, &["HSET", "g", "b", &long]);
-    let meta = |db: &keel::Db, key: &str| {
-        let snap = db.snapshot().expect("snapshot");
-        let v = snap
-            .get(&ks::meta_key(key.as_bytes()))
-            .expect("read")
-            .expect("a meta record");
-        ks::Meta::decode(&v).expect("decodes")
-    };
     assert!(!meta(&db, "g").packed);
     exec(&db, &cursors, &["HSET", "f", "a", "1"]);
     let big = format!("1{}", "0".repeat(super::ITEM_BYTES_MAX + 8));

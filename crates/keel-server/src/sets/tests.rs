@@ -1,20 +1,6 @@
 use super::*;
 use crate::data::Cursors;
-use crate::data::test_support::{ctx, exec, run_in, run_in_ctx};
-
-/// How many engine records the database holds.
-fn records(db: &keel::Db) -> usize {
-    db.snapshot()
-        .expect("snapshot")
-        .range::<Vec<u8>>(..)
-        .count()
-}
-
-fn meta(db: &keel::Db, key: &str) -> Meta {
-    let snap = db.snapshot().expect("snapshot");
-    let v = snap.get(&ks::meta_key(key.as_bytes())).expect("read");
-    Meta::decode(&v.expect("a meta record")).expect("decodes")
-}
+use crate::data::test_support::{ctx, exec, meta, records, run_in, run_in_ctx};
 
 /// Two open transactions adding different members to one spread set both commit: neither
 /// reads what the other writes, and the size record is a commutative add.
