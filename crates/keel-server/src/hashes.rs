@@ -2,23 +2,24 @@
 //! `docs/types.md`, in one of two encodings.
 //!
 //! Packed ([`Fields`]): a small hash lives in its meta record (type code `H`), its fields in
-//! the order they were added, as Redis packs a small hash into a listpack. One record per hash
-//! instead of one per field plus two: a tenth of the memory for a hash of ten short fields.
-//! Every write rewrites the record, so writers of one packed hash conflict. A hash is spread
-//! (below) when it outgrows [`FIELDS_MAX`] fields, a field or value outgrows
-//! [`ITEM_BYTES_MAX`] bytes or all of them `packed::BYTES_MAX`, and when a write to it follows a conflict on its meta record
-//! ([`Ctx::contended`]): a hash that concurrent writers contend for stops conflicting. A hash
-//! never goes back from spread to packed (nor does Redis' listpack), until it is deleted.
+//! the order they were added, as Redis packs a small hash into a listpack. One record per
+//! hash instead of one per field plus two: a fifth of the memory for a hash of ten short
+//! fields. Every write rewrites the record, so writers of one packed hash conflict. A hash is
+//! spread (below) when it outgrows [`FIELDS_MAX`] fields, a field or value outgrows
+//! [`ITEM_BYTES_MAX`] bytes or all of them `packed::BYTES_MAX`, and when a write to it
+//! follows a conflict on its meta record ([`Ctx::contended`]): a hash that concurrent writers
+//! contend for stops conflicting. A hash never goes back from spread to packed (nor does
+//! Redis' listpack), until it is deleted.
 //!
-//! Spread: the meta record holds the hash's generation; each field is its own engine
-//! key `FF 'h' gen field`; the size record `FF 'n' gen` is kept with the engine's commutative
-//! `add`. A field write reads the meta record (which changes only when the hash is created, deleted,
-//! renamed or given a TTL) and the one field, and adds to the size record without reading it:
-//! two writers of different fields never conflict. Every write adds, 0 when it only overwrites
-//! fields, so that the size record has a new version whenever the hash changes: that is what
-//! `WATCH` of the hash records. Only removing fields (`HDEL`) reads the size, to delete the key
-//! with its last field, as Redis does. Deleting or overwriting a whole hash is O(1): its
-//! generation goes to the graveyard (`keyspace::drop_meta`).
+//! Spread: the meta record holds the hash's generation; each field is its own engine key
+//! `FF 'h' gen field`; the size record `FF 'n' gen` is kept with the engine's commutative
+//! `add`. A field write reads the meta record (which changes only when the hash is created,
+//! deleted, renamed or given a TTL) and the one field, and adds to the size record without
+//! reading it: two writers of different fields never conflict. Every write adds, 0 when it
+//! only overwrites fields, so that the size record has a new version whenever the hash
+//! changes: that is what `WATCH` of the hash records. Only removing fields (`HDEL`) reads the
+//! size, to delete the key with its last field, as Redis does. Deleting or overwriting a whole
+//! hash is O(1): its generation goes to the graveyard (`keyspace::drop_meta`).
 
 use std::borrow::Cow;
 use std::ops::{Bound, ControlFlow};
