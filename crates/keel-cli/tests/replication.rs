@@ -1129,6 +1129,140 @@ fn rebalance_evens_out_the_slots() {
     );
 }
 
+/// Blocking pops in a replicated cluster wake on the push: a client blocked in `BLPOP` on
+/// any node (whose replica of the partition, the leader's or a follower's, applies the push)
+/// gets the element a few log rounds after the push, not after a poll's pause (polling, whose
+/// pause grows to 100 ms, served a push that came after a second of waiting about 50 ms late
+/// on average, 100 at worst). Clients blocked on one node are served in the order they
+/// blocked, as by Redis, and `CLIENT UNBLOCK` ends a wait.
+#[test]
+fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports: Vec<u16> = support::ports(6, 8)[5..].to_vec();
+    let _nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    // Up once a write goes through every node.
+    let mut conns: Vec<redis::Connection> = ports
+        .iter()
+        .map(|&port| connect(port).expect("connect"))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for c in &mut conns {
+        while let Err(e) = redis::cmd("DEL").arg("{b}warm").query::<i64>(c) {
+            assert!(Instant::now() < deadline, "writes: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let blpop = |port: u16, key: String| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let mut c = connect(port).expect("connect");
+            let id: i64 = redis::cmd("CLIENT")
+                .arg("ID")
+                .query(&mut c)
+                .expect("CLIENT ID");
+            tx.send(id).expect("send");
+            let got: redis::RedisResult<Option<(String, String)>> =
+                redis::cmd("BLPOP").arg(&key).arg(10).query(&mut c);
+            (got, Instant::now())
+        });
+        (rx.recv().expect("connected"), waiter)
+    };
+    // The wait from the push's reply to the element, blocked on each node in turn, against
+    // the push's own round trip (a log entry, as the woken client's pop: load on the machine
+    // slows both). Medians: a round now and then is slow.
+    const ROUNDS: usize = 20;
+    let (mut waits, mut pushes) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+    for round in 0..ROUNDS {
+        let key = format!("{{b}}latency{round}");
+        let (_, waiter) = blpop(ports[round % 3], key.clone());
+        // About a second of waiting, pushes at phases spread over a poll's pause.
+        std::thread::sleep(Duration::from_millis(1_000 + (round as u64 * 37) % 100));
+        let sent = Instant::now();
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg(round)
+            .query(&mut conns[(round + 1) % 3])
+            .expect("RPUSH");
+        let pushed = Instant::now();
+        let (got, at) = waiter.join().expect("waiter");
+        assert_eq!(got.expect("BLPOP"), Some((key, round.to_string())));
+        waits.push(at.saturating_duration_since(pushed));
+        pushes.push(pushed - sent);
+    }
+    waits.sort();
+    pushes.sort();
+    let (wait, push) = (waits[ROUNDS / 2], pushes[ROUNDS / 2]);
+    // Woken: about one more log round (the pop) than the push took. Polling after a second
+    // of waiting: half its 100 ms pause more, and a read's round.
+    assert!(
+        wait < push + (push / 2).max(Duration::from_millis(25)),
+        "median wait from a push's reply to the pop {wait:?}, median push {push:?}: \
+         {waits:?}, {pushes:?}"
+    );
+    // Three clients blocked on one node, each once the one before waits: served in turn by
+    // one push of three elements through another node.
+    let blocked = |c: &mut redis::Connection| -> usize {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query(c)
+            .expect("INFO clients");
+        info.lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no blocked_clients: {info}"))
+    };
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        waiters.push(blpop(ports[1], "{b}queue".into()).1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blocked(&mut conns[1]) < i + 1 {
+            assert!(Instant::now() < deadline, "client {i} does not block");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Its first pop (a log entry) is through, it waits: a while, and a write through the
+        // partition's log from the same node after it, which load slows as much.
+        std::thread::sleep(Duration::from_millis(300));
+        let _: () = redis::cmd("SET")
+            .arg("{b}marker")
+            .arg(i)
+            .query(&mut conns[1])
+            .expect("SET");
+    }
+    let _: i64 = redis::cmd("RPUSH")
+        .arg("{b}queue")
+        .arg(&["first", "second", "third"][..])
+        .query(&mut conns[2])
+        .expect("RPUSH");
+    let served: Vec<Option<(String, String)>> = waiters
+        .into_iter()
+        .map(|w| w.join().expect("waiter").0.expect("BLPOP"))
+        .collect();
+    assert_eq!(
+        served,
+        ["first", "second", "third"].map(|e| Some(("{b}queue".to_string(), e.to_string()))),
+    );
+    // CLIENT UNBLOCK ends a wait, with an error when asked.
+    let (id, waiter) = blpop(ports[0], "{b}never".into());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let unblocked: i64 = redis::cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(id)
+            .arg("ERROR")
+            .query(&mut conns[0])
+            .expect("CLIENT UNBLOCK");
+        if unblocked == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "client {id} does not block");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let err = waiter.join().expect("waiter").0.expect_err("unblocked");
+    assert!(err.to_string().contains("UNBLOCKED"), "{err}");
+}
+
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep
 /// writing through the others; it is restarted and catches up; SIGINT stops them all. Then a
 /// node started on that data with another `--replicas` refuses to start, with the reason.

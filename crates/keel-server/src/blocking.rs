@@ -1,5 +1,9 @@
-//! Clients blocked in `BLPOP`, `BRPOP`, `BLMOVE` and `BRPOPLPUSH`, by key, in the order they
-//! blocked.
+//! Clients blocked in `BLPOP`, `BRPOP`, `BLMOVE`, `BRPOPLPUSH` and `BLMPOP`, by key, in the
+//! order they blocked.
+//!
+//! Single node: a push wakes its waiters after its local commit (`Registry::committed`).
+//! Replicated cluster: after a log entry applies on this node's replica of its partition
+//! (`Registry::applied`); a woken client runs its pop again through the log.
 //!
 //! A blocked connection (`conn.rs`) registers here, then runs its pop again as a transaction:
 //! a push committed before the registration is seen by that attempt, and one committed after
@@ -114,6 +118,30 @@ impl Registry {
         self.wake_first(key);
     }
 
+    /// Replicated cluster: after a log entry's `command` (its arguments) applied on this
+    /// node's replica of its partition, leader or follower (`replica::machine`): wakes the
+    /// first client blocked on the key it pushed to. No wake-up is lost: a client registers
+    /// before it sends its pop into the log, so a push ordered after that pop in the log is
+    /// applied here after the registration, and this sees it.
+    pub fn applied(&self, command: &[Vec<u8>]) {
+        fence(Ordering::SeqCst);
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let Some(spec) = command.first().and_then(|name| crate::table::lookup(name)) else {
+            return;
+        };
+        // The pushed key is among the first arguments; the rest (elements) are not copied.
+        let head: Vec<Bytes> = command
+            .iter()
+            .take(3)
+            .map(|a| Bytes::copy_from_slice(a))
+            .collect();
+        if let Some(key) = crate::lists::pushed_key(spec.cmd, &head) {
+            self.wake_first(key);
+        }
+    }
+
     fn wake_first(&self, key: &[u8]) {
         let inner = self.inner.lock();
         if let Some(w) = inner.by_key.get(key).and_then(VecDeque::front) {
@@ -151,6 +179,18 @@ impl Guard<'_> {
     /// Waits until a push to one of the keys (or `CLIENT UNBLOCK`) wakes this client.
     pub async fn woken(&self) {
         self.waiter.notify.notified().await;
+    }
+
+    /// Something may be there to pop on one of the keys, which no push announced (a poll
+    /// found it): wakes the first client blocked on each key, this one or one before it, so
+    /// that clients are still served in the order they blocked.
+    pub fn found(&self) {
+        let inner = self.registry.inner.lock();
+        for k in &self.waiter.keys {
+            if let Some(w) = inner.by_key.get(k).and_then(VecDeque::front) {
+                w.notify.notify_one();
+            }
+        }
     }
 
     /// Whether `CLIENT UNBLOCK` ended the wait, and how.
@@ -221,6 +261,39 @@ mod tests {
         assert_eq!(r.blocked_clients(), 0);
         assert!(r.inner.lock().by_key.is_empty());
         assert!(r.inner.lock().by_client.is_empty());
+    }
+
+    fn command(args: &[&str]) -> Vec<Vec<u8>> {
+        args.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_applied_push_wakes_the_first_and_a_poll_finds_for_the_first() {
+        let r = Registry::default();
+        let short = std::time::Duration::from_millis(20);
+        let a = r.block(1, &keys(&["k"]));
+        let b = r.block(2, &keys(&["other", "k"]));
+        // Not pushes, or into another key: nobody is woken.
+        r.applied(&command(&["GET", "k"]));
+        r.applied(&command(&["RPUSH", "elsewhere", "x"]));
+        r.applied(&command(&["NOSUCHCOMMAND", "k"]));
+        r.applied(&[]);
+        assert!(tokio::time::timeout(short, a.woken()).await.is_err());
+        // A push applied into `k` (`LMOVE` pushes into its destination): the first in line.
+        r.applied(&command(&["LMOVE", "src", "k", "LEFT", "RIGHT"]));
+        tokio::time::timeout(std::time::Duration::from_secs(5), a.woken())
+            .await
+            .expect("the first client is woken");
+        assert!(tokio::time::timeout(short, b.woken()).await.is_err());
+        // The second client's poll found something on `k`: the first in line is woken, and
+        // on `other`, where it is first, the second itself.
+        b.found();
+        tokio::time::timeout(std::time::Duration::from_secs(5), a.woken())
+            .await
+            .expect("the first in line on k");
+        tokio::time::timeout(std::time::Duration::from_secs(5), b.woken())
+            .await
+            .expect("the first in line on other");
     }
 
     #[tokio::test]

@@ -1283,10 +1283,16 @@ impl Conn {
     }
 
     /// Replicated cluster: a blocking pop (`BLPOP`, `BRPOP`, `BLMOVE`, `BRPOPLPUSH`,
-    /// `BLMPOP`). It runs as a pop (a log entry); while there is nothing to pop, the node
-    /// checks its keys with a linearizable read every few milliseconds (10, growing to 100)
-    /// and runs the pop again once one holds something, until the timeout (then nil). Waiting
-    /// clients are not served in the order they blocked, as Redis serves them.
+    /// `BLMPOP`). It runs as a pop (a log entry); while there is nothing to pop, the client
+    /// waits in this node's registry of blocked clients (`blocking`), which a push applied
+    /// on this node's replica of the partition wakes (leader or follower), and then runs the
+    /// pop again, until the timeout (then nil), `CLIENT UNBLOCK` or a kill. It registers
+    /// before its first attempt, so that a push ordered after that attempt in the log wakes
+    /// it. Clients blocked on this node are served in the order they blocked, as Redis
+    /// serves them. As a fallback (a wake-up that cannot come: a push inside a transaction
+    /// across partitions, a slot move) it checks its keys with a linearizable read every
+    /// [`BLOCKED_POLL`]; on a node that holds no replica of the partition, where no push
+    /// is applied, every 10 ms growing to 100 ms.
     async fn blocking_replicated(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) {
         let keys: Vec<Vec<u8>> = cluster::key_args(spec, args)
             .into_iter()
@@ -1299,7 +1305,7 @@ impl Conn {
         // A bad timeout: the pop answers the error.
         let until = cluster::block_time(spec, args)
             .flatten()
-            .map(|d| std::time::Instant::now() + d);
+            .map(|d| tokio::time::Instant::now() + d);
         let would_block = {
             let mut buf = BytesMut::new();
             Out::new(&mut buf, self.proto).error(crate::lists::WOULD_BLOCK);
@@ -1311,15 +1317,26 @@ impl Conn {
             Cmd::Blmove | Cmd::Brpoplpush => keys[..1].to_vec(),
             _ => keys,
         };
+        let shared = Arc::clone(&self.shared);
+        let hosted = shared
+            .replication
+            .get()
+            .is_some_and(|rep| rep.part(p).is_some());
+        let waiting: Vec<Bytes> = watched.iter().map(|k| Bytes::copy_from_slice(k)).collect();
+        let guard = shared.blocked.block(self.info.id, &waiting);
         let probe = vec![
             std::iter::once(b"EXISTS".to_vec())
                 .chain(watched)
                 .collect::<Vec<Vec<u8>>>(),
         ];
-        let mut pause = Duration::from_millis(10);
+        let mut pause = if hosted {
+            BLOCKED_POLL
+        } else {
+            Duration::from_millis(10)
+        };
         let mut ready = true;
         loop {
-            if ready {
+            if std::mem::take(&mut ready) {
                 let mut buf = BytesMut::new();
                 self.run_replicated(p, slot, pop.clone(), false, false, false, &mut buf)
                     .await;
@@ -1328,24 +1345,49 @@ impl Conn {
                     return;
                 }
             }
-            if until.is_some_and(|t| std::time::Instant::now() >= t) {
-                let mut out = self.out(output);
-                match spec.cmd {
-                    Cmd::Blmove | Cmd::Brpoplpush => out.null(),
-                    _ => out.null_array(),
-                }
+            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                timed_out(&mut self.out(output));
                 return;
             }
+            let wait = match until {
+                Some(t) => pause.min(t - tokio::time::Instant::now()),
+                None => pause,
+            };
             tokio::select! {
-                () = tokio::time::sleep(pause) => {}
+                biased;
                 () = self.info.kill.cancelled() => return,
+                () = guard.woken() => {
+                    match guard.unblocked() {
+                        None => {}
+                        Some(crate::blocking::Unblock::Error) => {
+                            self.out(output)
+                                .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                            return;
+                        }
+                        Some(crate::blocking::Unblock::Timeout) => {
+                            timed_out(&mut self.out(output));
+                            return;
+                        }
+                    }
+                    ready = true;
+                    continue;
+                }
+                () = tokio::time::sleep(wait) => {}
             }
-            pause = (pause * 2).min(Duration::from_millis(100));
+            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                continue;
+            }
+            if !hosted {
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
             let mut buf = BytesMut::new();
             self.run_replicated(p, slot, probe.clone(), false, false, true, &mut buf)
                 .await;
-            // `:0` (nothing there), or an error (no leader yet): look again later.
-            ready = buf.starts_with(b":") && &buf[..] != b":0\r\n";
+            // `:0` (nothing there), or an error (no leader yet): look again later. Something
+            // there goes to the first client in line on its key, which may be this one.
+            if buf.starts_with(b":") && &buf[..] != b":0\r\n" {
+                guard.found();
+            }
         }
     }
 
@@ -3425,6 +3467,10 @@ fn type_of(c: &ClientInfo) -> ClientType {
         ClientType::Normal
     }
 }
+
+/// Replicated cluster: how often a client blocked in a pop on a node that holds a replica
+/// of its partition checks its keys, should a push not wake it.
+const BLOCKED_POLL: Duration = Duration::from_secs(1);
 
 /// The reply of a blocking pop whose timeout passed: a null array, also for `BLMOVE` (whose
 /// nil inside `MULTI` is a null bulk string), as from Redis.

@@ -787,7 +787,7 @@ impl Replication {
             text: format!("finishing the emptying of the replica that left: {text}"),
         })?;
         let log = log::LogStore::open(log_db, shared.config.durability.engine());
-        let machine = machine::Machine::open(db, snapshot_dir)
+        let mut machine = machine::Machine::open(db, snapshot_dir)
             .await
             .map_err(|e| StartError::Raft {
                 part: p,
@@ -851,6 +851,13 @@ impl Replication {
                 ),
             });
         }
+        // Pushes applied here wake this node's clients blocked on their keys.
+        let waker = Arc::downgrade(shared);
+        machine.on_push(Arc::new(move |command: &[Vec<u8>]| {
+            if let Some(shared) = waker.upgrade() {
+                shared.blocked.applied(command);
+            }
+        }));
         let network = net::Network {
             shared: Arc::downgrade(shared),
             part: p,

@@ -140,7 +140,14 @@ pub struct Machine {
     durable: Durable,
     /// The keys locked by prepared transactions (see `prepared`).
     locks: prepared::Shared,
+    /// Told each command of an applied entry that may push into a list (see [`Pushed`]).
+    pushed: Option<Pushed>,
 }
+
+/// Told, on this node, each command of a log entry applied here (leader or follower) that
+/// may have pushed into a list: the server wakes the clients blocked on its key
+/// (`blocking::Registry::applied`).
+pub type Pushed = std::sync::Arc<dyn Fn(&[Vec<u8>]) + Send + Sync>;
 
 /// The last log id covered by the snapshot that survives a crash (the snapshot file; with no
 /// directory, the one in memory), shared with the builders and the log store, which cuts the
@@ -227,6 +234,7 @@ impl Machine {
             current: Current::default(),
             durable: Durable::default(),
             locks: prepared::Shared::default(),
+            pushed: None,
         };
         let file = machine.read_file()?;
         machine
@@ -257,6 +265,11 @@ impl Machine {
     /// The lock table, which readers check with their snapshot.
     pub fn locks(&self) -> prepared::Shared {
         std::sync::Arc::clone(&self.locks)
+    }
+
+    /// From now on, `pushed` is told the commands of the entries applied here.
+    pub fn on_push(&mut self, pushed: Pushed) {
+        self.pushed = Some(pushed);
     }
 
     /// The voters of the membership this partition's replica last knew (applied, or the
@@ -467,6 +480,7 @@ impl RaftStateMachine<Tc> for Machine {
         let (db, mut membership) = (self.db, self.membership.clone());
         let (mut applied, db) = (self.applied, db);
         let locks = std::sync::Arc::clone(&self.locks);
+        let pushed = self.pushed.clone();
         // Engine work without fsyncs (the commits are lazy): done here, no thread hand-off.
         let (responses, membership, applied) = (move || {
             let mut responses = Vec::with_capacity(entries.len());
@@ -514,6 +528,10 @@ impl RaftStateMachine<Tc> for Machine {
                         Response::default()
                     }
                 };
+                // After the entry's commit: a client woken now pops through the log, after it.
+                if let (Some(pushed), EntryPayload::Normal(request)) = (&pushed, &entry.payload) {
+                    tell_pushes(pushed, request, &response);
+                }
                 responses.push(response);
             }
             Ok::<_, StorageError<u64>>((responses, membership, applied))
@@ -581,6 +599,27 @@ impl RaftStateMachine<Tc> for Machine {
             meta: f.meta,
             snapshot: Box::new(Cursor::new(f.data)),
         }))
+    }
+}
+
+/// Tells `pushed` the commands of `request` that may have written a key (it applied with
+/// `response`): a command run alone, an `EXEC`'s, a group's, a coordinator's own in its
+/// decision. A participant's commit of a transaction across partitions is not told (its
+/// commands are in the prepared record): blocked clients find its pushes by their slow poll.
+fn tell_pushes(pushed: &Pushed, request: &Request, response: &Response) {
+    match &request.op {
+        Op::Run | Op::Decide { .. }
+            if matches!(response.status, Status::Done | Status::Committed) =>
+        {
+            request.commands.iter().for_each(|c| pushed(c));
+        }
+        // A member that did not apply only costs its woken client a look.
+        Op::Many(requests) => requests
+            .iter()
+            .filter(|r| matches!(r.op, Op::Run))
+            .flat_map(|r| &r.commands)
+            .for_each(|c| pushed(c)),
+        _ => {}
     }
 }
 
