@@ -1261,6 +1261,38 @@ fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
     }
     let err = waiter.join().expect("waiter").0.expect_err("unblocked");
     assert!(err.to_string().contains("UNBLOCKED"), "{err}");
+    // A push in a transaction across partitions wakes too where the key's partition is a
+    // participant (its commit installs the commands of its prepared record): the client
+    // blocks on its partition's home node; the transaction goes through another node, which
+    // coordinates from its own home partition, and pushes last, after writes to the other
+    // partitions. Waking by the 1 s poll would make the median wait about half a second.
+    let keys = support::keys_per_node(&mut conns[0], 3, 2, "xp");
+    let mut waits = Vec::new();
+    for round in 0..6 {
+        let home = round % 3;
+        let target = keys[home][0].clone();
+        let (_, waiter) = blpop(ports[home], target.clone());
+        std::thread::sleep(Duration::from_millis(300 + (round as u64 * 53) % 200));
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (p, ks) in keys.iter().enumerate() {
+            if p != home {
+                pipe.cmd("SET").arg(&ks[1]).arg(round).ignore();
+            }
+        }
+        pipe.cmd("RPUSH").arg(&target).arg(round).ignore();
+        let via = (home + 1) % 3;
+        let _: () = pipe.query(&mut conns[via]).expect("EXEC across partitions");
+        let pushed = Instant::now();
+        let (got, at) = waiter.join().expect("waiter");
+        assert_eq!(got.expect("BLPOP"), Some((target, round.to_string())));
+        waits.push(at.saturating_duration_since(pushed));
+    }
+    waits.sort();
+    assert!(
+        waits[waits.len() / 2] < Duration::from_millis(250),
+        "median wait after a push across partitions: {waits:?}"
+    );
 }
 
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep

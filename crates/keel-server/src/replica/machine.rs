@@ -513,14 +513,28 @@ impl RaftStateMachine<Tc> for Machine {
                                 seed,
                                 log_id.index,
                             )?,
-                            _ => prepared::apply(
-                                db,
-                                &mut locks,
-                                request,
-                                &marker,
-                                seed,
-                                log_id.index,
-                            )?,
+                            _ => {
+                                // A participant's commit installs its prepared commands:
+                                // their pushes wake clients as an applied command's do.
+                                let installed = match (&pushed, &request.op) {
+                                    (Some(_), Op::Commit { txn, .. }) => {
+                                        locks.prepared_commands(txn)
+                                    }
+                                    _ => None,
+                                };
+                                let response = prepared::apply(
+                                    db,
+                                    &mut locks,
+                                    request,
+                                    &marker,
+                                    seed,
+                                    log_id.index,
+                                )?;
+                                if let (Some(pushed), Some(commands)) = (&pushed, installed) {
+                                    commands.iter().for_each(|c| pushed(c));
+                                }
+                                response
+                            }
                         }
                     }
                     _ => {
@@ -604,8 +618,8 @@ impl RaftStateMachine<Tc> for Machine {
 
 /// Tells `pushed` the commands of `request` that may have written a key (it applied with
 /// `response`): a command run alone, an `EXEC`'s, a group's, a coordinator's own in its
-/// decision. A participant's commit of a transaction across partitions is not told (its
-/// commands are in the prepared record): blocked clients find its pushes by their slow poll.
+/// decision. (A participant's commit of a transaction across partitions is told where it
+/// applies: its commands are in the prepared record.)
 fn tell_pushes(pushed: &Pushed, request: &Request, response: &Response) {
     match &request.op {
         Op::Run | Op::Decide { .. }

@@ -305,6 +305,12 @@ impl Locks {
             .collect()
     }
 
+    /// The commands of the transaction `txn` prepared here (`None`: not prepared here), for
+    /// the blocked clients its commit may wake.
+    pub fn prepared_commands(&self, txn: &TxnId) -> Option<Vec<Vec<Vec<u8>>>> {
+        self.prepared.get(txn).map(|r| r.request.commands.clone())
+    }
+
     /// The commit decisions kept here.
     pub fn decided(&self) -> Vec<(TxnId, Decided)> {
         self.decided.iter().map(|(t, d)| (*t, d.clone())).collect()
