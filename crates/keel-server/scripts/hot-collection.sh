@@ -14,6 +14,8 @@
 # target/release/keel), REDIS_BIN and BENCH_BIN pick the programs; DURABILITY is keel's
 # (async:1000, paired with Redis' appendfsync everysec; sync with always).
 set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 rounds=${1:-1}
 n=${2:-200000}
 members=${3:-1000}
@@ -27,17 +29,6 @@ fsync=everysec
 work=$(mktemp -d /tmp/keel-hot.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 port=16397
-tck=$(getconf CLK_TCK)
-
-cpu_s() { awk -v t="$tck" '{ print ($14 + $15) / t }' "/proc/$1/stat"; }
-
-wait_port() {
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server on $port did not start" >&2; return 1
-}
 
 start() { # server
   rm -rf "$work/d"; mkdir -p "$work/d"

@@ -18,6 +18,8 @@
 # and BENCH_THREADS client threads. Unset, nothing is pinned: on 2 cores the client shares
 # the server's cores.
 set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 rounds=${1:-3}
 n1=${2:-200000}
 n16=${3:-1000000}
@@ -40,18 +42,6 @@ keel_threads=(); valkey_threads=(); bench_threads=()
 work=$(mktemp -d /tmp/keel-lanes.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 port=16393
-tck=$(getconf CLK_TCK)
-
-cpu_s() { awk -v t="$tck" '{ print ($14 + $15) / t }' "/proc/$1/stat"; }
-
-wait_port() {
-  for _ in $(seq 100); do
-    # (redis-benchmark waits forever on a refused connection; redis-cli may be missing)
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server on $port did not start" >&2; return 1
-}
 
 start() { # mode
   rm -rf "$work/d"; mkdir -p "$work/d"

@@ -10,6 +10,8 @@
 # strings (the baseline).
 # KEEL_BIN (default target/release/keel) and REDIS_BIN pick the servers; SETS picks data sets.
 set -euo pipefail
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 n=${1:-1000000}
 keel=${KEEL_BIN:-target/release/keel}
 redis=${REDIS_BIN:-$(command -v redis-server)}
@@ -17,16 +19,6 @@ sets=${SETS:-string hash zset list set}
 work=$(mktemp -d /tmp/keel-mem.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 port=16395
-
-rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
-
-wait_port() {
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server on $port did not start" >&2; return 1
-}
 
 # The data set as RESP commands on stdout, and its element count on fd 3.
 generate() {
