@@ -247,7 +247,7 @@ fn read_field<T>(
     f: impl FnOnce(Option<&[u8]>) -> T,
 ) -> Result<T, Fail> {
     if meta.packed {
-        return Ok(f(Fields::parse(&meta.value)?.get(field)));
+        return Ok(f(packed::value_of(&meta.value, field)?));
     }
     Ok(view.get_with(&ks::sub_key(HASH_FIELD, meta.generation, field), f)?)
 }
@@ -255,7 +255,11 @@ fn read_field<T>(
 /// The number of fields of the hash `meta`.
 fn len(view: &mut View<'_, '_>, meta: &Meta) -> Result<i64, Fail> {
     if meta.packed {
-        return Ok(Fields::parse(&meta.value)?.len() as i64);
+        let items = packed::count(&meta.value)?;
+        if items % 2 != 0 {
+            return Err("ERR keel: damaged packed collection".into());
+        }
+        return Ok(items as i64 / 2);
     }
     size(view, meta.generation)
 }

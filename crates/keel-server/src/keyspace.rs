@@ -1017,6 +1017,8 @@ pub fn expiry_summary(snap: &keel::Snapshot<'_>) -> (u64, u64) {
 /// The items of a collection packed into its meta record (a hash's fields and values, a
 /// list's elements, a set's members): each a length byte, then its bytes.
 pub mod packed {
+    use std::ops::ControlFlow;
+
     use crate::data::Fail;
 
     /// The longest item a packed collection holds: a longer one spreads it. What one length
@@ -1047,13 +1049,62 @@ pub mod packed {
         Ok(item)
     }
 
-    /// Every item of `bytes`, in order; damage is an error.
-    pub fn items(mut bytes: &[u8]) -> Result<Vec<&[u8]>, Fail> {
-        let mut items = Vec::new();
+    /// Calls `f` on each item of `bytes`, in order, until it says stop; damage is an error.
+    pub fn each<'a>(
+        mut bytes: &'a [u8],
+        mut f: impl FnMut(&'a [u8]) -> ControlFlow<()>,
+    ) -> Result<(), Fail> {
         while !bytes.is_empty() {
-            items.push(take(&mut bytes)?);
+            if f(take(&mut bytes)?).is_break() {
+                break;
+            }
         }
+        Ok(())
+    }
+
+    /// Every item of `bytes`, in order; damage is an error.
+    pub fn items(bytes: &[u8]) -> Result<Vec<&[u8]>, Fail> {
+        let mut items = Vec::new();
+        each(bytes, |item| {
+            items.push(item);
+            ControlFlow::Continue(())
+        })?;
         Ok(items)
+    }
+
+    /// How many items `bytes` holds.
+    pub fn count(bytes: &[u8]) -> Result<usize, Fail> {
+        let mut n = 0;
+        each(bytes, |_| {
+            n += 1;
+            ControlFlow::Continue(())
+        })?;
+        Ok(n)
+    }
+
+    /// Whether `bytes` holds `item`.
+    pub fn contains(bytes: &[u8], item: &[u8]) -> Result<bool, Fail> {
+        let mut found = false;
+        each(bytes, |i| {
+            found = i == item;
+            if found {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// The item after `key` among `bytes`' pairs of items (a hash's field and value).
+    pub fn value_of<'a>(mut bytes: &'a [u8], key: &[u8]) -> Result<Option<&'a [u8]>, Fail> {
+        while !bytes.is_empty() {
+            let (k, v) = (take(&mut bytes)?, take(&mut bytes)?);
+            if k == key {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
     }
 
     /// The items, encoded.

@@ -150,7 +150,7 @@ fn member_key(generation: u64, member: &[u8]) -> ks::KeyBuf {
 /// Whether `member` is in the set `meta`.
 pub fn is_member(view: &mut View<'_, '_>, meta: &Meta, member: &[u8]) -> Result<bool, Fail> {
     if meta.packed {
-        return Ok(packed::items(&meta.value)?.contains(&member));
+        return packed::contains(&meta.value, member);
     }
     Ok(view.get_with(&member_key(meta.generation, member), |v| v.is_some())?)
 }
@@ -158,7 +158,7 @@ pub fn is_member(view: &mut View<'_, '_>, meta: &Meta, member: &[u8]) -> Result<
 /// The number of members of the set `meta`.
 pub fn set_len(view: &mut View<'_, '_>, meta: &Meta) -> Result<i64, Fail> {
     if meta.packed {
-        return Ok(packed::items(&meta.value)?.len() as i64);
+        return Ok(packed::count(&meta.value)? as i64);
     }
     size(view, meta.generation)
 }
