@@ -157,13 +157,7 @@ impl<'a> Fields<'a> {
     }
 
     fn encode(&self) -> Vec<u8> {
-        let bytes = self.list.iter().map(|(f, v)| 2 + f.len() + v.len()).sum();
-        let mut out = Vec::with_capacity(bytes);
-        for (f, v) in &self.list {
-            packed::push(&mut out, f);
-            packed::push(&mut out, v);
-        }
-        out
+        packed::encode(self.list.iter().flat_map(|(f, v)| [*f, &**v]))
     }
 }
 

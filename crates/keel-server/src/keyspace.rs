@@ -1035,7 +1035,7 @@ pub mod packed {
     pub const BYTES_MAX: usize = 4096;
 
     /// Appends one item.
-    pub fn push(out: &mut Vec<u8>, item: &[u8]) {
+    fn push(out: &mut Vec<u8>, item: &[u8]) {
         out.push(u8::try_from(item.len()).expect("a packed item fits a length byte"));
         out.extend_from_slice(item);
     }
