@@ -389,7 +389,10 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
         })
         .collect();
     let progress: Vec<AtomicUsize> = (0..THREADS).map(|_| AtomicUsize::new(0)).collect();
-    let removed = AtomicUsize::new(0);
+    // Removals begun (counted before each `remove`) and finished (after it): a scan may miss
+    // a key whose removal began before it ended, and must miss one whose removal finished
+    // before it began.
+    let (begun, removed) = (AtomicUsize::new(0), AtomicUsize::new(0));
     // Replaced trees stay until every scanner has left (the collector's grace period).
     let mut retired = Vec::new();
     std::thread::scope(|s| {
@@ -404,10 +407,11 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
             }));
         }
         let remover = {
-            let (list, doomed, removed) = (&list, &doomed, &removed);
+            let (list, doomed, begun, removed) = (&list, &doomed, &begun, &removed);
             s.spawn(move || {
                 let mut retired = Vec::new();
                 for (m, &r) in doomed.iter().rev().enumerate() {
+                    begun.store(m + 1, Ordering::Release);
                     assert!(list.remove(r).is_some(), "a doomed key was missing");
                     removed.store(m + 1, Ordering::Release);
                     if m % 6_000 == 5_999 {
@@ -418,8 +422,8 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
             })
         };
         for reverse in [false, true] {
-            let (list, done, orders, progress, removed) =
-                (&list, &done, &orders, &progress, &removed);
+            let (list, done, orders, progress, begun, removed) =
+                (&list, &done, &orders, &progress, &begun, &removed);
             s.spawn(move || {
                 let mut scans = 0;
                 while !done.load(Ordering::Relaxed) || scans < 3 {
@@ -436,7 +440,7 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
                     } else {
                         Box::new(list.range(everything))
                     });
-                    let gone_after = removed.load(Ordering::Acquire) as u32;
+                    let gone_after = begun.load(Ordering::Acquire) as u32;
                     if reverse {
                         seen.reverse();
                     }
