@@ -656,3 +656,54 @@ fn pass_empty_leaves(from_back: bool) {
     assert!(list.range(all()).next().is_none());
     assert!(list.range(all()).next_back().is_none());
 }
+
+/// Keys inserted in order, either way, fill their leaves (but a slot) rather than leaving
+/// each half full behind them, also when other keys lie above and below the run (as a sorted
+/// set's members have the rest of the keyspace around them); keys at random split leaves in
+/// the middle as before.
+#[test]
+fn keys_in_order_fill_their_leaves() {
+    const KEYS: u32 = 20_000;
+    let leaves_for = |order: &mut dyn Iterator<Item = u32>| {
+        let arena = Arena::new();
+        let list = Ordered::new();
+        let mut model = BTreeSet::new();
+        let mut add = |key: Vec<u8>| {
+            list.insert(record(&arena, &key));
+            model.insert(key);
+        };
+        for k in 0..100 {
+            add(format!("a{k}").into_bytes());
+            add(format!("z{k}").into_bytes());
+        }
+        for k in order {
+            add(format!("member:{k:010}").into_bytes());
+        }
+        check_structure(&list, &model);
+        list.nodes()
+    };
+    let full = KEYS as usize / (CAP - 1) + 1;
+    let ascending = leaves_for(&mut (0..KEYS));
+    let descending = leaves_for(&mut (0..KEYS).rev());
+    assert!(
+        ascending <= full * 11 / 10,
+        "ascending keys: {ascending} nodes, {full} full leaves"
+    );
+    assert!(
+        descending <= full * 11 / 10,
+        "descending keys: {descending} nodes, {full} full leaves"
+    );
+    // Runs of ascending keys interleaved (a sorted set's scores `i * 7 mod p`): each run
+    // inserts inside the leaves the earlier ones filled.
+    let runs = leaves_for(&mut (0..KEYS).map(|i| i * 7 % (KEYS + 3)));
+    assert!(
+        runs <= full * 2,
+        "interleaved runs: {runs} nodes, {full} full leaves"
+    );
+    let mut rng = StdRng::seed_from_u64(5);
+    let random = leaves_for(&mut (0..KEYS).map(|_| rng.random_range(0..u32::MAX / 2)));
+    assert!(
+        random >= full * 5 / 4 && random <= full * 2,
+        "random keys: {random} nodes, {full} full leaves"
+    );
+}
