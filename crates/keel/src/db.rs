@@ -410,7 +410,7 @@ impl Shared {
         };
         let entries = self.store.scan(everything).filter_map(|record| {
             let r = record.get();
-            if r.split().is_none() {
+            if !r.is_split() {
                 let version = r.visible(snapshot_ts)?;
                 return Some((r.key(), version.ts(), Cow::Borrowed(version.value()?)));
             }

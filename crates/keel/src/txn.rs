@@ -1089,7 +1089,7 @@ impl<'db> Txn<'db> {
                 let untracked = entry.tickets.is_empty();
                 if let (Some(p), Write::Ops(ops), true) = (phase, &entry.write, untracked)
                     && let Some(record) = self.db.store.get(&entry.key, entry.hash)
-                    && let Some(sr) = record.get().split()
+                    && let Some(sr) = splitter.split_of(record.get())
                     && sr.takes(p, ops)
                 {
                     locked.push(record);
@@ -1438,7 +1438,7 @@ impl<'db> Txn<'db> {
             _ => false,
         };
         if r.is_split_locked()
-            && let Some(sr) = r.split()
+            && let Some(sr) = splitter.split_of(r)
             && sliceable(sr)
         {
             let deadline = std::time::Instant::now() + 2 * splitter.settings.phase;
@@ -1470,7 +1470,7 @@ impl<'db> Txn<'db> {
                 return Locking::Busy;
             }
             if r.is_split_locked()
-                && let Some(sr) = r.split()
+                && let Some(sr) = splitter.split_of(r)
             {
                 if sliceable(sr) && splitter.open_phase().is_some_and(|p| sr.in_phase(p)) {
                     return Locking::SplitOpening;
@@ -1567,7 +1567,7 @@ impl<'db> Txn<'db> {
     fn validate(&self, me: LockOwner) -> Result<(), Conflict> {
         let conflict = |record: &crate::mvcc::Record, s: Staleness, reason: ConflictReason| {
             let reason = if s == Staleness::Split {
-                if let Some(sr) = record.split() {
+                if let Some(sr) = self.db.splitter.split_of(record) {
                     self.db.splitter.stash(sr);
                 }
                 ConflictReason::Split
@@ -1653,7 +1653,7 @@ pub(crate) fn read_at<T>(
         return Ok(f(None, None));
     };
     let r = record.get();
-    let Some(sr) = r.split() else {
+    let Some(sr) = db.splitter.split_of(r) else {
         let version = r.visible(read_ts);
         return Ok(f(version.and_then(|v| v.value()), version.map(|v| v.ts())));
     };

@@ -182,16 +182,22 @@ pub(crate) struct Record {
     head: AtomicPtr<Version>,
     // No copy of the key's hash: the index compares keys after a tag match, and the few
     // that need it (a growing index, the split coordinator) compute it again.
-    key_len: u32,
+    /// The key's length, and [`SPLIT`] once the record was split: its split state is then
+    /// in the database's split table (`split::table`), which keeps such pointers out of
+    /// the many records that never are.
+    key_len: AtomicU32,
     /// Value bytes the embedded slot holds, with [`SLOT_USED`] set once a version was built
     /// in it; [`NO_SLOT`] when there is none. Written only under the lock; read to free the
     /// record (the block's size follows from it).
     embedded_cap: AtomicU32,
-    /// The record's split state (`split`), once it has been split; never freed before the
-    /// database.
-    split: AtomicPtr<crate::split::SplitRecord>,
     // key bytes follow, then padding to the version alignment, then the embedded slot
 }
+
+const _: () = assert!(size_of::<Record>() == 24);
+
+/// Set in `key_len` once the record was split.
+const SPLIT: u32 = 1 << 31;
+const _: () = assert!(crate::limits::KEY_BYTES_MAX < SPLIT as usize);
 
 const NO_SLOT: u32 = u32::MAX;
 /// Set in `embedded_cap` once the slot holds a version; the capacity stays in the low bits.
@@ -271,9 +277,8 @@ impl Record {
             ptr.as_ptr().write(Record {
                 lock: AtomicU64::new(owner.0),
                 head: AtomicPtr::new(ptr::null_mut()),
-                key_len,
+                key_len: AtomicU32::new(key_len),
                 embedded_cap: AtomicU32::new(cap),
-                split: AtomicPtr::new(ptr::null_mut()),
             });
             ptr::copy_nonoverlapping(key.as_ptr(), ptr.as_ptr().add(1).cast::<u8>(), key.len());
             ptr
@@ -290,7 +295,7 @@ impl Record {
         let record = unsafe { ptr.as_ref() };
         let cap = record.embedded_cap.load(Ordering::Relaxed);
         let reserve = (cap != NO_SLOT).then_some((cap & !SLOT_USED) as usize);
-        let layout = Self::block(record.key_len as usize, reserve);
+        let layout = Self::block(record.key_len(), reserve);
         // SAFETY: exclusive access, once; the block came from `arena` with this layout.
         unsafe {
             Self::free_versions(ptr);
@@ -312,7 +317,7 @@ impl Record {
         let absent = self
             .head()
             .is_none_or(|v| v.value().is_none() && v.ts <= horizon);
-        if absent && self.split().is_none() {
+        if absent && !self.is_split() {
             return true;
         }
         self.lock.store(0, Ordering::Release);
@@ -343,13 +348,15 @@ impl Record {
         }
     }
 
+    #[inline]
+    fn key_len(&self) -> usize {
+        (self.key_len.load(Ordering::Relaxed) & !SPLIT) as usize
+    }
+
     pub(crate) fn key(&self) -> &[u8] {
         // SAFETY: `key_len` bytes follow the header and never change.
         unsafe {
-            std::slice::from_raw_parts(
-                ptr::from_ref(self).add(1).cast::<u8>(),
-                self.key_len as usize,
-            )
+            std::slice::from_raw_parts(ptr::from_ref(self).add(1).cast::<u8>(), self.key_len())
         }
     }
 
@@ -358,18 +365,15 @@ impl Record {
         crate::index::hash(self.key())
     }
 
-    /// The record's split state, if it was ever split.
+    /// Whether the record was ever split (its split state is in the split table).
     #[inline]
-    pub(crate) fn split(&self) -> Option<&'static crate::split::SplitRecord> {
-        // SAFETY: split states are boxed, never moved and never freed while the database
-        // (and so any caller holding this record) lives.
-        unsafe { self.split.load(Ordering::Acquire).as_ref() }
+    pub(crate) fn is_split(&self) -> bool {
+        self.key_len.load(Ordering::Acquire) & SPLIT != 0
     }
 
-    /// Attaches the record's split state (once; the coordinator does it).
-    pub(crate) fn set_split(&self, split: &crate::split::SplitRecord) {
-        self.split
-            .store(ptr::from_ref(split).cast_mut(), Ordering::Release);
+    /// Marks the record split, once its split state is in the split table.
+    pub(crate) fn mark_split(&self) {
+        self.key_len.fetch_or(SPLIT, Ordering::Release);
     }
 
     /// Whether the record is held by the splitter.
@@ -554,7 +558,7 @@ impl Record {
         unsafe {
             let slot = ptr::from_ref(self)
                 .cast::<u8>()
-                .add(Self::slot_offset(self.key_len as usize));
+                .add(Self::slot_offset(self.key_len()));
             let slot = NonNull::new_unchecked(slot.cast::<Version>().cast_mut());
             Version::write(slot, ts, value, EMBEDDED);
             slot

@@ -181,13 +181,13 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
 
 #[allow(clippy::vec_box, reason = "split records must keep their address")]
 fn adopt(splitter: &Splitter, records: &mut Vec<Box<SplitRecord>>, record: RecordRef, kind: Kind) {
-    match record.get().split() {
+    match splitter.split_of(record.get()) {
         Some(sr) if sr.kind == kind => splitter.activate(sr),
         // Split before for another kind: its history must keep one kind.
         Some(_) => {}
         None => {
             let sr = Box::new(SplitRecord::new(record, kind, splitter.slices));
-            record.get().set_split(&sr);
+            splitter.attach(record.get(), &sr);
             splitter.activate(&sr);
             records.push(sr);
         }

@@ -35,6 +35,7 @@
 //! phase), or free a record's split state before the database closes.
 
 mod delta;
+mod table;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -302,6 +303,8 @@ pub(crate) struct Splitter {
     /// point at them, so they must not move when the vector grows.
     #[allow(clippy::vec_box, reason = "split records must keep their address")]
     records: Mutex<Vec<Box<SplitRecord>>>,
+    /// Which records are split, to their split states.
+    table: table::SplitTable,
     proposals: Mutex<Proposals>,
     /// Lock waits per record hash bucket since the last phase turn (`Auto`).
     contention: Box<[AtomicU32]>,
@@ -335,12 +338,24 @@ struct Proposals {
 const CONTENTION_BUCKETS: usize = 4096;
 
 impl Splitter {
+    /// `record`'s split state, if it was ever split.
+    #[inline]
+    pub(crate) fn split_of(&self, record: &crate::mvcc::Record) -> Option<&'static SplitRecord> {
+        self.table.get(record)
+    }
+
+    /// Attaches `split` to its record (once; the coordinator does it).
+    pub(crate) fn attach(&self, record: &crate::mvcc::Record, split: &SplitRecord) {
+        self.table.attach(record, split);
+    }
+
     pub(crate) fn new(settings: Settings) -> Splitter {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
         Splitter {
             settings,
             phase: CachePadded::new(AtomicU64::new(0)),
             records: Mutex::new(Vec::new()),
+            table: table::SplitTable::new(),
             proposals: Mutex::new(Proposals::default()),
             contention: (0..CONTENTION_BUCKETS).map(|_| AtomicU32::new(0)).collect(),
             control: Mutex::new(Control::default()),
@@ -377,9 +392,8 @@ impl Splitter {
         if ops.iter().any(|op| Kind::of(op) != kind) {
             return;
         }
-        if record
-            .get()
-            .split()
+        if self
+            .split_of(record.get())
             .is_some_and(|sr| sr.active.load(Ordering::Relaxed))
         {
             return;
