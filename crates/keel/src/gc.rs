@@ -18,8 +18,10 @@
 //! owned guard per transaction takes a global lock. Where nothing commits, the collector
 //! takes an empty timestamp itself so that the watermark, and with it the horizon, moves on.
 //!
-//! A record that is a separator in the ordered index (its leaf's low fence) stays until the
-//! tree is rebuilt ([`Ordered::rebuild`](crate::index::ordered::Ordered::rebuild)), which
+//! A leaf the unlinks leave empty is taken out of the ordered index at once
+//! ([`Ordered::unlink_empty`](crate::index::ordered::Ordered::unlink_empty)) and freed with
+//! the records. A record that is a separator in the ordered index (its leaf's low fence)
+//! stays until the tree is rebuilt ([`Ordered::rebuild`](crate::index::ordered::Ordered::rebuild)), which
 //! the collector does once removals since the last rebuild reach half the live records, or
 //! once scans have passed that many empty leaves (with at least 8192 removals either way).
 
@@ -31,7 +33,7 @@ use parking_lot::Mutex;
 
 use crate::Ts;
 use crate::index::RetiredTable;
-use crate::index::ordered::RetiredTree;
+use crate::index::ordered::{RetiredLeaf, RetiredTree};
 use crate::mvcc::RecordRef;
 
 /// Removals since the last rebuild of the ordered index that make the next one due, at
@@ -103,6 +105,8 @@ struct Batch {
     tables: Vec<RetiredTable>,
     #[allow(dead_code)] // held only to be dropped
     tree: Option<RetiredTree>,
+    #[allow(dead_code)] // held only to be dropped
+    leaves: Vec<RetiredLeaf>,
 }
 
 /// The collector's state; only the collector thread (and the store's drop) touch it.
@@ -204,11 +208,20 @@ pub(crate) fn pass(
         records: Vec::with_capacity(taken.len()),
         tables: Vec::new(),
         tree: None,
+        leaves: Vec::new(),
     };
     for &record in &taken {
-        match store.ordered().remove(record) {
-            Some(true) => state.separators.push(record),
+        let removed = store.ordered().remove(record);
+        match removed {
+            Some(r) if r.separator => state.separators.push(record),
             _ => batch.records.push(record),
+        }
+        // A leaf left empty goes now, so that scans from that end (a queue's pops) do not
+        // pass it until the next rebuild.
+        if removed.is_some_and(|r| r.emptied)
+            && let Some(leaf) = store.ordered().unlink_empty(record.get().key())
+        {
+            batch.leaves.push(leaf);
         }
     }
     store.index().remove_all(&taken);
@@ -230,7 +243,11 @@ pub(crate) fn pass(
         state.hops_at_rebuild = hops;
     }
     batch.tables = store.index().take_retired();
-    if !batch.records.is_empty() || !batch.tables.is_empty() || batch.tree.is_some() {
+    if !batch.records.is_empty()
+        || !batch.tables.is_empty()
+        || batch.tree.is_some()
+        || !batch.leaves.is_empty()
+    {
         batch.after = visible();
         state.retired.push_back(batch);
     }

@@ -14,25 +14,32 @@
 //! not. Writers lock only the nodes they change. Full nodes are split on the way down, so a
 //! split only ever needs the parent, which then has room.
 //!
-//! Removal (the collector's, one thread) takes a dead record out of its leaf and nothing
-//! more: nodes are never merged, and separators (which point at records) stay. So that
-//! neither empty leaves nor separators pointing at dead records pile up, the collector
-//! rebuilds the tree from its live records once removals since the last rebuild reach a
-//! share of the live ones ([`Ordered::rebuild`]): inserts go on into the old tree meanwhile
-//! and are replayed into the new one, only publishing it holds them off, and the old tree's
-//! nodes, and the records removed before it, are freed after a grace period (every
-//! transaction open at the swap has ended), since readers may still be in it.
+//! Removal (the collector's, one thread) takes a dead record out of its leaf, and a leaf it
+//! left empty out of the tree ([`Ordered::unlink_empty`]): the parent drops it and the
+//! separator beside it, a sibling's range widens over it, and its neighbours link to each
+//! other. Nodes are never merged otherwise, and separators (which point at records) stay. So
+//! that the rest (half-empty leaves, an empty leaf that was its parent's only child, inner
+//! nodes, separators pointing at dead records) does not pile up, the collector rebuilds the
+//! tree from its live records once removals since the last rebuild reach a share of the live
+//! ones ([`Ordered::rebuild`]): inserts go on into the old tree meanwhile and are replayed
+//! into the new one, only publishing it holds them off, and the old tree's nodes, and the
+//! records removed before it, are freed after a grace period (every transaction open at the
+//! swap has ended), since readers may still be in it. Unlinked leaves are freed the same way.
 //!
-//! Until then, emptied leaves stay where they were: popping a queue's head (or a sorted set's
-//! maximum) leaves a run of them at one end, which every scan from that end crosses. Each
-//! leaf therefore links to both neighbours, and a scan that runs off a leaf follows the link
-//! its way, checking each leaf's version as a descent would, instead of descending from the
-//! root for every leaf. Leaves are never unlinked but with their whole tree, and the links
-//! change only when a leaf splits, under the splitting leaf's lock: its right link and the new
-//! leaf's two links, and the left link of the leaf after it, which is not locked. So a left
-//! link is written only by whoever holds the lock of the leaf's left neighbour, and may be
-//! read behind a split of it: a backward step takes the leaf it leads to only if that leaf's
-//! right link, read at the version it checks, points back (else it descends).
+//! Popping a queue's head (or a sorted set's maximum) empties leaves at one end, which every
+//! scan from that end would cross until the next rebuild, and a rebuild copies the whole tree
+//! (every key of the database): so emptied leaves go at once, but for the few an unlink must
+//! leave (an only child, a leaf whose neighbours are busy). Each leaf links to both
+//! neighbours, and a scan that runs off a leaf follows the link its way, checking each leaf's
+//! version as a descent would, instead of descending from the root for every leaf. The links
+//! change when a leaf splits, under the splitting leaf's lock: its right link and the new
+//! leaf's two links, and the left link of the leaf after it, which is not locked; and when a
+//! leaf is unlinked, under its lock and its left neighbour's: the left neighbour's right link
+//! and the right neighbour's left link. So a left link is written only by whoever holds the
+//! lock of the leaf's left neighbour, and may be read behind a split of it: a backward step
+//! takes the leaf it leads to only if that leaf's right link, read at the version it checks,
+//! points back (else it descends). An unlinked leaf keeps its own links, so a reader still in
+//! it goes on to a neighbour, or, finding the leaf changed, descends again.
 //!
 //! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
 //! values (which its version check then rejects), never undefined ones.
@@ -113,9 +120,10 @@ struct Node {
     /// Even when free, odd while a writer holds the node; every change adds 2.
     version: AtomicU64,
     count: AtomicU32,
-    /// Offset of the heads (fixed at creation): the keys of this node's range share their
-    /// first `prefix` bytes.
-    prefix: u32,
+    /// Offset of the heads: the keys of this node's range share their first `prefix`
+    /// bytes. Set at creation; shortened only in a leaf whose range an unlink widens
+    /// ([`Ordered::unlink_empty`]), with its heads, under its lock and its parent's.
+    prefix: AtomicU32,
     /// Null in a leaf (which is what makes it one); in an inner node, the children, which
     /// follow this node in its [`Inner`]. Fixed at creation. Reached through this pointer, which covers the whole block, rather
     /// than by casting a `&Node` to its `Inner`: a reference covers only its own type.
@@ -152,7 +160,7 @@ impl Node {
         Node {
             version: AtomicU64::new(0),
             count: AtomicU32::new(0),
-            prefix,
+            prefix: AtomicU32::new(prefix),
             children: AtomicPtr::new(ptr::null_mut()),
             next: AtomicPtr::new(ptr::null_mut()),
             prev: AtomicPtr::new(ptr::null_mut()),
@@ -218,6 +226,11 @@ impl Node {
     }
 
     #[inline]
+    fn prefix(&self) -> usize {
+        self.prefix.load(Ordering::Relaxed) as usize
+    }
+
+    #[inline]
     fn count(&self) -> usize {
         (self.count.load(Ordering::Relaxed) as usize).min(CAP)
     }
@@ -274,7 +287,7 @@ impl Node {
     fn set_slot(&self, at: usize, record: *mut Record) {
         // SAFETY: records handed to the index are live.
         let key = unsafe { &*record }.key();
-        self.heads[at].store(head(key, self.prefix as usize), Ordering::Relaxed);
+        self.heads[at].store(head(key, self.prefix()), Ordering::Relaxed);
         self.keys[at].store(record, Ordering::Release);
     }
 
@@ -305,7 +318,7 @@ impl Node {
         for line in (0..n).step_by(8) {
             crate::memory::prefetch(&self.heads[line]);
         }
-        let key_head = head(key, self.prefix as usize);
+        let key_head = head(key, self.prefix());
         let (mut lo, mut hi) = (0, n);
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -351,6 +364,25 @@ impl Node {
             lo: lo.map(RecordRef),
             hi: hi.map(RecordRef),
         })
+    }
+
+    /// Removes key `key_at` and child `child_at` of this inner node, which is locked and
+    /// keeps at least one child.
+    fn remove_at(&self, key_at: usize, child_at: usize) {
+        let n = self.count();
+        debug_assert!(n > 0 && key_at < n && child_at <= n);
+        for j in key_at..n - 1 {
+            self.keys[j].store(self.key(j + 1), Ordering::Release);
+            self.heads[j].store(self.heads[j + 1].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.keys[n - 1].store(ptr::null_mut(), Ordering::Release);
+        let children = self.children();
+        for j in child_at..n {
+            let moved = children[j + 1].load(Ordering::Acquire);
+            children[j].store(moved, Ordering::Release);
+        }
+        children[n].store(ptr::null_mut(), Ordering::Release);
+        self.count.store(n as u32 - 1, Ordering::Relaxed);
     }
 
     /// Inserts `key` at `at` and, in an inner node, `child` after it. The node is locked and
@@ -447,6 +479,30 @@ pub(crate) struct Ordered {
     /// Empty leaves scans have passed (a queue's front, popped and not yet rebuilt away):
     /// the collector rebuilds sooner when scans waste much time on them.
     empty_hops: CachePadded<std::sync::atomic::AtomicU64>,
+}
+
+/// What [`Ordered::remove`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Removed {
+    /// The record is a separator, which must stay readable until the next rebuild.
+    pub(crate) separator: bool,
+    /// Its leaf is empty now: [`Ordered::unlink_empty`] may take it out.
+    pub(crate) emptied: bool,
+}
+
+/// A leaf [`Ordered::unlink_empty`] took out of the tree, owned by the collector until no
+/// reader can be in it; dropping it frees it.
+pub(crate) struct RetiredLeaf(*mut Node);
+
+// SAFETY: a detached leaf, freed once, by whoever drops it.
+unsafe impl Send for RetiredLeaf {}
+
+impl Drop for RetiredLeaf {
+    fn drop(&mut self) {
+        // SAFETY: unlinked from its tree (no parent or neighbour points at it), and no
+        // reader is left in it (the collector's grace period).
+        unsafe { Node::free(self.0) };
+    }
 }
 
 /// The nodes of a tree a rebuild replaced, owned by the collector until no reader can be
@@ -580,8 +636,9 @@ impl Ordered {
     /// Takes `record` out of its leaf. Returns `None` if it was not there, else whether it
     /// is a separator (its leaf's low fence: then a separator on the path to it, since a
     /// separator is its subtree's smallest key when made), which must stay readable until
-    /// the next [`Ordered::rebuild`] has replaced the tree. Only the collector removes.
-    pub(crate) fn remove(&self, record: RecordRef) -> Option<bool> {
+    /// the next [`Ordered::rebuild`] has replaced the tree, and whether it left its leaf
+    /// empty (see [`Ordered::unlink_empty`]). Only the collector removes.
+    pub(crate) fn remove(&self, record: RecordRef) -> Option<Removed> {
         let key = record.get().key();
         loop {
             let leaf = self.leaf(Probe::Key(key), true);
@@ -605,8 +662,143 @@ impl Ordered {
             node.keys[n - 1].store(ptr::null_mut(), Ordering::Release);
             node.count.store(n as u32 - 1, Ordering::Relaxed);
             node.unlock();
-            return Some(leaf.lo == Some(record));
+            return Some(Removed {
+                separator: leaf.lo == Some(record),
+                emptied: n == 1,
+            });
         }
+    }
+
+    /// Takes the empty leaf whose range holds `key` out of the tree, if it still is empty
+    /// and one of its siblings can take its range: the parent drops the leaf and the
+    /// separator between the two, and the leaf's neighbours link to each other. Returns the
+    /// leaf, which readers may still be in, to be freed after the collector's grace period.
+    ///
+    /// Without this, the empty leaves a queue's pops leave at its front stay until the
+    /// next [`Ordered::rebuild`], and every pop passes all of them; and a rebuild copies the
+    /// whole tree, every key of the database, so pops that trigger one every few thousand
+    /// pops keep the collector rebuilding instead of collecting.
+    ///
+    /// The sibling's range widens to cover the leaf's, so its prefix (the bytes every key
+    /// of its range shares) must still hold for the wider range: a sibling whose prefix is
+    /// too long gets the wider range's, and its heads are taken again. The first leaf (no
+    /// left neighbour) and an only child stay (its parent would need to go too); so does a
+    /// leaf whose neighbours are busy: the next rebuild takes them. Only the collector calls
+    /// this, as it removes, never while it rebuilds; it locks the parent, the leaf, the left
+    /// neighbour (whose right link it changes, and which owns the right neighbour's left
+    /// link) and a sibling whose prefix it changes, each only if it is unchanged since read,
+    /// so it never waits for anyone.
+    pub(crate) fn unlink_empty(&self, key: &[u8]) -> Option<RetiredLeaf> {
+        'retry: for _ in 0..4 {
+            let (mut node, mut version) = self.start();
+            let (mut lo, mut hi) = (None, None);
+            // The parent, its version, which child the leaf is, and the parent's fences.
+            let mut parent = None;
+            while !node.is_leaf() {
+                let Some(down) = node.down(version, Probe::Key(key), true) else {
+                    continue 'retry;
+                };
+                parent = Some((node, version, down.index, lo, hi));
+                lo = down.lo.or(lo);
+                hi = down.hi.or(hi);
+                node = down.child;
+                version = down.version;
+            }
+            let (p, pv, i, p_lo, p_hi) = parent?;
+            let n = p.count();
+            let prev = node.prev.load(Ordering::Acquire);
+            if node.count() != 0 || n == 0 || prev.is_null() || !p.unchanged(pv) {
+                return None;
+            }
+            // SAFETY: a non-null link points at a leaf of this tree, and nodes are freed only
+            // with their tree or, once unlinked, after every reader has left.
+            let left = unsafe { &*prev };
+            // Separators by position, the parent's fences at the ends.
+            let fence = |at: isize| -> Option<RecordRef> {
+                if at < 0 {
+                    p_lo
+                } else if at as usize >= n {
+                    p_hi
+                } else {
+                    NonNull::new(p.key(at as usize)).map(RecordRef)
+                }
+            };
+            let i = i as isize;
+            // The sibling that takes the range, its new range's prefix, and which separator
+            // goes: the left sibling (the range becomes [its low fence, the leaf's high one)),
+            // else the right one.
+            let children = p.children();
+            let pick = |sibling_at: isize, separator_at: isize, lo_at: isize, hi_at: isize| {
+                let sibling = children[sibling_at as usize].load(Ordering::Acquire);
+                // SAFETY: a child pointer read from the parent at its version (checked
+                // below, under its lock) points at a live node.
+                let sibling = unsafe { sibling.as_ref() }?;
+                let prefix = prefix_of(fence(lo_at), fence(hi_at));
+                let fits = sibling.prefix() as u32 <= prefix;
+                Some((sibling, separator_at, prefix, fits))
+            };
+            let choice = (i > 0)
+                .then(|| pick(i - 1, i - 1, i - 2, i))
+                .flatten()
+                .or_else(|| {
+                    ((i as usize) < n)
+                        .then(|| pick(i + 1, i, i - 1, i + 1))
+                        .flatten()
+                });
+            let (sibling, separator_at, prefix, fits) = choice?;
+            if !p.try_lock(pv) {
+                continue;
+            }
+            if !node.try_lock(version) {
+                p.unlock();
+                continue;
+            }
+            let left_version = left.version.load(Ordering::Acquire);
+            let left_locked = left_version & 1 == 0 && left.try_lock(left_version);
+            if !left_locked || !ptr::eq(left.next.load(Ordering::Acquire), node) {
+                if left_locked {
+                    left.unlock();
+                }
+                node.unlock();
+                p.unlock();
+                continue;
+            }
+            // A sibling whose prefix is too long for its wider range takes the new one, and
+            // its heads are taken again at it, under its lock (the left sibling is the left
+            // neighbour, locked already): a reader that read either meanwhile fails its
+            // version check.
+            let sibling_is_left = ptr::eq(sibling, left);
+            let mut sibling_locked = false;
+            if !fits {
+                let sv = sibling.version.load(Ordering::Acquire);
+                sibling_locked = sibling_is_left || (sv & 1 == 0 && sibling.try_lock(sv));
+                if !sibling_locked {
+                    left.unlock();
+                    node.unlock();
+                    p.unlock();
+                    continue;
+                }
+                sibling.prefix.store(prefix, Ordering::Relaxed);
+                for at in 0..sibling.count() {
+                    sibling.set_slot(at, sibling.key(at));
+                }
+            }
+            p.remove_at(separator_at as usize, i as usize);
+            let right = node.next.load(Ordering::Acquire);
+            left.next.store(right, Ordering::Release);
+            // SAFETY: as for `left`.
+            if let Some(right) = unsafe { right.as_ref() } {
+                right.prev.store(prev, Ordering::Release);
+            }
+            if sibling_locked && !sibling_is_left {
+                sibling.unlock();
+            }
+            left.unlock();
+            node.unlock();
+            p.unlock();
+            return Some(RetiredLeaf(ptr::from_ref(node).cast_mut()));
+        }
+        None
     }
 
     /// Whether `record` is in the tree.

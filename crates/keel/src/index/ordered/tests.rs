@@ -81,10 +81,20 @@ fn check_node(
         assert!(i == 0 || key(i - 1) < k, "node unsorted");
         assert_eq!(
             node.heads[i].load(Ordering::Relaxed),
-            head(k, node.prefix as usize)
+            head(k, node.prefix())
         );
-        assert!(k.len() >= node.prefix as usize);
+        assert!(k.len() >= node.prefix());
     }
+    // The prefix is one the node's whole range shares, not just its keys.
+    let shared = match (lo, hi) {
+        (Some(lo), Some(hi)) => common_prefix(lo, hi),
+        _ => 0,
+    };
+    assert!(
+        node.prefix() <= shared,
+        "a node's prefix ({}) is longer than its range shares ({shared})",
+        node.prefix()
+    );
     if node.is_leaf() {
         leaf_depths.insert(depth);
         leaves.push(node);
@@ -394,7 +404,7 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
     // before it began.
     let (begun, removed) = (AtomicUsize::new(0), AtomicUsize::new(0));
     // Replaced trees stay until every scanner has left (the collector's grace period).
-    let mut retired = Vec::new();
+    let (mut retired, mut unlinked) = (Vec::new(), Vec::new());
     std::thread::scope(|s| {
         let mut workers = Vec::new();
         for (order, progress) in orders.iter().zip(&progress) {
@@ -409,16 +419,22 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
         let remover = {
             let (list, doomed, begun, removed) = (&list, &doomed, &begun, &removed);
             s.spawn(move || {
-                let mut retired = Vec::new();
+                let (mut retired, mut leaves) = (Vec::new(), Vec::new());
                 for (m, &r) in doomed.iter().rev().enumerate() {
                     begun.store(m + 1, Ordering::Release);
-                    assert!(list.remove(r).is_some(), "a doomed key was missing");
+                    let gone = list.remove(r).expect("a doomed key was missing");
+                    // As the collector does: an emptied leaf goes at once.
+                    if gone.emptied
+                        && let Some(leaf) = list.unlink_empty(r.get().key())
+                    {
+                        leaves.push(leaf);
+                    }
                     removed.store(m + 1, Ordering::Release);
                     if m % 6_000 == 5_999 {
                         retired.push(list.rebuild());
                     }
                 }
-                retired
+                (retired, leaves)
             })
         };
         for reverse in [false, true] {
@@ -469,13 +485,14 @@ fn scans_race_inserts_removals_and_rebuilds_from_both_ends() {
                 }
             });
         }
-        retired = remover.join().expect("remover");
+        (retired, unlinked) = remover.join().expect("remover");
         for worker in workers {
             worker.join().expect("inserter");
         }
         done.store(true, Ordering::Relaxed);
     });
     drop(retired);
+    drop(unlinked);
     let model: BTreeSet<Vec<u8>> = orders.iter().flatten().map(|&k| key(k)).collect();
     check_structure(&list, &model);
 }
@@ -706,4 +723,261 @@ fn keys_in_order_fill_their_leaves() {
         random >= full * 5 / 4 && random <= full * 2,
         "random keys: {random} nodes, {full} full leaves"
     );
+}
+
+/// A key from a few prefixes of different lengths and a random tail: siblings' ranges, and
+/// so their prefixes, differ in length, and unlinks must respect them.
+fn prefixed_key(rng: &mut StdRng) -> Vec<u8> {
+    let mut key =
+        [&b""[..], b"t", b"tenant:42/", b"tenant:42/zz/"][rng.random_range(0..4)].to_vec();
+    let len = rng.random_range(1..=4);
+    key.extend((0..len).map(|_| rng.random_range(0..12u8)));
+    key
+}
+
+/// Removes `record` as the collector does: from its leaf, then the leaf too if that left it
+/// empty. Returns whether a leaf went.
+fn remove_and_unlink(list: &Ordered, record: RecordRef, retired: &mut Vec<RetiredLeaf>) -> bool {
+    let removed = list.remove(record).expect("the record was in the tree");
+    if removed.emptied
+        && let Some(leaf) = list.unlink_empty(record.get().key())
+    {
+        retired.push(leaf);
+        return true;
+    }
+    false
+}
+
+/// Runs of removals (a queue's pops, from either end of a key range) and scattered ones,
+/// with inserts between, each emptied leaf taken out as the collector does: the tree stays
+/// sound (every node's prefix one its whole range shares, the links in order), answers
+/// every range as a `BTreeSet` does, and sheds the emptied leaves without a rebuild.
+#[test]
+fn unlinking_empty_leaves_keeps_the_tree_sound() {
+    let mut unlinked = 0;
+    for seed in 0..8 {
+        let arena = Arena::new();
+        let list = Ordered::new();
+        let mut model: std::collections::BTreeMap<Vec<u8>, RecordRef> = Default::default();
+        let mut retired = Vec::new();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let add = |model: &mut std::collections::BTreeMap<Vec<u8>, RecordRef>, rng: &mut StdRng| {
+            let key = prefixed_key(rng);
+            if let std::collections::btree_map::Entry::Vacant(slot) = model.entry(key) {
+                let r = record(&arena, slot.key());
+                list.insert(r);
+                slot.insert(r);
+            }
+        };
+        for _ in 0..6_000 {
+            add(&mut model, &mut rng);
+        }
+        let full = list.nodes();
+        for round in 0..6 {
+            // A run: from a random key on, up or down, as pops of one end.
+            let from = prefixed_key(&mut rng);
+            let run: Vec<Vec<u8>> = if round % 2 == 0 {
+                model
+                    .range(from..)
+                    .take(1_500)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            } else {
+                model
+                    .range(..from)
+                    .rev()
+                    .take(1_500)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            };
+            for key in run {
+                let r = model.remove(&key).expect("in the model");
+                unlinked += usize::from(remove_and_unlink(&list, r, &mut retired));
+            }
+            // Scattered removals and inserts.
+            for _ in 0..300 {
+                if rng.random_bool(0.5) && !model.is_empty() {
+                    let at = rng.random_range(0..model.len());
+                    let key = model.keys().nth(at).expect("in range").clone();
+                    let r = model.remove(&key).expect("in the model");
+                    unlinked += usize::from(remove_and_unlink(&list, r, &mut retired));
+                } else {
+                    add(&mut model, &mut rng);
+                }
+            }
+            let keys: BTreeSet<Vec<u8>> = model.keys().cloned().collect();
+            check_structure(&list, &keys);
+            check_ranges(&list, &keys, &mut rng);
+        }
+        assert!(
+            list.nodes() < full,
+            "seed {seed}: emptied leaves went ({} nodes, {full} before)",
+            list.nodes()
+        );
+    }
+    assert!(unlinked > 500, "only {unlinked} leaves were unlinked");
+}
+
+/// A queue: pops from the front, each emptied leaf unlinked, and pushes at the back. A scan
+/// from the front passes few empty leaves however long the queue runs (those that were
+/// their parent's only child, one per parent), where without unlinking it would pass every
+/// leaf emptied since the last rebuild.
+#[test]
+fn a_popped_queue_front_leaves_few_empty_leaves() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let key = |i: u32| format!("queue:{i:010}").into_bytes();
+    let mut queue = std::collections::VecDeque::new();
+    for i in 0..2_000 {
+        let r = record(&arena, &key(i));
+        list.insert(r);
+        queue.push_back(r);
+    }
+    // Keys around the queue's, as other data in the database.
+    for k in [&b"a"[..], b"zzz"] {
+        list.insert(record(&arena, k));
+    }
+    let mut retired = Vec::new();
+    let mut emptied = 0u64;
+    let front = || KeyRange {
+        lo: Bound::Included(b"queue:".to_vec()),
+        hi: Bound::Excluded(b"queue;".to_vec()),
+    };
+    for i in 2_000..50_000 {
+        let r = queue.pop_front().expect("not empty");
+        let removed = list.remove(r).expect("in the tree");
+        if removed.emptied {
+            emptied += 1;
+            retired.extend(list.unlink_empty(r.get().key()));
+        }
+        let r = record(&arena, &key(i));
+        list.insert(r);
+        queue.push_back(r);
+        if i % 1000 == 0 {
+            let hops = list.empty_hops();
+            let first = list.range(front()).next().expect("a key");
+            assert_eq!(first, *queue.front().expect("not empty"));
+            let passed = list.empty_hops() - hops;
+            assert!(
+                passed * 20 <= emptied,
+                "the scan from the front passed {passed} empty leaves of {emptied} emptied"
+            );
+        }
+    }
+    assert!(
+        retired.len() as u64 * 10 > emptied * 9,
+        "{} of {emptied} leaves unlinked",
+        retired.len()
+    );
+    let model: BTreeSet<Vec<u8>> = queue
+        .iter()
+        .map(|r| r.get().key().to_vec())
+        .chain([b"a".to_vec(), b"zzz".to_vec()])
+        .collect();
+    check_structure(&list, &model);
+    assert!(list.nodes() < 200, "{} nodes for 2 002 keys", list.nodes());
+}
+
+/// A queue under load: one thread pushes at the back, one pops from the front (unlinking
+/// each emptied leaf and now and then rebuilding, as the collector does), and scanners
+/// from either end check every scan: in order, nothing popped before it began, nothing
+/// missed that was pushed before it began and not popped before it ended.
+#[test]
+fn scans_race_pops_that_unlink_leaves_from_both_ends() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    const START: usize = 20_000;
+    const PUSHES: usize = 40_000;
+    const POPS: usize = START + PUSHES - 2_000;
+    let key = |i: usize| format!("q:{i:010}").into_bytes();
+    let arena = Arena::new();
+    let list = Ordered::new();
+    for k in [&b"a"[..], b"zzz"] {
+        list.insert(record(&arena, k));
+    }
+    let records: Vec<RecordRef> = (0..START + PUSHES)
+        .map(|i| record(&arena, &key(i)))
+        .collect();
+    for &r in &records[..START] {
+        list.insert(r);
+    }
+    let pushed = AtomicUsize::new(START);
+    let (begun, popped) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let done = AtomicBool::new(false);
+    let (mut trees, mut leaves) = (Vec::new(), Vec::new());
+    std::thread::scope(|s| {
+        let (list, records, pushed, begun, popped, done) =
+            (&list, &records, &pushed, &begun, &popped, &done);
+        s.spawn(move || {
+            for (i, &r) in records.iter().enumerate().skip(START) {
+                list.insert(r);
+                pushed.store(i + 1, Ordering::Release);
+            }
+        });
+        let popper = s.spawn(move || {
+            let (mut trees, mut leaves) = (Vec::new(), Vec::new());
+            for (i, &r) in records.iter().enumerate().take(POPS) {
+                while pushed.load(Ordering::Acquire) <= i {
+                    std::thread::yield_now();
+                }
+                begun.store(i + 1, Ordering::Release);
+                let gone = list.remove(r).expect("a queued key was missing");
+                if gone.emptied
+                    && let Some(leaf) = list.unlink_empty(r.get().key())
+                {
+                    leaves.push(leaf);
+                }
+                popped.store(i + 1, Ordering::Release);
+                if i % 10_000 == 9_999 {
+                    trees.push(list.rebuild());
+                }
+            }
+            (trees, leaves)
+        });
+        for reverse in [false, true] {
+            s.spawn(move || {
+                let mut scans = 0;
+                while !done.load(Ordering::Relaxed) || scans < 3 {
+                    scans += 1;
+                    let popped_before = popped.load(Ordering::Acquire);
+                    let pushed_before = pushed.load(Ordering::Acquire);
+                    let queue = KeyRange {
+                        lo: Bound::Included(b"q:".to_vec()),
+                        hi: Bound::Excluded(b"q;".to_vec()),
+                    };
+                    let mut seen = keys(if reverse {
+                        Box::new(list.range(queue).rev()) as Box<dyn Iterator<Item = _>>
+                    } else {
+                        Box::new(list.range(queue))
+                    });
+                    let begun_after = begun.load(Ordering::Acquire);
+                    if reverse {
+                        seen.reverse();
+                    }
+                    assert!(seen.windows(2).all(|w| w[0] < w[1]), "a scan saw disorder");
+                    if let Some(first) = seen.first() {
+                        assert!(
+                            *first >= key(popped_before),
+                            "a scan saw {}, popped before it began",
+                            String::from_utf8_lossy(first)
+                        );
+                    }
+                    for i in begun_after..pushed_before {
+                        assert!(
+                            seen.binary_search(&key(i)).is_ok(),
+                            "a scan missed {i}, pushed before it began and not popped"
+                        );
+                    }
+                }
+            });
+        }
+        (trees, leaves) = popper.join().expect("popper");
+        done.store(true, Ordering::Relaxed);
+    });
+    assert!(leaves.len() > 500, "only {} leaves unlinked", leaves.len());
+    drop((trees, leaves));
+    let model: BTreeSet<Vec<u8>> = (POPS..START + PUSHES)
+        .map(key)
+        .chain([b"a".to_vec(), b"zzz".to_vec()])
+        .collect();
+    check_structure(&list, &model);
 }
