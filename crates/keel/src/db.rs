@@ -1532,13 +1532,11 @@ mod tests {
         db.transact(|txn| txn.put(b"k", b"again")).unwrap();
     }
 
-    /// A queue's front popped: its records leave the ordered index but its leaves stay,
-    /// empty, and every scan from the front passes them. Far fewer removals than half the
-    /// live records, but once scans have passed that many empty leaves the collector
-    /// rebuilds the tree, and scans from the front pass none.
-    #[test]
-    fn scans_passing_many_empty_leaves_make_the_collector_rebuild() {
+    /// The database a queue test pops: 60 000 other keys around a queue of 20 000, then the
+    /// queue's first 10 000 popped (deleted) and collected.
+    fn popped_queue(unlink: bool) -> Db {
         let db = Db::in_memory();
+        db.shared.store.ordered().set_unlink(unlink);
         let key = |prefix: &str, i: u32| format!("{prefix}:{i:08}").into_bytes();
         for chunk in (0..60_000u32).collect::<Vec<_>>().chunks(1000) {
             db.transact(|txn| {
@@ -1562,6 +1560,30 @@ mod tests {
             .unwrap();
         }
         db.reclaim_deleted(100);
+        db
+    }
+
+    /// A queue's front popped: the collector takes the records out of the ordered index and
+    /// the leaves they emptied with them, so a scan from the front passes none.
+    #[test]
+    fn a_popped_queue_front_leaves_no_empty_leaves_to_pass() {
+        let db = popped_queue(true);
+        let ordered = db.shared.store.ordered();
+        let before = ordered.empty_hops();
+        let snap = db.snapshot().unwrap();
+        let first = snap.range(&b"queue:"[..]..&b"queue;"[..]).next();
+        assert_eq!(first.map(|(k, _)| k), Some(b"queue:00010000".to_vec()));
+        assert!(ordered.empty_hops() - before <= 1, "empty leaves in front");
+    }
+
+    /// Empty leaves that stay (here because unlinking is off; in use, one an unlink had to
+    /// leave): every scan from the front passes them. Far fewer removals than half the live
+    /// records, but once scans have passed that many empty leaves the collector rebuilds
+    /// the tree, and scans from the front pass none.
+    #[test]
+    fn scans_passing_many_empty_leaves_make_the_collector_rebuild() {
+        let db = popped_queue(false);
+        let key = |prefix: &str, i: u32| format!("{prefix}:{i:08}").into_bytes();
         let ordered = db.shared.store.ordered();
         let front = |db: &Db| {
             let snap = db.snapshot().unwrap();

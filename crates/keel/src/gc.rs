@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 
 use crate::Ts;
 use crate::index::RetiredTable;
-use crate::index::ordered::{RetiredLeaf, RetiredTree};
+use crate::index::ordered::{RetiredNodes, RetiredTree};
 use crate::mvcc::RecordRef;
 
 /// Removals since the last rebuild of the ordered index that make the next one due, at
@@ -106,7 +106,7 @@ struct Batch {
     #[allow(dead_code)] // held only to be dropped
     tree: Option<RetiredTree>,
     #[allow(dead_code)] // held only to be dropped
-    leaves: Vec<RetiredLeaf>,
+    leaves: Vec<RetiredNodes>,
 }
 
 /// The collector's state; only the collector thread (and the store's drop) touch it.

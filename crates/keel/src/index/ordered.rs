@@ -479,6 +479,9 @@ pub(crate) struct Ordered {
     /// Empty leaves scans have passed (a queue's front, popped and not yet rebuilt away):
     /// the collector rebuilds sooner when scans waste much time on them.
     empty_hops: CachePadded<std::sync::atomic::AtomicU64>,
+    /// Tests turn [`Ordered::unlink_empty`] off, to leave empty leaves for the rebuild.
+    #[cfg(test)]
+    unlink_off: AtomicBool,
 }
 
 /// What [`Ordered::remove`] did.
@@ -490,18 +493,22 @@ pub(crate) struct Removed {
     pub(crate) emptied: bool,
 }
 
-/// A leaf [`Ordered::unlink_empty`] took out of the tree, owned by the collector until no
-/// reader can be in it; dropping it frees it.
-pub(crate) struct RetiredLeaf(*mut Node);
+/// Nodes [`Ordered::unlink_empty`] took out of the tree (a leaf and the inner nodes that had
+/// only it below them), owned by the collector until no reader can be in them; dropping it
+/// frees them.
+pub(crate) struct RetiredNodes(Vec<*mut Node>);
 
-// SAFETY: a detached leaf, freed once, by whoever drops it.
-unsafe impl Send for RetiredLeaf {}
+// SAFETY: detached nodes, freed once, by whoever drops them.
+unsafe impl Send for RetiredNodes {}
 
-impl Drop for RetiredLeaf {
+impl Drop for RetiredNodes {
     fn drop(&mut self) {
-        // SAFETY: unlinked from its tree (no parent or neighbour points at it), and no
-        // reader is left in it (the collector's grace period).
-        unsafe { Node::free(self.0) };
+        for &node in &self.0 {
+            // SAFETY: unlinked from the tree (no parent or neighbour points at them; the
+            // inner ones point only at each other and the leaf, which go too), and no reader
+            // is left in them (the collector's grace period). Each is freed once.
+            unsafe { Node::free(node) };
+        }
     }
 }
 
@@ -559,6 +566,8 @@ impl Ordered {
             rebuilding: AtomicBool::new(false),
             pending: Mutex::new(Vec::new()),
             empty_hops: CachePadded::new(std::sync::atomic::AtomicU64::new(0)),
+            #[cfg(test)]
+            unlink_off: AtomicBool::new(false),
         }
     }
 
@@ -669,134 +678,183 @@ impl Ordered {
         }
     }
 
-    /// Takes the empty leaf whose range holds `key` out of the tree, if it still is empty
-    /// and one of its siblings can take its range: the parent drops the leaf and the
-    /// separator between the two, and the leaf's neighbours link to each other. Returns the
-    /// leaf, which readers may still be in, to be freed after the collector's grace period.
+    /// Takes the empty leaf whose range holds `key` out of the tree, if it still is empty,
+    /// with the inner nodes above it that have it as their only descendant: their nearest
+    /// ancestor with more children drops the topmost of them and the separator beside it, a
+    /// sibling's range widens over theirs, and the leaf's neighbours link to each other.
+    /// Returns the nodes, which readers may still be in, to be freed after the collector's
+    /// grace period.
     ///
     /// Without this, the empty leaves a queue's pops leave at its front stay until the
     /// next [`Ordered::rebuild`], and every pop passes all of them; and a rebuild copies the
     /// whole tree, every key of the database, so pops that trigger one every few thousand
     /// pops keep the collector rebuilding instead of collecting.
     ///
-    /// The sibling's range widens to cover the leaf's, so its prefix (the bytes every key
-    /// of its range shares) must still hold for the wider range: a sibling whose prefix is
-    /// too long gets the wider range's, and its heads are taken again. The first leaf (no
-    /// left neighbour) and an only child stay (its parent would need to go too); so does a
-    /// leaf whose neighbours are busy: the next rebuild takes them. Only the collector calls
-    /// this, as it removes, never while it rebuilds; it locks the parent, the leaf, the left
-    /// neighbour (whose right link it changes, and which owns the right neighbour's left
-    /// link) and a sibling whose prefix it changes, each only if it is unchanged since read,
-    /// so it never waits for anyone.
-    pub(crate) fn unlink_empty(&self, key: &[u8]) -> Option<RetiredLeaf> {
+    /// The sibling's range widens, and with it the ranges of the nodes down its edge next to
+    /// the dropped subtree: each of their prefixes (the bytes every key of a node's range
+    /// shares) must hold for the wider range, and one that is too long is shortened and the
+    /// node's heads taken again. The first leaf (no left neighbour) stays, as does a leaf
+    /// whose surroundings are busy: the next rebuild takes those. Only the collector calls this, as it removes, never while it rebuilds. It locks
+    /// the ancestor, the dropped nodes, the sibling's edge (so that a split there restarts
+    /// with the new fences), and the leaf's left neighbour (whose right link it changes, and
+    /// which owns the right neighbour's left link), each only if unchanged since read, so
+    /// it never waits for anyone.
+    pub(crate) fn unlink_empty(&self, key: &[u8]) -> Option<RetiredNodes> {
+        #[cfg(test)]
+        if self.unlink_off.load(Ordering::Relaxed) {
+            return None;
+        }
         'retry: for _ in 0..4 {
+            // The inner nodes from the root: each, its version, which child the path takes,
+            // and its fences.
+            let mut path = Vec::with_capacity(8);
             let (mut node, mut version) = self.start();
             let (mut lo, mut hi) = (None, None);
-            // The parent, its version, which child the leaf is, and the parent's fences.
-            let mut parent = None;
             while !node.is_leaf() {
                 let Some(down) = node.down(version, Probe::Key(key), true) else {
                     continue 'retry;
                 };
-                parent = Some((node, version, down.index, lo, hi));
+                path.push((node, version, down.index, lo, hi));
                 lo = down.lo.or(lo);
                 hi = down.hi.or(hi);
                 node = down.child;
                 version = down.version;
             }
-            let (p, pv, i, p_lo, p_hi) = parent?;
-            let n = p.count();
-            let prev = node.prev.load(Ordering::Acquire);
-            if node.count() != 0 || n == 0 || prev.is_null() || !p.unchanged(pv) {
+            let (leaf, leaf_version) = (node, version);
+            let prev = leaf.prev.load(Ordering::Acquire);
+            if leaf.count() != 0 || prev.is_null() || !leaf.unchanged(leaf_version) {
                 return None;
             }
             // SAFETY: a non-null link points at a leaf of this tree, and nodes are freed only
             // with their tree or, once unlinked, after every reader has left.
             let left = unsafe { &*prev };
-            // Separators by position, the parent's fences at the ends.
+            // The nearest ancestor with more than one child; the nodes below it on the path
+            // have one each, and go with the leaf.
+            let g = path.iter().rposition(|&(n, ..)| n.count() > 0)?;
+            let (ancestor, ancestor_version, i, a_lo, a_hi) = path[g];
+            let n = ancestor.count();
+            // Separators by position, the ancestor's fences at the ends.
             let fence = |at: isize| -> Option<RecordRef> {
                 if at < 0 {
-                    p_lo
+                    a_lo
                 } else if at as usize >= n {
-                    p_hi
+                    a_hi
                 } else {
-                    NonNull::new(p.key(at as usize)).map(RecordRef)
+                    NonNull::new(ancestor.key(at as usize)).map(RecordRef)
                 }
             };
             let i = i as isize;
-            // The sibling that takes the range, its new range's prefix, and which separator
-            // goes: the left sibling (the range becomes [its low fence, the leaf's high one)),
-            // else the right one.
-            let children = p.children();
-            let pick = |sibling_at: isize, separator_at: isize, lo_at: isize, hi_at: isize| {
-                let sibling = children[sibling_at as usize].load(Ordering::Acquire);
-                // SAFETY: a child pointer read from the parent at its version (checked
-                // below, under its lock) points at a live node.
-                let sibling = unsafe { sibling.as_ref() }?;
-                let prefix = prefix_of(fence(lo_at), fence(hi_at));
-                let fits = sibling.prefix() as u32 <= prefix;
-                Some((sibling, separator_at, prefix, fits))
+            // The left sibling takes the range (its range ends where the dropped one did),
+            // else the right one (its range starts where the dropped one did).
+            let (sibling_at, separator_at, widens_right) = if i > 0 {
+                (i - 1, i - 1, true)
+            } else {
+                (i + 1, i, false)
             };
-            let choice = (i > 0)
-                .then(|| pick(i - 1, i - 1, i - 2, i))
-                .flatten()
-                .or_else(|| {
-                    ((i as usize) < n)
-                        .then(|| pick(i + 1, i, i - 1, i + 1))
-                        .flatten()
-                });
-            let (sibling, separator_at, prefix, fits) = choice?;
-            if !p.try_lock(pv) {
+            let new_fence = if widens_right { fence(i) } else { fence(i - 1) };
+            if !ancestor.try_lock(ancestor_version) {
                 continue;
             }
-            if !node.try_lock(version) {
-                p.unlock();
-                continue;
-            }
-            let left_version = left.version.load(Ordering::Acquire);
-            let left_locked = left_version & 1 == 0 && left.try_lock(left_version);
-            if !left_locked || !ptr::eq(left.next.load(Ordering::Acquire), node) {
-                if left_locked {
-                    left.unlock();
-                }
-                node.unlock();
-                p.unlock();
-                continue;
-            }
-            // A sibling whose prefix is too long for its wider range takes the new one, and
-            // its heads are taken again at it, under its lock (the left sibling is the left
-            // neighbour, locked already): a reader that read either meanwhile fails its
-            // version check.
-            let sibling_is_left = ptr::eq(sibling, left);
-            let mut sibling_locked = false;
-            if !fits {
-                let sv = sibling.version.load(Ordering::Acquire);
-                sibling_locked = sibling_is_left || (sv & 1 == 0 && sibling.try_lock(sv));
-                if !sibling_locked {
-                    left.unlock();
+            let mut locked: Vec<&Node> = vec![ancestor];
+            let unlock = |locked: &[&Node]| {
+                for node in locked.iter().rev() {
                     node.unlock();
-                    p.unlock();
-                    continue;
                 }
-                sibling.prefix.store(prefix, Ordering::Relaxed);
-                for at in 0..sibling.count() {
-                    sibling.set_slot(at, sibling.key(at));
+            };
+            // The dropped nodes, then the leaf's left neighbour.
+            for &(node, version, ..) in &path[g + 1..] {
+                if !node.try_lock(version) {
+                    unlock(&locked);
+                    continue 'retry;
+                }
+                locked.push(node);
+            }
+            if !leaf.try_lock(leaf_version) {
+                unlock(&locked);
+                continue;
+            }
+            locked.push(leaf);
+            let left_version = left.version.load(Ordering::Acquire);
+            if left_version & 1 == 1 || !left.try_lock(left_version) {
+                unlock(&locked);
+                continue;
+            }
+            locked.push(left);
+            if !ptr::eq(left.next.load(Ordering::Acquire), leaf) {
+                unlock(&locked);
+                continue;
+            }
+            // The sibling's edge next to the dropped range, each node with the fence on its
+            // other side, locked (the left neighbour is the left sibling's last leaf).
+            let mut edge: Vec<(&Node, Option<RecordRef>)> = Vec::with_capacity(8);
+            let children = ancestor.children();
+            let mut at = children[sibling_at as usize].load(Ordering::Acquire);
+            let mut other = if widens_right {
+                fence(sibling_at - 1)
+            } else {
+                fence(sibling_at)
+            };
+            loop {
+                // SAFETY: a child read under its parent's lock is a live node of this tree.
+                let Some(node) = (unsafe { at.as_ref() }) else {
+                    unlock(&locked);
+                    continue 'retry;
+                };
+                if !ptr::eq(node, left) {
+                    let v = node.version.load(Ordering::Acquire);
+                    if v & 1 == 1 || !node.try_lock(v) {
+                        unlock(&locked);
+                        continue 'retry;
+                    }
+                    locked.push(node);
+                }
+                edge.push((node, other));
+                if node.is_leaf() {
+                    break;
+                }
+                let c = node.count();
+                if widens_right {
+                    if c > 0 {
+                        other = NonNull::new(node.key(c - 1)).map(RecordRef);
+                    }
+                    at = node.children()[c].load(Ordering::Acquire);
+                } else {
+                    if c > 0 {
+                        other = NonNull::new(node.key(0)).map(RecordRef);
+                    }
+                    at = node.children()[0].load(Ordering::Acquire);
                 }
             }
-            p.remove_at(separator_at as usize, i as usize);
-            let right = node.next.load(Ordering::Acquire);
+            // Each edge node's range now reaches the new fence: a prefix too long for it is
+            // shortened, and the heads taken again at it.
+            for &(node, other) in &edge {
+                let prefix = if widens_right {
+                    prefix_of(other, new_fence)
+                } else {
+                    prefix_of(new_fence, other)
+                };
+                if node.prefix() as u32 > prefix {
+                    node.prefix.store(prefix, Ordering::Relaxed);
+                    for at in 0..node.count() {
+                        node.set_slot(at, node.key(at));
+                    }
+                }
+            }
+            ancestor.remove_at(separator_at as usize, i as usize);
+            let right = leaf.next.load(Ordering::Acquire);
             left.next.store(right, Ordering::Release);
             // SAFETY: as for `left`.
             if let Some(right) = unsafe { right.as_ref() } {
                 right.prev.store(prev, Ordering::Release);
             }
-            if sibling_locked && !sibling_is_left {
-                sibling.unlock();
-            }
-            left.unlock();
-            node.unlock();
-            p.unlock();
-            return Some(RetiredLeaf(ptr::from_ref(node).cast_mut()));
+            unlock(&locked);
+            let dropped = path[g + 1..]
+                .iter()
+                .map(|&(node, ..)| node)
+                .chain([leaf])
+                .map(|node| ptr::from_ref(node).cast_mut())
+                .collect();
+            return Some(RetiredNodes(dropped));
         }
         None
     }
@@ -846,6 +904,12 @@ impl Ordered {
             old
         };
         RetiredTree(old)
+    }
+
+    /// Leaves emptied from now on stay until a rebuild (`false`), as before unlinking.
+    #[cfg(test)]
+    pub(crate) fn set_unlink(&self, on: bool) {
+        self.unlink_off.store(!on, Ordering::Relaxed);
     }
 
     /// Nodes in the tree (a count for tests and statistics; not a snapshot under writers).
