@@ -1458,6 +1458,8 @@ impl Shared {
             self.oracle.visible()
         };
         let pass = crate::gc::pass(&self.store, &mut state, horizon, visible, &self.splitter);
+        // The versions the freed records held leave the count their installs added to.
+        self.note_versions(-i64::try_from(pass.freed_versions).expect("a count"));
         if let Some(at) = pass.blocked_at
             && self.oracle.visible() <= at
             && self.oracle.visible() >= state.nudged

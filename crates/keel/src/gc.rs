@@ -131,6 +131,8 @@ pub(crate) struct State {
 pub(crate) struct Pass {
     /// Records freed in this pass.
     pub(crate) freed: usize,
+    /// Versions those records held.
+    pub(crate) freed_versions: usize,
     /// Records unlinked in this pass.
     pub(crate) unlinked: usize,
     /// The oldest retired batch's watermark, which the horizon must pass before it is freed.
@@ -173,7 +175,7 @@ pub(crate) fn pass(
         for record in &batch.records {
             // SAFETY: unlinked from both indexes before `after` was read, and the horizon
             // is past `after`: no registered holder is left (module docs). Retired once.
-            unsafe { store.free_record(*record) };
+            out.freed_versions += unsafe { store.free_record(*record) };
         }
         out.freed += batch.records.len();
     }

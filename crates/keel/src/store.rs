@@ -121,13 +121,13 @@ impl MemStore {
         self.candidates.note(record, ts)
     }
 
-    /// Frees an unlinked record and its versions.
+    /// Frees an unlinked record and its versions; returns how many versions it held.
     ///
     /// # Safety
     /// The record is in neither index, nobody can hold it any more, and it is freed once.
-    pub(crate) unsafe fn free_record(&self, record: RecordRef) {
+    pub(crate) unsafe fn free_record(&self, record: RecordRef) -> usize {
         // SAFETY: guaranteed by the caller; the record came from this store's arena.
-        unsafe { Record::free(record.0, &self.arena) };
+        unsafe { Record::free(record.0, &self.arena) }
     }
 
     /// Bytes mapped for records.

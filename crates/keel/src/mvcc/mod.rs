@@ -285,12 +285,13 @@ impl Record {
         }
     }
 
-    /// Frees the record: its versions, and its block back to `arena`.
+    /// Frees the record: its versions, and its block back to `arena`. Returns how many
+    /// versions it held.
     ///
     /// # Safety
     /// Nobody can reach the record any more (it is unlinked from both indexes and no
     /// transaction that could have found it is still open), and this is called once.
-    pub(crate) unsafe fn free(ptr: NonNull<Record>, arena: &Arena) {
+    pub(crate) unsafe fn free(ptr: NonNull<Record>, arena: &Arena) -> usize {
         // SAFETY: the caller guarantees exclusive access.
         let record = unsafe { ptr.as_ref() };
         let cap = record.embedded_cap.load(Ordering::Relaxed);
@@ -298,8 +299,9 @@ impl Record {
         let layout = Self::block(record.key_len(), reserve);
         // SAFETY: exclusive access, once; the block came from `arena` with this layout.
         unsafe {
-            Self::free_versions(ptr);
+            let versions = Self::free_versions(ptr);
             arena.free(ptr.cast(), layout);
+            versions
         }
     }
 
@@ -330,22 +332,25 @@ impl Record {
         self.lock.load(Ordering::Acquire) == DEAD_OWNER.0
     }
 
-    /// Frees every version of the chain that has its own allocation. The record itself
-    /// belongs to the arena.
+    /// Frees every version of the chain that has its own allocation (the record itself
+    /// belongs to the arena). Returns the chain's length, the embedded version included.
     ///
     /// # Safety
     /// Nobody else can reach the record any more, and this is called once.
-    pub(crate) unsafe fn free_versions(ptr: NonNull<Record>) {
+    pub(crate) unsafe fn free_versions(ptr: NonNull<Record>) -> usize {
         // SAFETY: the caller guarantees exclusive access.
         let record = unsafe { ptr.as_ref() };
         let mut v = record.head.load(Ordering::Relaxed);
+        let mut versions = 0;
         while let Some(version) = NonNull::new(v) {
             // SAFETY: exclusive access; each version is freed once.
             unsafe {
                 v = version.as_ref().next.load(Ordering::Relaxed);
                 Version::free(version);
             }
+            versions += 1;
         }
+        versions
     }
 
     #[inline]

@@ -236,3 +236,33 @@ fn concurrent_snapshots_never_see_reclaimed_versions() {
         "{versions} versions kept"
     );
 }
+
+/// Deleted keys, once reclaimed, leave the version count (`Stats::versions`, which `INFO`
+/// reports) along with the record count: it counted their tombstones and older values
+/// for good before.
+#[test]
+fn reclaimed_keys_leave_the_version_count() {
+    let db = Db::in_memory();
+    let key = |k: u64| format!("gone:{k:06}").into_bytes();
+    for round in 0..3 {
+        db.transact(|txn| {
+            for k in 0..10_000 {
+                txn.put(&key(k), format!("v{round}").as_bytes())?;
+            }
+            Ok::<_, keel::Error>(())
+        })
+        .unwrap();
+    }
+    db.transact(|txn| {
+        for k in 0..10_000 {
+            txn.delete(&key(k))?;
+        }
+        Ok::<_, keel::Error>(())
+    })
+    .unwrap();
+    assert!(db.stats().versions >= 10_000);
+    db.reclaim_deleted(100);
+    let stats = db.stats();
+    assert_eq!(stats.records, 0);
+    assert_eq!(stats.versions, 0, "versions left for no record");
+}
