@@ -13,3 +13,13 @@ mod reclaim;
 mod split;
 mod track;
 mod write_skew;
+
+/// Sets the flag when dropped, so that a failing assertion stops the threads that run until
+/// it is set instead of leaving the test hanging on them.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

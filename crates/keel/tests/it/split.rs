@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use keel::{ConflictReason, Db, Options, SplitMode};
 
+use crate::StopOnDrop;
+
 fn split_db(mode: SplitMode) -> Db {
     Db::with_options(
         Options::default()
@@ -18,16 +20,6 @@ fn split_db(mode: SplitMode) -> Db {
             .split_phase(Duration::from_millis(5))
             .split_contention(8),
     )
-}
-
-/// Sets the flag when dropped, so that a failing assertion stops the adders instead of
-/// leaving the test hanging on them.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 fn int(value: Option<Vec<u8>>) -> i64 {
