@@ -292,3 +292,23 @@ fn query_buffer_is_bounded() {
     let mut c = server.client();
     assert_eq!(query::<String>(&mut c, &["PING"]), "PONG");
 }
+
+/// A server that closes a connection with input left unread resets it, and the client's
+/// first read after that reports the reset (the next ones read EOF): [`is_closed`] counts
+/// either as closed. `query_buffer_is_bounded` meets the reset there when its writes all
+/// went into socket buffers before the server closed, as on a loaded machine.
+#[test]
+fn is_closed_sees_a_reset_on_the_first_read() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let mut client =
+        std::net::TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let (server, _) = listener.accept().expect("accept");
+    client.write_all(b"never read").expect("write");
+    // Once the bytes arrived, closing resets the connection.
+    server.peek(&mut [0u8; 1]).expect("the bytes arrive");
+    drop(server);
+    assert!(is_closed(&mut client));
+}
