@@ -128,9 +128,23 @@ struct Cluster<'a> {
     /// Nodes the clients do not pick (a bit per node): those a partition put out of their
     /// reach, as a client that knows which nodes answer would.
     avoid: &'a AtomicU64,
+    /// When each acknowledged commit ended, in ns since `epoch`.
+    commits_at: &'a Mutex<Vec<u64>>,
 }
 
 impl Cluster<'_> {
+    /// Waits until a client's commit ended after `since` (ns since `epoch`), for at most
+    /// `limit`: a fault that must see the cluster commit lasts until it did, however slowly
+    /// a loaded machine gets there, and the caller's check fails if it never does.
+    fn wait_commit_after(&self, since: u64, limit: Duration) {
+        let started = Instant::now();
+        while started.elapsed() < limit
+            && !self.commits_at.lock().unwrap().iter().any(|&t| t > since)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The slot of `key`.
     fn slot(&self, key: &str) -> u16 {
         let mut c = connect_addr(self.addrs[0]).expect("connect");
@@ -142,14 +156,21 @@ impl Cluster<'_> {
     }
 }
 
+/// How long the load may go on after the faults to reach its floors (commits, transfers,
+/// audits) before the test fails as stalled.
+const FLOORS_WAIT: Duration = Duration::from_secs(120);
+
 /// Elle list-append transactions (`MULTI` of `GET`s and `APPEND`s on keys of one partition)
-/// from four clients to random nodes while `faults` runs; then final reads of every key
-/// through any node that answers, and the checks: no duplicate, every acknowledged append
-/// present, a transaction of unknown outcome all-or-nothing, the history strictly
-/// serializable. Returns the report and the times (ns since the start) of the commits, and
-/// `faults`' result.
+/// from four clients to random nodes while `faults` runs, and on until more than
+/// `commits_min` were acknowledged and the bank made 5 transfers and 2 audits (a loaded
+/// machine fits less into the faults' time; a cluster that stopped committing fails after
+/// [`FLOORS_WAIT`]); then final reads of every key through any node that answers, and the
+/// checks: no duplicate, every acknowledged append present, a transaction of unknown outcome
+/// all-or-nothing, the history strictly serializable. Returns the report and the times (ns
+/// since the start) of the commits, and `faults`' result.
 fn elle_under_faults<T>(
     addrs: &[SocketAddr],
+    commits_min: usize,
     faults: impl FnOnce(&Cluster<'_>) -> T,
 ) -> (history::Report, Vec<u64>, T) {
     let nodes_n = addrs.len();
@@ -287,12 +308,31 @@ fn elle_under_faults<T>(
         }
         // The faults. The load stops however this closure ends.
         let _stop = StopOnDrop(&stop);
-        faults(&Cluster {
+        let result = faults(&Cluster {
             addrs,
             keys: &keys,
             epoch,
             avoid: &avoid,
-        })
+            commits_at: &commits_at,
+        });
+        let faults_ended = Instant::now();
+        loop {
+            let commits = commits_at.lock().unwrap().len();
+            let (transfers, audits) = {
+                let book = bank.0.lock().unwrap();
+                (book.transfers, book.audits)
+            };
+            if commits > commits_min && transfers >= 5 && audits >= 2 {
+                break;
+            }
+            assert!(
+                faults_ended.elapsed() < FLOORS_WAIT,
+                "progress stalled: {commits} commits, {transfers} transfers, {audits} audits \
+                 {FLOORS_WAIT:?} after the faults"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        result
     });
 
     // Final reads of every key, after everything (real time), on any node.
@@ -552,7 +592,7 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
     let mut nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
         .collect();
-    let (report, commits, failover) = elle_under_faults(&addrs, |cluster| {
+    let (report, commits, failover) = elle_under_faults(&addrs, 100, |cluster| {
         std::thread::sleep(Duration::from_millis(1500));
         // SIGKILL the leader of the partition of the first key, then time the first commit
         // on that partition through another node.
@@ -580,6 +620,9 @@ fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
         };
         let recovered = cluster.epoch.elapsed().as_nanos() as u64;
         std::thread::sleep(Duration::from_millis(1000));
+        // Down until the clients committed without it (checked below), however long a
+        // loaded machine takes.
+        cluster.wait_commit_after(recovered, Duration::from_secs(30));
         let restarted = cluster.epoch.elapsed().as_nanos() as u64;
         nodes[victim].spawn();
         std::thread::sleep(Duration::from_millis(1500));
@@ -668,7 +711,7 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
     let mut nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start_with(dir.path(), i, &ports, &["--replicas", "3"]))
         .collect();
-    let (report, commits, moves) = elle_under_faults(&addrs, |cluster| {
+    let (report, commits, moves) = elle_under_faults(&addrs, 100, |cluster| {
         let mut c = connect_addr(addrs[0]).expect("connect");
         let accounts: Vec<String> =
             support::keys_per_node(&mut c, NODES, ACCOUNTS_PER_PARTITION, "acct")
@@ -692,7 +735,12 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
         let started = Instant::now();
         let mut moved = 0;
         std::thread::sleep(Duration::from_millis(500));
-        while started.elapsed() < Duration::from_secs(8) {
+        // For 8 s, and on until 5 slots moved (a loaded machine moves fewer in 8 s).
+        while started.elapsed() < Duration::from_secs(8) || moved < 5 {
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "slot moves stalled: {moved} in 90 s"
+            );
             let slot = slots[(next() % slots.len() as u64) as usize];
             let to = (next() % NODES as u64) as usize;
             let via = (next() % NODES as u64) as usize;
@@ -797,7 +845,7 @@ fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
             .unwrap_or_default()
     };
     let mut joined: Option<Node> = None;
-    let (report, commits, steps) = elle_under_faults(&addrs[..NODES], |cluster| {
+    let (report, commits, steps) = elle_under_faults(&addrs[..NODES], 100, |cluster| {
         std::thread::sleep(Duration::from_secs(1));
         let began = Instant::now();
         joined = Some(Node::join(dir.path(), NODES, ports[NODES], addrs[1]));
@@ -1971,9 +2019,17 @@ impl Drop for Netns {
     }
 }
 
-/// How long each network partition of the test below lasts.
+/// How long each network partition of the test below lasts at least.
 #[cfg(feature = "netns")]
 const PARTITION_MS: u64 = 5000;
+/// How long into a partition the majority must be committing (ns): its election, and
+/// requests in flight to a node cut off timing out, come first.
+#[cfg(feature = "netns")]
+const LATE_NS: u64 = 2_500_000_000;
+/// How much longer than `PARTITION_MS` a partition may last while the majority has not
+/// committed past `LATE_NS` (then the test fails).
+#[cfg(feature = "netns")]
+const PARTITION_WAIT: Duration = Duration::from_secs(30);
 
 /// Five nodes in network namespaces, `--replicas 3`, Elle list-append clients on the
 /// bridge: a partition's leader is cut off from everyone for `PARTITION_MS`, then two nodes
@@ -1999,7 +2055,7 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
         })
         .collect();
     let addrs: Vec<SocketAddr> = nodes.iter().map(Node::addr).collect();
-    let (report, commits, windows) = elle_under_faults(&addrs, |cluster| {
+    let (report, commits, windows) = elle_under_faults(&addrs, 200, |cluster| {
         let ns_now = || cluster.epoch.elapsed().as_nanos() as u64;
         std::thread::sleep(Duration::from_millis(1500));
         let slot = cluster.slot(&cluster.keys[0][0]);
@@ -2008,8 +2064,10 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
         cluster.avoid.store(1 << leader, Ordering::Relaxed);
         let cut = ns_now();
         // Long enough that the check below, after the election, covers 2.5 s: clients
-        // stuck on a partition without a majority wait out their retries meanwhile.
+        // stuck on a partition without a majority wait out their retries meanwhile. On a
+        // loaded machine, on until the majority committed after those 2.5 s.
         std::thread::sleep(Duration::from_millis(PARTITION_MS));
+        cluster.wait_commit_after(cut + LATE_NS, PARTITION_WAIT);
         net.heal();
         cluster.avoid.store(0, Ordering::Relaxed);
         let healed = ns_now();
@@ -2022,9 +2080,9 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
             .avoid
             .store((1 << minority[0]) | (1 << minority[1]), Ordering::Relaxed);
         let split = ns_now();
-        // Long enough that the check below, after the election, covers 2.5 s: clients
-        // stuck on a partition without a majority wait out their retries meanwhile.
+        // As above.
         std::thread::sleep(Duration::from_millis(PARTITION_MS));
+        cluster.wait_commit_after(split + LATE_NS, PARTITION_WAIT);
         net.heal();
         cluster.avoid.store(0, Ordering::Relaxed);
         let healed2 = ns_now();
@@ -2048,7 +2106,7 @@ fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
         format!("{summary}; partitions at {windows_s:.1?} s; commits per second {per_second:?}");
     println!("{summary}");
     for (from, to) in windows {
-        let late = from + 2_500_000_000;
+        let late = from + LATE_NS;
         let during = commits.iter().filter(|&&t| t >= late && t <= to).count();
         assert!(
             during > 0,
