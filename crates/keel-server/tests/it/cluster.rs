@@ -12,6 +12,11 @@ use keel_server::cluster_map::{Membership, SLOTS, key_slot};
 
 use crate::{TestServer, error, query};
 
+/// The request timeout of the clusters whose tests are not about it: long enough that a
+/// node slowed by a loaded machine still answers in time (a vote or a forwarded command
+/// that took over 2 s failed tests here), so only a node that is really gone times out.
+const TIMEOUT_MS: u64 = 10_000;
+
 /// A cluster of `n` nodes with the slots split evenly; node `i` is `nodes[i]`.
 struct TestCluster {
     nodes: Vec<Option<TestServer>>,
@@ -100,7 +105,7 @@ fn key_on(cluster: &TestCluster, i: usize, tag: &str) -> String {
 
 #[test]
 fn plain_clients_reach_every_slot_from_any_node() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let keys = key_per_slot();
     // Set each slot's key through one node and read it through the next, in pipelines, so
     // that every node forwards to both others.
@@ -141,7 +146,7 @@ fn plain_clients_reach_every_slot_from_any_node() {
 
 #[test]
 fn multi_key_commands_and_transactions() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
     let (a, b) = (key_on(&cluster, 1, "a"), key_on(&cluster, 2, "b"));
     // Keys on two nodes: one transaction across them (Redis Cluster says CROSSSLOT).
@@ -318,7 +323,7 @@ fn multi_key_commands_and_transactions() {
 
 #[test]
 fn cluster_aware_connections_get_moved() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
     let remote = key_on(&cluster, 2, "m");
     let local = key_on(&cluster, 0, "l");
@@ -343,7 +348,7 @@ fn cluster_aware_connections_get_moved() {
 
 #[test]
 fn redis_rs_cluster_client_routes_by_itself() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let client = redis::cluster::ClusterClient::new(vec![format!("redis://{}/", cluster.addrs[1])])
         .expect("cluster client");
     let mut con = client
@@ -447,7 +452,7 @@ fn unreachable_owner_is_clusterdown_within_the_timeout() {
 
 #[test]
 fn a_stopped_node_of_three() {
-    let mut cluster = TestCluster::start(3, 500);
+    let mut cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
     let key = key_on(&cluster, 1, "x");
     let () = query(&mut con, &["SET", &key, "1"]);
@@ -477,7 +482,7 @@ fn cluster_commands_outside_cluster_mode() {
 
 #[test]
 fn cluster_command_errors() {
-    let cluster = TestCluster::start(1, 2000);
+    let cluster = TestCluster::start(1, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
     assert_eq!(
         error(&mut con, &["CLUSTER", "KEYSLOT"]),
@@ -612,7 +617,7 @@ fn shape(v: redis::Value, ids: &[&str], port: i64) -> redis::Value {
 #[test]
 fn cluster_replies_have_redis_shapes() {
     let redis = RedisClusterNode::start();
-    let cluster = TestCluster::start(1, 2000);
+    let cluster = TestCluster::start(1, TIMEOUT_MS);
     for resp3 in [false, true] {
         let proto = if resp3 { "?protocol=resp3" } else { "" };
         let mut theirs = crate::connect(&format!("redis://{}/{proto}", redis.addr));
@@ -715,7 +720,7 @@ fn movable_keys_and_blocking_pops_are_routed() {
 /// on any node, aborts it (nil), and so does a watched key's deadline passing.
 #[test]
 fn watch_across_nodes() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
     let mut other = cluster.node(1).client();
     let (a, b, c) = (
@@ -775,7 +780,7 @@ fn watch_across_nodes() {
 /// nodes and merged in key order, with `REV` and `LIMIT` as on a single node.
 #[test]
 fn keel_range_spans_nodes() {
-    let cluster = TestCluster::start(3, 2000);
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(1).client();
     let keys: Vec<String> = (0..30).map(|i| format!("r{i:02}")).collect();
     let owners: std::collections::BTreeSet<usize> = keys.iter().map(|k| cluster.owner(k)).collect();
