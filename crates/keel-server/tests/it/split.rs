@@ -183,6 +183,12 @@ fn multi_reading_a_split_key_runs_in_the_joined_phase() {
     let info: String = query(&mut c, &["INFO", "split"]);
     assert!(info_counter(&info, "split_stashes") > 0, "{info}");
     assert!(info_counter(&info, "split_commits") > 0, "{info}");
-    // Each EXEC waits a few phases (5 ms) at most; generous for a loaded machine.
-    assert!(slowest < Duration::from_secs(5), "an EXEC took {slowest:?}");
+    // An idle machine runs each EXEC within a few phases (5 ms). That is not a bound on a
+    // loaded one: the joined phase stays open for a stashed transaction's retry for at most
+    // one phase, and a retry whose thread runs later than that is stashed again (an EXEC
+    // took 6.9 s at a load average of 63). What must hold is that each one gets through.
+    assert!(
+        slowest < Duration::from_secs(30),
+        "an EXEC took {slowest:?}"
+    );
 }
