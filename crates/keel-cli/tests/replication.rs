@@ -1745,17 +1745,27 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         let applied: Option<Vec<i64>> = redis::cmd("EXEC").query(&mut c).expect("EXEC");
         assert_eq!(applied, Some(vec![1]));
         // A watched key whose deadline passes before EXEC counts as changed, as in Redis.
-        redis::cmd("SET")
-            .arg(y)
-            .arg(1)
-            .arg("PX")
-            .arg(300)
-            .query::<()>(&mut other)
-            .expect("SET");
-        redis::cmd("WATCH")
-            .arg(y)
-            .query::<()>(&mut c)
-            .expect("WATCH");
+        // The WATCH must come before the deadline, which a loaded machine can miss: then
+        // again.
+        for tries in 1.. {
+            let set = Instant::now();
+            redis::cmd("SET")
+                .arg(y)
+                .arg(1)
+                .arg("PX")
+                .arg(300)
+                .query::<()>(&mut other)
+                .expect("SET");
+            redis::cmd("WATCH")
+                .arg(y)
+                .query::<()>(&mut c)
+                .expect("WATCH");
+            if set.elapsed() < Duration::from_millis(300) {
+                break;
+            }
+            redis::cmd("UNWATCH").query::<()>(&mut c).expect("UNWATCH");
+            assert!(tries < 20, "never watched {y} within 300 ms of setting it");
+        }
         std::thread::sleep(Duration::from_millis(400));
         redis::cmd("MULTI").query::<()>(&mut c).expect("MULTI");
         redis::cmd("INCR")

@@ -172,9 +172,17 @@ fn ttls_survive_a_restart() {
     let first = start(dir.path(), "sync");
     let mut c = connect(&first);
     query(&mut c, &["SET", "long", "l", "EX", "1000"]);
+    let set = std::time::Instant::now();
     query(&mut c, &["SET", "short", "s", "PX", "300"]);
     query(&mut c, &["SET", "plain", "p"]);
-    assert_eq!(int(query(&mut c, &["DBSIZE"])), 3);
+    let keys = int(query(&mut c, &["DBSIZE"]));
+    // Before its deadline `short` counts; a loaded machine may get here after it, when the
+    // expirer may have deleted it already.
+    if set.elapsed() < Duration::from_millis(300) {
+        assert_eq!(keys, 3);
+    } else {
+        assert!((2..=3).contains(&keys), "{keys} keys");
+    }
     drop(c);
     sigterm(first);
     std::thread::sleep(Duration::from_millis(400));

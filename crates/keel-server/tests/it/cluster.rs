@@ -757,9 +757,18 @@ fn watch_across_nodes() {
     assert_eq!(query::<Option<Vec<String>>>(&mut con, &["EXEC"]), None);
     let got: String = query(&mut con, &["GET", &a]);
     assert_eq!(got, "3");
-    // A watched remote key whose deadline passes aborts it too.
-    let () = query(&mut con, &["SET", &c, "1", "PX", "200"]);
-    let _: () = query(&mut con, &["WATCH", &c]);
+    // A watched remote key whose deadline passes aborts it too. The WATCH must come before
+    // the deadline, which a loaded machine can miss: then again.
+    for tries in 1.. {
+        let set = Instant::now();
+        let () = query(&mut con, &["SET", &c, "1", "PX", "200"]);
+        let _: () = query(&mut con, &["WATCH", &c]);
+        if set.elapsed() < Duration::from_millis(200) {
+            break;
+        }
+        let _: () = query(&mut con, &["UNWATCH"]);
+        assert!(tries < 20, "never watched {c} within 200 ms of setting it");
+    }
     std::thread::sleep(Duration::from_millis(300));
     let _: () = query(&mut con, &["MULTI"]);
     let _: String = query(&mut con, &["SET", &a, "z"]);

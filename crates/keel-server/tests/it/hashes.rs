@@ -215,6 +215,7 @@ fn types_keep_to_themselves() {
     let mut c = server.client();
     let _: () = query(&mut c, &["HSET", "h", "f", "v"]);
     let _: () = query(&mut c, &["SET", "s", "12"]);
+    let t_set = Instant::now();
     let _: () = query(&mut c, &["SET", "t", "x", "EX", "100"]);
     assert_eq!(query::<String>(&mut c, &["TYPE", "h"]), "hash");
     assert_eq!(query::<String>(&mut c, &["TYPE", "s"]), "string");
@@ -263,15 +264,16 @@ fn types_keep_to_themselves() {
     let pairs: Vec<(String, String)> = query(&mut c, &["KEEL.RANGE", "-", "+"]);
     assert_eq!(pairs, [("s".into(), "12".into()), ("t".into(), "x".into())]);
     // RENAME moves a hash whole, TTL and all; the destination's old value goes.
+    let h_set = Instant::now();
     let _: () = query(&mut c, &["EXPIRE", "h", "50"]);
     let _: () = query(&mut c, &["RENAME", "h", "s"]);
     assert_eq!(query::<String>(&mut c, &["TYPE", "s"]), "hash");
     assert_eq!(query::<String>(&mut c, &["HGET", "s", "f"]), "v");
-    assert_ttl(&mut c, "s", 50);
+    assert_ttl(&mut c, "s", 50, h_set);
     assert_eq!(query::<i64>(&mut c, &["EXISTS", "h"]), 0);
     let _: () = query(&mut c, &["RENAME", "t", "s"]);
     assert_eq!(query::<String>(&mut c, &["GET", "s"]), "x");
-    assert_ttl(&mut c, "s", 100);
+    assert_ttl(&mut c, "s", 100, t_set);
     // SET over a hash replaces it; a new hash under the old name starts empty.
     let _: () = query(&mut c, &["HSET", "h", "a", "1", "b", "2"]);
     let _: () = query(&mut c, &["SET", "h", "str"]);
@@ -408,10 +410,19 @@ fn watch_sees_fields_added_and_ttls_changed() {
         let reply: Value = redis::cmd("EXEC").query(&mut c).expect("EXEC");
         assert_eq!(reply, Value::Nil, "{change:?} went unseen");
     }
-    // A watched key whose deadline passes before EXEC, even if nothing deleted it yet.
-    let _: () = query(&mut c, &["SET", "t", "v", "PX", "150"]);
-    let _: () = query(&mut c, &["WATCH", "t"]);
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // A watched key whose deadline passes before EXEC, even if nothing deleted it yet. The
+    // WATCH must come before the deadline, which a loaded machine can miss: then again.
+    for tries in 1.. {
+        let set = Instant::now();
+        let _: () = query(&mut c, &["SET", "t", "v", "PX", "150"]);
+        let _: () = query(&mut c, &["WATCH", "t"]);
+        if set.elapsed() < Duration::from_millis(150) {
+            break;
+        }
+        let _: () = query(&mut c, &["UNWATCH"]);
+        assert!(tries < 20, "never watched t within 150 ms of setting it");
+    }
+    std::thread::sleep(Duration::from_millis(200));
     let _: () = query(&mut c, &["MULTI"]);
     let _: () = query(&mut c, &["SET", "other", "1"]);
     let reply: Value = redis::cmd("EXEC").query(&mut c).expect("EXEC");

@@ -421,13 +421,16 @@ fn lists_in_transactions_and_with_ttls() {
     // A list with a TTL expires whole; one emptied by pops loses its TTL with it.
     let _: () = query(&mut c, &["DEL", "t"]);
     let _: () = query(&mut c, &["RPUSH", "t", "a", "b", "c"]);
-    let _: () = query(&mut c, &["PEXPIRE", "t", "100"]);
+    // A TTL long enough that a loaded machine cannot reach it before the push, then a short
+    // one to see the list expire.
+    let _: () = query(&mut c, &["PEXPIRE", "t", "100000"]);
     assert!(query::<i64>(&mut c, &["PTTL", "t"]) > 0);
     assert_eq!(query::<i64>(&mut c, &["RPUSH", "t", "d"]), 4);
     assert!(
         query::<i64>(&mut c, &["PTTL", "t"]) > 0,
         "a push keeps the TTL"
     );
+    let _: () = query(&mut c, &["PEXPIRE", "t", "100"]);
     std::thread::sleep(Duration::from_millis(150));
     assert_eq!(query::<i64>(&mut c, &["LLEN", "t"]), 0);
     assert_eq!(query::<i64>(&mut c, &["RPUSH", "t", "new"]), 1);

@@ -28,7 +28,7 @@ mod zsets;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use keel_server::{Config, Handle, Server};
 
@@ -226,13 +226,23 @@ pub fn error(con: &mut redis::Connection, args: &[&str]) -> String {
     }
 }
 
-/// Asserts that `key`'s `TTL` is `seconds`, or a second less: `TTL` rounds to the nearest
-/// second, and a loaded machine may take over half a second between setting and asking.
-pub fn assert_ttl(con: &mut redis::Connection, key: &str, seconds: i64) {
+/// Milliseconds since `set`, as far as a server's deadlines can tell: 2 ms more, as the
+/// server's clock and this one each count whole milliseconds.
+pub fn waited_ms(set: Instant) -> i64 {
+    i64::try_from(set.elapsed().as_millis()).expect("a short wait") + 2
+}
+
+/// Asserts that `key`'s `TTL` is what a TTL of `seconds`, set after the instant `set`, has
+/// left: `seconds` less the time since `set`, rounded to the nearest second as `TTL` does.
+/// Right after the set that is `seconds` exactly; a loaded machine may take seconds between
+/// setting and asking, and the bound widens by what it took.
+pub fn assert_ttl(con: &mut redis::Connection, key: &str, seconds: i64, set: Instant) {
     let ttl: i64 = query(con, &["TTL", key]);
+    let waited_ms = waited_ms(set);
+    let least = (seconds * 1000 - waited_ms + 500).div_euclid(1000);
     assert!(
-        (seconds - 1..=seconds).contains(&ttl),
-        "TTL {key} is {ttl}, set to {seconds}"
+        (least..=seconds).contains(&ttl),
+        "TTL {key} is {ttl}, set to {seconds} {waited_ms} ms before"
     );
 }
 

@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use crate::{TestServer, error, exec_survives, info_counter, query};
+use crate::{TestServer, assert_ttl, error, exec_survives, info_counter, query};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
@@ -414,9 +414,10 @@ fn sorted_sets_keep_to_themselves() {
     }
     let (_, zsets): (String, Vec<String>) = query(&mut c, &["SCAN", "0", "TYPE", "zset"]);
     assert_eq!(zsets, ["z"]);
+    let set = std::time::Instant::now();
     let _: () = query(&mut c, &["EXPIRE", "z", "100"]);
     let _: () = query(&mut c, &["RENAME", "z", "moved"]);
-    assert_eq!(query::<i64>(&mut c, &["TTL", "moved"]), 100);
+    assert_ttl(&mut c, "moved", 100, set);
     assert_eq!(
         query::<Vec<String>>(&mut c, &["ZRANGE", "moved", "0", "-1"]),
         ["m"]
