@@ -15,6 +15,8 @@ use keel::Db;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::StopOnDrop;
+
 const SLOTS: u64 = 32;
 const START: u64 = 1000;
 
@@ -89,11 +91,24 @@ fn moving_accounts_keep_the_total_while_dead_keys_are_reclaimed() {
                 }
             });
         }
-        let (db, stop, checked, barrier) = (&db, &stop, &checked, &barrier);
+        let (db, stop, moved, checked, barrier) = (&db, &stop, &moved, &checked, &barrier);
         s.spawn(move || {
+            // The transfers stop however this thread ends, a failed check included.
+            let _stop = StopOnDrop(stop);
             barrier.wait();
+            // At least 4 s, and on until the floors below are passed: a loaded machine fits
+            // fewer transfers into 4 s, yet a stall still fails here.
             let began = Instant::now();
-            while began.elapsed() < Duration::from_secs(4) {
+            while began.elapsed() < Duration::from_secs(4)
+                || moved.load(Ordering::Relaxed) <= 1000
+                || checked.load(Ordering::Relaxed) <= 10
+            {
+                assert!(
+                    began.elapsed() < Duration::from_secs(90),
+                    "progress stalled: {} transfers, {} checks in 90 s",
+                    moved.load(Ordering::Relaxed),
+                    checked.load(Ordering::Relaxed)
+                );
                 let snapshot = db.snapshot().unwrap();
                 let all: Vec<(Vec<u8>, Vec<u8>)> = snapshot.range::<&[u8]>(..).collect();
                 assert_eq!(all.len() as u64, SLOTS, "one account per slot");
@@ -105,7 +120,6 @@ fn moving_accounts_keep_the_total_while_dead_keys_are_reclaimed() {
                 }
                 checked.fetch_add(1, Ordering::Relaxed);
             }
-            stop.store(true, Ordering::Relaxed);
         });
     });
     let moved = moved.load(Ordering::Relaxed);
