@@ -165,10 +165,18 @@ fn hash_bank_balances_while_keys_expire_around_it() {
         }));
     }
 
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // At least 3 s, and on until the floors below are passed (a loaded machine fits less into
+    // 3 s); if that takes 90 s, they fail.
+    let started = Instant::now();
     let mut audits = 0;
     let mut c2 = server.client_proto(true);
-    while Instant::now() < deadline {
+    while started.elapsed() < Duration::from_secs(3)
+        || transfers.load(Ordering::Relaxed) <= 100
+        || audits <= 10
+    {
+        if started.elapsed() > Duration::from_secs(90) {
+            break;
+        }
         audit(&mut c);
         audit(&mut c2);
         audits += 2;
