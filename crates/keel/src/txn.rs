@@ -52,11 +52,81 @@ const PUBLISH_SPINS: usize = 7;
 /// like every later one, gets a version of its own.
 const OPS_FIRST_VALUE_RESERVE: usize = 8;
 
-/// How long a committer waits for a record lock held by another committer before aborting.
-/// Locks are taken in one global order (hash, then key), so waiting cannot deadlock; a holder
-/// keeps its locks only while it validates, logs and installs (never across an fsync), so the
-/// wait is short unless the holder was descheduled, which yielding lets it recover from.
+/// How long a committer waits for a record lock held by one other committer before
+/// aborting. Locks are taken in one global order (hash, then key), so waiting cannot
+/// deadlock; a holder keeps its locks only while it validates, logs and installs (never
+/// across an fsync), so the wait is short unless the holder was descheduled, which yielding
+/// lets it recover from, or is a prepared transaction waiting for its decision. A lock that
+/// changed hands meanwhile is not stuck, only contended: the wait starts again, up to
+/// [`LOCK_WAIT_CONTENDED_MAX`] in all, so that a committer that keeps losing a hot record's
+/// lock to others under CPU pressure does not abort (commutative operations promise not to).
 const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest a committer waits for a lock that keeps changing hands.
+const LOCK_WAIT_CONTENDED_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A wait for a record lock ([`Txn::lock`]): it gives up once one holder has kept the lock
+/// for `wait`, or after `patience` in all. The lock changing hands, or the record getting a
+/// new version, shows that others get through: the lock is contended, not stuck, and the
+/// `wait` starts again.
+struct LockWait {
+    started: std::time::Instant,
+    deadline: std::time::Instant,
+    wait: std::time::Duration,
+    patience: std::time::Duration,
+    /// The lock word and newest version last seen.
+    seen: (u64, *const crate::mvcc::Version),
+    moved: bool,
+}
+
+impl LockWait {
+    fn new(
+        now: std::time::Instant,
+        wait: std::time::Duration,
+        patience: std::time::Duration,
+        r: &crate::mvcc::Record,
+    ) -> LockWait {
+        LockWait {
+            started: now,
+            deadline: now + wait,
+            wait,
+            patience: patience.max(wait),
+            seen: Self::state(r),
+            moved: false,
+        }
+    }
+
+    fn state(r: &crate::mvcc::Record) -> (u64, *const crate::mvcc::Version) {
+        (
+            r.lock_word(),
+            r.head().map_or(std::ptr::null(), std::ptr::from_ref),
+        )
+    }
+
+    /// Whether to give up at `now`, having looked at `r` once more.
+    fn gives_up(&mut self, now: std::time::Instant, r: &crate::mvcc::Record) -> bool {
+        self.observe(now, Self::state(r))
+    }
+
+    fn observe(
+        &mut self,
+        now: std::time::Instant,
+        state: (u64, *const crate::mvcc::Version),
+    ) -> bool {
+        if state != self.seen {
+            self.seen = state;
+            self.moved = true;
+        }
+        if now < self.deadline {
+            return false;
+        }
+        if !self.moved || now >= self.started + self.patience {
+            return true;
+        }
+        self.deadline = now + self.wait;
+        self.moved = false;
+        false
+    }
+}
 /// How long a prepare waits for a key it read to be free of an exclusive holder.
 /// How long a prepare waits for a lock (exclusive for a key it writes, shared for one it
 /// read): briefly, as it holds its other locks meanwhile, and the holder may be a prepared
@@ -1109,10 +1179,13 @@ impl<'db> Txn<'db> {
                     let outcome = if created {
                         Locking::Held
                     } else {
+                        // A prepare's wait stays short even while the lock changes hands:
+                        // its holders may be waiting for it through another node, outside
+                        // the one lock order.
                         let wait = if prepare {
-                            self.prepare_lock_wait
+                            (self.prepare_lock_wait, self.prepare_lock_wait)
                         } else {
-                            LOCK_WAIT_MAX
+                            (LOCK_WAIT_MAX, LOCK_WAIT_CONTENDED_MAX)
                         };
                         self.lock(record, me, &entry.write, slices_allowed && untracked, wait)
                     };
@@ -1411,8 +1484,8 @@ impl<'db> Txn<'db> {
         Some(Step::Done(Ok(Ok(self.conclude_split_only(committed)))))
     }
 
-    /// Locks a record for writing `write`, waiting (bounded by `wait`) if another
-    /// committer holds it. If the splitter holds it: commutative operations it takes wait for
+    /// Locks a record for writing `write`, waiting if another committer holds it: up to
+    /// `wait` while one holder keeps it, up to `patience` in all while it changes hands. If the splitter holds it: commutative operations it takes wait for
     /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
     /// a slice, if `slices` allows); anything else is stashed until the reconciliation. A
     /// wait by commutative operations that could go to a slice counts toward splitting the
@@ -1423,7 +1496,7 @@ impl<'db> Txn<'db> {
         me: LockOwner,
         write: &Write,
         slices: bool,
-        wait: std::time::Duration,
+        (wait, patience): (std::time::Duration, std::time::Duration),
     ) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
@@ -1458,7 +1531,7 @@ impl<'db> Txn<'db> {
             }
             backoff.snooze();
         }
-        let deadline = std::time::Instant::now() + wait;
+        let mut waiting = LockWait::new(std::time::Instant::now(), wait, patience, r);
         loop {
             if r.try_lock(me) {
                 return Locking::Held;
@@ -1466,7 +1539,7 @@ impl<'db> Txn<'db> {
             if r.is_dead() {
                 return Locking::Dead;
             }
-            if std::time::Instant::now() >= deadline {
+            if waiting.gives_up(std::time::Instant::now(), r) {
                 return Locking::Busy;
             }
             if r.is_split_locked()
@@ -2012,5 +2085,65 @@ impl Drop for Range<'_, '_> {
             }];
         }
         ranges.extend(covered);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::LockWait;
+
+    /// The lock wait's rule: one holder for the whole `wait` gives up; a lock that changes
+    /// hands (or a record that gets new versions) restarts the wait, up to `patience`.
+    #[test]
+    fn a_lock_wait_gives_up_on_one_holder_not_on_a_contended_lock() {
+        let (wait, patience) = (Duration::from_secs(1), Duration::from_secs(30));
+        let version = |n: usize| n as *const crate::mvcc::Version;
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let waiting = |first: (u64, *const crate::mvcc::Version)| LockWait {
+            started: t0,
+            deadline: t0 + wait,
+            wait,
+            patience,
+            seen: first,
+            moved: false,
+        };
+        // One holder, nothing installed: gives up at the deadline, not before.
+        let mut stuck = waiting((7, version(8)));
+        assert!(!stuck.observe(at(999), (7, version(8))));
+        assert!(stuck.observe(at(1000), (7, version(8))));
+        // Holders take turns (each installing a version): never gives up within patience.
+        let mut busy = waiting((7, version(8)));
+        let mut ms = 0;
+        while ms < 29_000 {
+            ms += 100;
+            let holder = 7 + (ms / 100) % 3;
+            assert!(
+                !busy.observe(at(ms), (holder, version(8 + ms as usize))),
+                "gave up at {ms} ms"
+            );
+        }
+        // ... and does at the end of it.
+        assert!(busy.observe(at(30_000), (99, version(1))));
+        // Turns that stop: the wait restarts from the last one, then gives up a wait later.
+        let mut stopped = waiting((7, version(8)));
+        assert!(!stopped.observe(at(500), (8, version(8))));
+        assert!(
+            !stopped.observe(at(1000), (8, version(8))),
+            "moved since the start"
+        );
+        assert!(!stopped.observe(at(1999), (8, version(8))));
+        assert!(stopped.observe(at(2000), (8, version(8))));
+        // A prepare's wait (patience = wait) never restarts.
+        let mut prepare = LockWait {
+            patience: Duration::from_millis(2),
+            deadline: t0 + Duration::from_millis(2),
+            wait: Duration::from_millis(2),
+            ..waiting((7, version(8)))
+        };
+        assert!(!prepare.observe(at(1), (8, version(9))));
+        assert!(prepare.observe(at(2), (9, version(10))));
     }
 }

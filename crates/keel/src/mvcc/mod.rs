@@ -431,6 +431,12 @@ impl Record {
         }
     }
 
+    /// The lock word: 0 when free, else its holder (a waiter watches it change hands).
+    #[inline]
+    pub(crate) fn lock_word(&self) -> u64 {
+        self.lock.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn try_lock(&self, me: LockOwner) -> bool {
         self.lock
             .compare_exchange(0, me.0, Ordering::Acquire, Ordering::Relaxed)

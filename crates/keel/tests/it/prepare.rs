@@ -539,3 +539,27 @@ fn list_append_across_two_databases(gated: bool, local_workers: u64) {
     println!("{report:?}");
     assert!(report.committed > 300 && report.rw_edges > 10, "{report:?}");
 }
+
+/// One holder keeping the lock for longer than the wait (a prepared transaction whose
+/// decision does not come) makes the waiting writer give up with a conflict.
+#[test]
+fn a_lock_one_holder_keeps_is_given_up_on() {
+    let db = Db::in_memory();
+    put(&db, b"k", b"0");
+    let mut reader = db.begin().unwrap();
+    reader.get(b"k").unwrap();
+    reader.put(b"r", b"1").unwrap();
+    let reader = prepare(reader);
+    let started = std::time::Instant::now();
+    let mut writer = db.begin().unwrap();
+    writer.put(b"k", b"w").unwrap();
+    let conflict = writer.commit().unwrap().unwrap_err();
+    assert_eq!(conflict.key, b"k");
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(900)
+            && waited < std::time::Duration::from_secs(10),
+        "gave up after {waited:?}"
+    );
+    reader.commit().unwrap();
+}
