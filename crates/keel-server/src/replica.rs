@@ -229,6 +229,11 @@ const HEARTBEAT_MS: u64 = 100;
 const ELECTION_MS: (u64, u64) = (600, 1200);
 /// Entries applied between snapshots (a snapshot lets the log be cut).
 const SNAPSHOT_EVERY: u64 = 10_000;
+/// How long one snapshot chunk's RPC may take (openraft's `install_snapshot_timeout`, 200 ms
+/// by default). The last chunk is answered once the follower installed the whole snapshot,
+/// which takes seconds for a partition of gigabytes: within the default the leader gave up
+/// on it and sent the snapshot again while the follower installed it.
+const SNAPSHOT_RPC_MS: u64 = 30_000;
 /// How long the replicas of a partition other than its home wait for the home node to start
 /// the group on a fresh cluster before they do.
 const INITIALIZE_AFTER: Duration = Duration::from_secs(3);
@@ -636,6 +641,7 @@ impl Replication {
             election_timeout_max: ELECTION_MS.1,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
             max_in_snapshot_log_to_keep: 1000,
+            install_snapshot_timeout: SNAPSHOT_RPC_MS,
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| StartError::Raft {
