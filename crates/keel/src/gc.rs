@@ -106,7 +106,7 @@ struct Batch {
     #[allow(dead_code)] // held only to be dropped
     tree: Option<RetiredTree>,
     #[allow(dead_code)] // held only to be dropped
-    leaves: Vec<RetiredNodes>,
+    nodes: Vec<RetiredNodes>,
 }
 
 /// The collector's state; only the collector thread (and the store's drop) touch it.
@@ -210,7 +210,7 @@ pub(crate) fn pass(
         records: Vec::with_capacity(taken.len()),
         tables: Vec::new(),
         tree: None,
-        leaves: Vec::new(),
+        nodes: Vec::new(),
     };
     for &record in &taken {
         let removed = store.ordered().remove(record);
@@ -221,9 +221,9 @@ pub(crate) fn pass(
         // A leaf left empty goes now, so that scans from that end (a queue's pops) do not
         // pass it until the next rebuild.
         if removed.is_some_and(|r| r.emptied)
-            && let Some(leaf) = store.ordered().unlink_empty(record.get().key())
+            && let Some(nodes) = store.ordered().unlink_empty(record.get().key())
         {
-            batch.leaves.push(leaf);
+            batch.nodes.push(nodes);
         }
     }
     store.index().remove_all(&taken);
@@ -248,7 +248,7 @@ pub(crate) fn pass(
     if !batch.records.is_empty()
         || !batch.tables.is_empty()
         || batch.tree.is_some()
-        || !batch.leaves.is_empty()
+        || !batch.nodes.is_empty()
     {
         batch.after = visible();
         state.retired.push_back(batch);
