@@ -64,6 +64,10 @@ pub struct Row {
     pub p99_us: f64,
     /// 99.9th percentile.
     pub p999_us: f64,
+    /// This process's CPU microseconds per committed transaction (median run), every thread
+    /// counted: embedded targets only (in server mode the server's CPU is elsewhere).
+    #[serde(default)]
+    pub cpu_us_per_txn: Option<f64>,
     /// Committed txn/s of every run, in run order.
     pub runs_txn_per_s: Vec<f64>,
     /// Durability setting.
@@ -84,7 +88,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:>7} {:>5} {:>5} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7}  isolation",
+        "{:<16} {:>7} {:>5} {:>5} {:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}  isolation",
         "target",
         "threads",
         "theta",
@@ -94,6 +98,7 @@ pub fn table(rows: &[Row]) -> String {
         "p50 µs",
         "p99 µs",
         "p999 µs",
+        "CPU µs",
         "ratio"
     );
     for row in rows {
@@ -110,7 +115,7 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<16} {:>7} {:>5} {:>5} {:>12.0} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>7.3}  {}",
+            "{:<16} {:>7} {:>5} {:>5} {:>12.0} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9} {:>7.3}  {}",
             row.target,
             row.threads,
             row.theta,
@@ -120,6 +125,8 @@ pub fn table(rows: &[Row]) -> String {
             row.p50_us,
             row.p99_us,
             row.p999_us,
+            row.cpu_us_per_txn
+                .map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
             ratio,
             row.isolation
         );
@@ -392,6 +399,7 @@ mod tests {
             p50_us: 1.0,
             p99_us: 2.0,
             p999_us: 3.0,
+            cpu_us_per_txn: Some(1.5),
             runs_txn_per_s: vec![txn_per_s],
             durability: "none".to_owned(),
             pipeline: 1,

@@ -42,6 +42,9 @@ pub struct Measurement {
     pub latency_ns: Histogram<u64>,
     /// Transactions committed over the whole run, warm-up included.
     pub commits_total: u64,
+    /// CPU time of this whole process (every thread, user and system) in the timed window:
+    /// an embedded target's cost per transaction that holds on a shared machine.
+    pub cpu: Duration,
 }
 
 impl Measurement {
@@ -52,6 +55,10 @@ impl Measurement {
     /// Aborts per second.
     pub fn aborts_per_s(&self) -> f64 {
         self.aborts as f64 / self.elapsed.as_secs_f64()
+    }
+    /// Process CPU microseconds per committed transaction.
+    pub fn cpu_us_per_txn(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.commits.max(1) as f64
     }
     /// A latency percentile (0..=100) in microseconds.
     pub fn latency_us(&self, percentile: f64) -> f64 {
@@ -96,16 +103,19 @@ pub fn run(
         let begin = Instant::now();
         let timed_from = sleep_ticking(begin, timing.warmup, tick);
         phase.store(TIMED, Ordering::Release);
+        let cpu_from = process_cpu();
         let timed_from = begin + timed_from;
         sleep_ticking(begin, timing.warmup + timing.duration, tick);
         phase.store(STOP, Ordering::Release);
         let elapsed = timed_from.elapsed();
+        let cpu = process_cpu().saturating_sub(cpu_from);
         let mut total = Measurement {
             commits: 0,
             aborts: 0,
             elapsed,
             latency_ns: histogram(),
             commits_total: 0,
+            cpu,
         };
         for h in handles {
             let m = match h.join() {
@@ -122,6 +132,18 @@ pub fn run(
         }
         Ok(total)
     })
+}
+
+/// CPU time used so far by every thread of this process, user and system.
+fn process_cpu() -> Duration {
+    // SAFETY: `getrusage` fills the zeroed struct it is given; RUSAGE_SELF cannot fail.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
 
 /// Sleeps until `until` after `begin`, calling `tick` now and then; returns the time reached.
@@ -148,6 +170,7 @@ fn client(
         elapsed: Duration::ZERO,
         latency_ns: histogram(),
         commits_total: 0,
+        cpu: Duration::ZERO,
     };
     let mut done = vec![false; depth];
     let mut next = 0usize;

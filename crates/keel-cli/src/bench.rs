@@ -322,6 +322,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 p50_us: median.latency_us(50.0),
                 p99_us: median.latency_us(99.0),
                 p999_us: median.latency_us(99.9),
+                cpu_us_per_txn: args.server.is_empty().then(|| median.cpu_us_per_txn()),
                 runs_txn_per_s,
                 durability: target.durability().to_owned(),
                 pipeline: if args.server.is_empty() {
