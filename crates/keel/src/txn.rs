@@ -1263,6 +1263,11 @@ impl<'db> Txn<'db> {
             break (locked, slices, deltas);
         };
 
+        for (i, record) in locked.iter().enumerate() {
+            if !slices.get(i).is_some_and(Option::is_some) {
+                record.get().prefetch_below_head();
+            }
+        }
         let announced = slices.iter().any(Option::is_some);
         let leave = |txn: &Txn<'_>| {
             if announced {

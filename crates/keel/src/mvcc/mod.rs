@@ -116,23 +116,6 @@ impl Version {
         Ok(dead)
     }
 
-    /// Frees `chain` and every version after it; returns how many.
-    ///
-    /// # Safety
-    /// Nobody can reach `chain` any more, and the caller owns it.
-    unsafe fn free_chain(mut chain: Option<NonNull<Version>>) -> i64 {
-        let mut freed = 0;
-        while let Some(dead) = chain {
-            // SAFETY: guaranteed by the caller; each version is freed once.
-            unsafe {
-                chain = NonNull::new(dead.as_ref().next.load(Ordering::Relaxed));
-                Version::free(dead);
-            }
-            freed += 1;
-        }
-        freed
-    }
-
     /// Frees one version (not its successors).
     ///
     /// # Safety
@@ -169,12 +152,13 @@ impl Version {
     }
 }
 
-/// One key: its lock, its version chain, its key bytes, and room for its first version.
+/// One key: its lock, its version chain, its key bytes, and room for one version.
 ///
 /// Records are allocated from the store's [`Arena`] and laid out as the header, the key
-/// bytes, then (optionally) an embedded slot where the first version that fits is built in
-/// place. A key that is loaded once and then only read thus costs one allocation, and reading
-/// it touches adjacent cache lines: the header and key, then the version right after them.
+/// bytes, then (optionally) an embedded slot where a version that fits is built in place:
+/// the first one, and again whenever trimming cut the one that lived there. A key that is
+/// loaded once and then only read thus costs one allocation, and reading it touches adjacent
+/// cache lines: the header and key, then the version right after them.
 #[repr(C)]
 pub(crate) struct Record {
     /// `0` when unlocked, otherwise the [`LockOwner`] of the committing transaction.
@@ -186,8 +170,8 @@ pub(crate) struct Record {
     /// in the database's split table (`split::table`), which keeps such pointers out of
     /// the many records that never are.
     key_len: AtomicU32,
-    /// Value bytes the embedded slot holds, with [`SLOT_USED`] set once a version was built
-    /// in it; [`NO_SLOT`] when there is none. Written only under the lock; read to free the
+    /// Value bytes the embedded slot holds, with [`SLOT_USED`] set while a version lives in
+    /// it; [`NO_SLOT`] when there is none. Written only under the lock; read to free the
     /// record (the block's size follows from it).
     embedded_cap: AtomicU32,
     // key bytes follow, then padding to the version alignment, then the embedded slot
@@ -200,7 +184,7 @@ const SPLIT: u32 = 1 << 31;
 const _: () = assert!(crate::limits::KEY_BYTES_MAX < SPLIT as usize);
 
 const NO_SLOT: u32 = u32::MAX;
-/// Set in `embedded_cap` once the slot holds a version; the capacity stays in the low bits.
+/// Set in `embedded_cap` while the slot holds a version; the capacity stays in the low bits.
 const SLOT_USED: u32 = 1 << 31;
 const _: () = assert!(crate::limits::VALUE_BYTES_MAX < SLOT_USED as usize);
 
@@ -494,8 +478,22 @@ impl Record {
         self.lock.load(Ordering::Relaxed) == me.0
     }
 
+    /// Prefetches the version below the head: the one the next install usually trims, reading
+    /// its header and reusing its block. A commit does this for all its records before it
+    /// installs any, so their cache misses overlap instead of coming one install at a time.
+    /// Caller holds the lock (the chain stays as it is).
+    pub(crate) fn prefetch_below_head(&self) {
+        if let Some(head) = self.head() {
+            crate::memory::prefetch(head.next.load(Ordering::Relaxed));
+        }
+    }
+
     pub(crate) fn unlock(&self, me: LockOwner) {
-        let was = self.lock.swap(0, Ordering::Release);
+        // A held lock word changes only by its holder (others' compare-exchanges fail), so a
+        // load and a release store do what a swap would, without a locked instruction: its
+        // full fence would hold the next record's install behind this one's.
+        let was = self.lock.load(Ordering::Relaxed);
+        self.lock.store(0, Ordering::Release);
         assert_eq!(
             was, me.0,
             "a record was unlocked by a transaction that did not hold it"
@@ -524,7 +522,7 @@ impl Record {
             unsafe { new.as_ref() }.next.store(old, Ordering::Relaxed);
             self.head.store(new.as_ptr(), Ordering::Release);
             // SAFETY: the cut chain is unreachable and ours.
-            return 1 - unsafe { Version::free_chain(self.trim(horizon)) };
+            return 1 - unsafe { self.free_cut(self.trim(horizon)) };
         }
         // `ts` is above `horizon`, so trimming before the push cuts what trimming after it
         // would. A cut version's block, in cache from the cut, then takes the new version:
@@ -540,18 +538,55 @@ impl Record {
             match unsafe { Version::reuse(dead, ts, value) } {
                 Ok(new) => reused = Some(new),
                 // SAFETY: as above; freed once, since `cut` has moved past it.
-                Err(dead) => unsafe { Version::free(dead) },
+                Err(dead) => unsafe { self.free_cut_one(dead) },
             }
             freed = 1;
         }
         // SAFETY: what is left of the cut chain is unreachable and ours.
-        freed += unsafe { Version::free_chain(cut) };
+        freed += unsafe { self.free_cut(cut) };
         let new = reused.unwrap_or_else(|| self.new_version(ts, value));
         // SAFETY: `new` is fresh (or reused, so unreachable) and not yet shared; the cut left
         // the head in place.
         unsafe { new.as_ref() }.next.store(old, Ordering::Relaxed);
         self.head.store(new.as_ptr(), Ordering::Release);
         1 - freed
+    }
+
+    /// Frees `chain`, cut from this record's chain, and every version after it; returns how
+    /// many. Caller holds the lock.
+    ///
+    /// # Safety
+    /// Nobody can reach `chain` any more, and the caller owns it.
+    unsafe fn free_cut(&self, mut chain: Option<NonNull<Version>>) -> i64 {
+        let mut freed = 0;
+        while let Some(dead) = chain {
+            // SAFETY: guaranteed by the caller; each version is freed once.
+            unsafe {
+                chain = NonNull::new(dead.as_ref().next.load(Ordering::Relaxed));
+                self.free_cut_one(dead);
+            }
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Frees one version cut from this record's chain (not its successors). The embedded
+    /// slot, if that is where it lived, is free again: the next install builds in it, so a
+    /// record updated in place alternates between its slot and one heap block, and half the
+    /// time its newest version is in the lines its header is in. Caller holds the lock.
+    ///
+    /// # Safety
+    /// As for [`Version::free`]; `dead` was in this record's chain.
+    unsafe fn free_cut_one(&self, dead: NonNull<Version>) {
+        // SAFETY: the caller owns `dead`.
+        if unsafe { dead.as_ref() }.cap == EMBEDDED {
+            let cap = self.embedded_cap.load(Ordering::Relaxed);
+            debug_assert!(cap != NO_SLOT && cap & SLOT_USED != 0);
+            self.embedded_cap.store(cap & !SLOT_USED, Ordering::Relaxed);
+        } else {
+            // SAFETY: guaranteed by the caller.
+            unsafe { Version::free(dead) };
+        }
     }
 
     /// Builds a version in the embedded slot if it is free and large enough, else on the heap.
@@ -586,7 +621,10 @@ impl Record {
             if version.ts <= horizon {
                 // No snapshot at or above `horizon` reaches past `version`, and no snapshot
                 // below it exists (module invariants), so what hangs below is unreachable.
-                return NonNull::new(version.next.swap(ptr::null_mut(), Ordering::Relaxed));
+                // Only the lock holder writes `next`: a load and a store, not a swap.
+                let cut = version.next.load(Ordering::Relaxed);
+                version.next.store(ptr::null_mut(), Ordering::Relaxed);
+                return NonNull::new(cut);
             }
             v = version.next.load(Ordering::Relaxed);
         }

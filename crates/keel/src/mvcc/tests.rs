@@ -92,3 +92,67 @@ fn installs_that_reuse_cut_versions_keep_every_value_exact() {
     // SAFETY: nobody else holds it.
     unsafe { Record::free_versions(ptr) };
 }
+
+/// A record with an embedded slot, updated under a horizon that trails by one version: once
+/// trimming cuts the version in the slot, the next install that fits builds there again, so
+/// the newest version sits in the record's own block every other install; a value too large
+/// for the slot goes to the heap and leaves the slot to the next one that fits.
+#[test]
+fn the_embedded_slot_is_built_in_again_once_its_version_is_cut() {
+    let me = LockOwner(9);
+    let arena = Arena::new();
+    let ptr = Record::new_locked(&arena, b"key", me, Some(8));
+    // SAFETY: freed at the end of the test, used only here.
+    let record = unsafe { ptr.as_ref() };
+    let slot = ptr
+        .as_ptr()
+        .cast::<u8>()
+        .wrapping_add(Record::slot_offset(3))
+        .cast::<Version>()
+        .cast_const();
+    let value = |i: u64| -> Vec<u8> {
+        // Every tenth value is larger than the slot.
+        let len = if i.is_multiple_of(10) {
+            20
+        } else {
+            usize::try_from(i % 9).unwrap()
+        };
+        vec![u8::try_from(i % 251).unwrap(); len]
+    };
+    let mut in_slot = 0;
+    let mut live = 0i64;
+    for i in 1..=300u64 {
+        let v = value(i);
+        live += record.install(me, Ts(i * 10), Some(&v), Ts((i - 1) * 10));
+        let head = std::ptr::from_ref(record.head().unwrap());
+        if head == slot {
+            in_slot += 1;
+            assert!(
+                v.len() <= 8,
+                "version {i} of {} bytes built in the slot",
+                v.len()
+            );
+        }
+        assert_eq!(record.value_at(Ts(i * 10)), Some(&v[..]), "version {i}");
+        if i > 1 {
+            assert_eq!(
+                record.value_at(Ts(i * 10 - 1)),
+                Some(&value(i - 1)[..]),
+                "version {}",
+                i - 1
+            );
+        }
+        assert!(
+            live <= 2,
+            "the horizon trails by one version, so at most two stay"
+        );
+    }
+    // Without the slot coming free again, only the first version would have been in it.
+    assert!(
+        in_slot > 100,
+        "only {in_slot} of 300 versions were built in the embedded slot"
+    );
+    record.unlock(me);
+    // SAFETY: nobody else holds it; the record's block goes back to the arena.
+    unsafe { Record::free(ptr, &arena) };
+}
