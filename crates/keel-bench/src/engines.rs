@@ -75,9 +75,20 @@ struct KeelEngine<'a> {
 }
 
 struct KeelTxn<'a, 'db>(&'a mut keel::Txn<'db>);
+
+/// Keys a [`Tx::prefetch`] hands keel at once (their bytes are built on the stack).
+const PREFETCH_CHUNK: usize = 8;
 struct KeelSnapshot<'a, 'db>(&'a keel::Snapshot<'db>);
 
 impl Tx for KeelTxn<'_, '_> {
+    fn prefetch(&mut self, keys: &[u64]) {
+        for chunk in keys.chunks(PREFETCH_CHUNK) {
+            let bytes: [[u8; 8]; PREFETCH_CHUNK] =
+                std::array::from_fn(|i| key_bytes(chunk.get(i).copied().unwrap_or(0)));
+            self.0
+                .prefetch_all(bytes[..chunk.len()].iter().map(|k| &k[..]));
+        }
+    }
     fn read(&mut self, key: u64, f: &mut dyn FnMut(Option<&[u8]>)) -> Step {
         self.0.get_with(&key_bytes(key), f).map_err(Fail::error)
     }
@@ -108,6 +119,14 @@ fn read_only_violation() -> Fail {
 }
 
 impl Tx for KeelSnapshot<'_, '_> {
+    fn prefetch(&mut self, keys: &[u64]) {
+        for chunk in keys.chunks(PREFETCH_CHUNK) {
+            let bytes: [[u8; 8]; PREFETCH_CHUNK] =
+                std::array::from_fn(|i| key_bytes(chunk.get(i).copied().unwrap_or(0)));
+            self.0
+                .prefetch_all(bytes[..chunk.len()].iter().map(|k| &k[..]));
+        }
+    }
     fn read(&mut self, key: u64, f: &mut dyn FnMut(Option<&[u8]>)) -> Step {
         self.0.get_with(&key_bytes(key), f).map_err(Fail::error)
     }

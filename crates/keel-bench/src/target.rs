@@ -63,6 +63,10 @@ pub fn parse_int(value: Option<&[u8]>) -> Step<i64> {
 /// conflict-checked (serializable); `add`, `max` and `put_ordered` default to a checked read
 /// followed by a write, which engines with native commutative operations override.
 pub trait Tx {
+    /// Announces the keys the transaction is about to touch, as a client that knows them up
+    /// front would: an engine with a batch-prefetch API starts their loads together. The
+    /// default does nothing.
+    fn prefetch(&mut self, _keys: &[u64]) {}
     /// Reads `key` and hands the value (or `None`) to `f`.
     fn read(&mut self, key: u64, f: &mut dyn FnMut(Option<&[u8]>)) -> Step;
     /// Writes `value` under `key`.

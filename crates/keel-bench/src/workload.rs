@@ -474,6 +474,14 @@ impl Writer {
 pub fn execute(txn: &Txn, keys: &[u64], tx: &mut dyn Tx, w: &mut Writer) -> Step {
     let mut read = 0u64;
     let mut sink = |v: Option<&[u8]>| read += v.map_or(0, |v| v.len() as u64);
+    if keys.len() > 1
+        && matches!(
+            txn.kind,
+            Kind::Read | Kind::ReadWrite | Kind::ReadModifyWrite
+        )
+    {
+        tx.prefetch(keys);
+    }
     match txn.kind {
         Kind::Read => {
             for &k in keys {

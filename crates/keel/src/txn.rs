@@ -580,6 +580,13 @@ impl<'db> Txn<'db> {
     }
 
     /// The snapshot this transaction reads.
+    /// Hints that every one of `keys` is about to be read or written: [`Db::prefetch_all`](crate::Db::prefetch_all)
+    /// inside the transaction, which is already registered for it. A transaction that knows
+    /// its keys up front takes their cache misses in parallel instead of one read at a time.
+    pub fn prefetch_all<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        self.db.store.prefetch_all(keys.into_iter().map(hash));
+    }
+
     pub fn read_ts(&self) -> Ts {
         self.read_ts
     }
@@ -1792,6 +1799,12 @@ impl<'db> Snapshot<'db> {
     /// Reads `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.get_with(key, |v| v.map(<[u8]>::to_vec))
+    }
+
+    /// Hints that every one of `keys` is about to be read: [`Db::prefetch_all`](crate::Db::prefetch_all)
+    /// inside the snapshot, which is already registered for it.
+    pub fn prefetch_all<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        self.db.store.prefetch_all(keys.into_iter().map(hash));
     }
 
     /// Reads `key` without copying: `f` sees the value in place.

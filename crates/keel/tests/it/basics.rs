@@ -272,3 +272,25 @@ fn version_ts_changes_on_equal_value_rewrites_and_is_validated() {
     db.transact(|t| t.delete(b"k")).unwrap();
     assert_eq!(db.begin().unwrap().version_ts(b"k").unwrap(), None);
 }
+
+/// Prefetching inside a transaction or a snapshot is only a hint: present, absent and
+/// repeated keys read back what they hold, and the transaction commits as it would have.
+#[test]
+fn prefetching_in_a_transaction_or_snapshot_changes_nothing() {
+    let db = Db::in_memory();
+    db.transact(|txn| txn.put(b"a", b"1")).unwrap();
+    let keys: [&[u8]; 4] = [b"a", b"missing", b"a", b"b"];
+    let mut txn = db.begin().unwrap();
+    txn.prefetch_all(keys);
+    assert_eq!(txn.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(txn.get(b"missing").unwrap(), None);
+    txn.put(b"b", b"2").unwrap();
+    txn.prefetch_all(keys);
+    assert_eq!(txn.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    txn.commit().unwrap().unwrap();
+    let snapshot = db.snapshot().unwrap();
+    snapshot.prefetch_all(keys);
+    assert_eq!(snapshot.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(snapshot.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(snapshot.get(b"missing").unwrap(), None);
+}
