@@ -1413,6 +1413,18 @@ impl<'a> Cursor<'a> {
             self.at.checked_sub(1)?
         };
         let record = NonNull::new(node.key(at));
+        // A scan reads each record it passes (its key, its newest version): start loading
+        // the one a few places on, so that a run of records, live or deleted, costs
+        // overlapping cache misses rather than one after another. A hint: a stale pointer
+        // read from a changing leaf is never dereferenced.
+        let ahead = if forward {
+            at + SCAN_PREFETCH_AHEAD
+        } else {
+            at.wrapping_sub(SCAN_PREFETCH_AHEAD)
+        };
+        if ahead < n {
+            crate::memory::prefetch(node.key(ahead));
+        }
         if !node.unchanged(self.leaf.version) {
             return None;
         }
@@ -1423,6 +1435,9 @@ impl<'a> Cursor<'a> {
         })
     }
 }
+
+/// How many records ahead of a scan's position [`Cursor::step`] prefetches.
+const SCAN_PREFETCH_AHEAD: usize = 4;
 
 /// Iterator over a key range of [`Ordered`]. Records inserted while it runs may or may not
 /// be seen; the two ends never pass each other.
