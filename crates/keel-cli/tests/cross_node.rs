@@ -299,7 +299,13 @@ fn list_append_across_nodes_is_strictly_serializable() {
                     .iter()
                     .map(|&p| connect(p).expect("connect"))
                     .collect();
-                for n in 0..150 {
+                // Until 100 of its transactions committed: conflicts lose more of them on a
+                // loaded machine, and the check needs enough that did. Bounded all the same.
+                let mut committed = 0;
+                for n in 0..1000 {
+                    if committed == 100 {
+                        break;
+                    }
                     let mut keys: Vec<u64> = (0..2 + next() % 2).map(|_| next() % KEYS).collect();
                     keys.sort_unstable();
                     keys.dedup();
@@ -360,6 +366,7 @@ fn list_append_across_nodes_is_strictly_serializable() {
                                     });
                                 }
                             }
+                            committed += 1;
                             (ops, Outcome::Committed)
                         }
                         // Conflicts that kept losing: nothing of it was applied.
@@ -386,7 +393,10 @@ fn list_append_across_nodes_is_strictly_serializable() {
     let history = records.into_inner().expect("records");
     let report = history::check(&history).unwrap_or_else(|e| panic!("{e}"));
     println!("{report:?}");
-    assert!(report.committed > 300 && report.rw_edges > 20, "{report:?}");
+    assert!(
+        report.committed >= 400 && report.rw_edges > 20,
+        "{report:?}"
+    );
 }
 
 /// A kept answer of a forwarded write (`KEEL.ONCE`, docs/cluster.md, "Exactly-once

@@ -686,8 +686,9 @@ fn cluster_replies_have_redis_shapes() {
 
 #[test]
 fn movable_keys_and_blocking_pops_are_routed() {
-    // A request timeout shorter than the pops' own timeouts: they still wait for them.
-    let cluster = TestCluster::start(3, 300);
+    // A request timeout shorter than the pops' own timeouts: they still wait for them. (Not
+    // shorter still: every forwarded request must finish within it on a loaded machine.)
+    let cluster = TestCluster::start(3, 800);
     let mut con = cluster.node(0).client();
     let (a, b) = (key_on(&cluster, 1, "a"), key_on(&cluster, 2, "b"));
     let _: i64 = query(&mut con, &["SADD", &a, "x", "y"]);
@@ -697,16 +698,16 @@ fn movable_keys_and_blocking_pops_are_routed() {
         error(&mut con, &["SINTERCARD", "2", &a, &b]),
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
-    // BLPOP with a timeout: forwarded, and waits its full second.
+    // BLPOP with a timeout: forwarded, and waits its full two seconds.
     let started = Instant::now();
-    let v: Option<Vec<String>> = query(&mut con, &["BLPOP", &b, "1"]);
+    let v: Option<Vec<String>> = query(&mut con, &["BLPOP", &b, "2"]);
     assert_eq!(v, None);
-    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(started.elapsed() >= Duration::from_millis(1900));
     // BLPOP without a timeout: forwarded, served by a push on the owner.
     let owner = cluster.node(2).url(false);
     let b2 = b.clone();
     let pusher = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(600));
+        std::thread::sleep(Duration::from_millis(1500));
         let mut con = crate::connect(&owner);
         let _: i64 = query(&mut con, &["RPUSH", &b2, "v"]);
     });

@@ -266,15 +266,17 @@ fn kept_answers_go_after_their_deadline() {
     let once = |con: &mut redis::Connection, seq: &str, keep: &str| -> i64 {
         query(con, &["KEEL.ONCE", "3", "77", seq, keep, "INCR", "n"])
     };
-    assert_eq!(once(&mut con, "1", "300"), 1);
+    // Kept 2 s: long enough that the second send meets it on a stalled machine, short
+    // enough for a test.
+    assert_eq!(once(&mut con, "1", "2000"), 1);
     assert_eq!(
-        once(&mut con, "1", "300"),
+        once(&mut con, "1", "2000"),
         1,
         "the kept answer; nothing ran"
     );
     assert_eq!(once(&mut con, "2", "60000"), 2, "another id runs");
     assert_eq!(info_counter(&info(&node), "keel_once_kept"), 2);
-    // The reaper drops the first answer once its 300 ms are over, and only that one.
+    // The reaper drops the first answer once its 2 s are over, and only that one.
     let deadline = Instant::now() + Duration::from_secs(10);
     while info_counter(&info(&node), "keel_once_swept") < 1 {
         assert!(Instant::now() < deadline, "the answer was never swept");
@@ -284,7 +286,7 @@ fn kept_answers_go_after_their_deadline() {
     assert_eq!(info_counter(&info(&node), "keel_once_swept"), 1);
     assert_eq!(once(&mut con, "2", "60000"), 2, "still kept");
     // Gone: the same id runs again.
-    assert_eq!(once(&mut con, "1", "300"), 3);
+    assert_eq!(once(&mut con, "1", "2000"), 3);
 }
 
 #[test]
