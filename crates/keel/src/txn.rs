@@ -231,13 +231,17 @@ impl Write {
 }
 
 struct WriteEntry {
-    key: Vec<u8>,
+    /// Inline up to [`WRITE_KEY_INLINE`] bytes: most keys take no allocation of their own.
+    key: smallvec::SmallVec<[u8; WRITE_KEY_INLINE]>,
     hash: u64,
     write: Write,
     /// Tickets ([`Txn::track`]) for the value after the first `n` of this entry's operations,
     /// resolved at commit: `(ticket, n)`. Only on `Write::Ops` entries.
     tickets: Tickets,
 }
+
+/// Key bytes a write-set entry holds without an allocation.
+const WRITE_KEY_INLINE: usize = 24;
 
 /// An entry's tickets: usually none or one (an `INCR`), which take no allocation.
 #[derive(Default)]
@@ -307,7 +311,7 @@ impl WriteSet {
             None => self
                 .entries
                 .iter()
-                .position(|e| e.hash == hash && e.key == key),
+                .position(|e| e.hash == hash && e.key.as_slice() == key),
         }
     }
 
@@ -315,7 +319,7 @@ impl WriteSet {
         self.bytes += key.len() + write.bytes();
         let position = self.entries.len();
         self.entries.push(WriteEntry {
-            key: key.to_vec(),
+            key: key.into(),
             hash,
             write,
             tickets: Tickets::default(),
@@ -327,7 +331,7 @@ impl WriteSet {
                 .entries
                 .iter()
                 .enumerate()
-                .map(|(i, e)| (e.key.clone(), i))
+                .map(|(i, e)| (e.key.to_vec(), i))
                 .collect();
             self.index = Some(index);
         }
@@ -943,7 +947,7 @@ impl<'db> Txn<'db> {
             .entries
             .iter()
             .filter(|e| range.contains(e.key.as_slice()))
-            .map(|e| e.key.clone())
+            .map(|e| e.key.to_vec())
             .collect();
         keys.sort_unstable();
         keys.into_iter()
@@ -1211,7 +1215,7 @@ impl<'db> Txn<'db> {
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
                         return Step::Done(Ok(Err(Conflict {
-                            key: entry.key.clone(),
+                            key: entry.key.to_vec(),
                             reason: ConflictReason::WriteLocked,
                         })));
                     }

@@ -154,7 +154,10 @@ impl<'db> Txn<'db> {
             tracked: &self.tracked,
         });
         let owner = self.me();
-        let keys: Vec<Vec<u8>> = writes.into_iter().map(|e: WriteEntry| e.key).collect();
+        let keys: Vec<Vec<u8>> = writes
+            .into_iter()
+            .map(|e: WriteEntry| e.key.into_vec())
+            .collect();
         let mut prepared = Prepared {
             db: self.db,
             txn: None,
