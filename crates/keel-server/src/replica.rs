@@ -31,6 +31,7 @@ mod log;
 mod machine;
 mod net;
 mod prepared;
+mod snapfile;
 pub use prepared::WATCH_CHANGED;
 pub mod view;
 pub use view::View;
@@ -39,7 +40,6 @@ mod sim;
 pub mod txn;
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +60,7 @@ openraft::declare_raft_types!(
         R = Response,
         NodeId = u64,
         Node = BasicNode,
+        SnapshotData = snapfile::SnapData,
 );
 
 /// A Raft group: one partition's replicas.
@@ -228,6 +229,11 @@ const HEARTBEAT_MS: u64 = 100;
 const ELECTION_MS: (u64, u64) = (600, 1200);
 /// Entries applied between snapshots (a snapshot lets the log be cut).
 const SNAPSHOT_EVERY: u64 = 10_000;
+/// How long one snapshot chunk's RPC may take (openraft's `install_snapshot_timeout`, 200 ms
+/// by default). The last chunk is answered once the follower installed the whole snapshot,
+/// which takes seconds for a partition of gigabytes: within the default the leader gave up
+/// on it and sent the snapshot again while the follower installed it.
+const SNAPSHOT_RPC_MS: u64 = 30_000;
 /// How long the replicas of a partition other than its home wait for the home node to start
 /// the group on a fresh cluster before they do.
 const INITIALIZE_AFTER: Duration = Duration::from_secs(3);
@@ -635,6 +641,7 @@ impl Replication {
             election_timeout_max: ELECTION_MS.1,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
             max_in_snapshot_log_to_keep: 1000,
+            install_snapshot_timeout: SNAPSHOT_RPC_MS,
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| StartError::Raft {
@@ -2884,5 +2891,447 @@ mod tests {
         assert_eq!(contents(c), contents(a), "the snapshot reproduces the data");
         let (applied, _) = mc.applied_state().await.expect("state");
         assert_eq!(applied.map(|l| l.index), Some(12));
+    }
+
+    /// A partition of `keys` keys of `value` bytes beside `history()`'s, on a replica with a
+    /// snapshot directory.
+    async fn big_replica(dir: &std::path::Path, keys: usize, value: usize) -> machine::Machine {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, Some(dir.to_path_buf()))
+            .await
+            .expect("open");
+        m.apply(history()).await.expect("apply");
+        for chunk in (0..keys).collect::<Vec<_>>().chunks(1024) {
+            db.transact(|t| {
+                chunk.iter().try_for_each(|i| {
+                    let v: Vec<u8> = (0..value).map(|j| (i * 31 + j) as u8).collect();
+                    t.put(format!("big:{i:08}").as_bytes(), &v)
+                })
+            })
+            .expect("put");
+        }
+        m
+    }
+
+    /// Names in `dir` but the snapshot file (temporary files left behind).
+    fn strays(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n != machine::SNAPSHOT_FILE)
+            .collect()
+    }
+
+    /// A snapshot of 16 MiB is built from an engine snapshot and installed a frame (about
+    /// 1 MiB) at a time: the thread that builds it never holds more than a few frames, nor
+    /// the one that installs it beyond the data it adds; the copy equals the original.
+    #[tokio::test]
+    async fn a_snapshot_is_built_and_installed_a_frame_at_a_time() {
+        let (da, db_dir) = (
+            tempfile::tempdir().expect("dir"),
+            tempfile::tempdir().expect("dir"),
+        );
+        let mut leader = big_replica(da.path(), 4096, 4096).await;
+        let (meta, built, stats, peak) = leader
+            .get_snapshot_builder()
+            .await
+            .build_here()
+            .expect("build");
+        let whole = std::fs::metadata(da.path().join(machine::SNAPSHOT_FILE))
+            .expect("the snapshot file")
+            .len();
+        assert!(
+            peak < 4 << 20,
+            "the builder held {peak} bytes at once for a snapshot of {whole}"
+        );
+        assert!(whole > 16 << 20, "{whole} bytes");
+        assert!(stats.frames > 15, "{stats:?}");
+        assert!(
+            stats.peak_frame <= snapfile::FRAME_BYTES + 4096 + 10 * snapfile::FRAME_KEYS,
+            "{stats:?}"
+        );
+        let machine::Built::File(file) = built else {
+            panic!("a replica with a directory builds a file");
+        };
+        let data = snapfile::SnapData::File {
+            file: tokio::fs::File::from_std(file),
+            temp: None,
+        };
+
+        let copy = leaked();
+        let mut follower = machine::Machine::open(copy, Some(db_dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        follower
+            .apply(vec![entry(1, &[&["SET", "junk", "1"]])])
+            .await
+            .expect("apply");
+        let (read, held) = follower.install_here(&meta, data).await.expect("install");
+        assert_eq!((read.pairs, read.frames), (stats.pairs, stats.frames));
+        assert!(
+            held < 4 << 20,
+            "the install held {held} bytes beyond the data for a snapshot of {whole}"
+        );
+        assert_eq!(
+            contents(copy),
+            contents(leader.db()),
+            "the copy equals the original"
+        );
+        assert!(
+            strays(db_dir.path()).is_empty(),
+            "{:?}",
+            strays(db_dir.path())
+        );
+        // The installed file is the follower's current snapshot, and survives a restart.
+        let again = machine::Machine::open(leaked(), Some(db_dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        assert_eq!(again.durable().get(), meta.last_log_id);
+    }
+
+    /// A snapshot received truncated, damaged, or not the one announced is refused, and the
+    /// replica keeps its data and its snapshot file as they were, with no file left behind;
+    /// a damaged snapshot file met at a start (an install to finish) stops the open, saying
+    /// why, before anything is replaced.
+    #[tokio::test]
+    async fn a_truncated_or_damaged_snapshot_is_refused_whole() {
+        use tokio::io::AsyncWriteExt;
+        let (da, dir) = (
+            tempfile::tempdir().expect("dir"),
+            tempfile::tempdir().expect("dir"),
+        );
+        let mut leader = big_replica(da.path(), 3000, 1000).await;
+        let snapshot = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        let meta = snapshot.meta.clone();
+        let good = std::fs::read(da.path().join(machine::SNAPSHOT_FILE)).expect("read");
+
+        let db = leaked();
+        let mut follower = machine::Machine::open(db, Some(dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        follower
+            .apply(vec![entry(1, &[&["SET", "junk", "1"]])])
+            .await
+            .expect("apply");
+        let before = contents(db);
+        let mut flipped = good.clone();
+        let at = good.len() / 2;
+        flipped[at] ^= 0x40;
+        let mut other = meta.clone();
+        other.snapshot_id = "another".into();
+        type Meta = openraft::SnapshotMeta<u64, BasicNode>;
+        let cases: Vec<(&str, Vec<u8>, &Meta, &str)> = vec![
+            (
+                "cut in a frame",
+                good[..good.len() / 3].to_vec(),
+                &meta,
+                "truncated",
+            ),
+            (
+                "cut before the end frame",
+                good[..good.len() - 20].to_vec(),
+                &meta,
+                "truncated",
+            ),
+            ("empty", Vec::new(), &meta, "truncated"),
+            ("a flipped bit", flipped, &meta, "checksum"),
+            (
+                "trailing bytes",
+                [&good[..], b"xx"].concat(),
+                &meta,
+                "after its end frame",
+            ),
+            (
+                "not the one announced",
+                good.clone(),
+                &other,
+                "not the another",
+            ),
+        ];
+        for (what, bytes, meta, why) in cases {
+            let mut data = follower.begin_receiving_snapshot().await.expect("begin");
+            data.write_all(&bytes).await.expect("write");
+            data.shutdown().await.expect("shutdown");
+            let err = follower
+                .install_snapshot(meta, data)
+                .await
+                .expect_err(what)
+                .to_string();
+            assert!(
+                err.contains("refused, nothing installed") && err.contains(why),
+                "{what}: {err}"
+            );
+            assert_eq!(contents(db), before, "{what}: the data stays");
+            assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists(), "{what}");
+            assert!(
+                strays(dir.path()).is_empty(),
+                "{what}: {:?}",
+                strays(dir.path())
+            );
+            assert_eq!(
+                follower
+                    .applied_state()
+                    .await
+                    .expect("state")
+                    .0
+                    .map(|l| l.index),
+                Some(1)
+            );
+        }
+        // The whole file installs.
+        let mut data = follower.begin_receiving_snapshot().await.expect("begin");
+        data.write_all(&good).await.expect("write");
+        data.shutdown().await.expect("shutdown");
+        follower
+            .install_snapshot(&meta, data)
+            .await
+            .expect("install");
+        assert_eq!(contents(db), contents(leader.db()));
+
+        // A start that finds a snapshot newer than its data finishes the install, unless the
+        // file is damaged: then it refuses to open, and the data stays.
+        let path = dir.path().join(machine::SNAPSHOT_FILE);
+        std::fs::write(&path, &good[..good.len() - 100]).expect("cut");
+        let fresh = leaked();
+        fresh.transact(|t| t.put(b"mine", b"1")).expect("put");
+        let err = machine::Machine::open(fresh, Some(dir.path().to_path_buf()))
+            .await
+            .err()
+            .expect("a damaged snapshot to finish stops the open")
+            .to_string();
+        assert!(
+            err.contains("finishing the install") && err.contains("truncated"),
+            "{err}"
+        );
+        assert_eq!(contents(fresh), vec![(b"mine".to_vec(), b"1".to_vec())]);
+        std::fs::write(&path, &good).expect("mend");
+        machine::Machine::open(fresh, Some(dir.path().to_path_buf()))
+            .await
+            .expect("open");
+        assert_eq!(
+            contents(fresh),
+            contents(leader.db()),
+            "finished at the start"
+        );
+    }
+
+    /// Routes a test group's RPCs straight to the target's `Raft`, and records the size of
+    /// every snapshot chunk that goes.
+    #[derive(Clone, Default)]
+    struct Direct {
+        rafts: Arc<parking_lot::Mutex<BTreeMap<u64, Raft>>>,
+        chunks: Arc<parking_lot::Mutex<Vec<(u64, usize, bool)>>>,
+    }
+
+    impl openraft::RaftNetworkFactory<Tc> for Direct {
+        type Network = DirectTo;
+        async fn new_client(&mut self, target: u64, _: &BasicNode) -> DirectTo {
+            DirectTo {
+                net: self.clone(),
+                target,
+            }
+        }
+    }
+
+    struct DirectTo {
+        net: Direct,
+        target: u64,
+    }
+
+    impl DirectTo {
+        #[allow(clippy::result_large_err)]
+        fn raft<E: std::error::Error>(
+            &self,
+        ) -> Result<Raft, openraft::error::RPCError<u64, BasicNode, E>> {
+            self.net
+                .rafts
+                .lock()
+                .get(&self.target)
+                .cloned()
+                .ok_or_else(|| {
+                    openraft::error::RPCError::Unreachable(openraft::error::Unreachable::new(
+                        &std::io::Error::other("down"),
+                    ))
+                })
+        }
+    }
+
+    fn remote<E: std::error::Error>(
+        target: u64,
+        e: openraft::error::RaftError<u64, E>,
+    ) -> openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64, E>> {
+        openraft::error::RPCError::RemoteError(openraft::error::RemoteError::new(target, e))
+    }
+
+    impl openraft::RaftNetwork<Tc> for DirectTo {
+        async fn append_entries(
+            &mut self,
+            rpc: openraft::raft::AppendEntriesRequest<Tc>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::AppendEntriesResponse<u64>,
+            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
+        > {
+            let raft = self.raft()?;
+            raft.append_entries(rpc)
+                .await
+                .map_err(|e| remote(self.target, e))
+        }
+
+        async fn install_snapshot(
+            &mut self,
+            rpc: openraft::raft::InstallSnapshotRequest<Tc>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::InstallSnapshotResponse<u64>,
+            openraft::error::RPCError<
+                u64,
+                BasicNode,
+                openraft::error::RaftError<u64, openraft::error::InstallSnapshotError>,
+            >,
+        > {
+            self.net
+                .chunks
+                .lock()
+                .push((rpc.offset, rpc.data.len(), rpc.done));
+            let raft = self.raft()?;
+            raft.install_snapshot(rpc)
+                .await
+                .map_err(|e| remote(self.target, e))
+        }
+
+        async fn vote(
+            &mut self,
+            rpc: openraft::raft::VoteRequest<u64>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::VoteResponse<u64>,
+            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
+        > {
+            let raft = self.raft()?;
+            raft.vote(rpc).await.map_err(|e| remote(self.target, e))
+        }
+    }
+
+    /// Through openraft's own transport: a learner that joins after the log was cut gets the
+    /// leader's snapshot file in chunks no larger than the configured size (many of them),
+    /// into a file of its own, and ends with the leader's data and the same snapshot file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_travels_to_a_learner_in_chunks_from_its_file() {
+        use openraft::ServerState;
+        const CHUNK: u64 = 64 << 10;
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: HEARTBEAT_MS,
+                election_timeout_min: ELECTION_MS.0,
+                election_timeout_max: ELECTION_MS.1,
+                snapshot_max_chunk_size: CHUNK,
+                // Generous: the test machine may be loaded.
+                install_snapshot_timeout: 10_000,
+                ..Default::default()
+            }
+            .validate()
+            .expect("a valid config"),
+        );
+        let net = Direct::default();
+        let dirs = [
+            tempfile::tempdir().expect("dir"),
+            tempfile::tempdir().expect("dir"),
+        ];
+        let data = [leaked(), leaked()];
+        let mut rafts = Vec::new();
+        for (i, (dir, db)) in dirs.iter().zip(data).enumerate() {
+            let machine = machine::Machine::open(db, Some(dir.path().to_path_buf()))
+                .await
+                .expect("open");
+            let log = log::LogStore::open(leaked(), keel::Durability::None)
+                .purge_behind(machine.durable());
+            let raft = Raft::new(i as u64 + 1, Arc::clone(&config), net.clone(), log, machine)
+                .await
+                .expect("raft");
+            net.rafts.lock().insert(i as u64 + 1, raft.clone());
+            rafts.push(raft);
+        }
+        let wait = |raft: &Raft| raft.wait(Some(Duration::from_secs(30)));
+        rafts[0]
+            .initialize(BTreeMap::from([(1, BasicNode::new("n1"))]))
+            .await
+            .expect("initialize");
+        wait(&rafts[0])
+            .state(ServerState::Leader, "leads")
+            .await
+            .expect("leads");
+        let value = "v".repeat(8 << 10);
+        for i in 0..200 {
+            let mut request = match entry(0, &[&["SET", &format!("k{i}"), &value]]).payload {
+                EntryPayload::Normal(r) => r,
+                _ => unreachable!(),
+            };
+            request.now_ms = 1_700_000_000_000;
+            rafts[0].client_write(request).await.expect("write");
+        }
+        rafts[0].trigger().snapshot().await.expect("snapshot");
+        let m = wait(&rafts[0])
+            .metrics(|m| m.snapshot.is_some_and(|s| s.index >= 200), "a snapshot")
+            .await
+            .expect("snapshot");
+        let last = m.snapshot.expect("a snapshot");
+        rafts[0]
+            .trigger()
+            .purge_log(last.index)
+            .await
+            .expect("purge");
+        wait(&rafts[0])
+            .metrics(|m| m.purged == Some(last), "the log cut")
+            .await
+            .expect("purged");
+
+        rafts[0]
+            .add_learner(2, BasicNode::new("n2"), true)
+            .await
+            .expect("add the learner");
+        wait(&rafts[1])
+            .metrics(
+                |m| m.snapshot == Some(last) && m.last_applied >= Some(last),
+                "installed",
+            )
+            .await
+            .expect("installed");
+
+        let file = |i: usize| std::fs::read(dirs[i].path().join(machine::SNAPSHOT_FILE));
+        let sent = file(0).expect("the leader's snapshot file");
+        assert_eq!(file(1).expect("the learner's snapshot file"), sent);
+        assert!(sent.len() as u64 > 20 * CHUNK, "{} bytes", sent.len());
+        let chunks = net.chunks.lock().clone();
+        assert!(
+            chunks.iter().all(|&(_, len, _)| len as u64 <= CHUNK),
+            "a chunk over {CHUNK} bytes"
+        );
+        let whole: Vec<_> = chunks.iter().filter(|c| c.0 == 0).collect();
+        assert_eq!(whole.len(), 1, "sent once: {whole:?}");
+        assert_eq!(
+            chunks.iter().map(|c| c.1 as u64).sum::<u64>(),
+            sent.len() as u64
+        );
+        assert!(
+            chunks.len() as u64 >= sent.len() as u64 / CHUNK,
+            "{}",
+            chunks.len()
+        );
+        assert!(chunks.last().is_some_and(|c| c.2), "the last chunk is done");
+        assert!(
+            strays(dirs[1].path()).is_empty(),
+            "{:?}",
+            strays(dirs[1].path())
+        );
+        assert_eq!(contents(data[1]), contents(data[0]));
+        for raft in rafts {
+            raft.shutdown().await.expect("shutdown");
+        }
     }
 }

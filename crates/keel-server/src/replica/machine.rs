@@ -9,20 +9,25 @@
 //! (the log already has the entry; anything lost is applied again). A command that fails
 //! rolls its entry back (as `EXEC` does in keel) and only the marker moves.
 //!
-//! A snapshot is every key of the database but the markers, encoded whole, with the marker's
-//! log id and membership; before it is taken a `sync` commit makes everything it contains
-//! durable (openraft cuts the log behind a snapshot). The current snapshot is also kept in
-//! `<dir>/raft-<p>/snapshot`, written before a received one is installed: a crash during the
-//! install is finished on the next start. [`Durable`] says which log id that file covers (the
-//! log store cuts the log no further); it is written by one writer at a time, and never goes
-//! back to an older snapshot (a build that started before an install finished).
+//! A snapshot is every key of the database but the markers, with the marker's log id and
+//! membership; before it is taken a `sync` commit makes everything it contains durable
+//! (openraft cuts the log behind a snapshot). It is written from a consistent engine snapshot
+//! a frame of keys at a time (`snapfile`) to a file of its own in `<dir>/raft-<p>/`, synced
+//! and renamed to `snapshot`, the current snapshot: memory holds a frame, never the whole
+//! partition. A received snapshot arrives chunk by chunk in a file beside it, is checked
+//! whole (a truncated or damaged file is refused before anything is replaced), synced and
+//! renamed to `snapshot`, then read into the database a frame (one transaction) at a time: a
+//! crash during the install is finished from the file on the next start. [`Durable`] says
+//! which log id that file covers (the log store cuts the log no further); it is renamed by
+//! one writer at a time, and never goes back to an older snapshot (a build that started
+//! before an install finished). With no data directory the same bytes are kept in memory.
 
 // openraft's storage traits return its `StorageError`, which is large; the helpers here
 // return it too rather than converting at every call.
 #![allow(clippy::result_large_err)]
 
-use std::io::Cursor;
-use std::path::PathBuf;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 use keel::{Db, Durability};
@@ -33,6 +38,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::snapfile::{self, Meta, SnapData};
 use super::{Op, Request, Response, Status, Tc, prepared};
 use crate::data::{self, Ctx, Fail, View};
 use crate::keyspace::Clock;
@@ -96,10 +102,8 @@ fn is_marker(key: &[u8]) -> bool {
     key == APPLIED || key == SYNC
 }
 
-/// Most keys one transaction of a snapshot install writes.
+/// Most keys one transaction of a wipe deletes.
 const BATCH_KEYS: usize = 4096;
-/// Most bytes one transaction of a snapshot install writes.
-const BATCH_BYTES: usize = 16 << 20;
 /// Attempts at an entry's transaction (nothing else writes the database, so a conflict is
 /// not expected; an expired key deleted by a read on the leader is the one way).
 pub(super) const APPLY_ATTEMPTS: u32 = 16;
@@ -119,13 +123,6 @@ fn snap_err(e: impl ToString) -> StorageError<u64> {
 struct Marker {
     applied: Option<LogId<u64>>,
     membership: Membership,
-}
-
-/// The snapshot file: its metadata and data.
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta<u64, openraft::BasicNode>,
-    data: Vec<u8>,
 }
 
 /// A partition's state machine.
@@ -161,7 +158,7 @@ struct DurableState {
     /// Whether a snapshot from the leader is being received or installed: from openraft's
     /// `begin_receiving_snapshot` to the end of the install.
     receiving: tokio::sync::watch::Sender<bool>,
-    /// Held while the snapshot file is written: one writer at a time.
+    /// Held while a snapshot file is renamed to the current one: one writer at a time.
     writing: parking_lot::Mutex<()>,
 }
 
@@ -194,25 +191,26 @@ impl Durable {
         }
     }
 
-    /// Runs `write` (which writes the snapshot file) if `last` is past what is covered, alone,
-    /// then covers `last`.
+    /// Runs `write` (which makes a snapshot file the current one) if `last` is past what is
+    /// covered, alone, then covers `last`; whether it ran.
     fn write_past(
         &self,
         last: Option<LogId<u64>>,
         write: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let _alone = self.0.writing.lock();
         if last <= self.get() {
-            return Ok(());
+            return Ok(false);
         }
         write()?;
         self.0.last.send_replace(last);
-        Ok(())
+        Ok(true)
     }
 }
 
-/// A snapshot kept in memory (no data directory), shared with the builders.
-type Current = std::sync::Arc<parking_lot::Mutex<Option<std::sync::Arc<SnapshotFile>>>>;
+/// A snapshot kept in memory (no data directory), shared with the builders: its meta and
+/// its bytes (the file's format).
+type Current = std::sync::Arc<parking_lot::Mutex<Option<(Meta, std::sync::Arc<Vec<u8>>)>>>;
 
 /// Builds snapshots of a [`Machine`]'s database.
 pub struct Builder {
@@ -236,25 +234,40 @@ impl Machine {
             locks: prepared::Shared::default(),
             pushed: None,
         };
-        let file = machine.read_file()?;
+        let (path, applied) = (machine.file_path(), machine.applied);
+        let file = tokio::task::spawn_blocking(move || -> Result<Option<Meta>> {
+            let Some(path) = path else {
+                return Ok(None);
+            };
+            snapfile::remove_temps(&path).map_err(snap_err)?;
+            let Some((meta, file)) = open_current(&path)? else {
+                return Ok(None);
+            };
+            if meta.last_log_id > applied {
+                tracing::info!(
+                    "finishing the install of snapshot {} interrupted by a stop",
+                    meta.snapshot_id
+                );
+                install_from(db, &meta, file).map_err(|e| {
+                    snap_err(format!(
+                        "{}: finishing the install of snapshot {}: {e}",
+                        path.display(),
+                        meta.snapshot_id
+                    ))
+                })?;
+            }
+            Ok(Some(meta))
+        })
+        .await
+        .map_err(sm_err)??;
         machine
             .durable
             .0
             .last
-            .send_replace(file.as_ref().and_then(|f| f.meta.last_log_id));
-        if let Some(file) = file
-            && file.meta.last_log_id > machine.applied
+            .send_replace(file.as_ref().and_then(|m| m.last_log_id));
+        if let Some(meta) = file
+            && meta.last_log_id > machine.applied
         {
-            tracing::info!(
-                "finishing the install of snapshot {} interrupted by a stop",
-                file.meta.snapshot_id
-            );
-            let SnapshotFile { meta, data } = file;
-            let db = machine.db;
-            let meta2 = meta.clone();
-            tokio::task::spawn_blocking(move || load(db, &meta2, &data))
-                .await
-                .map_err(sm_err)??;
             machine.applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
@@ -297,20 +310,88 @@ impl Machine {
         self.durable.clone()
     }
 
+    /// The partition's data.
+    #[cfg(test)]
+    pub(super) fn db(&self) -> &'static Db {
+        self.db
+    }
+
+    fn installer(&self) -> Installer {
+        Installer {
+            db: self.db,
+            current: self.file_path(),
+            durable: self.durable.clone(),
+            memory: std::sync::Arc::clone(&self.current),
+        }
+    }
+
+    /// As `install_snapshot`, with the file and database work on this thread (to measure
+    /// what it holds): what it read, and the most bytes this thread held at once during it
+    /// above what it held at the end (the data installed stays).
+    #[cfg(test)]
+    pub(super) async fn install_here(
+        &mut self,
+        meta: &Meta,
+        data: SnapData,
+    ) -> Result<(snapfile::Stats, usize)> {
+        let received = Received::from(data).await;
+        let installer = self.installer();
+        let (installed, peak, end) = snapfile::counting::measure(|| installer.run(received, meta));
+        self.durable.0.receiving.send_replace(false);
+        let stats = installed?;
+        self.locks.lock().load(self.db)?;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        Ok((stats, peak.saturating_sub(end.max(0)) as usize))
+    }
+
     fn file_path(&self) -> Option<PathBuf> {
         self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE))
     }
+}
 
-    fn read_file(&self) -> Result<Option<SnapshotFile>> {
-        let Some(path) = self.file_path() else {
+/// The snapshot file at `path`, if there is one: its meta, and the file open at its start. A
+/// file of format version 1 is converted first.
+fn open_current(path: &Path) -> Result<Option<(Meta, std::fs::File)>> {
+    let open = || match std::fs::File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(file_err(path, e)),
+    };
+    let Some(mut file) = open()? else {
+        return Ok(None);
+    };
+    let mut head = Vec::with_capacity(8);
+    (&mut file)
+        .take(8)
+        .read_to_end(&mut head)
+        .map_err(|e| file_err(path, e))?;
+    if let snapfile::Kind::Legacy = snapfile::kind_of(&head) {
+        tracing::info!(
+            "{}: converting a snapshot file of format version 1",
+            path.display()
+        );
+        snapfile::convert_legacy(path).map_err(snap_err)?;
+        let Some(again) = open()? else {
             return Ok(None);
         };
-        match std::fs::read(&path) {
-            Ok(bytes) => postcard::from_bytes(&bytes).map(Some).map_err(snap_err),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(snap_err(e)),
-        }
+        file = again;
     }
+    let meta = (|| {
+        file.seek(SeekFrom::Start(0))?;
+        let len = file.metadata()?.len();
+        let reader = snapfile::Reader::open(BufReader::new(&mut file), len)
+            .map_err(|e| std::io::Error::other(e.0))?;
+        let meta = reader.meta().clone();
+        file.seek(SeekFrom::Start(0))?;
+        Ok(meta)
+    })()
+    .map_err(|e: std::io::Error| file_err(path, e))?;
+    Ok(Some((meta, file)))
+}
+
+fn file_err(path: &Path, e: std::io::Error) -> StorageError<u64> {
+    snap_err(format!("{}: {e}", path.display()))
 }
 
 /// Whether `db` holds any key but the replication markers.
@@ -330,24 +411,159 @@ fn read_marker(db: &Db) -> Result<Marker> {
     }
 }
 
-/// Writes `file` durably to `path` (a temporary file, fsynced, renamed over it).
-fn write_file(path: &std::path::Path, file: &SnapshotFile) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let bytes = postcard::to_stdvec(file).map_err(std::io::Error::other)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+/// A snapshot's bytes, for an install: a synced file of this partition's directory at its
+/// temporary name (removed when the guard drops, unless renamed to the current snapshot
+/// first), or, with no directory, in memory.
+enum Source {
+    File(std::fs::File, snapfile::Temp),
+    Memory(Vec<u8>),
 }
 
-/// Replaces everything in `db` with a snapshot's `data`, then sets the marker (with `sync`).
-fn load(db: &Db, meta: &SnapshotMeta<u64, openraft::BasicNode>, data: &[u8]) -> Result<()> {
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = postcard::from_bytes(data).map_err(snap_err)?;
+/// What an install needs of its [`Machine`], to run on a blocking thread.
+struct Installer {
+    db: &'static Db,
+    current: Option<PathBuf>,
+    durable: Durable,
+    memory: Current,
+}
+
+impl Installer {
+    /// Installs the snapshot `meta`, received as `received`: checked whole, made the current
+    /// snapshot (durable, before anything is replaced), then read into the database a frame
+    /// at a time; what was read.
+    fn run(self, received: Received, meta: &Meta) -> Result<snapfile::Stats> {
+        let Installer {
+            db,
+            current,
+            durable,
+            memory,
+        } = self;
+        match received.into_source(current.as_deref())? {
+            Source::File(mut file, temp) => {
+                let current = current.expect("a file source has a directory");
+                // Whole, and the snapshot announced, before it replaces anything.
+                let len = check(&mut file, meta).map_err(|e| refused(meta, e))?;
+                // Durable under its name before the data goes: a crash from here on is
+                // finished from it at the next start.
+                durable.write_past(meta.last_log_id, || {
+                    std::fs::rename(temp.path(), &current)
+                        .and_then(|()| snapfile::sync_dir(&current))
+                        .map_err(|e| file_err(&current, e))
+                })?;
+                install_checked(db, meta, file, len)
+            }
+            Source::Memory(bytes) => {
+                let len =
+                    check(std::io::Cursor::new(&bytes), meta).map_err(|e| refused(meta, e))?;
+                let bytes = std::sync::Arc::new(bytes);
+                durable.write_past(meta.last_log_id, || {
+                    *memory.lock() = Some((meta.clone(), std::sync::Arc::clone(&bytes)));
+                    Ok(())
+                })?;
+                install_checked(db, meta, std::io::Cursor::new(&bytes[..]), len)
+            }
+        }
+    }
+}
+
+fn refused(meta: &Meta, why: String) -> StorageError<u64> {
+    snap_err(format!(
+        "snapshot {} refused, nothing installed: {why}",
+        meta.snapshot_id
+    ))
+}
+
+/// What openraft hands an install, taken out of tokio's file once its writes are done.
+enum Received {
+    File(std::fs::File, Option<snapfile::Temp>),
+    Memory(Vec<u8>),
+}
+
+impl Received {
+    async fn from(data: SnapData) -> Received {
+        match data {
+            SnapData::File { file, temp } => Received::File(file.into_std().await, temp),
+            SnapData::Memory(c) => Received::Memory(c.into_inner()),
+        }
+    }
+
+    /// As a [`Source`] for a machine whose current snapshot is at `current` (if it has a
+    /// directory): a file received into that directory is used as it is; anything else is
+    /// copied there, a buffer at a time.
+    fn into_source(self, current: Option<&Path>) -> Result<Source> {
+        let Some(current) = current else {
+            return match self {
+                Received::Memory(bytes) => Ok(Source::Memory(bytes)),
+                Received::File(mut file, _) => {
+                    let mut bytes = Vec::new();
+                    file.seek(SeekFrom::Start(0))
+                        .and_then(|_| file.read_to_end(&mut bytes))
+                        .map_err(snap_err)?;
+                    Ok(Source::Memory(bytes))
+                }
+            };
+        };
+        match self {
+            Received::File(file, Some(temp)) if temp.path().parent() == current.parent() => {
+                file.sync_all().map_err(|e| file_err(temp.path(), e))?;
+                Ok(Source::File(file, temp))
+            }
+            other => {
+                let temp = snapfile::Temp::beside(current);
+                let copy = || -> std::io::Result<std::fs::File> {
+                    let mut out = std::fs::File::options()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .open(temp.path())?;
+                    match other {
+                        Received::File(mut file, _) => {
+                            file.seek(SeekFrom::Start(0))?;
+                            std::io::copy(&mut file, &mut out)?;
+                        }
+                        Received::Memory(bytes) => std::io::Write::write_all(&mut out, &bytes)?,
+                    }
+                    out.sync_all()?;
+                    Ok(out)
+                };
+                let file = copy().map_err(|e| file_err(temp.path(), e))?;
+                Ok(Source::File(file, temp))
+            }
+        }
+    }
+}
+
+/// Installs the snapshot `meta` from `inp`: checked whole first ([`check`]), then
+/// [`install_checked`].
+fn install_from(db: &Db, meta: &Meta, mut inp: impl Read + Seek) -> Result<snapfile::Stats> {
+    let len = check(&mut inp, meta).map_err(snap_err)?;
+    install_checked(db, meta, inp, len)
+}
+
+/// Reads all of `inp` (a snapshot file), a frame at a time, and refuses it if any frame is
+/// damaged, it is cut short, or it is not the snapshot `meta`; its length.
+fn check(mut inp: impl Read + Seek, meta: &Meta) -> std::result::Result<u64, String> {
+    let len = inp.seek(SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    inp.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+    let (found, _) = snapfile::verify(BufReader::new(&mut inp), len).map_err(|e| e.0)?;
+    if found != *meta {
+        return Err(format!(
+            "the snapshot file holds snapshot {} (up to {:?}), not the {} (up to {:?}) being \
+             installed",
+            found.snapshot_id, found.last_log_id, meta.snapshot_id, meta.last_log_id
+        ));
+    }
+    Ok(len)
+}
+
+/// Replaces everything in `db` with the snapshot in `inp` (`len` bytes, already checked),
+/// one transaction per frame, then sets the marker (with `sync`); what it read.
+fn install_checked(
+    db: &Db,
+    meta: &Meta,
+    mut inp: impl Read + Seek,
+    len: u64,
+) -> Result<snapfile::Stats> {
     // Everything but the marker goes, a batch at a time; the marker still names the old
     // state, and the snapshot file finishes the install after a crash.
     loop {
@@ -368,23 +584,14 @@ fn load(db: &Db, meta: &SnapshotMeta<u64, openraft::BasicNode>, data: &[u8]) -> 
         })
         .map_err(sm_err)?;
     }
-    let mut rest = pairs.as_slice();
-    while !rest.is_empty() {
-        let (mut n, mut bytes) = (0, 0);
-        while n < rest.len()
-            && n < BATCH_KEYS
-            && (n == 0 || bytes + rest[n].0.len() + rest[n].1.len() <= BATCH_BYTES)
-        {
-            bytes += rest[n].0.len() + rest[n].1.len();
-            n += 1;
-        }
-        let (batch, after) = rest.split_at(n);
+    inp.seek(SeekFrom::Start(0)).map_err(snap_err)?;
+    let mut reader = snapfile::Reader::open(BufReader::new(inp), len).map_err(snap_err)?;
+    while let Some(batch) = reader.next_batch().map_err(snap_err)? {
         db.transact(|t| {
             t.set_durability(LAZY);
             batch.iter().try_for_each(|(k, v)| t.put(k, v))
         })
         .map_err(sm_err)?;
-        rest = after;
     }
     let marker = postcard::to_stdvec(&Marker {
         applied: meta.last_log_id,
@@ -395,11 +602,40 @@ fn load(db: &Db, meta: &SnapshotMeta<u64, openraft::BasicNode>, data: &[u8]) -> 
         t.set_durability(Durability::Sync);
         t.put(APPLIED, &marker)
     })
-    .map_err(sm_err)
+    .map_err(sm_err)?;
+    Ok(reader.stats())
 }
 
-/// Takes a snapshot of `db` (after making everything in it durable).
-fn build(db: &Db) -> Result<SnapshotFile> {
+/// A snapshot just built: an open file (read from its start), or the bytes.
+pub(super) enum Built {
+    File(std::fs::File),
+    Memory(Vec<u8>),
+}
+
+/// Writes every key of `snap` but the markers to `out` as a snapshot file of `meta`.
+fn write_pairs<W: std::io::Write>(
+    out: W,
+    meta: &Meta,
+    snap: &keel::Snapshot<'_>,
+) -> std::io::Result<(W, snapfile::Stats)> {
+    let mut writer = snapfile::Writer::new(out, meta)?;
+    for (k, v) in snap.range::<[u8]>(..) {
+        if !is_marker(&k) {
+            writer.push(k, v)?;
+        }
+    }
+    writer.finish()
+}
+
+/// Takes a snapshot of `db` (after making everything in it durable) and writes it, a frame at
+/// a time, to a new file beside `current`, synced, which becomes the current snapshot if it
+/// is newer than what `durable` covers (with no directory, into memory, kept in `memory`).
+pub(super) fn build(
+    db: &Db,
+    current: Option<&Path>,
+    durable: &Durable,
+    memory: &Current,
+) -> Result<(Meta, Built, snapfile::Stats)> {
     db.transact(|t| {
         t.set_durability(Durability::Sync);
         t.put(SYNC, b"")
@@ -413,11 +649,6 @@ fn build(db: &Db) -> Result<SnapshotFile> {
             membership: Membership::default(),
         },
     };
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = snap
-        .range::<[u8]>(..)
-        .filter(|(k, _)| !is_marker(k))
-        .collect();
-    let data = postcard::to_stdvec(&pairs).map_err(snap_err)?;
     let id = match marker.applied {
         Some(l) => format!(
             "{}-{}-{}",
@@ -427,40 +658,88 @@ fn build(db: &Db) -> Result<SnapshotFile> {
         ),
         None => format!("empty-{}", crate::data::random() % 1_000_000),
     };
-    Ok(SnapshotFile {
-        meta: SnapshotMeta {
-            last_log_id: marker.applied,
-            last_membership: marker.membership,
-            snapshot_id: id,
-        },
-        data,
-    })
+    let meta = SnapshotMeta {
+        last_log_id: marker.applied,
+        last_membership: marker.membership,
+        snapshot_id: id,
+    };
+    let Some(current) = current else {
+        let (bytes, stats) = write_pairs(Vec::new(), &meta, &snap).map_err(snap_err)?;
+        drop(snap);
+        let bytes = std::sync::Arc::new(bytes);
+        durable.write_past(meta.last_log_id, || {
+            *memory.lock() = Some((meta.clone(), std::sync::Arc::clone(&bytes)));
+            Ok(())
+        })?;
+        let bytes = std::sync::Arc::unwrap_or_clone(bytes);
+        return Ok((meta, Built::Memory(bytes), stats));
+    };
+    let temp = snapfile::Temp::beside(current);
+    let written = (|| -> std::io::Result<_> {
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(temp.path())?;
+        let out = std::io::BufWriter::with_capacity(64 << 10, file);
+        let (out, stats) = write_pairs(out, &meta, &snap)?;
+        let mut file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        file.seek(SeekFrom::Start(0))?;
+        Ok((file, stats))
+    })();
+    drop(snap);
+    let (file, stats) = written.map_err(|e| file_err(temp.path(), e))?;
+    // Never an older snapshot over a newer one (an install may have finished while this one
+    // was built); the file stays readable either way.
+    durable.write_past(meta.last_log_id, || {
+        std::fs::rename(temp.path(), current)
+            .and_then(|()| snapfile::sync_dir(current))
+            .map_err(|e| file_err(current, e))
+    })?;
+    Ok((meta, Built::File(file), stats))
+}
+
+#[cfg(test)]
+impl Builder {
+    /// As `build_snapshot`, on this thread: the meta, the file (or bytes), what went in, and
+    /// the most bytes this thread held at once while it built.
+    pub(super) fn build_here(&self) -> Result<(Meta, Built, snapfile::Stats, usize)> {
+        let current = self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE));
+        let (built, peak, _) = snapfile::counting::measure(|| {
+            build(self.db, current.as_deref(), &self.durable, &self.current)
+        });
+        let (meta, built, stats) = built?;
+        Ok((meta, built, stats, peak.max(0) as usize))
+    }
 }
 
 impl RaftSnapshotBuilder<Tc> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<Tc>> {
-        let (db, path) = (self.db, self.dir.as_ref().map(|d| d.join("snapshot")));
-        let durable = self.durable.clone();
-        let file = tokio::task::spawn_blocking(move || {
-            let file = build(db)?;
-            // Never an older snapshot over a newer one (an install may have finished while
-            // this one was built).
-            durable.write_past(file.meta.last_log_id, || match &path {
-                Some(path) => write_file(path, &file).map_err(snap_err),
-                None => Ok(()),
-            })?;
-            Ok::<_, StorageError<u64>>(file)
-        })
-        .await
-        .map_err(snap_err)??;
-        let snapshot = Snapshot {
-            meta: file.meta.clone(),
-            snapshot: Box::new(Cursor::new(file.data.clone())),
+        let (db, current) = (self.db, self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE)));
+        let (durable, memory) = (self.durable.clone(), std::sync::Arc::clone(&self.current));
+        let (meta, built, stats) =
+            tokio::task::spawn_blocking(move || build(db, current.as_deref(), &durable, &memory))
+                .await
+                .map_err(snap_err)??;
+        tracing::debug!(
+            "snapshot {} built: {} keys, {} bytes in {} frames",
+            meta.snapshot_id,
+            stats.pairs,
+            stats.bytes,
+            stats.frames
+        );
+        let data = match built {
+            Built::File(file) => SnapData::File {
+                file: tokio::fs::File::from_std(file),
+                temp: None,
+            },
+            Built::Memory(bytes) => SnapData::Memory(std::io::Cursor::new(bytes)),
         };
-        if self.dir.is_none() {
-            *self.current.lock() = Some(std::sync::Arc::new(file));
-        }
-        Ok(snapshot)
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(data),
+        })
     }
 }
 
@@ -564,54 +843,65 @@ impl RaftStateMachine<Tc> for Machine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapData>> {
         self.durable.0.receiving.send_replace(true);
-        Ok(Box::new(Cursor::new(Vec::new())))
+        let Some(current) = self.file_path() else {
+            return Ok(Box::new(SnapData::Memory(std::io::Cursor::new(Vec::new()))));
+        };
+        // A file of its own beside the current snapshot, which the install renames (and
+        // which goes when openraft drops it unfinished: a newer snapshot, a stop).
+        let temp = snapfile::Temp::beside(&current);
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(temp.path())
+            .await
+            .map_err(|e| file_err(temp.path(), e))?;
+        Ok(Box::new(SnapData::File {
+            file,
+            temp: Some(temp),
+        }))
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta<u64, openraft::BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<()> {
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
-        };
-        let (db, path) = (self.db, self.file_path());
-        let durable = self.durable.clone();
-        let installed = tokio::task::spawn_blocking(move || {
-            durable.write_past(file.meta.last_log_id, || match &path {
-                Some(path) => write_file(path, &file).map_err(snap_err),
-                None => Ok(()),
-            })?;
-            load(db, &file.meta, &file.data)?;
-            Ok::<_, StorageError<u64>>(file)
-        })
-        .await;
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Box<SnapData>) -> Result<()> {
+        let installer = self.installer();
+        let received = Received::from(*snapshot).await;
+        let meta2 = meta.clone();
+        let installed = tokio::task::spawn_blocking(move || installer.run(received, &meta2)).await;
         // Done, or failed: a purge waiting for this snapshot goes ahead either way.
         self.durable.0.receiving.send_replace(false);
-        let file = installed.map_err(sm_err)??;
+        let stats = installed.map_err(sm_err)??;
+        tracing::debug!(
+            "snapshot {} installed: {} keys, {} bytes in {} frames",
+            meta.snapshot_id,
+            stats.pairs,
+            stats.bytes,
+            stats.frames
+        );
         self.locks.lock().load(self.db)?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        if self.dir.is_none() {
-            *self.current.lock() = Some(std::sync::Arc::new(file));
-        }
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<Tc>>> {
-        let file = match self.read_file()? {
-            Some(f) => Some(f),
-            None => self.current.lock().as_ref().map(|f| SnapshotFile {
-                meta: f.meta.clone(),
-                data: f.data.clone(),
-            }),
+        let Some(current) = self.file_path() else {
+            let kept = self.current.lock().clone();
+            return Ok(kept.map(|(meta, bytes)| Snapshot {
+                meta,
+                snapshot: Box::new(SnapData::Memory(std::io::Cursor::new(bytes.to_vec()))),
+            }));
         };
-        Ok(file.map(|f| Snapshot {
-            meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+        let opened = tokio::task::spawn_blocking(move || open_current(&current))
+            .await
+            .map_err(snap_err)??;
+        Ok(opened.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(SnapData::File {
+                file: tokio::fs::File::from_std(file),
+                temp: None,
+            }),
         }))
     }
 }

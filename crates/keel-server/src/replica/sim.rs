@@ -12,7 +12,8 @@
 //! the old node's later ones. A nemesis crashes nodes (leaders, and nodes installing a
 //! snapshot, on purpose), restarts them, cuts minority and majority sides, isolates the
 //! leader, and turns loss, duplication, slow links and slow disks up and down; a small
-//! snapshot policy makes snapshots, log purges and installs frequent.
+//! snapshot policy makes snapshots, log purges and installs frequent, and a small chunk size
+//! sends each snapshot in several chunks, which the faults reorder and duplicate.
 //!
 //! Clients run Elle list-append transactions (`GET`s and `APPEND`s of unique elements in one
 //! `EXEC`) through `Part::serve` on the node they believe leads, and linearizable reads, and
@@ -50,7 +51,6 @@ mod member;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Debug;
-use std::io::Cursor;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -254,6 +254,8 @@ struct Stats {
     crashes_installing: AtomicU64,
     installs: AtomicU64,
     snapshots: AtomicU64,
+    /// Snapshot chunks sent past a snapshot's first (a snapshot larger than one chunk).
+    chunks: AtomicU64,
     /// Crashes while a membership change was adding a learner, between its learners and the
     /// change of voters or during that change, and while some replica's membership was joint
     /// (`member`).
@@ -426,6 +428,9 @@ impl Sim {
             // Often: snapshots, purges and installs happen many times in a run.
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20),
             max_in_snapshot_log_to_keep: 3,
+            // Small: a snapshot travels in several chunks, which the faults drop, delay,
+            // duplicate and reorder.
+            snapshot_max_chunk_size: 1024,
             ..Default::default()
         };
         let leak = || -> &'static Db { Box::leak(Box::new(Db::in_memory())) };
@@ -952,14 +957,14 @@ impl RaftStateMachine<Tc> for SimMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+    ) -> Result<Box<super::snapfile::SnapData>, StorageError<u64>> {
         self.inner.begin_receiving_snapshot().await
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<super::snapfile::SnapData>,
     ) -> Result<(), StorageError<u64>> {
         let installing = &self.sim.nodes[self.node as usize].installing;
         installing.store(true, Ordering::SeqCst);
@@ -1176,6 +1181,9 @@ impl RaftNetwork<Tc> for Link {
         InstallSnapshotResponse<u64>,
         RPCError<u64, BasicNode, RaftError<u64, openraft::error::InstallSnapshotError>>,
     > {
+        if rpc.offset > 0 {
+            self.sim.stats.chunks.fetch_add(1, Ordering::Relaxed);
+        }
         deliver!(self, rpc, option, serve_snapshot)
     }
 
@@ -1562,6 +1570,7 @@ struct Summary {
     crashes_installing: u64,
     installs: u64,
     snapshots: u64,
+    chunks: u64,
     messages: u64,
     dropped: u64,
     duplicated: u64,
@@ -1727,6 +1736,7 @@ impl Run {
             crashes_installing: s.crashes_installing.load(Ordering::Relaxed),
             installs: s.installs.load(Ordering::Relaxed),
             snapshots: s.snapshots.load(Ordering::Relaxed),
+            chunks: s.chunks.load(Ordering::Relaxed),
             messages: s.messages.load(Ordering::Relaxed),
             dropped: s.dropped.load(Ordering::Relaxed),
             duplicated: s.duplicated.load(Ordering::Relaxed),
