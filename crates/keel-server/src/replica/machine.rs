@@ -533,6 +533,38 @@ impl Received {
     }
 }
 
+/// Reads a received snapshot (`data`, written to its end) through as an install does before
+/// it replaces anything ([`check`]): handed back if it is whole and the snapshot `meta`,
+/// else why not (then it is dropped, and its file with it).
+pub(super) async fn verify_received(
+    data: Box<SnapData>,
+    meta: &Meta,
+) -> std::result::Result<Box<SnapData>, String> {
+    let meta = meta.clone();
+    match *data {
+        SnapData::File { file, temp } => {
+            let mut file = file.into_std().await;
+            let checked =
+                tokio::task::spawn_blocking(move || check(&mut file, &meta).map(|_| file))
+                    .await
+                    .map_err(|e| e.to_string())??;
+            Ok(Box::new(SnapData::File {
+                file: tokio::fs::File::from_std(checked),
+                temp,
+            }))
+        }
+        SnapData::Memory(bytes) => {
+            let checked = tokio::task::spawn_blocking(move || {
+                let mut bytes = bytes;
+                check(&mut bytes, &meta).map(|_| bytes)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            Ok(Box::new(SnapData::Memory(checked)))
+        }
+    }
+}
+
 /// Installs the snapshot `meta` from `inp`: checked whole first ([`check`]), then
 /// [`install_checked`].
 fn install_from(db: &Db, meta: &Meta, mut inp: impl Read + Seek) -> Result<snapfile::Stats> {

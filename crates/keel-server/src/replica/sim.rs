@@ -227,6 +227,10 @@ struct Up {
     locks: super::prepared::Shared,
     /// The replica's floor (`log::floor`), which its votes respect (`replica::vote`).
     floor: Option<LogId<u64>>,
+    /// Receives snapshots (as the server's `Part` does).
+    inbox: super::inbox::Inbox,
+    /// The group, to count what its inboxes refuse.
+    sim: std::sync::Weak<Sim>,
 }
 
 /// One node: its databases survive crashes.
@@ -256,6 +260,9 @@ struct Stats {
     snapshots: AtomicU64,
     /// Snapshot chunks sent past a snapshot's first (a snapshot larger than one chunk).
     chunks: AtomicU64,
+    /// Snapshot chunks (sent, or copies delivered late) that did not fit the file being
+    /// received, or a received file that did not check, refused so the sender starts over.
+    chunks_refused: AtomicU64,
     /// Crashes while a membership change was adding a learner, between its learners and the
     /// change of voters or during that change, and while some replica's membership was joint
     /// (`member`).
@@ -518,6 +525,7 @@ impl Sim {
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
             floor: up.floor,
+            inbox: up.inbox,
         }
     }
 
@@ -742,6 +750,8 @@ impl Sim {
             life,
             locks,
             floor,
+            inbox: super::inbox::Inbox::default(),
+            sim: Arc::downgrade(self),
         });
     }
 
@@ -1109,7 +1119,8 @@ impl Link {
     }
 }
 
-/// How a replica serves each RPC (a vote as the server's `net::serve` does).
+/// How a replica serves each RPC (a vote and a snapshot's chunk as the server's `net::serve`
+/// does).
 async fn serve_append(
     up: Up,
     rpc: AppendEntriesRequest<Tc>,
@@ -1121,7 +1132,14 @@ async fn serve_snapshot(
     up: Up,
     rpc: InstallSnapshotRequest<Tc>,
 ) -> Result<InstallSnapshotResponse<u64>, RaftError<u64, openraft::error::InstallSnapshotError>> {
-    up.raft.install_snapshot(rpc).await
+    let answer = up.inbox.receive(&up.raft, rpc).await;
+    if let Err(RaftError::APIError(openraft::error::InstallSnapshotError::SnapshotMismatch(_))) =
+        &answer
+        && let Some(sim) = up.sim.upgrade()
+    {
+        sim.stats.chunks_refused.fetch_add(1, Ordering::Relaxed);
+    }
+    answer
 }
 
 async fn serve_vote(up: Up, rpc: VoteRequest<u64>) -> Result<VoteResponse<u64>, RaftError<u64>> {
@@ -1571,6 +1589,7 @@ struct Summary {
     installs: u64,
     snapshots: u64,
     chunks: u64,
+    chunks_refused: u64,
     messages: u64,
     dropped: u64,
     duplicated: u64,
@@ -1737,6 +1756,7 @@ impl Run {
             installs: s.installs.load(Ordering::Relaxed),
             snapshots: s.snapshots.load(Ordering::Relaxed),
             chunks: s.chunks.load(Ordering::Relaxed),
+            chunks_refused: s.chunks_refused.load(Ordering::Relaxed),
             messages: s.messages.load(Ordering::Relaxed),
             dropped: s.dropped.load(Ordering::Relaxed),
             duplicated: s.duplicated.load(Ordering::Relaxed),

@@ -750,6 +750,8 @@ struct Summary {
     crashes_installing: u64,
     installs: u64,
     snapshots: u64,
+    chunks: u64,
+    chunks_refused: u64,
     dropped: u64,
     two_leader_terms: usize,
 }
@@ -984,6 +986,8 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         crashes_installing: sum(|g| &g.stats.crashes_installing),
         installs: sum(|g| &g.stats.installs),
         snapshots: sum(|g| &g.stats.snapshots),
+        chunks: sum(|g| &g.stats.chunks),
+        chunks_refused: sum(|g| &g.stats.chunks_refused),
         dropped: sum(|g| &g.stats.dropped),
         two_leader_terms: groups
             .iter()
