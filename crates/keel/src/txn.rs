@@ -39,7 +39,7 @@ use crate::store::{KeyRange, Store};
 use crate::wal::Durability;
 use crate::wal::format::Logged;
 
-/// How often (in commit timestamps) a committer recomputes the garbage-collection horizon.
+/// How often (in commit timestamps) committers recompute the garbage-collection horizon.
 const COLLECT_EVERY: u64 = 256;
 /// How many rounds of exponential spinning (about 120 pause instructions in all) an async
 /// committer that is not waiting for an fsync spends on its predecessors before its task
@@ -1100,7 +1100,7 @@ impl<'db> Txn<'db> {
         if announced {
             SlotStats::bump(&stats.split_commits);
         }
-        if ts.0.is_multiple_of(COLLECT_EVERY) {
+        if self.db.oracle.collect_due(ts, COLLECT_EVERY) {
             self.db.oracle.collect();
         }
         Ok(Ok(Committed {

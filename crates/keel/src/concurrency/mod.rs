@@ -383,6 +383,14 @@ impl Oracle {
         Ts(self.horizon.load(Ordering::Acquire))
     }
 
+    /// Whether the horizon was last computed `every` or more timestamps before `ts`. A
+    /// committer asks after each commit, so a recomputation skipped because another thread
+    /// held the collector (or a timestamp nobody committed at) is made up by the next commit,
+    /// not a whole interval later.
+    pub(crate) fn collect_due(&self, ts: Ts, every: u64) -> bool {
+        ts.0 >= self.proposal.load(Ordering::Relaxed).saturating_add(every)
+    }
+
     /// Recomputes the horizon unless another thread is doing it.
     pub(crate) fn collect(&self) {
         let Some(_only_collector) = sync::try_lock(&self.collector) else {
