@@ -78,16 +78,23 @@ struct KeelTxn<'a, 'db>(&'a mut keel::Txn<'db>);
 
 /// Keys a [`Tx::prefetch`] hands keel at once (their bytes are built on the stack).
 const PREFETCH_CHUNK: usize = 8;
+
+/// Hands `keys` to `f` as key bytes, [`PREFETCH_CHUNK`] at a time.
+fn in_chunks(keys: &[u64], mut f: impl FnMut(&[[u8; 8]])) {
+    for chunk in keys.chunks(PREFETCH_CHUNK) {
+        let bytes: [[u8; 8]; PREFETCH_CHUNK] =
+            std::array::from_fn(|i| key_bytes(chunk.get(i).copied().unwrap_or(0)));
+        f(&bytes[..chunk.len()]);
+    }
+}
+
 struct KeelSnapshot<'a, 'db>(&'a keel::Snapshot<'db>);
 
 impl Tx for KeelTxn<'_, '_> {
     fn prefetch(&mut self, keys: &[u64]) {
-        for chunk in keys.chunks(PREFETCH_CHUNK) {
-            let bytes: [[u8; 8]; PREFETCH_CHUNK] =
-                std::array::from_fn(|i| key_bytes(chunk.get(i).copied().unwrap_or(0)));
-            self.0
-                .prefetch_all(bytes[..chunk.len()].iter().map(|k| &k[..]));
-        }
+        in_chunks(keys, |bytes| {
+            self.0.prefetch_all(bytes.iter().map(|k| &k[..]));
+        });
     }
     fn read(&mut self, key: u64, f: &mut dyn FnMut(Option<&[u8]>)) -> Step {
         self.0.get_with(&key_bytes(key), f).map_err(Fail::error)
@@ -120,12 +127,9 @@ fn read_only_violation() -> Fail {
 
 impl Tx for KeelSnapshot<'_, '_> {
     fn prefetch(&mut self, keys: &[u64]) {
-        for chunk in keys.chunks(PREFETCH_CHUNK) {
-            let bytes: [[u8; 8]; PREFETCH_CHUNK] =
-                std::array::from_fn(|i| key_bytes(chunk.get(i).copied().unwrap_or(0)));
-            self.0
-                .prefetch_all(bytes[..chunk.len()].iter().map(|k| &k[..]));
-        }
+        in_chunks(keys, |bytes| {
+            self.0.prefetch_all(bytes.iter().map(|k| &k[..]));
+        });
     }
     fn read(&mut self, key: u64, f: &mut dyn FnMut(Option<&[u8]>)) -> Step {
         self.0.get_with(&key_bytes(key), f).map_err(Fail::error)
