@@ -693,10 +693,21 @@ fn crash_loop_keeps_types_and_ttls() {
                 })
             })
             .collect();
+        // The clients stop at their first error, so a server that died, or stopped
+        // answering, would leave this waiting forever: fail instead, saying which.
+        let mut server = server;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while count.load(Ordering::SeqCst) < 150 {
+            if let Some(status) = server.child.try_wait().expect("server status") {
+                panic!("cycle {cycle}: the server exited on its own: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cycle {cycle}: {} transactions acknowledged in 60 s",
+                count.load(Ordering::SeqCst)
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
-        let mut server = server;
         server.child.kill().expect("SIGKILL");
         server.child.wait().expect("reaped");
         for client in clients {
