@@ -3423,6 +3423,21 @@ mod tests {
 
     /// Whether the answer to a chunk is a refusal that makes the sender start over (not a
     /// fatal error).
+    /// Delivers `chunks` in order; each must be accepted.
+    async fn deliver_all(
+        f: &(Raft, inbox::Inbox),
+        chunks: &[openraft::raft::InstallSnapshotRequest<Tc>],
+    ) {
+        for chunk in chunks {
+            deliver(f, chunk).await.expect("a chunk in order");
+        }
+    }
+
+    /// The current snapshot file in `dir`.
+    fn snapshot_file(dir: &std::path::Path) -> Vec<u8> {
+        std::fs::read(dir.join(machine::SNAPSHOT_FILE)).expect("the snapshot file")
+    }
+
     fn starts_over(answer: &ChunkAnswer) -> bool {
         matches!(
             answer,
@@ -3456,14 +3471,9 @@ mod tests {
         assert!(sent.len() > 3, "{} chunks", sent.len());
         let (data, log) = (leaked(), leaked());
         let f = follower(dir.path(), data, log).await;
-        for chunk in &sent {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &sent).await;
         assert_eq!(contents(data), contents(leader.db()));
-        assert_eq!(
-            std::fs::read(dir.path().join(machine::SNAPSHOT_FILE)).expect("the snapshot file"),
-            bytes
-        );
+        assert_eq!(snapshot_file(dir.path()), bytes);
         // The late copies, once installed: acknowledged, nothing started or written.
         for chunk in [&sent[0], &sent[sent.len() - 1]] {
             deliver(&f, chunk).await.expect("acknowledged");
@@ -3478,9 +3488,7 @@ mod tests {
             .expect("apply");
         let (newer, newer_bytes) = leader_snapshot(&mut leader, da.path()).await;
         let resent = chunks(&newer, &newer_bytes);
-        for chunk in &resent[..resent.len() - 1] {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &resent[..resent.len() - 1]).await;
         f.0.shutdown().await.expect("shutdown");
         let f = follower(dir.path(), data, log).await;
         deliver(&f, &resent[0]).await.expect("a first chunk");
@@ -3488,18 +3496,13 @@ mod tests {
         assert!(starts_over(&last), "{last:?}");
         assert!(runs(&f.0), "{:?}", f.0.metrics().borrow().running_state);
         assert_eq!(
-            std::fs::read(dir.path().join(machine::SNAPSHOT_FILE)).expect("the snapshot file"),
+            snapshot_file(dir.path()),
             bytes,
             "the installed snapshot stays"
         );
-        for chunk in &resent {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &resent).await;
         assert_eq!(contents(data), contents(leader.db()));
-        assert_eq!(
-            std::fs::read(dir.path().join(machine::SNAPSHOT_FILE)).expect("the snapshot file"),
-            newer_bytes
-        );
+        assert_eq!(snapshot_file(dir.path()), newer_bytes);
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
         f.0.shutdown().await.expect("shutdown");
     }
@@ -3530,14 +3533,9 @@ mod tests {
         assert!(runs(&f.0), "{:?}", f.0.metrics().borrow().running_state);
         assert_eq!(contents(data), vec![(b"mine".to_vec(), b"1".to_vec())]);
         assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists());
-        for chunk in &sent {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &sent).await;
         assert_eq!(contents(data), contents(leader.db()));
-        assert_eq!(
-            std::fs::read(dir.path().join(machine::SNAPSHOT_FILE)).expect("the snapshot file"),
-            bytes
-        );
+        assert_eq!(snapshot_file(dir.path()), bytes);
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
         f.0.shutdown().await.expect("shutdown");
     }
@@ -3559,18 +3557,14 @@ mod tests {
         let data = leaked();
         let f = follower(dir.path(), data, leaked()).await;
         let sent = chunks(&meta, &damaged);
-        for chunk in &sent[..sent.len() - 1] {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &sent[..sent.len() - 1]).await;
         let last = deliver(&f, &sent[sent.len() - 1]).await;
         assert!(starts_over(&last), "{last:?}");
         assert!(runs(&f.0), "{:?}", f.0.metrics().borrow().running_state);
         assert!(contents(data).is_empty());
         assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists());
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
-        for chunk in &chunks(&meta, &bytes) {
-            deliver(&f, chunk).await.expect("a chunk in order");
-        }
+        deliver_all(&f, &chunks(&meta, &bytes)).await;
         assert_eq!(contents(data), contents(leader.db()));
         f.0.shutdown().await.expect("shutdown");
     }
