@@ -6,6 +6,12 @@
 //! anything in it but absence: it locks the record for good ([`Record::try_take`]), takes it
 //! out of the ordered index and then out of the point index, and *retires* it.
 //!
+//! A record is noted only while its noter holds its lock (exclusive or shared), so every
+//! note of it comes before the take, and a pass examines every waiting note (a taken record
+//! reads as dead, and the note goes) before it frees anything: no note outlives its record.
+//! A note of a record someone holds waits for the next pass rather than going, as the
+//! holder may leave it just as dead.
+//!
 //! Retired memory (records, the point index's replaced tables, the ordered index's replaced
 //! trees) is freed after a grace period: once the horizon has passed the watermark read just
 //! after the unlink. Every holder of a record handle or an index node is a registered
@@ -34,7 +40,7 @@ use parking_lot::Mutex;
 use crate::Ts;
 use crate::index::RetiredTable;
 use crate::index::ordered::{RetiredNodes, RetiredTree};
-use crate::mvcc::RecordRef;
+use crate::mvcc::{RecordRef, Take};
 
 /// Removals since the last rebuild of the ordered index that make the next one due, at
 /// least: below it a rebuild costs more than the empty leaves it frees.
@@ -169,34 +175,38 @@ pub(crate) fn pass(
     splitter: &crate::split::Splitter,
 ) -> Pass {
     let mut out = Pass::default();
-    // 1. Free what every transaction open at its unlink has left.
-    while state.retired.front().is_some_and(|b| b.after < horizon) {
-        let batch = state.retired.pop_front().expect("checked non-empty");
-        for record in &batch.records {
-            // SAFETY: unlinked from both indexes before `after` was read, and the horizon
-            // is past `after`: no registered holder is left (module docs). Retired once.
-            out.freed_versions += unsafe { store.free_record(*record) };
-        }
-        out.freed += batch.records.len();
-    }
-    // 2. Take the candidates the horizon has passed.
+    // 1. Take the candidates the horizon has passed. Every note of a record is made while
+    //    its noter holds the record's lock, so none comes after the take; and this runs
+    //    before the frees below, so every note of a record taken in an earlier pass has
+    //    found it dead (and gone) before it is freed.
     store.candidates().drain_into(&mut state.waiting);
     let mut taken = Vec::new();
     if !state.waiting.is_empty() {
         let gate = splitter.proposal_gate();
         state.waiting.retain(|&(record, ts)| {
-            if ts > horizon {
+            if ts > horizon || gate.proposed(record) {
                 return true;
             }
-            let r = record.get();
-            if gate.proposed(record) || !r.try_take(horizon) {
-                // Written again, being written, split, or proposed: not dead. Whoever
-                // deletes it again notes it again.
-                return false;
+            match record.get().try_take(horizon) {
+                Take::Taken => {
+                    taken.push(record);
+                    false
+                }
+                Take::Held => true,
+                Take::Live => false,
             }
-            taken.push(record);
-            false
         });
+    }
+    // 2. Free what every transaction open at its unlink has left.
+    while state.retired.front().is_some_and(|b| b.after < horizon) {
+        let batch = state.retired.pop_front().expect("checked non-empty");
+        for record in &batch.records {
+            // SAFETY: unlinked from both indexes before `after` was read, and the horizon
+            // is past `after`: no registered holder is left (module docs), and no note of
+            // it is left (above). Retired once.
+            out.freed_versions += unsafe { store.free_record(*record) };
+        }
+        out.freed += batch.records.len();
     }
     out.waiting = state.waiting.len();
     store

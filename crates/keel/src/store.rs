@@ -162,7 +162,8 @@ impl MemStore {
     /// For a batch of lookups, in windows of 32 (enough loads in flight to cover a miss's
     /// latency): starts loading every hash's index bucket, then the record each hash
     /// probably names (the first tag match in its bucket), then each such record's newest
-    /// version. A wrong guess costs a wasted load, nothing else: records are never freed.
+    /// version. A wrong guess costs a wasted load, nothing else: the caller holds a registry
+    /// slot, so nothing it could find is freed under it (`gc`).
     pub(crate) fn prefetch_all(&self, hashes: impl IntoIterator<Item = u64>) {
         const WINDOW: usize = 32;
         let mut hashes = hashes.into_iter();

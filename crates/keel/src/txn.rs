@@ -139,10 +139,11 @@ const PREPARE_LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_mil
 pub(crate) fn unlock_shared(db: &Shared, shared: &[RecordRef]) {
     for record in shared {
         let r = record.get();
-        r.unlock_shared();
+        // Noted while held, so that the collector cannot have taken it before the note.
         if r.head().is_none() {
             db.store.note_dead(*record, Ts(0));
         }
+        r.unlock_shared();
     }
 }
 
@@ -1644,11 +1645,12 @@ impl<'db> Txn<'db> {
     fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
         for (i, record) in locked.iter().enumerate() {
             if slices.get(i).is_none_or(Option::is_none) {
-                let empty = record.get().head().is_none();
-                record.get().unlock(me);
-                if empty {
+                // Noted while held, so that the collector cannot have taken it before the
+                // note (`gc::pass`).
+                if record.get().head().is_none() {
                     self.db.store.note_dead(*record, Ts(0));
                 }
+                record.get().unlock(me);
             }
         }
     }

@@ -152,6 +152,18 @@ impl Version {
     }
 }
 
+/// What [`Record::try_take`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Locked for good: the collector unlinks and frees it.
+    Taken,
+    /// Someone holds it: ask again later (the holder may leave it as dead as it was).
+    Held,
+    /// Not dead: it holds a value a snapshot could see, was split, or was taken already.
+    /// Whoever deletes it again notes it again.
+    Live,
+}
+
 /// One key: its lock, its version chain, its key bytes, and room for one version.
 ///
 /// Records are allocated from the store's [`Arena`] and laid out as the header, the key
@@ -291,23 +303,26 @@ impl Record {
 
     /// The collector's claim: locks the record for good if nobody holds it, it was never
     /// split, and no snapshot at or above `horizon` can see anything in it but absence (an
-    /// empty chain, or a tombstone at or below `horizon`). Returns whether it did.
-    pub(crate) fn try_take(&self, horizon: Ts) -> bool {
-        if self
-            .lock
-            .compare_exchange(0, DEAD_OWNER.0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
+    /// empty chain, or a tombstone at or below `horizon`).
+    pub(crate) fn try_take(&self, horizon: Ts) -> Take {
+        if let Err(owner) =
+            self.lock
+                .compare_exchange(0, DEAD_OWNER.0, Ordering::AcqRel, Ordering::Relaxed)
         {
-            return false;
+            return if owner == DEAD_OWNER.0 {
+                Take::Live
+            } else {
+                Take::Held
+            };
         }
         let absent = self
             .head()
             .is_none_or(|v| v.value().is_none() && v.ts <= horizon);
         if absent && !self.is_split() {
-            return true;
+            return Take::Taken;
         }
         self.lock.store(0, Ordering::Release);
-        false
+        Take::Live
     }
 
     /// Whether the collector took the record for good ([`DEAD_OWNER`]).
