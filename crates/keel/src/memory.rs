@@ -154,6 +154,11 @@ pub(crate) struct Arena {
     free: Mutex<std::collections::HashMap<usize, usize>>,
     /// Blocks in `free`: allocation looks there only when there are some.
     free_blocks: CachePadded<AtomicUsize>,
+    /// Every block's size is a multiple of this, so every block is aligned to it (chunks
+    /// start on a page boundary).
+    align: usize,
+    /// Whether helper threads fault huge pages in ahead of allocation ([`POPULATE_AHEAD`]).
+    populate: bool,
 }
 
 struct ArenaInner {
@@ -209,14 +214,31 @@ impl Arena {
                 .collect(),
             free: Mutex::new(std::collections::HashMap::new()),
             free_blocks: CachePadded::new(AtomicUsize::new(0)),
+            align: ARENA_ALIGN,
+            populate: true,
         }
     }
 
-    /// Allocates `layout` (alignment at most [`ARENA_ALIGN`], size at least a word). The
+    /// An arena whose blocks are aligned to `align` (a power of two up to a page), for
+    /// blocks whose sizes are multiples of it, without faulting pages in ahead: the ordered
+    /// index's nodes, one per 16 to 32 keys, so a fault is rare, and a server that holds
+    /// few keys should not pay the huge pages ahead. In the global allocator a 576-byte
+    /// leaf takes a 640-byte block: after loading a sorted set of a million members (56 MiB
+    /// of nodes), mimalloc's heap held 83-110 MiB resident with them, 18-35 MiB without.
+    pub(crate) fn aligned(align: usize) -> Arena {
+        assert!(align.is_power_of_two() && align <= 4096);
+        Arena {
+            align,
+            populate: false,
+            ..Arena::new()
+        }
+    }
+
+    /// Allocates `layout` (alignment at most the arena's, [`ARENA_ALIGN`] unless [`Arena::aligned`], size at least a word). The
     /// memory lives until [`Arena::free`] or until the arena is dropped.
     pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
-        assert!(layout.align() <= ARENA_ALIGN && layout.size() >= size_of::<usize>());
-        let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
+        assert!(layout.align() <= self.align && layout.size() >= size_of::<usize>());
+        let bytes = layout.size().next_multiple_of(self.align);
         if self.free_blocks.load(Ordering::Relaxed) > 0
             && let Some(block) = self.take_free(bytes)
         {
@@ -240,7 +262,7 @@ impl Arena {
         inner.next += bytes;
         // The block enters a new huge page: its last byte is on another page than the byte
         // before it (chunks start on a page boundary).
-        if (at - 1) / HUGE_PAGE_BYTES != (inner.next - 1) / HUGE_PAGE_BYTES {
+        if self.populate && (at - 1) / HUGE_PAGE_BYTES != (inner.next - 1) / HUGE_PAGE_BYTES {
             let chunk = inner.chunks.last().expect("a chunk is current");
             populate_ahead(chunk, inner.next - chunk.start().as_ptr() as usize);
         }
@@ -270,7 +292,7 @@ impl Arena {
     /// `ptr` came from this arena's `alloc(layout)`, nobody uses it any more, and it is
     /// freed once.
     pub(crate) unsafe fn free(&self, ptr: NonNull<u8>, layout: Layout) {
-        let bytes = layout.size().next_multiple_of(ARENA_ALIGN);
+        let bytes = layout.size().next_multiple_of(self.align);
         if bytes > CHUNK_BYTES / 4 {
             for shard in self.shards.iter() {
                 let mut inner = shard.lock();
@@ -375,6 +397,32 @@ mod tests {
         let again = [arena.alloc(small), arena.alloc(small)];
         assert!(again.contains(&a) && again.contains(&b));
         assert_eq!(arena.free_blocks(), 0);
+    }
+
+    /// An aligned arena's blocks, fresh or reused, all keep its alignment when their sizes
+    /// are multiples of it (the ordered index's leaves and inner nodes).
+    #[test]
+    fn an_aligned_arena_keeps_its_alignment() {
+        let arena = Arena::aligned(64);
+        let leaf = Layout::from_size_align(576, 64).expect("layout");
+        let inner = Layout::from_size_align(896, 64).expect("layout");
+        let mut blocks: Vec<_> = (0..1000)
+            .map(|i| {
+                let layout = if i % 3 == 0 { inner } else { leaf };
+                (arena.alloc(layout), layout)
+            })
+            .collect();
+        for &(block, layout) in blocks.iter().step_by(2) {
+            // SAFETY: blocks of ours, freed once.
+            unsafe { arena.free(block, layout) };
+        }
+        blocks = (0..1000)
+            .map(|i| {
+                let layout = if i % 2 == 0 { inner } else { leaf };
+                (arena.alloc(layout), layout)
+            })
+            .collect();
+        assert!(blocks.iter().all(|(b, _)| (b.as_ptr() as usize).is_multiple_of(64)));
         // A block with a region of its own is unmapped.
         let large = Layout::from_size_align(CHUNK_BYTES, 8).expect("layout");
         let before = arena.mapped_bytes();

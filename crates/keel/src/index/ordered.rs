@@ -44,9 +44,11 @@
 //! Every node field is an atomic, so that a reader racing a writer reads stale or mixed
 //! values (which its version check then rejects), never undefined ones.
 
+use std::alloc::Layout;
 use std::cmp::Ordering as Cmp;
 use std::ops::Bound;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 use std::sync::atomic::{
     AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
 };
@@ -54,6 +56,7 @@ use std::sync::atomic::{
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
+use crate::memory::Arena;
 use crate::mvcc::{Record, RecordRef};
 use crate::store::KeyRange;
 
@@ -147,6 +150,12 @@ struct Node {
     keys: [AtomicPtr<Record>; CAP],
 }
 
+/// A node built on a worker thread, handed back to the builder.
+struct NodePtr(*mut Node);
+
+// SAFETY: a fresh node, not shared yet: whoever holds it owns it.
+unsafe impl Send for NodePtr {}
+
 /// An inner node: the common part, then `count + 1` children.
 #[repr(C, align(64))]
 struct Inner {
@@ -170,22 +179,32 @@ impl Node {
         }
     }
 
-    fn new_leaf(prefix: u32) -> Box<Node> {
-        Box::new(Node::empty(prefix))
+    fn layout(leaf: bool) -> Layout {
+        if leaf {
+            Layout::new::<Node>()
+        } else {
+            Layout::new::<Inner>()
+        }
     }
 
-    /// A new node, leaked: it lives until [`Node::free`].
-    fn alloc(leaf: bool, prefix: u32) -> *mut Node {
+    /// A new node from `arena`: it lives until [`Node::free`] (or the arena goes).
+    fn alloc(arena: &Arena, leaf: bool, prefix: u32) -> *mut Node {
+        let block = arena.alloc(Node::layout(leaf)).as_ptr();
         if leaf {
-            Box::into_raw(Node::new_leaf(prefix))
+            let node = block.cast::<Node>();
+            // SAFETY: a fresh block of the node's size and alignment.
+            unsafe { node.write(Node::empty(prefix)) };
+            node
         } else {
-            let inner = Box::into_raw(Box::new(Inner {
-                node: Node::empty(prefix),
-                children: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
-            }));
-            // SAFETY: a fresh, live allocation that is never freed before `Node::free`; the
-            // node's pointer to its children derives from the whole block's.
+            let inner = block.cast::<Inner>();
+            // SAFETY: a fresh block of the inner node's size and alignment, never freed
+            // before `Node::free`; the node's pointer to its children derives from the whole
+            // block's.
             unsafe {
+                inner.write(Inner {
+                    node: Node::empty(prefix),
+                    children: std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())),
+                });
                 let children = &raw mut (*inner).children;
                 (*inner).node.children.store(children, Ordering::Relaxed);
                 &raw mut (*inner).node
@@ -193,20 +212,17 @@ impl Node {
         }
     }
 
-    /// Frees a node from [`Node::alloc`] or [`Node::new_leaf`] (not its children).
+    /// Gives a node from [`Node::alloc`] back to `arena` (not its children).
     ///
     /// # Safety
-    /// Nobody can reach `node` any more, and it is freed once.
-    unsafe fn free(node: *mut Node) {
+    /// Nobody can reach `node` any more, it came from `arena`, and it is freed once.
+    unsafe fn free(arena: &Arena, node: *mut Node) {
         // SAFETY: the caller guarantees `node` is live and ours. An inner node was allocated
         // as the `Inner` it starts (`repr(C)`), and the tree keeps only pointers derived from
-        // the whole allocation's.
+        // the whole allocation's. Nodes hold only atomics: nothing to drop.
         unsafe {
-            if (*node).is_leaf() {
-                drop(Box::from_raw(node));
-            } else {
-                drop(Box::from_raw(node.cast::<Inner>()));
-            }
+            let layout = Node::layout((*node).is_leaf());
+            arena.free(NonNull::new_unchecked(node.cast::<u8>()), layout);
         }
     }
 
@@ -468,6 +484,8 @@ thread_local! {
 /// The B+tree. Holds no records: it points at records the store owns.
 pub(crate) struct Ordered {
     root: AtomicPtr<Node>,
+    /// Where the nodes live, shared with the trees and nodes retired to the collector.
+    nodes: Arc<Arena>,
     /// Inserts in progress, per stripe of threads: a rebuild publishes when none is.
     stripes: Box<[CachePadded<AtomicUsize>]>,
     /// Raised while a rebuild publishes its tree; inserters that see it wait on `publish`.
@@ -496,7 +514,7 @@ pub(crate) struct Removed {
 /// Nodes [`Ordered::unlink_empty`] took out of the tree (a leaf and the inner nodes that had
 /// only it below them), owned by the collector until no reader can be in them; dropping it
 /// frees them.
-pub(crate) struct RetiredNodes(Vec<*mut Node>);
+pub(crate) struct RetiredNodes(Vec<*mut Node>, Arc<Arena>);
 
 // SAFETY: detached nodes, freed once, by whoever drops them.
 unsafe impl Send for RetiredNodes {}
@@ -507,14 +525,14 @@ impl Drop for RetiredNodes {
             // SAFETY: unlinked from the tree (no parent or neighbour points at them; the
             // inner ones point only at each other and the leaf, which go too), and no reader
             // is left in them (the collector's grace period). Each is freed once.
-            unsafe { Node::free(node) };
+            unsafe { Node::free(&self.1, node) };
         }
     }
 }
 
 /// The nodes of a tree a rebuild replaced, owned by the collector until no reader can be
 /// in them; dropping it frees them (not the records).
-pub(crate) struct RetiredTree(*mut Node);
+pub(crate) struct RetiredTree(*mut Node, Arc<Arena>);
 
 // SAFETY: a detached tree of plain nodes, freed once, by whoever drops it.
 unsafe impl Send for RetiredTree {}
@@ -523,7 +541,7 @@ impl Drop for RetiredTree {
     fn drop(&mut self) {
         // SAFETY: detached from the tree that owned it, and no reader is left in it (the
         // collector's grace period).
-        unsafe { free_tree(self.0) };
+        unsafe { free_tree(&self.1, self.0) };
     }
 }
 
@@ -531,7 +549,7 @@ impl Drop for RetiredTree {
 ///
 /// # Safety
 /// Nobody can reach any of the nodes any more, and they are freed once.
-unsafe fn free_tree(root: *mut Node) {
+unsafe fn free_tree(arena: &Arena, root: *mut Node) {
     let mut stack = vec![root];
     while let Some(node) = stack.pop() {
         // SAFETY: exclusive access, by the caller's word; every node is reachable exactly
@@ -542,7 +560,7 @@ unsafe fn free_tree(root: *mut Node) {
                 let children = n.children();
                 stack.extend((0..=n.count()).map(|i| children[i].load(Ordering::Relaxed)));
             }
-            Node::free(node);
+            Node::free(arena, node);
         }
     }
 }
@@ -556,8 +574,13 @@ unsafe impl Sync for Ordered {}
 
 impl Ordered {
     pub(crate) fn new() -> Ordered {
+        Ordered::with_nodes(Arc::new(Arena::aligned(align_of::<Node>())))
+    }
+
+    fn with_nodes(nodes: Arc<Arena>) -> Ordered {
         Ordered {
-            root: AtomicPtr::new(Box::into_raw(Node::new_leaf(0))),
+            root: AtomicPtr::new(Node::alloc(&nodes, true, 0)),
+            nodes,
             stripes: (0..crate::memory::shard_count())
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
@@ -854,7 +877,7 @@ impl Ordered {
                 .chain([leaf])
                 .map(|node| ptr::from_ref(node).cast_mut())
                 .collect();
-            return Some(RetiredNodes(dropped));
+            return Some(RetiredNodes(dropped, Arc::clone(&self.nodes)));
         }
         None
     }
@@ -877,7 +900,7 @@ impl Ordered {
             hi: Bound::Unbounded,
         };
         let live: Vec<RecordRef> = self.range(all).collect();
-        let mut fresh = Ordered::new();
+        let mut fresh = Ordered::with_nodes(Arc::clone(&self.nodes));
         fresh.build_sorted(vec![live]);
         let replay = |fresh: &Ordered, pending: Vec<RecordRef>| {
             for record in pending {
@@ -896,14 +919,14 @@ impl Ordered {
                 }
             }
             replay(&fresh, std::mem::take(&mut *self.pending.lock()));
-            let placeholder = Box::into_raw(Node::new_leaf(0));
+            let placeholder = Node::alloc(&self.nodes, true, 0);
             let new_root = fresh.root.swap(placeholder, Ordering::Relaxed);
             let old = self.root.swap(new_root, Ordering::SeqCst);
             self.rebuilding.store(false, Ordering::SeqCst);
             self.publishing.store(false, Ordering::SeqCst);
             old
         };
-        RetiredTree(old)
+        RetiredTree(old, Arc::clone(&self.nodes))
     }
 
     /// Leaves emptied from now on stay until a rebuild (`false`), as before unlinking.
@@ -1010,7 +1033,7 @@ impl Ordered {
         let separator = node.key(mid);
         let sep = RecordRef(NonNull::new(separator).expect("a full node's keys are set"));
         let leaf = node.is_leaf();
-        let right_ptr = Node::alloc(leaf, prefix_of(Some(sep), hi));
+        let right_ptr = Node::alloc(&self.nodes, leaf, prefix_of(Some(sep), hi));
         // SAFETY: fresh and live; nodes are freed only with the tree.
         let right = unsafe { &*right_ptr };
         // A leaf's separator stays in the right leaf; an inner node's moves up.
@@ -1048,7 +1071,7 @@ impl Ordered {
         match parent {
             Some((parent, index)) => parent.insert_at(index, separator, Some(right)),
             None => {
-                let root_ptr = Node::alloc(false, 0);
+                let root_ptr = Node::alloc(&self.nodes, false, 0);
                 // SAFETY: fresh and live; nodes are freed only with the tree.
                 let root = unsafe { &*root_ptr };
                 root.set_slot(0, separator);
@@ -1304,7 +1327,8 @@ impl Ordered {
             return;
         }
         // Each leaf's range ends where the next leaf starts; the last one is unbounded.
-        let leaves: Vec<(Box<Node>, RecordRef)> = std::thread::scope(|s| {
+        let nodes = &*self.nodes;
+        let leaves: Vec<(NodePtr, RecordRef)> = std::thread::scope(|s| {
             let workers: Vec<_> = stretches
                 .iter()
                 .enumerate()
@@ -1322,12 +1346,14 @@ impl Ordered {
                             }
                             let lo = (!(first && c == 0)).then_some(chunk[0]);
                             let hi = chunks.get(c + 1).map(|n| n[0]).or(next);
-                            let leaf = Node::new_leaf(prefix_of(lo, hi));
+                            let leaf_ptr = Node::alloc(nodes, true, prefix_of(lo, hi));
+                            // SAFETY: fresh, not shared yet.
+                            let leaf = unsafe { &*leaf_ptr };
                             for (j, record) in chunk.iter().enumerate() {
                                 leaf.set_slot(j, record.0.as_ptr());
                             }
                             leaf.count.store(chunk.len() as u32, Ordering::Relaxed);
-                            leaves.push((leaf, chunk[0]));
+                            leaves.push((NodePtr(leaf_ptr), chunk[0]));
                         }
                         leaves
                     })
@@ -1340,7 +1366,7 @@ impl Ordered {
         });
         let mut level: Vec<(*mut Node, RecordRef)> = leaves
             .into_iter()
-            .map(|(leaf, first)| (Box::into_raw(leaf), first))
+            .map(|(leaf, first)| (leaf.0, first))
             .collect();
         for pair in level.windows(2) {
             // SAFETY: fresh leaves, not shared yet; freed only with the tree.
@@ -1354,7 +1380,7 @@ impl Ordered {
             for (g, group) in groups.iter().enumerate() {
                 let lo = (g > 0).then_some(group[0].1);
                 let hi = groups.get(g + 1).map(|n| n[0].1);
-                let inner_ptr = Node::alloc(false, prefix_of(lo, hi));
+                let inner_ptr = Node::alloc(nodes, false, prefix_of(lo, hi));
                 // SAFETY: fresh and live; nodes are freed only with the tree.
                 let inner = unsafe { &*inner_ptr };
                 for (j, (child, first)) in group.iter().enumerate() {
@@ -1371,7 +1397,7 @@ impl Ordered {
             level = up;
         }
         // SAFETY: the empty root is a node nobody else can reach.
-        unsafe { Node::free(*root) };
+        unsafe { Node::free(nodes, *root) };
         *root = level[0].0;
     }
 
@@ -1390,7 +1416,7 @@ impl Ordered {
 impl Drop for Ordered {
     fn drop(&mut self) {
         // SAFETY: exclusive access.
-        unsafe { free_tree(*self.root.get_mut()) };
+        unsafe { free_tree(&self.nodes, *self.root.get_mut()) };
     }
 }
 
