@@ -1608,4 +1608,29 @@ mod tests {
         db.reclaim_deleted(1);
         assert_eq!(hops(&db), 0, "rebuilt: nothing empty in front");
     }
+
+    /// A commit that creates many keys puts them into the ordered index in key order, not
+    /// in the hash order it locks them in: keys that follow each other are then a run that
+    /// fills leaves, where hash order splits each leaf in the middle and leaves it half
+    /// full.
+    #[test]
+    fn keys_created_in_one_commit_fill_their_leaves() {
+        const KEYS: usize = 32_000;
+        let db = Db::in_memory();
+        for batch in (0..KEYS).collect::<Vec<_>>().chunks(1000) {
+            db.transact(|txn| {
+                for &i in batch {
+                    txn.put(format!("member:{i:010}").as_bytes(), b"1")?;
+                }
+                Ok::<_, crate::Error>(())
+            })
+            .unwrap();
+        }
+        let nodes = db.shared.store.ordered().nodes();
+        let full = KEYS / (crate::index::ordered::CAP - 1) + 1;
+        assert!(
+            nodes <= full * 11 / 10,
+            "{nodes} nodes for {KEYS} keys, {full} leaves if full"
+        );
+    }
 }

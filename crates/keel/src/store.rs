@@ -217,6 +217,48 @@ impl MemStore {
     }
 }
 
+impl MemStore {
+    /// [`Store::get_or_create_locked`], but a new record goes into the point index only:
+    /// the caller must pass it to [`MemStore::link_created`] before it lets go of the lock
+    /// (another writer could commit a value into it then) and before it takes a commit
+    /// timestamp (the module invariant).
+    #[inline]
+    pub(crate) fn get_or_create_locked_unlinked(
+        &self,
+        key: &[u8],
+        hash: u64,
+        me: LockOwner,
+        reserve: Option<usize>,
+    ) -> (RecordRef, bool) {
+        // A record that lost the race to create the key stays in the arena unused; such
+        // races are rare. A record the collector took is on its way out of the index: wait
+        // for it to go, then make a new one.
+        loop {
+            let (record, created) = self.get_or_create_unordered(key, hash, me, reserve);
+            if created || !record.get().is_dead() {
+                return (record, created);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Puts records made by [`MemStore::get_or_create_locked_unlinked`] into the ordered
+    /// index, in key order, and empties `created`. A commit locks its keys in hash order;
+    /// inserted in that order, a batch of new keys that follow each other (a sorted set's
+    /// members loaded in order, `MSET` of a range) lands in random places of the leaf they
+    /// go to, which then splits in the middle and stays half full. In key order they are a
+    /// run, which fills leaves (`split_point`): 95 000 nodes became 73 000 for a sorted set
+    /// of a million members loaded a thousand at a time.
+    pub(crate) fn link_created(&self, created: &mut smallvec::SmallVec<[RecordRef; 4]>) {
+        if created.len() > 1 {
+            created.sort_unstable_by(|a, b| a.get().key().cmp(b.get().key()));
+        }
+        for record in created.drain(..) {
+            self.ordered.insert(record);
+        }
+    }
+}
+
 impl Store for MemStore {
     type Scan<'a> = Range<'a>;
 
@@ -233,16 +275,7 @@ impl Store for MemStore {
         me: LockOwner,
         reserve: Option<usize>,
     ) -> (RecordRef, bool) {
-        // A record that lost the race to create the key stays in the arena unused; such
-        // races are rare. A record the collector took is on its way out of the index: wait
-        // for it to go, then make a new one.
-        let (record, created) = loop {
-            let (record, created) = self.get_or_create_unordered(key, hash, me, reserve);
-            if created || !record.get().is_dead() {
-                break (record, created);
-            }
-            std::thread::yield_now();
-        };
+        let (record, created) = self.get_or_create_locked_unlinked(key, hash, me, reserve);
         if created {
             self.ordered.insert(record);
         }

@@ -1165,6 +1165,8 @@ impl<'db> Txn<'db> {
             if phase.is_some() && writes.iter().any(|e| matches!(e.write, Write::Ops(_))) {
                 slices.reserve_exact(writes.len());
             }
+            // Records this commit made, not yet in the ordered index (`link_created`).
+            let mut created: smallvec::SmallVec<[RecordRef; 4]> = smallvec::SmallVec::new();
             for entry in &writes {
                 // A tracked entry's value must be known at commit: it never goes to a slice,
                 // and it is no reason to split its record.
@@ -1184,11 +1186,12 @@ impl<'db> Txn<'db> {
                     Write::Ops(_) => Some(OPS_FIRST_VALUE_RESERVE),
                 };
                 let (record, outcome) = loop {
-                    let (record, created) = self
+                    let (record, new) = self
                         .db
                         .store
-                        .get_or_create_locked(&entry.key, entry.hash, me, reserve);
-                    let outcome = if created {
+                        .get_or_create_locked_unlinked(&entry.key, entry.hash, me, reserve);
+                    let outcome = if new {
+                        created.push(record);
                         Locking::Held
                     } else {
                         // A prepare's wait stays short even while the lock changes hands:
@@ -1208,11 +1211,13 @@ impl<'db> Txn<'db> {
                 match outcome {
                     Locking::Held => {}
                     Locking::SplitOpening if restarts < SPLIT_RESTARTS_MAX => {
+                        self.db.store.link_created(&mut created);
                         self.unlock_all(&locked, &slices, me);
                         restarts += 1;
                         continue 'lock;
                     }
                     Locking::Busy | Locking::SplitOpening | Locking::Dead => {
+                        self.db.store.link_created(&mut created);
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
                         return Step::Done(Ok(Err(Conflict {
@@ -1229,6 +1234,7 @@ impl<'db> Txn<'db> {
                     slices.push(None);
                 }
             }
+            self.db.store.link_created(&mut created);
             // 1b. Join the split phase: announce it, check it is still open, and reserve room in
             //     the slices. If anything does not fit, leave the phase and start over (past
             //     the restart bound, with every record locked).
