@@ -397,6 +397,14 @@ mod tests {
         let again = [arena.alloc(small), arena.alloc(small)];
         assert!(again.contains(&a) && again.contains(&b));
         assert_eq!(arena.free_blocks(), 0);
+        // A block with a region of its own is unmapped.
+        let large = Layout::from_size_align(CHUNK_BYTES, 8).expect("layout");
+        let before = arena.mapped_bytes();
+        let l = arena.alloc(large);
+        assert!(arena.mapped_bytes() > before);
+        // SAFETY: ours, freed once.
+        unsafe { arena.free(l, large) };
+        assert_eq!(arena.mapped_bytes(), before);
     }
 
     /// An aligned arena's blocks, fresh or reused, all keep its alignment when their sizes
@@ -422,15 +430,11 @@ mod tests {
                 (arena.alloc(layout), layout)
             })
             .collect();
-        assert!(blocks.iter().all(|(b, _)| (b.as_ptr() as usize).is_multiple_of(64)));
-        // A block with a region of its own is unmapped.
-        let large = Layout::from_size_align(CHUNK_BYTES, 8).expect("layout");
-        let before = arena.mapped_bytes();
-        let l = arena.alloc(large);
-        assert!(arena.mapped_bytes() > before);
-        // SAFETY: ours, freed once.
-        unsafe { arena.free(l, large) };
-        assert_eq!(arena.mapped_bytes(), before);
+        assert!(
+            blocks
+                .iter()
+                .all(|(b, _)| (b.as_ptr() as usize).is_multiple_of(64))
+        );
     }
 
     #[test]
