@@ -10,7 +10,9 @@
 //!    under the lock);
 //! 3. take `commit_ts`;
 //! 4. validate: nothing read or scanned has a version newer than `read_ts` or is locked by
-//!    another transaction;
+//!    another transaction, except that a key read only for its presence
+//!    ([`Txn::exists_for_write`]) and written (so locked here) need only be present exactly
+//!    when it was;
 //! 5. install one version per written key at `commit_ts`, unlock, and publish `commit_ts` to
 //!    the watermark in timestamp order.
 //!
@@ -211,6 +213,13 @@ enum Read {
     Absent {
         key: smallvec::SmallVec<[u8; ABSENT_KEY_INLINE_BYTES]>,
         hash: u64,
+    },
+    /// Whether a key the transaction writes was present ([`Txn::exists_for_write`]): only
+    /// its presence at commit is validated, not its value.
+    Presence {
+        key: smallvec::SmallVec<[u8; ABSENT_KEY_INLINE_BYTES]>,
+        hash: u64,
+        present: bool,
     },
 }
 
@@ -658,6 +667,50 @@ impl<'db> Txn<'db> {
         check_key(key)?;
         let record = self.read_record(key, h)?;
         read_at(self.db, record, self.read_ts, |v, _| f(v))
+    }
+
+    /// Whether `key` is present (holds a value) in this transaction's view: its own writes,
+    /// then the snapshot. Unlike [`Txn::get`], which conflicts with any commit to `key`
+    /// after the snapshot, this remembers only the key's presence: the commit validates that
+    /// `key` is present at commit exactly when it was here, whatever its value became. A
+    /// write that depends on whether a key exists but not on its value (a counter that
+    /// also counts the keys it creates) stays commutative with other writes of the key.
+    ///
+    /// Only for a key this transaction writes by commit time, which the commit then holds
+    /// locked while it validates, so the key's newest version is the state the commit
+    /// follows. A presence read of a key that is not written (or whose write goes to a split
+    /// record's slice, see [`SplitMode`](crate::SplitMode)) is validated as a read of its value,
+    /// like [`Txn::get`]: always safe, but it conflicts with any change.
+    ///
+    /// A key the transaction has written already needs no read: a `put` or a commutative
+    /// operation leaves it present, a `delete` absent.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// db.transact(|txn| txn.put(b"n", b"1"))?;
+    /// let mut txn = db.begin()?;
+    /// assert!(txn.exists_for_write(b"n")?);
+    /// txn.add(b"n", 1)?;
+    /// db.transact(|txn| txn.add(b"n", 10))?; // changes the value, not the presence
+    /// assert!(txn.commit()?.is_ok());
+    /// assert_eq!(db.snapshot()?.get(b"n")?.as_deref(), Some(&b"12"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn exists_for_write(&mut self, key: &[u8]) -> Result<bool, Error> {
+        check_key(key)?;
+        let h = hash(key);
+        if let Some(i) = self.writes.find(key, h) {
+            // A commutative operation always leaves a value, or fails the commit.
+            return Ok(!matches!(self.writes.entries[i].write, Write::Delete));
+        }
+        let record = self.db.store.get(key, h);
+        let present = read_at(self.db, record, self.read_ts, |v, _| v.is_some())?;
+        self.remember(Read::Presence {
+            key: smallvec::SmallVec::from_slice(key),
+            hash: h,
+            present,
+        })?;
+        Ok(present)
     }
 
     /// The commit timestamp of the version of `key` this transaction's snapshot sees
@@ -1599,7 +1652,9 @@ impl<'db> Txn<'db> {
                     let key = record.get().key();
                     (key, hash(key))
                 }
-                Read::Absent { key, hash } => (key.as_slice(), *hash),
+                Read::Absent { key, hash } | Read::Presence { key, hash, .. } => {
+                    (key.as_slice(), *hash)
+                }
             };
             let held = loop {
                 let (record, created) = self.db.store.get_or_create_locked(key, hash, me, None);
@@ -1680,6 +1735,27 @@ impl<'db> Txn<'db> {
             let record = match read {
                 Read::Record(record) => Some(*record),
                 Read::Absent { key, hash } => self.db.store.get(key, *hash),
+                Read::Presence { key, hash, present } => match self.db.store.get(key, *hash) {
+                    // Written by this transaction and locked for it since before the commit
+                    // timestamp was taken: nobody else commits to the key before this commit
+                    // installs, so the newest version is the state this commit follows. Its
+                    // value may have changed since the snapshot; only its presence must not.
+                    Some(record) if record.get().is_locked_by(me) => {
+                        let r = record.get();
+                        if r.head().is_some_and(|v| v.value().is_some()) != *present {
+                            return Err(conflict(
+                                r,
+                                Staleness::Changed,
+                                ConflictReason::ReadChanged,
+                            ));
+                        }
+                        continue;
+                    }
+                    // Not locked for this transaction: not written after all, or written to
+                    // a split record's slice. Validated as a read of the key's value, which
+                    // a split record fails (and is stashed for) as any read of it does.
+                    other => other,
+                },
             };
             if let Some(record) = record {
                 let (r, s) = self.staleness_of_key(record, me);

@@ -9,6 +9,7 @@ mod index_growth;
 mod limits;
 mod model;
 mod prepare;
+mod presence;
 mod reclaim;
 mod split;
 mod track;
