@@ -3089,7 +3089,7 @@ impl Conn {
                 }
                 Err(keel::CommitError::Apply(e)) => {
                     out.buf.truncate(mark);
-                    out.error(&data::engine_error(&e).0);
+                    out.error(&data::apply_error(cmd, &e).0);
                     return false;
                 }
                 Err(e) => {

@@ -50,6 +50,15 @@ pub fn engine_error(e: &keel::Error) -> Fail {
     }
 }
 
+/// The Redis error of `cmd` for an engine error its commutative operations met at commit
+/// ([`Ctx::track_increments`]).
+pub fn apply_error(cmd: Cmd, e: &keel::Error) -> Fail {
+    match cmd {
+        Cmd::Hincrby => crate::hashes::incr_error(e),
+        _ => engine_error(e),
+    }
+}
+
 pub const NOT_INTEGER: &str = "ERR value is not an integer or out of range";
 pub const SYNTAX: &str = "ERR syntax error";
 pub const NOT_FLOAT: &str = "ERR value is not a valid float";

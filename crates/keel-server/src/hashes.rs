@@ -15,9 +15,11 @@
 //! `FF 'h' gen field`; the size record `FF 'n' gen` is kept with the engine's commutative
 //! `add`. A field write reads the meta record (which changes only when the hash is created,
 //! deleted, renamed or given a TTL) and the one field, and adds to the size record without
-//! reading it: two writers of different fields never conflict. Every write adds, 0 when it
-//! only overwrites fields, so that the size record has a new version whenever the hash
-//! changes: that is what `WATCH` of the hash records. Only removing fields (`HDEL`) reads the
+//! reading it: two writers of different fields never conflict. `HINCRBY` reads not even its
+//! field's value, only whether it exists (`Txn::exists_for_write`), and adds to it: its
+//! writers of one field do not conflict either, unless they create it. Every write adds, 0
+//! when it only overwrites fields, so that the size record has a new version whenever the
+//! hash changes: that is what `WATCH` of the hash records. Only removing fields (`HDEL`) reads the
 //! size, to delete the key with its last field, as Redis does. Deleting or overwriting a whole
 //! hash is O(1): its generation goes to the graveyard (`keyspace::drop_meta`).
 
@@ -258,15 +260,27 @@ fn len(view: &mut View<'_, '_>, meta: &Meta) -> Result<i64, Fail> {
     size(view, meta.generation)
 }
 
+/// `HINCRBY`'s error for a field value that is not an integer.
+const NOT_INTEGER: &str = "ERR hash value is not an integer";
+
 /// `HINCRBY`'s sum.
 fn incr_int(current: Option<&[u8]>, delta: i64) -> Result<i64, Fail> {
     let base = match current {
         None => 0,
-        Some(v) => string_to_i64(v).ok_or("ERR hash value is not an integer")?,
+        Some(v) => string_to_i64(v).ok_or(NOT_INTEGER)?,
     };
     Ok(base
         .checked_add(delta)
         .ok_or("ERR increment or decrement would overflow")?)
+}
+
+/// `HINCRBY`'s error for an engine error of its commutative add, which meets the field's
+/// value only at commit (or at once, over the transaction's own write of the field).
+pub fn incr_error(e: &keel::Error) -> Fail {
+    match e {
+        keel::Error::NotAnInteger { .. } => NOT_INTEGER.into(),
+        other => crate::data::engine_error(other),
+    }
 }
 
 /// `HINCRBYFLOAT`'s sum, as text.
@@ -529,6 +543,18 @@ pub fn run(
                 }
                 Target::Spread(m) => {
                     let fk = ks::sub_key(HASH_FIELD, m.generation, &args[2]);
+                    if ctx.track_increments {
+                        // As `INCR`: the commutative add, replying with the value it resolves
+                        // to at commit. Whether the field is new (for the size) is the only
+                        // thing read, and only its presence is validated, so concurrent
+                        // increments of one field do not conflict.
+                        let new = !t.exists_for_write(&fk)?;
+                        t.add(&fk, delta).map_err(|e| incr_error(&e))?;
+                        // 0 for an existing field: `WATCH` sees the overwrite.
+                        t.add(&ks::size_key(m.generation), i64::from(new))?;
+                        out.tracked(t.track(&fk)?);
+                        return Ok(());
+                    }
                     let (sum, new) = t.get_with(&fk, |v| (incr_int(v, delta), v.is_none()))?;
                     let sum = sum?;
                     t.put(&fk, sum.to_string().as_bytes())?;

@@ -4,7 +4,7 @@ use crate::keyspace as ks;
 
 /// Two open transactions writing different fields of one spread hash (new fields and
 /// increments) both commit: neither reads what the other writes, and the size record is a
-/// commutative add.
+/// commutative add. Increments of one field commit too, unless both create it.
 #[test]
 fn writers_of_different_fields_do_not_conflict() {
     let db = keel::Db::in_memory();
@@ -37,11 +37,31 @@ fn writers_of_different_fields_do_not_conflict() {
     }
     assert_eq!(exec(&db, &cursors, &["HLEN", "h"]), b":7\r\n");
     assert_eq!(exec(&db, &cursors, &["HGET", "h", "a"]), b"$1\r\n6\r\n");
-    // The same field does conflict.
+    // Increments of one existing field do not conflict either: they read only that it
+    // exists, and add.
     let mut t1 = db.begin().expect("begin");
     let mut t2 = db.begin().expect("begin");
     run_in(&mut t1, &cursors, &["HINCRBY", "h", "a", "1"]);
     run_in(&mut t2, &cursors, &["HINCRBY", "h", "a", "1"]);
+    assert!(t1.commit().expect("commit").is_ok());
+    assert!(t2.commit().expect("commit").is_ok());
+    assert_eq!(exec(&db, &cursors, &["HGET", "h", "a"]), b"$1\r\n8\r\n");
+    // Two that create one field do: only one may count it in the size.
+    let mut t1 = db.begin().expect("begin");
+    let mut t2 = db.begin().expect("begin");
+    run_in(&mut t1, &cursors, &["HINCRBY", "h", "e", "1"]);
+    run_in(&mut t2, &cursors, &["HINCRBY", "h", "e", "1"]);
+    assert!(t1.commit().expect("commit").is_ok());
+    assert!(t2.commit().expect("commit").is_err());
+    assert_eq!(exec(&db, &cursors, &["HLEN", "h"]), b":8\r\n");
+    // Where the reply must be known before the commit, an increment reads the field: one
+    // field's increments conflict.
+    let mut reading = ctx(&cursors);
+    reading.track_increments = false;
+    let mut t1 = db.begin().expect("begin");
+    let mut t2 = db.begin().expect("begin");
+    run_in_ctx(&mut t1, &reading, &["HINCRBY", "h", "a", "1"]);
+    run_in_ctx(&mut t2, &reading, &["HINCRBY", "h", "a", "1"]);
     assert!(t1.commit().expect("commit").is_ok());
     assert!(t2.commit().expect("commit").is_err());
 }

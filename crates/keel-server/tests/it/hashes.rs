@@ -390,6 +390,97 @@ fn concurrent_field_writers_do_not_conflict() {
     assert_eq!(conflicts(&mut c), before, "a field write lost a validation");
 }
 
+/// Clients incrementing one field of a spread hash at once never conflict: `HINCRBY` adds
+/// with the engine's commutative add and reads only whether the field exists. Clients
+/// creating one field at once may conflict (only one of them may count it as new); the size
+/// stays right. Replies and errors are compared with Redis' in
+/// `differential::increments_of_spread_hashes_match_redis`.
+#[test]
+fn concurrent_increments_of_one_field_do_not_conflict() {
+    const CLIENTS: usize = 4;
+    const ROUNDS: i64 = 400;
+    const BATCH: i64 = 20;
+    const NEW_FIELDS: i64 = 40;
+    // More fields than a packed hash holds (`hashes::FIELDS_MAX`): spread.
+    const FIELDS: i64 = 200;
+    // On the worker pool: the poller thread would run one command at a time.
+    let server = TestServer::with(|c| c.poller = keel_server::lanes::PollerMode::Off);
+    let mut c = server.client();
+    let mut fill = vec!["HSET".to_string(), "h".to_string()];
+    for i in 0..FIELDS - 1 {
+        fill.extend([format!("f{i}"), "0".to_string()]);
+    }
+    fill.extend(["n".to_string(), "0".to_string()]);
+    let fill: Vec<&str> = fill.iter().map(String::as_str).collect();
+    assert_eq!(query::<i64>(&mut c, &fill), FIELDS);
+    let conflicts = |c: &mut redis::Connection| {
+        let info: String = query(c, &["INFO", "keel"]);
+        [
+            "keel_aborts_read_changed",
+            "keel_aborts_write_locked",
+            "keel_aborts_phantom",
+            "keel_conflict_retries",
+        ]
+        .map(|name| info_counter(&info, name))
+    };
+    let before = conflicts(&mut c);
+    let run = |work: fn(&mut redis::Connection, usize)| {
+        let threads: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let url = server.url(false);
+                std::thread::spawn(move || work(&mut crate::connect(&url), t))
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("client");
+        }
+    };
+    // In pipelines too, which keel runs as one transaction each: longer transactions, more
+    // of them overlapping.
+    run(|c, t| {
+        let mut last = 0;
+        for round in 0..ROUNDS / BATCH {
+            let replies: Vec<i64> = if round % 2 == 0 {
+                let mut pipe = redis::pipe();
+                for _ in 0..BATCH {
+                    pipe.cmd("HINCRBY").arg("h").arg("n").arg(t + 1);
+                }
+                pipe.query(c).expect("pipeline")
+            } else {
+                (0..BATCH)
+                    .map(|_| query(c, &["HINCRBY", "h", "n", &(t + 1).to_string()]))
+                    .collect()
+            };
+            for now in replies {
+                assert!(now > last, "{now} after {last}");
+                last = now;
+            }
+        }
+    });
+    let sum: i64 = (1..=CLIENTS as i64).sum::<i64>() * ROUNDS;
+    assert_eq!(query::<i64>(&mut c, &["HGET", "h", "n"]), sum);
+    assert_eq!(query::<i64>(&mut c, &["HLEN", "h"]), FIELDS);
+    assert_eq!(
+        conflicts(&mut c),
+        before,
+        "increments of one field conflicted"
+    );
+
+    // Every client creates the same new fields: each field counted once.
+    run(|c, _| {
+        for i in 0..NEW_FIELDS {
+            let _: i64 = query(c, &["HINCRBY", "h", &format!("new{i}"), "1"]);
+        }
+    });
+    for i in 0..NEW_FIELDS {
+        assert_eq!(
+            query::<i64>(&mut c, &["HGET", "h", &format!("new{i}")]),
+            CLIENTS as i64
+        );
+    }
+    assert_eq!(query::<i64>(&mut c, &["HLEN", "h"]), FIELDS + NEW_FIELDS);
+}
+
 /// `WATCH` sees a hash gain a field, a string gain a TTL, and a key expire.
 #[test]
 fn watch_sees_fields_added_and_ttls_changed() {
