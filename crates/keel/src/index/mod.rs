@@ -178,8 +178,7 @@ impl Table {
 
     /// Replaces `record`'s entry with a tombstone; returns whether it was there. Only the
     /// collector removes, and never during a growth.
-    fn remove(&self, record: RecordRef) -> bool {
-        let hash = record.get().hash();
+    fn remove(&self, record: RecordRef, hash: u64) -> bool {
         let address = record.0.as_ptr() as u64;
         let mut b = bucket_of(hash, self.mask);
         loop {
@@ -477,9 +476,23 @@ impl Index {
     /// Removes the entries of `records` (the collector's, under no growth); returns how
     /// many were there. Rebuilds the table if tombstones then fill a quarter of it.
     pub(crate) fn remove_all(&self, records: &[RecordRef]) -> usize {
+        // Each removal probes a random bucket, a cache miss on a large table: start loading
+        // the buckets a few removals ahead (hashing a key reads its record, which the
+        // collector has just taken, so it is in cache).
+        const AHEAD: usize = 8;
+        let hashes: Vec<u64> = records.iter().map(|r| r.get().hash()).collect();
         let grow = self.grow.lock();
         let table = self.table();
-        let removed = records.iter().filter(|r| table.remove(**r)).count();
+        for &hash in hashes.iter().take(AHEAD) {
+            table.prefetch(hash);
+        }
+        let mut removed = 0;
+        for (i, (record, &hash)) in records.iter().zip(&hashes).enumerate() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                table.prefetch(ahead);
+            }
+            removed += usize::from(table.remove(*record, hash));
+        }
         self.len.fetch_sub(removed, Ordering::Relaxed);
         drop(grow);
         if table.tombstones.load(Ordering::Relaxed) >= table.capacity() / 4 {
