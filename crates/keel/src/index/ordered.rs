@@ -1408,6 +1408,7 @@ impl Ordered {
             range,
             front: None,
             back: None,
+            inside: [None, None],
             done: false,
         }
     }
@@ -1473,6 +1474,11 @@ pub(crate) struct Range<'a> {
     /// Where each end is: the last record returned from it.
     front: Option<Cursor<'a>>,
     back: Option<Cursor<'a>>,
+    /// For each direction (backward, forward): a leaf, and the version it was read at, whose
+    /// every key is short of the range's end that way. Steps inside it then compare no key
+    /// with the bound: a queue's or a sorted set's front of deleted keys, which pops and
+    /// their validations pass, cost a key comparison each.
+    inside: [Option<(*const Node, u64)>; 2],
     done: bool,
 }
 
@@ -1496,6 +1502,41 @@ impl<'a> Range<'a> {
     fn finish(&mut self) -> Option<RecordRef> {
         self.done = true;
         None
+    }
+
+    /// Whether `found`'s key is short of the range's end that way (`forward`: its end,
+    /// else its start). Once a record of a leaf is, the leaf's farthest key that way is
+    /// compared too, and if it is, the leaf (at the version read) is noted as inside.
+    fn short_of_end(&mut self, forward: bool, found: &Cursor<'a>) -> bool {
+        let leaf = found.leaf;
+        let here = (ptr::from_ref(leaf.node), leaf.version);
+        if self.inside[usize::from(forward)] == Some(here) {
+            return true;
+        }
+        let within = |range: &Self, key: &[u8]| {
+            if forward {
+                range.below_end(key)
+            } else {
+                range.above_start(key)
+            }
+        };
+        if !within(self, found.record.get().key()) {
+            return false;
+        }
+        let n = leaf.node.count();
+        let far = n
+            .checked_sub(1)
+            .map(|last| leaf.node.key(if forward { last } else { 0 }));
+        // The farthest slot as the leaf was at `version`, or nothing if it changed since.
+        if let Some(far) = far.and_then(NonNull::new)
+            && leaf.node.unchanged(leaf.version)
+            // SAFETY: records outlive every scan that could have found them (the
+            // collector's grace period).
+            && within(self, unsafe { far.as_ref() }.key())
+        {
+            self.inside[usize::from(forward)] = Some(here);
+        }
+        true
     }
 
     /// The next record from the front (`forward`) or the back, if it is inside the range
@@ -1526,13 +1567,9 @@ impl<'a> Range<'a> {
         let Some(found) = found else {
             return self.finish();
         };
-        let key = found.record.get().key();
-        let inside = if forward {
-            self.below_end(key)
-        } else {
-            self.above_start(key)
-        };
+        let inside = self.short_of_end(forward, &found);
         let short_of_other = other.is_none_or(|o| {
+            let key = found.record.get().key();
             let other_key = o.record.get().key();
             if forward {
                 key < other_key

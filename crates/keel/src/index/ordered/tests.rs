@@ -1041,3 +1041,55 @@ fn scans_race_pops_that_unlink_leaves_from_both_ends() {
         .collect();
     check_structure(&list, &model);
 }
+
+/// A scan that found a leaf wholly inside its range compares no more keys there, but only
+/// while the leaf is as it read it: a key inserted beyond the range's end into that leaf
+/// mid-scan is not returned (from either end).
+#[test]
+fn a_leaf_changed_mid_scan_is_bounded_again() {
+    for forward in [true, false] {
+        let arena = Arena::new();
+        let list = Ordered::new();
+        for k in b'd'..=b'm' {
+            list.insert(record(&arena, &[k]));
+        }
+        let range = KeyRange {
+            lo: Bound::Included(b"c".to_vec()),
+            hi: Bound::Excluded(b"p".to_vec()),
+        };
+        let mut scan = list.range(range);
+        let mut seen = Vec::new();
+        let next = |scan: &mut Range<'_>| {
+            let r = if forward {
+                scan.next()
+            } else {
+                scan.next_back()
+            };
+            r.map(|r| r.get().key().to_vec())
+        };
+        // Into the leaf, which is then known to be inside the range.
+        for _ in 0..3 {
+            seen.push(next(&mut scan).expect("a key"));
+        }
+        // Into the same leaf: a key inside the range, ahead of the scan, and one past the
+        // end the scan goes to.
+        let (ahead, past) = if forward {
+            (&b"n"[..], &b"x"[..])
+        } else {
+            (&b"da"[..], &b"a"[..])
+        };
+        for key in [ahead, past] {
+            list.insert(record(&arena, key));
+        }
+        while let Some(key) = next(&mut scan) {
+            seen.push(key);
+        }
+        if !forward {
+            seen.reverse();
+        }
+        let mut expected: Vec<Vec<u8>> = (b'd'..=b'm').map(|k| vec![k]).collect();
+        expected.push(ahead.to_vec());
+        expected.sort();
+        assert_eq!(seen, expected, "forward: {forward}");
+    }
+}
