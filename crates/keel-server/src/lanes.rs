@@ -25,7 +25,8 @@
 //!   pool at once, without a trial: short bursts of pipelined load would be half over before
 //!   a trial ends, and the probes below undo a wrong move;
 //! - from the pool it probes the poller after [`PROBE_FIRST`] of busy time (doubling up to
-//!   [`BACKOFF_MAX`] while probes fail) and stays there unless it serves [`MARGIN`] less,
+//!   [`BACKOFF_MAX`] while probes fail; a due probe waits up to [`TRIAL_EXTRA_TICKS`] for
+//!   a steady measure, then goes anyway) and stays there unless it serves [`MARGIN`] less,
 //!   or, if the poller had no slack in the probe ([`SATURATED_IDLE`]), unless it serves less
 //!   at all. No probe while the process uses [`PROBE_CPU_MAX`] cores or more: that load
 //!   cannot fit on one thread. After [`QUIET_RESET`] without a command the next load is new,
@@ -695,7 +696,8 @@ pub struct Policy {
     depth: f64,
     /// Ticks in a row the poller was saturated.
     saturated: u32,
-    /// Ticks the current trial went on past [`MEASURE_TICKS`] for want of a steady measure.
+    /// Ticks the current trial went on past [`MEASURE_TICKS`] for want of a steady measure,
+    /// or a due probe waited for one.
     extra_ticks: u32,
     /// Connections are on the pool after a move on saturation that no measurement has
     /// confirmed yet.
@@ -796,7 +798,15 @@ impl Policy {
             }
             (Lane::Pool, State::Steady) => {
                 let due = self.busy >= self.probe_backoff;
-                if !due || !steady {
+                if !due {
+                    return None;
+                }
+                if !steady && self.extra_ticks < TRIAL_EXTRA_TICKS {
+                    // Wait a little for a steady measure, but not for ever: a load the pool
+                    // serves jumpily may be jumpy because of the pool (pops of one key
+                    // conflicting on two threads), and one that never settled was never
+                    // probed, so it stayed on the pool at a fraction of the poller's rate.
+                    self.extra_ticks += 1;
                     return None;
                 }
                 if self.process_cores >= PROBE_CPU_MAX {
@@ -1213,6 +1223,32 @@ mod tests {
         r.run(busy, ticks(Duration::from_secs(1)));
         assert_eq!(r.lane, Lane::Pool, "{:?}", r.moves);
         assert_eq!(r.moves.len(), 1, "{:?}", r.moves);
+    }
+
+    #[test]
+    fn a_pool_that_never_settles_is_still_probed() {
+        // Pops of one key on the pool: its two threads conflict and the rate jumps from
+        // tick to tick; the poller serves twice as much, steadily. The move to the pool
+        // (on saturation) is undone by a probe once due, however jumpy the pool.
+        let pops = World::new(140_000.0, 70_000.0, 0.0, 0.6);
+        let mut r = Run::new(Lane::Poller);
+        r.until_moved(pops);
+        assert_eq!(r.lane, Lane::Pool);
+        for i in 0..ticks(Duration::from_secs(10)) {
+            let pool = if i % 2 == 0 { 40_000.0 } else { 100_000.0 };
+            r.run(World { pool, ..pops }, 1);
+        }
+        assert_eq!(r.lane, Lane::Poller, "{:?}", r.moves);
+        // The saturated poller still tries the pool now and then, each time after a longer
+        // wait, and each try is undone by the next probe.
+        let (_, on_pool) = r.run(pops, ticks(Duration::from_secs(60)));
+        assert!(
+            on_pool < ticks(Duration::from_secs(6)),
+            "{on_pool} ticks on the pool: {:?}",
+            r.moves
+        );
+        let (_, gaps) = r.moves_to(Lane::Pool);
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
     }
 
     #[test]
