@@ -215,9 +215,7 @@ impl MemStore {
         }
         self.ordered.build(runs);
     }
-}
 
-impl MemStore {
     /// [`Store::get_or_create_locked`], but a new record goes into the point index only:
     /// the caller must pass it to [`MemStore::link_created`] before it lets go of the lock
     /// (another writer could commit a value into it then) and before it takes a commit

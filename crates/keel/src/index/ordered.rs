@@ -1505,8 +1505,9 @@ impl<'a> Range<'a> {
     }
 
     /// Whether `found`'s key is short of the range's end that way (`forward`: its end,
-    /// else its start). Once a record of a leaf is, the leaf's farthest key that way is
-    /// compared too, and if it is, the leaf (at the version read) is noted as inside.
+    /// else its start). A new leaf's farthest key that way is compared first: if it is short
+    /// of the end, so is every key of the leaf, and the leaf (at the version read) is noted
+    /// as inside; else `found`'s own key is compared.
     fn short_of_end(&mut self, forward: bool, found: &Cursor<'a>) -> bool {
         let leaf = found.leaf;
         let here = (ptr::from_ref(leaf.node), leaf.version);
@@ -1520,9 +1521,6 @@ impl<'a> Range<'a> {
                 range.above_start(key)
             }
         };
-        if !within(self, found.record.get().key()) {
-            return false;
-        }
         let n = leaf.node.count();
         let far = n
             .checked_sub(1)
@@ -1535,8 +1533,9 @@ impl<'a> Range<'a> {
             && within(self, unsafe { far.as_ref() }.key())
         {
             self.inside[usize::from(forward)] = Some(here);
+            return true;
         }
-        true
+        within(self, found.record.get().key())
     }
 
     /// The next record from the front (`forward`) or the back, if it is inside the range
