@@ -1,10 +1,12 @@
 //! Server mode: drives a server that speaks RESP (keel's server or `redis-server`) over TCP,
-//! one connection per client thread, transactions pipelined `depth` at a time.
+//! one connection per client thread (or, routed by slot, one to each node of a cluster),
+//! transactions pipelined `depth` at a time.
 //!
 //! Transactions map onto commands a Redis server executes atomically: a multi-key read is
 //! one `MGET`, a blind multi-key write one `MSET`, anything mixed a `MULTI ... EXEC` block
 //! (no `WATCH`: the writes never depend on the reads, so the block is serializable on a
-//! server that runs it atomically). `EXEC` answering null counts as an abort and is retried.
+//! server that runs it atomically). `EXEC` answering null, or a cluster's `TRYAGAIN`, counts
+//! as an abort and is retried.
 //! Scans (ycsb-e) and MAX / ordered puts (bid) have no portable Redis command and are refused.
 
 use std::io::{BufRead as _, BufReader, BufWriter, Read as _, Write as _};
@@ -138,49 +140,177 @@ fn read_reply(r: &mut BufReader<TcpStream>, depth: u32) -> anyhow::Result<Reply>
     })
 }
 
+/// Which node of a cluster a connection's transactions go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Route {
+    /// Worker `i` connects to the `i`th address, in turn, and sends it everything; the
+    /// cluster forwards what another node owns.
+    #[default]
+    Turn,
+    /// As a cluster client does: every worker connects to every node named by `CLUSTER
+    /// SLOTS` and sends each transaction to the node that owns the slot of its first key.
+    Slot,
+}
+
+impl std::str::FromStr for Route {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Route, String> {
+        match s {
+            "turn" => Ok(Route::Turn),
+            "slot" => Ok(Route::Slot),
+            _ => Err(format!("unknown route {s:?}: turn or slot")),
+        }
+    }
+}
+
 /// A RESP server as a benchmark target.
 pub struct Server {
     label: String,
-    /// Where the connections go, in turn (the nodes of a cluster, or one server).
+    /// The servers (a cluster's nodes, or one server).
     addrs: Vec<String>,
+    /// With [`Route::Slot`]: the index in `addrs` of each slot's node.
+    slots: Option<Vec<u16>>,
     depth: usize,
-    control: Mutex<Conn>,
+    /// One connection to each of `addrs`, for loading and checks.
+    control: Mutex<Vec<Conn>>,
 }
 
 impl Server {
     /// Connects to `addr`; `label` names it in reports, `depth` is the pipelining depth.
-    /// `addr` may name several servers joined by `+` (a cluster's nodes): worker `i` connects
-    /// to the `i`th of them, in turn, and loading goes through the first. Refuses workloads
-    /// whose operations have no RESP mapping.
+    /// `addr` may name several servers joined by `+` (a cluster's nodes): with
+    /// [`Route::Turn`] worker `i` connects to the `i`th of them, in turn, and loading goes
+    /// through the first; with [`Route::Slot`] the slot map comes from the first's `CLUSTER
+    /// SLOTS` (nodes it names that `addr` does not are added) and every command goes to its
+    /// key's node. Refuses workloads whose operations have no RESP mapping.
     pub fn connect(
         label: &str,
         addr: &str,
         depth: usize,
         workload: Workload,
+        route: Route,
     ) -> anyhow::Result<Server> {
         anyhow::ensure!(
             !matches!(workload, Workload::YcsbE | Workload::Bid),
             "{workload} is not supported over RESP: it needs scans or MAX, which Redis lacks"
         );
-        let addrs: Vec<String> = addr.split('+').map(str::to_owned).collect();
-        let mut control = None;
+        let mut addrs: Vec<String> = addr.split('+').map(str::to_owned).collect();
+        let mut control = Vec::new();
         for addr in &addrs {
             anyhow::ensure!(!addr.is_empty(), "an empty address in {addr:?}");
-            let mut conn = Conn::connect(addr)?;
-            match conn.call(&[b"PING"])? {
-                Reply::Simple(s) if s == "PONG" => {}
-                other => anyhow::bail!("{addr} answered PING with {other:?}"),
-            }
-            control.get_or_insert(conn);
+            control.push(ping(addr)?);
         }
-        let control = control.expect("split yields at least one address");
+        let slots = match route {
+            Route::Turn => None,
+            Route::Slot => {
+                let (slots, more) = slot_map(&mut control[0], &addrs)?;
+                for addr in more {
+                    control.push(ping(&addr)?);
+                    addrs.push(addr);
+                }
+                Some(slots)
+            }
+        };
         Ok(Server {
             label: label.to_owned(),
             addrs,
+            slots,
             depth: depth.max(1),
             control: Mutex::new(control),
         })
     }
+
+    /// The index in `addrs` of the connection `key` goes to when not routed by worker.
+    fn node_of(&self, key: &[u8]) -> usize {
+        self.slots.as_ref().map_or(0, |slots| {
+            usize::from(slots[usize::from(keel_cluster::key_slot(key).0)])
+        })
+    }
+}
+
+/// Connects to `addr` and checks that it answers `PING`.
+fn ping(addr: &str) -> anyhow::Result<Conn> {
+    let mut conn = Conn::connect(addr)?;
+    match conn.call(&[b"PING"])? {
+        Reply::Simple(s) if s == "PONG" => Ok(conn),
+        other => anyhow::bail!("{addr} answered PING with {other:?}"),
+    }
+}
+
+/// Asks `conn` for `CLUSTER SLOTS`: the index of each slot's primary in `addrs` extended
+/// by the primaries `addrs` lacks (returned second, in order). A lone server without
+/// cluster support serves every slot.
+fn slot_map(conn: &mut Conn, addrs: &[String]) -> anyhow::Result<(Vec<u16>, Vec<String>)> {
+    conn.send(&[b"CLUSTER", b"SLOTS"])?;
+    conn.flush()?;
+    let reply = conn.recv()?;
+    if let Reply::Error(e) = &reply {
+        anyhow::ensure!(
+            addrs.len() == 1,
+            "--route slot: {} answered CLUSTER SLOTS with {e}",
+            addrs[0]
+        );
+        return Ok((vec![0; usize::from(keel_cluster::SLOTS)], Vec::new()));
+    }
+    let Reply::Array(Some(ranges)) = reply else {
+        anyhow::bail!("CLUSTER SLOTS answered {reply:?}");
+    };
+    const UNSET: u16 = u16::MAX;
+    let mut slots = vec![UNSET; usize::from(keel_cluster::SLOTS)];
+    let mut more = Vec::new();
+    for range in &ranges {
+        let bad = || anyhow::anyhow!("CLUSTER SLOTS: a malformed range {range:?}");
+        let Reply::Array(Some(items)) = range else {
+            return Err(bad());
+        };
+        let (Some(Reply::Int(first)), Some(Reply::Int(last)), Some(Reply::Array(Some(node)))) =
+            (items.first(), items.get(1), items.get(2))
+        else {
+            return Err(bad());
+        };
+        let (Some(Reply::Bulk(Some(host))), Some(Reply::Int(port))) = (node.first(), node.get(1))
+        else {
+            return Err(bad());
+        };
+        let node = format!("{}:{port}", String::from_utf8_lossy(host));
+        let index = match addrs.iter().chain(&more).position(|a| *a == node) {
+            Some(i) => i,
+            None => {
+                more.push(node);
+                addrs.len() + more.len() - 1
+            }
+        };
+        anyhow::ensure!(
+            0 <= *first && first <= last && *last < i64::from(keel_cluster::SLOTS),
+            "CLUSTER SLOTS: a range {first}-{last} outside 0-16383"
+        );
+        for slot in &mut slots[*first as usize..=*last as usize] {
+            *slot = u16::try_from(index).context("more than 65535 nodes")?;
+        }
+    }
+    if let Some(slot) = slots.iter().position(|&i| i == UNSET) {
+        anyhow::bail!("CLUSTER SLOTS names no node for slot {slot}");
+    }
+    Ok((slots, more))
+}
+
+/// Records to load, in key order.
+type Records = Vec<(u64, Vec<u8>)>;
+
+/// Queues `records` on `conn` as one `MSET`, or one `SET` each.
+fn send_records(conn: &mut Conn, records: &[(u64, Vec<u8>)], per_key: bool) -> anyhow::Result<()> {
+    let keys: Vec<[u8; 8]> = records.iter().map(|(k, _)| key_bytes(*k)).collect();
+    if per_key {
+        for ((_, v), k) in records.iter().zip(&keys) {
+            conn.send(&[b"SET", k, v])?;
+        }
+        return Ok(());
+    }
+    let mut args: Vec<&[u8]> = vec![b"MSET"];
+    for ((_, v), k) in records.iter().zip(&keys) {
+        args.push(k);
+        args.push(v);
+    }
+    conn.send(&args)
 }
 
 impl Target for Server {
@@ -198,7 +328,7 @@ impl Target for Server {
         records: &mut dyn Iterator<Item = (u64, Vec<u8>)>,
         progress: &mut dyn FnMut(u64),
     ) -> anyhow::Result<()> {
-        let mut conn = self
+        let mut conns = self
             .control
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?;
@@ -207,110 +337,139 @@ impl Target for Server {
         // is loaded with SETs instead, pipelined as deep.
         let mut per_key = false;
         loop {
-            // MSETs of 256 records (or 256 SETs), 16 batches in flight.
-            let mut sent = Vec::new();
+            // MSETs of 256 records (or 256 SETs), 16 batches in flight, each batch split by
+            // the node its keys go to.
+            // Per connection, the batches sent to it.
+            let mut sent: Vec<Vec<Records>> = vec![Vec::new(); conns.len()];
+            let mut count = 0u64;
             for _ in 0..16 {
-                let chunk: Vec<(u64, Vec<u8>)> = (&mut *records).take(256).collect();
+                let chunk: Records = (&mut *records).take(256).collect();
                 if chunk.is_empty() {
                     break;
                 }
-                let keys: Vec<[u8; 8]> = chunk.iter().map(|(k, _)| key_bytes(*k)).collect();
-                if per_key {
-                    for ((_, v), k) in chunk.iter().zip(&keys) {
-                        conn.send(&[b"SET", k, v])?;
-                    }
-                } else {
-                    let mut args: Vec<&[u8]> = vec![b"MSET"];
-                    for ((_, v), k) in chunk.iter().zip(&keys) {
-                        args.push(k);
-                        args.push(v);
-                    }
-                    conn.send(&args)?;
+                count += chunk.len() as u64;
+                let mut parts = vec![Vec::new(); conns.len()];
+                for (k, v) in chunk {
+                    parts[self.node_of(&key_bytes(k))].push((k, v));
                 }
-                sent.push(chunk);
+                for (i, part) in parts.into_iter().enumerate() {
+                    if !part.is_empty() {
+                        send_records(&mut conns[i], &part, per_key)?;
+                        sent[i].push(part);
+                    }
+                }
             }
-            if sent.is_empty() {
+            if count == 0 {
                 return Ok(());
             }
-            conn.flush()?;
-            let replies = if per_key {
-                sent.iter().map(Vec::len).sum()
-            } else {
-                sent.len()
-            };
+            for conn in conns.iter_mut() {
+                conn.flush()?;
+            }
             let mut crossslot = false;
-            for _ in 0..replies {
-                match conn.recv()? {
-                    Reply::Error(e) if !per_key && e.starts_with("CROSSSLOT") => crossslot = true,
-                    Reply::Error(e) => anyhow::bail!("loading: server error {e}"),
-                    _ => {}
+            for (conn, batches) in conns.iter_mut().zip(&sent) {
+                let replies = if per_key {
+                    batches.iter().map(Vec::len).sum()
+                } else {
+                    batches.len()
+                };
+                for _ in 0..replies {
+                    match conn.recv()? {
+                        Reply::Error(e) if !per_key && e.starts_with("CROSSSLOT") => {
+                            crossslot = true
+                        }
+                        Reply::Error(e) => anyhow::bail!("loading: server error {e}"),
+                        _ => {}
+                    }
                 }
             }
             if crossslot {
-                // Nothing of a refused MSET was written: send every batch again, key by key.
+                // A refused MSET wrote nothing, and one that was not refused wrote its
+                // records: sending every batch again, key by key, writes the same values.
                 per_key = true;
-                for chunk in &sent {
-                    for (k, v) in chunk {
-                        conn.send(&[b"SET", &key_bytes(*k), v])?;
+                for (conn, batches) in conns.iter_mut().zip(&sent) {
+                    for batch in batches {
+                        send_records(conn, batch, true)?;
                     }
-                }
-                conn.flush()?;
-                for _ in 0..sent.iter().map(Vec::len).sum::<usize>() {
-                    if let Reply::Error(e) = conn.recv()? {
-                        anyhow::bail!("loading: server error {e}");
+                    conn.flush()?;
+                    for _ in 0..batches.iter().map(Vec::len).sum::<usize>() {
+                        if let Reply::Error(e) = conn.recv()? {
+                            anyhow::bail!("loading: server error {e}");
+                        }
                     }
                 }
             }
-            done += sent.iter().map(|c| c.len() as u64).sum::<u64>();
+            done += count;
             progress(done);
         }
     }
     fn worker(&self, thread: u32) -> anyhow::Result<Box<dyn Worker + '_>> {
+        let conns = match self.slots {
+            None => vec![Conn::connect(
+                &self.addrs[thread as usize % self.addrs.len()],
+            )?],
+            Some(_) => self
+                .addrs
+                .iter()
+                .map(|a| Conn::connect(a))
+                .collect::<anyhow::Result<_>>()?,
+        };
         Ok(Box::new(Client {
-            conn: Conn::connect(&self.addrs[thread as usize % self.addrs.len()])?,
+            conns,
+            server: self,
             depth: self.depth,
             writer: Writer::new(thread),
         }))
     }
     fn get(&self, key: u64) -> anyhow::Result<Option<Vec<u8>>> {
-        let mut conn = self
+        let mut conns = self
             .control
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?;
-        match conn.call(&[b"GET", &key_bytes(key)])? {
+        let key = key_bytes(key);
+        match conns[self.node_of(&key)].call(&[b"GET", &key])? {
             Reply::Bulk(v) => Ok(v),
             other => anyhow::bail!("GET answered {other:?}"),
         }
     }
 }
 
-struct Client {
-    conn: Conn,
+struct Client<'a> {
+    /// One connection (routed in turn), or one to each of the server's nodes.
+    conns: Vec<Conn>,
+    server: &'a Server,
     depth: usize,
     writer: Writer,
 }
 
-/// How many replies a transaction's commands produce, and whether the last is an `EXEC`.
+/// Which connection a transaction went to, how many replies its commands produce, and
+/// whether the last is an `EXEC`.
 struct Sent {
+    conn: usize,
     replies: usize,
     exec: bool,
 }
 
-impl Client {
+impl Client<'_> {
     fn next_value(&mut self) -> Vec<u8> {
         self.writer.next_value().to_vec()
     }
 
     fn send_txn(&mut self, stream: &Stream, txn: &Txn) -> anyhow::Result<Sent> {
         let keys: Vec<[u8; 8]> = stream.keys(txn).iter().map(|k| key_bytes(*k)).collect();
-        let c = &mut self.conn;
+        // A transaction goes to its first key's node: a coordinator, if it spans nodes.
+        let conn = match self.conns.len() {
+            1 => 0,
+            _ => keys.first().map_or(0, |k| self.server.node_of(k)),
+        };
         let one = |c: &mut Conn, args: &[&[u8]]| -> anyhow::Result<Sent> {
             c.send(args)?;
             Ok(Sent {
+                conn,
                 replies: 1,
                 exec: false,
             })
         };
+        let c = &mut self.conns[conn];
         match txn.kind {
             Kind::Read => {
                 let mut args: Vec<&[u8]> = vec![if keys.len() == 1 { b"GET" } else { b"MGET" }];
@@ -324,7 +483,7 @@ impl Client {
                     args.push(k);
                     args.push(v);
                 }
-                one(&mut self.conn, &args)
+                one(&mut self.conns[conn], &args)
             }
             Kind::Incr if keys.len() == 1 => one(c, &[b"INCRBY", &keys[0], b"1"]),
             _ => {
@@ -358,7 +517,7 @@ impl Client {
                         anyhow::bail!("{:?} transactions have no RESP mapping", txn.kind)
                     }
                 }
-                let c = &mut self.conn;
+                let c = &mut self.conns[conn];
                 c.send(&[b"MULTI"])?;
                 for cmd in &cmds {
                     let args: Vec<&[u8]> = cmd.iter().map(Vec::as_slice).collect();
@@ -366,6 +525,7 @@ impl Client {
                 }
                 c.send(&[b"EXEC"])?;
                 Ok(Sent {
+                    conn,
                     replies: cmds.len() + 2,
                     exec: true,
                 })
@@ -374,7 +534,7 @@ impl Client {
     }
 }
 
-impl Worker for Client {
+impl Worker for Client<'_> {
     fn depth(&self) -> usize {
         self.depth
     }
@@ -385,26 +545,33 @@ impl Worker for Client {
                 sent.push(self.send_txn(stream, txn)?);
             } else {
                 sent.push(Sent {
+                    conn: 0,
                     replies: 0,
                     exec: false,
                 });
             }
         }
-        self.conn.flush()?;
+        for conn in &mut self.conns {
+            conn.flush()?;
+        }
         for (s, done) in sent.iter().zip(done.iter_mut()) {
             if s.replies == 0 {
                 continue;
             }
-            let mut last = Reply::Simple(String::new());
-            for _ in 0..s.replies {
-                last = self.conn.recv()?;
-                if let Reply::Error(e) = &last {
-                    anyhow::bail!("server error: {e}");
+            let mut aborted = false;
+            for i in 0..s.replies {
+                let last = i + 1 == s.replies;
+                match self.conns[s.conn].recv()? {
+                    // EXEC answers null when the server aborted the block (WATCH, or a
+                    // conflict keel's server could not retry); a cluster answers TRYAGAIN
+                    // when a transaction should be sent again: an abort, retried.
+                    Reply::Array(None) if last && s.exec => aborted = true,
+                    Reply::Error(e) if last && e.starts_with("TRYAGAIN") => aborted = true,
+                    Reply::Error(e) => anyhow::bail!("server error: {e}"),
+                    _ => {}
                 }
             }
-            // EXEC answers null when the server aborted the block (WATCH, or a conflict
-            // keel's server could not retry): count it as an abort and retry.
-            *done = !(s.exec && last == Reply::Array(None));
+            *done = !aborted;
         }
         Ok(())
     }

@@ -77,9 +77,16 @@ pub struct Args {
     /// `label=host:port` (e.g. redis=127.0.0.1:6379,keel=127.0.0.1:7379). The records are
     /// loaded with MSET first. A target may join several addresses with `+` (a cluster's
     /// nodes, e.g. keel3=127.0.0.1:7001+127.0.0.1:7002+127.0.0.1:7003): the connections go
-    /// to them in turn.
+    /// to them in turn (see --route).
     #[arg(long, value_delimiter = ',')]
     server: Vec<String>,
+    /// Server mode, a cluster: `turn` sends each connection's transactions to one node, the
+    /// nodes in turn (a node forwards what another owns); `slot` routes as a cluster client
+    /// does: every connection opens a socket to each node that `CLUSTER SLOTS` names and sends
+    /// each transaction to the node owning its first key's slot (the coordinator of a
+    /// transaction that spans nodes). Loading is routed the same way.
+    #[arg(long, default_value = "turn")]
+    route: resp::Route,
     /// Server mode: transactions in flight per connection (pipelining depth).
     #[arg(long, default_value_t = 1)]
     pipeline: usize,
@@ -269,9 +276,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 },
             )
             .with_context(|| format!("opening target {name}"))?,
-            Spec::Server { label, addr } => {
-                Box::new(resp::Server::connect(label, addr, args.pipeline, workload)?)
-            }
+            Spec::Server { label, addr } => Box::new(resp::Server::connect(
+                label,
+                addr,
+                args.pipeline,
+                workload,
+                args.route,
+            )?),
         };
         let name = spec.name();
         let total = base.initial_keys();

@@ -430,3 +430,69 @@ fn kept_answers_survive_sigkill_of_the_owner() {
     let n: i64 = redis::cmd("INCR").arg(&key).query(&mut via).expect("INCR");
     assert_eq!(n, 3);
 }
+
+/// `keel bench --route slot` finds every node from one address and sends each key to the
+/// node that owns it: both the load and the run reach every node, and no node forwards a
+/// request to another (no `keel_rpc_*` calls in `INFO cluster`). Routed in turn, the same
+/// run makes a node forward.
+#[test]
+fn bench_routed_by_slot_sends_every_key_to_its_node() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(4, 2);
+    let _nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
+    let rpc_calls = |port: u16| -> u64 {
+        let mut c = connect(port).expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query(&mut c)
+            .expect("INFO");
+        info.lines()
+            .filter(|l| l.starts_with("keel_rpc_"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let bench = |route: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .args(["bench", "ycsb-a", "--server"])
+            .arg(format!("k=127.0.0.1:{}", ports[0]))
+            .args(["--route", route, "--threads", "2", "--pipeline", "4"])
+            .args([
+                "--records",
+                "2000",
+                "--duration",
+                "1s",
+                "--warmup",
+                "0s",
+                "--runs",
+                "1",
+            ])
+            .output()
+            .expect("run keel bench");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    bench("slot");
+    for &port in &ports {
+        assert_eq!(rpc_calls(port), 0, "node on {port} forwarded requests");
+        let mut c = connect(port).expect("connect");
+        let info: String = redis::cmd("INFO").arg("keel").query(&mut c).expect("INFO");
+        let commits: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("keel_commits:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("keel_commits");
+        assert!(commits > 0, "node on {port} committed nothing");
+    }
+    bench("turn");
+    assert!(rpc_calls(ports[0]) > 0, "routed in turn, node 1 forwards");
+}

@@ -42,7 +42,10 @@ impl Redis {
         // A fresh database for every run.
         let mut c = keel_bench::resp::Conn::connect(&self.addr).expect("connect");
         c.call(&[b"FLUSHALL"]).expect("FLUSHALL");
-        Box::new(Server::connect("redis", &self.addr, depth, workload).expect("connect"))
+        Box::new(
+            Server::connect("redis", &self.addr, depth, workload, Default::default())
+                .expect("connect"),
+        )
     }
 }
 
@@ -64,7 +67,7 @@ fn redis_server_mode() {
             Workload::DeutWrite,
         );
     }
-    let err = Server::connect("redis", &redis.addr, 1, Workload::YcsbE)
+    let err = Server::connect("redis", &redis.addr, 1, Workload::YcsbE, Default::default())
         .err()
         .expect("scans have no RESP mapping");
     assert!(err.to_string().contains("not supported"), "{err}");
