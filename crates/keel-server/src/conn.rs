@@ -928,6 +928,8 @@ impl Conn {
         let may_wait = self.may_wait(pending.cmds.iter().map(|(c, _)| *c));
         let mut rejoin = false;
         let mut out = Out::new(output, proto);
+        let keys = || pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
+        let mut _hot = shared.hot.lock(keys(), false).await;
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
@@ -959,6 +961,10 @@ impl Conn {
                     out.buf.truncate(mark);
                     ctx.contended.set(&conflict);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
+                        shared.hot.heat(keys());
+                        _hot = shared.hot.lock(keys(), true).await;
+                    }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
                 Err(_) => {
@@ -3017,6 +3023,9 @@ impl Conn {
         let mut attempt = 1;
         let may_wait = self.may_wait([cmd].into_iter());
         let mut rejoin = false;
+        // A hot key's commands queue for its lock (`hot`); a conflict heats the keys and the
+        // retries hold their locks.
+        let mut _hot = shared.hot.lock(data::keys(cmd, args), false).await;
         loop {
             let mut more = false;
             let prepare = || {
@@ -3084,6 +3093,10 @@ impl Conn {
                         return false;
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
+                        shared.hot.heat(data::keys(cmd, args));
+                        _hot = shared.hot.lock(data::keys(cmd, args), true).await;
+                    }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
                 }

@@ -29,6 +29,7 @@ mod data;
 mod expiry;
 mod glob;
 mod hashes;
+mod hot;
 mod info;
 mod keys;
 mod keyspace;

@@ -206,6 +206,8 @@ pub struct Shared {
     pub pubsub: crate::pubsub::Registry,
     /// Clients blocked in `BLPOP` and its kin.
     pub blocked: crate::blocking::Registry,
+    /// Keys whose commands keep conflicting, and their locks.
+    pub hot: crate::hot::HotKeys,
     /// Where connections run.
     pub lanes: crate::lanes::Lanes,
     /// Every connection task, whichever runtime runs it: shutdown waits for them.
@@ -334,6 +336,7 @@ impl Server {
             counters: Counters::default(),
             pubsub,
             blocked: Default::default(),
+            hot: Default::default(),
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
             reaper: Arc::default(),

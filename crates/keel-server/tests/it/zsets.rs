@@ -592,3 +592,64 @@ fn watch_sees_any_score_changed() {
         );
     }
 }
+
+/// Pipelined pops of one sorted set from many clients on the worker pool, where they overlap
+/// and every pop conflicts with the others: each member is popped exactly once, no pop fails,
+/// and once the key is hot (`hot.rs`) the pops queue for its lock instead of retrying.
+#[test]
+fn pops_of_one_hot_key_queue_instead_of_conflicting() {
+    const CLIENTS: usize = 8;
+    const DEPTH: usize = 16;
+    const MEMBERS: usize = 8 * 16 * 40;
+    let server = TestServer::with(|c| c.poller = keel_server::lanes::PollerMode::Off);
+    let mut c = server.client();
+    for chunk in (0..MEMBERS).collect::<Vec<_>>().chunks(1000) {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg("q");
+        for i in chunk {
+            zadd.arg(*i).arg(format!("m{i}"));
+        }
+        let _: i64 = zadd.query(&mut c).expect("ZADD");
+    }
+    let retries = |c: &mut redis::Connection| {
+        info_counter(
+            &query::<String>(c, &["INFO", "keel"]),
+            "keel_conflict_retries",
+        )
+    };
+    let before = retries(&mut c);
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                let mut popped = Vec::new();
+                for _ in 0..MEMBERS / CLIENTS / DEPTH {
+                    let mut pipe = redis::pipe();
+                    for _ in 0..DEPTH {
+                        pipe.cmd("ZPOPMIN").arg("q");
+                    }
+                    let replies: Vec<Vec<String>> = pipe.query(&mut c).expect("no pop fails");
+                    popped.extend(replies.into_iter().map(|r| r[0].clone()));
+                }
+                popped
+            })
+        })
+        .collect();
+    let mut popped: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client"))
+        .collect();
+    popped.sort();
+    let mut expected: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}")).collect();
+    expected.sort();
+    assert_eq!(popped, expected, "every member popped exactly once");
+    let retries = retries(&mut c) - before;
+    // Pops that all conflict with each other retry until the key turns hot, then queue: a
+    // few retries per pop without the lock, a handful in all with it.
+    assert!(
+        retries < (MEMBERS / DEPTH / 4) as u64,
+        "{retries} conflict retries for {} pipelined batches",
+        MEMBERS / DEPTH
+    );
+}
