@@ -6,6 +6,12 @@ three unreplicated cluster nodes (`--replicas 1`), with the servers' CPU from /p
     /usr/bin/python3 benchmarks/cluster.py [--durability none|sync] [--seconds 8]
         [--workloads deut,ycsb-a,mgp] [--serve-args '--idle-poll-us 0'] [--json out.json]
 
+On a machine with cores to spare, the scaling sweep of issue 20 (each node on its own core,
+the benchmark client on others):
+
+    benchmarks/cluster.py --nodes 1,2,4,8 --cpus-per-node 1 --client-cpus 8-15 \
+        --threads 64 --pipeline 4 --route slot --keel .sweep-pack/keel
+
 deut's transactions read and write several keys drawn over all slots, so on three nodes
 almost every one spans partitions (two-phase commit); ycsb-a's are single keys (one
 partition: one-phase, forwarded when the key lives on another node than the connection's).
@@ -26,7 +32,8 @@ import time
 
 import redis
 
-KEEL = os.path.join(os.path.dirname(__file__), "..", "target", "release", "keel")
+KEEL = os.environ.get("KEEL_BIN") or os.path.join(
+    os.path.dirname(__file__), "..", "target", "release", "keel")
 BASE = 7501
 # Operations per transaction of each workload (its definition in BENCHMARKS.md, Workloads).
 OPS = {"deut": 4, "deut-write": 4, "ycsb-a": 1, "ycsb-b": 1, "ycsb-c": 1, "mgp": 500}
@@ -45,7 +52,7 @@ def cpu_seconds(pids):
 class Servers:
     """`n` keel processes: one plain server, or the nodes of an unreplicated cluster."""
 
-    def __init__(self, n, durability, root, extra=()):
+    def __init__(self, n, durability, root, extra=(), cpus_per_node=0):
         self.n = n
         self.procs = []
         per = 16384 // n
@@ -54,7 +61,11 @@ class Servers:
             end = 16383 if i == n - 1 else (i + 1) * per - 1
             nodes.append(f"n{i + 1},127.0.0.1:{BASE + i},{i * per}-{end}")
         for i in range(n):
-            args = [KEEL, "serve", "--port", str(BASE + i), "--durability", durability,
+            pin = []
+            if cpus_per_node:
+                first = i * cpus_per_node
+                pin = ["taskset", "-c", f"{first}-{first + cpus_per_node - 1}"]
+            args = [*pin, KEEL, "serve", "--port", str(BASE + i), "--durability", durability,
                     "--dir", os.path.join(root, f"node-{i + 1}"), *extra]
             if n > 1:
                 args += ["--replicas", "1", "--cluster-myself", f"n{i + 1}"]
@@ -105,12 +116,14 @@ class Servers:
 
 def run(workload, n, args):
     with tempfile.TemporaryDirectory(dir="/tmp") as root:
-        s = Servers(n, args.durability, root, args.serve_args.split())
+        s = Servers(n, args.durability, root, args.serve_args.split(), args.cpus_per_node)
         try:
             out = os.path.join(root, "bench.json")
             label = f"keel-{n}"
-            cmd = [KEEL, "bench", workload, "--server", f"{label}={s.addrs()}",
+            pin = ["taskset", "-c", args.client_cpus] if args.client_cpus else []
+            cmd = [*pin, KEEL, "bench", workload, "--server", f"{label}={s.addrs()}",
                    "--threads", str(args.threads), "--records", str(args.records),
+                   "--pipeline", str(args.pipeline), "--route", args.route,
                    "--duration", f"{args.seconds}s", "--warmup", "2s", "--runs", "1",
                    "--json", out]
             before = s.commits()
@@ -144,8 +157,19 @@ def main():
     p.add_argument("--nodes", default="1,3")
     p.add_argument("--serve-args", default="",
                    help="more `keel serve` flags for every node, e.g. '--idle-poll-us 0'")
+    p.add_argument("--pipeline", type=int, default=1,
+                   help="transactions in flight per connection (keel bench --pipeline)")
+    p.add_argument("--route", default="turn", choices=["turn", "slot"],
+                   help="keel bench --route: connections to nodes in turn, or by key slot")
+    p.add_argument("--cpus-per-node", type=int, default=0,
+                   help="pin node i to cores i*K..i*K+K-1 (taskset); 0 pins nothing")
+    p.add_argument("--client-cpus", help="pin the benchmark client to these cores, e.g. 8-15")
+    p.add_argument("--keel", help="the keel binary (default $KEEL_BIN, else target/release/keel)")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.keel:
+        global KEEL
+        KEEL = args.keel
     rows = []
     for workload in args.workloads.split(","):
         for n in map(int, args.nodes.split(",")):

@@ -25,8 +25,12 @@ import time
 
 import redis
 
-KEEL = os.path.join(os.path.dirname(__file__), "..", "target", "release", "keel")
+KEEL = os.environ.get("KEEL_BIN") or os.path.join(
+    os.path.dirname(__file__), "..", "target", "release", "keel")
 NODES = 3
+# Pinning (--cpus-per-node, --client-cpus): node i on cores i*K..i*K+K-1, clients apart.
+CPUS_PER_NODE = 0
+CLIENT_PIN = []
 BASE = 7301
 
 
@@ -49,7 +53,11 @@ class Keel:
         self.wait_ready()
 
     def args(self, i):
-        a = [KEEL, "serve", "--port", str(BASE + i), "--durability", "sync",
+        pin = []
+        if CPUS_PER_NODE:
+            first = i * CPUS_PER_NODE
+            pin = ["taskset", "-c", f"{first}-{first + CPUS_PER_NODE - 1}"]
+        a = [*pin, KEEL, "serve", "--port", str(BASE + i), "--durability", "sync",
              "--dir", os.path.join(self.root, f"node-{i + 1}"),
              "--replicas", str(self.replicas), "--cluster-myself", f"n{i + 1}"]
         for j in range(NODES):
@@ -163,7 +171,7 @@ def throughput(ports, pids, clients, seconds=5.0, write=True):
         "print(n)\n"
     )
     cpu0 = cpu_seconds(pids)
-    procs = [subprocess.Popen([sys.executable, "-c", code, ",".join(map(str, ports)),
+    procs = [subprocess.Popen([*CLIENT_PIN, sys.executable, "-c", code, ",".join(map(str, ports)),
                                str(seconds), "1" if write else "0"],
                               stdout=subprocess.PIPE) for _ in range(clients)]
     total = sum(int(p.communicate()[0]) for p in procs)
@@ -211,7 +219,7 @@ def workloads(results, seconds):
                 k = Keel(replicas, root)
                 try:
                     out = os.path.join(root, "bench.json")
-                    cmd = [KEEL, "bench", workload, "--server", f"keel=127.0.0.1:{BASE}",
+                    cmd = [*CLIENT_PIN, KEEL, "bench", workload, "--server", f"keel=127.0.0.1:{BASE}",
                            "--threads", "16", "--records", "100000",
                            "--duration", f"{seconds}s", "--warmup", "2s", "--runs", "1",
                            "--json", out]
@@ -548,7 +556,15 @@ def main():
     ap.add_argument("--records", type=int, default=100000,
                     help="records loaded before the membership run")
     ap.add_argument("--seconds", type=int, default=10, help="length of each workload run")
+    ap.add_argument("--cpus-per-node", type=int, default=0,
+                    help="pin node i to cores i*K..i*K+K-1 (taskset); 0 pins nothing")
+    ap.add_argument("--client-cpus", help="pin the clients to these cores, e.g. 8-15")
+    ap.add_argument("--keel", help="the keel binary (default $KEEL_BIN, else target/release/keel)")
     args = ap.parse_args()
+    global KEEL, CPUS_PER_NODE, CLIENT_PIN
+    KEEL = args.keel or KEEL
+    CPUS_PER_NODE = args.cpus_per_node
+    CLIENT_PIN = ["taskset", "-c", args.client_cpus] if args.client_cpus else []
     results = {}
     if args.only in (None, "cost"):
         cost(results)

@@ -9,7 +9,8 @@
 # 1..16, durability none; the acceptance figures are keel / ceiling-hash at 16 threads), and
 # lanes.csv (keel serve with --poller auto|on|off and --threads 8 against Valkey with
 # --io-threads 8 and Redis 7, servers on cores 0-7, redis-benchmark with 8 threads on 8-15).
-# About 8 minutes.
+# About 8 minutes with ROUNDS=1 N1=500000 N16=2000000 (lanes.sh's arguments; the defaults are
+# 2 rounds of 1M and 4M requests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 P=${P:-$PWD/.sweep-pack}
@@ -26,4 +27,4 @@ done
 
 KEEL_BIN=$P/keel REDIS_BIN=$P/redis-server VALKEY_BIN=$P/valkey-server \
   BENCH_BIN=$P/redis-benchmark SERVER_CPUS=0-7 CLIENT_CPUS=8-15 THREADS=8 BENCH_THREADS=8 \
-  crates/keel-server/scripts/lanes.sh 2 1000000 4000000 > "$out/lanes.csv"
+  crates/keel-server/scripts/lanes.sh "${ROUNDS:-2}" "${N1:-1000000}" "${N16:-4000000}" > "$out/lanes.csv"
