@@ -7,7 +7,7 @@
 #
 # Writes into $OUT: deut.json and deut-write.json (keel against the no-CC ceilings, threads
 # 1..16, durability none; the acceptance figures are keel / ceiling-hash at 16 threads), and
-# lanes.csv (keel serve with --poller auto|on|off and --threads 8 against Valkey with
+# lanes.csv (keel serve with --poller off|on and --threads 8 against Valkey with
 # --io-threads 8 and Redis 7, servers on cores 0-7, redis-benchmark with 8 threads on 8-15).
 # About 8 minutes with ROUNDS=1 N1=500000 N16=2000000 (lanes.sh's arguments; the defaults are
 # 2 rounds of 1M and 4M requests).

@@ -57,15 +57,15 @@ pub struct Args {
     /// run on the same few cores, fewer may use less CPU per request: measure.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// Where connections run: auto | on | off [default: auto]. `on`: one thread serves every
-    /// connection and keeps polling while requests keep coming (no sleep, no hand-offs
-    /// between threads), best while one core keeps up, as for unpipelined clients on the same
-    /// machine. `off`: the worker pool (--threads), best once one core does not keep up.
-    /// `auto`: the poller, trying the pool while the poller is busy and a core is partly idle,
-    /// and keeping whichever lane serves more commands per second. CONFIG SET poller changes it at run time.
-    /// On the poller a long command (KEYS over millions of keys) delays the other
-    /// connections until it ends, as in Redis.
-    #[arg(long, value_name = "auto|on|off")]
+    /// Where connections run: off | on [default: off]. `off`: the worker pool (--threads),
+    /// which grows with cores; best with the server on cores of its own. `on`: one thread
+    /// serves every connection and keeps polling while requests keep coming (no sleep, no
+    /// hand-offs between threads, commands never overlap), better while one core keeps up:
+    /// unpipelined clients on the same few cores, or all hitting one key. CONFIG SET poller
+    /// changes it at run time. On the poller a long command (KEYS over millions of keys)
+    /// delays the other connections until it ends, as in Redis. (BENCHMARKS.md, "Which
+    /// lane serves connections", has the measurements.)
+    #[arg(long, value_name = "off|on")]
     poller: Option<String>,
     /// How long the poller keeps polling after its last request before it sleeps, in
     /// microseconds (0 to 1000000; 0: sleep at once) [default: 100]. Polling keeps a core

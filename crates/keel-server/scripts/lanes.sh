@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# keel serve under each lane mode (--poller auto|on|off) beside redis-server and, if present,
+# keel serve under each lane mode (--poller off|on) beside redis-server and, if present,
 # valkey-server, interleaved (the order rotates each round, every server starts fresh per
 # pipeline depth): requests per second and the server's CPU time per request (from
 # /proc/PID/stat) for SET, GET, INCR and MSET (TESTS picks others: a comma-separated
@@ -11,7 +11,7 @@
 #
 # KEEL_BIN (default target/release/keel), REDIS_BIN, VALKEY_BIN and BENCH_BIN pick the
 # programs (a .sweep-pack from ../shared/tools/pack-for-sweep.sh has them all); MODES picks
-# the servers (default "auto on off redis valkey"; valkey is skipped if it is not found);
+# the servers (default "off on redis valkey"; valkey is skipped if it is not found);
 # DURABILITY is keel's (async:1000, paired with appendfsync everysec; sync with always).
 # SERVER_CPUS and CLIENT_CPUS (taskset lists, e.g. 0-7 and 8-15) pin the server and
 # redis-benchmark apart, with THREADS server threads (keel --threads, valkey --io-threads)
@@ -29,7 +29,7 @@ valkey=${VALKEY_BIN:-$(command -v valkey-server || true)}
 bench=${BENCH_BIN:-$(command -v redis-benchmark)}
 dur=${DURABILITY:-async:1000}
 tests=${TESTS:-set,get,incr,mset}
-modes=${MODES:-"auto on off redis valkey"}
+modes=${MODES:-"off on redis valkey"}
 [ -n "$valkey" ] || modes=${modes//valkey/}
 fsync=everysec
 [ "$dur" = sync ] && fsync=always

@@ -214,8 +214,8 @@ pub enum ConfigError {
         /// The largest allowed.
         max: usize,
     },
-    /// `poller` is not `auto`, `on` or `off`.
-    #[error("poller must be auto, on or off, not {0:?}")]
+    /// `poller` is not `on` or `off` (the reason).
+    #[error("{0}")]
     Poller(String),
     /// `idle-poll-us` is out of its range.
     #[error("idle-poll-us must be between 0 and {max} (microseconds), not {value}")]
@@ -344,7 +344,7 @@ impl Default for Config {
             split: keel::SplitMode::Auto,
             split_phase_ms: SPLIT_PHASE_MS_DEFAULT,
             threads: 0,
-            poller: PollerMode::Auto,
+            poller: PollerMode::Off,
             idle_poll_us: IDLE_POLL_US_DEFAULT,
             pubsub_output_limit: OutputLimit::default(),
             cluster: None,
@@ -358,7 +358,7 @@ impl Default for Config {
 
 /// Parses a `poller` setting.
 pub fn parse_poller(s: &str) -> Result<PollerMode, ConfigError> {
-    s.parse().map_err(|_| ConfigError::Poller(s.to_owned()))
+    s.parse().map_err(ConfigError::Poller)
 }
 
 /// Checks an `idle-poll-us` setting.
@@ -403,7 +403,7 @@ pub struct FileConfig {
     pub split_phase_ms: Option<u64>,
     /// See [`Config::threads`].
     pub threads: Option<usize>,
-    /// See [`Config::poller`]: `"auto"`, `"on"` or `"off"`.
+    /// See [`Config::poller`]: `"on"` or `"off"`.
     pub poller: Option<String>,
     /// See [`Config::idle_poll_us`].
     pub idle_poll_us: Option<u64>,
@@ -753,18 +753,18 @@ mod tests {
     #[test]
     fn poller() {
         let mut config = Config::default();
-        assert_eq!(config.poller, PollerMode::Auto);
+        assert_eq!(config.poller, PollerMode::Off);
         assert_eq!(config.idle_poll_us, IDLE_POLL_US_DEFAULT);
-        FileConfig::parse("poller = \"off\"\nidle-poll-us = 0")
+        FileConfig::parse("poller = \"on\"\nidle-poll-us = 0")
             .expect("valid file")
             .apply(&mut config)
             .expect("valid values");
-        assert_eq!((config.poller, config.idle_poll_us), (PollerMode::Off, 0));
-        let bad = FileConfig::parse("poller = \"sometimes\"").expect("valid TOML");
-        assert_eq!(
-            bad.apply(&mut config),
-            Err(ConfigError::Poller("sometimes".into()))
-        );
+        assert_eq!((config.poller, config.idle_poll_us), (PollerMode::On, 0));
+        for (bad, says) in [("sometimes", "not \"sometimes\""), ("auto", "removed")] {
+            let file = FileConfig::parse(&format!("poller = \"{bad}\"")).expect("valid TOML");
+            let err = file.apply(&mut config).expect_err("refused").to_string();
+            assert!(err.contains(says), "{err}");
+        }
         config.idle_poll_us = IDLE_POLL_US_MAX + 1;
         assert!(matches!(
             config.validate(),

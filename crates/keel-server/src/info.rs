@@ -631,15 +631,11 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         let _ = write!(
             t,
             "# Lanes\r\npoller:{}\r\nlane:{}\r\nlane_switches:{}\r\nconnection_moves:{}\r\n\
-             poller_idle_pct:{:.1}\r\n\
-             spare_cores:{:.2}\r\nprocess_cores:{:.2}\r\nidle_poll_us:{}\r\nspin_us:{}\r\n\r\n",
+             idle_poll_us:{}\r\nspin_us:{}\r\n\r\n",
             l.setting().name(),
             l.lane().name(),
             l.switches.load(Relaxed),
             l.moves.load(Relaxed),
-            l.poller_idle_permille.load(Relaxed) as f64 / 10.0,
-            l.spare_millicores.load(Relaxed) as f64 / 1000.0,
-            l.process_millicores.load(Relaxed) as f64 / 1000.0,
             l.idle_poll_us(),
             l.spin_us(),
         );

@@ -26,8 +26,8 @@ fn moves(c: &mut redis::Connection) -> u64 {
 fn config_set_poller_moves_connections_with_their_state() {
     let server = TestServer::start();
     let mut admin = server.client();
-    assert_eq!(info_field(&mut admin, "poller"), "auto");
-    assert_eq!(info_field(&mut admin, "lane"), "poller");
+    assert_eq!(info_field(&mut admin, "poller"), "off");
+    assert_eq!(info_field(&mut admin, "lane"), "pool");
 
     // A connection with a queued MULTI and a WATCH snapshot, and a raw one that will move
     // holding half a request.
@@ -41,10 +41,10 @@ fn config_set_poller_moves_connections_with_their_state() {
     assert_eq!(exchange(&mut raw, b"PING\r\n", 7), b"+PONG\r\n");
 
     let before = moves(&mut admin);
-    let _: () = query(&mut admin, &["CONFIG", "SET", "poller", "off"]);
-    assert_eq!(info_field(&mut admin, "lane"), "pool");
+    let _: () = query(&mut admin, &["CONFIG", "SET", "poller", "on"]);
+    assert_eq!(info_field(&mut admin, "lane"), "poller");
     let setting: Vec<String> = query(&mut admin, &["CONFIG", "GET", "poller"]);
-    assert_eq!(setting, vec!["poller", "off"]);
+    assert_eq!(setting, vec!["poller", "on"]);
 
     // The PING runs where the connection is, then it moves with the rest of the SET.
     assert_eq!(
@@ -67,9 +67,9 @@ fn config_set_poller_moves_connections_with_their_state() {
     // `admin` moved as well, at its first request after the switch.
     assert!(moves(&mut admin) >= before + 3, "every connection moved");
 
-    // And back, to the poller.
-    let _: () = query(&mut admin, &["CONFIG", "SET", "poller", "on"]);
-    assert_eq!(info_field(&mut admin, "lane"), "poller");
+    // And back, to the pool.
+    let _: () = query(&mut admin, &["CONFIG", "SET", "poller", "off"]);
+    assert_eq!(info_field(&mut admin, "lane"), "pool");
     let _: () = query(&mut c, &["WATCH", "w"]);
     let _: () = query(&mut admin, &["SET", "w", "changed"]);
     let _: () = query(&mut c, &["MULTI"]);
@@ -83,7 +83,9 @@ fn config_set_poller_moves_connections_with_their_state() {
     assert_eq!(exchange(&mut raw, b"GET half\r\n", 8), b"$2\r\nok\r\n");
 
     let bad = crate::error(&mut admin, &["CONFIG", "SET", "poller", "sometimes"]);
-    assert!(bad.contains("poller must be auto, on or off"), "{bad}");
+    assert!(bad.contains("poller takes on or off"), "{bad}");
+    let bad = crate::error(&mut admin, &["CONFIG", "SET", "poller", "auto"]);
+    assert!(bad.contains("auto was removed"), "{bad}");
     let bad = crate::error(&mut admin, &["CONFIG", "SET", "idle-poll-us", "-1"]);
     assert!(bad.contains("idle-poll-us"), "{bad}");
     let _: () = query(&mut admin, &["CONFIG", "SET", "idle-poll-us", "0"]);

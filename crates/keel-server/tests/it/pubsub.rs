@@ -610,6 +610,10 @@ fn a_client_library_subscribes_in_resp2_and_resp3() {
     let (tx, rx) = std::sync::mpsc::channel();
     con.set_push_sender(tx);
     con.subscribe_resp3("news").expect("subscribe");
+    // The client does not wait for the subscription's confirmation (a push in RESP3): a reply
+    // to a later command on the connection shows it was made. (On the worker pool the two
+    // connections' commands run at once.)
+    let _: String = query(&mut con, &["PING"]);
     assert_eq!(
         query::<i64>(&mut publisher, &["PUBLISH", "news", "pushed"]),
         1

@@ -266,17 +266,22 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.contains("keel_aborts_total{reason=\"phantom\"} 0"));
     assert!(body.contains("keel_command_duration_seconds_bucket{le=\"+Inf\"}"));
     assert!(
-        body.contains("keel_lane_pool 0"),
-        "starts on the poller: {body}"
+        body.contains("keel_lane_pool 1"),
+        "starts on the pool: {body}"
     );
 }
 
 /// With `sync` durability every acknowledged write is in the log, and concurrent writers share
-/// fsyncs (group commit).
+/// fsyncs (group commit). On the poller, which fsyncs its commits itself.
 #[test]
 fn sync_durability_logs_and_groups_commits() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = TestServer::sync_in(dir.path());
+    let path = dir.path().to_path_buf();
+    let server = TestServer::with(move |c| {
+        c.dir = path;
+        c.durability = keel_server::Durability::Sync;
+        c.poller = keel_server::lanes::PollerMode::On;
+    });
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let url = server.url(false);
@@ -311,7 +316,7 @@ fn sync_durability_logs_and_groups_commits() {
     assert!(field("keel_log_frames") >= 408, "{info}");
     let fsyncs = field("keel_log_fsyncs");
     assert!(fsyncs > 0, "{info}");
-    // Unpipelined clients stay on the poller, which fsyncs their commits itself.
+    // The poller fsyncs its connections' commits itself.
     assert!(field("keel_log_inline_fsyncs") > 0, "{info}");
     assert!(field("keel_log_inline_fsyncs") <= fsyncs, "{info}");
     // Nothing checkpointed yet: the age counts from start, every frame would be replayed.
