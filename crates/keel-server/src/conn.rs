@@ -3317,6 +3317,14 @@ impl Conn {
         let mut attempt = 1;
         let may_wait = self.may_wait(multi.queue.iter().map(|(c, _)| *c));
         let mut rejoin = false;
+        // As for single commands: a block on hot keys queues for their locks (`hot`).
+        let keys = || {
+            multi
+                .queue
+                .iter()
+                .flat_map(|(cmd, args)| data::keys(*cmd, args))
+        };
+        let mut _hot = shared.hot.lock(keys(), false).await;
         loop {
             let prepare = || {
                 out.forget_tracked();
@@ -3432,6 +3440,10 @@ impl Conn {
                         .into());
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
+                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
+                        shared.hot.heat(keys());
+                        _hot = shared.hot.lock(keys(), true).await;
+                    }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
                 }

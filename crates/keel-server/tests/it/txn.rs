@@ -513,3 +513,59 @@ fn increments_mixed_with_reads_and_overwrites_in_multi() {
         ":100\r\n-ERR value is not an integer or out of range\r\n:102\r\n"
     );
 }
+
+/// `MULTI` blocks that move elements from one list to another, from many clients on the
+/// worker pool: every block conflicts with the others until the lists turn hot (`hot.rs`),
+/// then they queue for the lists' locks. Every element moves exactly once, no `EXEC` fails,
+/// and the retries stay a small share of the blocks.
+#[test]
+fn blocks_on_hot_keys_queue_instead_of_conflicting() {
+    const CLIENTS: usize = 8;
+    const MOVES: usize = 100;
+    let server = TestServer::with(|c| c.poller = keel_server::lanes::PollerMode::Off);
+    let mut c = server.client();
+    for chunk in (0..CLIENTS * MOVES).collect::<Vec<_>>().chunks(500) {
+        let mut push = redis::cmd("RPUSH");
+        push.arg("from");
+        for i in chunk {
+            push.arg(format!("e{i}"));
+        }
+        let _: i64 = push.query(&mut c).expect("RPUSH");
+    }
+    let retries_before = conflict_retries(&mut c);
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                for _ in 0..MOVES {
+                    let (moved,): (Vec<String>,) = redis::pipe()
+                        .atomic()
+                        .cmd("LPOP")
+                        .arg("from")
+                        .arg(1)
+                        .cmd("LLEN")
+                        .arg("to")
+                        .ignore()
+                        .query(&mut c)
+                        .expect("no EXEC fails");
+                    let _: i64 = query(&mut c, &["RPUSH", "to", &moved[0]]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client");
+    }
+    let mut moved: Vec<String> = query(&mut c, &["LRANGE", "to", "0", "-1"]);
+    moved.sort();
+    let mut expected: Vec<String> = (0..CLIENTS * MOVES).map(|i| format!("e{i}")).collect();
+    expected.sort();
+    assert_eq!(moved, expected, "every element moved exactly once");
+    let retries = conflict_retries(&mut c) - retries_before;
+    assert!(
+        retries < (CLIENTS * MOVES / 4) as u64,
+        "{retries} conflict retries for {} blocks",
+        CLIENTS * MOVES
+    );
+}
