@@ -3223,6 +3223,9 @@ impl Conn {
             return Ok(outcome);
         }
         let txn = prepare()?;
+        // Only a commit that writes a split record where its slices cannot take the write
+        // may block; the rest commit inline, split records elsewhere or not.
+        let may_wait = may_wait && txn.may_wait_for_split();
         Ok(self.commit(txn, may_wait).await)
     }
 

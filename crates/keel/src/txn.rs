@@ -1026,6 +1026,30 @@ impl<'db> Txn<'db> {
         Ok(self.commit_detailed()?.map(|c| c.ts))
     }
 
+    /// Whether committing may block until a split record is reconciled: the transaction
+    /// writes a record split now in a way its slices cannot take (a put, a delete, tracked
+    /// operations or ones of another kind), and the commit then waits for the record's lock
+    /// (up to two split phases). One load while nothing is split. A caller on an async
+    /// runtime commits such a transaction off its workers and every other one inline.
+    pub fn may_wait_for_split(&self) -> bool {
+        let splitter = &self.db.splitter;
+        if splitter.split_count() == 0 {
+            return false;
+        }
+        self.writes.entries.iter().any(|e| {
+            let Some(record) = self.db.store.get(&e.key, e.hash) else {
+                return false;
+            };
+            let Some(split) = splitter.split_of(record.get()) else {
+                return false;
+            };
+            match &e.write {
+                Write::Ops(ops) if e.tickets.is_empty() => !split.accepts(ops),
+                _ => true,
+            }
+        })
+    }
+
     /// [`Txn::commit`], also telling where the commit sits in the serial order.
     pub fn commit_detailed(mut self) -> Result<Result<Committed, Conflict>, CommitError> {
         match self.commit_work(false) {

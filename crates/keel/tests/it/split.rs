@@ -277,3 +277,46 @@ fn every_splittable_kind_reconciles_to_the_serial_result() {
     assert_eq!(top[0].0, max, "the top score is the maximum");
     assert!(db.stats().split_commits > 0);
 }
+
+/// `Txn::may_wait_for_split` answers yes exactly for a transaction whose commit must wait for
+/// a split record's reconciliation: a put to it, or a tracked add; no for an add its slices
+/// take, for writes elsewhere, and for anything while nothing is split.
+#[test]
+fn only_writes_a_split_record_cannot_take_may_wait() {
+    let db = split_db(SplitMode::Force);
+    let quiet = |f: &dyn Fn(&mut keel::Txn<'_>)| {
+        let mut txn = db.begin().unwrap();
+        f(&mut txn);
+        txn.may_wait_for_split()
+    };
+    db.transact(|txn| txn.put(b"hot", b"1")).unwrap();
+    assert!(
+        !quiet(&|t| t.put(b"hot", b"1").unwrap()),
+        "nothing is split yet"
+    );
+    let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        adders(s, &db, b"hot", 1, &stop, &acked);
+        while db.split_keys().is_empty() {
+            std::thread::yield_now();
+        }
+        assert!(
+            quiet(&|t| t.put(b"hot", b"1").unwrap()),
+            "a put to the split record"
+        );
+        assert!(
+            quiet(&|t| {
+                t.add(b"hot", 1).unwrap();
+                t.track(b"hot").unwrap();
+            }),
+            "a tracked add"
+        );
+        assert!(
+            !quiet(&|t| t.add(b"hot", 1).unwrap()),
+            "an add goes to a slice"
+        );
+        assert!(!quiet(&|t| t.put(b"cold", b"1").unwrap()), "another record");
+        stop.store(true, Ordering::Relaxed);
+    });
+}
