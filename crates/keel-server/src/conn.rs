@@ -49,6 +49,7 @@ use tokio::net::TcpStream;
 
 use crate::cluster::{self, Route};
 use crate::data::{self, Ctx, Fail, NOT_INTEGER, SYNTAX, View};
+use crate::hot;
 use crate::keyspace as ks;
 use crate::lanes::Lane;
 use crate::once;
@@ -381,6 +382,9 @@ struct Conn {
     /// `READONLY` was sent: in a replicated cluster, reads of a partition this node keeps
     /// run on its copy (consistent, possibly stale) rather than at the leader.
     readonly: bool,
+    /// Until when (ms since the server started; 0: never) the connection runs on the poller
+    /// because its commands took hot keys' locks ([`Conn::hot_key_taken`]).
+    hot_until_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Serves one client until it quits, is killed, breaks the protocol or the server stops: on
@@ -415,6 +419,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         blocked: None,
         aware: false,
         readonly: false,
+        hot_until_ms: std::sync::atomic::AtomicU64::new(0),
     };
     conn.spawn(stream, Carry::default());
 }
@@ -422,7 +427,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
 impl Conn {
     /// Runs the connection as a task on the lane connections go to now.
     fn spawn(self, stream: std::net::TcpStream, carry: Carry) {
-        let lane = self.shared.lanes.lane();
+        let lane = self.lane();
         let shared = self.shared.clone();
         shared.lanes.handle(lane).spawn(
             shared
@@ -624,7 +629,7 @@ impl Conn {
                 return Ok(Exit::Done);
             }
             // Every reply is written and nothing is half run: the place to change lanes.
-            if self.shared.lanes.lane() != lane {
+            if self.lane() != lane {
                 return Ok(Exit::Move(stream, Carry { input, needed }));
             }
             // A subscriber also wakes for a message: the loop then writes it out.
@@ -930,6 +935,7 @@ impl Conn {
         let mut out = Out::new(output, proto);
         let keys = || pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
         let mut _hot = shared.hot.lock(keys(), false).await;
+        self.hot_key_taken(&_hot);
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
@@ -964,6 +970,7 @@ impl Conn {
                     if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
                         shared.hot.heat(keys());
                         _hot = shared.hot.lock(keys(), true).await;
+                        self.hot_key_taken(&_hot);
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
@@ -3026,6 +3033,7 @@ impl Conn {
         // A hot key's commands queue for its lock (`hot`); a conflict heats the keys and the
         // retries hold their locks.
         let mut _hot = shared.hot.lock(data::keys(cmd, args), false).await;
+        self.hot_key_taken(&_hot);
         loop {
             let mut more = false;
             let prepare = || {
@@ -3096,6 +3104,7 @@ impl Conn {
                     if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
                         shared.hot.heat(data::keys(cmd, args));
                         _hot = shared.hot.lock(data::keys(cmd, args), true).await;
+                        self.hot_key_taken(&_hot);
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
@@ -3229,6 +3238,27 @@ impl Conn {
         Ok(self.commit(txn, may_wait).await)
     }
 
+    /// The lane this connection should run on: the poller while its commands take a hot
+    /// key's lock ([`hot::HOT_MS`] after the last), else where every connection goes. On
+    /// the poller a hot key's commands run one after another on one thread, as Redis runs
+    /// them, with no conflicts and no lock handed between threads.
+    fn lane(&self) -> Lane {
+        let until = self.hot_until_ms.load(Relaxed);
+        if until != 0 && self.shared.now_ms() < until {
+            return Lane::Poller;
+        }
+        self.shared.lanes.lane()
+    }
+
+    /// A command of this connection holds hot keys' locks (`guards`, if any): it moves to
+    /// the poller at its next request ([`Conn::lane`]).
+    fn hot_key_taken(&self, guards: &hot::Guards<'_>) {
+        if !guards.is_empty() {
+            self.hot_until_ms
+                .store(self.shared.now_ms() + hot::HOT_MS, Relaxed);
+        }
+    }
+
     /// Waits before retrying a transaction that lost `conflict`, unless the conflict was on a
     /// split key (reason `Split`: the transaction read it, or its write waited for the key's
     /// reconciliation): then it returns `true`, and [`Conn::attempt`] waits for the
@@ -3328,6 +3358,7 @@ impl Conn {
                 .flat_map(|(cmd, args)| data::keys(*cmd, args))
         };
         let mut _hot = shared.hot.lock(keys(), false).await;
+        self.hot_key_taken(&_hot);
         loop {
             let prepare = || {
                 out.forget_tracked();
@@ -3446,6 +3477,7 @@ impl Conn {
                     if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
                         shared.hot.heat(keys());
                         _hot = shared.hot.lock(keys(), true).await;
+                        self.hot_key_taken(&_hot);
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;

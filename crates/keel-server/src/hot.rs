@@ -15,7 +15,13 @@
 //! loser retries, now holding the lock).
 //!
 //! A command takes the locks of all its keys' stripes in stripe order, and never holds one
-//! while it waits for another out of order, so the locks cannot deadlock.
+//! while it waits for another out of order, so the locks cannot deadlock. A hot key stays hot
+//! while it is used at least once per [`HOT_MS`]; the other keys of its stripe stay cold.
+//!
+//! A connection whose command took a hot key's lock runs on the poller thread until
+//! [`HOT_MS`] after the last such command (`Conn::lane`): there the key's commands run one
+//! after another on one thread, as in Redis, with no conflicts and no lock handed between
+//! threads, while the other connections stay on the pool.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,10 +29,10 @@ use std::time::Instant;
 
 use tokio::sync::{Mutex, MutexGuard};
 
-/// Lock stripes: keys that share one are serialized together while either is hot.
+/// Lock stripes: a hot key's commands queue on its stripe's lock.
 pub const STRIPES: usize = 1024;
 
-/// How long a key stays hot after it was heated, in milliseconds.
+/// How long a key stays hot after it was heated or last used while hot, in milliseconds.
 pub const HOT_MS: u64 = 1000;
 
 /// The conflicts in a row a command loses before its keys turn hot: an occasional conflict
@@ -41,8 +47,11 @@ pub struct HotKeys {
 }
 
 struct Stripe {
-    /// Milliseconds since `base` until which the stripe is hot, plus one; 0 if never hot.
+    /// Milliseconds since `base` until which `key` is hot, plus one; 0 if never hot.
     hot_until: AtomicU64,
+    /// The hash of the stripe's hot key (odd; 0 if none): the other keys of the stripe stay
+    /// cold, so a hot key does not drag the commands of its stripe's cold keys along.
+    key: AtomicU64,
     lock: Mutex<()>,
 }
 
@@ -55,6 +64,18 @@ impl Default for HotKeys {
     }
 }
 
+/// A key's 64-bit hash (FNV-1a), made odd so that it is never 0.
+fn hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    }) | 1
+}
+
+/// The stripe of a key's hash.
+fn stripe_of(hash: u64) -> usize {
+    (hash >> 1) as usize % STRIPES
+}
+
 impl HotKeys {
     pub fn new() -> HotKeys {
         HotKeys {
@@ -62,6 +83,7 @@ impl HotKeys {
             stripes: (0..STRIPES)
                 .map(|_| Stripe {
                     hot_until: AtomicU64::new(0),
+                    key: AtomicU64::new(0),
                     lock: Mutex::new(()),
                 })
                 .collect(),
@@ -72,30 +94,29 @@ impl HotKeys {
         u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The stripe of `key` (FNV-1a).
-    fn stripe_of(key: &[u8]) -> usize {
-        let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        (h % STRIPES as u64) as usize
-    }
-
-    /// Whether `stripe` is hot now.
-    fn is_hot(&self, stripe: usize) -> bool {
-        match self.stripes[stripe].hot_until.load(Relaxed) {
-            0 => false,
-            until => self.now_ms() < until,
+    /// Whether the key of `hash` is hot now; if so it stays hot for another [`HOT_MS`]: a
+    /// hot key cools once nothing has used it for that long.
+    fn use_if_hot(&self, hash: u64) -> bool {
+        let stripe = &self.stripes[stripe_of(hash)];
+        if stripe.key.load(Relaxed) != hash {
+            return false;
         }
+        let now = self.now_ms();
+        if now >= stripe.hot_until.load(Relaxed) {
+            return false;
+        }
+        stripe.hot_until.fetch_max(now + HOT_MS + 1, Relaxed);
+        true
     }
 
-    /// A command on `keys` lost a conflict: they turn hot for [`HOT_MS`].
+    /// A command on `keys` lost conflicts: they turn hot for [`HOT_MS`].
     pub fn heat<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
         let until = self.now_ms() + HOT_MS + 1;
         for key in keys {
-            let stripe = &self.stripes[Self::stripe_of(key)];
-            if stripe.hot_until.load(Relaxed) < until {
-                stripe.hot_until.store(until, Relaxed);
-            }
+            let hash = hash(key);
+            let stripe = &self.stripes[stripe_of(hash)];
+            stripe.key.store(hash, Relaxed);
+            stripe.hot_until.fetch_max(until, Relaxed);
         }
     }
 
@@ -103,8 +124,9 @@ impl HotKeys {
     /// stripe order. Empty, and immediate, for a command on cold keys.
     pub async fn lock<'k>(&self, keys: impl Iterator<Item = &'k [u8]>, all: bool) -> Guards<'_> {
         let mut stripes: Vec<usize> = keys
-            .map(Self::stripe_of)
-            .filter(|&s| all || self.is_hot(s))
+            .map(hash)
+            .filter(|&h| all || self.use_if_hot(h))
+            .map(stripe_of)
             .collect();
         if stripes.is_empty() {
             return Vec::new();
@@ -139,6 +161,23 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[tokio::test]
+    async fn a_cold_key_beside_a_hot_one_in_its_stripe_stays_cold() {
+        let hot = HotKeys::new();
+        let stripe = |k: &[u8]| stripe_of(hash(k));
+        let neighbour = (0..)
+            .map(|i| format!("c{i}").into_bytes())
+            .find(|k| stripe(k) == stripe(b"k"))
+            .expect("some key shares the stripe");
+        hot.heat([&b"k"[..]].into_iter());
+        assert!(
+            hot.lock([&neighbour[..]].into_iter(), false)
+                .await
+                .is_empty()
+        );
+        assert_eq!(hot.lock([&b"k"[..]].into_iter(), false).await.len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -595,7 +595,8 @@ fn watch_sees_any_score_changed() {
 
 /// Pipelined pops of one sorted set from many clients on the worker pool, where they overlap
 /// and every pop conflicts with the others: each member is popped exactly once, no pop fails,
-/// and once the key is hot (`hot.rs`) the pops queue for its lock instead of retrying.
+/// and once the key is hot (`hot.rs`) the pops queue for its lock instead of retrying, and
+/// their connections move to the poller thread.
 #[test]
 fn pops_of_one_hot_key_queue_instead_of_conflicting() {
     const CLIENTS: usize = 8;
@@ -617,7 +618,11 @@ fn pops_of_one_hot_key_queue_instead_of_conflicting() {
             "keel_conflict_retries",
         )
     };
+    let moves = |c: &mut redis::Connection| {
+        info_counter(&query::<String>(c, &["INFO", "keel"]), "connection_moves")
+    };
     let before = retries(&mut c);
+    let moves_before = moves(&mut c);
     let threads: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let url = server.url(false);
@@ -644,6 +649,11 @@ fn pops_of_one_hot_key_queue_instead_of_conflicting() {
     let mut expected: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}")).collect();
     expected.sort();
     assert_eq!(popped, expected, "every member popped exactly once");
+    // The poppers' connections took the hot key's lock, so they went to the poller thread.
+    assert!(
+        moves(&mut c) > moves_before,
+        "no connection moved to the poller"
+    );
     let retries = retries(&mut c) - before;
     // Pops that all conflict with each other retry until the key turns hot, then queue: a
     // few retries per pop without the lock, a handful in all with it.
