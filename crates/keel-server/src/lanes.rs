@@ -15,8 +15,9 @@
 //! An earlier `poller auto` moved connections between the two by measuring; on a 16-core
 //! machine it trailed the better fixed lane in most cells, so it went (git history has it).
 //!
-//! A connection moves at a request boundary when `CONFIG SET poller` changes the lane: after
-//! it has written every reply and before it reads again, it hands its socket, its state
+//! A connection whose commands take a hot key's lock runs on the poller whatever the setting
+//! (`hot.rs`, `Conn::lane`). A connection moves at a request boundary when its lane changes:
+//! after it has written every reply and before it reads again, it hands its socket, its state
 //! (`MULTI` queue, `WATCH` snapshot, bytes of a half-read request) and itself to the other
 //! runtime. An idle connection moves when its next request arrives. Nothing is lost or
 //! reordered: a connection is one task at a time.
