@@ -60,9 +60,10 @@ pub struct Args {
     /// Where connections run: off | on [default: off]. `off`: the worker pool (--threads),
     /// which grows with cores; best with the server on cores of its own. `on`: one thread
     /// serves every connection and keeps polling while requests keep coming (no sleep, no
-    /// hand-offs between threads, commands never overlap), better while one core keeps up:
-    /// unpipelined clients on the same few cores, or all hitting one key. CONFIG SET poller
-    /// changes it at run time. On the poller a long command (KEYS over millions of keys)
+    /// hand-offs between threads, commands never overlap), better while one core keeps up,
+    /// as for unpipelined clients on the same few cores. With `off`, connections whose
+    /// commands keep conflicting on one hot key run on that thread while they use it.
+    /// CONFIG SET poller changes it at run time. On the poller a long command (KEYS over millions of keys)
     /// delays the other connections until it ends, as in Redis. (BENCHMARKS.md, "Which
     /// lane serves connections", has the measurements.)
     #[arg(long, value_name = "off|on")]
