@@ -27,6 +27,9 @@ base=7701
 work=$(mktemp -d /tmp/keel-scaling.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
+# Seconds of CPU all the nodes in "${pids[@]}" have used.
+nodes_cpu_s() { for pid in "${pids[@]}"; do cpu_s "$pid"; done | awk '{ t += $1 } END { print t }'; }
+
 echo "nodes,test,pipeline,rps,cpu_us_per_request"
 for n in $nodes_list; do
   [ "$n" -le "${#cpus[@]}" ] || { echo "$n nodes need $n cores from NODE_CPUS_FIRST to NODE_CPUS_LAST" >&2; exit 1; }
@@ -47,10 +50,10 @@ for n in $nodes_list; do
   for p in 1 16; do
     reqs=$n1; [ $p = 16 ] && reqs=$n16
     for t in set get; do
-      c0=0; for pid in "${pids[@]}"; do c0=$(awk -v a="$c0" -v b="$(cpu_s "$pid")" 'BEGIN { print a + b }'); done
+      c0=$(nodes_cpu_s)
       rps=$(taskset -c "$client_cpus" "$bench" "${cluster[@]}" -p $base -t $t -c 128 -n "$reqs" \
         -r 1000000 -P $p --threads "$threads" --csv -q | tail -n 1 | cut -d, -f2 | tr -d '"')
-      c1=0; for pid in "${pids[@]}"; do c1=$(awk -v a="$c1" -v b="$(cpu_s "$pid")" 'BEGIN { print a + b }'); done
+      c1=$(nodes_cpu_s)
       echo "$n,$t,$p,$rps,$(awk -v a="$c0" -v b="$c1" -v r="$reqs" 'BEGIN { printf "%.2f", (b - a) * 1e6 / r }')"
     done
   done

@@ -383,7 +383,7 @@ struct Conn {
     /// run on its copy (consistent, possibly stale) rather than at the leader.
     readonly: bool,
     /// Until when (ms since the server started; 0: never) the connection runs on the poller
-    /// because its commands took hot keys' locks ([`Conn::hot_key_taken`]).
+    /// because its commands took hot keys' locks ([`Conn::hot_locks`]).
     hot_until_ms: std::sync::atomic::AtomicU64,
 }
 
@@ -934,8 +934,7 @@ impl Conn {
         let mut rejoin = false;
         let mut out = Out::new(output, proto);
         let keys = || pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
-        let mut _hot = shared.hot.lock(keys(), false).await;
-        self.hot_key_taken(&_hot);
+        let mut held = self.hot_locks(keys()).await;
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
@@ -967,10 +966,8 @@ impl Conn {
                     out.buf.truncate(mark);
                     ctx.contended.set(&conflict);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
-                        shared.hot.heat(keys());
-                        _hot = shared.hot.lock(keys(), true).await;
-                        self.hot_key_taken(&_hot);
+                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                        held = self.heat_and_lock(keys).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                 }
@@ -3032,8 +3029,7 @@ impl Conn {
         let mut rejoin = false;
         // A hot key's commands queue for its lock (`hot`); a conflict heats the keys and the
         // retries hold their locks.
-        let mut _hot = shared.hot.lock(data::keys(cmd, args), false).await;
-        self.hot_key_taken(&_hot);
+        let mut held = self.hot_locks(data::keys(cmd, args)).await;
         loop {
             let mut more = false;
             let prepare = || {
@@ -3101,10 +3097,8 @@ impl Conn {
                         return false;
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
-                        shared.hot.heat(data::keys(cmd, args));
-                        _hot = shared.hot.lock(data::keys(cmd, args), true).await;
-                        self.hot_key_taken(&_hot);
+                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                        held = self.heat_and_lock(|| data::keys(cmd, args)).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
@@ -3250,9 +3244,28 @@ impl Conn {
         self.shared.lanes.lane()
     }
 
-    /// A command of this connection holds hot keys' locks (`guards`, if any): it moves to
-    /// the poller at its next request ([`Conn::lane`]).
-    fn hot_key_taken(&self, guards: &hot::Guards<'_>) {
+    /// The locks of those of `keys` that are hot (`hot.rs`). A connection whose command
+    /// takes one moves to the poller at its next request ([`Conn::lane`]).
+    async fn hot_locks<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> hot::Guards<'_> {
+        let guards = self.shared.hot.lock(keys, false).await;
+        self.follow(&guards);
+        guards
+    }
+
+    /// After [`hot::HEAT_AFTER`] conflicts in a row: `keys` turn hot, and the retries hold
+    /// all their locks.
+    async fn heat_and_lock<'k, I>(&self, keys: impl Fn() -> I) -> hot::Guards<'_>
+    where
+        I: Iterator<Item = &'k [u8]>,
+    {
+        self.shared.hot.heat(keys());
+        let guards = self.shared.hot.lock(keys(), true).await;
+        self.follow(&guards);
+        guards
+    }
+
+    /// The connection follows the hot keys whose locks it holds to the poller.
+    fn follow(&self, guards: &hot::Guards<'_>) {
         if !guards.is_empty() {
             self.hot_until_ms
                 .store(self.shared.now_ms() + hot::HOT_MS, Relaxed);
@@ -3357,8 +3370,7 @@ impl Conn {
                 .iter()
                 .flat_map(|(cmd, args)| data::keys(*cmd, args))
         };
-        let mut _hot = shared.hot.lock(keys(), false).await;
-        self.hot_key_taken(&_hot);
+        let mut held = self.hot_locks(keys()).await;
         loop {
             let prepare = || {
                 out.forget_tracked();
@@ -3474,10 +3486,8 @@ impl Conn {
                         .into());
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= crate::hot::HEAT_AFTER && _hot.is_empty() {
-                        shared.hot.heat(keys());
-                        _hot = shared.hot.lock(keys(), true).await;
-                        self.hot_key_taken(&_hot);
+                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                        held = self.heat_and_lock(keys).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
                     attempt += 1;
