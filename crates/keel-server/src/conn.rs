@@ -966,7 +966,7 @@ impl Conn {
                     out.buf.truncate(mark);
                     ctx.contended.set(&conflict);
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                    if hot::heats(attempt, &conflict) && held.is_empty() {
                         held = self.heat_and_lock(keys).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
@@ -3097,7 +3097,7 @@ impl Conn {
                         return false;
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                    if hot::heats(attempt, &conflict) && held.is_empty() {
                         held = self.heat_and_lock(|| data::keys(cmd, args)).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
@@ -3277,11 +3277,24 @@ impl Conn {
     /// reconciliation): then it returns `true`, and [`Conn::attempt`] waits for the
     /// reconciliation instead.
     async fn wait_to_retry(&self, conflict: &keel::Conflict, attempt: u32) -> bool {
-        let split = conflict.reason == keel::ConflictReason::Split;
-        if !split {
-            backoff(attempt).await;
+        match conflict.reason {
+            keel::ConflictReason::Split => return true,
+            keel::ConflictReason::Prepared => self.wait_decided(&conflict.key).await,
+            _ => backoff(attempt).await,
         }
-        split
+        false
+    }
+
+    /// Waits, without holding the thread, until the transaction prepared in a two-phase
+    /// commit across nodes that holds engine key `key` is decided (a network round trip, or
+    /// a recovery after a failure), or [`keel::limits::DECISION_WAIT_MAX`] passed. The engine
+    /// does not wait for such a holder in the commit: spinning there would keep this thread
+    /// from the very messages that decide it.
+    async fn wait_decided(&self, key: &[u8]) {
+        let deadline = Instant::now() + keel::limits::DECISION_WAIT_MAX;
+        while self.shared.db.awaits_decision(key) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Whether a transaction running `cmds` may block in its commit for up to two split phase
@@ -3486,7 +3499,7 @@ impl Conn {
                         .into());
                     }
                     self.shared.counters.exec_retries.fetch_add(1, Relaxed);
-                    if attempt >= hot::HEAT_AFTER && held.is_empty() {
+                    if hot::heats(attempt, &conflict) && held.is_empty() {
                         held = self.heat_and_lock(keys).await;
                     }
                     rejoin = self.wait_to_retry(&conflict, attempt).await;

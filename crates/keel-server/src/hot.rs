@@ -40,6 +40,14 @@ pub const HOT_MS: u64 = 1000;
 /// log under `async` and `sync` durability, and the next one waits for it).
 pub const HEAT_AFTER: u32 = 3;
 
+/// Whether the retry after `conflict`, the `attempt`th conflict in a row, turns its keys hot:
+/// from [`HEAT_AFTER`] on, unless a transaction prepared across nodes held the key. Queueing
+/// this node's commands would not bring that one's decision sooner, and the poller a hot
+/// key's connection moves to would spin through the wait.
+pub fn heats(attempt: u32, conflict: &keel::Conflict) -> bool {
+    attempt >= HEAT_AFTER && conflict.reason != keel::ConflictReason::Prepared
+}
+
 /// The hot-key locks of a server.
 pub struct HotKeys {
     base: Instant,

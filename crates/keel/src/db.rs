@@ -16,7 +16,7 @@ use crate::concurrency::{Oracle, SlotStats};
 use crate::error::{BeginError, OpenError, TransactError};
 use crate::index::hash;
 use crate::io::{Disk, OsDisk};
-use crate::limits::TRANSACT_ATTEMPTS_MAX;
+use crate::limits::{DECISION_WAIT_MAX, TRANSACT_ATTEMPTS_MAX};
 use crate::mvcc::RecordRef;
 use crate::replay::{self, Replayed};
 use crate::split::{Joined, SplitMode, Splitter};
@@ -947,7 +947,7 @@ impl Db {
             if decisions.contains_key(&frame.ts) {
                 continue;
             }
-            let owner = crate::mvcc::LockOwner(u64::MAX - 1 - in_doubt.len() as u64);
+            let owner = crate::mvcc::LockOwner::in_doubt(in_doubt.len() as u64);
             let writes = frame
                 .entries()
                 .map(|entry| {
@@ -1142,6 +1142,32 @@ impl Db {
         })
     }
 
+    /// Whether a transaction prepared in a two-phase commit ([`Txn::prepare`], or one recovered
+    /// in doubt) holds `key` until its decision, exclusively or shared: what a commit that
+    /// failed with [`ConflictReason::Prepared`](crate::ConflictReason::Prepared) met.
+    pub fn awaits_decision(&self, key: &[u8]) -> bool {
+        self.snapshot().is_ok_and(|s| s.awaits_decision(key))
+    }
+
+    /// Waits, sleeping, until no prepared transaction holds `key` ([`Db::awaits_decision`]),
+    /// or for `timeout` at most; whether it is free. A thread that must not block (an async
+    /// task) polls [`Db::awaits_decision`] between timer waits instead.
+    pub fn wait_decided(&self, key: &[u8], timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if !self.awaits_decision(key) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
     /// Opens a read-only snapshot of everything committed so far. It never blocks writers
     /// and never aborts.
     pub fn snapshot(&self) -> Result<Snapshot<'_>, BeginError> {
@@ -1163,7 +1189,8 @@ impl Db {
 
     /// Runs `body` in a transaction and commits it, retrying on conflicts with bounded
     /// exponential backoff, at most [`TRANSACT_ATTEMPTS_MAX`] times. `body` may run more than
-    /// once, so it should have no effects outside the transaction.
+    /// once, so it should have no effects outside the transaction. A conflict with a prepared
+    /// transaction waits for its decision (up to [`DECISION_WAIT_MAX`]) before the retry.
     ///
     /// ```
     /// let db = keel::Db::in_memory();
@@ -1213,6 +1240,11 @@ impl Db {
                     // separately: each wait is bounded by the phase length.
                     split_waits += 1;
                     joined = Some(splitter.wait_joined());
+                    continue;
+                }
+                Err(conflict) if conflict.reason == crate::ConflictReason::Prepared => {
+                    attempt += 1;
+                    self.wait_decided(&conflict.key, DECISION_WAIT_MAX);
                     continue;
                 }
                 Err(_) => {}

@@ -151,6 +151,13 @@ pub enum ConflictReason {
     /// joined phase before it retries; a hand-written retry loop can call
     /// [`Db::wait_joined`](crate::Db::wait_joined).
     Split,
+    /// A key this transaction writes, or read and another changes, is held by a transaction
+    /// prepared in a two-phase commit ([`Txn::prepare`](crate::Txn::prepare)) until its
+    /// decision, which may take a network round trip or a recovery: the commit did not wait
+    /// for it. [`Db::transact`](crate::Db::transact) waits for the decision before it
+    /// retries; a hand-written retry loop can call
+    /// [`Db::wait_decided`](crate::Db::wait_decided).
+    Prepared,
 }
 
 impl fmt::Display for Conflict {
@@ -160,6 +167,7 @@ impl fmt::Display for Conflict {
             ConflictReason::ReadChanged => "read-write conflict",
             ConflictReason::Phantom => "phantom in a scanned range",
             ConflictReason::Split => "read of a split (contended) key",
+            ConflictReason::Prepared => "key held by a prepared two-phase commit",
         };
         write!(f, "{what} on key {}", show_key(&self.key))
     }

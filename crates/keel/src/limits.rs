@@ -29,6 +29,9 @@ pub const OPEN_TXNS_MAX: usize = 4096;
 
 /// Attempts [`Db::transact`](crate::Db::transact) makes before reporting the conflict.
 pub const TRANSACT_ATTEMPTS_MAX: u32 = 64;
+/// How long [`Db::transact`](crate::Db::transact) waits, each time, for the decision of a
+/// prepared transaction that holds a key it needs before it tries again.
+pub const DECISION_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Top-k lists keep at most this many members; the whole list is one value.
 pub const TOP_K_MAX: u32 = 4096;

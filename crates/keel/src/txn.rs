@@ -196,6 +196,8 @@ enum Locking {
     Held,
     /// Held by another committer for too long.
     Busy,
+    /// Held by a prepared transaction until its decision; a commit does not wait for it.
+    AwaitsDecision,
     /// The record is split in the phase open now, and the write can go to a slice.
     SplitOpening,
     /// The collector took the record: look the key up again.
@@ -1215,7 +1217,12 @@ impl<'db> Txn<'db> {
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Step::Done(Err(CommitError::Log(error)));
         }
-        let me = self.me();
+        // A prepare's locks say so: commits meeting them do not wait for the decision.
+        let me = if prepare {
+            self.me().prepared()
+        } else {
+            self.me()
+        };
         let mut writes = std::mem::take(&mut self.writes.entries);
         // Lock order: by hash, then key. Any order that every commit agrees on rules out
         // deadlock; this one compares keys only when hashes tie.
@@ -1279,7 +1286,14 @@ impl<'db> Txn<'db> {
                         } else {
                             (LOCK_WAIT_MAX, LOCK_WAIT_CONTENDED_MAX)
                         };
-                        self.lock(record, me, &entry.write, slices_allowed && untracked, wait)
+                        self.lock(
+                            record,
+                            me,
+                            &entry.write,
+                            slices_allowed && untracked,
+                            wait,
+                            prepare,
+                        )
                     };
                     if !matches!(outcome, Locking::Dead) {
                         break (record, outcome);
@@ -1293,13 +1307,21 @@ impl<'db> Txn<'db> {
                         restarts += 1;
                         continue 'lock;
                     }
-                    Locking::Busy | Locking::SplitOpening | Locking::Dead => {
+                    Locking::Busy
+                    | Locking::AwaitsDecision
+                    | Locking::SplitOpening
+                    | Locking::Dead => {
                         self.db.store.link_created(&mut created);
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
+                        let reason = if matches!(outcome, Locking::AwaitsDecision) {
+                            ConflictReason::Prepared
+                        } else {
+                            ConflictReason::WriteLocked
+                        };
                         return Step::Done(Ok(Err(Conflict {
                             key: entry.key.to_vec(),
-                            reason: ConflictReason::WriteLocked,
+                            reason,
                         })));
                     }
                 }
@@ -1585,7 +1607,11 @@ impl<'db> Txn<'db> {
     }
 
     /// Locks a record for writing `write`, waiting if another committer holds it: up to
-    /// `wait` while one holder keeps it, up to `patience` in all while it changes hands. If the splitter holds it: commutative operations it takes wait for
+    /// `wait` while one holder keeps it, up to `patience` in all while it changes hands. A
+    /// commit (not a prepare) does not wait for a prepared transaction, which holds the lock
+    /// until a decision that may be far away: it stops at once
+    /// ([`Locking::AwaitsDecision`]), and its caller waits as it sees fit
+    /// ([`Db::wait_decided`](crate::Db::wait_decided)). If the splitter holds it: commutative operations it takes wait for
     /// its next phase to open ([`Locking::SplitOpening`]: the commit starts over and goes to
     /// a slice, if `slices` allows); anything else is stashed until the reconciliation. A
     /// wait by commutative operations that could go to a slice counts toward splitting the
@@ -1597,6 +1623,7 @@ impl<'db> Txn<'db> {
         write: &Write,
         slices: bool,
         (wait, patience): (std::time::Duration, std::time::Duration),
+        prepare: bool,
     ) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
@@ -1604,6 +1631,10 @@ impl<'db> Txn<'db> {
         }
         if r.is_dead() {
             return Locking::Dead;
+        }
+        let for_decision = || !prepare && r.awaits_decision();
+        if for_decision() {
+            return Locking::AwaitsDecision;
         }
         let splitter = &self.db.splitter;
         let sliceable = |sr: &SplitRecord| match write {
@@ -1629,6 +1660,9 @@ impl<'db> Txn<'db> {
             if r.try_lock(me) {
                 return Locking::Held;
             }
+            if for_decision() {
+                return Locking::AwaitsDecision;
+            }
             backoff.snooze();
         }
         let mut waiting = LockWait::new(std::time::Instant::now(), wait, patience, r);
@@ -1638,6 +1672,9 @@ impl<'db> Txn<'db> {
             }
             if r.is_dead() {
                 return Locking::Dead;
+            }
+            if for_decision() {
+                return Locking::AwaitsDecision;
             }
             if waiting.gives_up(std::time::Instant::now(), r) {
                 return Locking::Busy;
@@ -1747,6 +1784,8 @@ impl<'db> Txn<'db> {
                     self.db.splitter.stash(sr);
                 }
                 ConflictReason::Split
+            } else if s == Staleness::Locked && record.awaits_decision() {
+                ConflictReason::Prepared
             } else {
                 reason
             };
@@ -1901,6 +1940,15 @@ impl<'db> Snapshot<'db> {
     pub(crate) fn begin(db: &'db Shared) -> Result<Snapshot<'db>, BeginError> {
         let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
         Ok(Snapshot { db, slot, read_ts })
+    }
+
+    /// Whether a prepared transaction holds `key` until its decision.
+    pub(crate) fn awaits_decision(&self, key: &[u8]) -> bool {
+        // Our registry slot keeps the record from being freed while we look at it.
+        self.db
+            .store
+            .get(key, hash(key))
+            .is_some_and(|record| record.get().awaits_decision())
     }
 
     /// The timestamp this snapshot reads at.

@@ -1147,6 +1147,61 @@ fn a_prepared_transaction_comes_back_in_doubt_and_its_commit_survives() {
     assert_eq!(contents(&db), expected);
 }
 
+/// Several transactions in doubt each hold their keys under an owner of their own, one a
+/// commit recognizes as a prepared transaction's: a writer of any of their keys loses at once
+/// (`ConflictReason::Prepared`) until its decision, then commits. (The second owner handed
+/// out used to be the collector's mark for a dead record, and the first the splitter's.)
+#[test]
+fn every_transaction_in_doubt_holds_its_keys_until_decided() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let mut prepared = Vec::new();
+    for i in 0..3 {
+        let mut txn = db.begin().unwrap();
+        txn.put(format!("k{i}").as_bytes(), b"prepared").unwrap();
+        prepared.push(
+            txn.prepare(|_| format!("txn-{i}").into_bytes())
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    disk.crash();
+    prepared.into_iter().for_each(std::mem::forget);
+    drop(db);
+
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(db.recovery().unwrap().in_doubt, 3);
+    let mut in_doubt = db.in_doubt();
+    in_doubt.sort_by_key(|p| p.meta().to_vec());
+    for i in 0..3 {
+        let key = format!("k{i}");
+        assert!(db.awaits_decision(key.as_bytes()), "{key}");
+        let started = std::time::Instant::now();
+        let mut writer = db.begin().unwrap();
+        writer.put(key.as_bytes(), b"w").unwrap();
+        let conflict = writer.commit().unwrap().unwrap_err();
+        assert_eq!(conflict.reason, keel::ConflictReason::Prepared, "{key}");
+        assert!(started.elapsed() < Duration::from_millis(500), "{key}");
+    }
+    for (i, p) in in_doubt.into_iter().enumerate() {
+        assert_eq!(p.meta(), format!("txn-{i}").as_bytes());
+        if i == 1 {
+            p.commit().unwrap();
+        } else {
+            p.abort().unwrap();
+        }
+    }
+    for i in 0..3 {
+        assert!(!db.awaits_decision(format!("k{i}").as_bytes()));
+    }
+    put(&db, "k0", "after").unwrap();
+    let expected = BTreeMap::from([
+        ("k0".into(), "after".into()),
+        ("k1".into(), "prepared".into()),
+    ]);
+    assert_eq!(contents(&db), expected);
+}
+
 /// Commits logged after a prepared transaction, never acknowledged because it held the
 /// watermark, come back invisible behind it until it is decided, here aborted.
 #[test]

@@ -205,7 +205,8 @@ const _: () = assert!(crate::limits::VALUE_BYTES_MAX < SLOT_USED as usize);
 pub(crate) const DEAD_OWNER: LockOwner = LockOwner(u64::MAX - 2);
 
 /// A record held *shared* by prepared transactions that read it (`txn/prepared.rs`): the lock
-/// word is `SHARED + n` for `n` holders. Writers wait as for any lock; readers validating do
+/// word is `SHARED + n` for `n` holders. Writers wait for the decision (a commit outside the
+/// engine, [`awaits_decision`]); readers validating do
 /// not count it as a change (reads do not conflict with reads). Owners (registry slots + 1)
 /// and the special owners near `u64::MAX` never fall in this range.
 const SHARED: u64 = 1 << 62;
@@ -216,9 +217,40 @@ fn is_shared(word: u64) -> bool {
     word > SHARED && word <= SHARED + SHARED_HOLDERS_MAX
 }
 
+/// Set in the owner of a lock held by a prepared transaction (`txn/prepared.rs`), exclusively
+/// (a shared hold is one too): it keeps the lock until its decision, which may come from
+/// another node, milliseconds or seconds away, so a committer does not spin for it
+/// ([`awaits_decision`]). The top four bits of a lock word are `0001` only for these owners:
+/// registry slots + 1 stay below 2^32, shared holds set bit 62, and the special owners near
+/// `u64::MAX` (recovery, the splitter, the collector) set the top bits.
+const PREPARED: u64 = 1 << 60;
+
+/// Whether lock word `word` is held for a two-phase commit's decision: by a prepared
+/// transaction (exclusively, or shared: only prepared transactions take shared holds), or
+/// one recovered in doubt.
+#[inline]
+pub(crate) fn awaits_decision(word: u64) -> bool {
+    word >> 60 == PREPARED >> 60 || is_shared(word)
+}
+
 /// Identifies the transaction holding a record lock; never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LockOwner(pub(crate) u64);
+
+impl LockOwner {
+    /// The owner a transaction that prepares locks its writes as.
+    pub(crate) fn prepared(self) -> LockOwner {
+        debug_assert!(self.0 < 1 << 32, "a registry slot's owner");
+        LockOwner(self.0 | PREPARED)
+    }
+
+    /// The owner of the `n`th transaction recovered in doubt (`Db::open`): prepared, and
+    /// apart from every registry slot's.
+    pub(crate) fn in_doubt(n: u64) -> LockOwner {
+        debug_assert!(n < 1 << 32);
+        LockOwner(PREPARED | 1 << 32 | n)
+    }
+}
 
 /// A record that was found unlocked but whose newest version is newer than a snapshot, or is
 /// locked by someone else: what validation needs to know about a read.
@@ -428,6 +460,12 @@ impl Record {
             Some(v) if v.ts > read_ts => Staleness::Changed,
             _ => Staleness::Fresh,
         }
+    }
+
+    /// Whether a prepared transaction holds the record until its decision ([`awaits_decision`]).
+    #[inline]
+    pub(crate) fn awaits_decision(&self) -> bool {
+        awaits_decision(self.lock.load(Ordering::Acquire))
     }
 
     /// The lock word: 0 when free, else its holder (a waiter watches it change hands).

@@ -14,7 +14,9 @@
 //! writes there, preparing in opposite orders, would both commit (write skew across
 //! databases). What does is commitment ordering: nothing that follows a prepared transaction
 //! in a database's conflict order commits (or prepares) there before its decision. The locks
-//! give that for keys: a writer of a key it read or wrote waits for the decision, and a
+//! give that for keys: a writer of a key it read or wrote does not commit before the decision
+//! (a commit conflicts at once, `ConflictReason::Prepared`, and its caller waits outside the
+//! engine; a prepare waits briefly, then gives up), and a
 //! reader of a key it wrote fails validation (the record is locked); shared holds do not
 //! conflict with each other or with validating readers. They do not cover a scanned
 //! range: a key inserted into it later follows the prepared transaction without touching
@@ -153,7 +155,7 @@ impl<'db> Txn<'db> {
         let meta = meta(&Resolved {
             tracked: &self.tracked,
         });
-        let owner = self.me();
+        let owner = self.me().prepared();
         let keys: Vec<Vec<u8>> = writes
             .into_iter()
             .map(|e: WriteEntry| e.key.into_vec())
