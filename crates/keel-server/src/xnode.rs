@@ -4,9 +4,15 @@
 //!
 //! One task owns this node's [`Coordinator`] and [`Participant`]; it takes the transport's
 //! events, the clients' transactions and the storage's completions from channels, ticks the
-//! timers every [`TICK`], and carries out the actions. Storage work blocks (a prepare waits
-//! for its fsync, a commit for visibility), so it runs on tokio's blocking threads and
-//! reports back; nothing in the task waits.
+//! timers every [`TICK`], and carries out the actions. Storage steps run on the task and
+//! never block it: a prepare takes no lock waits (a held lock is a `Busy` vote, which the
+//! coordinator retries with backoff) and does not wait for its fsync
+//! ([`keel::Txn::prepare_async`]: the vote goes out from a small task once the frame is
+//! durable), a decision is logged and installed without waiting
+//! ([`keel::Prepared::commit_nowait`]: acknowledged once visible), and the decisions
+//! database is written with `commit_async`. Handing each step to tokio's blocking threads
+//! and its result back cost a thread wake-up each way (futex calls were 22% of a node's
+//! time under `sync`).
 //!
 //! A transaction is one-shot: its work on a node is the commands of a `MULTI` block whose
 //! keys that node owns, run there in one engine transaction and prepared. The replies travel
@@ -28,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use keel::{Db, Durability, Prepared};
+use keel::{Db, Durability, PrepareFuture, Prepared};
 use keel_cluster::transport::{self, Event, Transport};
 use keel_cluster::txn::{
     CoordinatorAction, Decision, Message, Outcome, Participant, ParticipantAction, Peer, PrepareId,
@@ -138,13 +144,6 @@ enum Input {
         txn: TxnId,
     },
 }
-
-/// How long a prepare waits for the node's [`Gate`], or for a lock, before it votes `Busy`:
-/// briefly (the coordinator retries with jittered backoff). With one transaction prepared
-/// per node at a time (before read holds), `benchmarks/cross-node.py` measured 311 txn/s
-/// waiting up to 20 ms, 1 812 not waiting (but under `sync` a client then lost 30 conflicts
-/// in a row), 1 331 waiting up to 2 ms with no client refused.
-const GATE_WAIT: Duration = Duration::from_millis(2);
 
 /// The prepared transactions on this node whose reads the engine does not hold: those that
 /// scanned a range (a key inserted into it later follows them without touching a record
@@ -384,7 +383,6 @@ impl Xnode {
             held,
             gate,
             decisions: decisions_db,
-            inline: shared.db.dir().is_none() && shared.db.durability() == Durability::None,
             stats: Arc::clone(&stats),
             now_ms: Box::new(now_ms),
         };
@@ -456,8 +454,6 @@ struct Driver {
     gate: Arc<Gate>,
     /// The commit decisions' database.
     decisions: &'static Db,
-    /// Nothing on disk (no log, decisions in memory): steps run on the driver's task.
-    inline: bool,
     stats: Arc<Stats>,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -607,14 +603,10 @@ impl Driver {
 
     fn log_commit(&self, decision: Decision) {
         let (db, inputs) = (self.decisions, self.inputs.clone());
-        self.offload(move || {
-            let txn = decision.txn;
-            let value = postcard::to_stdvec(&decision).expect("a decision encodes");
-            let logged = db.transact(|t| {
-                t.set_durability(Durability::Sync);
-                t.put(&decision_key(txn), &value)
-            });
-            match logged {
+        let txn = decision.txn;
+        let value = postcard::to_stdvec(&decision).expect("a decision encodes");
+        soon(async move {
+            match write_decision(db, &decision_key(txn), Some(&value)).await {
                 Ok(()) => {
                     let _ = inputs.send(Input::Logged { txn });
                 }
@@ -625,52 +617,50 @@ impl Driver {
         });
     }
 
-    /// Runs `work` (a step on the databases) on tokio's blocking pool, or here on the
-    /// driver's task when the node keeps nothing on disk: then no step waits for a disk,
-    /// and handing each to another thread and its result back cost more than the step.
-    /// Prepares then take no lock waits (`execute`): the holders' decisions run here too.
-    fn offload(&self, work: impl FnOnce() + Send + 'static) {
-        if self.inline {
-            work();
-        } else {
-            tokio::task::spawn_blocking(work);
-        }
-    }
-
     fn forget(&self, txn: TxnId) {
         let db = self.decisions;
-        self.offload(move || {
-            if let Err(e) = db.transact(|t| t.delete(&decision_key(txn))) {
+        soon(async move {
+            if let Err(e) = write_decision(db, &decision_key(txn), None).await {
                 tracing::warn!("forgetting the decision of {txn}: {e}");
             }
         });
     }
 
+    /// Runs the commands and prepares them here, on the driver's task: a prepare takes no
+    /// lock waits (the holders' decisions run here too) and does not wait for the disk; the
+    /// vote goes out once the prepare frame is durable.
     fn prepare(&self, txn: TxnId, prepare: PrepareId, participants: Vec<Peer>, work: Work) {
-        let (shared, inputs, held) = (
-            Arc::clone(&self.shared),
+        self.stats.prepares.fetch_add(1, Relaxed);
+        let result = if self.gate.clear(Duration::ZERO) {
+            execute(&self.shared, &work, &self.gate, |reply| Meta {
+                txn,
+                prepare,
+                participants,
+                reply,
+            })
+        } else {
+            Err(Refusal::Busy)
+        };
+        let (pending, reply, gated) = match result {
+            Ok(prepared) => prepared,
+            Err(refusal) => {
+                self.stats.prepares_refused.fetch_add(1, Relaxed);
+                let _ = self.inputs.send(Input::Prepared {
+                    txn,
+                    result: Err(refusal),
+                });
+                return;
+            }
+        };
+        let (inputs, held, gate) = (
             self.inputs.clone(),
             Arc::clone(&self.held),
+            Arc::clone(&self.gate),
         );
         let stats = Arc::clone(&self.stats);
-        let gate = Arc::clone(&self.gate);
-        let inline = self.inline;
-        self.offload(move || {
-            stats.prepares.fetch_add(1, Relaxed);
-            // On the driver's task the holders' decisions run here too: waiting cannot help.
-            let wait = if inline { Duration::ZERO } else { GATE_WAIT };
-            let result = if gate.clear(wait) {
-                execute(&shared, &work, &gate, wait, |reply| Meta {
-                    txn,
-                    prepare,
-                    participants,
-                    reply,
-                })
-            } else {
-                Err(Refusal::Busy)
-            };
-            let result = match result {
-                Ok((prepared, reply, gated)) => {
+        let vote = move |prepared: Result<Prepared<'static>, keel::CommitError>| {
+            let result = match prepared {
+                Ok(prepared) => {
                     held.lock().insert(
                         txn,
                         Held {
@@ -681,88 +671,124 @@ impl Driver {
                     );
                     Ok(reply)
                 }
-                Err(refusal) => {
+                // The log failed: nothing prepares or commits any more.
+                Err(e) => {
+                    if gated {
+                        gate.leave();
+                    }
                     stats.prepares_refused.fetch_add(1, Relaxed);
-                    Err(refusal)
+                    Err(Refusal::Failed(format!("ERR keel: {e}")))
                 }
             };
             let _ = inputs.send(Input::Prepared { txn, result });
-        });
+        };
+        let mut pending = pending;
+        match pending.ready() {
+            Some(prepared) => vote(prepared),
+            None => {
+                tokio::spawn(async move { vote(pending.await) });
+            }
+        }
     }
 
+    /// Commits here, on the driver's task, without waiting for the disk; acknowledged once
+    /// visible.
     fn commit(&self, txn: TxnId) {
         let Some(held) = self.held.lock().remove(&txn) else {
             tracing::error!("told to commit {txn}, which this node does not hold");
             return;
         };
         let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
-        let gate = Arc::clone(&self.gate);
-        self.offload(move || {
-            let db = shared.db;
-            let committed = held.prepared.commit();
-            if held.gated {
-                gate.leave();
-            }
-            let ts = match committed {
-                Ok(ts) => ts,
-                // The log failed: nothing commits any more; the prepare stays in doubt for
-                // the next start.
-                Err(e) => return tracing::error!("committing {txn}: {e}"),
-            };
-            let commands = held.commands;
-            let acknowledge = move || {
-                for command in &commands {
-                    let args: Vec<Bytes> =
-                        command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
-                    if let Some(spec) = table::lookup(&args[0]) {
-                        shared.blocked.committed(spec.cmd, &args);
-                    }
+        let db = shared.db;
+        let committed = held.prepared.commit_nowait();
+        if held.gated {
+            self.gate.leave();
+        }
+        let ts = match committed {
+            Ok(ts) => ts,
+            // The log failed: nothing commits any more; the prepare stays in doubt for the
+            // next start.
+            Err(e) => return tracing::error!("committing {txn}: {e}"),
+        };
+        let commands = held.commands;
+        let acknowledge = move || {
+            for command in &commands {
+                let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                if let Some(spec) = table::lookup(&args[0]) {
+                    shared.blocked.committed(spec.cmd, &args);
                 }
-                let _ = inputs.send(Input::Committed { txn });
-            };
-            // Acknowledged only once visible: the client hears of it after that. An earlier
-            // transaction prepared here and undecided holds it up, or (with a log) the fsync
-            // of the decision: wait on the watermark's watchers, not in a thread (the wait
-            // for an earlier decision can be long, and `Db::wait_visible` spins).
-            if db.is_visible(ts) {
-                acknowledge();
-            } else {
-                tokio::spawn(async move {
-                    if db.visible(ts).await.is_ok() {
-                        acknowledge();
-                    }
-                });
             }
-        });
+            let _ = inputs.send(Input::Committed { txn });
+        };
+        // Acknowledged only once visible (so durable): the client hears of it after that. An
+        // earlier transaction prepared here and undecided holds it up, or the fsync of the
+        // decision: wait on the watermark's watchers, not in a thread.
+        if db.is_visible(ts) {
+            acknowledge();
+        } else {
+            tokio::spawn(async move {
+                if db.visible(ts).await.is_ok() {
+                    acknowledge();
+                }
+            });
+        }
     }
 
     fn abort(&self, txn: TxnId) {
         let Some(held) = self.held.lock().remove(&txn) else {
             return;
         };
-        let gate = Arc::clone(&self.gate);
-        self.offload(move || {
-            if let Err(e) = held.prepared.abort() {
-                tracing::error!("aborting {txn}: {e}");
-            }
-            if held.gated {
-                gate.leave();
-            }
-        });
+        if let Err(e) = held.prepared.abort_nowait() {
+            tracing::error!("aborting {txn}: {e}");
+        }
+        if held.gated {
+            self.gate.leave();
+        }
+    }
+}
+
+/// Writes (or with `None` deletes) a decision record, durably, without holding a thread.
+async fn write_decision(db: &'static Db, key: &[u8], value: Option<&[u8]>) -> Result<(), String> {
+    // Nothing else writes the key: a conflict is only a record the collector was taking.
+    for _ in 0..crate::conn::CONFLICT_ATTEMPTS_MAX {
+        let mut txn = db.begin().map_err(|e| e.to_string())?;
+        txn.set_durability(Durability::Sync);
+        match value {
+            Some(value) => txn.put(key, value),
+            None => txn.delete(key),
+        }
+        .map_err(|e| e.to_string())?;
+        match txn.commit_async().await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(_)) => tokio::task::yield_now().await,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err("conflicts on a key nothing else writes".to_owned())
+}
+
+/// Runs `work` to its end: here if it needs no wait (the decisions database keeps nothing on
+/// disk), else in a task of its own.
+fn soon(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let mut work = Box::pin(work);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    if work.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(work);
     }
 }
 
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
-/// `meta` builds from the replies. A transaction that scanned a range is counted by `gate`
-/// from before its validation (the flag returned says so); any other checks after its own
-/// validation that none is counted. `wait` bounds each wait for the gate and for a lock.
+/// `meta` builds from the replies; the prepare frame may not be durable yet. A transaction
+/// that scanned a range is counted by `gate` from before its validation (the flag returned
+/// says so); any other checks after its own validation that none is counted. Nothing waits:
+/// a lock or the gate taken is a `Busy` vote (the coordinator retries with backoff).
 fn execute(
     shared: &Shared,
     work: &Work,
     gate: &Gate,
-    wait: Duration,
     meta: impl FnOnce(Replies) -> Meta,
-) -> Result<(Prepared<'static>, Replies, bool), Refusal> {
+) -> Result<(PrepareFuture<'static>, Replies, bool), Refusal> {
+    let wait = Duration::ZERO;
     let db: &'static Db = shared.db;
     let mut ctx = crate::conn::ctx(shared);
     // Increments read: their replies must travel with the vote.
@@ -821,7 +847,7 @@ fn execute(
     if gated && !gate.enter(wait) {
         return Err(Refusal::Busy);
     }
-    let prepared = match txn.prepare(|_| meta) {
+    let prepared = match txn.prepare_async(|_| meta) {
         Ok(Ok(prepared)) => prepared,
         Ok(Err(_conflict)) => {
             if gated {
@@ -837,10 +863,9 @@ fn execute(
         }
     };
     if !gated && !gate.clear(Duration::ZERO) {
-        // A counted transaction is undecided: this one may follow it (see `Gate`).
-        if let Err(e) = prepared.abort() {
-            tracing::error!("aborting a prepare behind the gate: {e}");
-        }
+        // A counted transaction is undecided: this one may follow it (see `Gate`). Dropping
+        // it aborts it.
+        drop(prepared);
         return Err(Refusal::Busy);
     }
     Ok((prepared, replies, gated))

@@ -45,7 +45,9 @@ pub use error::{
 };
 pub use io::{AppendFile, Disk, Fault, FileBytes, OsDisk, SimDisk};
 pub use split::{Joined, SplitMode};
-pub use txn::{CommitFuture, Committed, Prepared, Range, Resolved, Scan, Snapshot, Ticket, Txn};
+pub use txn::{
+    CommitFuture, Committed, PrepareFuture, Prepared, Range, Resolved, Scan, Snapshot, Ticket, Txn,
+};
 pub use wal::{Durability, LogFailed, LogFlush, LogWritten};
 
 /// A commit timestamp. Commits are totally ordered by it, and that order is a serial order.

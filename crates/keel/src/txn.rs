@@ -358,7 +358,7 @@ impl WriteSet {
 }
 
 mod prepared;
-pub use prepared::{Prepared, Resolved};
+pub use prepared::{PrepareFuture, Prepared, Resolved};
 
 /// A promise of the value a key holds right after some of a transaction's writes, given by
 /// [`Txn::track`] and redeemed with [`Committed::value`] once the transaction commits.

@@ -1202,6 +1202,56 @@ fn every_transaction_in_doubt_holds_its_keys_until_decided() {
     assert_eq!(contents(&db), expected);
 }
 
+/// The two-phase commit steps that do not block for the disk (`Txn::prepare_async`,
+/// `Prepared::commit_nowait`, `abort_nowait`): the future gives the prepared transaction once
+/// its frame is durable, a commit that did not wait becomes visible once its decision is
+/// durable, a dropped future aborts, and both decisions survive power loss as the blocking
+/// steps' do.
+#[test]
+fn prepares_and_decisions_that_do_not_wait_for_the_disk_survive_power_loss() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    let mut txn = db.begin().unwrap();
+    txn.put(b"a", b"1").unwrap();
+    let pending = txn.prepare_async(|_| b"txn-a".to_vec()).unwrap().unwrap();
+    let prepared = block_on(pending).unwrap();
+    let ts = prepared.commit_nowait().unwrap();
+    block_on(db.visible(ts)).unwrap();
+    assert_eq!(contents(&db), BTreeMap::from([("a".into(), "1".into())]));
+
+    // Dropped before it resolved: aborted, its keys free at once.
+    let mut txn = db.begin().unwrap();
+    txn.put(b"b", b"dropped").unwrap();
+    drop(txn.prepare_async(|_| b"txn-b".to_vec()).unwrap().unwrap());
+    put(&db, "b", "2").unwrap();
+
+    // `ready` hands out the transaction once durable, and `abort_nowait` gives it up.
+    let mut txn = db.begin().unwrap();
+    txn.put(b"c", b"aborted").unwrap();
+    let mut pending = txn.prepare_async(|_| b"txn-c".to_vec()).unwrap().unwrap();
+    let prepared = loop {
+        if let Some(prepared) = pending.ready() {
+            break prepared.unwrap();
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    };
+    drop(pending); // spent: dropping it does nothing
+    prepared.abort_nowait().unwrap();
+    let ts = put(&db, "d", "4").unwrap();
+    db.wait_visible(ts).unwrap();
+
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(db.recovery().unwrap().in_doubt, 0);
+    let expected = BTreeMap::from([
+        ("a".into(), "1".into()),
+        ("b".into(), "2".into()),
+        ("d".into(), "4".into()),
+    ]);
+    assert_eq!(contents(&db), expected);
+}
+
 /// Commits logged after a prepared transaction, never acknowledged because it held the
 /// watermark, come back invisible behind it until it is decided, here aborted.
 #[test]

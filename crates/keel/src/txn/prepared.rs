@@ -120,9 +120,24 @@ impl<'db> Txn<'db> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn prepare(
-        mut self,
+        self,
         meta: impl FnOnce(&Resolved<'_>) -> Vec<u8>,
     ) -> Result<Result<Prepared<'db>, Conflict>, CommitError> {
+        match self.prepare_async(meta)? {
+            Ok(pending) => pending.wait().map(Ok),
+            Err(conflict) => Ok(Err(conflict)),
+        }
+    }
+
+    /// [`Txn::prepare`] without blocking for the disk: when it returns, the transaction is
+    /// locked, validated, its timestamp taken and its prepare frame written to the log; the
+    /// [`PrepareFuture`] resolves to the [`Prepared`] transaction once that frame is durable
+    /// (a vote must wait for that), or to the log's failure. Dropping the future aborts
+    /// the transaction ([`Prepared::abort_nowait`]).
+    pub fn prepare_async(
+        mut self,
+        meta: impl FnOnce(&Resolved<'_>) -> Vec<u8>,
+    ) -> Result<Result<PrepareFuture<'db>, Conflict>, CommitError> {
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Err(CommitError::Log(error));
         }
@@ -177,7 +192,7 @@ impl<'db> Txn<'db> {
         if prepared.meta.len() > crate::limits::PREPARE_META_BYTES_MAX {
             let requested = prepared.meta.len();
             prepared.txn = Some(self);
-            drop(prepared.settle(false));
+            drop(prepared.settle(false, true));
             return Err(CommitError::Apply(Error::LimitExceeded {
                 limit: Limit::PrepareMetaBytes,
                 requested,
@@ -200,14 +215,130 @@ impl<'db> Txn<'db> {
                 prepared.keys.len(),
                 entries,
             );
-            if let Err(error) = appended.and_then(|end| log.wait_durable(end)) {
-                // The log is dead: nothing will commit again. Give the locks back.
-                drop(prepared.settle(false));
-                return Err(CommitError::Log(error));
+            match appended {
+                Ok(end) => {
+                    return Ok(Ok(PrepareFuture {
+                        prepared: Some(prepared),
+                        end: Some(end),
+                    }));
+                }
+                Err(error) => {
+                    // The log is dead: nothing will commit again. Give the locks back.
+                    drop(prepared.settle(false, true));
+                    return Err(CommitError::Log(error));
+                }
             }
-            prepared.logged = true;
         }
-        Ok(Ok(prepared))
+        Ok(Ok(PrepareFuture {
+            prepared: Some(prepared),
+            end: None,
+        }))
+    }
+}
+
+/// A transaction prepared and logged whose prepare frame may not be durable yet
+/// ([`Txn::prepare_async`]): a future of the [`Prepared`] transaction, or of the log's
+/// failure. Dropping it aborts the transaction without waiting.
+#[must_use = "dropping it aborts the prepared transaction"]
+pub struct PrepareFuture<'db> {
+    prepared: Option<Prepared<'db>>,
+    /// Where the prepare frame ends in the log; `None` when nothing was logged.
+    end: Option<u64>,
+}
+
+impl std::fmt::Debug for PrepareFuture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrepareFuture")
+            .field("prepared", &self.prepared)
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+impl<'db> PrepareFuture<'db> {
+    /// Blocks until the prepare frame is durable.
+    pub fn wait(mut self) -> Result<Prepared<'db>, CommitError> {
+        let prepared = self.prepared.take().expect("not resolved yet");
+        Self::conclude(prepared, self.end, |log, end| log.wait_durable(end).is_ok())
+    }
+
+    /// The prepared transaction if its frame is durable already (or the log failed), and
+    /// then the future is spent; `None` while it is not. A caller that polls from a loop of
+    /// its own need not spawn a task when nothing was logged.
+    pub fn ready(&mut self) -> Option<Result<Prepared<'db>, CommitError>> {
+        let prepared = self.prepared.as_ref().expect("not resolved yet");
+        if let Some(end) = self.end {
+            let log = prepared
+                .db
+                .log
+                .as_ref()
+                .expect("a logged prepare has a log");
+            if log.durable_lsn() < end && log.failed().is_none() {
+                return None;
+            }
+        }
+        let prepared = self.prepared.take().expect("not resolved yet");
+        Some(Self::conclude(prepared, self.end, |_, _| true))
+    }
+
+    /// The outcome once `durable` says the wait for the frame ended.
+    fn conclude(
+        mut prepared: Prepared<'db>,
+        end: Option<u64>,
+        durable: impl FnOnce(&crate::wal::Log, u64) -> bool,
+    ) -> Result<Prepared<'db>, CommitError> {
+        let Some(end) = end else {
+            return Ok(prepared);
+        };
+        let log = prepared
+            .db
+            .log
+            .as_ref()
+            .expect("a logged prepare has a log");
+        if durable(log, end) && log.durable_lsn() >= end {
+            prepared.logged = true;
+            return Ok(prepared);
+        }
+        let error = log
+            .failed()
+            .expect("a durable wait ends early only on failure");
+        // The log is dead: nothing will commit again. Give the locks back.
+        drop(prepared.settle(false, true));
+        Err(CommitError::Log(error))
+    }
+}
+
+impl<'db> std::future::Future for PrepareFuture<'db> {
+    type Output = Result<Prepared<'db>, CommitError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = &mut *self;
+        let prepared = this.prepared.take().expect("polled after it resolved");
+        if let Some(end) = this.end {
+            let log = prepared
+                .db
+                .log
+                .as_ref()
+                .expect("a logged prepare has a log");
+            if !log.watch_durable(end, cx.waker()) {
+                this.prepared = Some(prepared);
+                return std::task::Poll::Pending;
+            }
+        }
+        std::task::Poll::Ready(Self::conclude(prepared, this.end, |_, _| true))
+    }
+}
+
+impl Drop for PrepareFuture<'_> {
+    fn drop(&mut self) {
+        if let Some(mut prepared) = self.prepared.take() {
+            // Its frame is in the log: the abort is logged too.
+            prepared.logged = self.end.is_some();
+            drop(prepared.abort_nowait());
+        }
     }
 }
 
@@ -277,15 +408,32 @@ impl<'db> Prepared<'db> {
     ///
     /// [`Db::wait_visible`]: crate::Db::wait_visible
     pub fn commit(mut self) -> Result<Ts, CommitError> {
-        self.settle(true)
+        self.settle(true, true)
     }
 
     /// Phase two, aborted: logs the decision, releases the locks, finishes the timestamp.
     pub fn abort(mut self) -> Result<(), CommitError> {
-        self.settle(false).map(|_| ())
+        self.settle(false, true).map(|_| ())
     }
 
-    fn settle(&mut self, commit: bool) -> Result<Ts, CommitError> {
+    /// [`Prepared::commit`] without waiting for the disk: logs the decision, installs the
+    /// writes and releases the locks, and returns. The log's flusher finishes the timestamp
+    /// once the decision is durable, so the commit becomes visible only then (and never if
+    /// the log fails): wait for [`Db::visible`](crate::Db::visible) of the timestamp before
+    /// telling anyone it committed.
+    pub fn commit_nowait(mut self) -> Result<Ts, CommitError> {
+        self.settle(true, false)
+    }
+
+    /// [`Prepared::abort`] without waiting for the disk.
+    pub fn abort_nowait(mut self) -> Result<(), CommitError> {
+        self.settle(false, false).map(|_| ())
+    }
+
+    /// Logs the decision, installs (if `commit`) and unlocks; then, if `wait`, waits for
+    /// the decision to be durable and finishes the timestamp, else has the log's flusher
+    /// finish it once durable.
+    fn settle(&mut self, commit: bool, wait: bool) -> Result<Ts, CommitError> {
         self.settled = true;
         let db = self.db;
         let mut durable_end = None;
@@ -314,13 +462,17 @@ impl<'db> Prepared<'db> {
             record.get().unlock(self.owner);
         }
         super::unlock_shared(db, &std::mem::take(&mut self.shared));
-        if let Some((log, end)) = durable_end
-            && let Err(error) = log.wait_durable(end)
-        {
-            // Not published: nobody may read what the disk does not hold.
-            return Err(CommitError::Log(error));
+        match durable_end {
+            Some((log, end)) if wait => {
+                if let Err(error) = log.wait_durable(end) {
+                    // Not published: nobody may read what the disk does not hold.
+                    return Err(CommitError::Log(error));
+                }
+                db.oracle.finish(self.ts);
+            }
+            Some((log, end)) => log.finish_when_durable(end, self.ts),
+            None => db.oracle.finish(self.ts),
         }
-        db.oracle.finish(self.ts);
         match &self.txn {
             Some(txn) => {
                 let stats = db.oracle.stats(txn.slot);
@@ -348,7 +500,7 @@ impl Drop for Prepared<'_> {
     fn drop(&mut self) {
         if !self.settled {
             // A decision that cannot be logged leaves the transaction in doubt for recovery.
-            drop(self.settle(false));
+            drop(self.settle(false, true));
         }
     }
 }
