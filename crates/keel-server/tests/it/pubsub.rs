@@ -399,12 +399,15 @@ fn subscriber_that_does_not_read_is_cut_off() {
         b"SUBSCRIBE ch\r\n",
         b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n",
     );
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&received);
     let reader = std::thread::spawn(move || {
         let mut parser = redis::Parser::new();
         let mut reader = BufReader::new(fast);
         let mut count = 0;
         while message(&mut parser, &mut reader).2 != "end" {
             count += 1;
+            counted.store(count, std::sync::atomic::Ordering::Release);
         }
         count
     });
@@ -416,6 +419,13 @@ fn subscriber_that_does_not_read_is_cut_off() {
         sent += 1;
         if receivers == 1 {
             break;
+        }
+        // The reading subscriber keeps up however the threads are scheduled (a busy machine
+        // once let it fall 256 KiB behind): the next message goes once it has this one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while received.load(std::sync::atomic::Ordering::Acquire) < sent {
+            assert!(std::time::Instant::now() < deadline, "the reader stalled");
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
         assert_eq!(receivers, 2);
         assert!(sent < 20_000, "the slow subscriber was never cut off");
