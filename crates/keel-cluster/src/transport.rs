@@ -264,6 +264,30 @@ pub struct Stats {
     pub dropped: u64,
 }
 
+/// A handle on a transport's counters, for whoever reports them ([`Transport::stats_handle`]).
+#[derive(Clone, Default)]
+pub struct StatsHandle(Arc<Counters>);
+
+impl StatsHandle {
+    /// The counters now.
+    pub fn read(&self) -> Stats {
+        let c = &self.0;
+        Stats {
+            frames_sent: c.frames_sent.load(Ordering::Relaxed),
+            messages_sent: c.messages_sent.load(Ordering::Relaxed),
+            frames_received: c.frames_received.load(Ordering::Relaxed),
+            messages_received: c.messages_received.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Debug for StatsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.read().fmt(f)
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     frames_sent: AtomicU64,
@@ -338,7 +362,7 @@ struct Shared<M> {
     digest: u64,
     incarnation: u64,
     config: Config,
-    counters: Counters,
+    counters: Arc<Counters>,
     events: mpsc::Sender<Event<M>>,
     /// The last refusal reported for an incoming dialer claiming each node index, so that a
     /// misconfigured peer redialing is reported once (cleared by a good handshake).
@@ -411,7 +435,7 @@ where
             digest: membership.digest(),
             incarnation,
             config,
-            counters: Counters::default(),
+            counters: Arc::default(),
             events,
             refused_incoming: Mutex::new(vec![None; addrs.len()]),
         });
@@ -488,14 +512,12 @@ impl<M> Transport<M> {
 
     /// The counters.
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
-        Stats {
-            frames_sent: c.frames_sent.load(Ordering::Relaxed),
-            messages_sent: c.messages_sent.load(Ordering::Relaxed),
-            frames_received: c.frames_received.load(Ordering::Relaxed),
-            messages_received: c.messages_received.load(Ordering::Relaxed),
-            dropped: c.dropped.load(Ordering::Relaxed),
-        }
+        self.stats_handle().read()
+    }
+
+    /// A handle that reads the counters while the driver owns the transport.
+    pub fn stats_handle(&self) -> StatsHandle {
+        StatsHandle(Arc::clone(&self.shared.counters))
     }
 
     /// Stops every task and waits until they are gone (their sockets closed).

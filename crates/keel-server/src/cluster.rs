@@ -81,6 +81,8 @@ pub struct Cluster {
     seq: AtomicU64,
     /// Exactly-once forwarding's counters, for `INFO cluster`.
     pub once: OnceStats,
+    /// The counters of the transport between nodes (`xnode`), once it runs.
+    pub bus: std::sync::OnceLock<keel_cluster::transport::StatsHandle>,
 }
 
 /// Counters of exactly-once forwarding (`once`).
@@ -110,7 +112,14 @@ impl Cluster {
             incarnation: incarnation(),
             seq: AtomicU64::new(1),
             once: OnceStats::default(),
+            bus: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The transport's counters (zero before it runs, and in a replicated cluster, whose
+    /// nodes talk over their client ports).
+    pub fn bus_stats(&self) -> keel_cluster::transport::Stats {
+        self.bus.get().map(|b| b.read()).unwrap_or_default()
     }
 
     /// The configuration now.
@@ -609,7 +618,7 @@ pub fn command(
         }
         b"info" => {
             arity(2)?;
-            out.verbatim(&info(map, gone));
+            out.verbatim(&info(cluster, map, gone));
         }
         b"slots" => {
             arity(2)?;
@@ -690,16 +699,19 @@ pub fn command(
 }
 
 /// `CLUSTER INFO`'s text. The configuration is static and every node serves its slots, so
-/// the state is `ok`; there is no cluster bus yet, so no bus messages.
-fn info(map: &Membership, gone: &dyn Fn(usize) -> bool) -> String {
+/// the state is `ok`. The bus messages are the transport's between nodes (`xnode`).
+fn info(cluster: &Cluster, map: &Membership, gone: &dyn Fn(usize) -> bool) -> String {
+    let bus = cluster.bus_stats();
     let n = (0..map.nodes().len()).filter(|&i| !gone(i)).count();
     format!(
         "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
          cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\
          cluster_size:{n}\r\ncluster_current_epoch:{n}\r\ncluster_my_epoch:{}\r\n\
-         cluster_stats_messages_sent:0\r\ncluster_stats_messages_received:0\r\n\
+         cluster_stats_messages_sent:{}\r\ncluster_stats_messages_received:{}\r\n\
          total_cluster_links_buffer_limit_exceeded:0\r\n",
-        map.myself() + 1
+        map.myself() + 1,
+        bus.messages_sent,
+        bus.messages_received,
     )
 }
 

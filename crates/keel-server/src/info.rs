@@ -576,6 +576,11 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         }
         if let Some(x) = shared.xnode.get() {
             let s = &x.stats;
+            let bus = shared
+                .cluster
+                .as_ref()
+                .map(|c| c.bus_stats())
+                .unwrap_or_default();
             let _ = write!(
                 t,
                 "keel_cluster_incarnation:{:x}\r\nkeel_cluster_txns_begun:{}\r\n\
@@ -585,7 +590,9 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                  keel_cluster_recovered_decisions:{}\r\nkeel_cluster_exec_forwarded:{}\r\n\
                  keel_cluster_aborts_conflict:{}\r\nkeel_cluster_aborts_timeout:{}\r\n\
                  keel_cluster_aborts_failed:{}\r\nkeel_cluster_commit_us_mean:{}\r\n\
-                 keel_cluster_commit_us_max:{}\r\n",
+                 keel_cluster_commit_us_max:{}\r\nkeel_cluster_bus_frames_sent:{}\r\n\
+                 keel_cluster_bus_messages_sent:{}\r\nkeel_cluster_bus_frames_received:{}\r\n\
+                 keel_cluster_bus_messages_received:{}\r\nkeel_cluster_bus_messages_dropped:{}\r\n",
                 x.incarnation,
                 s.begun.load(Relaxed),
                 s.committed.load(Relaxed),
@@ -601,6 +608,11 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 s.aborts_failed.load(Relaxed),
                 s.commit_us_total.load(Relaxed) / s.committed.load(Relaxed).max(1),
                 s.commit_us_max.load(Relaxed),
+                bus.frames_sent,
+                bus.messages_sent,
+                bus.frames_received,
+                bus.messages_received,
+                bus.dropped,
             );
         }
         t.push_str("\r\n");

@@ -372,6 +372,10 @@ impl Xnode {
         participant.recover(now_ms(), records, &mut participant_out);
 
         let (inputs, inputs_rx) = mpsc::unbounded_channel();
+        if let Some(cluster) = &shared.cluster {
+            // For INFO cluster and CLUSTER INFO.
+            let _ = cluster.bus.set(transport.stats_handle());
+        }
         let mut driver = Driver {
             shared: Arc::clone(shared),
             me,

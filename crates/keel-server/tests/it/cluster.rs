@@ -308,6 +308,25 @@ fn multi_key_commands_and_transactions() {
     assert_eq!(count("keel_cluster_aborts_failed"), 1, "{info}");
     assert_eq!(count("keel_cluster_exec_forwarded"), 1, "{info}");
     assert!(count("keel_cluster_commit_us_max") > 0, "{info}");
+    // The transport's messages: a prepare, a decision and more per transaction, in frames
+    // that may carry several; CLUSTER INFO reports the same messages as Redis's bus.
+    let (sent, received) = (
+        count("keel_cluster_bus_messages_sent"),
+        count("keel_cluster_bus_messages_received"),
+    );
+    assert!(sent >= 10 && received >= 10, "{info}");
+    let frames = count("keel_cluster_bus_frames_sent");
+    assert!(frames > 0 && frames <= sent, "{info}");
+    assert_eq!(count("keel_cluster_bus_messages_dropped"), 0, "{info}");
+    let cluster_info: String = query(&mut con, &["CLUSTER", "INFO"]);
+    let bus_sent: u64 = cluster_info
+        .lines()
+        .find_map(|l| l.strip_prefix("cluster_stats_messages_sent:"))
+        .expect("cluster_stats_messages_sent")
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(bus_sent >= sent, "{cluster_info}");
     // Local keys of several slots in MULTI run here, as on a single node.
     let (e, f) = (key_on(&cluster, 0, "e"), key_on(&cluster, 0, "f"));
     let got: (i64, i64) = redis::pipe()
