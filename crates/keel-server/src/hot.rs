@@ -52,6 +52,9 @@ pub fn heats(attempt: u32, conflict: &keel::Conflict) -> bool {
 pub struct HotKeys {
     base: Instant,
     stripes: Box<[Stripe]>,
+    /// Milliseconds since `base` until which some key may be hot, plus one (the latest
+    /// `hot_until` of any stripe): past it no key is, and a command skips hashing its keys.
+    any_until: AtomicU64,
 }
 
 struct Stripe {
@@ -95,6 +98,7 @@ impl HotKeys {
                     lock: Mutex::new(()),
                 })
                 .collect(),
+            any_until: AtomicU64::new(0),
         }
     }
 
@@ -114,7 +118,15 @@ impl HotKeys {
             return false;
         }
         stripe.hot_until.fetch_max(now + HOT_MS + 1, Relaxed);
+        self.stay_hot_until(now + HOT_MS + 1);
         true
+    }
+
+    /// Raises `any_until` to `until`, writing the shared word only when that raises it.
+    fn stay_hot_until(&self, until: u64) {
+        if self.any_until.load(Relaxed) < until {
+            self.any_until.fetch_max(until, Relaxed);
+        }
     }
 
     /// A command on `keys` lost conflicts: they turn hot for [`HOT_MS`].
@@ -126,11 +138,17 @@ impl HotKeys {
             stripe.key.store(hash, Relaxed);
             stripe.hot_until.fetch_max(until, Relaxed);
         }
+        self.stay_hot_until(until);
     }
 
     /// Takes the locks of the stripes of `keys` that are hot (all of them if `all`), in
     /// stripe order. Empty, and immediate, for a command on cold keys.
     pub async fn lock<'k>(&self, keys: impl Iterator<Item = &'k [u8]>, all: bool) -> Guards<'_> {
+        // Nothing hot anywhere (the usual case): the keys are not even looked at. A key
+        // heated meanwhile is locked from the next command on.
+        if !all && self.now_ms() >= self.any_until.load(Relaxed) {
+            return Vec::new();
+        }
         let mut stripes: Vec<usize> = keys
             .map(hash)
             .filter(|&h| all || self.use_if_hot(h))
@@ -169,6 +187,23 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    /// While no key is hot anywhere, a command's keys are not even hashed.
+    #[tokio::test]
+    async fn with_nothing_hot_the_keys_are_not_looked_at() {
+        let hot = HotKeys::new();
+        let looked = std::cell::Cell::new(0);
+        let keys = || {
+            [&b"a"[..], &b"b"[..]]
+                .into_iter()
+                .inspect(|_| looked.set(looked.get() + 1))
+        };
+        assert!(hot.lock(keys(), false).await.is_empty());
+        assert_eq!(looked.get(), 0);
+        hot.heat([&b"elsewhere"[..]].into_iter());
+        assert!(hot.lock(keys(), false).await.is_empty());
+        assert_eq!(looked.get(), 2, "something is hot: each key is checked");
     }
 
     #[tokio::test]
