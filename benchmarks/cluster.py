@@ -125,7 +125,7 @@ def run(workload, n, args):
                    "--threads", str(args.threads), "--records", str(args.records),
                    "--pipeline", str(args.pipeline), "--route", args.route,
                    "--duration", f"{args.seconds}s", "--warmup", "2s", "--runs", "1",
-                   "--json", out]
+                   "--json", out] + (["--hash-tags"] if args.hash_tags else [])
             before = s.commits()
             cpu0 = cpu_seconds(s.pids())
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -164,6 +164,8 @@ def main():
     p.add_argument("--cpus-per-node", type=int, default=0,
                    help="pin node i to cores i*K..i*K+K-1 (taskset); 0 pins nothing")
     p.add_argument("--client-cpus", help="pin the benchmark client to these cores, e.g. 8-15")
+    p.add_argument("--hash-tags", action="store_true",
+                   help="keel bench --hash-tags: every transaction's keys in one slot")
     p.add_argument("--keel", help="the keel binary (default $KEEL_BIN, else target/release/keel)")
     p.add_argument("--json")
     args = p.parse_args()

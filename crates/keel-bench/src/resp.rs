@@ -173,6 +173,58 @@ pub struct Server {
     depth: usize,
     /// One connection to each of `addrs`, for loading and checks.
     control: Mutex<Vec<Conn>>,
+    /// With hash tags ([`Server::connect`]): the number of records.
+    tagged: Option<u64>,
+}
+
+/// Groups of records with `--hash-tags`: record `r` is stored behind the tag `{r % TAG_GROUPS}`.
+pub const TAG_GROUPS: u64 = 1024;
+
+/// A key as the server stores it: the record's 8 bytes ([`key_bytes`]), behind its group's
+/// hash tag (`{` four hex digits `}`) with `--hash-tags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key {
+    buf: [u8; 14],
+    len: u8,
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+impl Key {
+    fn new(record: u64, tagged: bool) -> Key {
+        let mut buf = [0u8; 14];
+        if !tagged {
+            buf[..8].copy_from_slice(&key_bytes(record));
+            return Key { buf, len: 8 };
+        }
+        let tag = format!("{{{:04x}}}", record % TAG_GROUPS);
+        buf[..6].copy_from_slice(tag.as_bytes());
+        buf[6..].copy_from_slice(&key_bytes(record));
+        Key { buf, len: 14 }
+    }
+}
+
+/// With hash tags, the records of one transaction, each moved into the group of the first
+/// (the record at the same place in the group's stride; one stride back past the last
+/// record), so that every key of the transaction has the first's tag: one slot, one
+/// partition. Without, the records as they are.
+fn group_records(records: &[u64], tagged: Option<u64>) -> Vec<u64> {
+    let (Some(n), Some(&first)) = (tagged, records.first()) else {
+        return records.to_vec();
+    };
+    let group = first % TAG_GROUPS;
+    records
+        .iter()
+        .map(|&r| {
+            let moved = r - r % TAG_GROUPS + group;
+            if moved < n { moved } else { moved - TAG_GROUPS }
+        })
+        .collect()
 }
 
 impl Server {
@@ -188,7 +240,14 @@ impl Server {
         depth: usize,
         workload: Workload,
         route: Route,
+        hash_tags: Option<u64>,
     ) -> anyhow::Result<Server> {
+        if let Some(n) = hash_tags {
+            anyhow::ensure!(
+                n >= TAG_GROUPS,
+                "--hash-tags needs at least {TAG_GROUPS} records, not {n}"
+            );
+        }
         anyhow::ensure!(
             !matches!(workload, Workload::YcsbE | Workload::Bid),
             "{workload} is not supported over RESP: it needs scans or MAX, which Redis lacks"
@@ -216,7 +275,12 @@ impl Server {
             slots,
             depth: depth.max(1),
             control: Mutex::new(control),
+            tagged: hash_tags,
         })
+    }
+
+    fn key(&self, record: u64) -> Key {
+        Key::new(record, self.tagged.is_some())
     }
 
     /// The index in `addrs` of the connection `key` goes to when not routed by worker.
@@ -297,8 +361,13 @@ fn slot_map(conn: &mut Conn, addrs: &[String]) -> anyhow::Result<(Vec<u16>, Vec<
 type Records = Vec<(u64, Vec<u8>)>;
 
 /// Queues `records` on `conn` as one `MSET`, or one `SET` each.
-fn send_records(conn: &mut Conn, records: &[(u64, Vec<u8>)], per_key: bool) -> anyhow::Result<()> {
-    let keys: Vec<[u8; 8]> = records.iter().map(|(k, _)| key_bytes(*k)).collect();
+fn send_records(
+    conn: &mut Conn,
+    records: &[(u64, Vec<u8>)],
+    per_key: bool,
+    tagged: bool,
+) -> anyhow::Result<()> {
+    let keys: Vec<Key> = records.iter().map(|(k, _)| Key::new(*k, tagged)).collect();
     if per_key {
         for ((_, v), k) in records.iter().zip(&keys) {
             conn.send(&[b"SET", k, v])?;
@@ -350,11 +419,11 @@ impl Target for Server {
                 count += chunk.len() as u64;
                 let mut parts = vec![Vec::new(); conns.len()];
                 for (k, v) in chunk {
-                    parts[self.node_of(&key_bytes(k))].push((k, v));
+                    parts[self.node_of(&self.key(k))].push((k, v));
                 }
                 for (i, part) in parts.into_iter().enumerate() {
                     if !part.is_empty() {
-                        send_records(&mut conns[i], &part, per_key)?;
+                        send_records(&mut conns[i], &part, per_key, self.tagged.is_some())?;
                         sent[i].push(part);
                     }
                 }
@@ -388,7 +457,7 @@ impl Target for Server {
                 per_key = true;
                 for (conn, batches) in conns.iter_mut().zip(&sent) {
                     for batch in batches {
-                        send_records(conn, batch, true)?;
+                        send_records(conn, batch, true, self.tagged.is_some())?;
                     }
                     conn.flush()?;
                     for _ in 0..batches.iter().map(Vec::len).sum::<usize>() {
@@ -425,7 +494,7 @@ impl Target for Server {
             .control
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned"))?;
-        let key = key_bytes(key);
+        let key = self.key(key);
         match conns[self.node_of(&key)].call(&[b"GET", &key])? {
             Reply::Bulk(v) => Ok(v),
             other => anyhow::bail!("GET answered {other:?}"),
@@ -455,7 +524,10 @@ impl Client<'_> {
     }
 
     fn send_txn(&mut self, stream: &Stream, txn: &Txn) -> anyhow::Result<Sent> {
-        let keys: Vec<[u8; 8]> = stream.keys(txn).iter().map(|k| key_bytes(*k)).collect();
+        let keys: Vec<Key> = group_records(stream.keys(txn), self.server.tagged)
+            .into_iter()
+            .map(|r| self.server.key(r))
+            .collect();
         // A transaction goes to its first key's node: a coordinator, if it spans nodes.
         let conn = match self.conns.len() {
             1 => 0,
@@ -574,5 +646,32 @@ impl Worker for Client<'_> {
             *done = !aborted;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With hash tags every key of a transaction lands in the first key's slot, each record
+    /// stays a loaded one (below `n`) in its own stride, and without them nothing moves.
+    #[test]
+    fn hash_tags_put_a_transaction_in_one_slot() {
+        let n = 10 * TAG_GROUPS + 5;
+        let txns: [&[u64]; 3] = [&[7, 3000, 10_000, 9], &[n - 1, 1, 2048], &[1030, n - 2]];
+        for records in txns {
+            let moved = group_records(records, Some(n));
+            assert_eq!(moved.len(), records.len());
+            let slot = keel_cluster::key_slot(&Key::new(moved[0], true)).0;
+            for (&r, &m) in records.iter().zip(&moved) {
+                assert!(m < n, "{m} is a record");
+                assert_eq!(m % TAG_GROUPS, records[0] % TAG_GROUPS);
+                assert!(m.abs_diff(r) < 2 * TAG_GROUPS, "{r} moved to {m}");
+                assert_eq!(keel_cluster::key_slot(&Key::new(m, true)).0, slot);
+            }
+            assert_eq!(group_records(records, None), records);
+        }
+        assert_eq!(&*Key::new(5, false), &key_bytes(5)[..]);
+        assert_eq!(&Key::new(1025, true)[..6], b"{0001}");
     }
 }

@@ -90,6 +90,13 @@ pub struct Args {
     /// Server mode: transactions in flight per connection (pipelining depth).
     #[arg(long, default_value_t = 1)]
     pipeline: usize,
+    /// Server mode: store record `r` behind the hash tag `{r % 1024}` and move every key of a
+    /// transaction into its first key's group, so that a transaction's keys share one slot
+    /// (one partition of a cluster, as Redis Cluster requires of a MULTI). The records read
+    /// and written stay those of the workload's distribution, each moved within its stride
+    /// of 1024.
+    #[arg(long)]
+    hash_tags: bool,
     /// Transactions drawn per thread before timing; a thread that finishes its stream starts
     /// it again.
     #[arg(long, default_value_t = 1 << 20)]
@@ -282,6 +289,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.pipeline,
                 workload,
                 args.route,
+                args.hash_tags.then(|| base.initial_keys()),
             )?),
         };
         let name = spec.name();

@@ -43,8 +43,15 @@ impl Redis {
         let mut c = keel_bench::resp::Conn::connect(&self.addr).expect("connect");
         c.call(&[b"FLUSHALL"]).expect("FLUSHALL");
         Box::new(
-            Server::connect("redis", &self.addr, depth, workload, Default::default())
-                .expect("connect"),
+            Server::connect(
+                "redis",
+                &self.addr,
+                depth,
+                workload,
+                Default::default(),
+                None,
+            )
+            .expect("connect"),
         )
     }
 }
@@ -67,8 +74,15 @@ fn redis_server_mode() {
             Workload::DeutWrite,
         );
     }
-    let err = Server::connect("redis", &redis.addr, 1, Workload::YcsbE, Default::default())
-        .err()
-        .expect("scans have no RESP mapping");
+    let err = Server::connect(
+        "redis",
+        &redis.addr,
+        1,
+        Workload::YcsbE,
+        Default::default(),
+        None,
+    )
+    .err()
+    .expect("scans have no RESP mapping");
     assert!(err.to_string().contains("not supported"), "{err}");
 }
