@@ -202,29 +202,25 @@ impl Key {
             buf[..8].copy_from_slice(&key_bytes(record));
             return Key { buf, len: 8 };
         }
-        let tag = format!("{{{:04x}}}", record % TAG_GROUPS);
-        buf[..6].copy_from_slice(tag.as_bytes());
+        // `{`, the group in four hex digits, `}`: no formatting on the client's hot path.
+        let group = record % TAG_GROUPS;
+        buf[0] = b'{';
+        for (i, b) in buf[1..5].iter_mut().enumerate() {
+            *b = b"0123456789abcdef"[((group >> (12 - 4 * i)) & 0xf) as usize];
+        }
+        buf[5] = b'}';
         buf[6..].copy_from_slice(&key_bytes(record));
         Key { buf, len: 14 }
     }
 }
 
-/// With hash tags, the records of one transaction, each moved into the group of the first
-/// (the record at the same place in the group's stride; one stride back past the last
-/// record), so that every key of the transaction has the first's tag: one slot, one
-/// partition. Without, the records as they are.
-fn group_records(records: &[u64], tagged: Option<u64>) -> Vec<u64> {
-    let (Some(n), Some(&first)) = (tagged, records.first()) else {
-        return records.to_vec();
-    };
-    let group = first % TAG_GROUPS;
-    records
-        .iter()
-        .map(|&r| {
-            let moved = r - r % TAG_GROUPS + group;
-            if moved < n { moved } else { moved - TAG_GROUPS }
-        })
-        .collect()
+/// With hash tags, record `r` of a transaction whose first record is `first`, moved into
+/// the first's group (the record at the same place in `r`'s stride; one stride back past the
+/// last of the `n` records), so that every key of the transaction has the first's tag: one
+/// slot, one partition.
+fn grouped(r: u64, first: u64, n: u64) -> u64 {
+    let moved = r - r % TAG_GROUPS + first % TAG_GROUPS;
+    if moved < n { moved } else { moved - TAG_GROUPS }
 }
 
 impl Server {
@@ -281,6 +277,18 @@ impl Server {
 
     fn key(&self, record: u64) -> Key {
         Key::new(record, self.tagged.is_some())
+    }
+
+    /// The keys of a transaction on `records`: with hash tags, all in the first's group.
+    fn txn_keys(&self, records: &[u64]) -> Vec<Key> {
+        let first = records.first().copied().unwrap_or(0);
+        records
+            .iter()
+            .map(|&r| match self.tagged {
+                Some(n) => self.key(grouped(r, first, n)),
+                None => self.key(r),
+            })
+            .collect()
     }
 
     /// The index in `addrs` of the connection `key` goes to when not routed by worker.
@@ -524,10 +532,7 @@ impl Client<'_> {
     }
 
     fn send_txn(&mut self, stream: &Stream, txn: &Txn) -> anyhow::Result<Sent> {
-        let keys: Vec<Key> = group_records(stream.keys(txn), self.server.tagged)
-            .into_iter()
-            .map(|r| self.server.key(r))
-            .collect();
+        let keys = self.server.txn_keys(stream.keys(txn));
         // A transaction goes to its first key's node: a coordinator, if it spans nodes.
         let conn = match self.conns.len() {
             1 => 0,
@@ -660,8 +665,7 @@ mod tests {
         let n = 10 * TAG_GROUPS + 5;
         let txns: [&[u64]; 3] = [&[7, 3000, 10_000, 9], &[n - 1, 1, 2048], &[1030, n - 2]];
         for records in txns {
-            let moved = group_records(records, Some(n));
-            assert_eq!(moved.len(), records.len());
+            let moved: Vec<u64> = records.iter().map(|&r| grouped(r, records[0], n)).collect();
             let slot = keel_cluster::key_slot(&Key::new(moved[0], true)).0;
             for (&r, &m) in records.iter().zip(&moved) {
                 assert!(m < n, "{m} is a record");
@@ -669,9 +673,9 @@ mod tests {
                 assert!(m.abs_diff(r) < 2 * TAG_GROUPS, "{r} moved to {m}");
                 assert_eq!(keel_cluster::key_slot(&Key::new(m, true)).0, slot);
             }
-            assert_eq!(group_records(records, None), records);
         }
         assert_eq!(&*Key::new(5, false), &key_bytes(5)[..]);
         assert_eq!(&Key::new(1025, true)[..6], b"{0001}");
+        assert_eq!(&Key::new(1023, true)[..6], b"{03ff}");
     }
 }

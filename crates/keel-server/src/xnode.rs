@@ -645,7 +645,7 @@ impl Driver {
         } else {
             Err(Refusal::Busy)
         };
-        let (pending, reply, gated) = match result {
+        let (mut pending, reply, gated) = match result {
             Ok(prepared) => prepared,
             Err(refusal) => {
                 self.stats.prepares_refused.fetch_add(1, Relaxed);
@@ -686,7 +686,6 @@ impl Driver {
             };
             let _ = inputs.send(Input::Prepared { txn, result });
         };
-        let mut pending = pending;
         match pending.ready() {
             Some(prepared) => vote(prepared),
             None => {

@@ -1286,14 +1286,7 @@ impl<'db> Txn<'db> {
                         } else {
                             (LOCK_WAIT_MAX, LOCK_WAIT_CONTENDED_MAX)
                         };
-                        self.lock(
-                            record,
-                            me,
-                            &entry.write,
-                            slices_allowed && untracked,
-                            wait,
-                            prepare,
-                        )
+                        self.lock(record, me, &entry.write, slices_allowed && untracked, wait)
                     };
                     if !matches!(outcome, Locking::Dead) {
                         break (record, outcome);
@@ -1623,7 +1616,6 @@ impl<'db> Txn<'db> {
         write: &Write,
         slices: bool,
         (wait, patience): (std::time::Duration, std::time::Duration),
-        prepare: bool,
     ) -> Locking {
         let r = record.get();
         if r.try_lock(me) {
@@ -1632,7 +1624,7 @@ impl<'db> Txn<'db> {
         if r.is_dead() {
             return Locking::Dead;
         }
-        let for_decision = || !prepare && r.awaits_decision();
+        let for_decision = || !me.is_prepared() && r.awaits_decision();
         if for_decision() {
             return Locking::AwaitsDecision;
         }

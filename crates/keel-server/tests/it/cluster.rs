@@ -319,13 +319,7 @@ fn multi_key_commands_and_transactions() {
     assert!(frames > 0 && frames <= sent, "{info}");
     assert_eq!(count("keel_cluster_bus_messages_dropped"), 0, "{info}");
     let cluster_info: String = query(&mut con, &["CLUSTER", "INFO"]);
-    let bus_sent: u64 = cluster_info
-        .lines()
-        .find_map(|l| l.strip_prefix("cluster_stats_messages_sent:"))
-        .expect("cluster_stats_messages_sent")
-        .trim()
-        .parse()
-        .expect("a count");
+    let bus_sent = crate::info_counter(&cluster_info, "cluster_stats_messages_sent");
     assert!(bus_sent >= sent, "{cluster_info}");
     // Local keys of several slots in MULTI run here, as on a single node.
     let (e, f) = (key_on(&cluster, 0, "e"), key_on(&cluster, 0, "f"));

@@ -244,6 +244,11 @@ impl LockOwner {
         LockOwner(self.0 | PREPARED)
     }
 
+    /// Whether this is a prepared transaction's owner.
+    pub(crate) fn is_prepared(self) -> bool {
+        awaits_decision(self.0)
+    }
+
     /// The owner of the `n`th transaction recovered in doubt (`Db::open`): prepared, and
     /// apart from every registry slot's.
     pub(crate) fn in_doubt(n: u64) -> LockOwner {

@@ -258,53 +258,55 @@ impl std::fmt::Debug for PrepareFuture<'_> {
 impl<'db> PrepareFuture<'db> {
     /// Blocks until the prepare frame is durable.
     pub fn wait(mut self) -> Result<Prepared<'db>, CommitError> {
-        let prepared = self.prepared.take().expect("not resolved yet");
-        Self::conclude(prepared, self.end, |log, end| log.wait_durable(end).is_ok())
+        if let Some((log, end)) = self.logged() {
+            // A failure shows in `conclude`.
+            let _ = log.wait_durable(end);
+        }
+        self.conclude()
     }
 
     /// The prepared transaction if its frame is durable already (or the log failed), and
     /// then the future is spent; `None` while it is not. A caller that polls from a loop of
     /// its own need not spawn a task when nothing was logged.
     pub fn ready(&mut self) -> Option<Result<Prepared<'db>, CommitError>> {
-        let prepared = self.prepared.as_ref().expect("not resolved yet");
-        if let Some(end) = self.end {
-            let log = prepared
-                .db
-                .log
-                .as_ref()
-                .expect("a logged prepare has a log");
-            if log.durable_lsn() < end && log.failed().is_none() {
-                return None;
-            }
+        if let Some((log, end)) = self.logged()
+            && log.durable_lsn() < end
+            && log.failed().is_none()
+        {
+            return None;
         }
-        let prepared = self.prepared.take().expect("not resolved yet");
-        Some(Self::conclude(prepared, self.end, |_, _| true))
+        Some(self.conclude())
     }
 
-    /// The outcome once `durable` says the wait for the frame ended.
-    fn conclude(
-        mut prepared: Prepared<'db>,
-        end: Option<u64>,
-        durable: impl FnOnce(&crate::wal::Log, u64) -> bool,
-    ) -> Result<Prepared<'db>, CommitError> {
-        let Some(end) = end else {
-            return Ok(prepared);
-        };
-        let log = prepared
-            .db
-            .log
-            .as_ref()
-            .expect("a logged prepare has a log");
-        if durable(log, end) && log.durable_lsn() >= end {
-            prepared.logged = true;
-            return Ok(prepared);
+    /// The log and where the prepare frame ends in it, if the prepare logged anything.
+    fn logged(&self) -> Option<(&'db crate::wal::Log, u64)> {
+        let db = self.prepared.as_ref().expect("not resolved yet").db;
+        let log = || db.log.as_ref().expect("a logged prepare has a log");
+        self.end.map(|end| (log(), end))
+    }
+
+    /// The outcome once the wait for the frame ended: the prepared transaction if the
+    /// frame is durable, else the log's failure (the locks given back).
+    fn conclude(&mut self) -> Result<Prepared<'db>, CommitError> {
+        let durable = self
+            .logged()
+            .map(|(log, end)| (log, log.durable_lsn() >= end));
+        let mut prepared = self.prepared.take().expect("not resolved yet");
+        match durable {
+            None => Ok(prepared),
+            Some((_, true)) => {
+                prepared.logged = true;
+                Ok(prepared)
+            }
+            Some((log, false)) => {
+                let error = log
+                    .failed()
+                    .expect("a durable wait ends early only on failure");
+                // The log is dead: nothing will commit again. Give the locks back.
+                drop(prepared.settle(false, true));
+                Err(CommitError::Log(error))
+            }
         }
-        let error = log
-            .failed()
-            .expect("a durable wait ends early only on failure");
-        // The log is dead: nothing will commit again. Give the locks back.
-        drop(prepared.settle(false, true));
-        Err(CommitError::Log(error))
     }
 }
 
@@ -316,19 +318,12 @@ impl<'db> std::future::Future for PrepareFuture<'db> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
-        let prepared = this.prepared.take().expect("polled after it resolved");
-        if let Some(end) = this.end {
-            let log = prepared
-                .db
-                .log
-                .as_ref()
-                .expect("a logged prepare has a log");
-            if !log.watch_durable(end, cx.waker()) {
-                this.prepared = Some(prepared);
-                return std::task::Poll::Pending;
-            }
+        if let Some((log, end)) = this.logged()
+            && !log.watch_durable(end, cx.waker())
+        {
+            return std::task::Poll::Pending;
         }
-        std::task::Poll::Ready(Self::conclude(prepared, this.end, |_, _| true))
+        std::task::Poll::Ready(this.conclude())
     }
 }
 
