@@ -6,8 +6,8 @@
 #   crates/keel-server/scripts/memory-per-element.sh [N] > memory.csv
 #
 # Data sets (N defaults to 1000000): `hash` N hashes of 10 fields (10-byte values), `zset` one
-# sorted set of N members, `list` N lists of 5 elements, `set` N sets of 5 members, `string` N
-# strings (the baseline).
+# sorted set of N members, `list` N lists of 5 elements, `longlist` one list of N elements,
+# `set` N sets of 5 members, `string` N strings (the baseline).
 # KEEL_BIN (default target/release/keel) and REDIS_BIN pick the servers; SETS picks data sets.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -54,6 +54,10 @@ elif kind == "list":
     for i in range(n):
         cmd("RPUSH", f"list:{i:010d}", *["v" * 10] * 5)
     elements = 5 * n
+elif kind == "longlist":
+    for start in range(0, n, 1000):
+        cmd("RPUSH", "queue", *["v" * 10] * (min(n, start + 1000) - start))
+    elements = n
 elif kind == "set":
     for i in range(n):
         cmd("SADD", f"set:{i:010d}", *[f"member:{j}" for j in range(5)])

@@ -42,9 +42,11 @@ pub const SET_MEMBER: u8 = b's';
 pub const ZSET_SCORE: u8 = b'z';
 /// After [`INTERNAL`]: a sorted set's score index, keyed by generation, score and member.
 pub const ZSET_INDEX: u8 = b'Z';
-/// After [`INTERNAL`]: a list element, keyed by generation and order-preserving index.
+/// After [`INTERNAL`]: a list's chunk of 16 elements, keyed by generation and
+/// order-preserving chunk number (and an element too long for its chunk, by its slot after).
 pub const LIST_ITEM: u8 = b'l';
-/// After [`INTERNAL`]: a list's ends (head and tail index), keyed by generation and `00`/`01`.
+/// After [`INTERNAL`]: a list's ends (the chunks of its first and last element), keyed by
+/// generation and `00`/`01`.
 pub const LIST_ENDS: u8 = b'e';
 /// After [`INTERNAL`]: the expiry index, keyed by deadline and user key.
 pub const EXPIRY: u8 = b'x';
@@ -85,7 +87,7 @@ pub enum Type {
     /// A sorted set: scores at `FF 'z' gen member`, and the score index `FF 'Z' gen score
     /// member`.
     ZSet,
-    /// A list: elements at `FF 'l' gen index`, its ends at `FF 'e' gen 00|01`.
+    /// A list: chunks of 16 elements at `FF 'l' gen chunk`, its ends at `FF 'e' gen 00|01`.
     List,
 }
 
@@ -96,7 +98,7 @@ impl Type {
             Type::Hash => b'h',
             Type::Set => b'S',
             Type::ZSet => b'z',
-            Type::List => b'l',
+            Type::List => b'q',
         }
     }
 
@@ -107,7 +109,7 @@ impl Type {
             b'h' => Some(Type::Hash),
             b'S' => Some(Type::Set),
             b'z' => Some(Type::ZSet),
-            b'l' => Some(Type::List),
+            b'q' => Some(Type::List),
             _ => None,
         }
     }
@@ -149,6 +151,11 @@ const PACKED_HASH: u8 = b'H';
 const PACKED_LIST: u8 = b'L';
 /// The type code of a packed set's meta record.
 const PACKED_SET: u8 = b'T';
+/// The type code keel gave a spread list before its elements were packed into chunks (one
+/// record per element): such a list is refused, not misread.
+const OLD_LIST: u8 = b'l';
+const OLD_LIST_LAYOUT: &str = "ERR keel: this list was stored by an older keel, one record per \
+                               element; this keel stores lists in chunks and does not read it";
 
 impl Meta {
     /// A string with a TTL.
@@ -215,6 +222,7 @@ impl Meta {
             PACKED_HASH => return Ok(Meta::packed(Type::Hash, body.to_vec(), deadline)),
             PACKED_LIST => return Ok(Meta::packed(Type::List, body.to_vec(), deadline)),
             PACKED_SET => return Ok(Meta::packed(Type::Set, body.to_vec(), deadline)),
+            OLD_LIST => return Err(OLD_LIST_LAYOUT.into()),
             _ => {}
         }
         let ty = Type::from_code(code).ok_or_else(damaged)?;

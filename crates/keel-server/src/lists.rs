@@ -2,18 +2,20 @@
 //! blocking `BLPOP`/`BRPOP`/`BLMOVE`/`BRPOPLPUSH`/`BLMPOP`), over the layout of
 //! `docs/types.md`.
 //!
-//! Elements are engine keys `FF 'l' gen index`, the index an order-preserving signed 8-byte
-//! integer. The indices of a list are dense: exactly those from its head (`FF 'e' gen 00`, the
-//! index of the first element) up to its tail (`FF 'e' gen 01`, one past the last) exist. Its
-//! length is also kept in the collection size record `FF 'n' gen` with the engine's commutative
-//! `add`, so that a push replies with the new length without reading the other end. Every
-//! write adds to it, 0 when the length stays (`LSET`): `WATCH` of a list records that record.
+//! A spread list's elements sit at dense indices, an order-preserving signed 8-byte integer:
+//! exactly those from its head up to its tail exist. Sixteen consecutive indices share a chunk
+//! record, `FF 'l' gen chunk` (`lists/store.rs`, which also keeps a short list packed in its
+//! meta record). Its length is also kept in the collection size record `FF 'n' gen` with the
+//! engine's commutative `add`, so that a push replies with the new length without reading the
+//! other end. Every write adds to it, 0 when the length stays (`LSET`): `WATCH` of a list
+//! records that record.
 //!
-//! What conflicts with what: a push at the head reads and writes only the head record, a push
-//! at the tail only the tail record, so `LPUSH` and `RPUSH` never conflict. A pop reads its end,
-//! the popped elements and the next one (whether any remain, to delete the key with its last
-//! element as Redis does), not the other end: a consumer popping one end of a queue and a
-//! producer pushing at the other conflict only when the list is about to run empty.
+//! What conflicts with what: a push at the head reads and writes only the head chunk (and the
+//! head record), a push at the tail only the tail's, so `LPUSH` and `RPUSH` conflict only while
+//! both ends lie in one chunk. A pop reads its end, the chunks of the popped elements and of
+//! the next one (whether any remain, to delete the key with its last element as Redis does),
+//! not the other end: a consumer popping one end of a queue and a producer pushing at the other
+//! conflict only when the list is down to about one chunk.
 //! `LINSERT`, `LREM` and `LTRIM` keep the indices dense by moving elements: `LINSERT` moves
 //! those on the shorter side of the new element, `LREM` those between the end it scans from and
 //! the last element it removes. `LINDEX`, `LSET` and `LRANGE` go straight to an index.
@@ -22,16 +24,18 @@
 //! like the non-blocking command or says that it would block; the connection then waits in the
 //! registry of `blocking.rs`. Inside `MULTI` they never block: nothing to pop is a null reply.
 
-use std::collections::BTreeMap;
-use std::ops::{Bound, ControlFlow};
+use std::ops::ControlFlow;
 
 use bytes::Bytes;
 use keel::Txn;
 
 use crate::data::{Ctx, Fail, REPLY_ITEMS_MAX, SYNTAX, View, int_arg, reply_too_big};
-use crate::keyspace::{self as ks, Held, LIST_ITEM, Meta, Type, WRONGTYPE, packed};
+use crate::keyspace::{self as ks, Held, Meta, Type, WRONGTYPE};
 use crate::reply::Out;
 use crate::table::Cmd;
+
+mod store;
+use store::{List, damaged};
 
 /// The marker error of a blocking command outside `MULTI` that found nothing to pop: the caller
 /// blocks, and never shows it.
@@ -162,289 +166,6 @@ impl End {
     }
 }
 
-/// The order-preserving bytes of an index.
-fn index_bytes(index: i64) -> [u8; 8] {
-    ((index as u64) ^ (1 << 63)).to_be_bytes()
-}
-
-/// The index of an element key.
-fn index_of(key: &[u8]) -> i64 {
-    let b: [u8; 8] = key[key.len() - 8..]
-        .try_into()
-        .expect("an element key ends in 8 bytes");
-    (u64::from_be_bytes(b) ^ (1 << 63)) as i64
-}
-
-fn item_key(generation: u64, index: i64) -> ks::KeyBuf {
-    ks::sub_key(LIST_ITEM, generation, &index_bytes(index))
-}
-
-fn damaged() -> Fail {
-    "ERR keel: damaged list record".into()
-}
-
-/// A list as one command sees it: spread over sub-keys (its elements at `FF 'l' gen index`,
-/// its ends and its size record), or packed in its meta record. A packed list's elements are
-/// loaded into a map under the dense indices a spread list would give them (head 0), so that
-/// every command runs the same steps on either; [`List::finish`] writes a changed packed list
-/// back: packed, or spread when it outgrew the limits or its record was contended, or deleted.
-struct List {
-    /// The meta record as found (`None`: a list this command creates).
-    meta: Option<Meta>,
-    /// A packed (or new) list's elements, as the command changes them.
-    packed: Option<Packed>,
-}
-
-/// A packed list's elements while a command runs.
-struct Packed {
-    items: BTreeMap<i64, Vec<u8>>,
-    head: i64,
-    tail: i64,
-    /// Changed: [`List::finish`] writes it back.
-    dirty: bool,
-    /// Its last element went: [`List::finish`] deletes the key.
-    dropped: bool,
-}
-
-impl List {
-    /// The list `meta` describes.
-    fn open(meta: Meta) -> Result<List, Fail> {
-        if !meta.packed {
-            return Ok(List {
-                meta: Some(meta),
-                packed: None,
-            });
-        }
-        let mut items = BTreeMap::new();
-        let mut bytes = &meta.value[..];
-        let mut tail = 0;
-        while !bytes.is_empty() {
-            items.insert(tail, packed::take(&mut bytes)?.to_vec());
-            tail += 1;
-        }
-        Ok(List {
-            meta: Some(meta),
-            packed: Some(Packed {
-                items,
-                head: 0,
-                tail,
-                dirty: false,
-                dropped: false,
-            }),
-        })
-    }
-
-    /// A new, empty list (written by [`List::finish`] once something is pushed).
-    fn create() -> List {
-        List {
-            meta: None,
-            packed: Some(Packed {
-                items: BTreeMap::new(),
-                head: 0,
-                tail: 0,
-                dirty: false,
-                dropped: false,
-            }),
-        }
-    }
-
-    /// A spread list's generation.
-    fn generation(&self) -> u64 {
-        self.meta.as_ref().map_or(0, |m| m.generation)
-    }
-
-    fn item_key(&self, index: i64) -> ks::KeyBuf {
-        item_key(self.generation(), index)
-    }
-
-    /// The head (`tail == false`: the index of the first element) or the tail (one past the
-    /// last).
-    fn end(&mut self, view: &mut View<'_, '_>, tail: bool) -> Result<i64, Fail> {
-        if let Some(p) = &self.packed {
-            return Ok(if tail { p.tail } else { p.head });
-        }
-        let v = view.get_with(&ks::list_end_key(self.generation(), tail), |v| {
-            v.and_then(|b| <[u8; 8]>::try_from(b).ok())
-        })?;
-        v.map(i64::from_be_bytes).ok_or_else(damaged)
-    }
-
-    /// Head and tail.
-    fn ends(&mut self, view: &mut View<'_, '_>) -> Result<(i64, i64), Fail> {
-        Ok((self.end(view, false)?, self.end(view, true)?))
-    }
-
-    fn set_end(&mut self, t: &mut Txn<'_>, tail: bool, index: i64) -> Result<(), Fail> {
-        if let Some(p) = &mut self.packed {
-            *(if tail { &mut p.tail } else { &mut p.head }) = index;
-            p.dirty = true;
-            return Ok(());
-        }
-        t.put(
-            &ks::list_end_key(self.generation(), tail),
-            &index.to_be_bytes(),
-        )?;
-        Ok(())
-    }
-
-    /// Calls `f` with the element at `index` (`None`: none).
-    fn get_with<T>(
-        &mut self,
-        view: &mut View<'_, '_>,
-        index: i64,
-        f: impl FnOnce(Option<&[u8]>) -> T,
-    ) -> Result<T, Fail> {
-        if let Some(p) = &self.packed {
-            return Ok(f(p.items.get(&index).map(Vec::as_slice)));
-        }
-        Ok(view.get_with(&self.item_key(index), f)?)
-    }
-
-    fn put(&mut self, t: &mut Txn<'_>, index: i64, value: &[u8]) -> Result<(), Fail> {
-        if let Some(p) = &mut self.packed {
-            p.items.insert(index, value.to_vec());
-            p.dirty = true;
-            return Ok(());
-        }
-        t.put(&self.item_key(index), value)?;
-        Ok(())
-    }
-
-    fn delete(&mut self, t: &mut Txn<'_>, index: i64) -> Result<(), Fail> {
-        if let Some(p) = &mut self.packed {
-            p.items.remove(&index);
-            p.dirty = true;
-            return Ok(());
-        }
-        t.delete(&self.item_key(index))?;
-        Ok(())
-    }
-
-    /// Calls `f` on the elements with indices in `lo..=hi`, in order (reversed with `rev`),
-    /// until it says stop.
-    fn each(
-        &mut self,
-        view: &mut View<'_, '_>,
-        lo: i64,
-        hi: i64,
-        rev: bool,
-        mut f: impl FnMut(i64, &[u8]) -> ControlFlow<()>,
-    ) {
-        if lo > hi {
-            return;
-        }
-        if let Some(p) = &self.packed {
-            let mut range = p.items.range(lo..=hi);
-            let mut visit = |(&i, v): (&i64, &Vec<u8>)| f(i, v);
-            if rev {
-                let _ = range.rev().try_for_each(&mut visit);
-            } else {
-                let _ = range.try_for_each(&mut visit);
-            }
-            return;
-        }
-        let generation = self.generation();
-        let lo = Bound::Included(item_key(generation, lo).to_vec());
-        let hi = Bound::Included(item_key(generation, hi).to_vec());
-        view.range(lo, hi, rev, |k, v| f(index_of(k), v));
-    }
-
-    /// Adds `n` to the length (0 when it stays: still a change that `WATCH` sees).
-    fn add_len(&mut self, t: &mut Txn<'_>, n: i64) -> Result<(), Fail> {
-        if let Some(p) = &mut self.packed {
-            p.dirty = true;
-            return Ok(());
-        }
-        t.add(&ks::size_key(self.generation()), n)?;
-        Ok(())
-    }
-
-    /// The length.
-    fn len(&mut self, view: &mut View<'_, '_>) -> Result<i64, Fail> {
-        if let Some(p) = &self.packed {
-            return Ok(p.items.len() as i64);
-        }
-        let n = view.get_with(&ks::size_key(self.generation()), |v| {
-            v.map(crate::resp::string_to_i64)
-        })?;
-        match n {
-            None => Ok(0),
-            Some(Some(n)) => Ok(n),
-            Some(None) => Err(damaged()),
-        }
-    }
-
-    /// Removes the key of a list whose last element is gone (its elements already deleted):
-    /// no graveyard entry, there is nothing left to sweep.
-    fn drop_empty(&mut self, t: &mut Txn<'_>, key: &[u8]) -> Result<(), Fail> {
-        if let Some(p) = &mut self.packed {
-            p.dropped = true;
-            p.dirty = true;
-            return Ok(());
-        }
-        let meta = self
-            .meta
-            .as_ref()
-            .expect("a spread list has its meta record");
-        t.delete(&ks::meta_key(key))?;
-        if meta.deadline != 0 {
-            t.delete(&ks::expiry_key(meta.deadline, key))?;
-        }
-        t.delete(&ks::list_end_key(meta.generation, false))?;
-        t.delete(&ks::list_end_key(meta.generation, true))?;
-        t.delete(&ks::size_key(meta.generation))?;
-        Ok(())
-    }
-
-    /// Replies with the length after a change: for a spread list tracked (resolved at commit,
-    /// without reading the size record) when the caller allows it.
-    fn reply_len(&mut self, t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Result<(), Fail> {
-        if self.packed.is_none() && ctx.track_increments {
-            out.tracked(t.track(&ks::size_key(self.generation()))?);
-        } else {
-            out.int(self.len(&mut View::Txn(t))?);
-        }
-        Ok(())
-    }
-
-    /// The element index of offset `index` (negative: from the tail), `None` if out of range.
-    fn resolve(&mut self, view: &mut View<'_, '_>, index: i64) -> Result<Option<i64>, Fail> {
-        let (head, tail) = self.ends(view)?;
-        let at = if index < 0 {
-            tail.checked_add(index)
-        } else {
-            head.checked_add(index)
-        };
-        Ok(at.filter(|&i| i >= head && i < tail))
-    }
-
-    /// Writes a changed packed list back to `key` (see [`List`]); a spread list's changes are
-    /// written already.
-    fn finish(self, t: &mut Txn<'_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<(), Fail> {
-        let Some(p) = self.packed.filter(|p| p.dirty) else {
-            return Ok(());
-        };
-        let count = if p.dropped { 0 } else { p.items.len() };
-        let dense = p.items.len() as i64 == p.tail - p.head
-            && p.items.first_key_value().is_some_and(|(&i, _)| i == p.head);
-        if count > 0 && !dense {
-            return Err("ERR keel: a list's elements are not dense".into());
-        }
-        let old = self.meta.as_ref();
-        let contended = ctx.contends(key, old);
-        let items = || p.items.values().map(Vec::as_slice);
-        let packed = (packed::fit(count, items()) && !contended).then(|| packed::encode(items()));
-        ks::write_collection(t, key, Type::List, old, count, packed, |t, g| {
-            for (i, v) in items().enumerate() {
-                t.put(&item_key(g, i as i64), v)?;
-            }
-            t.put(&ks::list_end_key(g, false), &0i64.to_be_bytes())?;
-            t.put(&ks::list_end_key(g, true), &(count as i64).to_be_bytes())?;
-            Ok(())
-        })
-    }
-}
-
 /// The list at `key`: `None` if absent, `WRONGTYPE` if it holds something else.
 fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Meta>, Fail> {
     match ks::lookup(view, &ctx.clock, key, false)? {
@@ -486,10 +207,6 @@ fn push(
     Ok(list)
 }
 
-/// Pops of at most this many elements (one more is read, to see whether any remain) read
-/// them one by one rather than as a range.
-const POP_POINT_READS_MAX: usize = 8;
-
 /// Pops up to `count` elements from `end` of `list` at `key`, deleting the key with its last
 /// element.
 fn pop(
@@ -501,34 +218,16 @@ fn pop(
 ) -> Result<Vec<Vec<u8>>, Fail> {
     let tail = end == End::Tail;
     let at = list.end(&mut View::Txn(t), tail)?;
-    // One element more than asked for: whether any remain.
-    let want = count.saturating_add(1);
-    let span = i64::try_from(want).unwrap_or(i64::MAX);
-    let (lo, hi) = match end {
-        End::Head => (at, at.saturating_add(span - 1)),
-        End::Tail => (at.saturating_sub(span), at - 1),
-    };
+    // One element more than asked for: whether any remain. Indices are dense, so the first
+    // absent one ends the list. A spread list reads each chunk once.
+    let want = i64::try_from(count.saturating_add(1)).unwrap_or(i64::MAX);
     let mut found = Vec::new();
-    if want <= POP_POINT_READS_MAX {
-        // A few elements: read them by index. Indices are dense, so the first absent one
-        // ends the list. Point reads go through the hash index and validate one record each;
-        // a range would descend the ordered index and be scanned again at commit.
-        for i in 0..span {
-            let index = if tail { at - 1 - i } else { at + i };
-            match list.get_with(&mut View::Txn(t), index, |v| v.map(<[u8]>::to_vec))? {
-                Some(v) => found.push(v),
-                None => break,
-            }
+    for i in 0..want {
+        let index = if tail { at - 1 - i } else { at + i };
+        match list.get_with(&mut View::Txn(t), index, |v| v.map(<[u8]>::to_vec))? {
+            Some(v) => found.push(v),
+            None => break,
         }
-    } else {
-        list.each(&mut View::Txn(t), lo, hi, tail, |_, v| {
-            found.push(v.to_vec());
-            if found.len() >= want {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
     }
     let more = found.len() > count;
     found.truncate(count);
@@ -676,7 +375,7 @@ pub fn run(
             let count = (e - s + 1) as usize;
             out.array(count);
             let (mut bytes, mut written) = (0, 0);
-            list.each(view, head + s, head + e, false, |_, v| {
+            let read = list.each(view, head + s, head + e, false, |_, v| {
                 bytes += v.len() + 16;
                 written += 1;
                 out.bulk(v);
@@ -686,6 +385,10 @@ pub fn run(
                     ControlFlow::Continue(())
                 }
             });
+            if let Err(e) = read {
+                out.buf.truncate(mark);
+                return Err(e);
+            }
             if bytes > ctx.reply_bytes_max {
                 out.buf.truncate(mark);
                 return Err(reply_too_big());
@@ -1010,7 +713,7 @@ fn lrem(
             }
         }
         ControlFlow::Continue(())
-    });
+    })?;
     if matches == 0 {
         return Ok(0);
     }
@@ -1071,7 +774,7 @@ fn linsert(
         }
         before.push(v.to_vec());
         ControlFlow::Continue(())
-    });
+    })?;
     let Some(pivot_at) = found else {
         return Ok(false);
     };
@@ -1091,7 +794,7 @@ fn linsert(
         list.each(&mut View::Txn(t), head + q, tail - 1, false, |i, v| {
             rest.push((i, v.to_vec()));
             ControlFlow::Continue(())
-        });
+        })?;
         for (i, v) in &rest {
             list.put(t, i + 1, v)?;
         }
@@ -1180,7 +883,7 @@ fn lpos(
             }
         }
         ControlFlow::Continue(())
-    });
+    })?;
     match count {
         None => match hits.first() {
             Some(&at) => out.int(at),
@@ -1204,6 +907,7 @@ mod tests {
     use super::*;
     use crate::data::Cursors;
     use crate::data::test_support::{ctx, exec, meta, records, run_in, run_in_ctx};
+    use crate::keyspace::packed;
 
     /// A short list is one engine record, its meta record, through every command; one element
     /// too many or too long spreads it over sub-keys, keeping its elements and TTL.
@@ -1246,8 +950,8 @@ mod tests {
         assert!(!meta(&db, "l").packed);
         assert_eq!(
             records(&db),
-            1 + (n + 1) + 2 + 1 + 1,
-            "meta, elements, ends, size, expiry"
+            1 + (n + 1).div_ceil(store::CHUNK_SLOTS) + 2 + 1 + 1,
+            "meta, chunks of elements, ends, size, expiry"
         );
         assert_eq!(exec(&db, &c, &["LINDEX", "l", "0"]), b"$5\r\nfirst\r\n");
         assert_eq!(
@@ -1317,16 +1021,295 @@ mod tests {
         );
     }
 
+    /// Chunk keys sort by chunk number, and an element kept in its own record sorts right
+    /// after its chunk, before the next one.
     #[test]
-    fn index_bytes_keep_order() {
-        let xs = [i64::MIN, -1_000_000, -2, -1, 0, 1, 2, 1_000_000, i64::MAX];
+    fn chunk_keys_keep_order() {
+        use store::{chunk_key, chunk_of, external_key, index_bytes};
+        let xs = [
+            i64::MIN,
+            -1_000_000,
+            -17,
+            -16,
+            -2,
+            -1,
+            0,
+            1,
+            15,
+            16,
+            1_000_000,
+            i64::MAX,
+        ];
         for w in xs.windows(2) {
             assert!(index_bytes(w[0]) < index_bytes(w[1]), "{w:?}");
+            assert!(
+                external_key(7, w[0])[..] < external_key(7, w[1])[..],
+                "{w:?}"
+            );
         }
+        assert_eq!(chunk_of(-1), (-1, 15));
+        assert_eq!(chunk_of(-16), (-1, 0));
+        assert_eq!(chunk_of(-17), (-2, 15));
+        assert_eq!(chunk_of(16), (1, 0));
         for x in xs {
-            let key = item_key(7, x);
-            assert_eq!(index_of(&key), x);
+            let (k, _) = chunk_of(x);
+            assert!(chunk_key(7, k)[..] < external_key(7, x)[..], "{x}");
+            if let Some(next) = k.checked_add(1) {
+                assert!(external_key(7, x)[..] < chunk_key(7, next)[..], "{x}");
+            }
         }
+    }
+
+    /// Runs `a` in a transaction of its own (a snapshot for a read-only command, as the
+    /// server does): its reply, or its error's text.
+    fn call(db: &keel::Db, c: &Cursors, a: &[&[u8]]) -> Result<Vec<u8>, String> {
+        use crate::reply::{Out, Proto};
+        let cmd = crate::table::lookup(a[0]).expect("a command").cmd;
+        let args: Vec<Bytes> = a.iter().map(|x| Bytes::copy_from_slice(x)).collect();
+        let mut ctx = ctx(c);
+        // A push's length is read, not tracked (resolved at commit by the connection).
+        ctx.track_increments = false;
+        let mut buf = bytes::BytesMut::new();
+        let mut out = Out::new(&mut buf, Proto::Resp2);
+        if is_read_only(cmd) {
+            let snap = db.snapshot().expect("snapshot");
+            crate::data::run(cmd, &args, &mut View::Snap(&snap), &ctx, &mut out)
+                .map_err(|f| f.0.to_string())?;
+        } else {
+            let mut t = db.begin().expect("begin");
+            crate::data::run(cmd, &args, &mut View::Txn(&mut t), &ctx, &mut out)
+                .map_err(|f| f.0.to_string())?;
+            t.commit().expect("commit").expect("no conflict");
+        }
+        Ok(buf.to_vec())
+    }
+
+    fn bulk(v: &[u8]) -> Vec<u8> {
+        let mut out = format!("${}\r\n", v.len()).into_bytes();
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    fn array<'a>(items: impl ExactSizeIterator<Item = &'a Vec<u8>>) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", items.len()).into_bytes();
+        for v in items {
+            out.extend(bulk(v));
+        }
+        out
+    }
+
+    /// Every list command on lists long enough to be spread over many chunks, with elements
+    /// short, exactly at the limit of their chunk and longer (kept in records of their own),
+    /// against a `VecDeque`: the same replies, and nothing left behind once the lists are gone.
+    #[test]
+    fn spread_lists_behave_as_a_deque() {
+        use std::collections::VecDeque;
+        let db = keel::Db::in_memory();
+        let c = Cursors::default();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let sizes = [
+            1,
+            3,
+            store::INLINE_BYTES_MAX,
+            store::INLINE_BYTES_MAX + 1,
+            600,
+        ];
+        let element = |next: &mut dyn FnMut(u64) -> u64| -> Vec<u8> {
+            let len = sizes[next(sizes.len() as u64) as usize];
+            let tag = b'a' + next(4) as u8;
+            vec![tag; len]
+        };
+        let keys: [&[u8]; 2] = [b"p", b"q"];
+        let mut model: [VecDeque<Vec<u8>>; 2] = Default::default();
+        let empty = records(&db);
+        let mut spread_rounds = 0;
+        for round in 0..4000 {
+            let which = next(2) as usize;
+            let key = keys[which];
+            let len = model[which].len() as i64;
+            let int = |x: i64| x.to_string().into_bytes();
+            let expect: Vec<u8>;
+            let reply;
+            match next(12) {
+                0 | 1 => {
+                    // A burst of pushes, so that the lists grow past the packed limits.
+                    let n = 1 + next(40) as usize;
+                    let values: Vec<Vec<u8>> = (0..n).map(|_| element(&mut next)).collect();
+                    let left = next(2) == 0;
+                    let mut a: Vec<&[u8]> = vec![if left { b"LPUSH" } else { b"RPUSH" }, key];
+                    a.extend(values.iter().map(Vec::as_slice));
+                    for v in values.iter().cloned() {
+                        if left {
+                            model[which].push_front(v);
+                        } else {
+                            model[which].push_back(v);
+                        }
+                    }
+                    reply = call(&db, &c, &a);
+                    expect = format!(":{}\r\n", model[which].len()).into_bytes();
+                }
+                2 => {
+                    let n = next(20) as usize;
+                    let left = next(2) == 0;
+                    let name: &[u8] = if left { b"LPOP" } else { b"RPOP" };
+                    reply = call(&db, &c, &[name, key, &int(n as i64)]);
+                    let popped: Vec<Vec<u8>> = (0..n)
+                        .map_while(|_| {
+                            if left {
+                                model[which].pop_front()
+                            } else {
+                                model[which].pop_back()
+                            }
+                        })
+                        .collect();
+                    expect = if len == 0 {
+                        b"*-1\r\n".to_vec()
+                    } else {
+                        array(popped.iter())
+                    };
+                }
+                3 => {
+                    let (a, b) = (next(80) as i64 - 40, next(80) as i64 - 40);
+                    reply = call(&db, &c, &[b"LRANGE", key, &int(a), &int(b)]);
+                    expect = match clamp(a, b, len) {
+                        None => b"*0\r\n".to_vec(),
+                        Some((s, e)) => array(model[which].range(s as usize..=e as usize)),
+                    };
+                }
+                4 => {
+                    let i = next(60) as i64 - 30;
+                    reply = call(&db, &c, &[b"LINDEX", key, &int(i)]);
+                    let at = if i < 0 { len + i } else { i };
+                    expect = match model[which].get(at as usize).filter(|_| at >= 0) {
+                        Some(v) => bulk(v),
+                        None => b"$-1\r\n".to_vec(),
+                    };
+                }
+                5 if len > 0 => {
+                    let i = next(len as u64) as i64 - if next(2) == 0 { len } else { 0 };
+                    let v = element(&mut next);
+                    reply = call(&db, &c, &[b"LSET", key, &int(i), &v]);
+                    let at = if i < 0 { len + i } else { i };
+                    model[which][at as usize] = v;
+                    expect = b"+OK\r\n".to_vec();
+                }
+                6 if len > 0 => {
+                    let pivot = model[which][next(len as u64) as usize].clone();
+                    let after = next(2) == 0;
+                    let v = element(&mut next);
+                    let side: &[u8] = if after { b"AFTER" } else { b"BEFORE" };
+                    reply = call(&db, &c, &[b"LINSERT", key, side, &pivot, &v]);
+                    let at = model[which]
+                        .iter()
+                        .position(|x| *x == pivot)
+                        .expect("a pivot");
+                    model[which].insert(at + usize::from(after), v);
+                    expect = format!(":{}\r\n", model[which].len()).into_bytes();
+                }
+                7 => {
+                    let v = element(&mut next);
+                    let count = next(5) as i64 - 2;
+                    reply = call(&db, &c, &[b"LREM", key, &int(count), &v]);
+                    let m = &mut model[which];
+                    let limit = if count == 0 {
+                        usize::MAX
+                    } else {
+                        count.unsigned_abs() as usize
+                    };
+                    let mut hits: Vec<usize> = (0..m.len()).filter(|&i| m[i] == v).collect();
+                    if count < 0 {
+                        hits.reverse();
+                    }
+                    hits.truncate(limit);
+                    hits.sort_unstable();
+                    for &i in hits.iter().rev() {
+                        m.remove(i);
+                    }
+                    expect = format!(":{}\r\n", hits.len()).into_bytes();
+                }
+                8 if next(4) == 0 => {
+                    let (a, b) = (next(20) as i64 - 5, next(400) as i64 - 200);
+                    reply = call(&db, &c, &[b"LTRIM", key, &int(a), &int(b)]);
+                    let m = &mut model[which];
+                    match clamp(a, b, len) {
+                        None => m.clear(),
+                        Some((s, e)) => {
+                            m.truncate(e as usize + 1);
+                            m.drain(..s as usize);
+                        }
+                    }
+                    expect = b"+OK\r\n".to_vec();
+                }
+                9 => {
+                    let to = next(2) as usize;
+                    let (from_left, to_left) = (next(2) == 0, next(2) == 0);
+                    let side = |l: bool| -> &[u8] { if l { b"LEFT" } else { b"RIGHT" } };
+                    reply = call(
+                        &db,
+                        &c,
+                        &[b"LMOVE", key, keys[to], side(from_left), side(to_left)],
+                    );
+                    let v = if from_left {
+                        model[which].pop_front()
+                    } else {
+                        model[which].pop_back()
+                    };
+                    expect = match v {
+                        None => b"$-1\r\n".to_vec(),
+                        Some(v) => {
+                            let out = bulk(&v);
+                            if to_left {
+                                model[to].push_front(v);
+                            } else {
+                                model[to].push_back(v);
+                            }
+                            out
+                        }
+                    };
+                }
+                10 => {
+                    let v = element(&mut next);
+                    reply = call(&db, &c, &[b"LPOS", key, &v, b"RANK", b"-1"]);
+                    expect = match model[which].iter().rposition(|x| *x == v) {
+                        Some(i) => format!(":{i}\r\n").into_bytes(),
+                        None => b"$-1\r\n".to_vec(),
+                    };
+                }
+                _ => {
+                    reply = call(&db, &c, &[b"LLEN", key]);
+                    expect = format!(":{len}\r\n").into_bytes();
+                }
+            }
+            let name = if which == 0 { "p" } else { "q" };
+            if model[which].len() > packed::ITEMS_MAX && !meta(&db, name).packed {
+                spread_rounds += 1;
+            }
+            let reply = reply.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(
+                reply == expect,
+                "round {round}: {:?} != {:?}",
+                String::from_utf8_lossy(&reply[..reply.len().min(200)]),
+                String::from_utf8_lossy(&expect[..expect.len().min(200)]),
+            );
+        }
+        assert!(spread_rounds > 1000, "spread in {spread_rounds} rounds");
+        let full = call(&db, &c, &[b"LRANGE", b"p", b"0", b"-1"]).expect("LRANGE");
+        assert_eq!(full, array(model[0].iter()));
+        for key in keys {
+            let _ = call(&db, &c, &[b"LTRIM", key, b"1", b"0"]).expect("LTRIM");
+        }
+        assert_eq!(
+            records(&db),
+            empty,
+            "every chunk and element record went with the lists"
+        );
     }
 
     #[test]

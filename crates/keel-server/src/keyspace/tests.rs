@@ -89,6 +89,12 @@ fn meta_records_round_trip() {
     ] {
         assert!(Meta::decode(bad).is_err(), "{bad:?}");
     }
+    // A list in keel's earlier layout (one record per element) is refused by name.
+    let mut old = Meta::collection(Type::List).encode();
+    assert_eq!(old[0], b'q');
+    old[0] = b'l';
+    let refused = Meta::decode(&old).expect_err("the old layout");
+    assert!(refused.0.contains("older keel"), "{}", refused.0);
     assert!(!s_expired(0, 5));
     assert!(s_expired(5, 5));
     assert!(!s_expired(6, 5));
