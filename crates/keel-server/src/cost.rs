@@ -1,4 +1,5 @@
-//! The work behind redis-benchmark's type tests (`SPOP`, `ZPOPMIN`, `LRANGE_100/300/600`),
+//! The work behind redis-benchmark's type tests (`LPUSH`, `SPOP`, `ZPOPMIN`,
+//! `LRANGE_100/300/600`, ...),
 //! and `ZPOPMAX` beside them (which pops from the other end of the score index), run in process through the command functions, so that a profiler can count it without a
 //! server or a client: each test fills a key as redis-benchmark does, then runs the measured
 //! loop in a function of its own (`measured_*`). Instructions per command:
@@ -91,6 +92,13 @@ fn measured_pop(db: &keel::Db, cursors: &Cursors, cmd: &str, n: usize) -> Vec<Ve
     (0..n)
         .map(|_| write(db, cursors, &[cmd, "mylist"]))
         .collect()
+}
+
+#[inline(never)]
+fn measured_push(db: &keel::Db, cursors: &Cursors, cmd: &str, n: usize) -> usize {
+    (0..n)
+        .map(|_| write(db, cursors, &[cmd, "mylist", "xxx"]).len())
+        .sum()
 }
 
 #[inline(never)]
@@ -195,6 +203,30 @@ fn lpop() {
 #[test]
 fn rpop() {
     pop("RPOP");
+}
+
+/// `LPUSH`/`RPUSH` of redis-benchmark's 3-byte value onto one list, long enough from the
+/// start to be spread over chunks.
+fn push(cmd: &str) {
+    let db = keel::Db::in_memory();
+    let cursors = Cursors::default();
+    for _ in 0..200 {
+        write(&db, &cursors, &["RPUSH", "mylist", "xxx"]);
+    }
+    measured_push(&db, &cursors, cmd, LOADED);
+    eprintln!("{}: {LOADED} commands", cmd.to_lowercase());
+    let len = format!(":{}\r\n", LOADED + 200);
+    assert_eq!(read(&db, &cursors, &["LLEN", "mylist"]), len.as_bytes());
+}
+
+#[test]
+fn lpush() {
+    push("LPUSH");
+}
+
+#[test]
+fn rpush() {
+    push("RPUSH");
 }
 
 fn lrange(stop: usize) {

@@ -12,7 +12,6 @@
 //! once per 16 pushes or pops at their end, not at every one.
 
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::ops::ControlFlow;
 
 use keel::Txn;
@@ -218,7 +217,9 @@ struct Spread {
     generation: u64,
     /// Nothing of it is stored yet (a list being spread): chunks are not looked up.
     fresh: bool,
-    chunks: BTreeMap<i64, Chunk>,
+    /// The chunks read, by number, in order: a command reads one or two, or a run of them
+    /// (boxed, so that keeping them in order moves little).
+    chunks: Vec<(i64, Box<Chunk>)>,
     head: Option<EndAt>,
     tail: Option<EndAt>,
     /// Its last element went: [`List::drop_empty`] deleted its records.
@@ -230,7 +231,7 @@ impl Spread {
         Spread {
             generation,
             fresh: false,
-            chunks: BTreeMap::new(),
+            chunks: Vec::new(),
             head: None,
             tail: None,
             dropped: false,
@@ -239,20 +240,32 @@ impl Spread {
 
     /// Chunk `k`, read on first use.
     fn chunk(&mut self, view: &mut View<'_, '_>, k: i64) -> Result<&mut Chunk, Fail> {
-        let generation = self.generation;
-        match self.chunks.entry(k) {
-            Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
+        let at = match self.find(k) {
+            Ok(at) => at,
+            Err(at) => {
                 let c = if self.fresh {
                     Chunk::absent()
                 } else {
-                    match view.get_with(&chunk_key(generation, k), |v| v.map(<[u8]>::to_vec))? {
+                    let key = chunk_key(self.generation, k);
+                    match view.get_with(&key, |v| v.map(<[u8]>::to_vec))? {
                         None => Chunk::absent(),
                         Some(read) => Chunk::decode(read)?,
                     }
                 };
-                Ok(e.insert(c))
+                self.chunks.insert(at, (k, Box::new(c)));
+                at
             }
+        };
+        Ok(&mut self.chunks[at].1)
+    }
+
+    /// Where chunk `k` is among those read (`Err`: where it would go).
+    fn find(&self, k: i64) -> Result<usize, usize> {
+        // Most commands touch the last chunk read, or one next to it.
+        match self.chunks.last() {
+            Some(&(last, _)) if last == k => Ok(self.chunks.len() - 1),
+            Some(&(last, _)) if last < k => Err(self.chunks.len()),
+            _ => self.chunks.binary_search_by_key(&k, |&(n, _)| n),
         }
     }
 
@@ -338,10 +351,10 @@ impl Spread {
         let mut k = if rev { last } else { first };
         loop {
             let read;
-            let chunk = match self.chunks.get(&k) {
-                Some(c) => Some(c),
-                None if self.fresh => None,
-                None => {
+            let chunk = match self.find(k) {
+                Ok(at) => Some(&*self.chunks[at].1),
+                Err(_) if self.fresh => None,
+                Err(_) => {
                     let bytes =
                         view.get_with(&chunk_key(self.generation, k), |v| v.map(<[u8]>::to_vec))?;
                     read = bytes.map(Chunk::decode).transpose()?;
@@ -375,7 +388,8 @@ impl Spread {
     /// Writes the changed chunks back, and the ends' records where their chunks changed.
     fn flush(&self, t: &mut Txn<'_>) -> Result<(), Fail> {
         let g = self.generation;
-        for (&k, chunk) in self.chunks.iter().filter(|(_, c)| c.dirty) {
+        for (k, chunk) in self.chunks.iter().filter(|(_, c)| c.dirty) {
+            let k = *k;
             match chunk.encode()? {
                 Some(bytes) => t.put(&chunk_key(g, k), &bytes)?,
                 None if chunk.was.0 != chunk.was.1 => t.delete(&chunk_key(g, k))?,
