@@ -1302,6 +1302,18 @@ mod tests {
         assert!(spread_rounds > 1000, "spread in {spread_rounds} rounds");
         let full = call(&db, &c, &[b"LRANGE", b"p", b"0", b"-1"]).expect("LRANGE");
         assert_eq!(full, array(model[0].iter()));
+        // COPY and RENAME carry the chunks and the elements kept out of them.
+        let values: Vec<Vec<u8>> = (0..300).map(|_| element(&mut next)).collect();
+        let mut a: Vec<&[u8]> = vec![b"RPUSH", b"big"];
+        a.extend(values.iter().map(Vec::as_slice));
+        call(&db, &c, &a).expect("RPUSH");
+        assert!(!meta(&db, "big").packed);
+        call(&db, &c, &[b"COPY", b"big", b"r"]).expect("COPY");
+        call(&db, &c, &[b"RENAME", b"r", b"s"]).expect("RENAME");
+        let copied = call(&db, &c, &[b"LRANGE", b"s", b"0", b"-1"]).expect("LRANGE");
+        assert_eq!(copied, array(values.iter()));
+        call(&db, &c, &[b"DEL", b"big", b"s"]).expect("DEL");
+        while crate::reaper::sweep(&db).expect("sweep").full {}
         for key in keys {
             let _ = call(&db, &c, &[b"LTRIM", key, b"1", b"0"]).expect("LTRIM");
         }
