@@ -371,6 +371,9 @@ struct Conn {
     watch: Option<Watch>,
     /// Replicated cluster: the keys `WATCH` recorded, with their partitions' versions.
     rwatch: Vec<crate::replica::Watched>,
+    /// Replicated cluster: when the watches in `rwatch` are next renewed
+    /// ([`Conn::renew_watches`]).
+    rwatch_renew: Option<Instant>,
     /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
     /// (un)subscribed.
     subs: Option<Box<Subs>>,
@@ -415,6 +418,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         multi: None,
         watch: None,
         rwatch: Vec::new(),
+        rwatch_renew: None,
         subs: None,
         blocked: None,
         aware: false,
@@ -498,6 +502,22 @@ async fn mail(mailbox: Option<&Mailbox>) {
         None => std::future::pending().await,
     }
 }
+
+/// Waits until `at` (for ever with `None`).
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How often a connection of a replicated cluster renews its `WATCH`es while it holds them:
+/// well inside [`crate::replica::WATCH_LAPSE_MS`], after which a partition forgets a
+/// watched key, so that a watch lapses only when its node stops renewing it (the node is
+/// gone, or cut off from the partition for that long).
+const WATCH_RENEW_EVERY: Duration = Duration::from_millis(crate::replica::WATCH_LAPSE_MS / 4);
+/// How soon a renewal that failed (no leader, a slot moving) is tried again.
+const WATCH_RENEW_RETRY: Duration = Duration::from_secs(5);
 
 impl Conn {
     async fn run(
@@ -634,11 +654,17 @@ impl Conn {
             }
             // A subscriber also wakes for a message: the loop then writes it out.
             let mailbox = self.subs.as_deref().map(|s| &*s.mailbox);
+            let renew = self.rwatch_renew.filter(|_| !self.rwatch.is_empty());
             let n = tokio::select! {
                 biased;
-                r = stream.read_buf(&mut input) => r?,
+                r = stream.read_buf(&mut input) => Some(r?),
                 () = &mut killed => return Ok(Exit::Done),
                 () = mail(mailbox) => continue,
+                () = until(renew) => None,
+            };
+            let Some(n) = n else {
+                self.renew_watches().await;
+                continue;
             };
             if n == 0 {
                 return Ok(Exit::Done);
@@ -1405,6 +1431,9 @@ impl Conn {
     /// from then on every write to it changes its version) and answers its version, which
     /// `EXEC` has its partition check. A key watched earlier keeps its first version.
     async fn watch_replicated(&mut self, keys: &[Bytes]) -> Result<(), Fail> {
+        if self.rwatch.is_empty() {
+            self.rwatch_renew = Some(Instant::now() + WATCH_RENEW_EVERY);
+        }
         if self.rwatch.len() + keys.len() > WATCH_KEYS_MAX {
             return Err(format!("ERR keel: at most {WATCH_KEYS_MAX} keys may be watched").into());
         }
@@ -1462,6 +1491,33 @@ impl Conn {
             return Ok(());
         }
         Err("TRYAGAIN keel: the watched keys' slots kept moving; watch them again".into())
+    }
+
+    /// Replicated cluster: `WATCH`es the watched keys again before their partitions would
+    /// forget them. A partition keeps a key's version while it stays watched, so a renewal
+    /// changes nothing else; the versions first recorded stay, and a key that changed since
+    /// still aborts `EXEC`. A renewal that fails is tried again soon; one that never gets
+    /// through lets the watch lapse, which aborts `EXEC` as a change would.
+    async fn renew_watches(&mut self) {
+        let keys: Vec<Bytes> = self
+            .rwatch
+            .iter()
+            .map(|w| Bytes::copy_from_slice(&w.key))
+            .collect();
+        let recorded = std::mem::take(&mut self.rwatch);
+        let renewed = self.watch_replicated(&keys).await;
+        self.rwatch = recorded;
+        let again = match renewed {
+            Ok(()) => {
+                self.shared.counters.watch_renewals.fetch_add(1, Relaxed);
+                WATCH_RENEW_EVERY
+            }
+            Err(Fail(text)) => {
+                tracing::debug!(id = self.info.id, error = %text, "renewing watches");
+                WATCH_RENEW_RETRY
+            }
+        };
+        self.rwatch_renew = Some(Instant::now() + again);
     }
 
     /// Replicated cluster: `FLUSHDB`/`FLUSHALL` as one transaction across every partition

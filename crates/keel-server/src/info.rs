@@ -622,7 +622,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             t,
             "# Keel\r\nkeel_commits:{}\r\nkeel_read_only_commits:{}\r\nkeel_aborts_write_locked:{}\r\n\
              keel_aborts_read_changed:{}\r\nkeel_aborts_phantom:{}\r\nkeel_conflict_retries:{}\r\n\
-             keel_watch_aborts:{}\r\nkeel_versions:{}\r\nkeel_records:{}\r\nkeel_visible_ts:{}\r\n\
+             keel_watch_aborts:{}\r\nkeel_watch_renewals:{}\r\nkeel_versions:{}\r\nkeel_records:{}\r\nkeel_visible_ts:{}\r\n\
              keel_command_latency_p50_us_le:{:.3}\r\nkeel_command_latency_p99_us_le:{:.3}\r\n\
              keel_command_latency_p999_us_le:{:.3}\r\n\r\n",
             stats.commits,
@@ -632,6 +632,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             stats.aborts_phantom,
             c.exec_retries.load(Relaxed),
             c.watch_aborts.load(Relaxed),
+            c.watch_renewals.load(Relaxed),
             stats.versions,
             stats.records,
             stats.visible_ts.0,
@@ -939,6 +940,12 @@ pub fn prometheus(shared: &Shared) -> String {
         "EXECs that returned null because a watched key changed.",
         "counter",
         &one(c.watch_aborts.load(Relaxed)),
+    );
+    counter(
+        "keel_watch_renewals_total",
+        "Replicated cluster: renewals of a connection's WATCHes, so that they do not lapse.",
+        "counter",
+        &one(c.watch_renewals.load(Relaxed)),
     );
     counter(
         "keel_protocol_errors_total",

@@ -33,7 +33,7 @@ mod machine;
 mod net;
 mod prepared;
 mod snapfile;
-pub use prepared::WATCH_CHANGED;
+pub use prepared::{WATCH_CHANGED, WATCH_LAPSE_MS};
 pub mod view;
 pub use view::View;
 #[cfg(test)]
@@ -2339,6 +2339,51 @@ mod tests {
             }
         };
         read_here(db, locks, &request).ok()
+    }
+
+    /// What a connection's renewal of its watches (`conn.rs`, `renew_watches`) relies on: a
+    /// `WATCH` of a key watched already keeps its version and moves its lapse on, so the key
+    /// is still watched, unchanged, past its first lapse; a key not renewed is forgotten by
+    /// the first `WATCH` entry after its lapse, and then counts as changed. A write after the
+    /// renewal still changes the version the connection recorded.
+    #[tokio::test]
+    async fn a_renewed_watch_keeps_its_version_past_the_first_lapse() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        m.locks().lock().set_home((0, Arc::new(|_| 0)));
+        let (t0, lapse) = (1_700_000_000_000, WATCH_LAPSE_MS);
+        let after = t0 + lapse + 1_000;
+        let answers = m
+            .apply(vec![
+                step(1, t0, &[&["EXISTS", "renewed"]], Op::Watch),
+                step(2, t0, &[&["EXISTS", "forgotten"]], Op::Watch),
+                step(3, t0 + lapse * 3 / 4, &[&["EXISTS", "renewed"]], Op::Watch),
+                step(4, after, &[&["EXISTS", "other"]], Op::Watch),
+            ])
+            .await
+            .expect("apply");
+        let watched = |i: usize| -> Vec<Watched> {
+            postcard::from_bytes(&answers[i].reply).expect("versions")
+        };
+        let (renewed, forgotten) = (watched(0), watched(1));
+        assert_eq!(renewed[0].version, 1);
+        assert_eq!(watched(2)[0].version, 1, "a renewal keeps the version");
+        let locks = m.locks();
+        assert!(
+            !locks.lock().watch_changed(&renewed, after),
+            "renewed: still watched"
+        );
+        assert!(
+            locks.lock().watch_changed(&forgotten, after),
+            "not renewed: lapsed"
+        );
+        m.apply(vec![step(5, after, &[&["SET", "renewed", "x"]], Op::Run)])
+            .await
+            .expect("apply");
+        assert!(
+            m.locks().lock().watch_changed(&renewed, after),
+            "a write after the renewal changes the key"
+        );
     }
 
     /// Slot moves, watches and flushes as the state machine applies them: two replicas fed

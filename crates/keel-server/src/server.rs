@@ -101,6 +101,8 @@ pub struct Counters {
     pub protocol_errors: AtomicU64,
     pub exec_retries: AtomicU64,
     pub watch_aborts: AtomicU64,
+    /// Replicated cluster: times a connection renewed its watches (`conn.rs`).
+    pub watch_renewals: AtomicU64,
     pub latency: [AtomicU64; LATENCY_BUCKETS],
 }
 
@@ -115,6 +117,7 @@ impl Default for Counters {
             protocol_errors: AtomicU64::new(0),
             exec_retries: AtomicU64::new(0),
             watch_aborts: AtomicU64::new(0),
+            watch_renewals: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
