@@ -200,6 +200,9 @@ enum Locking {
     AwaitsDecision,
     /// The record is split in the phase open now, and the write can go to a slice.
     SplitOpening,
+    /// A prepare met a split record, which it can neither write to a slice nor hold: it
+    /// asked for the joined phase and gives up (`ConflictReason::Split`).
+    Split,
     /// The collector took the record: look the key up again.
     Dead,
 }
@@ -1303,14 +1306,15 @@ impl<'db> Txn<'db> {
                     Locking::Busy
                     | Locking::AwaitsDecision
                     | Locking::SplitOpening
+                    | Locking::Split
                     | Locking::Dead => {
                         self.db.store.link_created(&mut created);
                         self.unlock_all(&locked, &slices, me);
                         SlotStats::bump(&stats.aborts_write_locked);
-                        let reason = if matches!(outcome, Locking::AwaitsDecision) {
-                            ConflictReason::Prepared
-                        } else {
-                            ConflictReason::WriteLocked
+                        let reason = match outcome {
+                            Locking::AwaitsDecision => ConflictReason::Prepared,
+                            Locking::Split => ConflictReason::Split,
+                            _ => ConflictReason::WriteLocked,
                         };
                         return Step::Done(Ok(Err(Conflict {
                             key: entry.key.to_vec(),
@@ -1629,6 +1633,9 @@ impl<'db> Txn<'db> {
             return Locking::AwaitsDecision;
         }
         let splitter = &self.db.splitter;
+        if me.is_prepared() && self.stash_split(r) {
+            return Locking::Split;
+        }
         let sliceable = |sr: &SplitRecord| match write {
             Write::Ops(ops) => slices && sr.accepts(ops),
             _ => false,
@@ -1692,6 +1699,25 @@ impl<'db> Txn<'db> {
         }
     }
 
+    /// Whether `r` is split now; if so, asks for its reconciliation (the joined phase), so
+    /// that the caller's retry, holding [`Db::wait_joined`](crate::Db::wait_joined)'s guard,
+    /// finds it joined. A prepare gives up on such a record at once: it cannot write to a
+    /// slice (its writes must stay invisible until the decision), nor hold the record while
+    /// the splitter does.
+    fn stash_split(&self, r: &crate::mvcc::Record) -> bool {
+        let Some(sr) = r
+            .is_split_locked()
+            .then(|| self.db.splitter.split_of(r))
+            .flatten()
+        else {
+            return false;
+        };
+        self.stashed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.db.splitter.stash(sr);
+        true
+    }
+
     /// Unlocks the write set of a commit that stops short. A record it created and leaves
     /// empty goes to the collector.
     /// Takes a shared hold on the record of every key read and not written (an empty,
@@ -1719,6 +1745,13 @@ impl<'db> Txn<'db> {
                 if r.is_locked_by(me) {
                     // Written too: held exclusively already.
                     break None;
+                }
+                if self.stash_split(r) {
+                    unlock_shared(self.db, &shared);
+                    return Err(Conflict {
+                        key: key.to_vec(),
+                        reason: ConflictReason::Split,
+                    });
                 }
                 match Self::lock_shared(r, self.prepare_lock_wait) {
                     Locking::Held => break Some(record),

@@ -104,7 +104,11 @@ impl<'db> Txn<'db> {
     /// A database that prepares should not split hot records ([`SplitMode::Off`]): a commit
     /// that only applies operations to a split record's slices takes no timestamp and
     /// serializes at the watermark, which a prepared transaction holds below its own
-    /// timestamp, so it would land before a prepared transaction that did not see it.
+    /// timestamp, so it would land before a prepared transaction that did not see it. A
+    /// prepare that meets a split record (writing or reading it) gives up at once with
+    /// [`ConflictReason::Split`](crate::ConflictReason::Split), having asked for the joined
+    /// phase: it can neither write to a slice nor hold the record while the splitter does.
+    /// Run again holding [`Db::wait_joined`](crate::Db::wait_joined)'s guard, it prepares.
     ///
     /// [`SplitMode::Off`]: crate::SplitMode::Off
     ///

@@ -320,3 +320,70 @@ fn only_writes_a_split_record_cannot_take_may_wait() {
         stop.store(true, Ordering::Relaxed);
     });
 }
+
+/// A prepare (two-phase commit's vote) that meets a split record, writing or reading it,
+/// gives up at once with `ConflictReason::Split`, having asked for the joined phase: it can
+/// neither write to a slice nor hold the record while the splitter does. Run again while
+/// holding `wait_joined`'s guard, it prepares and commits, and nothing is lost.
+#[test]
+fn a_prepare_meeting_a_split_record_runs_again_in_the_joined_phase() {
+    let db = split_db(SplitMode::Force);
+    db.transact(|txn| txn.add(b"hot", 1)).unwrap();
+    let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        adders(s, &db, b"hot", 1, &stop, &acked);
+        let started = Instant::now();
+        while db.split_keys().is_empty() || db.stats().split_commits < 10 {
+            assert!(started.elapsed() < Duration::from_secs(20), "never split");
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for read in [false, true] {
+        let mut refused = 0;
+        for _ in 0..10_000 {
+            let mut txn = db.begin().unwrap();
+            if read {
+                let v = int(txn.get(b"hot").unwrap());
+                txn.put(b"seen", v.to_string().as_bytes()).unwrap();
+            } else {
+                txn.add(b"hot", 0).unwrap();
+            }
+            match txn.prepare(|_| Vec::new()).unwrap() {
+                Err(c) if c.reason == ConflictReason::Split => {
+                    refused += 1;
+                    break;
+                }
+                Err(c) => panic!("{c}"),
+                // Caught in a joined phase: give it back and try again.
+                Ok(prepared) => prepared.abort().unwrap(),
+            }
+        }
+        assert_eq!(
+            refused, 1,
+            "a prepare never met the record split (read: {read})"
+        );
+        let _joined = db.wait_joined();
+        let mut txn = db.begin().unwrap();
+        if read {
+            let v = int(txn.get(b"hot").unwrap());
+            txn.put(b"seen", v.to_string().as_bytes()).unwrap();
+        } else {
+            txn.add(b"hot", 100).unwrap();
+        }
+        let prepared = txn
+            .prepare(|_| Vec::new())
+            .unwrap()
+            .expect("prepares in the joined phase");
+        prepared.commit().unwrap();
+    }
+    assert_eq!(
+        int(db.snapshot().unwrap().get(b"hot").unwrap()),
+        acked.load(Ordering::SeqCst) + 100
+    );
+    assert_eq!(
+        int(db.snapshot().unwrap().get(b"seen").unwrap()),
+        acked.load(Ordering::SeqCst) + 100
+    );
+}
