@@ -48,6 +48,15 @@ fn adders<'s>(
     }
 }
 
+/// Waits (at most 20 s) until `hot` is split and has taken a few split-only commits.
+fn wait_split(db: &Db) {
+    let started = Instant::now();
+    while db.split_keys().is_empty() || db.stats().split_commits < 10 {
+        assert!(started.elapsed() < Duration::from_secs(20), "never split");
+        std::thread::yield_now();
+    }
+}
+
 /// A snapshot of a split record sees every add acknowledged before it began (strictness) and
 /// keeps seeing the same value while adds continue (a snapshot never changes).
 #[test]
@@ -136,9 +145,7 @@ fn a_read_of_a_split_record_conflicts_with_reason_split() {
     std::thread::scope(|s| {
         let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 1, &stop, &acked);
-        while db.split_keys().is_empty() || db.stats().split_commits < 10 {
-            std::thread::yield_now();
-        }
+        wait_split(&db);
         let mut saw_split = false;
         let mut _joined = None;
         for _ in 0..1000 {
@@ -333,11 +340,7 @@ fn a_prepare_meeting_a_split_record_runs_again_in_the_joined_phase() {
     std::thread::scope(|s| {
         let _stop = StopOnDrop(&stop);
         adders(s, &db, b"hot", 1, &stop, &acked);
-        let started = Instant::now();
-        while db.split_keys().is_empty() || db.stats().split_commits < 10 {
-            assert!(started.elapsed() < Duration::from_secs(20), "never split");
-            std::thread::yield_now();
-        }
+        wait_split(&db);
         stop.store(true, Ordering::Relaxed);
     });
     for read in [false, true] {
