@@ -89,12 +89,11 @@ struct Packed {
 }
 
 /// One slot of a chunk as a command sees it.
+#[derive(Clone, Copy)]
 enum Slot {
     Empty,
-    /// An element of the record as read: its bytes in [`Chunk::read`].
-    Read(u32, u32),
-    /// An element this command wrote.
-    Written(Vec<u8>),
+    /// An element: its bytes in [`Chunk::bytes`].
+    Here(u32, u32),
     /// An element kept in its own record ([`external_key`]).
     External,
 }
@@ -103,8 +102,11 @@ enum Slot {
 /// element as a length byte and its bytes, or [`EXTERNAL`] alone. Its occupied slots are
 /// consecutive.
 struct Chunk {
-    /// The record's bytes as read (empty for a chunk that was not stored).
-    read: Vec<u8>,
+    /// Its key ([`chunk_key`]).
+    key: ks::KeyBuf,
+    /// The record's bytes as read (empty for a chunk that was not stored), then the elements
+    /// this command wrote, each appended.
+    bytes: Vec<u8>,
     slots: [Slot; CHUNK_SLOTS],
     /// The occupied slots as read: the first, and one past the last (equal: not stored).
     was: (usize, usize),
@@ -113,17 +115,18 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn absent() -> Chunk {
+    fn absent(key: ks::KeyBuf) -> Chunk {
         Chunk {
-            read: Vec::new(),
-            slots: std::array::from_fn(|_| Slot::Empty),
+            key,
+            bytes: Vec::new(),
+            slots: [Slot::Empty; CHUNK_SLOTS],
             was: (0, 0),
             dirty: false,
         }
     }
 
-    fn decode(read: Vec<u8>) -> Result<Chunk, Fail> {
-        let mut slots = std::array::from_fn(|_| Slot::Empty);
+    fn decode(key: ks::KeyBuf, read: Vec<u8>) -> Result<Chunk, Fail> {
+        let mut slots = [Slot::Empty; CHUNK_SLOTS];
         let first = *read.first().ok_or_else(damaged)? as usize;
         let (mut slot, mut at) = (first, 1);
         while at < read.len() {
@@ -139,7 +142,7 @@ impl Chunk {
                 if end > read.len() {
                     return Err(damaged());
                 }
-                let s = Slot::Read(at as u32, end as u32);
+                let s = Slot::Here(at as u32, end as u32);
                 at = end;
                 s
             };
@@ -149,7 +152,8 @@ impl Chunk {
             return Err(damaged());
         }
         Ok(Chunk {
-            read,
+            key,
+            bytes: read,
             slots,
             was: (first, slot),
             dirty: false,
@@ -163,19 +167,15 @@ impl Chunk {
             return Ok(None);
         };
         let last = self.slots.iter().rposition(occupied).unwrap_or(first);
-        let mut out = Vec::with_capacity(self.read.len() + 64);
+        let mut out = Vec::with_capacity(self.bytes.len() + 1);
         out.push(first as u8);
         for s in &self.slots[first..=last] {
             match s {
                 Slot::Empty => return Err(not_dense()),
                 Slot::External => out.push(EXTERNAL),
-                Slot::Read(a, b) => {
+                Slot::Here(a, b) => {
                     out.push((b - a) as u8);
-                    out.extend_from_slice(&self.read[*a as usize..*b as usize]);
-                }
-                Slot::Written(v) => {
-                    out.push(v.len() as u8);
-                    out.extend_from_slice(v);
+                    out.extend_from_slice(&self.bytes[*a as usize..*b as usize]);
                 }
             }
         }
@@ -194,8 +194,7 @@ impl Chunk {
     ) -> Result<T, Fail> {
         match &self.slots[slot] {
             Slot::Empty => Ok(f(None)),
-            Slot::Read(a, b) => Ok(f(Some(&self.read[*a as usize..*b as usize]))),
-            Slot::Written(v) => Ok(f(Some(v))),
+            Slot::Here(a, b) => Ok(f(Some(&self.bytes[*a as usize..*b as usize]))),
             Slot::External => view
                 .get_with(&external_key(generation, index), |v| v.map(|v| f(Some(v))))?
                 .ok_or_else(damaged),
@@ -243,14 +242,15 @@ impl Spread {
         let at = match self.find(k) {
             Ok(at) => at,
             Err(at) => {
-                let c = if self.fresh {
-                    Chunk::absent()
+                let key = chunk_key(self.generation, k);
+                let read = if self.fresh {
+                    None
                 } else {
-                    let key = chunk_key(self.generation, k);
-                    match view.get_with(&key, |v| v.map(<[u8]>::to_vec))? {
-                        None => Chunk::absent(),
-                        Some(read) => Chunk::decode(read)?,
-                    }
+                    view.get_with(&key, |v| v.map(<[u8]>::to_vec))?
+                };
+                let c = match read {
+                    None => Chunk::absent(key),
+                    Some(read) => Chunk::decode(key, read)?,
                 };
                 self.chunks.insert(at, (k, Box::new(c)));
                 at
@@ -313,7 +313,9 @@ impl Spread {
         chunk.slots[slot] = if external {
             Slot::External
         } else {
-            Slot::Written(value.to_vec())
+            let start = chunk.bytes.len();
+            chunk.bytes.extend_from_slice(value);
+            Slot::Here(start as u32, chunk.bytes.len() as u32)
         };
         chunk.dirty = true;
         if external {
@@ -355,9 +357,9 @@ impl Spread {
                 Ok(at) => Some(&*self.chunks[at].1),
                 Err(_) if self.fresh => None,
                 Err(_) => {
-                    let bytes =
-                        view.get_with(&chunk_key(self.generation, k), |v| v.map(<[u8]>::to_vec))?;
-                    read = bytes.map(Chunk::decode).transpose()?;
+                    let key = chunk_key(self.generation, k);
+                    let bytes = view.get_with(&key, |v| v.map(<[u8]>::to_vec))?;
+                    read = bytes.map(|b| Chunk::decode(key, b)).transpose()?;
                     read.as_ref()
                 }
             };
@@ -388,11 +390,10 @@ impl Spread {
     /// Writes the changed chunks back, and the ends' records where their chunks changed.
     fn flush(&self, t: &mut Txn<'_>) -> Result<(), Fail> {
         let g = self.generation;
-        for (k, chunk) in self.chunks.iter().filter(|(_, c)| c.dirty) {
-            let k = *k;
+        for (_, chunk) in self.chunks.iter().filter(|(_, c)| c.dirty) {
             match chunk.encode()? {
-                Some(bytes) => t.put(&chunk_key(g, k), &bytes)?,
-                None if chunk.was.0 != chunk.was.1 => t.delete(&chunk_key(g, k))?,
+                Some(bytes) => t.put(&chunk.key, &bytes)?,
+                None if chunk.was.0 != chunk.was.1 => t.delete(&chunk.key)?,
                 None => {}
             }
         }
