@@ -24,6 +24,8 @@ use crate::reply::Out;
 pub(super) const CHUNK_SLOTS: usize = 16;
 /// The longest element kept inside its chunk record; a longer one is a record of its own.
 pub(super) const INLINE_BYTES_MAX: usize = 254;
+/// Bytes reserved after a chunk read by a command that may write into it.
+const WRITTEN_ROOM: usize = 64;
 /// The length byte, in a chunk record, of an element kept in its own record.
 const EXTERNAL: u8 = 0xFF;
 
@@ -246,7 +248,14 @@ impl Spread {
                 let read = if self.fresh {
                     None
                 } else {
-                    view.get_with(&key, |v| v.map(<[u8]>::to_vec))?
+                    // Room for a pushed element or two, which the command appends.
+                    view.get_with(&key, |v| {
+                        v.map(|v| {
+                            let mut read = Vec::with_capacity(v.len() + WRITTEN_ROOM);
+                            read.extend_from_slice(v);
+                            read
+                        })
+                    })?
                 };
                 let c = match read {
                     None => Chunk::absent(key),
