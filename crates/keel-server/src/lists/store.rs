@@ -293,7 +293,8 @@ impl Spread {
             return Err(damaged());
         }
         let base = k.checked_mul(CHUNK_SLOTS as i64).ok_or_else(damaged)?;
-        let index = base + if tail { past } else { first } as i64;
+        let slot = if tail { past } else { first };
+        let index = base + slot as i64;
         let at = Some(EndAt {
             index,
             record: Some(k),
