@@ -677,3 +677,50 @@ impl List {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A damaged chunk record is an error, never a panic; one that decodes encodes back to
+    /// the same bytes.
+    #[test]
+    fn chunk_records_decode_or_fail_cleanly() {
+        let key = || chunk_key(7, 0);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut good, mut bad) = (0, 0);
+        for _ in 0..20_000 {
+            let len = (next() % 40) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            // Now and then a well-formed record with random lengths, to reach the valid side.
+            if next() % 2 == 0 && !bytes.is_empty() {
+                bytes.clear();
+                bytes.push((next() % CHUNK_SLOTS as u64) as u8);
+                for _ in 0..1 + next() % 4 {
+                    let n = (next() % 5) as u8;
+                    bytes.push(n);
+                    bytes.extend((0..n).map(|_| next() as u8));
+                }
+            }
+            match Chunk::decode(key(), bytes.clone()) {
+                Ok(chunk) => {
+                    good += 1;
+                    let (first, past) = chunk.was;
+                    assert!(first < past && past <= CHUNK_SLOTS, "{bytes:?}");
+                    assert_eq!(chunk.encode().expect("dense"), Some(bytes));
+                }
+                Err(e) => {
+                    bad += 1;
+                    assert_eq!(e.0, damaged().0);
+                }
+            }
+        }
+        assert!(good > 1_000 && bad > 1_000, "{good} decoded, {bad} refused");
+    }
+}
