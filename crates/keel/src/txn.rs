@@ -1718,8 +1718,6 @@ impl<'db> Txn<'db> {
         true
     }
 
-    /// Unlocks the write set of a commit that stops short. A record it created and leaves
-    /// empty goes to the collector.
     /// Takes a shared hold on the record of every key read and not written (an empty,
     /// held record for a key read absent), waiting briefly for an exclusive holder; on a
     /// timeout gives every hold back and reports the key.
@@ -1789,6 +1787,8 @@ impl<'db> Txn<'db> {
         }
     }
 
+    /// Unlocks the write set of a commit that stops short. A record it created and leaves
+    /// empty goes to the collector.
     fn unlock_all(&self, locked: &[RecordRef], slices: &[Option<&SplitRecord>], me: LockOwner) {
         for (i, record) in locked.iter().enumerate() {
             if slices.get(i).is_none_or(Option::is_none) {
