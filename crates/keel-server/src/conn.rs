@@ -583,7 +583,13 @@ impl Conn {
                     }
                 };
                 needed = 0;
-                if let Some(cmd) = self.batchable(&pending.args[start..]) {
+                // Keys of a cross-node transaction stuck here: this command waits (unbatched).
+                let stuck = self.stuck_keys(&pending.args[start..]);
+                let batch = match stuck {
+                    None => self.batchable(&pending.args[start..]),
+                    Some(_) => None,
+                };
+                if let Some(cmd) = batch {
                     pending.cmds.push((cmd, start..pending.args.len()));
                     if pending.cmds.len() < PIPELINE_BATCH_MAX {
                         continue;
@@ -593,7 +599,10 @@ impl Conn {
                     let args: Vec<Bytes> = pending.args.drain(start..).collect();
                     self.run_pending(&mut pending, &mut output).await;
                     let started = Instant::now();
-                    next = self.command(args, &mut output).await;
+                    next = match stuck {
+                        Some(keys) => self.command_unstuck(args, &keys, &mut output).await,
+                        None => self.command(args, &mut output).await,
+                    };
                     self.shared.counters.record_latency(started.elapsed());
                     if next == Next::Block {
                         if !self.block(&mut stream, &mut input, &mut output).await? {
@@ -1089,6 +1098,65 @@ impl Conn {
         match self.connection_command(spec, &args, output).await {
             Ok(next) => next,
             Err(Fail(text)) => {
+                self.out(output).error(&text);
+                Next::Continue
+            }
+        }
+    }
+
+    /// Cluster mode, while a transaction across nodes is stuck here (`xnode::Stuck`): the
+    /// user keys the command in `args` would read or write (all of a queued `MULTI`'s at
+    /// `EXEC`; none for a command without keys, which meets every stuck transaction), or
+    /// `None` when it needs no wait (no transaction is stuck, or it touches no data).
+    fn stuck_keys(&self, args: &[Bytes]) -> Option<Vec<Vec<u8>>> {
+        let xnode = self.shared.xnode.get()?;
+        if !xnode.stuck.any() {
+            return None;
+        }
+        let spec = table::lookup(&args[0])?;
+        let keys_of = |spec: &Spec, args: &[Bytes]| -> Vec<Vec<u8>> {
+            cluster::key_args(spec, args)
+                .into_iter()
+                .map(<[u8]>::to_vec)
+                .collect()
+        };
+        match (&self.multi, spec.cmd) {
+            (Some(multi), Cmd::Exec) => {
+                let mut keys = Vec::new();
+                for (cmd, args) in &multi.queue {
+                    let spec = table::lookup(&args[0])?;
+                    if !data::is_data(*cmd) {
+                        continue;
+                    }
+                    let mine = keys_of(spec, args);
+                    if mine.is_empty() {
+                        return Some(Vec::new());
+                    }
+                    keys.extend(mine);
+                }
+                Some(keys)
+            }
+            (None, cmd) if data::is_data(cmd) || cmd == Cmd::Watch => Some(keys_of(spec, args)),
+            _ => None,
+        }
+    }
+
+    /// Runs `args` once no stuck transaction holds `keys` (see [`Conn::stuck_keys`]), or
+    /// answers `xnode::STUCK_TEXT` (an `EXEC` then discards its transaction).
+    async fn command_unstuck(
+        &mut self,
+        args: Vec<Bytes>,
+        keys: &[Vec<u8>],
+        output: &mut BytesMut,
+    ) -> Next {
+        let xnode = self.shared.xnode.get().expect("a stuck transaction");
+        match xnode.wait_unstuck(keys).await {
+            Ok(()) => self.command(args, output).await,
+            Err(Fail(text)) => {
+                if self.multi.take().is_some() {
+                    self.watch = None;
+                    self.rwatch.clear();
+                }
                 self.out(output).error(&text);
                 Next::Continue
             }

@@ -592,7 +592,9 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                  keel_cluster_aborts_failed:{}\r\nkeel_cluster_commit_us_mean:{}\r\n\
                  keel_cluster_commit_us_max:{}\r\nkeel_cluster_bus_frames_sent:{}\r\n\
                  keel_cluster_bus_messages_sent:{}\r\nkeel_cluster_bus_frames_received:{}\r\n\
-                 keel_cluster_bus_messages_received:{}\r\nkeel_cluster_bus_messages_dropped:{}\r\n",
+                 keel_cluster_bus_messages_received:{}\r\nkeel_cluster_bus_messages_dropped:{}\r\n\
+                 keel_cluster_stuck:{}\r\nkeel_cluster_stuck_waits:{}\r\n\
+                 keel_cluster_stuck_refused:{}\r\n",
                 x.incarnation,
                 s.begun.load(Relaxed),
                 s.committed.load(Relaxed),
@@ -613,6 +615,9 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 bus.frames_received,
                 bus.messages_received,
                 bus.dropped,
+                x.stuck.len(),
+                s.stuck_waits.load(Relaxed),
+                s.stuck_refused.load(Relaxed),
             );
         }
         t.push_str("\r\n");

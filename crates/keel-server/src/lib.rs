@@ -57,7 +57,7 @@ pub use keel_cluster as cluster_map;
 pub use replica::stored_view;
 pub use replica::view::{JoinError, View as ClusterView, ask_to_join};
 pub use server::{Handle, Server, StartError};
-pub use xnode::BUS_PORT_OFFSET;
+pub use xnode::{BUS_PORT_OFFSET, BusMessage, STUCK_TEXT, Work as BusWork};
 
 /// keel's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

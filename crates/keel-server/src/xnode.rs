@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -60,6 +60,18 @@ const DECISIONS_DIR: &str = "cluster-decisions";
 /// How many cluster timeouts the coordinator waits for every participant to install a
 /// committed transaction before it answers the client anyway.
 const ACK_WAIT_TIMEOUTS: u64 = 15;
+
+/// How long a transaction prepared here stays undecided, in cluster timeouts, before reads
+/// of its keys here wait for its decision (see [`Stuck`]). Far below [`ACK_WAIT_TIMEOUTS`]:
+/// the coordinator answers its client early only after that many, so by then every read
+/// here that could follow the answer waits.
+const STUCK_AFTER_TIMEOUTS: u32 = 1;
+/// How long such a read waits, in cluster timeouts, before it is answered [`STUCK_TEXT`].
+const STUCK_READ_WAIT_TIMEOUTS: u32 = 3;
+
+/// The answer to a command that waited in vain for a stuck transaction's decision.
+pub const STUCK_TEXT: &str = "TRYAGAIN keel: a transaction across nodes that holds this key \
+    was committed but its decision has not reached this node yet; try again";
 
 /// One node's part of a transaction: commands, run in order in one engine transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +107,10 @@ pub type Replies = Vec<Vec<u8>>;
 
 type Msg = Message<Work, Replies>;
 
+/// What nodes send each other on the cluster bus (postcard-encoded, back to back in each
+/// frame): for tools and tests that look at the traffic.
+pub type BusMessage = Msg;
+
 /// What a prepared record keeps beside its writes (the engine's prepare metadata).
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
@@ -126,6 +142,10 @@ pub struct Stats {
     /// the largest.
     pub commit_us_total: AtomicU64,
     pub commit_us_max: AtomicU64,
+    /// Commands that waited for a stuck transaction's decision ([`Stuck`]), and those of
+    /// them answered [`STUCK_TEXT`].
+    pub stuck_waits: AtomicU64,
+    pub stuck_refused: AtomicU64,
 }
 
 enum Input {
@@ -205,9 +225,90 @@ impl Gate {
 /// committed).
 struct Held {
     prepared: Prepared<'static>,
-    commands: Vec<Vec<Vec<u8>>>,
+    commands: Arc<Vec<Vec<Vec<u8>>>>,
     /// Counted by the [`Gate`] until decided.
     gated: bool,
+    /// When it was prepared here.
+    since: Instant,
+    /// In [`Stuck`].
+    stuck: bool,
+}
+
+/// Prepared transactions undecided here for [`STUCK_AFTER_TIMEOUTS`] cluster timeouts, and
+/// those recovered in doubt: commands that touch their keys wait for their decision.
+///
+/// A participant that has not installed a committed transaction still holds its keys, so
+/// writers meeting them wait; but a read of them here runs at the watermark, below the
+/// prepared timestamp, and sees the value before it. While the coordinator waits for this
+/// node's acknowledgement, that is serializable and in real-time order: the client has no
+/// answer yet. But a coordinator that heard nothing from a participant for `ack_wait_ms`
+/// answers its client anyway, and a read here after that answer would miss the commit (and
+/// so would a read by a node that crashed prepared and restarted). So once a transaction
+/// is undecided here far longer than a decision takes, reads of its keys here wait for the
+/// decision (and its install), up to [`STUCK_READ_WAIT_TIMEOUTS`], then answer
+/// [`STUCK_TEXT`]. Keys are the user keys of its commands; a transaction recovered in doubt
+/// (its commands are not logged) and a command without keys (`KEYS`, `SCAN`, `DBSIZE`)
+/// meet every stuck transaction.
+#[derive(Default)]
+pub struct Stuck {
+    count: AtomicUsize,
+    /// Each stuck transaction's user keys (`None`: unknown, so every key).
+    txns: Mutex<HashMap<TxnId, Option<Vec<Vec<u8>>>>>,
+}
+
+impl Stuck {
+    /// Whether any transaction is stuck: one load, so commands pay nothing while none is.
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.count.load(Relaxed) > 0
+    }
+
+    /// Whether a stuck transaction holds one of `keys`, or, with no keys, any stuck at all.
+    pub fn holds(&self, keys: &[Vec<u8>]) -> bool {
+        let txns = self.txns.lock();
+        if keys.is_empty() {
+            return !txns.is_empty();
+        }
+        txns.values().any(|held| match held {
+            None => true,
+            Some(held) => held.iter().any(|h| keys.contains(h)),
+        })
+    }
+
+    fn mark(&self, txn: TxnId, keys: Option<Vec<Vec<u8>>>) {
+        let mut txns = self.txns.lock();
+        txns.insert(txn, keys);
+        self.count.store(txns.len(), Relaxed);
+    }
+
+    fn clear(&self, txn: TxnId) {
+        if !self.any() {
+            return;
+        }
+        let mut txns = self.txns.lock();
+        txns.remove(&txn);
+        self.count.store(txns.len(), Relaxed);
+    }
+
+    /// How many transactions are stuck now.
+    pub fn len(&self) -> usize {
+        self.count.load(Relaxed)
+    }
+}
+
+/// The user keys `commands` touch.
+fn user_keys(commands: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    for command in commands {
+        if let Some(spec) = command.first().and_then(|name| table::lookup(name)) {
+            keys.extend(
+                crate::cluster::key_args(spec, command)
+                    .into_iter()
+                    .map(<[u8]>::to_vec),
+            );
+        }
+    }
+    keys
 }
 
 /// This node's end of cross-node transactions.
@@ -215,6 +316,9 @@ pub struct Xnode {
     inputs: mpsc::UnboundedSender<Input>,
     pub stats: Arc<Stats>,
     pub incarnation: u64,
+    pub stuck: Arc<Stuck>,
+    /// How long a command waits for stuck transactions' decisions.
+    stuck_read_wait: Duration,
 }
 
 /// Why the driver could not start.
@@ -321,6 +425,7 @@ impl Xnode {
         let stats = Arc::new(Stats::default());
         let db = shared.db;
         let held: Arc<Mutex<HashMap<TxnId, Held>>> = Arc::default();
+        let stuck: Arc<Stuck> = Arc::default();
 
         // Recovery: the prepared records in doubt, and the decisions not yet forgotten.
         let mut records = Vec::new();
@@ -333,12 +438,17 @@ impl Xnode {
                 participants: meta.participants,
                 reply: meta.reply,
             });
+            // The coordinator may have answered its client before this node stopped:
+            // reads wait for the decision from the start.
+            stuck.mark(meta.txn, None);
             held.lock().insert(
                 meta.txn,
                 Held {
                     prepared,
-                    commands: Vec::new(),
+                    commands: Arc::default(),
                     gated: true,
+                    since: Instant::now(),
+                    stuck: true,
                 },
             );
         }
@@ -389,6 +499,9 @@ impl Xnode {
             decisions: decisions_db,
             stats: Arc::clone(&stats),
             now_ms: Box::new(now_ms),
+            stuck: Arc::clone(&stuck),
+            stuck_after: map.timeout() * STUCK_AFTER_TIMEOUTS,
+            installing: Arc::default(),
         };
         driver.carry_out(coordinator_out, participant_out);
         let token = shared.shutdown.clone();
@@ -402,7 +515,27 @@ impl Xnode {
             inputs,
             stats,
             incarnation,
+            stuck,
+            stuck_read_wait: map.timeout() * STUCK_READ_WAIT_TIMEOUTS,
         })
+    }
+
+    /// Waits until no stuck transaction holds one of `keys` (with no keys: until none is
+    /// stuck), or answers [`STUCK_TEXT`] after [`STUCK_READ_WAIT_TIMEOUTS`] cluster timeouts.
+    pub async fn wait_unstuck(&self, keys: &[Vec<u8>]) -> Result<(), Fail> {
+        if !self.stuck.holds(keys) {
+            return Ok(());
+        }
+        self.stats.stuck_waits.fetch_add(1, Relaxed);
+        let deadline = Instant::now() + self.stuck_read_wait;
+        while self.stuck.holds(keys) {
+            if Instant::now() >= deadline {
+                self.stats.stuck_refused.fetch_add(1, Relaxed);
+                return Err(STUCK_TEXT.into());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     /// Runs `work` (per node) as one transaction and waits for its outcome.
@@ -460,6 +593,19 @@ struct Driver {
     decisions: &'static Db,
     stats: Arc<Stats>,
     now_ms: Box<dyn Fn() -> u64 + Send>,
+    stuck: Arc<Stuck>,
+    /// How long a prepared transaction stays undecided before it is stuck.
+    stuck_after: Duration,
+    /// Transactions committed here and not visible yet (an earlier prepared one holds the
+    /// watermark): they age toward [`Stuck`] as held ones do.
+    installing: Arc<Mutex<HashMap<TxnId, Installing>>>,
+}
+
+/// A committed transaction waiting to become visible.
+struct Installing {
+    since: Instant,
+    commands: Arc<Vec<Vec<Vec<u8>>>>,
+    stuck: bool,
 }
 
 impl Driver {
@@ -495,9 +641,26 @@ impl Driver {
                     let now = (self.now_ms)();
                     self.coordinator.tick(now, &mut c);
                     self.participant.tick(now, &mut p);
+                    self.mark_stuck();
                 }
             }
             self.carry_out(c, p);
+        }
+    }
+
+    /// Marks the transactions prepared here for [`Driver::stuck_after`] as stuck.
+    fn mark_stuck(&self) {
+        let mark = |txn: TxnId, since: Instant, stuck: &mut bool, commands: &[_]| {
+            if !*stuck && since.elapsed() >= self.stuck_after {
+                *stuck = true;
+                self.stuck.mark(txn, Some(user_keys(commands)));
+            }
+        };
+        for (&txn, h) in self.held.lock().iter_mut() {
+            mark(txn, h.since, &mut h.stuck, &h.commands);
+        }
+        for (&txn, i) in self.installing.lock().iter_mut() {
+            mark(txn, i.since, &mut i.stuck, &i.commands);
         }
     }
 
@@ -669,8 +832,10 @@ impl Driver {
                         txn,
                         Held {
                             prepared,
-                            commands: work.commands,
+                            commands: Arc::new(work.commands),
                             gated,
+                            since: Instant::now(),
+                            stuck: false,
                         },
                     );
                     Ok(reply)
@@ -702,6 +867,7 @@ impl Driver {
             return;
         };
         let (shared, inputs) = (Arc::clone(&self.shared), self.inputs.clone());
+        let (stuck, installing) = (Arc::clone(&self.stuck), Arc::clone(&self.installing));
         let db = shared.db;
         let committed = held.prepared.commit_nowait();
         if held.gated {
@@ -713,14 +879,17 @@ impl Driver {
             // next start.
             Err(e) => return tracing::error!("committing {txn}: {e}"),
         };
-        let commands = held.commands;
+        let commands = Arc::clone(&held.commands);
         let acknowledge = move || {
-            for command in &commands {
+            for command in commands.iter() {
                 let args: Vec<Bytes> = command.iter().map(|a| Bytes::copy_from_slice(a)).collect();
                 if let Some(spec) = table::lookup(&args[0]) {
                     shared.blocked.committed(spec.cmd, &args);
                 }
             }
+            // Visible: reads that waited for it see it.
+            installing.lock().remove(&txn);
+            stuck.clear(txn);
             let _ = inputs.send(Input::Committed { txn });
         };
         // Acknowledged only once visible (so durable): the client hears of it after that. An
@@ -729,6 +898,14 @@ impl Driver {
         if db.is_visible(ts) {
             acknowledge();
         } else {
+            self.installing.lock().insert(
+                txn,
+                Installing {
+                    since: held.since,
+                    commands: held.commands,
+                    stuck: held.stuck,
+                },
+            );
             tokio::spawn(async move {
                 if db.visible(ts).await.is_ok() {
                     acknowledge();
@@ -744,6 +921,7 @@ impl Driver {
         if let Err(e) = held.prepared.abort_nowait() {
             tracing::error!("aborting {txn}: {e}");
         }
+        self.stuck.clear(txn);
         if held.gated {
             self.gate.leave();
         }

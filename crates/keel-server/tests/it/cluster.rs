@@ -25,6 +25,16 @@ struct TestCluster {
 
 impl TestCluster {
     fn start(n: usize, timeout_ms: u64) -> TestCluster {
+        TestCluster::start_with_buses(n, timeout_ms, |_, buses| buses.to_vec())
+    }
+
+    /// As [`TestCluster::start`], node `i` reaching the others' buses at `bus_of(i, buses)`
+    /// (a relay in between, say) instead of `buses`.
+    fn start_with_buses(
+        n: usize,
+        timeout_ms: u64,
+        bus_of: impl Fn(usize, &[SocketAddr]) -> Vec<SocketAddr>,
+    ) -> TestCluster {
         let listeners: Vec<TcpListener> = (0..n)
             .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
             .collect();
@@ -45,7 +55,7 @@ impl TestCluster {
             .enumerate()
             .map(|(i, l)| {
                 let map = Membership::even(&addrs, i, timeout_ms).expect("valid cluster");
-                let (bus_addrs, bus) = (bus_addrs.clone(), Arc::clone(&buses[i]));
+                let (bus_addrs, bus) = (bus_of(i, &bus_addrs), Arc::clone(&buses[i]));
                 Some(TestServer::on(Some(l), move |c| {
                     c.cluster = Some(Arc::new(map));
                     c.cluster_bus = bus_addrs;
@@ -829,4 +839,165 @@ fn keel_range_spans_nodes() {
         error(&mut con, &["KEEL.RANGE", "r", "+"]),
         "ERR min or max not valid string range item"
     );
+}
+
+/// A relay in front of a node's cluster bus that holds back the commit decisions
+/// (`Decide`) sent through it while `hold` is set, and passes everything else: a
+/// participant that voted yes and hears nothing more.
+struct DecisionHold {
+    addr: SocketAddr,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DecisionHold {
+    fn start(target: SocketAddr) -> DecisionHold {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let addr = listener.local_addr().expect("address");
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let h = Arc::clone(&hold);
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { return };
+                let hold = Arc::clone(&h);
+                std::thread::spawn(move || Self::relay(inbound, target, &hold));
+            }
+        });
+        DecisionHold { addr, hold }
+    }
+
+    fn release(&self) {
+        self.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// One dialer's connection: its hello both ways, then its frames (a `u32` length and
+    /// that many bytes of messages), minus the decisions held back. Ends when either side
+    /// closes.
+    fn relay(
+        mut inbound: std::net::TcpStream,
+        target: SocketAddr,
+        hold: &std::sync::atomic::AtomicBool,
+    ) {
+        use std::io::{Read, Write};
+        let Ok(mut outbound) = std::net::TcpStream::connect(target) else {
+            return;
+        };
+        // Only the acceptor's hello comes back.
+        let (Ok(mut back), Ok(mut to)) = (outbound.try_clone(), inbound.try_clone()) else {
+            return;
+        };
+        std::thread::spawn(move || std::io::copy(&mut back, &mut to));
+        let mut hello = [0u8; 32];
+        if inbound.read_exact(&mut hello).is_err() || outbound.write_all(&hello).is_err() {
+            return;
+        }
+        let mut held = Vec::new();
+        loop {
+            let mut len = [0u8; 4];
+            if inbound.read_exact(&mut len).is_err() {
+                return;
+            }
+            let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+            if inbound.read_exact(&mut frame).is_err() {
+                return;
+            }
+            let holding = hold.load(std::sync::atomic::Ordering::SeqCst);
+            let mut pass = Vec::new();
+            if !holding {
+                // Released: what was held goes first.
+                pass.append(&mut held);
+            }
+            let mut rest = &frame[..];
+            while !rest.is_empty() {
+                let (message, tail): (keel_server::BusMessage, &[u8]) =
+                    postcard::take_from_bytes(rest).expect("a bus message");
+                let bytes = &rest[..rest.len() - tail.len()];
+                if holding
+                    && matches!(
+                        message,
+                        keel_server::cluster_map::txn::Message::Decide { .. }
+                    )
+                {
+                    held.extend_from_slice(bytes);
+                } else {
+                    pass.extend_from_slice(bytes);
+                }
+                rest = tail;
+            }
+            if !pass.is_empty() {
+                let len = u32::try_from(pass.len()).expect("a frame's length");
+                if outbound.write_all(&len.to_be_bytes()).is_err()
+                    || outbound.write_all(&pass).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A transaction across two nodes whose commit decision does not reach one participant:
+/// the coordinator answers its client after `ack_wait` (15 cluster timeouts) anyway, and a
+/// read of that participant after the answer must not return the value from before it
+/// (strict serializability). It waits for the decision and is answered `TRYAGAIN` if none
+/// comes in three cluster timeouts; keys the transaction did not touch are read at once.
+#[test]
+fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
+    const TIMEOUT: u64 = 300;
+    let relay = std::sync::OnceLock::new();
+    let cluster = TestCluster::start_with_buses(2, TIMEOUT, |i, buses| {
+        let mut buses = buses.to_vec();
+        if i == 0 {
+            // Node 0 reaches node 1's bus through the relay.
+            buses[1] = relay.get_or_init(|| DecisionHold::start(buses[1])).addr;
+        }
+        buses
+    });
+    let relay = relay.get().expect("node 0 started");
+    let (a, b) = (key_on(&cluster, 0, "a"), key_on(&cluster, 1, "b"));
+    let other = key_on(&cluster, 1, "o");
+    let mut on_b = cluster.node(1).client();
+    let () = query(&mut on_b, &["SET", &other, "untouched"]);
+    // Through node 0, which coordinates: node 1 prepares and votes, and never hears commit.
+    let began = Instant::now();
+    let mut on_a = cluster.node(0).client();
+    let () = query(&mut on_a, &["MULTI"]);
+    let () = query(&mut on_a, &["SET", &a, "1"]);
+    let () = query(&mut on_a, &["SET", &b, "1"]);
+    let replies: Vec<String> = query(&mut on_a, &["EXEC"]);
+    assert_eq!(replies, ["OK", "OK"]);
+    assert!(
+        began.elapsed() >= Duration::from_millis(15 * TIMEOUT),
+        "answered after waiting for the acknowledgement"
+    );
+    // Answered committed: node 1 must not show the old value of b, nor a count without it.
+    let waited = Instant::now();
+    assert_eq!(error(&mut on_b, &["GET", &b]), keel_server::STUCK_TEXT);
+    assert!(waited.elapsed() >= Duration::from_millis(3 * TIMEOUT));
+    assert_eq!(error(&mut on_b, &["DBSIZE"]), keel_server::STUCK_TEXT);
+    let () = query(&mut on_b, &["MULTI"]);
+    let () = query(&mut on_b, &["GET", &b]);
+    assert_eq!(error(&mut on_b, &["EXEC"]), keel_server::STUCK_TEXT);
+    assert_eq!(
+        error(&mut on_b, &["EXEC"]),
+        "ERR EXEC without MULTI",
+        "the refused EXEC discarded its transaction"
+    );
+    let got: String = query(&mut on_b, &["GET", &other]);
+    assert_eq!(got, "untouched", "a key the transaction did not touch");
+    let info: String = query(&mut on_b, &["INFO", "cluster"]);
+    assert!(info.contains("keel_cluster_stuck:1\r\n"), "{info}");
+    // The decision arrives while a read waits: the read sees the commit.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(TIMEOUT / 2));
+            relay.release();
+        });
+        let got: String = query(&mut on_b, &["GET", &b]);
+        assert_eq!(got, "1");
+    });
+    let n: i64 = query(&mut on_b, &["DBSIZE"]);
+    assert_eq!(n, 2);
+    let info: String = query(&mut on_b, &["INFO", "cluster"]);
+    assert!(info.contains("keel_cluster_stuck:0\r\n"), "{info}");
+    assert!(info.contains("keel_cluster_stuck_refused:3\r\n"), "{info}");
 }
