@@ -2766,6 +2766,61 @@ impl Conn {
                 self.shared.shutdown.cancel();
                 return Ok(Next::Close);
             }
+            Cmd::Save => {
+                if self.shared.saving.swap(true, Relaxed) {
+                    return Err(SAVE_IN_PROGRESS.into());
+                }
+                let shared = Arc::clone(&self.shared);
+                let saved = tokio::task::spawn_blocking(move || save(&shared)).await;
+                self.shared.saving.store(false, Relaxed);
+                saved.unwrap_or_else(|_| Err("ERR keel: the checkpoint panicked".into()))?;
+                out.ok();
+            }
+            Cmd::Bgsave => {
+                let schedule = match args.get(1) {
+                    None => false,
+                    Some(a) if args.len() == 2 && a.eq_ignore_ascii_case(b"schedule") => true,
+                    Some(_) => return Err("ERR syntax error".into()),
+                };
+                if self.shared.db.dir().is_none() {
+                    return Err(NOTHING_TO_SAVE.into());
+                }
+                let busy = self.shared.saving.swap(true, Relaxed);
+                if busy && !schedule {
+                    return Err(SAVE_IN_PROGRESS.into());
+                }
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move {
+                    // Scheduled: runs once the save under way is done.
+                    while busy && shared.saving.swap(true, Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    let task = Arc::clone(&shared);
+                    let saved = tokio::task::spawn_blocking(move || save(&task)).await;
+                    shared.saving.store(false, Relaxed);
+                    match saved {
+                        Ok(Ok(())) => tracing::info!("background saving terminated with success"),
+                        Ok(Err(Fail(text))) => tracing::error!("background saving failed: {text}"),
+                        Err(_) => tracing::error!("background saving panicked"),
+                    }
+                });
+                out.simple(if busy {
+                    "Background saving scheduled"
+                } else {
+                    "Background saving started"
+                });
+            }
+            Cmd::Lastsave => {
+                let stats = self.shared.db.stats();
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or(Duration::ZERO);
+                // Never saved: the time the server started, as Redis answers after a start.
+                let ago = stats
+                    .checkpoint_age
+                    .unwrap_or_else(|| self.shared.started.elapsed());
+                out.int(now.saturating_sub(ago).as_secs() as i64);
+            }
             Cmd::Multi => {
                 if self.multi.is_some() {
                     return Err("ERR MULTI calls can not be nested".into());
@@ -3655,6 +3710,30 @@ enum ClientType {
     Normal,
     Pubsub,
     Replication,
+}
+
+/// `SAVE`'s and `BGSAVE`'s answer while one is being written.
+const SAVE_IN_PROGRESS: &str = "ERR Background save already in progress";
+/// `SAVE`'s and `BGSAVE`'s answer on a server without a data directory.
+const NOTHING_TO_SAVE: &str =
+    "ERR keel: nothing to save: this server keeps its data in memory only (no data directory)";
+
+/// Writes a checkpoint of the database now (keel's `SAVE`: its log already holds every
+/// commit under `sync` and `async`; the checkpoint shortens the replay at the next start).
+fn save(shared: &Shared) -> Result<(), Fail> {
+    match shared.db.checkpoint() {
+        Ok(Some(info)) => {
+            tracing::info!(
+                keys = info.keys,
+                elapsed_ms = info.elapsed.as_millis() as u64,
+                "DB saved on disk (checkpoint {})",
+                info.name
+            );
+            Ok(())
+        }
+        Ok(None) => Err(NOTHING_TO_SAVE.into()),
+        Err(e) => Err(format!("ERR keel: the checkpoint failed: {e}").into()),
+    }
 }
 
 fn client_type(arg: &[u8]) -> Result<ClientType, Fail> {

@@ -460,12 +460,13 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
         let files = shared.db.dir().is_some();
         let _ = write!(
             t,
-            "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:0\r\n\
+            "# Persistence\r\nloading:0\r\nrdb_changes_since_last_save:0\r\nrdb_bgsave_in_progress:{}\r\n\
              aof_enabled:{}\r\nkeel_durability:{}\r\nkeel_dir:{}\r\nkeel_log_frames:{}\r\n\
              keel_log_fsyncs:{}\r\nkeel_log_inline_fsyncs:{}\r\nkeel_txns_per_fsync:{:.2}\r\n\
              keel_checkpoints:{}\r\n\
              rdb_last_save_time:{}\r\nkeel_checkpoint_age_seconds:{}\r\n\
              keel_log_bytes_since_checkpoint:{}\r\n\r\n",
+            u8::from(shared.saving.load(Relaxed)),
             u8::from(files),
             shared.config.durability,
             shared

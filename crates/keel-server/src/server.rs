@@ -204,6 +204,8 @@ pub struct Shared {
     pub cursors: Cursors,
     pub shutdown: CancellationToken,
     pub started: Instant,
+    /// A checkpoint asked for by `SAVE` or `BGSAVE` is being written.
+    pub saving: std::sync::atomic::AtomicBool,
     pub counters: Counters,
     /// Pub/sub subscriptions.
     pub pubsub: crate::pubsub::Registry,
@@ -336,6 +338,7 @@ impl Server {
             cursors: Cursors::default(),
             shutdown: CancellationToken::new(),
             started: Instant::now(),
+            saving: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
             pubsub,
             blocked: Default::default(),

@@ -26,6 +26,9 @@ pub enum Cmd {
     Info,
     Time,
     Shutdown,
+    Save,
+    Bgsave,
+    Lastsave,
     // Cluster (cluster.rs).
     Cluster,
     Asking,
@@ -453,6 +456,39 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Stops the server gracefully."
+    ),
+    spec!(
+        "save",
+        Save,
+        1,
+        &["admin", "noscript", "no_async_loading", "no_multi"],
+        0,
+        0,
+        0,
+        "server",
+        "Synchronously saves the database(s) to disk."
+    ),
+    spec!(
+        "bgsave",
+        Bgsave,
+        -1,
+        &["admin", "noscript", "no_async_loading"],
+        0,
+        0,
+        0,
+        "server",
+        "Asynchronously saves the database(s) to disk."
+    ),
+    spec!(
+        "lastsave",
+        Lastsave,
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        "server",
+        "Returns the Unix timestamp of the last successful save to disk."
     ),
     spec!(
         "cluster",

@@ -2,6 +2,7 @@
 //! SHUTDOWN, limits, protected mode and the metrics endpoint.
 
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -332,4 +333,84 @@ fn sync_durability_logs_and_groups_commits() {
     assert!(field("rdb_last_save_time").abs_diff(now) < 600, "{info}");
     assert!(dir.path().read_dir().expect("dir").count() > 0);
     assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 16);
+}
+
+/// `SAVE` writes a checkpoint (the next start replays nothing before it), `BGSAVE`
+/// writes one in the background, `LASTSAVE` moves with them; both refuse a server that keeps
+/// no files, and bad arguments, with Redis' errors.
+#[test]
+fn save_bgsave_and_lastsave() {
+    let field = |info: &str, name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {info}"))
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let server = TestServer::sync_in(dir.path());
+        let mut c = server.client();
+        let started: i64 = query(&mut c, &["LASTSAVE"]);
+        for i in 0..100 {
+            let _: () = query(&mut c, &["SET", &format!("k{i}"), "v"]);
+        }
+        let info: String = query(&mut c, &["INFO", "persistence"]);
+        let before = field(&info, "keel_checkpoints");
+        assert!(
+            field(&info, "keel_log_bytes_since_checkpoint") > 0,
+            "{info}"
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+        let () = query(&mut c, &["SAVE"]);
+        let info: String = query(&mut c, &["INFO", "persistence"]);
+        assert_eq!(field(&info, "keel_checkpoints"), before + 1, "{info}");
+        assert_eq!(field(&info, "keel_log_bytes_since_checkpoint"), 0, "{info}");
+        assert_eq!(field(&info, "rdb_bgsave_in_progress"), 0, "{info}");
+        let saved: i64 = query(&mut c, &["LASTSAVE"]);
+        assert!(
+            saved > started,
+            "LASTSAVE {saved} after a save, {started} before"
+        );
+        let _: () = query(&mut c, &["SET", "after", "1"]);
+        let answer: String = query(&mut c, &["BGSAVE"]);
+        assert_eq!(answer, "Background saving started");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info: String = query(&mut c, &["INFO", "persistence"]);
+            if field(&info, "keel_checkpoints") == before + 2 {
+                assert_eq!(field(&info, "keel_log_bytes_since_checkpoint"), 0, "{info}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "BGSAVE never finished: {info}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(error(&mut c, &["BGSAVE", "now"]), "ERR syntax error");
+        assert_eq!(
+            error(&mut c, &["BGSAVE", "schedule", "x"]),
+            "ERR syntax error"
+        );
+        assert_eq!(
+            error(&mut c, &["SAVE", "x"]),
+            "ERR wrong number of arguments for 'save' command"
+        );
+        let () = query(&mut c, &["MULTI"]);
+        assert_eq!(
+            error(&mut c, &["SAVE"]),
+            "ERR Command not allowed inside a transaction"
+        );
+        let () = query(&mut c, &["DISCARD"]);
+        assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 101);
+    }
+    // A server without files has nothing to save.
+    let memory = TestServer::start();
+    let mut c = memory.client();
+    let nothing =
+        "ERR keel: nothing to save: this server keeps its data in memory only (no data directory)";
+    assert_eq!(error(&mut c, &["SAVE"]), nothing);
+    assert_eq!(error(&mut c, &["BGSAVE"]), nothing);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!((query::<i64>(&mut c, &["LASTSAVE"]) - now).abs() < 600);
 }
