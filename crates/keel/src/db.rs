@@ -63,6 +63,10 @@ pub struct Options {
     /// In [`SplitMode::Auto`], a record is split once commits applying commutative
     /// operations waited this many times for its lock within one phase length. Default: 64.
     pub split_contention: u32,
+    /// How often the collector's thread looks for deleted keys to reclaim. Commits that
+    /// delete run passes of their own in between (every 32 deletes), so this bounds how
+    /// long deletes that stopped short of that wait. Default: 10 ms.
+    pub collector_interval: Duration,
     disk: Option<Arc<dyn Disk>>,
     ts_lease_step: u64,
 }
@@ -79,6 +83,7 @@ impl Default for Options {
             split: SplitMode::Auto,
             split_phase: Duration::from_millis(20),
             split_contention: 64,
+            collector_interval: GC_INTERVAL,
             disk: None,
             ts_lease_step: TS_LEASE_STEP,
         }
@@ -119,6 +124,12 @@ impl Options {
     /// Sets [`Options::checkpoint_log_bytes`].
     pub fn checkpoint_log_bytes(mut self, bytes: u64) -> Options {
         self.checkpoint_log_bytes = bytes;
+        self
+    }
+
+    /// Sets [`Options::collector_interval`].
+    pub fn collector_interval(mut self, interval: Duration) -> Options {
+        self.collector_interval = interval;
         self
     }
 
@@ -240,8 +251,10 @@ pub(crate) struct Shared {
     /// Prepared transactions recovery found undecided, until [`Db::in_doubt`] takes them.
     in_doubt: Mutex<Vec<InDoubt>>,
     /// The collector thread's signal: set, it stops; notified, it runs a pass now
-    /// ([`Shared::wake_collector`]).
+    /// ([`Shared::wake_collector`]: a two-phase commit's decision that made one due).
     collector_signal: StopSignal,
+    /// [`Options::collector_interval`].
+    collector_interval: Duration,
 }
 
 /// A prepared transaction recovered without its decision: its records are locked by `owner`.
@@ -747,6 +760,7 @@ impl Db {
             ts_lease_step: options.ts_lease_step,
             in_doubt: Mutex::new(Vec::new()),
             collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
+            collector_interval: options.collector_interval,
         });
         Db::from_shared(shared, None)
     }
@@ -758,7 +772,7 @@ impl Db {
             collector: Mutex::new(Some(Periodic::spawn(
                 "keel-gc",
                 &shared,
-                GC_INTERVAL,
+                shared.collector_interval,
                 |shared| {
                     shared.gc_pass();
                     true
@@ -1035,6 +1049,7 @@ impl Db {
         recovery.elapsed = started.elapsed();
         let settings = options.split_settings();
         let ts_lease_step = options.ts_lease_step;
+        let collector_interval = options.collector_interval;
         let files = Files {
             disk,
             dir,
@@ -1061,6 +1076,7 @@ impl Db {
             ts_lease_step,
             in_doubt: Mutex::new(in_doubt),
             collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
+            collector_interval,
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);
@@ -1437,7 +1453,7 @@ impl Db {
     }
 }
 
-/// How often the collector (`keel-gc`) looks for deleted keys to reclaim.
+/// How often the collector (`keel-gc`) looks for deleted keys to reclaim, by default.
 const GC_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Shared {
@@ -1483,13 +1499,30 @@ impl Shared {
     /// watermark could never pass them.
     pub(crate) fn gc_pass(&self) -> crate::gc::Pass {
         let mut state = self.store.gc.lock();
+        self.gc_pass_locked(&mut state)
+    }
+
+    /// A pass of the collector on this thread, unless one is running (on the collector's
+    /// thread or another committer's): what a commit that noted the
+    /// [`crate::gc::COLLECT_CANDIDATES`]th dead record does once it is published.
+    /// Nor when the horizon has not moved since the last pass: it would free nothing more.
+    pub(crate) fn gc_pass_here(&self) {
+        if let Some(mut state) = self.store.gc.try_lock() {
+            self.oracle.collect();
+            if self.oracle.horizon() > state.horizon {
+                self.gc_pass_locked(&mut state);
+            }
+        }
+    }
+
+    fn gc_pass_locked(&self, state: &mut crate::gc::State) -> crate::gc::Pass {
         self.oracle.collect();
         let horizon = self.oracle.horizon();
         let visible = || {
             std::sync::atomic::fence(Ordering::SeqCst);
             self.oracle.visible()
         };
-        let pass = crate::gc::pass(&self.store, &mut state, horizon, visible, &self.splitter);
+        let pass = crate::gc::pass(&self.store, state, horizon, visible, &self.splitter);
         // The versions the freed records held leave the count their installs added to.
         self.note_versions(-i64::try_from(pass.freed_versions).expect("a count"));
         if let Some(at) = pass.blocked_at

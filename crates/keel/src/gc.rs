@@ -46,14 +46,25 @@ use crate::mvcc::{RecordRef, Take};
 /// least: below it a rebuild costs more than the empty leaves it frees.
 const REBUILD_REMOVALS_MIN: usize = 8192;
 
-/// Candidates noted since the collector's last pass that wake it before its interval is up.
-/// Deleted keys stay in the ordered index until collected, and every scan that starts before
-/// them passes them: popping a queue's head (`ZPOPMIN`) at 100 000 pops a second would leave
-/// a thousand of them in front of the next pop by the end of an interval. One wake (a futex
-/// call) per this many deletes keeps that run short for little. No wake while the last pass
-/// left as many waiting for the horizon (an old snapshot holds it back): a pass then frees
-/// nothing more, and each one walks the waiting list.
-const WAKE_CANDIDATES: usize = 128;
+/// Candidates noted since the collector's last pass that make a pass due before its interval
+/// is up. Deleted keys stay in the ordered index until collected, and every scan that starts
+/// before them passes them (twice: the scan, and the validation's rescan): popping a queue's
+/// head (`ZPOPMIN`) at 100 000 pops a second would leave a thousand of them in front of the
+/// next pop by the end of an interval. The commit that notes the this-many-th runs the pass
+/// itself once published ([`crate::db::Shared::gc_pass_here`]), on its own thread, while
+/// the records it deleted are in its cache: no wake-up of the collector's thread, so passes
+/// can come often and the runs of deleted keys stay short. (Waking the thread every 32
+/// deletes cost more than the shorter runs saved; every 128, a pop still passed about 34.)
+/// None is due while the last pass left [`WAITING_MAX`] waiting for the horizon (an old
+/// snapshot holds it back): a pass then frees little more, and each one walks the waiting
+/// list; nor does a committer run one while the horizon has not moved since the last.
+pub(crate) const COLLECT_CANDIDATES: usize = 32;
+
+/// Candidates the last pass left waiting above which deletes make no pass due (the
+/// collector's interval still runs them). Well above [`COLLECT_CANDIDATES`]: a committer's
+/// pass runs while its own transaction holds the horizon below its deletes, so it leaves
+/// at least those waiting (a pipeline of 16 `ZPOPMIN`s deletes 32 records).
+const WAITING_MAX: usize = 1024;
 
 /// Records noted dead, with the timestamp from which they hold only absence.
 type Noted = Vec<(RecordRef, Ts)>;
@@ -80,15 +91,15 @@ impl Candidates {
 
     /// `record` may hold nothing but absence from `ts` on: a tombstone committed at `ts`, or
     /// (`Ts(0)`) a record its creator left empty.
-    /// Returns whether the collector should run now rather than at its next interval.
+    /// Returns whether a pass is due now rather than at the collector's next interval.
     pub(crate) fn note(&self, record: RecordRef, ts: Ts) -> bool {
         let shard = &self.shards[crate::memory::thread_number() % self.shards.len()];
         shard.lock().push((record, ts));
         // The count runs behind the shards (a drain may take this record before the add):
         // it may wrap below zero for a moment, so it adds wrapping, as the atomic does.
         let noted = self.count.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
-        noted.is_multiple_of(WAKE_CANDIDATES)
-            && self.waiting.load(Ordering::Relaxed) < WAKE_CANDIDATES
+        noted.is_multiple_of(COLLECT_CANDIDATES)
+            && self.waiting.load(Ordering::Relaxed) < WAITING_MAX
     }
 
     fn drain_into(&self, out: &mut Vec<(RecordRef, Ts)>) {
@@ -130,6 +141,8 @@ pub(crate) struct State {
     /// The last empty timestamp the collector took to move the watermark
     /// (`Shared::gc_pass`). It takes no other until the watermark has passed this one.
     pub(crate) nudged: Ts,
+    /// The horizon of the last pass.
+    pub(crate) horizon: Ts,
 }
 
 /// What a pass left behind.
@@ -175,6 +188,7 @@ pub(crate) fn pass(
     splitter: &crate::split::Splitter,
 ) -> Pass {
     let mut out = Pass::default();
+    state.horizon = horizon;
     // 1. Take the candidates the horizon has passed. Every note of a record is made while
     //    its noter holds the record's lock, so none comes after the take; and this runs
     //    before the frees below, so every note of a record taken in an earlier pass has
@@ -277,29 +291,31 @@ mod tests {
     use crate::memory::Arena;
     use crate::mvcc::{LockOwner, Record};
 
-    /// Every [`WAKE_CANDIDATES`]th delete wakes the collector, unless its last pass left as
-    /// many waiting for the horizon.
+    /// Every [`COLLECT_CANDIDATES`]th delete makes a pass due, unless the last pass left
+    /// [`WAITING_MAX`] waiting for the horizon.
     #[test]
     fn deletes_wake_the_collector_unless_it_is_held_back() {
         let arena = Arena::new();
         let record = RecordRef(Record::new_locked(&arena, b"k", LockOwner(1), None));
         let candidates = Candidates::new();
-        let wakes: Vec<usize> = (1..=3 * WAKE_CANDIDATES)
+        let wakes: Vec<usize> = (1..=3 * COLLECT_CANDIDATES)
             .filter(|_| candidates.note(record, Ts(1)))
             .collect();
         assert_eq!(
             wakes,
-            [WAKE_CANDIDATES, 2 * WAKE_CANDIDATES, 3 * WAKE_CANDIDATES]
+            [
+                COLLECT_CANDIDATES,
+                2 * COLLECT_CANDIDATES,
+                3 * COLLECT_CANDIDATES
+            ]
         );
         let mut drained = Vec::new();
         candidates.drain_into(&mut drained);
-        assert_eq!(drained.len(), 3 * WAKE_CANDIDATES);
-        candidates.waiting.store(WAKE_CANDIDATES, Ordering::Relaxed);
-        assert!(!(0..2 * WAKE_CANDIDATES).any(|_| candidates.note(record, Ts(1))));
-        candidates
-            .waiting
-            .store(WAKE_CANDIDATES - 1, Ordering::Relaxed);
-        let wakes = (0..WAKE_CANDIDATES)
+        assert_eq!(drained.len(), 3 * COLLECT_CANDIDATES);
+        candidates.waiting.store(WAITING_MAX, Ordering::Relaxed);
+        assert!(!(0..2 * COLLECT_CANDIDATES).any(|_| candidates.note(record, Ts(1))));
+        candidates.waiting.store(WAITING_MAX - 1, Ordering::Relaxed);
+        let wakes = (0..COLLECT_CANDIDATES)
             .filter(|_| candidates.note(record, Ts(1)))
             .count();
         assert_eq!(wakes, 1);

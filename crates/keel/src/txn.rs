@@ -537,6 +537,9 @@ pub struct Txn<'db> {
     ///
     /// [`Oracle::release_when_published`]: crate::concurrency::Oracle::release_when_published
     slot_handed_on: bool,
+    /// A delete of this commit made a collector pass due: it runs one once published
+    /// ([`Txn::conclude`]).
+    collect_due: bool,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -574,6 +577,7 @@ impl<'db> Txn<'db> {
             stashed: std::sync::atomic::AtomicBool::new(false),
             tracked: Vec::new(),
             slot_handed_on: false,
+            collect_due: false,
         })
     }
 
@@ -1186,6 +1190,11 @@ impl<'db> Txn<'db> {
         if self.db.oracle.collect_due(ts, COLLECT_EVERY) {
             self.db.oracle.collect();
         }
+        if std::mem::take(&mut self.collect_due) {
+            // Here rather than by waking the collector's thread: no wake-up, and the records
+            // just deleted are still in this core's cache.
+            self.db.gc_pass_here();
+        }
         Ok(Ok(Committed {
             ts,
             split_only: false,
@@ -1512,11 +1521,10 @@ impl<'db> Txn<'db> {
             versions += record
                 .get()
                 .install(me, commit_ts, value.as_deref(), horizon);
-            let wake = value.is_none() && self.db.store.note_dead(*record, commit_ts);
-            record.get().unlock(me);
-            if wake {
-                self.db.wake_collector();
+            if value.is_none() && self.db.store.note_dead(*record, commit_ts) {
+                self.collect_due = true;
             }
+            record.get().unlock(me);
         }
         leave(self);
         let durable_end = log_end.and_then(|(log, end)| {

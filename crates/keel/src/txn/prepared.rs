@@ -449,16 +449,22 @@ impl<'db> Prepared<'db> {
         }
         let horizon = db.oracle.horizon();
         let mut versions = 0;
+        let mut collect = false;
         for (record, value) in self.locked.iter().zip(&self.values) {
             if commit {
                 versions += record
                     .get()
                     .install(self.owner, self.ts, value.as_deref(), horizon);
                 if value.is_none() {
-                    db.store.note_dead(*record, self.ts);
+                    collect |= db.store.note_dead(*record, self.ts);
                 }
             }
             record.get().unlock(self.owner);
+        }
+        // A decision is installed on the two-phase commit's driver, which must not stall on
+        // a pass: the collector's thread runs it.
+        if collect {
+            db.wake_collector();
         }
         super::unlock_shared(db, &std::mem::take(&mut self.shared));
         match durable_end {
