@@ -1106,14 +1106,21 @@ impl Conn {
 
     /// Cluster mode, while a transaction across nodes is stuck here (`xnode::Stuck`): the
     /// user keys the command in `args` would read or write (all of a queued `MULTI`'s at
-    /// `EXEC`; none for a command without keys, which meets every stuck transaction), or
+    /// `EXEC`; a `KEEL.ONCE`'s wrapped command's; none for a command without keys, which
+    /// meets every stuck transaction), or
     /// `None` when it needs no wait (no transaction is stuck, or it touches no data).
     fn stuck_keys(&self, args: &[Bytes]) -> Option<Vec<Vec<u8>>> {
         let xnode = self.shared.xnode.get()?;
         if !xnode.stuck.any() {
             return None;
         }
-        let spec = table::lookup(&args[0])?;
+        let mut spec = table::lookup(&args[0])?;
+        let mut args = args;
+        // A write another node forwarded (exactly once): what it wraps, an `EXEC` included.
+        if spec.cmd == Cmd::KeelOnce {
+            args = once::parse(args).ok()?.command;
+            spec = table::lookup(&args[0])?;
+        }
         let keys_of = |spec: &Spec, args: &[Bytes]| -> Vec<Vec<u8>> {
             cluster::key_args(spec, args)
                 .into_iter()

@@ -66,8 +66,10 @@ const ACK_WAIT_TIMEOUTS: u64 = 15;
 /// the coordinator answers its client early only after that many, so by then every read
 /// here that could follow the answer waits.
 const STUCK_AFTER_TIMEOUTS: u32 = 1;
-/// How long such a read waits, in cluster timeouts, before it is answered [`STUCK_TEXT`].
-const STUCK_READ_WAIT_TIMEOUTS: u32 = 3;
+/// How long such a read waits, in halves of a cluster timeout, before it is answered
+/// [`STUCK_TEXT`]: less than the timeout, within which a node that forwarded the request
+/// expects its answer.
+const STUCK_READ_WAIT_HALF_TIMEOUTS: u32 = 1;
 
 /// The answer to a command that waited in vain for a stuck transaction's decision.
 pub const STUCK_TEXT: &str = "TRYAGAIN keel: a transaction across nodes that holds this key \
@@ -245,7 +247,7 @@ struct Held {
 /// answers its client anyway, and a read here after that answer would miss the commit (and
 /// so would a read by a node that crashed prepared and restarted). So once a transaction
 /// is undecided here far longer than a decision takes, reads of its keys here wait for the
-/// decision (and its install), up to [`STUCK_READ_WAIT_TIMEOUTS`], then answer
+/// decision (and its install), up to [`STUCK_READ_WAIT_HALF_TIMEOUTS`], then answer
 /// [`STUCK_TEXT`]. Keys are the user keys of its commands; a transaction recovered in doubt
 /// (its commands are not logged) and a command without keys (`KEYS`, `SCAN`, `DBSIZE`)
 /// meet every stuck transaction.
@@ -516,12 +518,13 @@ impl Xnode {
             stats,
             incarnation,
             stuck,
-            stuck_read_wait: map.timeout() * STUCK_READ_WAIT_TIMEOUTS,
+            stuck_read_wait: map.timeout() * STUCK_READ_WAIT_HALF_TIMEOUTS / 2,
         })
     }
 
     /// Waits until no stuck transaction holds one of `keys` (with no keys: until none is
-    /// stuck), or answers [`STUCK_TEXT`] after [`STUCK_READ_WAIT_TIMEOUTS`] cluster timeouts.
+    /// stuck), or answers [`STUCK_TEXT`] after [`STUCK_READ_WAIT_HALF_TIMEOUTS`] halves of a
+    /// cluster timeout.
     pub async fn wait_unstuck(&self, keys: &[Vec<u8>]) -> Result<(), Fail> {
         if !self.stuck.holds(keys) {
             return Ok(());
