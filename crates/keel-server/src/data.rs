@@ -113,7 +113,7 @@ impl<'db> View<'_, 'db> {
     ) {
         match self {
             View::Txn(t) => {
-                let mut range = t.range((lo, hi));
+                let mut range = t.range_owned(lo, hi);
                 while let Some(flow) = range.next_with(rev, &mut f) {
                     if flow.is_break() {
                         return;
@@ -121,7 +121,7 @@ impl<'db> View<'_, 'db> {
                 }
             }
             View::Snap(s) => {
-                let mut scan = s.range((lo, hi));
+                let mut scan = s.range_owned(lo, hi);
                 while let Some(flow) = scan.next_with(rev, &mut f) {
                     if flow.is_break() {
                         return;

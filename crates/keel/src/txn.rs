@@ -993,14 +993,31 @@ impl<'db> Txn<'db> {
     where
         K: AsRef<[u8]> + ?Sized + 'k,
     {
-        let range = owned_range(&bounds);
+        self.range_of(owned_range(&bounds))
+    }
+
+    /// [`Txn::range`] over bounds the caller already owns: nothing is copied.
+    ///
+    /// ```
+    /// use std::ops::Bound;
+    /// let db = keel::Db::in_memory();
+    /// let mut txn = db.begin()?;
+    /// txn.put(b"a", b"1")?;
+    /// let keys: Vec<_> = txn
+    ///     .range_owned(Bound::Included(b"a".to_vec()), Bound::Unbounded)
+    ///     .map(|(k, _)| k)
+    ///     .collect();
+    /// assert_eq!(keys, [b"a".to_vec()]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn range_owned(&mut self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Range<'_, 'db> {
+        self.range_of(KeyRange { lo, hi })
+    }
+
+    fn range_of(&mut self, range: KeyRange) -> Range<'_, 'db> {
         let overlay = self.overlay(&range);
-        let scan = Scan::new(self.db, range.clone(), self.read_ts, overlay);
-        Range {
-            txn: self,
-            range,
-            scan,
-        }
+        let scan = Scan::new(self.db, range, self.read_ts, overlay);
+        Range { txn: self, scan }
     }
 
     /// This transaction's writes inside `range`, in key order, as the values a reader sees.
@@ -2014,6 +2031,11 @@ impl<'db> Snapshot<'db> {
     {
         Scan::new(self.db, owned_range(&bounds), self.read_ts, Vec::new())
     }
+
+    /// [`Snapshot::range`] over bounds the caller already owns: nothing is copied.
+    pub fn range_owned(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Scan<'_> {
+        Scan::new(self.db, KeyRange { lo, hi }, self.read_ts, Vec::new())
+    }
 }
 
 impl Drop for Snapshot<'_> {
@@ -2240,7 +2262,7 @@ impl DoubleEndedIterator for Scan<'_> {
 /// remembered for validation.
 pub struct Range<'t, 'db> {
     txn: &'t mut Txn<'db>,
-    range: KeyRange,
+    /// Holds the range's bounds (the store's scan does), taken back at the drop.
     scan: Scan<'db>,
 }
 
@@ -2267,35 +2289,52 @@ impl DoubleEndedIterator for Range<'_, '_> {
 
 impl Drop for Range<'_, '_> {
     fn drop(&mut self) {
-        let scan = &self.scan;
-        let mut covered = Vec::new();
-        if scan.front_done || scan.back_done {
-            covered.push(self.range.clone());
+        let scan = &mut self.scan;
+        let whole = scan.front_done || scan.back_done;
+        let (front_last, back_last) = (scan.front_last.take(), scan.back_last.take());
+        let range = scan.records.take_range();
+        let covered = if whole {
+            1
         } else {
-            if let Some(last) = &scan.front_last {
-                covered.push(KeyRange {
-                    lo: self.range.lo.clone(),
-                    hi: Bound::Included(last.clone()),
-                });
-            }
-            if let Some(last) = &scan.back_last {
-                covered.push(KeyRange {
-                    lo: Bound::Included(last.clone()),
-                    hi: self.range.hi.clone(),
-                });
-            }
-        }
+            usize::from(front_last.is_some()) + usize::from(back_last.is_some())
+        };
         let ranges = &mut self.txn.ranges;
-        if self.txn.reads.len() + ranges.len() + covered.len() > TXN_READS_MAX {
+        if self.txn.reads.len() + ranges.len() + covered > TXN_READS_MAX {
             // Too many ranges to remember one by one: remember the whole key space instead,
             // which is stricter and bounded.
             ranges.clear();
-            covered = vec![KeyRange {
+            ranges.push(KeyRange {
                 lo: Bound::Unbounded,
                 hi: Bound::Unbounded,
-            }];
+            });
+            return;
         }
-        ranges.extend(covered);
+        if whole {
+            ranges.push(range);
+            return;
+        }
+        let KeyRange { lo, hi } = range;
+        match (front_last, back_last) {
+            (Some(front), Some(back)) => {
+                ranges.push(KeyRange {
+                    lo,
+                    hi: Bound::Included(front),
+                });
+                ranges.push(KeyRange {
+                    lo: Bound::Included(back),
+                    hi,
+                });
+            }
+            (Some(front), None) => ranges.push(KeyRange {
+                lo,
+                hi: Bound::Included(front),
+            }),
+            (None, Some(back)) => ranges.push(KeyRange {
+                lo: Bound::Included(back),
+                hi,
+            }),
+            (None, None) => {}
+        }
     }
 }
 

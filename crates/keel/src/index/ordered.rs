@@ -1483,6 +1483,18 @@ pub(crate) struct Range<'a> {
 }
 
 impl<'a> Range<'a> {
+    /// The bounds it was made with, taken out: it yields nothing more.
+    pub(crate) fn take_range(&mut self) -> KeyRange {
+        self.done = true;
+        std::mem::replace(
+            &mut self.range,
+            KeyRange {
+                lo: Bound::Unbounded,
+                hi: Bound::Unbounded,
+            },
+        )
+    }
+
     fn below_end(&self, key: &[u8]) -> bool {
         match &self.range.hi {
             Bound::Included(hi) => key <= hi.as_slice(),
