@@ -1,4 +1,4 @@
-//! The work behind redis-benchmark's type tests (`LPUSH`, `SPOP`, `ZPOPMIN`,
+//! The work behind redis-benchmark's type tests (`LPUSH`, `SADD`, `SPOP`, `ZPOPMIN`,
 //! `LRANGE_100/300/600`, ...),
 //! and `ZPOPMAX` beside them (which pops from the other end of the score index), run in process through the command functions, so that a profiler can count it without a
 //! server or a client: each test fills a key as redis-benchmark does, then runs the measured
@@ -225,6 +225,55 @@ fn push(cmd: &str) {
     eprintln!("{}: {LOADED} commands", cmd.to_lowercase());
     let len = format!(":{}\r\n", LOADED + 200);
     assert_eq!(read(&db, &cursors, &["LLEN", "mylist"]), len.as_bytes());
+}
+
+#[inline(never)]
+fn measured_add(db: &keel::Db, cursors: &Cursors, cmd: &str, key: &str, n: usize) -> usize {
+    (0..n)
+        .map(|i| write(db, cursors, &[cmd, key, &element(LOADED + i)]).len())
+        .sum()
+}
+
+/// `SADD myset element:N` of new members (an insert into the ordered index each), onto a set
+/// of [`LOADED`], as redis-benchmark's `SADD` test does (it draws members at random).
+#[test]
+fn sadd() {
+    let db = db();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SADD", "myset", &element(i)]);
+    }
+    let replies = measured_add(&db, &cursors, "SADD", "myset", LOADED);
+    eprintln!("sadd: {LOADED} commands");
+    assert_eq!(replies, LOADED * b":1\r\n".len());
+    let card = format!(":{}\r\n", 2 * LOADED);
+    assert_eq!(read(&db, &cursors, &["SCARD", "myset"]), card.as_bytes());
+}
+
+/// `SET element:N xxx` of new keys beside [`LOADED`] others: an insert into the ordered
+/// index each, among keys that share their first 14 bytes.
+#[test]
+fn set_new() {
+    let db = db();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SET", &element(i), "xxx"]);
+    }
+    let mut n = 0;
+    measured_set(&db, &cursors, &mut n);
+    eprintln!("set_new: {n} commands");
+    assert_eq!(
+        read(&db, &cursors, &["DBSIZE"]),
+        format!(":{}\r\n", LOADED + n).as_bytes()
+    );
+}
+
+#[inline(never)]
+fn measured_set(db: &keel::Db, cursors: &Cursors, n: &mut usize) {
+    for i in 0..LOADED {
+        write(db, cursors, &["SET", &element(LOADED + i), "xxx"]);
+        *n += 1;
+    }
 }
 
 #[test]

@@ -106,6 +106,32 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// In a node's prefix word: the node's range is unbounded on a side (it is on the tree's
+/// first or last path), so its prefix is only what the keys it holds share, which an insert
+/// may shorten ([`Node::admit`]), and a probe may lie outside it ([`Node::rank`] checks).
+/// Without it those nodes had no prefix, and keys that share their first 8 bytes (every
+/// member of one collection: `FF`, the type, the generation) tied on every head there, so a
+/// descent compared whole keys, a record's cache miss each, at every such level.
+const OPEN: u32 = 1 << 31;
+
+/// The prefix word of a new node whose range is `[lo, hi)` (`None`: unbounded) and whose
+/// keys run from `first` to `last`.
+fn prefix_word(
+    lo: Option<RecordRef>,
+    hi: Option<RecordRef>,
+    first: Option<&[u8]>,
+    last: Option<&[u8]>,
+) -> u32 {
+    if lo.is_some() && hi.is_some() {
+        return prefix_of(lo, hi);
+    }
+    let shared = match (first, last) {
+        (Some(first), Some(last)) => common_prefix(first, last),
+        _ => 0,
+    };
+    OPEN | u32::try_from(shared).expect("keys are bounded by KEY_BYTES_MAX")
+}
+
 /// The prefix offset for a node whose keys lie in `[lo, hi)` (`None`: unbounded).
 fn prefix_of(lo: Option<RecordRef>, hi: Option<RecordRef>) -> u32 {
     match (lo, hi) {
@@ -125,7 +151,8 @@ struct Node {
     count: AtomicU32,
     /// Offset of the heads: the keys of this node's range share their first `prefix`
     /// bytes. Set at creation; shortened only in a leaf whose range an unlink widens
-    /// ([`Ordered::unlink_empty`]), with its heads, under its lock and its parent's.
+    /// ([`Ordered::unlink_empty`]), with its heads, under its lock and its parent's. With
+    /// [`OPEN`]: the keys the node holds share them, and an insert may shorten it.
     prefix: AtomicU32,
     /// Null in a leaf (which is what makes it one); in an inner node, the children, which
     /// follow this node in its [`Inner`]. Fixed at creation. Reached through this pointer, which covers the whole block, rather
@@ -243,7 +270,39 @@ impl Node {
 
     #[inline]
     fn prefix(&self) -> usize {
-        self.prefix.load(Ordering::Relaxed) as usize
+        (self.prefix.load(Ordering::Relaxed) & !OPEN) as usize
+    }
+
+    /// Whether the prefix is only what the keys here share ([`OPEN`]).
+    #[inline]
+    fn is_open(&self) -> bool {
+        self.prefix.load(Ordering::Relaxed) & OPEN != 0
+    }
+
+    /// Before `key` joins this node (locked): if the node is [`OPEN`], shortens its prefix
+    /// to what `key` shares with the keys here, and takes the heads again at it.
+    fn admit(&self, key: &[u8]) {
+        let word = self.prefix.load(Ordering::Relaxed);
+        let prefix = (word & !OPEN) as usize;
+        if word & OPEN == 0 || prefix == 0 {
+            return;
+        }
+        let n = self.count();
+        // SAFETY: a locked node's slots below its count point at live records.
+        let shared = match unsafe { self.key(0).as_ref() } {
+            Some(record) if n > 0 => common_prefix(key, record.key()),
+            _ => key.len(),
+        };
+        if shared >= prefix {
+            return;
+        }
+        self.prefix.store(
+            OPEN | u32::try_from(shared).expect("keys are bounded by KEY_BYTES_MAX"),
+            Ordering::Relaxed,
+        );
+        for at in 0..n {
+            self.set_slot(at, self.key(at));
+        }
     }
 
     #[inline]
@@ -330,11 +389,29 @@ impl Node {
             Probe::Key(key) => key,
             Probe::Max => return n,
         };
+        // An open node's keys share its prefix, but the probe need not: below or above all
+        // of them unless it shares it too. (Read racing a writer, the caller's version check
+        // rejects whatever this returns.)
+        let prefix = self.prefix();
+        if prefix > 0
+            && n > 0
+            && self.is_open()
+            // SAFETY: a non-null slot points at a live record.
+            && let Some(record) = unsafe { self.key(0).as_ref() }
+        {
+            let theirs = record.key();
+            let shared = &theirs[..prefix.min(theirs.len())];
+            match compare(&key[..prefix.min(key.len())], shared) {
+                Cmp::Less => return 0,
+                Cmp::Greater => return n,
+                Cmp::Equal => {}
+            }
+        }
         // The heads span four cache lines: start loading them all before searching.
         for line in (0..n).step_by(8) {
             crate::memory::prefetch(&self.heads[line]);
         }
-        let key_head = head(key, self.prefix());
+        let key_head = head(key, prefix);
         let (mut lo, mut hi) = (0, n);
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -404,6 +481,8 @@ impl Node {
     /// Inserts `key` at `at` and, in an inner node, `child` after it. The node is locked and
     /// has room.
     fn insert_at(&self, at: usize, key: *mut Record, child: Option<*mut Node>) {
+        // SAFETY: records handed to the index are live.
+        self.admit(unsafe { &*key }.key());
         let n = self.count();
         debug_assert!(n < CAP);
         for j in (at..n).rev() {
@@ -579,7 +658,7 @@ impl Ordered {
 
     fn with_nodes(nodes: Arc<Arena>) -> Ordered {
         Ordered {
-            root: AtomicPtr::new(Node::alloc(&nodes, true, 0)),
+            root: AtomicPtr::new(Node::alloc(&nodes, true, OPEN)),
             nodes,
             stripes: (0..crate::memory::shard_count())
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
@@ -857,7 +936,8 @@ impl Ordered {
                     prefix_of(new_fence, other)
                 };
                 if node.prefix() as u32 > prefix {
-                    node.prefix.store(prefix, Ordering::Relaxed);
+                    let open = node.prefix.load(Ordering::Relaxed) & OPEN;
+                    node.prefix.store(open | prefix, Ordering::Relaxed);
                     for at in 0..node.count() {
                         node.set_slot(at, node.key(at));
                     }
@@ -1033,11 +1113,19 @@ impl Ordered {
         let separator = node.key(mid);
         let sep = RecordRef(NonNull::new(separator).expect("a full node's keys are set"));
         let leaf = node.is_leaf();
-        let right_ptr = Node::alloc(&self.nodes, leaf, prefix_of(Some(sep), hi));
-        // SAFETY: fresh and live; nodes are freed only with the tree.
-        let right = unsafe { &*right_ptr };
         // A leaf's separator stays in the right leaf; an inner node's moves up.
         let first = if leaf { mid } else { mid + 1 };
+        // SAFETY: a locked node's slots below its count point at live records.
+        let key_at = |i: usize| unsafe { &*node.key(i) }.key();
+        let word = prefix_word(
+            Some(sep),
+            hi,
+            (first < n).then(|| key_at(first)),
+            (first < n).then(|| key_at(n - 1)),
+        );
+        let right_ptr = Node::alloc(&self.nodes, leaf, word);
+        // SAFETY: fresh and live; nodes are freed only with the tree.
+        let right = unsafe { &*right_ptr };
         for (to, from) in (first..n).enumerate() {
             right.set_slot(to, node.key(from));
         }
@@ -1071,7 +1159,10 @@ impl Ordered {
         match parent {
             Some((parent, index)) => parent.insert_at(index, separator, Some(right)),
             None => {
-                let root_ptr = Node::alloc(&self.nodes, false, 0);
+                // SAFETY: records handed to the index are live.
+                let only = unsafe { &*separator }.key();
+                let word = prefix_word(None, None, Some(only), Some(only));
+                let root_ptr = Node::alloc(&self.nodes, false, word);
                 // SAFETY: fresh and live; nodes are freed only with the tree.
                 let root = unsafe { &*root_ptr };
                 root.set_slot(0, separator);
@@ -1346,7 +1437,13 @@ impl Ordered {
                             }
                             let lo = (!(first && c == 0)).then_some(chunk[0]);
                             let hi = chunks.get(c + 1).map(|n| n[0]).or(next);
-                            let leaf_ptr = Node::alloc(nodes, true, prefix_of(lo, hi));
+                            let word = prefix_word(
+                                lo,
+                                hi,
+                                chunk.first().map(|r| r.get().key()),
+                                chunk.last().map(|r| r.get().key()),
+                            );
+                            let leaf_ptr = Node::alloc(nodes, true, word);
                             // SAFETY: fresh, not shared yet.
                             let leaf = unsafe { &*leaf_ptr };
                             for (j, record) in chunk.iter().enumerate() {
@@ -1380,7 +1477,13 @@ impl Ordered {
             for (g, group) in groups.iter().enumerate() {
                 let lo = (g > 0).then_some(group[0].1);
                 let hi = groups.get(g + 1).map(|n| n[0].1);
-                let inner_ptr = Node::alloc(nodes, false, prefix_of(lo, hi));
+                let word = prefix_word(
+                    lo,
+                    hi,
+                    group.get(1).map(|(_, first)| first.get().key()),
+                    group.last().map(|(_, first)| first.get().key()),
+                );
+                let inner_ptr = Node::alloc(nodes, false, word);
                 // SAFETY: fresh and live; nodes are freed only with the tree.
                 let inner = unsafe { &*inner_ptr };
                 for (j, (child, first)) in group.iter().enumerate() {

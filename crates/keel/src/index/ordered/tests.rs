@@ -85,8 +85,13 @@ fn check_node(
         );
         assert!(k.len() >= node.prefix());
     }
-    // The prefix is one the node's whole range shares, not just its keys.
+    // The prefix is one the node's whole range shares, not just its keys; an open node's
+    // is one its keys share.
     let shared = match (lo, hi) {
+        _ if node.is_open() => (0..n)
+            .map(|i| common_prefix(key(0), key(i)))
+            .min()
+            .unwrap_or(usize::MAX),
         (Some(lo), Some(hi)) => common_prefix(lo, hi),
         _ => 0,
     };
@@ -157,6 +162,80 @@ fn ranges_match_a_btree_from_both_ends() {
             check_structure(&list, &model);
             check_ranges(&list, &model, &mut rng);
         }
+    }
+}
+
+/// The tree's first and last paths ([`OPEN`] nodes) take their prefix from the keys they
+/// hold: a tree of keys that share 10 bytes gets prefixes there, probes from outside them
+/// (below, above, a proper prefix of them) find their place, and keys that share less
+/// shorten them as they come, in leaves and in inner nodes, before and after a rebuild.
+#[test]
+fn open_nodes_take_their_prefix_from_their_keys() {
+    const SHARED: &[u8] = b"\xff\x02collect";
+    for seed in 0..4 {
+        let arena = Arena::new();
+        let list = Ordered::new();
+        let mut model = BTreeSet::new();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let add = |key: Vec<u8>, list: &Ordered, model: &mut BTreeSet<Vec<u8>>| {
+            if model.insert(key.clone()) {
+                list.insert(record(&arena, &key));
+            }
+        };
+        for _ in 0..3000 {
+            let mut key = SHARED.to_vec();
+            key.extend((0..rng.random_range(0..7)).map(|_| rng.random_range(b'a'..=b'd')));
+            add(key, &list, &mut model);
+        }
+        // Every node on the first and last paths holds only keys behind the 10 bytes.
+        let root = unsafe { &*list.root.load(Ordering::Acquire) };
+        assert!(
+            root.is_open() && root.prefix() >= SHARED.len(),
+            "{}",
+            root.prefix()
+        );
+        let probes = [
+            b"".to_vec(),
+            b"\xff".to_vec(),
+            b"\xff\x02coll".to_vec(),
+            SHARED.to_vec(),
+            b"\xff\x02collectz".to_vec(),
+            b"\xff\x03".to_vec(),
+            b"a".to_vec(),
+        ];
+        let check = |list: &Ordered, model: &BTreeSet<Vec<u8>>, rng: &mut StdRng| {
+            check_structure(list, model);
+            check_ranges(list, model, rng);
+            for probe in &probes {
+                for (lo, hi) in [
+                    (Bound::Included(probe.clone()), Bound::Unbounded),
+                    (Bound::Excluded(probe.clone()), Bound::Unbounded),
+                    (Bound::Unbounded, Bound::Included(probe.clone())),
+                    (Bound::Unbounded, Bound::Excluded(probe.clone())),
+                ] {
+                    let range = KeyRange { lo, hi };
+                    let expected: Vec<Vec<u8>> =
+                        model.range::<[u8], _>(range.clone()).cloned().collect();
+                    assert_eq!(keys(list.range(range.clone())), expected, "{range:?}");
+                    let mut reversed = keys(list.range(range.clone()).rev());
+                    reversed.reverse();
+                    assert_eq!(reversed, expected, "{range:?} reversed");
+                }
+            }
+        };
+        check(&list, &model, &mut rng);
+        // Keys that share less, on both sides: the open nodes' prefixes shorten.
+        for _ in 0..2000 {
+            let key = small_key(&mut rng);
+            add(key, &list, &mut model);
+            if rng.random_bool(0.01) {
+                check_structure(&list, &model);
+            }
+        }
+        check(&list, &model, &mut rng);
+        let retired = list.rebuild();
+        drop(retired);
+        check(&list, &model, &mut rng);
     }
 }
 
