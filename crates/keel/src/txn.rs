@@ -1878,7 +1878,7 @@ impl<'db> Txn<'db> {
             }
         }
         for range in &self.ranges {
-            for record in self.db.store.scan(range.clone()) {
+            for record in self.db.store.ordered().range_within(range) {
                 let r = record.get();
                 // A dead record holds only a tombstone at or below the horizon, so it did
                 // not change; a new record for its key is in the range if it was made

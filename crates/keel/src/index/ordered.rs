@@ -1506,6 +1506,16 @@ impl Ordered {
 
     /// Records whose keys fall in `range`, in key order (either end).
     pub(crate) fn range(&self, range: KeyRange) -> Range<'_> {
+        self.range_of(std::borrow::Cow::Owned(range))
+    }
+
+    /// [`Ordered::range`] over bounds the caller keeps (a commit's validation of the ranges
+    /// it read): nothing is copied.
+    pub(crate) fn range_within<'a>(&'a self, range: &'a KeyRange) -> Range<'a> {
+        self.range_of(std::borrow::Cow::Borrowed(range))
+    }
+
+    fn range_of<'a>(&'a self, range: std::borrow::Cow<'a, KeyRange>) -> Range<'a> {
         Range {
             list: self,
             range,
@@ -1573,7 +1583,7 @@ const SCAN_PREFETCH_AHEAD: usize = 4;
 /// be seen; the two ends never pass each other.
 pub(crate) struct Range<'a> {
     list: &'a Ordered,
-    range: KeyRange,
+    range: std::borrow::Cow<'a, KeyRange>,
     /// Where each end is: the last record returned from it.
     front: Option<Cursor<'a>>,
     back: Option<Cursor<'a>>,
@@ -1591,11 +1601,12 @@ impl<'a> Range<'a> {
         self.done = true;
         std::mem::replace(
             &mut self.range,
-            KeyRange {
+            std::borrow::Cow::Owned(KeyRange {
                 lo: Bound::Unbounded,
                 hi: Bound::Unbounded,
-            },
+            }),
         )
+        .into_owned()
     }
 
     fn below_end(&self, key: &[u8]) -> bool {
