@@ -132,6 +132,28 @@ impl<'db> View<'_, 'db> {
     }
 }
 
+impl View<'_, '_> {
+    /// The first and the last key in `lo..hi`, or `None` when it holds none: one range read
+    /// from both ends (its validation covers the two ends, not what lies between).
+    pub fn ends(&mut self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Option<(Vec<u8>, Vec<u8>)> {
+        let key = |k: &[u8], _: &[u8]| k.to_vec();
+        match self {
+            View::Txn(t) => {
+                let mut range = t.range_owned(lo, hi);
+                let first = range.next_with(false, key)?;
+                let last = range.next_with(true, key);
+                Some((first.clone(), last.unwrap_or(first)))
+            }
+            View::Snap(s) => {
+                let mut scan = s.range_owned(lo, hi);
+                let first = scan.next_with(false, key)?;
+                let last = scan.next_with(true, key);
+                Some((first.clone(), last.unwrap_or(first)))
+            }
+        }
+    }
+}
+
 /// `SCAN` cursors: the last key a scan returned, under a number the client passes back. Shared
 /// by all connections (a cursor may be continued on another), bounded by [`SCAN_CURSORS_MAX`].
 #[derive(Default)]

@@ -319,16 +319,11 @@ fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Pick> {
     const DRAWN_BYTES_MAX: usize = 16;
     let prefix = ks::sub_prefix(SET_MEMBER, generation);
     let (lo, hi) = ks::prefix_range(&prefix);
-    let end = |view: &mut View<'_, '_>, rev: bool| {
-        let mut found = None;
-        view.range(lo.clone(), hi.clone(), rev, |k, _| {
-            found = Some(k[prefix.len()..].to_vec());
-            ControlFlow::Break(())
-        });
-        found
-    };
-    let first = end(view, false)?;
-    let last = end(view, true)?;
+    let (first, last) = view.ends(lo, hi.clone())?;
+    let (first, last) = (
+        first[prefix.len()..].to_vec(),
+        last[prefix.len()..].to_vec(),
+    );
     if first == last {
         return Some(Pick {
             member: first,
