@@ -236,8 +236,9 @@ pub(crate) fn pass(
         tree: None,
         nodes: Vec::new(),
     };
+    let mut hints = crate::index::ordered::Hints::default();
     for &record in &taken {
-        let removed = store.ordered().remove(record);
+        let removed = store.ordered().remove_hinted(record, &mut hints);
         match removed {
             Some(r) if r.separator => state.separators.push(record),
             _ => batch.records.push(record),

@@ -554,6 +554,12 @@ struct Leaf<'a> {
     hi: Option<RecordRef>,
 }
 
+/// The leaves of the collector's last removals in one pass ([`Ordered::remove_hinted`]):
+/// two, so that a pop's two records (a sorted set's member and its score entry) each find
+/// theirs.
+#[derive(Default)]
+pub(crate) struct Hints<'a>([Option<Leaf<'a>>; 2]);
+
 #[cfg(test)]
 thread_local! {
     /// Descents from the root this thread began (tests count them, to see scans take links).
@@ -744,15 +750,39 @@ impl Ordered {
         }
     }
 
+    /// [`Ordered::remove_hinted`] without hints.
+    #[cfg(test)]
+    pub(crate) fn remove(&self, record: RecordRef) -> Option<Removed> {
+        self.remove_hinted(record, &mut Hints::default())
+    }
+
     /// Takes `record` out of its leaf. Returns `None` if it was not there, else whether it
     /// is a separator (its leaf's low fence: then a separator on the path to it, since a
     /// separator is its subtree's smallest key when made), which must stay readable until
     /// the next [`Ordered::rebuild`] has replaced the tree, and whether it left its leaf
     /// empty (see [`Ordered::unlink_empty`]). Only the collector removes.
-    pub(crate) fn remove(&self, record: RecordRef) -> Option<Removed> {
+    ///
+    /// It tries first the leaves `hints` remember from its last removals (unchanged since,
+    /// and whose range holds the key): the collector removes runs of neighbouring keys (a
+    /// queue's popped front), and each would descend from the root.
+    pub(crate) fn remove_hinted<'a>(
+        &'a self,
+        record: RecordRef,
+        hints: &mut Hints<'a>,
+    ) -> Option<Removed> {
         let key = record.get().key();
         loop {
-            let leaf = self.leaf(Probe::Key(key), true);
+            let hinted = hints.0.iter().position(|h| {
+                h.as_ref().is_some_and(|h| {
+                    h.node.unchanged(h.version)
+                        && h.lo.is_none_or(|lo| lo.get().key() <= key)
+                        && h.hi.is_none_or(|hi| key < hi.get().key())
+                })
+            });
+            let leaf = match hinted {
+                Some(i) => hints.0[i].take().expect("found above"),
+                None => self.leaf(Probe::Key(key), true),
+            };
             let node = leaf.node;
             let n = node.count();
             let at = node.rank(n, Probe::Key(key), false);
@@ -773,10 +803,17 @@ impl Ordered {
             node.keys[n - 1].store(ptr::null_mut(), Ordering::Release);
             node.count.store(n as u32 - 1, Ordering::Relaxed);
             node.unlock();
-            return Some(Removed {
+            let removed = Removed {
                 separator: leaf.lo == Some(record),
                 emptied: n == 1,
+            };
+            // The version our unlock left: the hint holds only while nobody changes the leaf.
+            hints.0.rotate_right(1);
+            hints.0[0] = Some(Leaf {
+                version: leaf.version + 2,
+                ..leaf
             });
+            return Some(removed);
         }
     }
 

@@ -614,6 +614,56 @@ fn insert_speed() {
     println!("{:.0} ns per insert", elapsed.as_nanos() as f64 / n as f64);
 }
 
+/// Removals through the hints of earlier ones find their record in runs of neighbours and
+/// apart, also when inserts split the hinted leaves in between: every record goes once, and
+/// the tree keeps exactly the rest.
+#[test]
+fn hinted_removals_find_their_records_while_leaves_split() {
+    let arena = Arena::new();
+    let list = Ordered::new();
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut live = BTreeSet::new();
+    let mut records = Vec::new();
+    let add = |key: Vec<u8>, live: &mut BTreeSet<Vec<u8>>, records: &mut Vec<RecordRef>| {
+        if live.insert(key.clone()) {
+            let r = record(&arena, &key);
+            list.insert(r);
+            records.push(r);
+        }
+    };
+    for i in 0u32..20_000 {
+        add(format!("q{i:08}").into_bytes(), &mut live, &mut records);
+    }
+    let mut hints = Hints::default();
+    let mut hinted = 0;
+    for round in 0..40 {
+        // A run from the front (a queue's pops), one at random, and inserts between them
+        // that land in the leaves the hints hold.
+        records.sort_by(|a, b| a.get().key().cmp(b.get().key()));
+        let run: Vec<RecordRef> = records.drain(..100).collect();
+        for r in run {
+            let before = DESCENTS.with(std::cell::Cell::get);
+            assert!(list.remove_hinted(r, &mut hints).is_some());
+            hinted += usize::from(DESCENTS.with(std::cell::Cell::get) == before);
+            live.remove(r.get().key());
+            let at = rng.random_range(0..records.len());
+            let r = records.swap_remove(at);
+            assert!(list.remove_hinted(r, &mut hints).is_some());
+            assert!(list.remove_hinted(r, &mut hints).is_none(), "removed once");
+            live.remove(r.get().key());
+            let near = records[rng.random_range(0..records.len())]
+                .get()
+                .key()
+                .to_vec();
+            let mut key = near.clone();
+            key.extend_from_slice(format!("+{round}").as_bytes());
+            add(key, &mut live, &mut records);
+        }
+        check_structure(&list, &live);
+    }
+    assert!(hinted > 1000, "{hinted} removals took a hint");
+}
+
 #[test]
 fn removal_and_rebuild_keep_order_and_free_empty_leaves() {
     let arena = Arena::new();
