@@ -184,6 +184,17 @@ impl Out<'_> {
     /// A double (`,` in RESP3, a bulk string in RESP2), printed as Redis prints one: C's
     /// `%.17g`, and `inf`/`-inf`.
     pub fn double(&mut self, x: f64) {
+        // An integer (a sorted set's usual score) prints as `format_double` prints it,
+        // without building a string: `-0` is left to it.
+        if x.fract() == 0.0 && x.abs() < 1e17 && !(x == 0.0 && x.is_sign_negative()) {
+            let mut digits = itoa_buf(x as i64);
+            let text = digits.as_bytes_mut();
+            match self.proto {
+                Proto::Resp2 => self.bulk(text),
+                Proto::Resp3 => self.line(b',', text),
+            }
+            return;
+        }
         let text = format_double(x);
         match self.proto {
             Proto::Resp2 => self.bulk(text.as_bytes()),
@@ -371,6 +382,16 @@ mod tests {
             (-0.0, "-0"),
         ] {
             assert_eq!(format_double(x), text, "{x:?}");
+            // The reply writes the same text, by its integer shortcut or not.
+            for proto in [Proto::Resp2, Proto::Resp3] {
+                let mut buf = bytes::BytesMut::new();
+                Out::new(&mut buf, proto).double(x);
+                let want = match proto {
+                    Proto::Resp2 => format!("${}\r\n{text}\r\n", text.len()),
+                    Proto::Resp3 => format!(",{text}\r\n"),
+                };
+                assert_eq!(&buf[..], want.as_bytes(), "{x:?} in {proto:?}");
+            }
         }
     }
 
