@@ -365,6 +365,14 @@ impl Cluster {
     }
 }
 
+/// [`key_args`], copied out.
+pub(crate) fn key_args_owned<A: AsRef<[u8]>>(spec: &Spec, args: &[A]) -> Vec<Vec<u8>> {
+    key_args(spec, args)
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
 /// The key arguments of `spec`: by its first key, last key and step, or, for a command with
 /// movable keys (`SINTERCARD numkeys key ...`), by its `numkeys` argument. Empty for a command
 /// without keys, and for a malformed `numkeys` (the command itself then answers the error).

@@ -1121,12 +1121,6 @@ impl Conn {
             args = once::parse(args).ok()?.command;
             spec = table::lookup(&args[0])?;
         }
-        let keys_of = |spec: &Spec, args: &[Bytes]| -> Vec<Vec<u8>> {
-            cluster::key_args(spec, args)
-                .into_iter()
-                .map(<[u8]>::to_vec)
-                .collect()
-        };
         match (&self.multi, spec.cmd) {
             (Some(multi), Cmd::Exec) => {
                 let mut keys = Vec::new();
@@ -1135,7 +1129,7 @@ impl Conn {
                     if !data::is_data(*cmd) {
                         continue;
                     }
-                    let mine = keys_of(spec, args);
+                    let mine = cluster::key_args_owned(spec, args);
                     if mine.is_empty() {
                         return Some(Vec::new());
                     }
@@ -1143,7 +1137,9 @@ impl Conn {
                 }
                 Some(keys)
             }
-            (None, cmd) if data::is_data(cmd) || cmd == Cmd::Watch => Some(keys_of(spec, args)),
+            (None, cmd) if data::is_data(cmd) || cmd == Cmd::Watch => {
+                Some(cluster::key_args_owned(spec, args))
+            }
             _ => None,
         }
     }

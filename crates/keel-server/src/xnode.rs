@@ -303,11 +303,7 @@ fn user_keys(commands: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
     let mut keys = Vec::new();
     for command in commands {
         if let Some(spec) = command.first().and_then(|name| table::lookup(name)) {
-            keys.extend(
-                crate::cluster::key_args(spec, command)
-                    .into_iter()
-                    .map(<[u8]>::to_vec),
-            );
+            keys.extend(crate::cluster::key_args_owned(spec, command));
         }
     }
     keys

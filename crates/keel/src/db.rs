@@ -1499,7 +1499,9 @@ impl Shared {
     /// watermark could never pass them.
     pub(crate) fn gc_pass(&self) -> crate::gc::Pass {
         let mut state = self.store.gc.lock();
-        self.gc_pass_locked(&mut state)
+        self.oracle.collect();
+        let horizon = self.oracle.horizon();
+        self.gc_pass_locked(&mut state, horizon)
     }
 
     /// A pass of the collector on this thread, unless one is running (on the collector's
@@ -1509,15 +1511,15 @@ impl Shared {
     pub(crate) fn gc_pass_here(&self) {
         if let Some(mut state) = self.store.gc.try_lock() {
             self.oracle.collect();
-            if self.oracle.horizon() > state.horizon {
-                self.gc_pass_locked(&mut state);
+            let horizon = self.oracle.horizon();
+            if horizon > state.horizon {
+                self.gc_pass_locked(&mut state, horizon);
             }
         }
     }
 
-    fn gc_pass_locked(&self, state: &mut crate::gc::State) -> crate::gc::Pass {
-        self.oracle.collect();
-        let horizon = self.oracle.horizon();
+    /// A pass at `horizon`, just computed, with the collector's state locked.
+    fn gc_pass_locked(&self, state: &mut crate::gc::State, horizon: Ts) -> crate::gc::Pass {
         let visible = || {
             std::sync::atomic::fence(Ordering::SeqCst);
             self.oracle.visible()
