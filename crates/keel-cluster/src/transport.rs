@@ -21,8 +21,15 @@
 //! [`Config::frame_bytes_max`]. A receiver rejects a longer frame, or one that does not decode,
 //! and closes that connection only ([`Event::Broken`]).
 //!
-//! Bounds. `send` never blocks: each peer's queue holds [`Config::queue_max`] messages, and a
-//! message that does not fit is dropped and counted ([`Stats::dropped`]); the protocol resends.
+//! Batches. A driver that handles several events in a row sends with [`Transport::hold`] and
+//! then calls [`Transport::release`]: the held messages go to each peer's queue as one entry,
+//! so they leave in one frame and wake the writer once, however quickly the writer runs.
+//! (Queued one by one, a writer on another thread wakes at the first message and writes it
+//! alone: a frame, a `send` and a wake-up of the peer per message.)
+//!
+//! Bounds. `send` never blocks: each peer's queue holds [`Config::queue_max`] entries (a
+//! message, or a released batch), and an entry that does not fit is dropped and its messages
+//! counted ([`Stats::dropped`]); the protocol resends.
 //! Messages queued while a peer is down wait in the queue and go out once it is up again; those
 //! in a frame whose write failed are lost. Received messages wait in the event channel
 //! ([`Config::events_max`]); when it is full the readers stop reading, so TCP pushes back on
@@ -71,7 +78,7 @@ pub struct Config {
     /// Largest frame a node sends or accepts (payload bytes, after the length). A single
     /// encoded message must fit, or `send` refuses it.
     pub frame_bytes_max: u32,
-    /// Messages queued per peer before `send` drops.
+    /// Entries (messages, or batches of them) queued per peer before `send` drops.
     pub queue_max: usize,
     /// Events waiting for the driver before readers stop reading.
     pub events_max: usize,
@@ -260,7 +267,7 @@ pub struct Stats {
     pub frames_received: u64,
     /// Messages in them.
     pub messages_received: u64,
-    /// Messages dropped by `send` because the peer's queue was full.
+    /// Messages dropped by `send` or `release` because the peer's queue was full.
     pub dropped: u64,
 }
 
@@ -382,11 +389,21 @@ impl<M> Shared<M> {
     }
 }
 
+/// Encoded messages back to back, queued for a peer's writer as one entry.
+#[derive(Debug, Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// How many messages `bytes` holds.
+    count: u64,
+}
+
 /// A running transport. Dropping it stops every task and closes every connection.
 pub struct Transport<M> {
     shared: Arc<Shared<M>>,
     /// One queue of encoded messages per node; `None` for this node.
-    queues: Vec<Option<mpsc::Sender<Vec<u8>>>>,
+    queues: Vec<Option<mpsc::Sender<Batch>>>,
+    /// Per node, the messages [`Transport::hold`] keeps until [`Transport::release`].
+    held: Vec<Batch>,
     local: SocketAddr,
     tasks: JoinSet<()>,
 }
@@ -452,10 +469,12 @@ where
             queues.push(Some(tx));
             tasks.spawn(dial(Arc::clone(&shared), i, *addr, rx));
         }
+        let held = addrs.iter().map(|_| Batch::default()).collect();
         Ok((
             Transport {
                 shared,
                 queues,
+                held,
                 local,
                 tasks,
             },
@@ -478,11 +497,56 @@ where
     /// Queues `message` for `peer`, never waiting: it is encoded now, and dropped (counted in
     /// [`Stats::dropped`]) if the peer's queue is full.
     pub fn send(&self, peer: Peer, message: &M) -> Result<(), SendError> {
-        let queue = self
-            .queues
+        let queue = self.queue(peer)?;
+        let bytes = self.encode(message)?;
+        self.enqueue(peer, queue, Batch { bytes, count: 1 })
+    }
+
+    /// Keeps `message` for `peer` until [`Transport::release`], which queues everything kept
+    /// for a peer as one entry (one frame, one wake-up of its writer). It is encoded now; a
+    /// kept batch that would outgrow a frame is queued first.
+    pub fn hold(&mut self, peer: Peer, message: &M) -> Result<(), SendError> {
+        self.queue(peer)?;
+        let bytes = self.encode(message)?;
+        let max = self.shared.config.frame_bytes_max as usize;
+        let i = usize::from(peer.0);
+        if self.held[i].bytes.len() + bytes.len() > max {
+            self.release_one(i)?;
+        }
+        let held = &mut self.held[i];
+        held.bytes.extend_from_slice(&bytes);
+        held.count += 1;
+        Ok(())
+    }
+
+    /// Queues what [`Transport::hold`] kept, one entry per peer. A peer whose queue is full
+    /// loses its batch (counted in [`Stats::dropped`]); the others still get theirs.
+    pub fn release(&mut self) {
+        for i in 0..self.held.len() {
+            if let Err(e) = self.release_one(i) {
+                tracing::debug!("cluster transport: a held batch was dropped: {e}");
+            }
+        }
+    }
+
+    fn release_one(&mut self, i: usize) -> Result<(), SendError> {
+        if self.held[i].count == 0 {
+            return Ok(());
+        }
+        let peer = Peer(u16::try_from(i).expect("at most u16::MAX nodes"));
+        let batch = std::mem::take(&mut self.held[i]);
+        let queue = self.queue(peer)?;
+        self.enqueue(peer, queue, batch)
+    }
+
+    fn queue(&self, peer: Peer) -> Result<&mpsc::Sender<Batch>, SendError> {
+        self.queues
             .get(usize::from(peer.0))
             .and_then(Option::as_ref)
-            .ok_or(SendError::NoPeer(peer))?;
+            .ok_or(SendError::NoPeer(peer))
+    }
+
+    fn encode(&self, message: &M) -> Result<Vec<u8>, SendError> {
         let bytes = postcard::to_stdvec(message).map_err(|e| SendError::Encode(e.to_string()))?;
         let max = self.shared.config.frame_bytes_max;
         if u32::try_from(bytes.len()).map_or(true, |len| len > max) {
@@ -491,10 +555,23 @@ where
                 max,
             });
         }
-        match queue.try_send(bytes) {
+        Ok(bytes)
+    }
+
+    fn enqueue(
+        &self,
+        peer: Peer,
+        queue: &mpsc::Sender<Batch>,
+        batch: Batch,
+    ) -> Result<(), SendError> {
+        let count = batch.count;
+        match queue.try_send(batch) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
-                self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .dropped
+                    .fetch_add(count, Ordering::Relaxed);
                 Err(SendError::Full(peer))
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -710,15 +787,15 @@ async fn dial<M>(
     shared: Arc<Shared<M>>,
     peer: u16,
     addr: SocketAddr,
-    mut queue: mpsc::Receiver<Vec<u8>>,
+    mut queue: mpsc::Receiver<Batch>,
 ) where
     M: Send + 'static,
 {
     let config = &shared.config;
     let mut backoff = config.backoff_min;
     let mut last_refusal: Option<Error> = None;
-    // A message taken from the queue that did not fit in the last frame.
-    let mut pending: Option<Vec<u8>> = None;
+    // An entry taken from the queue that did not fit in the last frame.
+    let mut pending: Option<Batch> = None;
     loop {
         match tokio::time::timeout(config.connect_timeout, connect(&shared, peer, addr)).await {
             Ok(Ok((stream, incarnation))) => {
@@ -810,8 +887,8 @@ async fn connect<M>(
 async fn write_frames<M>(
     shared: &Shared<M>,
     stream: TcpStream,
-    queue: &mut mpsc::Receiver<Vec<u8>>,
-    pending: &mut Option<Vec<u8>>,
+    queue: &mut mpsc::Receiver<Batch>,
+    pending: &mut Option<Batch>,
 ) -> Error {
     let (mut rd, mut wr) = stream.into_split();
     let max = shared.config.frame_bytes_max as usize;
@@ -836,15 +913,15 @@ async fn write_frames<M>(
         };
         frame.clear();
         frame.extend_from_slice(&[0; 4]);
-        frame.extend_from_slice(&first);
-        let mut count = 1u64;
+        frame.extend_from_slice(&first.bytes);
+        let mut count = first.count;
         while let Ok(next) = queue.try_recv() {
-            if frame.len() - 4 + next.len() > max {
+            if frame.len() - 4 + next.bytes.len() > max {
                 *pending = Some(next);
                 break;
             }
-            frame.extend_from_slice(&next);
-            count += 1;
+            frame.extend_from_slice(&next.bytes);
+            count += next.count;
         }
         let len = u32::try_from(frame.len() - 4).expect("at most frame_bytes_max");
         frame[..4].copy_from_slice(&len.to_be_bytes());

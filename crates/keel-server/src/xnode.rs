@@ -54,6 +54,10 @@ use crate::table;
 pub const BUS_PORT_OFFSET: u16 = 10_000;
 /// How often the protocol's timers run.
 const TICK: Duration = Duration::from_millis(20);
+/// Events and inputs the driver handles after the one it woke for before it releases the
+/// messages they made (so a busy stream of them still goes out, and ticks still run).
+const BATCH_MAX: usize = 64;
+
 /// The decisions database, in the node's data directory.
 const DECISIONS_DIR: &str = "cluster-decisions";
 
@@ -619,17 +623,7 @@ impl Driver {
             let (mut c, mut p) = (Vec::new(), Vec::new());
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(Event::Received { message, .. }) => self.deliver(message, &mut c, &mut p),
-                    Some(Event::Refused { peer, addr, why }) => tracing::error!(
-                        "cluster peer {peer:?} at {addr} refused: {why}"
-                    ),
-                    Some(Event::PeerDown { peer, why }) => {
-                        tracing::warn!("cluster peer {peer} is down: {why}")
-                    }
-                    Some(Event::Broken { peer, why }) => {
-                        tracing::warn!("cluster peer {peer} sent a bad frame: {why}")
-                    }
-                    Some(_) => {}
+                    Some(event) => self.event(event, &mut c, &mut p),
                     None => return,
                 },
                 input = inputs.recv() => match input {
@@ -644,6 +638,40 @@ impl Driver {
                 }
             }
             self.carry_out(c, p);
+            // Whatever else is ready now is handled before the messages go out, so that they
+            // leave in one frame per peer (`Transport::hold`): the votes for a frame of
+            // prepares, the decisions and acknowledgements of several transactions.
+            for _ in 0..BATCH_MAX {
+                let (mut c, mut p) = (Vec::new(), Vec::new());
+                if let Ok(event) = events.try_recv() {
+                    self.event(event, &mut c, &mut p);
+                } else if let Ok(input) = inputs.try_recv() {
+                    self.input(input, &mut c, &mut p);
+                } else {
+                    break;
+                }
+                self.carry_out(c, p);
+            }
+            self.transport.release();
+        }
+    }
+
+    fn event(
+        &mut self,
+        event: Event<Msg>,
+        c: &mut Vec<CoordinatorAction<Work, Replies>>,
+        p: &mut Vec<ParticipantAction<Work, Replies>>,
+    ) {
+        match event {
+            Event::Received { message, .. } => self.deliver(message, c, p),
+            Event::Refused { peer, addr, why } => {
+                tracing::error!("cluster peer {peer:?} at {addr} refused: {why}")
+            }
+            Event::PeerDown { peer, why } => tracing::warn!("cluster peer {peer} is down: {why}"),
+            Event::Broken { peer, why } => {
+                tracing::warn!("cluster peer {peer} sent a bad frame: {why}")
+            }
+            _ => {}
         }
     }
 
@@ -761,7 +789,7 @@ impl Driver {
     ) {
         if to == self.me {
             self.deliver(msg, c, p);
-        } else if let Err(e) = self.transport.send(to, &msg) {
+        } else if let Err(e) = self.transport.hold(to, &msg) {
             // Dropped: the protocol resends what matters.
             tracing::debug!("cluster message to {to} dropped: {e}");
         }

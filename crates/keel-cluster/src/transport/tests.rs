@@ -1,5 +1,6 @@
-//! The transport on loopback: messages both ways between three nodes, batching, bounded
-//! queues, a peer restarted with a new incarnation, refused handshakes, and bad frames.
+//! The transport on loopback: messages both ways between three nodes, batching (held and
+//! released too), bounded queues, a peer restarted with a new incarnation, refused
+//! handshakes, and bad frames.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -162,6 +163,56 @@ async fn three_nodes_exchange_messages_both_ways() {
         assert_eq!(s.messages_received, 2 * EACH);
         assert_eq!(s.dropped, 0);
     }
+}
+
+#[tokio::test]
+async fn held_messages_wait_for_release_and_leave_in_one_frame_per_peer() {
+    let ls = listeners(3).await;
+    let addrs = addrs_of(&ls);
+    let mut ls = ls.into_iter();
+    let (mut a, mut a_rx) = start(&addrs, 0, 1, ls.next().expect("a"), Config::default());
+    let (b, mut b_rx) = start(&addrs, 1, 2, ls.next().expect("b"), Config::default());
+    let (c, mut c_rx) = start(&addrs, 2, 3, ls.next().expect("c"), Config::default());
+    up(&mut a_rx, 1).await;
+    up(&mut a_rx, 2).await;
+    const N: u64 = 50;
+    for seq in 0..N {
+        a.hold(Peer(1), &msg(0, 1, seq, 16)).expect("held");
+        a.hold(Peer(2), &msg(0, 2, seq, 16)).expect("held");
+    }
+    // Nothing leaves while held, however long the writers have.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(a.stats().frames_sent, 0);
+    assert_eq!(b.stats().frames_received, 0);
+    assert_eq!(c.stats().frames_received, 0);
+    a.release();
+    for (rx, to) in [(&mut b_rx, 1), (&mut c_rx, 2)] {
+        for seq in 0..N {
+            let (from, _, m) = received(rx).await;
+            assert_eq!(from, Peer(0));
+            assert_eq!((m.txn().incarnation, m.txn().seq), (to, seq));
+        }
+    }
+    // One frame per peer, the batches counted by their messages.
+    assert_eq!(a.stats().frames_sent, 2);
+    assert_eq!(a.stats().messages_sent, 2 * N);
+    assert_eq!(
+        (b.stats().frames_received, b.stats().messages_received),
+        (1, N)
+    );
+    assert_eq!(
+        (c.stats().frames_received, c.stats().messages_received),
+        (1, N)
+    );
+    // A release with nothing held sends nothing; a message to a node outside the cluster is
+    // refused at once.
+    a.release();
+    assert!(matches!(
+        a.hold(Peer(3), &msg(0, 3, 0, 1)),
+        Err(SendError::NoPeer(Peer(3)))
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(a.stats().frames_sent, 2);
 }
 
 #[tokio::test]
