@@ -431,6 +431,69 @@ fn kept_answers_survive_sigkill_of_the_owner() {
     assert_eq!(n, 3);
 }
 
+/// `INFO cluster`'s `keel_cluster_writes_held_ms` of the node on `port`.
+fn writes_held_ms(port: u16) -> u64 {
+    let mut c = connect(port).expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query(&mut c)
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("keel_cluster_writes_held_ms:"))
+        .expect("the field")
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// A node restarted after SIGKILL holds every write back for the vote timeout (2 s): a
+/// prepare of its last run that only read logged nothing, and its yes vote may still count
+/// until then (docs/cluster.md, "Restart fence"; the simulation's
+/// `catches_a_restart_that_writes_under_a_lost_read`). Reads go on meanwhile, and a node
+/// that never ran before holds nothing.
+#[test]
+fn a_restarted_node_holds_writes_for_the_vote_timeout() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports = support::ports(5, 2);
+    let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
+    let mut c = connect(ports[1]).expect("connect");
+    let key = support::keys_per_node(&mut c, 2, 1, "fence")[1][0].clone();
+    assert_eq!(writes_held_ms(ports[0]), 0, "a fresh node holds nothing");
+    assert_eq!(writes_held_ms(ports[1]), 0, "a fresh node holds nothing");
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .query(&mut c)
+        .expect("SET");
+    nodes[1].kill_9();
+    nodes[1].spawn();
+    let mut c = connect(ports[1]).expect("connect");
+    let asked = Instant::now();
+    let held = writes_held_ms(ports[1]);
+    assert!(held > 0 && held <= 2000, "held {held} ms");
+    let v: i64 = redis::cmd("GET").arg(&key).query(&mut c).expect("GET");
+    assert_eq!(v, 1);
+    assert!(
+        writes_held_ms(ports[1]) > 0,
+        "the read did not wait for the hold"
+    );
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(2)
+        .query(&mut c)
+        .expect("SET");
+    assert!(
+        asked.elapsed() + Duration::from_millis(50) >= Duration::from_millis(held),
+        "the write took {:?}, the hold was {held} ms",
+        asked.elapsed()
+    );
+    assert_eq!(writes_held_ms(ports[1]), 0);
+    let v: i64 = redis::cmd("GET").arg(&key).query(&mut c).expect("GET");
+    assert_eq!(v, 2);
+    // The other node never stopped.
+    assert_eq!(writes_held_ms(ports[0]), 0);
+}
+
 /// `keel bench --route slot` finds every node from one address and sends each key to the
 /// node that owns it: both the load and the run reach every node, and no node forwards a
 /// request to another (no `keel_rpc_*` calls in `INFO cluster`). Routed in turn, the same

@@ -595,7 +595,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                  keel_cluster_bus_messages_sent:{}\r\nkeel_cluster_bus_frames_received:{}\r\n\
                  keel_cluster_bus_messages_received:{}\r\nkeel_cluster_bus_messages_dropped:{}\r\n\
                  keel_cluster_stuck:{}\r\nkeel_cluster_stuck_waits:{}\r\n\
-                 keel_cluster_stuck_refused:{}\r\n",
+                 keel_cluster_stuck_refused:{}\r\nkeel_cluster_writes_held_ms:{}\r\n",
                 x.incarnation,
                 s.begun.load(Relaxed),
                 s.committed.load(Relaxed),
@@ -619,6 +619,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 x.stuck.len(),
                 s.stuck_waits.load(Relaxed),
                 s.stuck_refused.load(Relaxed),
+                x.writes_held().as_millis(),
             );
         }
         t.push_str("\r\n");

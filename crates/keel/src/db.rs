@@ -255,6 +255,29 @@ pub(crate) struct Shared {
     collector_signal: StopSignal,
     /// [`Options::collector_interval`].
     collector_interval: Duration,
+    /// Until when commits that write are refused as if a prepared transaction held every
+    /// key ([`Db::hold_writes_for`]); `None` once that passed.
+    writes_held_until: Mutex<Option<Instant>>,
+    /// Whether `writes_held_until` may be set: what a commit checks first.
+    writes_held: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    /// Whether commits that write are held back now ([`Db::hold_writes_for`]).
+    pub(crate) fn writes_held(&self) -> bool {
+        if !self.writes_held.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut until = self.writes_held_until.lock();
+        match *until {
+            Some(deadline) if Instant::now() < deadline => true,
+            _ => {
+                *until = None;
+                self.writes_held.store(false, Ordering::Release);
+                false
+            }
+        }
+    }
 }
 
 /// A prepared transaction recovered without its decision: its records are locked by `owner`.
@@ -761,6 +784,8 @@ impl Db {
             in_doubt: Mutex::new(Vec::new()),
             collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
             collector_interval: options.collector_interval,
+            writes_held_until: Mutex::new(None),
+            writes_held: std::sync::atomic::AtomicBool::new(false),
         });
         Db::from_shared(shared, None)
     }
@@ -1077,6 +1102,8 @@ impl Db {
             in_doubt: Mutex::new(in_doubt),
             collector_signal: Arc::new((Mutex::new(false), Condvar::new())),
             collector_interval,
+            writes_held_until: Mutex::new(None),
+            writes_held: std::sync::atomic::AtomicBool::new(false),
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);
@@ -1162,7 +1189,22 @@ impl Db {
     /// in doubt) holds `key` until its decision, exclusively or shared: what a commit that
     /// failed with [`ConflictReason::Prepared`](crate::ConflictReason::Prepared) met.
     pub fn awaits_decision(&self, key: &[u8]) -> bool {
-        self.snapshot().is_ok_and(|s| s.awaits_decision(key))
+        self.shared.writes_held() || self.snapshot().is_ok_and(|s| s.awaits_decision(key))
+    }
+
+    /// Refuses every commit that writes for `duration` from now, as if a transaction
+    /// prepared in a two-phase commit held every key: the commit fails with
+    /// [`ConflictReason::Prepared`](crate::ConflictReason::Prepared) and
+    /// [`Db::awaits_decision`] is true for any key until then. Reads, read-only commits and
+    /// the decisions of prepared transactions go on.
+    ///
+    /// A cluster node that restarts holds its writes this way for the vote timeout: a prepare
+    /// that only read logged nothing, so the crash released what it read while its yes vote
+    /// may still count (`keel-server/src/xnode.rs`).
+    pub fn hold_writes_for(&self, duration: Duration) {
+        let mut until = self.shared.writes_held_until.lock();
+        *until = Some(Instant::now() + duration);
+        self.shared.writes_held.store(true, Ordering::Release);
     }
 
     /// Waits, sleeping, until no prepared transaction holds `key` ([`Db::awaits_decision`]),

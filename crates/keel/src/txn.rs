@@ -1246,6 +1246,15 @@ impl<'db> Txn<'db> {
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Step::Done(Err(CommitError::Log(error)));
         }
+        // Writes held back (`Db::hold_writes_for`): as if a prepared transaction held them.
+        if let Some(first) = self.writes.entries.first()
+            && self.db.writes_held()
+        {
+            return Step::Done(Ok(Err(Conflict {
+                key: first.key.to_vec(),
+                reason: ConflictReason::Prepared,
+            })));
+        }
         // A prepare's locks say so: commits meeting them do not wait for the decision.
         let me = if prepare {
             self.me().prepared()

@@ -148,6 +148,45 @@ fn a_prepare_that_cannot_hold_a_read_gives_everything_back() {
 }
 
 #[test]
+fn held_writes_are_refused_as_if_prepared_until_their_time_passes() {
+    let db = Db::in_memory();
+    put(&db, b"a", b"1");
+    // Prepared before the hold: its decision still installs.
+    let mut txn = db.begin().unwrap();
+    txn.put(b"p", b"x").unwrap();
+    let prepared = prepare(txn);
+    db.hold_writes_for(Duration::from_millis(300));
+    let held = Instant::now();
+    let mut txn = db.begin().unwrap();
+    assert_eq!(txn.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    txn.put(b"a", b"2").unwrap();
+    let conflict = txn.commit().unwrap().expect_err("writes are held");
+    assert_eq!(conflict.reason, ConflictReason::Prepared);
+    assert_eq!(conflict.key, b"a");
+    assert!(db.awaits_decision(b"a") && db.awaits_decision(b"elsewhere"));
+    // A prepare that writes is refused too; reads, read-only commits and read-only prepares
+    // go on.
+    let mut txn = db.begin().unwrap();
+    txn.put(b"b", b"1").unwrap();
+    let conflict = txn.prepare(|_| Vec::new()).unwrap().expect_err("held");
+    assert_eq!(conflict.reason, ConflictReason::Prepared);
+    let mut txn = db.begin().unwrap();
+    assert_eq!(txn.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+    txn.commit().unwrap().expect("a read-only commit");
+    let mut txn = db.begin().unwrap();
+    txn.get(b"a").unwrap();
+    prepare(txn).commit().unwrap();
+    prepared.commit().unwrap();
+    assert_eq!(get(&db, b"p").as_deref(), Some(&b"x"[..]));
+    // Waiting for the "decision" ends with the hold.
+    assert!(db.wait_decided(b"a", Duration::from_secs(10)));
+    assert!(held.elapsed() >= Duration::from_millis(300));
+    assert!(!db.awaits_decision(b"a"));
+    put(&db, b"a", b"2");
+    assert_eq!(get(&db, b"a").as_deref(), Some(&b"2"[..]));
+}
+
+#[test]
 fn dropping_a_prepared_transaction_aborts_it() {
     let db = Db::in_memory();
     let mut txn = db.begin().unwrap();
