@@ -60,8 +60,8 @@ mod tests;
 
 /// The transport protocol's version, compared at the handshake. 2: a commit decision carries
 /// every participant's prepare, and participants ask each other (`PeerInquire`,
-/// `NoYesVote`).
-pub const VERSION: u32 = 2;
+/// `NoYesVote`). 3: a yes vote says whether the work only read.
+pub const VERSION: u32 = 3;
 
 /// Bytes a connection's reader takes from the socket at once, at most.
 const READ_BUFFER_BYTES: usize = 64 * 1024;

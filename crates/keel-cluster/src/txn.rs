@@ -56,6 +56,14 @@
 //!   of the answerer can count (see [`Participant::handle`]). The coordinator never counts a
 //!   vote that arrives after its vote timeout, which that proof relies on.
 //!
+//! Read-only transactions. A participant whose work only read says so in its yes vote. When
+//! every vote is yes and read-only, there is nothing to install anywhere: the coordinator
+//! answers `Committed` at once (every participant held what it read when the last vote
+//! arrived, so the replies are one consistent cut), sends every participant abort, which
+//! releases its holds as a commit would, and forgets the transaction. Nothing is logged and
+//! nothing acknowledged; a participant that misses the abort inquires and hears abort (the
+//! coordinator has no record), which is the same.
+//!
 //! The client is answered `Committed` once the decision is durable and every participant
 //! acknowledged, or once the decision is durable and [`Config::ack_wait_ms`] passed without
 //! every acknowledgement (see [`Config::ack_wait_ms`] for why that early answer keeps real-time
@@ -146,6 +154,11 @@ pub enum Vote<R> {
         prepare: PrepareId,
         /// What the work answered.
         reply: R,
+        /// The work only read: committing and aborting it both only release what it
+        /// holds. A coordinator whose every yes vote says so answers its client at once and
+        /// releases the participants with abort, logging nothing and waiting for no
+        /// acknowledgement.
+        read_only: bool,
     },
     /// Not prepared, and why.
     No(Refusal),

@@ -162,6 +162,8 @@ enum Input {
     Prepared {
         txn: TxnId,
         result: Result<Replies, Refusal>,
+        /// The prepare writes nothing (`Prepared::is_read_only`).
+        read_only: bool,
     },
     Committed {
         txn: TxnId,
@@ -778,7 +780,12 @@ impl Driver {
                     let _ = answer.send(Outcome::Aborted(reason));
                 }
             },
-            Input::Prepared { txn, result } => self.participant.prepared(now, txn, result, p),
+            Input::Prepared {
+                txn,
+                result,
+                read_only: true,
+            } => self.participant.prepared_read_only(now, txn, result, p),
+            Input::Prepared { txn, result, .. } => self.participant.prepared(now, txn, result, p),
             Input::Committed { txn } => self.participant.committed(now, txn, p),
             Input::Logged { txn } => self.coordinator.logged(now, txn, c),
         }
@@ -899,6 +906,7 @@ impl Driver {
                 let _ = self.inputs.send(Input::Prepared {
                     txn,
                     result: Err(refusal),
+                    read_only: false,
                 });
                 return;
             }
@@ -910,8 +918,10 @@ impl Driver {
         );
         let stats = Arc::clone(&self.stats);
         let vote = move |prepared: Result<Prepared<'static>, keel::CommitError>| {
+            let mut read_only = false;
             let result = match prepared {
                 Ok(prepared) => {
+                    read_only = prepared.is_read_only();
                     held.lock().insert(
                         txn,
                         Held {
@@ -933,7 +943,11 @@ impl Driver {
                     Err(Refusal::Failed(format!("ERR keel: {e}")))
                 }
             };
-            let _ = inputs.send(Input::Prepared { txn, result });
+            let _ = inputs.send(Input::Prepared {
+                txn,
+                result,
+                read_only,
+            });
         };
         match pending.ready() {
             Some(prepared) => vote(prepared),

@@ -90,6 +90,8 @@ struct Part<W, R> {
     work: Option<W>,
     /// The counted yes vote: its prepare, and the reply until the client has it.
     yes: Option<(PrepareId, Option<R>)>,
+    /// The counted yes vote said the work only read.
+    read_only: bool,
     acked: bool,
 }
 
@@ -137,6 +139,7 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
                     peer,
                     work: None,
                     yes: Some((prepare, None)),
+                    read_only: false,
                     acked: false,
                 })
                 .collect();
@@ -184,6 +187,7 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
                     peer,
                     work: Some(work),
                     yes: None,
+                    read_only: false,
                     acked: false,
                 })
                 .collect(),
@@ -241,17 +245,36 @@ impl<W: Clone, R: Clone> Coordinator<W, R> {
             return;
         }
         match (txn.phase, vote) {
-            (Phase::Voting, Vote::Yes { prepare, reply }) => {
+            (
+                Phase::Voting,
+                Vote::Yes {
+                    prepare,
+                    reply,
+                    read_only,
+                },
+            ) => {
                 let part = &mut txn.parts[i];
                 if part.yes.is_some() {
                     return;
                 }
                 part.yes = Some((prepare, Some(reply)));
+                part.read_only = read_only;
                 part.work = None;
-                if txn.parts.iter().all(|p| p.yes.is_some()) {
-                    txn.phase = Phase::Logging;
-                    out.push(Action::LogCommit(decision(id, txn)));
+                if !txn.parts.iter().all(|p| p.yes.is_some()) {
+                    return;
                 }
+                if txn.parts.iter().all(|p| p.read_only) {
+                    // Nothing to install anywhere: answer now, and release everyone (see
+                    // "Read-only transactions" in `txn.rs`).
+                    answer_committed(id, txn, out);
+                    for part in &txn.parts {
+                        out.push(send(part.peer, id, Decided::Abort));
+                    }
+                    self.txns.remove(&id);
+                    return;
+                }
+                txn.phase = Phase::Logging;
+                out.push(Action::LogCommit(decision(id, txn)));
             }
             (Phase::Voting, Vote::No(refusal)) => {
                 let reason = AbortReason::Refused { by: from, refusal };

@@ -116,6 +116,8 @@ enum Txn<R> {
     Prepared {
         prepare: PrepareId,
         reply: R,
+        /// The work only read (see [`Vote::Yes`]).
+        read_only: bool,
         participants: Vec<Peer>,
         /// When the yes vote was first sent, by this incarnation's clock; `None` for a record
         /// recovered from an earlier incarnation (its age is unknown).
@@ -177,6 +179,8 @@ impl<R: Clone> Participant<R> {
                 Txn::Prepared {
                     prepare: record.prepare,
                     reply: record.reply,
+                    // A prepare that only read logs nothing, so none is recovered.
+                    read_only: false,
                     participants: record.participants,
                     voted_ms: None,
                     inquire_at_ms: now_ms + self.config.inquire_every_ms,
@@ -240,10 +244,16 @@ impl<R: Clone> Participant<R> {
         match self.txns.get(&id) {
             // The vote goes out when the storage is done, or went out already.
             Some(Txn::Preparing { .. } | Txn::Committing { .. }) => return,
-            Some(Txn::Prepared { prepare, reply, .. }) => {
+            Some(Txn::Prepared {
+                prepare,
+                reply,
+                read_only,
+                ..
+            }) => {
                 let vote = Vote::Yes {
                     prepare: *prepare,
                     reply: reply.clone(),
+                    read_only: *read_only,
                 };
                 out.push(self.vote(id, vote));
                 return;
@@ -461,6 +471,30 @@ impl<R: Clone> Participant<R> {
         result: Result<R, Refusal>,
         out: &mut Vec<Action<W, R>>,
     ) {
+        self.prepared_as(now_ms, id, result, false, out);
+    }
+
+    /// [`Participant::prepared`] of a prepare whose work only read: its yes vote says so
+    /// ([`Vote::Yes`]), so that a transaction of such prepares only is answered and released
+    /// without a logged decision.
+    pub fn prepared_read_only<W>(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        result: Result<R, Refusal>,
+        out: &mut Vec<Action<W, R>>,
+    ) {
+        self.prepared_as(now_ms, id, result, true, out);
+    }
+
+    fn prepared_as<W>(
+        &mut self,
+        now_ms: u64,
+        id: TxnId,
+        result: Result<R, Refusal>,
+        read_only: bool,
+        out: &mut Vec<Action<W, R>>,
+    ) {
         self.clock(now_ms);
         let Some(Txn::Preparing {
             prepare,
@@ -479,6 +513,7 @@ impl<R: Clone> Participant<R> {
                 let vote = Vote::Yes {
                     prepare,
                     reply: reply.clone(),
+                    read_only,
                 };
                 out.push(self.vote(id, vote));
                 self.txns.insert(
@@ -486,6 +521,7 @@ impl<R: Clone> Participant<R> {
                     Txn::Prepared {
                         prepare,
                         reply,
+                        read_only,
                         participants,
                         voted_ms: Some(now_ms),
                         inquire_at_ms: now_ms + self.config.inquire_after_ms,

@@ -42,7 +42,11 @@ fn yes(txn: TxnId, from: Peer, prepare: PrepareId, reply: Reply) -> Msg {
     Message::Vote {
         txn,
         from,
-        vote: Vote::Yes { prepare, reply },
+        vote: Vote::Yes {
+            prepare,
+            reply,
+            read_only: false,
+        },
     }
 }
 
@@ -115,6 +119,89 @@ fn decided_commit(c: &mut Coordinator<Work, Reply>) -> TxnId {
         vec![decide(A, txn, commit_ab()), decide(B, txn, commit_ab()),]
     );
     txn
+}
+
+fn yes_read_only(txn: TxnId, from: Peer, prepare: PrepareId, reply: Reply) -> Msg {
+    Message::Vote {
+        txn,
+        from,
+        vote: Vote::Yes {
+            prepare,
+            reply,
+            read_only: true,
+        },
+    }
+}
+
+#[test]
+fn a_transaction_that_only_read_is_answered_at_its_last_vote_and_released_with_abort() {
+    let mut c = coordinator();
+    let mut out = Vec::new();
+    let txn = c.begin(0, vec![(A, "a"), (B, "b")], &mut out).unwrap();
+    out.clear();
+    c.handle(1, yes_read_only(txn, A, prep(1, 1), 10), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    c.handle(2, yes_read_only(txn, B, prep(2, 1), 20), &mut out);
+    // Nothing logged, the client answered, everyone released.
+    assert_eq!(
+        out,
+        vec![
+            CAction::Answer {
+                txn,
+                outcome: Outcome::Committed(vec![(A, 10), (B, 20)]),
+            },
+            decide(A, txn, Decided::Abort),
+            decide(B, txn, Decided::Abort),
+        ]
+    );
+    assert!(c.is_empty(), "forgotten at once");
+    // A duplicate vote, and an inquiry of a participant that missed the release, hear abort.
+    out.clear();
+    c.handle(3, yes_read_only(txn, B, prep(2, 1), 20), &mut out);
+    assert_eq!(out, vec![decide(B, txn, Decided::Abort)]);
+
+    // One participant that writes: the decision is logged and acknowledged as always.
+    let txn = c.begin(10, vec![(A, "a"), (B, "b")], &mut out).unwrap();
+    out.clear();
+    c.handle(11, yes_read_only(txn, A, prep(1, 2), 10), &mut out);
+    c.handle(12, yes(txn, B, prep(2, 2), 20), &mut out);
+    assert!(matches!(out.as_slice(), [CAction::LogCommit(_)]), "{out:?}");
+}
+
+#[test]
+fn a_participant_says_in_its_vote_that_it_only_read() {
+    let mut p = participant();
+    let mut out = Vec::new();
+    p.handle(0, prepare_msg(1), &mut out);
+    out.clear();
+    p.prepared_read_only(0, txn(1), Ok(42), &mut out);
+    let yes = Vote::Yes {
+        prepare: prep(3, 1),
+        reply: 42,
+        read_only: true,
+    };
+    assert_eq!(out, vec![p_vote(1, yes.clone())]);
+    // Asked again, it votes the same; released with abort, it holds nothing.
+    out.clear();
+    p.handle(1, prepare_msg(1), &mut out);
+    assert_eq!(out, vec![p_vote(1, yes)]);
+    out.clear();
+    p.handle(
+        2,
+        Message::Decide {
+            txn: txn(1),
+            decision: Decided::Abort,
+        },
+        &mut out,
+    );
+    assert_eq!(
+        out,
+        vec![PAction::Abort {
+            txn: txn(1),
+            prepare: prep(3, 1)
+        }]
+    );
+    assert!(p.is_empty());
 }
 
 #[test]
@@ -517,6 +604,7 @@ fn participant_prepares_once_and_commits_the_counted_prepare() {
     let yes = Vote::Yes {
         prepare: prep(3, 1),
         reply: 42,
+        read_only: false,
     };
     assert_eq!(out, vec![p_vote(1, yes.clone())]);
     out.clear();
@@ -710,7 +798,8 @@ fn participant_recovers_and_inquires_at_once() {
             5,
             Vote::Yes {
                 prepare: prep(3, 9),
-                reply: 7
+                reply: 7,
+                read_only: false,
             }
         )]
     );
@@ -1150,6 +1239,7 @@ fn messages_round_trip_through_serde() {
                 vote: Vote::Yes {
                     prepare: prep(2, 1),
                     reply: 5,
+                    read_only: false,
                 },
             },
             Message::Vote {

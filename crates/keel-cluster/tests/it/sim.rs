@@ -140,6 +140,9 @@ pub struct Bugs {
     /// A restarted node prepares at once, without waiting out the vote timeout (see
     /// `Node::fenced_until`).
     pub no_restart_fence: bool,
+    /// Prepares that write vote as if they only read: a transaction of them is answered
+    /// and released without its commit (`Vote::Yes`'s `read_only`).
+    pub writes_claim_read_only: bool,
 }
 
 /// What a run did, so that a passing run can be seen to be non-trivial.
@@ -611,6 +614,7 @@ impl Sim {
                     seq: 0,
                 },
                 reply: Vec::new(),
+                read_only: false,
             };
         }
         match msg {
@@ -741,8 +745,13 @@ impl Sim {
                     let reply = record.reply.clone();
                     node.prepared.insert((txn, prepare), record);
                     let mut out = Vec::new();
-                    node.participant
-                        .prepared(self.now, txn, Ok(reply), &mut out);
+                    if self.bugs.writes_claim_read_only {
+                        node.participant
+                            .prepared_read_only(self.now, txn, Ok(reply), &mut out);
+                    } else {
+                        node.participant
+                            .prepared(self.now, txn, Ok(reply), &mut out);
+                    }
                     self.participant_actions(i, out);
                 }
                 Entry::Refused { txn, refusal } => {
@@ -829,9 +838,12 @@ impl Sim {
                         let reply = record.reply.clone();
                         self.nodes[i].reading.insert((txn, prepare), record);
                         let mut out = Vec::new();
-                        self.nodes[i]
-                            .participant
-                            .prepared(self.now, txn, Ok(reply), &mut out);
+                        self.nodes[i].participant.prepared_read_only(
+                            self.now,
+                            txn,
+                            Ok(reply),
+                            &mut out,
+                        );
                         self.participant_actions(i, out);
                     }
                     entry => self.write(i, entry),
@@ -1496,14 +1508,37 @@ fn catches_a_restart_that_writes_under_a_lost_read() {
     // A participant that only read votes at once and logs nothing; a crash then frees what
     // it read while its vote may still count. It needs that crash between the vote and the
     // last vote of a transaction whose coordinator hears late from another participant, and
-    // a write in between: seed 59806 is the first to show it.
+    // a write in between: about one seed in 100 000. Seed 147751 is the first; a change to
+    // the simulation or the protocol moves it, and `KEEL_SIM_FIND=1` with this test prints
+    // the new one.
+    const SEED: u64 = 147_751;
     let bugs = Bugs {
         no_restart_fence: true,
         ..Bugs::default()
     };
-    let e = run(59806, bugs).expect_err("a lost read caught");
-    assert!(e.contains("total of") || e.contains("history: "), "{e}");
-    run(59806, Bugs::default()).expect("with the fence, the same seed passes");
+    if std::env::var("KEEL_SIM_FIND").is_ok() {
+        some_seed_fails_within(1_000_000, bugs);
+    }
+    match run(SEED, bugs) {
+        Err(e) => assert!(e.contains("total of") || e.contains("history: "), "{e}"),
+        Ok(_) => panic!(
+            "seed {SEED} no longer loses a read without the fence; find the seed that does \
+             with KEEL_SIM_FIND=1"
+        ),
+    }
+    run(SEED, Bugs::default()).expect("with the fence, the same seed passes");
+}
+
+#[test]
+fn catches_writes_that_vote_as_reads() {
+    let e = some_seed_fails(Bugs {
+        writes_claim_read_only: true,
+        ..Bugs::default()
+    });
+    assert!(
+        e.contains("installed nowhere") || e.contains("partial"),
+        "{e}"
+    );
 }
 
 #[test]

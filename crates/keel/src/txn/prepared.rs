@@ -393,6 +393,12 @@ impl<'db> Prepared<'db> {
         &self.meta
     }
 
+    /// Whether it writes nothing: committing it and aborting it then both only release what
+    /// it read (and neither is logged).
+    pub fn is_read_only(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     /// The keys written, in lock order.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
         self.keys.iter().map(Vec::as_slice)
