@@ -2047,7 +2047,8 @@ impl Conn {
                 || cluster::key_args(spec, args).is_empty()
             {
                 return Err(format!(
-                    "ERR keel: KEEL.ONCE runs a data command with keys that does not block,                      and '{}' is not one",
+                    "ERR keel: KEEL.ONCE runs a data command with keys that does not block, \
+                     and '{}' is not one",
                     spec.name
                 )
                 .into());

@@ -341,7 +341,8 @@ fn keel_once_refuses_what_it_cannot_run_once() {
         ),
         (
             &["KEEL.ONCE", "1", "2", "3", "100", "BLPOP", "a", "0"],
-            "not one",
+            "ERR keel: KEEL.ONCE runs a data command with keys that does not block, and 'blpop' \
+             is not one",
         ),
         (&["KEEL.ONCE", "1", "2", "3", "100", "DBSIZE"], "not one"),
         (&["KEEL.ONCE", "1", "2", "3", "100", "PING"], "not one"),
