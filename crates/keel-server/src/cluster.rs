@@ -81,6 +81,8 @@ pub struct Cluster {
     seq: AtomicU64,
     /// Exactly-once forwarding's counters, for `INFO cluster`.
     pub once: OnceStats,
+    /// The attempts of blocking pops forwarded to this node exactly once, by id.
+    pub attempts: once::Attempts,
     /// The counters of the transport between nodes (`xnode`), once it runs.
     pub bus: std::sync::OnceLock<keel_cluster::transport::StatsHandle>,
 }
@@ -112,6 +114,7 @@ impl Cluster {
             incarnation: incarnation(),
             seq: AtomicU64::new(1),
             once: OnceStats::default(),
+            attempts: once::Attempts::default(),
             bus: std::sync::OnceLock::new(),
         }
     }
@@ -195,19 +198,26 @@ impl Cluster {
         answer.map_err(|down| down.text)
     }
 
-    /// As [`Cluster::forward`] for a write without blocking (a command, or the `EXEC` of a
-    /// transaction: the last of `requests`), exactly once: the last request goes as
-    /// `KEEL.ONCE` with a fresh id (`once`), and if its answer is lost after it was sent
-    /// (the connection broke or timed out), all of `requests` go again with the same id,
-    /// within [`once::RETRY_TIMEOUTS`] cluster timeouts; the owner runs it at most once and
-    /// answers a request it already ran with the answer it kept. Only when no answer comes
-    /// within that window is the client told that the write may or may not have happened.
+    /// As [`Cluster::forward`] for a write (a command, or the `EXEC` of a transaction: the
+    /// last of `requests`), exactly once: the last request goes as `KEEL.ONCE` with a fresh
+    /// id (`once`), and if its answer is lost after it was sent (the connection broke or
+    /// timed out), all of `requests` go again with the same id, within
+    /// [`once::RETRY_TIMEOUTS`] cluster timeouts; the owner runs it at most once and answers a
+    /// request it already ran with the answer it kept. Only when no answer comes within that
+    /// window is the client told that the write may or may not have happened.
+    ///
+    /// A blocking pop (`block`: its wait, `None` for ever) goes alone, and each try carries
+    /// what is left of its wait (at least a millisecond: a try after the wait ended only asks
+    /// whether an earlier one popped). The window counts from the first of a run of failed
+    /// tries, and a try that waited at the owner longer than the window ends the run, so a
+    /// pop that waits long is not cut short.
     pub async fn forward_once(
         &self,
         node: usize,
         requests: &[&[Bytes]],
         proto: Proto,
         password: Option<String>,
+        block: Option<Option<Duration>>,
     ) -> Result<Bytes, String> {
         let map = self.map();
         let timeout = map.timeout();
@@ -222,20 +232,39 @@ impl Cluster {
             seq: self.seq.fetch_add(1, Relaxed),
         };
         let (last, before) = requests.split_last().expect("a request to forward");
-        let wrapped = once::wrap(id, keep_ms, last);
-        let mut sending: Vec<&[Bytes]> = before.to_vec();
-        sending.push(&wrapped);
-        let began = std::time::Instant::now();
+        let deadline = block.flatten().map(|wait| std::time::Instant::now() + wait);
         let mut sent = false;
         let mut attempt = 0u32;
+        let mut failing_since: Option<std::time::Instant> = None;
         loop {
+            let (wrapped, wait) = match block {
+                None => (once::wrap(id, keep_ms, last), None),
+                Some(wait) => {
+                    let left = deadline.map(|d| {
+                        d.saturating_duration_since(std::time::Instant::now())
+                            .max(Duration::from_millis(1))
+                    });
+                    let command = crate::lists::with_timeout(last, left);
+                    (once::wrap(id, keep_ms, &command), Some(left.or(wait)))
+                }
+            };
+            let mut sending: Vec<&[Bytes]> = before.to_vec();
+            sending.push(&wrapped);
             let try_began = std::time::Instant::now();
             let answer = self
-                .exchange(node, &sending, proto, password.clone(), None)
+                .exchange(
+                    node,
+                    &sending,
+                    proto,
+                    password.clone(),
+                    wait.map(|w| w.map(|w| timeout.saturating_add(w))),
+                )
                 .await;
-            self.rpc
-                .of(node)
-                .record(try_began.elapsed(), answer.is_ok());
+            if block.is_none() {
+                self.rpc
+                    .of(node)
+                    .record(try_began.elapsed(), answer.is_ok());
+            }
             let down = match answer {
                 Ok(reply) => return Ok(reply),
                 Err(down) => down,
@@ -245,7 +274,13 @@ impl Cluster {
                 // Never sent: nothing ran, the client may send it again itself.
                 return Err(down.text);
             }
-            if began.elapsed() >= window {
+            // A pop's try that lasted longer than the window waited at the owner: the run of
+            // failures starts again. (A write's try ends within a timeout.)
+            if block.is_some() && try_began.elapsed() > window {
+                failing_since = None;
+            }
+            let failing = *failing_since.get_or_insert(try_began);
+            if failing.elapsed() >= window {
                 self.once.ambiguous.fetch_add(1, Relaxed);
                 return Err(format!(
                     "{}; the write may or may not have happened",

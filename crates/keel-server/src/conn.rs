@@ -1970,8 +1970,8 @@ impl Conn {
             return false;
         }
         let block = cluster::block_time(spec, args);
-        // A write goes exactly once (`once`); reads and blocking pops as they are.
-        let once = block.is_none() && !data::is_read_only(spec.cmd);
+        // A write (a blocking pop too) goes exactly once (`once`); reads as they are.
+        let once = !data::is_read_only(spec.cmd);
         self.forward(node, &[args], output, block, once).await;
         true
     }
@@ -1996,7 +1996,7 @@ impl Conn {
         let forwarding = async {
             if once {
                 cluster
-                    .forward_once(node, requests, self.proto, password)
+                    .forward_once(node, requests, self.proto, password, block)
                     .await
             } else {
                 cluster
@@ -2042,13 +2042,9 @@ impl Conn {
             );
         }
         let local = |spec: &Spec, args: &[Bytes]| -> Result<(), Fail> {
-            if !data::is_data(spec.cmd)
-                || crate::lists::is_blocking(spec.cmd)
-                || cluster::key_args(spec, args).is_empty()
-            {
+            if !data::is_data(spec.cmd) || cluster::key_args(spec, args).is_empty() {
                 return Err(format!(
-                    "ERR keel: KEEL.ONCE runs a data command with keys that does not block, \
-                     and '{}' is not one",
+                    "ERR keel: KEEL.ONCE runs a data command with keys, and '{}' is not one",
                     spec.name
                 )
                 .into());
@@ -2065,6 +2061,17 @@ impl Conn {
                 return Err("ERR keel: inside MULTI, KEEL.ONCE wraps only EXEC".into());
             }
             local(spec, request.command)?;
+            if crate::lists::is_blocking(spec.cmd) {
+                return self
+                    .once_blocking(
+                        request.id,
+                        request.keep_ms,
+                        spec.cmd,
+                        request.command,
+                        output,
+                    )
+                    .await;
+            }
             let commands = [(spec.cmd, request.command.to_vec())];
             self.run_once(request.id, request.keep_ms, &commands, false, output)
                 .await;
@@ -2090,6 +2097,66 @@ impl Conn {
         Ok(())
     }
 
+    /// `KEEL.ONCE … BLPOP|BRPOP|BLMOVE|BRPOPLPUSH|BLMPOP …`: a blocking pop forwarded
+    /// exactly once. It becomes the one attempt of its id on this node (an older attempt,
+    /// whose answer the forwarding node lost while it waited, is superseded and ends first:
+    /// `once::Attempts`), then pops as soon as it can, in one commit with its kept answer (or
+    /// finds the answer an older attempt kept), waiting meanwhile as a blocked client does. A
+    /// timeout answers as the pop's does and keeps nothing (nothing changed).
+    async fn once_blocking(
+        &mut self,
+        id: once::Id,
+        keep_ms: u64,
+        cmd: Cmd,
+        args: &[Bytes],
+        output: &mut BytesMut,
+    ) -> Result<(), Fail> {
+        let timeout = crate::lists::timeout(crate::lists::timeout_arg_of(cmd, args))?;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let shared = self.shared.clone();
+        let cluster = shared.cluster.as_ref().expect("checked by KEEL.ONCE");
+        let running = cluster.attempts.enter(id).await;
+        // Registered before the first try: a push committed from now on wakes this attempt,
+        // and the try sees any committed before (`blocking`).
+        let guard = shared
+            .blocked
+            .block(self.info.id, crate::lists::blocking_keys(cmd, args));
+        let commands = [(cmd, args.to_vec())];
+        let kill = self.info.kill.clone();
+        loop {
+            if !self.run_once(id, keep_ms, &commands, false, output).await {
+                return Ok(());
+            }
+            let expired = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = kill.cancelled() => return Ok(()),
+                () = running.attempt.superseded.cancelled() => {
+                    return Err("ERR keel: a newer attempt of this forwarded pop took over".into());
+                }
+                () = guard.woken() => match guard.unblocked() {
+                    None => {}
+                    Some(crate::blocking::Unblock::Error) => {
+                        return Err("UNBLOCKED client unblocked via CLIENT UNBLOCK".into());
+                    }
+                    Some(crate::blocking::Unblock::Timeout) => {
+                        timed_out(&mut self.out(output));
+                        return Ok(());
+                    }
+                },
+                () = expired => {
+                    timed_out(&mut self.out(output));
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// Runs `commands` (one, or `EXEC`'s queue when `exec`) as one transaction that first
     /// looks for `id`'s kept answer (then runs nothing and writes that answer) and that
     /// keeps its reply under `id` for `keep_ms` in its own commit (`once`). Increments read
@@ -2101,7 +2168,7 @@ impl Conn {
         commands: &[(Cmd, Vec<Bytes>)],
         exec: bool,
         output: &mut BytesMut,
-    ) {
+    ) -> bool {
         let shared = &*self.shared;
         let mut ctx = ctx(shared);
         ctx.track_increments = false;
@@ -2113,6 +2180,7 @@ impl Conn {
         let mut rejoin = false;
         loop {
             let mut replayed = false;
+            let mut would_block = false;
             let prepare = || {
                 ctx.clock.reset();
                 let mut txn = shared.db.begin().map_err(|e| Some(begin_error(e)))?;
@@ -2127,7 +2195,20 @@ impl Conn {
                 let mut failed = false;
                 for (cmd, args) in commands {
                     let slot = out.buf.len();
-                    let result = data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out);
+                    let result = if !exec && crate::lists::is_blocking(*cmd) {
+                        // A blocking pop outside MULTI: nothing to pop yet is no answer.
+                        match crate::lists::run_blocking(*cmd, args, &mut txn, &ctx, &mut out) {
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                out.buf.truncate(mark);
+                                would_block = true;
+                                return Err(None);
+                            }
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        data::run(*cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out)
+                    };
                     if let Err(Fail(text)) = result {
                         out.buf.truncate(slot);
                         out.error(&text);
@@ -2148,16 +2229,17 @@ impl Conn {
             };
             let committed = match self.attempt(rejoin, may_wait, prepare).await {
                 Ok(committed) => committed,
+                Err(None) if would_block => return true,
                 Err(None) => {
                     if replayed && let Some(cluster) = &shared.cluster {
                         cluster.once.replayed.fetch_add(1, Relaxed);
                     }
-                    return;
+                    return false;
                 }
                 Err(Some(Fail(text))) => {
                     out.buf.truncate(mark);
                     out.error(&text);
-                    return;
+                    return false;
                 }
             };
             match committed {
@@ -2168,7 +2250,7 @@ impl Conn {
                     for (cmd, args) in commands {
                         shared.blocked.committed(*cmd, args);
                     }
-                    return;
+                    return false;
                 }
                 Ok(Err(conflict)) => {
                     out.buf.truncate(mark);
@@ -2177,7 +2259,7 @@ impl Conn {
                         out.error(&format!(
                             "ERR keel: gave up after {attempt} conflicting attempts; last: {conflict}"
                         ));
-                        return;
+                        return false;
                     }
                     shared.counters.exec_retries.fetch_add(1, Relaxed);
                     rejoin = self.wait_to_retry(&conflict, attempt).await;
@@ -2186,12 +2268,12 @@ impl Conn {
                 Err(keel::CommitError::Apply(e)) => {
                     out.buf.truncate(mark);
                     out.error(&data::engine_error(&e).0);
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     out.buf.truncate(mark);
                     out.error(&format!("ERR keel: {e}"));
-                    return;
+                    return false;
                 }
             }
         }

@@ -119,6 +119,30 @@ pub fn timeout_arg_of(cmd: Cmd, args: &[Bytes]) -> &[u8] {
     }
 }
 
+/// `command` (a blocking pop) with its timeout argument set to `wait` (`None`: for ever),
+/// in seconds with millisecond precision.
+pub fn with_timeout(command: &[Bytes], wait: Option<std::time::Duration>) -> Vec<Bytes> {
+    let cmd = crate::table::lookup(&command[0])
+        .map(|spec| spec.cmd)
+        .filter(|&cmd| is_blocking(cmd))
+        .expect("a blocking pop");
+    let at = match cmd {
+        Cmd::Blmove => 5,
+        Cmd::Brpoplpush => 3,
+        Cmd::Blmpop => 1,
+        _ => command.len() - 1,
+    };
+    let mut out = command.to_vec();
+    out[at] = match wait {
+        None => Bytes::from_static(b"0"),
+        Some(w) => {
+            let ms = w.as_millis();
+            Bytes::from(format!("{}.{:03}", ms / 1000, ms % 1000))
+        }
+    };
+    out
+}
+
 /// A blocking command's timeout (`None`: wait forever), parsed as Redis does: seconds as a
 /// float, rounded up to whole milliseconds.
 pub fn timeout(arg: &[u8]) -> Result<Option<std::time::Duration>, Fail> {

@@ -21,6 +21,8 @@
 
 use std::ops::{Bound, ControlFlow};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use keel::{Db, Txn};
 
@@ -115,6 +117,69 @@ pub fn wrap(id: Id, keep_ms: u64, command: &[Bytes]) -> Vec<Bytes> {
     words
 }
 
+/// The attempts of forwarded blocking pops running on this node, by id: at most one per id.
+/// A blocking pop's answer may be lost while the pop still waits here (the forwarding node
+/// saw its connection break); the forwarding node then sends it again with the same id. The
+/// new attempt cancels the old one and waits until it has ended, then looks for the kept
+/// answer: either the old attempt popped (and kept its answer in the same commit) or it
+/// never will, so the element goes to exactly one answer.
+#[derive(Default)]
+pub struct Attempts(parking_lot::Mutex<std::collections::HashMap<[u8; 18], Arc<Attempt>>>);
+
+/// One attempt of a forwarded blocking pop.
+#[derive(Default)]
+pub struct Attempt {
+    /// Set by a newer attempt of the same id: stop waiting, and answer nothing.
+    pub superseded: tokio_util::sync::CancellationToken,
+    /// Set when the attempt has ended.
+    ended: tokio_util::sync::CancellationToken,
+}
+
+/// An attempt running: it ends (and leaves [`Attempts`]) when dropped.
+pub struct Running<'a> {
+    attempts: &'a Attempts,
+    key: [u8; 18],
+    pub attempt: Arc<Attempt>,
+}
+
+impl Attempts {
+    /// Makes this the one attempt of `id` on this node: an older one is told it was
+    /// superseded, and this waits until it has ended.
+    pub async fn enter(&self, id: Id) -> Running<'_> {
+        let key = id.bytes();
+        let attempt = Arc::new(Attempt::default());
+        let older = self.0.lock().insert(key, Arc::clone(&attempt));
+        if let Some(older) = older {
+            older.superseded.cancel();
+            older.ended.cancelled().await;
+        }
+        Running {
+            attempts: self,
+            key,
+            attempt,
+        }
+    }
+
+    /// Attempts running now.
+    pub fn count(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut map = self.attempts.0.lock();
+        if map
+            .get(&self.key)
+            .is_some_and(|a| Arc::ptr_eq(a, &self.attempt))
+        {
+            map.remove(&self.key);
+        }
+        drop(map);
+        self.attempt.ended.cancel();
+    }
+}
+
 /// The kept answer of `id`, read in `txn` (so that an attempt that commits one conflicts
 /// with this transaction).
 pub fn kept(txn: &mut Txn<'_>, id: Id) -> Result<Option<Vec<u8>>, Fail> {
@@ -188,6 +253,42 @@ pub fn sweep(db: &Db, now_ms: u64) -> Result<crate::reaper::Done, Fail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A newer attempt of an id supersedes the one running and starts only once it ended;
+    /// attempts of other ids do not meet.
+    #[tokio::test]
+    async fn a_newer_attempt_supersedes_the_running_one_and_waits_for_its_end() {
+        let attempts = Attempts::default();
+        let id = Id {
+            node: 1,
+            incarnation: 2,
+            seq: 3,
+        };
+        let first = attempts.enter(id).await;
+        let other = attempts.enter(Id { seq: 4, ..id }).await;
+        assert_eq!(attempts.count(), 2);
+        let superseded = first.attempt.superseded.clone();
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let second = async {
+            let running = attempts.enter(id).await;
+            assert!(
+                ended.load(std::sync::atomic::Ordering::SeqCst),
+                "started first"
+            );
+            running
+        };
+        let end_first = async {
+            superseded.cancelled().await;
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            drop(first);
+        };
+        let (second, ()) = tokio::join!(second, end_first);
+        assert!(!other.attempt.superseded.is_cancelled());
+        assert_eq!(attempts.count(), 2);
+        drop(second);
+        drop(other);
+        assert_eq!(attempts.count(), 0);
+    }
 
     fn args(words: &[&str]) -> Vec<Bytes> {
         words.iter().map(|w| Bytes::from(w.to_string())).collect()

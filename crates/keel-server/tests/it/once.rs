@@ -224,6 +224,59 @@ fn a_write_whose_answer_is_lost_is_sent_again_and_applied_once() {
     assert_eq!(kept, 3, "three writes were forwarded");
 }
 
+/// A forwarded blocking pop goes exactly once too: when its answer is lost after it popped,
+/// node 0 sends it again with the same id (and what is left of its wait) and relays the kept
+/// answer, whether the element was there at once or came while the pop waited. Nothing is
+/// lost and nothing popped twice.
+#[test]
+fn a_blocking_pop_whose_answer_is_lost_pops_once() {
+    let pair = Pair::start(1000);
+    let key = pair.key_on(1, "q");
+    let mut con = pair.nodes[0].client();
+    let mut owner = pair.nodes[1].client();
+    // Warm the pool: the first forward goes through an ordinary connection.
+    let n: i64 = query(&mut con, &["RPUSH", &key, "a"]);
+    assert_eq!(n, 1);
+    // There at once: popped, the answer cut, sent again, the kept answer relayed.
+    pair.proxy.lose(b"$1\r\na\r\n", false);
+    let got: (String, String) = query(&mut con, &["BLPOP", &key, "5"]);
+    assert!(pair.proxy.disarmed(), "the answer was cut");
+    assert_eq!(got, (key.clone(), "a".to_owned()));
+    let n: i64 = query(&mut owner, &["LLEN", &key]);
+    assert_eq!(n, 0);
+    assert_eq!(info_counter(&info(&pair.nodes[1]), "keel_once_replayed"), 1);
+    // Pushed while the pop waits at the owner.
+    let pushing = {
+        let key = key.clone();
+        let mut owner = pair.nodes[1].client();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let n: i64 = query(&mut owner, &["RPUSH", &key, "b", "c"]);
+            assert_eq!(n, 2);
+        })
+    };
+    pair.proxy.lose(b"$1\r\nb\r\n", false);
+    let began = Instant::now();
+    let got: (String, String) = query(&mut con, &["BLPOP", &key, "5"]);
+    pushing.join().expect("the push");
+    assert!(pair.proxy.disarmed(), "the answer was cut");
+    assert!(
+        began.elapsed() >= Duration::from_millis(250),
+        "it waited for the push"
+    );
+    assert_eq!(got, (key.clone(), "b".to_owned()));
+    let rest: Vec<String> = query(&mut owner, &["LRANGE", &key, "0", "-1"]);
+    assert_eq!(rest, ["c"], "b popped once, c not at all");
+    assert_eq!(info_counter(&info(&pair.nodes[0]), "keel_once_retries"), 2);
+    assert_eq!(info_counter(&info(&pair.nodes[1]), "keel_once_replayed"), 2);
+    // A wait that ends: nil, and nothing kept.
+    let kept = info_counter(&info(&pair.nodes[1]), "keel_once_kept");
+    let v: redis::Value = query(&mut con, &["BLPOP", &pair.key_on(1, "empty"), "0.2"]);
+    assert_eq!(v, redis::Value::Nil);
+    assert_eq!(info_counter(&info(&pair.nodes[1]), "keel_once_kept"), kept);
+    assert_eq!(info_counter(&info(&pair.nodes[1]), "keel_once_blocked"), 0);
+}
+
 #[test]
 fn an_answer_lost_for_the_whole_window_is_ambiguous() {
     let pair = Pair::start(200);
@@ -340,11 +393,13 @@ fn keel_once_refuses_what_it_cannot_run_once() {
             "keep-ms",
         ),
         (
-            &["KEEL.ONCE", "1", "2", "3", "100", "BLPOP", "a", "0"],
-            "ERR keel: KEEL.ONCE runs a data command with keys that does not block, and 'blpop' \
-             is not one",
+            &["KEEL.ONCE", "1", "2", "3", "100", "DBSIZE"],
+            "ERR keel: KEEL.ONCE runs a data command with keys, and 'dbsize' is not one",
         ),
-        (&["KEEL.ONCE", "1", "2", "3", "100", "DBSIZE"], "not one"),
+        (
+            &["KEEL.ONCE", "1", "2", "3", "100", "BLPOP", "a", "-1"],
+            "timeout is negative",
+        ),
         (&["KEEL.ONCE", "1", "2", "3", "100", "PING"], "not one"),
         (&["KEEL.ONCE", "1", "2", "3", "100", "INCR"], "wrong number"),
         (
