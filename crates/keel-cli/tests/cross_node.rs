@@ -435,14 +435,19 @@ fn kept_answers_survive_sigkill_of_the_owner() {
     assert_eq!(n, 3);
 }
 
-/// `INFO cluster`'s `keel_cluster_writes_held_ms` of the node on `port`.
-fn writes_held_ms(port: u16) -> u64 {
+/// `INFO cluster` of the node on `port`.
+fn info_cluster(port: u16) -> String {
     let mut c = connect(port).expect("connect");
-    let info: String = redis::cmd("INFO")
+    redis::cmd("INFO")
         .arg("cluster")
         .query(&mut c)
-        .expect("INFO");
-    info.lines()
+        .expect("INFO")
+}
+
+/// `INFO cluster`'s `keel_cluster_writes_held_ms` of the node on `port`.
+fn writes_held_ms(port: u16) -> u64 {
+    info_cluster(port)
+        .lines()
         .find_map(|l| l.strip_prefix("keel_cluster_writes_held_ms:"))
         .expect("the field")
         .trim()
@@ -508,12 +513,8 @@ fn bench_routed_by_slot_sends_every_key_to_its_node() {
     let ports = support::ports(4, 2);
     let _nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
     let rpc_calls = |port: u16| -> u64 {
-        let mut c = connect(port).expect("connect");
-        let info: String = redis::cmd("INFO")
-            .arg("cluster")
-            .query(&mut c)
-            .expect("INFO");
-        info.lines()
+        info_cluster(port)
+            .lines()
             .filter(|l| l.starts_with("keel_rpc_"))
             .filter_map(|l| {
                 l.split("calls=")
