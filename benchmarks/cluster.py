@@ -17,7 +17,8 @@ almost every one spans partitions (two-phase commit); ycsb-a's are single keys (
 partition: one-phase, forwarded when the key lives on another node than the connection's).
 Connections go to the nodes in turn. Per run: committed txn/s, aborts/s, p50/p99, the
 servers' CPU seconds, operations per second of server CPU, and (cluster) the one-phase and
-two-phase commits counted by `INFO cluster`. The CPU covers the load and the warm-up as
+two-phase commits counted by `INFO cluster`, and the bus's frames and messages per
+transaction begun. The CPU covers the load and the warm-up as
 well as the timed run, so it overstates the cost per operation: compare the rows.
 Starts its own servers on loopback ports 7501-7503 in temporary directories, and stops them.
 """
@@ -142,6 +143,12 @@ def run(workload, n, args):
             row["ops_per_cpu_s"] = round(ops / cpu) if cpu else None
             for k, v in after.items():
                 row[k] = v - before.get(k, 0)
+            # What crossed the bus per transaction begun (retries included).
+            begun = row.get("keel_cluster_txns_begun")
+            if begun:
+                row["bus_frames_per_txn"] = round(row["keel_cluster_bus_frames_sent"] / begun, 2)
+                row["bus_messages_per_txn"] = round(
+                    row["keel_cluster_bus_messages_sent"] / begun, 2)
             return row
         finally:
             s.stop()
