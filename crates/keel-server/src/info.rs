@@ -621,7 +621,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 x.stuck.len(),
                 s.stuck_waits.load(Relaxed),
                 s.stuck_refused.load(Relaxed),
-                x.writes_held().as_millis(),
+                shared.db.writes_held_for().as_millis(),
             );
         }
         t.push_str("\r\n");

@@ -323,18 +323,6 @@ pub struct Xnode {
     pub stuck: Arc<Stuck>,
     /// How long a command waits for stuck transactions' decisions.
     stuck_read_wait: Duration,
-    /// Until when writes and prepares wait after a restart (`Driver::fenced_until`).
-    pub fenced_until: Option<Instant>,
-}
-
-impl Xnode {
-    /// How long writes and prepares still wait after this node's restart
-    /// (`Driver::fenced_until`); zero once they go.
-    pub fn writes_held(&self) -> Duration {
-        self.fenced_until.map_or(Duration::ZERO, |t| {
-            t.saturating_duration_since(Instant::now())
-        })
-    }
 }
 
 /// Why the driver could not start.
@@ -472,7 +460,7 @@ impl Xnode {
         let gate = Arc::new(Gate::default());
         *gate.unheld.lock() = records.len();
         // An earlier incarnation of this node ran in the cluster (its decisions database is
-        // there): see `Driver::fenced_until`. (A replicated cluster's transactions across
+        // there): see `Driver::deferred`. (A replicated cluster's transactions across
         // partitions are log entries of theirs, not this driver's.)
         let restarted = shared.config.replicas <= 1
             && shared
@@ -505,7 +493,8 @@ impl Xnode {
         coordinator.recover(now_ms(), decisions, &mut coordinator_out);
         participant.recover(now_ms(), records, &mut participant_out);
 
-        let fenced_until = restarted.then(|| {
+        if restarted {
+            // See `Driver::deferred`.
             let fence = Duration::from_millis(config.vote_timeout_ms);
             db.hold_writes_for(fence);
             tracing::info!(
@@ -513,8 +502,7 @@ impl Xnode {
                  what the last run's votes read",
                 fence.as_millis()
             );
-            Instant::now() + fence
-        });
+        }
         let (inputs, inputs_rx) = mpsc::unbounded_channel();
         if let Some(cluster) = &shared.cluster {
             // For INFO cluster and CLUSTER INFO.
@@ -536,7 +524,6 @@ impl Xnode {
             stuck: Arc::clone(&stuck),
             stuck_after: map.timeout() * STUCK_AFTER_TIMEOUTS,
             installing: Arc::default(),
-            fenced_until,
             deferred: Vec::new(),
         };
         driver.carry_out(coordinator_out, participant_out);
@@ -553,7 +540,6 @@ impl Xnode {
             incarnation,
             stuck,
             stuck_read_wait: map.timeout() * STUCK_READ_WAIT_HALF_TIMEOUTS / 2,
-            fenced_until,
         })
     }
 
@@ -637,15 +623,13 @@ struct Driver {
     /// Transactions committed here and not visible yet (an earlier prepared one holds the
     /// watermark): they age toward [`Stuck`] as held ones do.
     installing: Arc<Mutex<HashMap<TxnId, Installing>>>,
-    /// After a restart, prepares wait until then, and the engine holds every write back as
-    /// long (`Db::hold_writes_for`). A prepare that only read logs nothing, so the crash
-    /// released what it read, but its yes vote can still count until its coordinator's vote
-    /// timeout; a write here before then could slip under that read. The vote timeout from
-    /// the restart covers every such vote (the crash came after it, and the transaction began
-    /// before). The simulation's `catches_a_restart_that_writes_under_a_lost_read` shows
-    /// what goes wrong without it.
-    fenced_until: Option<Instant>,
-    /// The prepares waiting for `fenced_until`.
+    /// The prepares that wait while the engine holds writes back after a restart
+    /// (`Db::hold_writes_for`, for the vote timeout from the start). A prepare that only read
+    /// logs nothing, so the crash released what it read, but its yes vote can still count
+    /// until its coordinator's vote timeout; a write here before then could slip under that
+    /// read. The vote timeout from the restart covers every such vote (the crash came after
+    /// it, and the transaction began before). The simulation's
+    /// `catches_a_restart_that_writes_under_a_lost_read` shows what goes wrong without it.
     deferred: Vec<(TxnId, PrepareId, Vec<Peer>, Work)>,
 }
 
@@ -680,8 +664,7 @@ impl Driver {
                     self.coordinator.tick(now, &mut c);
                     self.participant.tick(now, &mut p);
                     self.mark_stuck();
-                    if self.fenced_until.is_some_and(|t| Instant::now() >= t) {
-                        self.fenced_until = None;
+                    if !self.deferred.is_empty() && self.shared.db.writes_held_for().is_zero() {
                         for (txn, prepare, participants, work) in std::mem::take(&mut self.deferred) {
                             self.prepare(txn, prepare, participants, work);
                         }
@@ -826,7 +809,7 @@ impl Driver {
                         prepare,
                         participants,
                         work,
-                    } if self.fenced_until.is_some() => {
+                    } if !self.shared.db.writes_held_for().is_zero() => {
                         self.deferred.push((txn, prepare, participants, work));
                     }
                     ParticipantAction::Prepare {

@@ -265,18 +265,23 @@ pub(crate) struct Shared {
 impl Shared {
     /// Whether commits that write are held back now ([`Db::hold_writes_for`]).
     pub(crate) fn writes_held(&self) -> bool {
+        !self.writes_held_for().is_zero()
+    }
+
+    /// How much longer commits that write are held back ([`Db::hold_writes_for`]).
+    fn writes_held_for(&self) -> Duration {
         if !self.writes_held.load(Ordering::Acquire) {
-            return false;
+            return Duration::ZERO;
         }
         let mut until = self.writes_held_until.lock();
-        match *until {
-            Some(deadline) if Instant::now() < deadline => true,
-            _ => {
-                *until = None;
-                self.writes_held.store(false, Ordering::Release);
-                false
-            }
+        let left = until.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        if left.is_zero() {
+            *until = None;
+            self.writes_held.store(false, Ordering::Release);
         }
+        left
     }
 }
 
@@ -1205,6 +1210,11 @@ impl Db {
         let mut until = self.shared.writes_held_until.lock();
         *until = Some(Instant::now() + duration);
         self.shared.writes_held.store(true, Ordering::Release);
+    }
+
+    /// How much longer [`Db::hold_writes_for`] holds writes back; zero when it does not.
+    pub fn writes_held_for(&self) -> Duration {
+        self.shared.writes_held_for()
     }
 
     /// Waits, sleeping, until no prepared transaction holds `key` ([`Db::awaits_decision`]),
