@@ -389,6 +389,15 @@ impl<M> Shared<M> {
     }
 }
 
+/// Appends to a borrowed buffer: what `postcard::to_extend` writes into.
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl Extend<u8> for Append<'_> {
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, bytes: I) {
+        self.0.extend(bytes);
+    }
+}
+
 /// Encoded messages back to back, queued for a peer's writer as one entry.
 #[derive(Debug, Default)]
 struct Batch {
@@ -507,15 +516,29 @@ where
     /// kept batch that would outgrow a frame is queued first.
     pub fn hold(&mut self, peer: Peer, message: &M) -> Result<(), SendError> {
         self.queue(peer)?;
-        let bytes = self.encode(message)?;
         let max = self.shared.config.frame_bytes_max as usize;
         let i = usize::from(peer.0);
-        if self.held[i].bytes.len() + bytes.len() > max {
-            self.release_one(i)?;
+        // Encoded straight onto the peer's batch.
+        let start = self.held[i].bytes.len();
+        if let Err(e) = postcard::to_extend(message, Append(&mut self.held[i].bytes)) {
+            self.held[i].bytes.truncate(start);
+            return Err(SendError::Encode(e.to_string()));
         }
-        let held = &mut self.held[i];
-        held.bytes.extend_from_slice(&bytes);
-        held.count += 1;
+        let len = self.held[i].bytes.len() - start;
+        if len > max {
+            self.held[i].bytes.truncate(start);
+            return Err(SendError::TooLarge {
+                len,
+                max: self.shared.config.frame_bytes_max,
+            });
+        }
+        if start + len > max {
+            // The batch would outgrow a frame: what came before goes first.
+            let bytes = self.held[i].bytes.split_off(start);
+            self.release_one(i)?;
+            self.held[i].bytes = bytes;
+        }
+        self.held[i].count += 1;
         Ok(())
     }
 

@@ -111,11 +111,16 @@ pub fn blocking_keys(cmd: Cmd, args: &[Bytes]) -> &[Bytes] {
 
 /// The timeout argument of a blocking command.
 pub fn timeout_arg_of(cmd: Cmd, args: &[Bytes]) -> &[u8] {
+    &args[timeout_at(cmd, args.len())]
+}
+
+/// Where a blocking command of `len` words has its timeout.
+fn timeout_at(cmd: Cmd, len: usize) -> usize {
     match cmd {
-        Cmd::Blmove => &args[5],
-        Cmd::Brpoplpush => &args[3],
-        Cmd::Blmpop => &args[1],
-        _ => &args[args.len() - 1],
+        Cmd::Blmove => 5,
+        Cmd::Brpoplpush => 3,
+        Cmd::Blmpop => 1,
+        _ => len - 1,
     }
 }
 
@@ -126,14 +131,8 @@ pub fn with_timeout(command: &[Bytes], wait: Option<std::time::Duration>) -> Vec
         .map(|spec| spec.cmd)
         .filter(|&cmd| is_blocking(cmd))
         .expect("a blocking pop");
-    let at = match cmd {
-        Cmd::Blmove => 5,
-        Cmd::Brpoplpush => 3,
-        Cmd::Blmpop => 1,
-        _ => command.len() - 1,
-    };
     let mut out = command.to_vec();
-    out[at] = match wait {
+    out[timeout_at(cmd, command.len())] = match wait {
         None => Bytes::from_static(b"0"),
         Some(w) => {
             let ms = w.as_millis();

@@ -216,6 +216,48 @@ async fn held_messages_wait_for_release_and_leave_in_one_frame_per_peer() {
 }
 
 #[tokio::test]
+async fn a_held_batch_that_would_outgrow_a_frame_goes_in_several() {
+    let ls = listeners(2).await;
+    let addrs = addrs_of(&ls);
+    let mut ls = ls.into_iter();
+    let small = Config {
+        frame_bytes_max: 1024,
+        ..Config::default()
+    };
+    let (mut a, mut a_rx) = start(&addrs, 0, 1, ls.next().expect("a"), small.clone());
+    let (b, mut b_rx) = start(&addrs, 1, 2, ls.next().expect("b"), small);
+    up(&mut a_rx, 1).await;
+    const N: u64 = 100;
+    for seq in 0..N {
+        a.hold(Peer(1), &msg(0, 1, seq, 32)).expect("held");
+    }
+    assert!(matches!(
+        a.hold(Peer(1), &msg(0, 1, N, 2000)),
+        Err(SendError::TooLarge { max: 1024, .. })
+    ));
+    a.release();
+    for seq in 0..N {
+        let (_, _, m) = received(&mut b_rx).await;
+        assert_eq!(m.txn().seq, seq);
+    }
+    // The receiver, with the same limit, refuses a longer frame: every one fit.
+    let total: usize = (0..N)
+        .map(|seq| {
+            postcard::to_stdvec(&msg(0, 1, seq, 32))
+                .expect("encode")
+                .len()
+        })
+        .sum();
+    let frames = a.stats().frames_sent;
+    assert!(
+        frames >= total.div_ceil(1024) as u64 && frames < N,
+        "{frames} frames"
+    );
+    assert_eq!(b.stats().frames_received, frames);
+    assert_eq!(b.stats().messages_received, N);
+}
+
+#[tokio::test]
 async fn queued_messages_go_out_in_one_frame_and_frames_respect_the_limit() {
     let ls = listeners(2).await;
     let addrs = addrs_of(&ls);
