@@ -55,6 +55,7 @@ pub fn engine_error(e: &keel::Error) -> Fail {
 pub fn apply_error(cmd: Cmd, e: &keel::Error) -> Fail {
     match cmd {
         Cmd::Hincrby => crate::hashes::incr_error(e),
+        Cmd::Zincrby | Cmd::Zadd => crate::zsets::incr_error(e),
         _ => engine_error(e),
     }
 }

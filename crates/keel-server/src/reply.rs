@@ -41,6 +41,8 @@ pub struct Out<'a> {
 enum Slot {
     /// An integer the engine computes at commit.
     Ticket(Ticket),
+    /// A score the engine computes at commit ([`keel::Txn::score_add`]), a double reply.
+    Score(Ticket),
     /// Whatever the caller of [`Out::fill_with`] writes for this number.
     Later(usize),
 }
@@ -64,6 +66,12 @@ impl Out<'_> {
         self.tickets.push((self.buf.len(), Slot::Ticket(ticket)));
     }
 
+    /// A double reply that is the score behind `ticket` (a score add's sum), written by
+    /// [`Out::fill`] after the commit, as [`Out::tracked`].
+    pub fn tracked_score(&mut self, ticket: Ticket) {
+        self.tickets.push((self.buf.len(), Slot::Score(ticket)));
+    }
+
     /// A reply the caller writes after the commit: [`Out::fill_with`] calls its function
     /// with `n` where this reply goes (`EXEC` uses it for `PUBLISH`, whose message is sent
     /// only once the transaction committed).
@@ -75,7 +83,7 @@ impl Out<'_> {
     pub fn has_tracked(&self) -> bool {
         self.tickets
             .iter()
-            .any(|(_, slot)| matches!(slot, Slot::Ticket(_)))
+            .any(|(_, slot)| matches!(slot, Slot::Ticket(_) | Slot::Score(_)))
     }
 
     /// Drops the replies waiting for a commit that will not happen.
@@ -83,8 +91,9 @@ impl Out<'_> {
         self.tickets.clear();
     }
 
-    /// Writes the replies that waited for `committed` where they belong. The values are
-    /// decimal integers (what `add` stores), so each is written as it is, as an integer reply.
+    /// Writes the replies that waited for `committed` where they belong. An integer's value is
+    /// decimal text (what `add` stores), written as it is; a score is decoded and written as
+    /// a double reply.
     ///
     /// The replies after the first waiting one are copied aside and written back around the
     /// values. Usually there are none (an increment, or a pipeline of them, writes nothing
@@ -119,6 +128,14 @@ impl Out<'_> {
                         .value(ticket)
                         .expect("an add leaves a value");
                     self.line(b':', value);
+                }
+                Slot::Score(ticket) => {
+                    let score = committed
+                        .expect("an increment's reply waits for a commit")
+                        .value(ticket)
+                        .and_then(keel::decode_score_value)
+                        .expect("a score add leaves a score");
+                    self.double(score);
                 }
                 Slot::Later(n) => later(n, self),
             }

@@ -100,22 +100,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Scores: their stored form and how Redis reads them.
 
-/// The order-preserving 8-byte form of a score (see the module docs).
-pub fn encode_score(x: f64) -> u64 {
-    debug_assert!(!x.is_nan());
-    let x = if x == 0.0 { 0.0 } else { x };
-    let bits = x.to_bits();
-    if bits >> 63 == 1 {
-        !bits
-    } else {
-        bits | 1 << 63
-    }
-}
-
-/// The score of its stored form.
-pub fn decode_score(k: u64) -> f64 {
-    f64::from_bits(if k >> 63 == 1 { k & !(1 << 63) } else { !k })
-}
+pub use keel::{decode_score, encode_score};
 
 /// C's `strtod` over the whole of `s`: `None` unless it reads all of it (an empty string
 /// reads as 0, as `strtod` leaves its end pointer at the terminator). With the value,
@@ -942,6 +927,27 @@ fn zadd(
             meta
         }
     };
+    if incr && !(nx || xx || gt || lt) && scores[0] != 0.0 && ctx.track_increments {
+        // As `HINCRBY`: the engine's score add, which moves the member's index entry at
+        // commit and replies with the sum it resolves to. Only whether the member is new (for
+        // the size) is read, and only its presence is validated, so concurrent increments of
+        // one member do not conflict. (An increment of 0 changes nothing, as in Redis, and
+        // reads.)
+        let member = &pairs[1];
+        let sk = score_key(meta.generation, member);
+        let new = !t.exists_for_write(&sk)?;
+        t.score_add(
+            &sk,
+            scores[0],
+            &ks::sub_prefix(ZSET_INDEX, meta.generation),
+            member,
+        )
+        .map_err(|e| incr_error(&e))?;
+        // 0 for an existing member: `WATCH` sees the change.
+        t.add(&ks::size_key(meta.generation), i64::from(new))?;
+        out.tracked_score(t.track(&sk)?);
+        return Ok(());
+    }
     let (mut added, mut updated, mut processed) = (0i64, 0i64, 0i64);
     let mut last = 0.0;
     for (pair, &score) in pairs.chunks(2).zip(&scores) {
@@ -996,6 +1002,16 @@ fn zadd(
         out.int(if ch { added + updated } else { added });
     }
     Ok(())
+}
+
+/// `ZINCRBY`'s error for an engine error of its score add, which meets the member's score
+/// only at commit (or at once, over the transaction's own write of the member).
+pub fn incr_error(e: &keel::Error) -> Fail {
+    match e {
+        keel::Error::NotANumber { .. } => NAN_RESULT.into(),
+        keel::Error::NotAScore { .. } => "ERR keel: damaged sorted set score".into(),
+        other => crate::data::engine_error(other),
+    }
 }
 
 /// What a `ZRANGE` ranges over.

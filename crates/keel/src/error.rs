@@ -98,6 +98,21 @@ pub enum Error {
         /// The key.
         key: Vec<u8>,
     },
+    /// A score add met a value that is not an encoded score (8 bytes).
+    #[error("value of key {} is not a score", crate::error::show_key(key))]
+    NotAScore {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A score add was given NaN, or its sum is not a number (`inf` plus `-inf`).
+    #[error(
+        "score of key {} would not be a number (NaN)",
+        crate::error::show_key(key)
+    )]
+    NotANumber {
+        /// The key (empty when the increment itself was NaN).
+        key: Vec<u8>,
+    },
 }
 
 /// [`Db::begin`](crate::Db::begin) or [`Db::snapshot`](crate::Db::snapshot) could not open a

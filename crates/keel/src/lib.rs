@@ -15,8 +15,9 @@
 //!
 //! Guarantees: read-write transactions are strictly serializable; range reads are
 //! phantom-safe; read-only [`Snapshot`]s never block and never abort; commutative operations
-//! ([`Txn::add`], [`Txn::max`], [`Txn::min`], [`Txn::put_ordered`], [`Txn::top_k_insert`]) never
-//! conflict with each other; nothing uncommitted is ever visible. Every bound is in [`limits`].
+//! ([`Txn::add`], [`Txn::max`], [`Txn::min`], [`Txn::put_ordered`], [`Txn::top_k_insert`],
+//! [`Txn::score_add`]) never conflict with each other; nothing uncommitted is ever visible.
+//! Every bound is in [`limits`].
 //! See `ARCHITECTURE.md` for how.
 
 mod check;
@@ -38,7 +39,10 @@ mod txn;
 mod wal;
 
 pub use check::{CheckReport, check};
-pub use commutative::{decode_ordered, decode_top_k, encode_ordered, parse_int};
+pub use commutative::{
+    decode_ordered, decode_score, decode_score_value, decode_top_k, encode_ordered, encode_score,
+    parse_int,
+};
 pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats};
 pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,

@@ -540,6 +540,10 @@ pub struct Txn<'db> {
     /// A delete of this commit made a collector pass due: it runs one once published
     /// ([`Txn::conclude`]).
     collect_due: bool,
+    /// Some write-set entry may hold pending score adds ([`Txn::score_add`]), whose index
+    /// entries are not in the write set until they resolve: reads and writes that could meet
+    /// them resolve them first.
+    score_adds: bool,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -578,6 +582,7 @@ impl<'db> Txn<'db> {
             tracked: Vec::new(),
             slot_handed_on: false,
             collect_due: false,
+            score_adds: false,
         })
     }
 
@@ -779,6 +784,14 @@ impl<'db> Txn<'db> {
             None => self.read_committed(key, h),
             Some(Write::Put(v)) => Ok(Some(v)),
             Some(Write::Delete) => Ok(None),
+            Some(Write::Ops(ops)) if ops.first().is_some_and(Op::moves_index) => {
+                let i = self.writes.find(key, h).expect("found above");
+                self.settle_score_add(i)?;
+                match &self.writes.entries[i].write {
+                    Write::Put(v) => Ok(Some(v.clone())),
+                    _ => unreachable!("a settled score add is a put"),
+                }
+            }
             Some(Write::Ops(ops)) => {
                 let mut value = self.read_committed(key, h)?;
                 for op in &ops {
@@ -787,6 +800,76 @@ impl<'db> Txn<'db> {
                 Ok(value)
             }
         }
+    }
+
+    /// Resolves the pending score adds of entry `i` now, by reading the key's committed
+    /// score: the entry becomes a put of the sum, and the index entries move in the write
+    /// set (the one at the committed score deleted, one at the sum written). Its tickets are
+    /// known from here on. A read of this transaction that could see the key or its index
+    /// entries calls this first, so that the transaction reads its own writes; the adds are
+    /// then an ordinary read and write, which conflict as such.
+    fn settle_score_add(&mut self, i: usize) -> Result<(), Error> {
+        let entry = &self.writes.entries[i];
+        let (key, hash) = (entry.key.clone(), entry.hash);
+        let Write::Ops(ops) = entry.write.clone() else {
+            unreachable!("only pending score adds settle")
+        };
+        let committed = self.read_committed(&key, hash)?;
+        let mut value = committed.clone();
+        let mut after = Vec::with_capacity(ops.len());
+        for op in &ops {
+            value = Some(op.apply(&key, value.as_deref())?);
+            after.push(value.clone());
+        }
+        for (ticket, n) in std::mem::take(&mut self.writes.entries[i].tickets).iter() {
+            self.tracked[ticket as usize] = Tracked::Known(after[n - 1].clone());
+        }
+        let value = value.expect("an entry holds at least one operation");
+        self.move_score_index(&ops[0], committed.as_deref(), &value)?;
+        self.writes.replace(i, Write::Put(value));
+        Ok(())
+    }
+
+    /// Writes the index entries of a score that goes from `old` to `new` (through `op`'s
+    /// index): the old one deleted, the new one written; nothing if they are equal.
+    fn move_score_index(&mut self, op: &Op, old: Option<&[u8]>, new: &[u8]) -> Result<(), Error> {
+        if old == Some(new) {
+            return Ok(());
+        }
+        if let Some(old) = old {
+            let k = op.index_key(old).expect("a score add has an index");
+            let h = hash(&k);
+            self.write_at(&k, h, self.writes.find(&k, h), Write::Delete)?;
+        }
+        let k = op.index_key(new).expect("a score add has an index");
+        let h = hash(&k);
+        self.write_at(&k, h, self.writes.find(&k, h), Write::Put(Vec::new()))
+    }
+
+    /// Settles the pending score adds ([`Txn::settle_score_add`]) that `touches` says a
+    /// coming read or write could meet: given an entry's key and its score add, whether the
+    /// read or write reaches either.
+    fn settle_score_adds(&mut self, touches: impl Fn(&[u8], &Op) -> bool) -> Result<(), Error> {
+        if !self.score_adds {
+            return Ok(());
+        }
+        let mut pending = false;
+        for i in 0..self.writes.entries.len() {
+            let entry = &self.writes.entries[i];
+            let Write::Ops(ops) = &entry.write else {
+                continue;
+            };
+            let Some(op) = ops.first().filter(|op| op.moves_index()) else {
+                continue;
+            };
+            if touches(&entry.key, op) {
+                self.settle_score_add(i)?;
+            } else {
+                pending = true;
+            }
+        }
+        self.score_adds = pending;
+        Ok(())
     }
 
     fn check_write(&self, key: &[u8], write: &Write, existing: Option<usize>) -> Result<(), Error> {
@@ -809,6 +892,9 @@ impl<'db> Txn<'db> {
     }
 
     fn write(&mut self, key: &[u8], write: Write) -> Result<(), Error> {
+        // A put or delete of a pending score add's key, or of a key where its index entries
+        // could be: the add resolves first, so that the write replaces what it read.
+        self.settle_score_adds(|k, op| k == key || op.indexes(key))?;
         let h = hash(key);
         self.write_at(key, h, self.writes.find(key, h), write)
     }
@@ -918,6 +1004,9 @@ impl<'db> Txn<'db> {
 
     fn commutative(&mut self, key: &[u8], op: Op) -> Result<(), Error> {
         op.check()?;
+        self.settle_score_adds(|k, pending| {
+            (k == key && !op.moves_index()) || pending.indexes(key)
+        })?;
         let h = hash(key);
         let existing = self.writes.find(key, h);
         let write = match existing.map(|i| &self.writes.entries[i].write) {
@@ -985,6 +1074,103 @@ impl<'db> Txn<'db> {
         )
     }
 
+    /// Adds `delta` to the score stored under `key` (an `f64` in the 8 bytes of
+    /// [`encode_score`](crate::encode_score), big-endian; a missing key counts as 0) and keeps
+    /// its index entry in step: the key `index_prefix ++ score ++ index_suffix` (the score's 8
+    /// bytes in the middle, the value empty) exists for the score `key` holds, and for no
+    /// other. So an index whose entries sort by score (a Redis sorted set's) follows the
+    /// scores without its writers reading them.
+    ///
+    /// Commutative, like [`Txn::add`]: concurrent score adds to one key never conflict. The
+    /// commit resolves the sum against the newest committed score under the key's lock, then
+    /// deletes the index entry at the old score and writes the one at the new, locking them
+    /// for as long as a commit's locks wait ([`ConflictReason::WriteLocked`] if another
+    /// writer keeps one). [`Txn::track`] gives the sum. The adds resolve early, as a read of
+    /// the key, when this transaction reads the key, ranges over it or over its index
+    /// entries, or writes either itself: it reads its own writes. Score adds never go to split
+    /// slices. Writers of the index entries other than score adds must hold the key too (write
+    /// it in the same transaction), as any index's writers must.
+    ///
+    /// The commit fails with [`Error::NotAScore`] if the committed value is not 8 bytes, and
+    /// with [`Error::NotANumber`] if the sum is NaN (`inf` plus `-inf`); a NaN `delta` is
+    /// refused here.
+    ///
+    /// ```
+    /// use keel::{decode_score_value, encode_score};
+    /// let db = keel::Db::in_memory();
+    /// let index = |score: f64| [&b"i/"[..], &encode_score(score).to_be_bytes(), b"/m"].concat();
+    /// let mut txn = db.begin()?;
+    /// txn.score_add(b"s/m", 1.5, b"i/", b"/m")?;
+    /// let ticket = txn.track(b"s/m")?;
+    /// let committed = txn.commit_detailed()?.expect("no conflict");
+    /// assert_eq!(committed.value(ticket).and_then(decode_score_value), Some(1.5));
+    /// db.transact(|txn| txn.score_add(b"s/m", 2.0, b"i/", b"/m"))?;
+    /// let snapshot = db.snapshot()?;
+    /// assert_eq!(snapshot.get(&index(1.5))?, None);
+    /// assert_eq!(snapshot.get(&index(3.5))?, Some(Vec::new()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn score_add(
+        &mut self,
+        key: &[u8],
+        delta: f64,
+        index_prefix: &[u8],
+        index_suffix: &[u8],
+    ) -> Result<(), Error> {
+        if delta.is_nan() {
+            return Err(Error::NotANumber { key: key.to_vec() });
+        }
+        check_key(key)?;
+        check_key(&[index_prefix, &[0; 8], index_suffix].concat())?;
+        // Its index entries are locked and written at commit besides the key.
+        if self.writes.entries.len() + 3 > TXN_WRITE_KEYS_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::TxnWriteKeys,
+                requested: self.writes.entries.len() + 3,
+            });
+        }
+        let op = Op::ScoreAdd {
+            delta: delta.to_bits(),
+            prefix: index_prefix.to_vec(),
+            suffix: index_suffix.to_vec(),
+        };
+        let h = hash(key);
+        let existing = self.writes.find(key, h);
+        let pending = existing.and_then(|i| match &self.writes.entries[i].write {
+            Write::Ops(ops) => ops.first().cloned(),
+            _ => None,
+        });
+        match pending {
+            // More adds of the same index: they resolve together at commit.
+            Some(Op::ScoreAdd { prefix, suffix, .. })
+                if prefix == index_prefix && suffix == index_suffix =>
+            {
+                return self.commutative(key, op);
+            }
+            // Pending adds of any other kind: a read resolves them (`get`).
+            Some(_) => {}
+            // Nothing pending, and no index entry of this key written by this transaction,
+            // which the commit would meet among its own writes: pending.
+            None if existing.is_none()
+                && !self.writes.entries.iter().any(|e| op.indexes(&e.key)) =>
+            {
+                self.check_write(key, &Write::Ops(vec![op.clone()]), None)?;
+                self.writes.push(key, h, Write::Ops(vec![op]));
+                self.score_adds = true;
+                return Ok(());
+            }
+            None => {}
+        }
+        // The key's score is known to this transaction, or must be read: add now, and move
+        // the index entry in the write set.
+        let old = self.get(key)?;
+        let new = op.apply(key, old.as_deref())?;
+        self.move_score_index(&op, old.as_deref(), &new)?;
+        let h = hash(key);
+        let existing = self.writes.find(key, h);
+        self.write_at(key, h, existing, Write::Put(new))
+    }
+
     /// Key-ordered iterator over `bounds` at this transaction's snapshot, with its own writes
     /// applied. Reverse it with `.rev()`. The part of the range actually read is remembered:
     /// if another transaction inserts, deletes or changes a key there before this one commits,
@@ -1015,6 +1201,9 @@ impl<'db> Txn<'db> {
     }
 
     fn range_of(&mut self, range: KeyRange) -> Range<'_, 'db> {
+        // A range over a pending score add's key or index: it resolves first. An error there
+        // (a value that is not a score) is met again at `get` and at commit, as in `overlay`.
+        let _ = self.settle_score_adds(|k, op| range.contains(k) || op.index_overlaps(&range));
         let overlay = self.overlay(&range);
         let scan = Scan::new(self.db, range, self.read_ts, overlay);
         Range { txn: self, scan }
@@ -1277,7 +1466,7 @@ impl<'db> Txn<'db> {
         //    go to this thread's slice instead and take no lock. If such a record is between
         //    phases, start over once the next phase opens (bounded).
         let mut restarts = 0;
-        let (locked, slices, mut deltas) = 'lock: loop {
+        let (mut locked, slices, mut deltas) = 'lock: loop {
             // Past the restart bound, nothing goes to a slice: the commit locks every record.
             let slices_allowed = restarts < SPLIT_RESTARTS_MAX && !prepare;
             let phase = splitter.open_phase().filter(|_| slices_allowed);
@@ -1426,6 +1615,8 @@ impl<'db> Txn<'db> {
 
         // 2. Resolve commutative operations against the newest committed values.
         let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len());
+        // Index entries that score adds move: (key, value; `None` deletes).
+        let mut moved: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         for (i, (entry, record)) in writes.iter_mut().zip(&locked).enumerate() {
             let value = match &mut entry.write {
                 _ if slices.get(i).is_some_and(Option::is_some) => None,
@@ -1455,10 +1646,80 @@ impl<'db> Txn<'db> {
                     if ops.is_empty() {
                         value = committed.map(<[u8]>::to_vec);
                     }
+                    if let (Some(op), Some(new)) = (ops.first(), value.as_deref())
+                        && op.moves_index()
+                        && committed != Some(new)
+                    {
+                        if let Some(old) = committed.and_then(|old| op.index_key(old)) {
+                            moved.push((old, None));
+                        }
+                        moved.extend(op.index_key(new).map(|k| (k, Some(Vec::new()))));
+                    }
                     value
                 }
             };
             values.push(value);
+        }
+
+        // 2a. Lock the index entries that score adds move, and write them with the rest. They
+        //     come after the write set in no agreed order, so a wait for one is bounded and
+        //     ends the commit as a conflict, never a deadlock.
+        if !moved.is_empty() {
+            let wait = if prepare {
+                (self.prepare_lock_wait, self.prepare_lock_wait)
+            } else {
+                (LOCK_WAIT_MAX, LOCK_WAIT_CONTENDED_MAX)
+            };
+            let mut created: smallvec::SmallVec<[RecordRef; 4]> = smallvec::SmallVec::new();
+            for (key, value) in moved {
+                // A transaction's own writes of these keys resolve its score adds early
+                // (`Txn::write`, `Txn::score_add`): a lock it holds would be waited for.
+                debug_assert!(!writes.iter().any(|e| e.key.as_slice() == key));
+                let h = hash(&key);
+                let write = match value {
+                    Some(v) => Write::Put(v),
+                    None => Write::Delete,
+                };
+                let reserve = matches!(write, Write::Put(_)).then_some(0);
+                let (record, outcome) = loop {
+                    let (record, new) = self
+                        .db
+                        .store
+                        .get_or_create_locked_unlinked(&key, h, me, reserve);
+                    let outcome = if new {
+                        created.push(record);
+                        Locking::Held
+                    } else {
+                        self.lock(record, me, &write, false, wait)
+                    };
+                    if !matches!(outcome, Locking::Dead) {
+                        break (record, outcome);
+                    }
+                };
+                if outcome != Locking::Held {
+                    self.db.store.link_created(&mut created);
+                    leave(self);
+                    self.unlock_all(&locked, &slices, me);
+                    SlotStats::bump(&stats.aborts_write_locked);
+                    let reason = match outcome {
+                        Locking::AwaitsDecision => ConflictReason::Prepared,
+                        _ => ConflictReason::WriteLocked,
+                    };
+                    return Step::Done(Ok(Err(Conflict { key, reason })));
+                }
+                locked.push(record);
+                values.push(match &write {
+                    Write::Put(v) => Some(v.clone()),
+                    _ => None,
+                });
+                writes.push(WriteEntry {
+                    key: key.as_slice().into(),
+                    hash: h,
+                    write,
+                    tickets: Tickets::default(),
+                });
+            }
+            self.db.store.link_created(&mut created);
         }
 
         // 2b. A prepare also holds what it read, shared, until its decision (see

@@ -467,6 +467,122 @@ fn increments_of_spread_hashes_match_redis() {
     }
 }
 
+/// `ZINCRBY` (and `ZADD … INCR` without conditions) adds with the engine's score add, which
+/// moves the member's index entry at commit and replies after it: its replies, its errors
+/// (a NaN sum, met at commit), in pipelines (one batch in keel, where a later read of the set
+/// resolves the adds early), inside `MULTI` and with a second client writing between `WATCH`
+/// and `EXEC`, must be Redis's.
+#[test]
+fn increments_of_sorted_sets_match_redis() {
+    let main = |args: &[&str]| Step {
+        who: Who::Main,
+        args: cmd(args),
+    };
+    let other = |args: &[&str]| Step {
+        who: Who::Other,
+        args: cmd(args),
+    };
+    let writes: Vec<Vec<Step>> = vec![
+        vec![main(&["ZINCRBY", "z", "1.5", "a"])],
+        vec![main(&["ZADD", "z", "10", "b", "-3", "c", "inf", "d"])],
+        vec![main(&["ZINCRBY", "z", "2", "a"])],
+        vec![main(&["ZINCRBY", "z", "-20", "a"])],
+        vec![main(&["ZINCRBY", "z", "0", "a"])],
+        vec![main(&["ZINCRBY", "z", "0", "new0"])],
+        vec![main(&["ZINCRBY", "z", "-inf", "d"])],
+        vec![main(&["ZINCRBY", "z", "inf", "d"])],
+        vec![main(&["ZINCRBY", "z", "1e308", "b"])],
+        vec![main(&["ZINCRBY", "z", "1e308", "b"])],
+        vec![main(&["ZINCRBY", "z", "0.1", "c"])],
+        vec![main(&["ZINCRBY", "z", "x", "c"])],
+        vec![main(&["ZADD", "z", "INCR", "5", "c"])],
+        vec![main(&["ZADD", "z", "INCR", "CH", "5", "e"])],
+        vec![main(&["ZADD", "z", "XX", "INCR", "5", "f"])],
+        vec![main(&["ZRANGE", "z", "0", "-1", "WITHSCORES"])],
+        vec![main(&["ZCARD", "z"])],
+        vec![main(&["SET", "s", "1"])],
+        vec![main(&["ZINCRBY", "s", "1", "a"])],
+        // Pipelined: one batch, with reads of the set between the increments.
+        vec![
+            main(&["ZINCRBY", "z", "1", "p"]),
+            main(&["ZINCRBY", "z", "2", "p"]),
+            main(&["ZINCRBY", "z", "1", "a"]),
+            main(&["ZRANGE", "z", "0", "-1", "WITHSCORES"]),
+            main(&["ZINCRBY", "z", "4", "p"]),
+            main(&["ZSCORE", "z", "p"]),
+            main(&["ZRANK", "z", "p"]),
+        ],
+        vec![
+            main(&["ZINCRBY", "z", "3", "q"]),
+            main(&["ZREM", "z", "q"]),
+            main(&["ZINCRBY", "z", "3", "q"]),
+            main(&["ZINCRBY", "z", "1", "q"]),
+            main(&["ZCARD", "z"]),
+        ],
+        vec![
+            main(&["ZINCRBY", "z", "1", "r"]),
+            main(&["ZINCRBY", "z", "-inf", "d"]),
+            main(&["ZINCRBY", "z", "1", "r"]),
+        ],
+        vec![
+            main(&["ZINCRBY", "y", "1", "a"]),
+            main(&["ZINCRBY", "y", "1", "b"]),
+            main(&["ZRANGEBYSCORE", "y", "1", "1"]),
+            main(&["DEL", "y"]),
+            main(&["ZINCRBY", "y", "7", "a"]),
+        ],
+        vec![main(&["MULTI"])],
+        vec![main(&["ZINCRBY", "z", "1", "m"])],
+        vec![main(&["ZINCRBY", "z", "2", "m"])],
+        vec![main(&["ZSCORE", "z", "m"])],
+        vec![main(&["ZREM", "z", "m"])],
+        vec![main(&["ZINCRBY", "z", "4", "m"])],
+        vec![main(&["ZADD", "z", "7", "n"])],
+        vec![main(&["ZINCRBY", "z", "1", "n"])],
+        vec![main(&["ZRANGE", "z", "0", "-1", "WITHSCORES"])],
+        vec![main(&["EXEC"])],
+        vec![main(&["MULTI"])],
+        vec![main(&["ZINCRBY", "z", "1", "a"])],
+        vec![main(&["ZINCRBY", "z", "-inf", "d"])],
+        vec![main(&["EXEC"])],
+        vec![main(&["ZSCORE", "z", "a"])],
+        // Another client's increment of a member is a change; by 0 it is not (Redis).
+        vec![main(&["WATCH", "z"])],
+        vec![other(&["ZINCRBY", "z", "1", "a"])],
+        vec![main(&["MULTI"])],
+        vec![main(&["ZINCRBY", "z", "1", "a"])],
+        vec![main(&["EXEC"])],
+        vec![main(&["WATCH", "z"])],
+        vec![other(&["ZINCRBY", "z", "0", "a"])],
+        vec![main(&["MULTI"])],
+        vec![main(&["ZINCRBY", "z", "1", "a"])],
+        vec![main(&["EXEC"])],
+        vec![main(&["ZREM", "z", "a", "b"])],
+        vec![main(&["ZINCRBY", "z", "2", "a"])],
+        vec![main(&[
+            "ZRANGE",
+            "z",
+            "-inf",
+            "+inf",
+            "BYSCORE",
+            "WITHSCORES",
+        ])],
+    ];
+    let servers = Servers::start();
+    for resp3 in [false, true] {
+        let mut harness = Harness::new(&servers, resp3);
+        harness.flush_all();
+        for write in &writes {
+            if let Err(mismatch) = harness.run_write(write) {
+                panic!("resp3: {resp3}:\n{mismatch}");
+            }
+        }
+        if let Err(mismatch) = harness.check_contents() {
+            panic!("resp3: {resp3}:\n{mismatch}");
+        }
+    }
+}
+
 /// `OBJECT ENCODING` and `REFCOUNT` of values built in one command, at the edges of Redis's
 /// default thresholds, compared exactly (random sequences allow for history: see
 /// [`encodings_agree`]); and `OBJECT HELP`, `FREQ` and an absent key, in both protocols.

@@ -1,6 +1,9 @@
 //! Sorted sets through the server: replies in RESP2 and RESP3 (doubles, pairs), `WRONGTYPE`,
 //! the generic key commands, and concurrent writers that never conflict.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use redis::Value;
 
 use crate::{TestServer, assert_ttl, error, exec_survives, info_counter, query};
@@ -479,6 +482,85 @@ fn concurrent_member_writers_do_not_conflict() {
         before,
         "a member write lost a validation"
     );
+}
+
+/// Clients incrementing the same members of one sorted set never conflict either: `ZINCRBY`
+/// is the engine's score add, which moves the member's index entry at commit. Meanwhile
+/// every `ZRANGE` sees each member once, at the score `ZSCORE` gives it in the same `MULTI`.
+#[test]
+fn concurrent_increments_of_one_member_do_not_conflict() {
+    const CLIENTS: usize = 4;
+    const ROUNDS: i64 = 300;
+    let server = TestServer::with(|c| c.poller = keel_server::lanes::PollerMode::Off);
+    let mut c = server.client();
+    let _: () = query(&mut c, &["ZADD", "z", "0", "hot", "5", "other"]);
+    let conflicts = |c: &mut redis::Connection| {
+        let info: String = query(c, &["INFO", "keel"]);
+        info_counter(&info, "keel_aborts_read_changed")
+            + info_counter(&info, "keel_aborts_phantom")
+            + info_counter(&info, "keel_conflict_retries")
+    };
+    let before = conflicts(&mut c);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (url, stop) = (server.url(false), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut c = crate::connect(&url);
+            let mut checks = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let (range, hot): (Vec<(String, f64)>, f64) = redis::pipe()
+                    .atomic()
+                    .cmd("ZRANGE")
+                    .arg("z")
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("ZSCORE")
+                    .arg("z")
+                    .arg("hot")
+                    .query(&mut c)
+                    .expect("ZRANGE and ZSCORE");
+                let names: Vec<&str> = range.iter().map(|(m, _)| m.as_str()).collect();
+                assert!(
+                    names == ["other", "hot"] || names == ["hot", "other"],
+                    "each member once: {range:?}"
+                );
+                assert!(range.contains(&("hot".to_string(), hot)), "{range:?} {hot}");
+                checks += 1;
+            }
+            checks
+        })
+    };
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                let mut last = 0.0;
+                for _ in 0..ROUNDS {
+                    let now: f64 = query(&mut c, &["ZINCRBY", "z", "1", "hot"]);
+                    assert!(
+                        now > last,
+                        "an increment's reply went back: {last} then {now}"
+                    );
+                    last = now;
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("client");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().expect("reader") > 0);
+    let total = (CLIENTS as i64 * ROUNDS) as f64;
+    assert_eq!(query::<f64>(&mut c, &["ZSCORE", "z", "hot"]), total);
+    assert_eq!(
+        query::<Vec<String>>(&mut c, &["ZRANGEBYSCORE", "z", &total.to_string(), "+inf"]),
+        ["hot"]
+    );
+    assert_eq!(query::<i64>(&mut c, &["ZCARD", "z"]), 2);
+    assert_eq!(conflicts(&mut c), before, "an increment conflicted");
 }
 
 /// A sorted set past `ZSCAN`'s whole-set size: ranks counted over the index, `ZSCAN` in

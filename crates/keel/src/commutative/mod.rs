@@ -13,6 +13,11 @@
 //!   flipped, so bytes sort like numbers), a 4-byte big-endian member length and the member.
 //!   Entries are kept sorted by score, highest first, then by member; a member appears once,
 //!   with its highest score; at most `k` entries are kept.
+//! - score add: the value is a score, an `f64` in 8 order-preserving bytes ([`encode_score`],
+//!   big-endian); a missing key counts as 0. The operation also keeps one index entry in
+//!   step: the key `prefix ++ score ++ suffix` (empty value) exists for the score the key
+//!   holds, so that the index orders its keys by score. The commit that resolves the add
+//!   deletes the entry at the old score and writes the one at the new (`Txn::score_add`).
 
 use crate::error::Error;
 use crate::limits::{TOP_K_MAX, VALUE_BYTES_MAX};
@@ -23,8 +28,22 @@ pub(crate) enum Op {
     Add(i64),
     Max(i64),
     Min(i64),
-    OrderedPut { order: u64, value: Vec<u8> },
-    TopK { k: u32, score: i64, member: Vec<u8> },
+    OrderedPut {
+        order: u64,
+        value: Vec<u8>,
+    },
+    TopK {
+        k: u32,
+        score: i64,
+        member: Vec<u8>,
+    },
+    /// Adds an `f64` (its bits) to a score, and moves the score's index entry
+    /// `prefix ++ score ++ suffix` with it.
+    ScoreAdd {
+        delta: u64,
+        prefix: Vec<u8>,
+        suffix: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -33,7 +52,58 @@ impl Op {
             Op::Add(_) | Op::Max(_) | Op::Min(_) => 8,
             Op::OrderedPut { value, .. } => 8 + value.len(),
             Op::TopK { member, .. } => 12 + member.len(),
+            // The key's 8 bytes, and the two index entries the commit writes.
+            Op::ScoreAdd { prefix, suffix, .. } => 8 + 2 * (prefix.len() + 8 + suffix.len()),
         }
+    }
+
+    /// Whether this is a score add, which keeps an index entry in step with its value.
+    pub(crate) fn moves_index(&self) -> bool {
+        matches!(self, Op::ScoreAdd { .. })
+    }
+
+    /// Whether `key` could be an index entry of this score add: its prefix, 8 bytes, its
+    /// suffix.
+    pub(crate) fn indexes(&self, key: &[u8]) -> bool {
+        let Op::ScoreAdd { prefix, suffix, .. } = self else {
+            return false;
+        };
+        key.len() == prefix.len() + 8 + suffix.len()
+            && key.starts_with(prefix)
+            && key.ends_with(suffix)
+    }
+
+    /// Whether `range` could hold an index entry of this score add.
+    pub(crate) fn index_overlaps(&self, range: &crate::store::KeyRange) -> bool {
+        use std::ops::Bound;
+        let (Some(first), Some(last)) = (self.index_key(&[0; 8]), self.index_key(&[0xff; 8]))
+        else {
+            return false;
+        };
+        let ends_before = match &range.hi {
+            Bound::Included(h) => *h < first,
+            Bound::Excluded(h) => *h <= first,
+            Bound::Unbounded => false,
+        };
+        let starts_after = match &range.lo {
+            Bound::Included(l) => *l > last,
+            Bound::Excluded(l) => *l >= last,
+            Bound::Unbounded => false,
+        };
+        !ends_before && !starts_after
+    }
+
+    /// The index entry a score add keeps for `value`, the score the key holds (its index
+    /// spec: `None` for the other operations).
+    pub(crate) fn index_key(&self, value: &[u8]) -> Option<Vec<u8>> {
+        let Op::ScoreAdd { prefix, suffix, .. } = self else {
+            return None;
+        };
+        let mut key = Vec::with_capacity(prefix.len() + value.len() + suffix.len());
+        key.extend_from_slice(prefix);
+        key.extend_from_slice(value);
+        key.extend_from_slice(suffix);
+        Some(key)
     }
 
     /// Applies the operation to `current` (`None`: the key is absent) and returns the new
@@ -87,6 +157,18 @@ impl Op {
                 }
                 Ok(encoded)
             }
+            Op::ScoreAdd { delta, .. } => {
+                let base = match current {
+                    None => 0.0,
+                    Some(v) => decode_score_value(v)
+                        .ok_or_else(|| Error::NotAScore { key: key.to_vec() })?,
+                };
+                let sum = base + f64::from_bits(*delta);
+                if sum.is_nan() {
+                    return Err(Error::NotANumber { key: key.to_vec() });
+                }
+                Ok(encode_score(sum).to_be_bytes().to_vec())
+            }
         }
     }
 
@@ -106,6 +188,31 @@ impl Op {
             _ => Ok(()),
         }
     }
+}
+
+/// The order-preserving 8 bits of a score: big-endian, they sort as the numbers do (`-inf`
+/// first, `inf` last). `-0.0` encodes as `0.0`. The sign bit is flipped for a positive score,
+/// every bit for a negative one. NaN has no place in the order; callers never store it.
+pub fn encode_score(x: f64) -> u64 {
+    debug_assert!(!x.is_nan());
+    let x = if x == 0.0 { 0.0 } else { x };
+    let bits = x.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    }
+}
+
+/// The score of its encoded form ([`encode_score`]).
+pub fn decode_score(k: u64) -> f64 {
+    f64::from_bits(if k >> 63 == 1 { k & !(1 << 63) } else { !k })
+}
+
+/// The score a stored value holds: its 8 bytes, decoded; `None` for any other length.
+pub fn decode_score_value(value: &[u8]) -> Option<f64> {
+    let bytes = <[u8; 8]>::try_from(value).ok()?;
+    Some(decode_score(u64::from_be_bytes(bytes)))
 }
 
 /// Parses a Redis-style integer: optional `-`, decimal digits, no spaces, no leading `+`,

@@ -16,14 +16,17 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub(crate) fn of(op: &Op) -> Kind {
-        match op {
+    /// The kind of `op`; `None` for a score add, which never goes to a slice: it keeps an
+    /// index entry in step with its value, which a slice's delta would leave behind.
+    pub(crate) fn of(op: &Op) -> Option<Kind> {
+        Some(match op {
             Op::Add(_) => Kind::Add,
             Op::Max(_) => Kind::Max,
             Op::Min(_) => Kind::Min,
             Op::OrderedPut { .. } => Kind::Ordered,
             Op::TopK { k, .. } => Kind::TopK(*k),
-        }
+            Op::ScoreAdd { .. } => return None,
+        })
     }
 
     /// Whether `base` (the committed value a phase starts from) can take this kind's
@@ -79,6 +82,7 @@ impl Delta {
             Op::Min(n) => Delta::Min(*n),
             Op::OrderedPut { .. } => Delta::Ordered(op.apply(key, None).ok()?),
             Op::TopK { k, .. } => Delta::TopK(*k, op.apply(key, None).ok()?),
+            Op::ScoreAdd { .. } => return None,
         })
     }
 

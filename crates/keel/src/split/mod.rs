@@ -181,7 +181,7 @@ impl SplitRecord {
     pub(crate) fn accepts(&self, ops: &[Op]) -> bool {
         self.active.load(Ordering::Relaxed)
             && !ops.is_empty()
-            && ops.iter().all(|op| Kind::of(op) == self.kind)
+            && ops.iter().all(|op| Kind::of(op) == Some(self.kind))
     }
 
     /// This thread's slice.
@@ -386,10 +386,10 @@ impl Splitter {
     /// A commit waited for the lock of `record` to apply `ops` (Auto mode), or touched it
     /// with them (Force mode).
     pub(crate) fn note(&self, record: RecordRef, ops: &[Op], waited: bool) {
-        let Some(kind) = ops.first().map(Kind::of) else {
+        let Some(Some(kind)) = ops.first().map(Kind::of) else {
             return;
         };
-        if ops.iter().any(|op| Kind::of(op) != kind) {
+        if ops.iter().any(|op| Kind::of(op) != Some(kind)) {
             return;
         }
         if self

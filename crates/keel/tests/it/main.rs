@@ -11,6 +11,7 @@ mod model;
 mod prepare;
 mod presence;
 mod reclaim;
+mod score;
 mod split;
 mod track;
 mod write_skew;
