@@ -12,7 +12,9 @@
 # clients spread over. With fewer than 128 a keel hash starts packed (docs/types.md) and is
 # spread by its first conflict. -c 50 clients, at -P 1 and -P 16. KEEL_BIN (default
 # target/release/keel), REDIS_BIN and BENCH_BIN pick the programs; DURABILITY is keel's
-# (async:1000, paired with Redis' appendfsync everysec; sync with always).
+# (async:1000, paired with Redis' appendfsync everysec; sync with always). TESTS picks the
+# tests (default: hincrby zincrby sadd hset). KEEL_BEFORE_BIN adds a second keel build, as
+# server "before", to compare a change in the same run.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -36,6 +38,8 @@ start() { # server
     redis) "$redis" --port $port --dir "$work/d" --save '' --appendonly yes \
       --appendfsync $fsync --daemonize no >/dev/null 2>&1 & ;;
     keel) "$keel" serve --port $port --dir "$work/d" --durability "$dur" >/dev/null 2>&1 & ;;
+    before) "$KEEL_BEFORE_BIN" serve --port $port --dir "$work/d" --durability "$dur" \
+      >/dev/null 2>&1 & ;;
   esac
   pid=$!
   wait_port
@@ -63,11 +67,13 @@ size_of() {
 
 echo "round,server,pipeline,test,members,rps,cpu_us_per_request,size,conflict_retries"
 all=(keel redis)
+[ -n "${KEEL_BEFORE_BIN:-}" ] && all=(before keel redis)
+read -r -a tests <<< "${TESTS:-hincrby zincrby sadd hset}"
 for round in $(seq "$rounds"); do
-  k=$(( (round - 1) % 2 ))
+  k=$(( (round - 1) % ${#all[@]} ))
   for server in "${all[@]:k}" "${all[@]:0:k}"; do
     for p in 1 16; do
-      for t in hincrby zincrby sadd hset; do
+      for t in "${tests[@]}"; do
         start "$server"
         read -r -a cmd <<< "$(command_of $t)"
         c0=$(cpu_s $pid)
@@ -76,7 +82,7 @@ for round in $(seq "$rounds"); do
         c1=$(cpu_s $pid)
         size=$(size_of $t)
         retries=""
-        [ "$server" = keel ] && retries=$("$cli" -p $port info all \
+        [ "$server" != redis ] && retries=$("$cli" -p $port info all \
           | awk -F: '/^keel_conflict_retries:/ { print $2 }' | tr -d '\r')
         cpu=$(awk -v a="$c0" -v b="$c1" -v n="$n" 'BEGIN { printf "%.2f", (b - a) * 1e6 / n }')
         echo "$round,$server,$p,$t,$members,$rps,$cpu,$size,$retries"

@@ -1,5 +1,5 @@
 //! The work behind redis-benchmark's type tests (`LPUSH`, `SADD`, `SPOP`, `ZPOPMIN`,
-//! `LRANGE_100/300/600`, ...),
+//! `LRANGE_100/300/600`, ...) and `hot-collection.sh`'s `ZINCRBY`,
 //! and `ZPOPMAX` beside them (which pops from the other end of the score index), run in process through the command functions, so that a profiler can count it without a
 //! server or a client: each test fills a key as redis-benchmark does, then runs the measured
 //! loop in a function of its own (`measured_*`). Instructions per command:
@@ -248,6 +248,66 @@ fn sadd() {
     assert_eq!(replies, LOADED * b":1\r\n".len());
     let card = format!(":{}\r\n", 2 * LOADED);
     assert_eq!(read(&db, &cursors, &["SCARD", "myset"]), card.as_bytes());
+}
+
+/// Runs a write command in its own transaction, as the server does: replies that wait for
+/// the commit (increments) are filled in after it.
+fn write_filled(db: &keel::Db, cursors: &Cursors, a: &[&str]) -> Vec<u8> {
+    let cmd = crate::table::lookup(a[0].as_bytes())
+        .expect("a command")
+        .cmd;
+    let mut txn = db.begin().expect("begin");
+    let mut buf = BytesMut::new();
+    let mut out = Out::new(&mut buf, Proto::Resp2);
+    data::run(
+        cmd,
+        &args(a),
+        &mut View::Txn(&mut txn),
+        &ctx(cursors),
+        &mut out,
+    )
+    .expect("runs");
+    let committed = txn.commit_detailed().expect("commit").expect("no conflict");
+    out.fill(&committed);
+    buf.to_vec()
+}
+
+#[inline(never)]
+fn measured_zincrby(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| write_filled(db, cursors, &["ZINCRBY", "myzset", "1", &element(i)]))
+        .collect()
+}
+
+/// `ZINCRBY myzset 1 element:N` of members of a sorted set of [`LOADED`] (each moves in the
+/// score index), as `hot-collection.sh`'s `ZINCRBY` test does.
+#[test]
+fn zincrby() {
+    let db = db();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(
+            &db,
+            &cursors,
+            &["ZADD", "myzset", &i.to_string(), &element(i)],
+        );
+    }
+    let replies = measured_zincrby(&db, &cursors, LOADED);
+    eprintln!("zincrby: {LOADED} commands");
+    for (i, reply) in replies.iter().enumerate() {
+        let score = (i + 1).to_string();
+        let expected = format!("${}\r\n{score}\r\n", score.len());
+        assert_eq!(reply, expected.as_bytes());
+    }
+    let card = format!(":{LOADED}\r\n");
+    assert_eq!(read(&db, &cursors, &["ZCARD", "myzset"]), card.as_bytes());
+    let last = LOADED.to_string();
+    let top = read(&db, &cursors, &["ZRANGEBYSCORE", "myzset", &last, "+inf"]);
+    let member = element(LOADED - 1);
+    assert_eq!(
+        top,
+        format!("*1\r\n${}\r\n{member}\r\n", member.len()).as_bytes()
+    );
 }
 
 /// `SET element:N xxx` of new keys beside [`LOADED`] others: an insert into the ordered

@@ -245,9 +245,12 @@ impl Write {
     }
 }
 
+/// A write-set entry's key: inline up to [`WRITE_KEY_INLINE`] bytes, so that most keys take
+/// no allocation of their own.
+pub(crate) type WriteKey = smallvec::SmallVec<[u8; WRITE_KEY_INLINE]>;
+
 struct WriteEntry {
-    /// Inline up to [`WRITE_KEY_INLINE`] bytes: most keys take no allocation of their own.
-    key: smallvec::SmallVec<[u8; WRITE_KEY_INLINE]>,
+    key: WriteKey,
     hash: u64,
     write: Write,
     /// Tickets ([`Txn::track`]) for the value after the first `n` of this entry's operations,
@@ -1121,7 +1124,12 @@ impl<'db> Txn<'db> {
             return Err(Error::NotANumber { key: key.to_vec() });
         }
         check_key(key)?;
-        check_key(&[index_prefix, &[0; 8], index_suffix].concat())?;
+        if index_prefix.len() + 8 + index_suffix.len() > KEY_BYTES_MAX {
+            return Err(Error::LimitExceeded {
+                limit: Limit::KeyBytes,
+                requested: index_prefix.len() + 8 + index_suffix.len(),
+            });
+        }
         // Its index entries are locked and written at commit besides the key.
         if self.writes.entries.len() + 3 > TXN_WRITE_KEYS_MAX {
             return Err(Error::LimitExceeded {
@@ -1129,11 +1137,7 @@ impl<'db> Txn<'db> {
                 requested: self.writes.entries.len() + 3,
             });
         }
-        let op = Op::ScoreAdd {
-            delta: delta.to_bits(),
-            prefix: index_prefix.to_vec(),
-            suffix: index_suffix.to_vec(),
-        };
+        let op = Op::score_add(delta, index_prefix, index_suffix);
         let h = hash(key);
         let existing = self.writes.find(key, h);
         let pending = existing.and_then(|i| match &self.writes.entries[i].write {
@@ -1142,9 +1146,7 @@ impl<'db> Txn<'db> {
         });
         match pending {
             // More adds of the same index: they resolve together at commit.
-            Some(Op::ScoreAdd { prefix, suffix, .. })
-                if prefix == index_prefix && suffix == index_suffix =>
-            {
+            Some(pending) if pending.index_parts() == Some((index_prefix, index_suffix)) => {
                 return self.commutative(key, op);
             }
             // Pending adds of any other kind: a read resolves them (`get`).
@@ -1154,8 +1156,9 @@ impl<'db> Txn<'db> {
             None if existing.is_none()
                 && !self.writes.entries.iter().any(|e| op.indexes(&e.key)) =>
             {
-                self.check_write(key, &Write::Ops(vec![op.clone()]), None)?;
-                self.writes.push(key, h, Write::Ops(vec![op]));
+                let write = Write::Ops(vec![op]);
+                self.check_write(key, &write, None)?;
+                self.writes.push(key, h, write);
                 self.score_adds = true;
                 return Ok(());
             }
@@ -1460,6 +1463,17 @@ impl<'db> Txn<'db> {
         if writes.len() > 1 {
             self.db.store.prefetch_all(writes.iter().map(|e| e.hash));
         }
+        // Room for the index entries that score adds move (two each), added after locking.
+        let moves = if self.score_adds {
+            let pending = |e: &WriteEntry| match &e.write {
+                Write::Ops(ops) => ops.first().is_some_and(Op::moves_index),
+                _ => false,
+            };
+            2 * writes.iter().filter(|e| pending(e)).count()
+        } else {
+            0
+        };
+        writes.reserve_exact(moves);
         let splitter = &self.db.splitter;
 
         // 1. Lock the write set. Commutative operations on a record split in the open phase
@@ -1470,7 +1484,7 @@ impl<'db> Txn<'db> {
             // Past the restart bound, nothing goes to a slice: the commit locks every record.
             let slices_allowed = restarts < SPLIT_RESTARTS_MAX && !prepare;
             let phase = splitter.open_phase().filter(|_| slices_allowed);
-            let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len());
+            let mut locked: Vec<RecordRef> = Vec::with_capacity(writes.len() + moves);
             // Which entries go to slices; left empty (no allocation) when no entry could.
             let mut slices: Vec<Option<&'static SplitRecord>> = Vec::new();
             if phase.is_some() && writes.iter().any(|e| matches!(e.write, Write::Ops(_))) {
@@ -1614,9 +1628,9 @@ impl<'db> Txn<'db> {
         };
 
         // 2. Resolve commutative operations against the newest committed values.
-        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len());
-        // Index entries that score adds move: (key, value; `None` deletes).
-        let mut moved: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(writes.len() + moves);
+        // Index entries that score adds move: (key, whether it is written; else deleted).
+        let mut moved: smallvec::SmallVec<[(WriteKey, bool); 2]> = smallvec::SmallVec::new();
         for (i, (entry, record)) in writes.iter_mut().zip(&locked).enumerate() {
             let value = match &mut entry.write {
                 _ if slices.get(i).is_some_and(Option::is_some) => None,
@@ -1651,9 +1665,9 @@ impl<'db> Txn<'db> {
                         && committed != Some(new)
                     {
                         if let Some(old) = committed.and_then(|old| op.index_key(old)) {
-                            moved.push((old, None));
+                            moved.push((old, false));
                         }
-                        moved.extend(op.index_key(new).map(|k| (k, Some(Vec::new()))));
+                        moved.extend(op.index_key(new).map(|k| (k, true)));
                     }
                     value
                 }
@@ -1671,14 +1685,15 @@ impl<'db> Txn<'db> {
                 (LOCK_WAIT_MAX, LOCK_WAIT_CONTENDED_MAX)
             };
             let mut created: smallvec::SmallVec<[RecordRef; 4]> = smallvec::SmallVec::new();
-            for (key, value) in moved {
+            for (key, put) in moved {
                 // A transaction's own writes of these keys resolve its score adds early
                 // (`Txn::write`, `Txn::score_add`): a lock it holds would be waited for.
-                debug_assert!(!writes.iter().any(|e| e.key.as_slice() == key));
+                debug_assert!(!writes.iter().any(|e| e.key == key));
                 let h = hash(&key);
-                let write = match value {
-                    Some(v) => Write::Put(v),
-                    None => Write::Delete,
+                let write = if put {
+                    Write::Put(Vec::new())
+                } else {
+                    Write::Delete
                 };
                 let reserve = matches!(write, Write::Put(_)).then_some(0);
                 let (record, outcome) = loop {
@@ -1705,15 +1720,15 @@ impl<'db> Txn<'db> {
                         Locking::AwaitsDecision => ConflictReason::Prepared,
                         _ => ConflictReason::WriteLocked,
                     };
-                    return Step::Done(Ok(Err(Conflict { key, reason })));
+                    return Step::Done(Ok(Err(Conflict {
+                        key: key.to_vec(),
+                        reason,
+                    })));
                 }
                 locked.push(record);
-                values.push(match &write {
-                    Write::Put(v) => Some(v.clone()),
-                    _ => None,
-                });
+                values.push(put.then(Vec::new));
                 writes.push(WriteEntry {
-                    key: key.as_slice().into(),
+                    key,
                     hash: h,
                     write,
                     tickets: Tickets::default(),

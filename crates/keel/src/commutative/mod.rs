@@ -38,11 +38,12 @@ pub(crate) enum Op {
         member: Vec<u8>,
     },
     /// Adds an `f64` (its bits) to a score, and moves the score's index entry
-    /// `prefix ++ score ++ suffix` with it.
+    /// `prefix ++ score ++ suffix` with it: `index` is the prefix and the suffix, one after
+    /// the other, the prefix `split` bytes long.
     ScoreAdd {
         delta: u64,
-        prefix: Vec<u8>,
-        suffix: Vec<u8>,
+        index: Vec<u8>,
+        split: u32,
     },
 }
 
@@ -53,7 +54,7 @@ impl Op {
             Op::OrderedPut { value, .. } => 8 + value.len(),
             Op::TopK { member, .. } => 12 + member.len(),
             // The key's 8 bytes, and the two index entries the commit writes.
-            Op::ScoreAdd { prefix, suffix, .. } => 8 + 2 * (prefix.len() + 8 + suffix.len()),
+            Op::ScoreAdd { index, .. } => 8 + 2 * (index.len() + 8),
         }
     }
 
@@ -62,10 +63,30 @@ impl Op {
         matches!(self, Op::ScoreAdd { .. })
     }
 
+    /// A score add: `delta` added, the index entry `prefix ++ score ++ suffix` kept.
+    pub(crate) fn score_add(delta: f64, prefix: &[u8], suffix: &[u8]) -> Op {
+        let mut index = Vec::with_capacity(prefix.len() + suffix.len());
+        index.extend_from_slice(prefix);
+        index.extend_from_slice(suffix);
+        Op::ScoreAdd {
+            delta: delta.to_bits(),
+            index,
+            split: u32::try_from(prefix.len()).expect("keys are bounded"),
+        }
+    }
+
+    /// A score add's index prefix and suffix.
+    pub(crate) fn index_parts(&self) -> Option<(&[u8], &[u8])> {
+        let Op::ScoreAdd { index, split, .. } = self else {
+            return None;
+        };
+        Some(index.split_at(*split as usize))
+    }
+
     /// Whether `key` could be an index entry of this score add: its prefix, 8 bytes, its
     /// suffix.
     pub(crate) fn indexes(&self, key: &[u8]) -> bool {
-        let Op::ScoreAdd { prefix, suffix, .. } = self else {
+        let Some((prefix, suffix)) = self.index_parts() else {
             return false;
         };
         key.len() == prefix.len() + 8 + suffix.len()
@@ -81,13 +102,13 @@ impl Op {
             return false;
         };
         let ends_before = match &range.hi {
-            Bound::Included(h) => *h < first,
-            Bound::Excluded(h) => *h <= first,
+            Bound::Included(h) => h.as_slice() < first.as_slice(),
+            Bound::Excluded(h) => h.as_slice() <= first.as_slice(),
             Bound::Unbounded => false,
         };
         let starts_after = match &range.lo {
-            Bound::Included(l) => *l > last,
-            Bound::Excluded(l) => *l >= last,
+            Bound::Included(l) => l.as_slice() > last.as_slice(),
+            Bound::Excluded(l) => l.as_slice() >= last.as_slice(),
             Bound::Unbounded => false,
         };
         !ends_before && !starts_after
@@ -95,11 +116,10 @@ impl Op {
 
     /// The index entry a score add keeps for `value`, the score the key holds (its index
     /// spec: `None` for the other operations).
-    pub(crate) fn index_key(&self, value: &[u8]) -> Option<Vec<u8>> {
-        let Op::ScoreAdd { prefix, suffix, .. } = self else {
-            return None;
-        };
-        let mut key = Vec::with_capacity(prefix.len() + value.len() + suffix.len());
+    pub(crate) fn index_key(&self, value: &[u8]) -> Option<crate::txn::WriteKey> {
+        let (prefix, suffix) = self.index_parts()?;
+        let mut key =
+            crate::txn::WriteKey::with_capacity(prefix.len() + value.len() + suffix.len());
         key.extend_from_slice(prefix);
         key.extend_from_slice(value);
         key.extend_from_slice(suffix);
