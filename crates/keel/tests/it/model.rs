@@ -6,7 +6,9 @@
 //! at `begin`), range reads forward and backward with arbitrary bounds (inverted and empty
 //! ones included) and early stops, commutative operations (`add`, `max`, `min`, ordered put,
 //! top-k insert, the last two against their documented encodings) and their errors when they
-//! meet a value of another kind, and the outcome of every commit. A commit that wrote
+//! meet a value of another kind, score adds (which also move an index entry per key, and
+//! resolve early, as reads, when the transaction reads the key or ranges over it or its
+//! index), and the outcome of every commit. A commit that wrote
 //! something conflicts exactly when a key it read, or a key inside the part of a range it
 //! actually read, was written by a transaction that committed after it began; a read-only
 //! commit never conflicts. After each commit a fresh snapshot must equal the model's
@@ -20,6 +22,16 @@ use keel::{CommitError, ConflictReason, Db, Error, Snapshot, Txn};
 use proptest::prelude::*;
 
 const KEY_NAMES: [&[u8]; 6] = [b"a", b"b", b"c", b"d", b"e", b"f"];
+
+/// Keys only score adds (and their removal, as `ZREM` does it) write, before every key name;
+/// their index entries (`i`, the score, the key) come after every key name, so that some
+/// ranges reach the keys but not their index entries, and others the reverse.
+const SCORE_KEYS: [&[u8]; 2] = [b"0s", b"0t"];
+const INDEX_PREFIX: &[u8] = b"i";
+
+fn index_key(value: &[u8], member: &[u8]) -> Vec<u8> {
+    [INDEX_PREFIX, value, member].concat()
+}
 
 fn name(k: u8) -> Vec<u8> {
     KEY_NAMES[usize::from(k)].to_vec()
@@ -49,6 +61,12 @@ enum Step {
     Min(usize, u8, i64),
     Ordered(usize, u8, u64, Vec<u8>),
     TopK(usize, u8, u32, i64, Vec<u8>),
+    /// A score add of an integer to `SCORE_KEYS[k]`.
+    Score(usize, u8, i64),
+    /// Reads `SCORE_KEYS[k]`.
+    ScoreGet(usize, u8),
+    /// Reads `SCORE_KEYS[k]` and, if present, deletes it and its index entry.
+    ScoreRemove(usize, u8),
     Range(usize, RangeSpec),
     Commit(usize),
     Abort(usize),
@@ -79,6 +97,7 @@ enum MOp {
     Min(i64),
     Ordered(u64, Vec<u8>),
     TopK(u32, i64, Vec<u8>),
+    Score(i64),
 }
 
 /// The documented top-k encoding: per entry an 8-byte big-endian score with the sign bit
@@ -129,6 +148,13 @@ impl MOp {
                 entries.truncate(*k as usize);
                 return Ok(encode_top_k(&entries));
             }
+            MOp::Score(delta) => {
+                let base = current.map_or(0.0, |v| {
+                    keel::decode_score_value(v).expect("score keys hold scores")
+                });
+                let sum = base + *delta as f64;
+                return Ok(keel::encode_score(sum).to_be_bytes().to_vec());
+            }
             _ => {}
         }
         let base = current.map(|v| parse(key, v)).transpose()?;
@@ -137,7 +163,9 @@ impl MOp {
             (MOp::Max(n) | MOp::Min(n), None) => *n,
             (MOp::Max(n), Some(b)) => b.max(*n),
             (MOp::Min(n), Some(b)) => b.min(*n),
-            (MOp::Ordered(..) | MOp::TopK(..), _) => unreachable!("handled above"),
+            (MOp::Ordered(..) | MOp::TopK(..) | MOp::Score(_), _) => {
+                unreachable!("handled above")
+            }
         };
         Ok(result.to_string().into_bytes())
     }
@@ -164,8 +192,62 @@ struct MTxn {
     ts_at_begin: u64,
 }
 
+fn is_score_add(write: &MWrite) -> bool {
+    matches!(write, MWrite::Ops(ops) if matches!(ops.first(), Some(MOp::Score(_))))
+}
+
 impl MTxn {
+    /// Resolves the pending score adds of `key` as the engine does before a read that could
+    /// see them: a read of the key, a put of the sum, the index entry moved.
+    fn settle(&mut self, key: &[u8]) {
+        let Some(MWrite::Ops(ops)) = self.writes.get(key).cloned() else {
+            unreachable!("only pending score adds settle")
+        };
+        self.reads.insert(key.to_vec());
+        let committed = self.snapshot.get(key).cloned();
+        let mut value = committed.clone();
+        for op in &ops {
+            value = Some(op.apply(key, value.as_deref()).expect("scores add"));
+        }
+        let value = value.expect("at least one add");
+        self.move_index(key, committed.as_deref(), &value);
+        self.writes.insert(key.to_vec(), MWrite::Put(value));
+    }
+
+    fn move_index(&mut self, key: &[u8], old: Option<&[u8]>, new: &[u8]) {
+        if old == Some(new) {
+            return;
+        }
+        if let Some(old) = old {
+            self.writes.insert(index_key(old, key), MWrite::Delete);
+        }
+        self.writes
+            .insert(index_key(new, key), MWrite::Put(Vec::new()));
+    }
+
+    fn score_add(&mut self, key: &[u8], delta: i64) {
+        let op = MOp::Score(delta);
+        match self.writes.get(key).cloned() {
+            Some(MWrite::Ops(mut ops)) => {
+                ops.push(op);
+                self.writes.insert(key.to_vec(), MWrite::Ops(ops));
+            }
+            None => {
+                self.writes.insert(key.to_vec(), MWrite::Ops(vec![op]));
+            }
+            Some(_) => {
+                let old = self.get(key).expect("own writes of scores");
+                let new = op.apply(key, old.as_deref()).expect("scores add");
+                self.move_index(key, old.as_deref(), &new);
+                self.writes.insert(key.to_vec(), MWrite::Put(new));
+            }
+        }
+    }
+
     fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        if self.writes.get(key).is_some_and(is_score_add) {
+            self.settle(key);
+        }
         match self.writes.get(key) {
             Some(MWrite::Put(v)) => Ok(Some(v.clone())),
             Some(MWrite::Delete) => Ok(None),
@@ -205,6 +287,24 @@ impl MTxn {
     /// does the former, a comment in `txn.rs` promises the latter, and either is accepted
     /// (the failure itself surfaces at `get` and at commit).
     fn range_view(&mut self, bounds: &Bounds) -> (Items, Items) {
+        // Pending score adds whose key or index the range could reach resolve first.
+        let pending: Vec<Vec<u8>> = self
+            .writes
+            .iter()
+            .filter(|(k, w)| {
+                is_score_add(w)
+                    && (contains(bounds, k)
+                        || range_overlaps(
+                            bounds,
+                            &index_key(&[0; 8], k),
+                            &index_key(&[0xff; 8], k),
+                        ))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in pending {
+            self.settle(&key);
+        }
         let mut view: Map = self
             .snapshot
             .iter()
@@ -239,6 +339,21 @@ impl MTxn {
         }
         (view.into_iter().collect(), base_view.into_iter().collect())
     }
+}
+
+/// Whether `bounds` reaches into `[first, last]`.
+fn range_overlaps(bounds: &Bounds, first: &[u8], last: &[u8]) -> bool {
+    let ends_before = match &bounds.1 {
+        Bound::Included(h) => h.as_slice() < first,
+        Bound::Excluded(h) => h.as_slice() <= first,
+        Bound::Unbounded => false,
+    };
+    let starts_after = match &bounds.0 {
+        Bound::Included(l) => l.as_slice() > last,
+        Bound::Excluded(l) => l.as_slice() >= last,
+        Bound::Unbounded => false,
+    };
+    !ends_before && !starts_after
 }
 
 #[derive(Default)]
@@ -308,6 +423,9 @@ fn run_steps(steps: &[Step]) -> Result<(), TestCaseError> {
             | Step::Min(s, ..)
             | Step::Ordered(s, ..)
             | Step::TopK(s, ..)
+            | Step::Score(s, ..)
+            | Step::ScoreGet(s, _)
+            | Step::ScoreRemove(s, _)
             | Step::Range(s, _) => Some(s),
             _ => None,
         };
@@ -373,6 +491,30 @@ fn run_steps(steps: &[Step]) -> Result<(), TestCaseError> {
                 let got = txn.top_k_insert(&key, *n, *score, member);
                 let want = m.commutative(&key, MOp::TopK(*n, *score, member.clone()));
                 prop_assert_eq!(got, want, "step {}: {:?}", i, step);
+            }
+            Step::Score(s, k, delta) => {
+                let (txn, m) = txns[*s].as_mut().unwrap();
+                let key = SCORE_KEYS[usize::from(*k)];
+                txn.score_add(key, *delta as f64, INDEX_PREFIX, key)
+                    .unwrap();
+                m.score_add(key, *delta);
+            }
+            Step::ScoreGet(s, k) => {
+                let (txn, m) = txns[*s].as_mut().unwrap();
+                let key = SCORE_KEYS[usize::from(*k)];
+                prop_assert_eq!(txn.get(key), m.get(key), "step {}: {:?}", i, step);
+            }
+            Step::ScoreRemove(s, k) => {
+                let (txn, m) = txns[*s].as_mut().unwrap();
+                let key = SCORE_KEYS[usize::from(*k)];
+                let got = txn.get(key).unwrap();
+                prop_assert_eq!(&got, &m.get(key).unwrap(), "step {}: {:?}", i, step);
+                if let Some(v) = got {
+                    txn.delete(key).unwrap();
+                    txn.delete(&index_key(&v, key)).unwrap();
+                    m.writes.insert(key.to_vec(), MWrite::Delete);
+                    m.writes.insert(index_key(&v, key), MWrite::Delete);
+                }
             }
             Step::Range(s, spec) => {
                 let (txn, m) = txns[*s].as_mut().unwrap();
@@ -469,6 +611,23 @@ fn commit_model(
         let value = match write {
             MWrite::Put(v) => Some(v.clone()),
             MWrite::Delete => None,
+            // A score add resolves against the newest committed score and moves the index
+            // entry from that score to the sum.
+            MWrite::Ops(ops) if is_score_add(write) => {
+                let old = model.committed.get(key).cloned();
+                let mut value = old.clone();
+                for op in ops {
+                    value = Some(op.apply(key, value.as_deref()).expect("scores add"));
+                }
+                if old != value {
+                    if let Some(old) = &old {
+                        values.push((index_key(old, key), None));
+                    }
+                    let new = value.as_deref().expect("a sum");
+                    values.push((index_key(new, key), Some(Vec::new())));
+                }
+                value
+            }
             MWrite::Ops(ops) => {
                 let mut value = model.committed.get(key).cloned();
                 for op in ops {
@@ -576,6 +735,9 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(s, k, o, v)| Step::Ordered(s, k, o, v)),
         1 => (slot.clone(), key.clone(), 1u32..4, -3i64..4, member)
             .prop_map(|(s, k, n, score, m)| Step::TopK(s, k, n, score, m)),
+        2 => (slot.clone(), 0u8..2, -3i64..4).prop_map(|(s, k, d)| Step::Score(s, k, d)),
+        1 => (slot.clone(), 0u8..2).prop_map(|(s, k)| Step::ScoreGet(s, k)),
+        1 => (slot.clone(), 0u8..2).prop_map(|(s, k)| Step::ScoreRemove(s, k)),
         2 => (slot.clone(), range.clone()).prop_map(|(s, r)| Step::Range(s, r)),
         3 => slot.clone().prop_map(Step::Commit),
         1 => slot.prop_map(Step::Abort),
