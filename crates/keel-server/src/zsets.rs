@@ -69,6 +69,8 @@ pub fn handles(cmd: Cmd) -> bool {
                 | Cmd::Zrangestore
                 | Cmd::Zunionstore
                 | Cmd::Zinterstore
+                | Cmd::Zdiffstore
+                | Cmd::Zmpop
                 | Cmd::Zremrangebyscore
                 | Cmd::Zremrangebyrank
                 | Cmd::Zremrangebylex
@@ -94,6 +96,10 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Zrevrank
             | Cmd::Zscan
             | Cmd::Zrandmember
+            | Cmd::Zunion
+            | Cmd::Zinter
+            | Cmd::Zdiff
+            | Cmd::Zintercard
     )
 }
 
@@ -797,8 +803,18 @@ pub fn run(
             }
         }
         Cmd::Zpopmin | Cmd::Zpopmax => zpop(args, cmd == Cmd::Zpopmax, view.txn(), ctx, out)?,
-        Cmd::Zunionstore | Cmd::Zinterstore => {
-            zunioninter(args, cmd == Cmd::Zinterstore, view.txn(), ctx, out)?
+        Cmd::Zunionstore | Cmd::Zinterstore | Cmd::Zdiffstore => {
+            combine_store(cmd, args, view.txn(), ctx, out)?
+        }
+        Cmd::Zunion | Cmd::Zinter | Cmd::Zdiff => combine_reply(cmd, args, view, ctx, out)?,
+        Cmd::Zintercard => {
+            let (result, _) = combine(cmd, args, view, ctx)?;
+            out.int(result.len() as i64);
+        }
+        Cmd::Zmpop => {
+            if !zmpop(args, 1, view.txn(), ctx, out)? {
+                out.null_array();
+            }
         }
         Cmd::Zremrangebyscore | Cmd::Zremrangebyrank | Cmd::Zremrangebylex => {
             zremrange(cmd, args, view.txn(), ctx, out)?
@@ -1152,7 +1168,29 @@ fn zpop(
         out.array(0);
         return Ok(());
     }
-    let want = count.unwrap_or(1);
+    let items = pop_members(t, key, &meta, max, count.unwrap_or(1), ctx)?;
+    let nested = count.is_some() && out.proto == Proto::Resp3;
+    out.array(if nested { items.len() } else { 2 * items.len() });
+    for (m, s) in &items {
+        if nested {
+            out.array(2);
+        }
+        out.bulk(m);
+        out.double(*s);
+    }
+    Ok(())
+}
+
+/// Pops `want` members (or all there are) from the sorted set `key` (`meta`), the lowest
+/// scores first, or the highest with `max`.
+fn pop_members(
+    t: &mut Txn<'_>,
+    key: &[u8],
+    meta: &Meta,
+    max: bool,
+    want: i64,
+    ctx: &Ctx<'_>,
+) -> Result<Vec<Scored>, Fail> {
     let (lo, hi) = all(meta.generation);
     let mut got = Collect::new(ctx.reply_bytes_max);
     let mut left = want;
@@ -1177,41 +1215,53 @@ fn zpop(
     if more {
         t.add(&ks::size_key(meta.generation), -(items.len() as i64))?;
     } else {
-        shrink(t, key, &meta, items.len() as i64)?;
+        shrink(t, key, meta, items.len() as i64)?;
     }
-    let nested = count.is_some() && out.proto == Proto::Resp3;
-    out.array(if nested { items.len() } else { 2 * items.len() });
-    for (m, s) in &items {
-        if nested {
-            out.array(2);
-        }
-        out.bulk(m);
-        out.double(*s);
-    }
-    Ok(())
+    Ok(items)
 }
 
-/// `ZUNIONSTORE`/`ZINTERSTORE destination numkeys key [key ...] [WEIGHTS weight [weight
-/// ...]] [AGGREGATE SUM|MIN|MAX]`. Sets count as sorted sets of score 1.
-fn zunioninter(
+/// What the set operations over sorted sets (and sets) compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetOp {
+    Union,
+    Inter,
+    Diff,
+}
+
+/// `cmd`'s `numkeys key [key ...]` and the options that follow (`WEIGHTS`, `AGGREGATE`,
+/// `WITHSCORES`, `LIMIT`), computed as Redis's `zunionInterDiffGenericCommand` does: the keys
+/// are looked up (`WRONGTYPE` for a key that is neither a set nor a sorted set) before the
+/// options are read. A `…STORE` command's destination takes the result, so `WITHSCORES` is
+/// refused there; `ZINTERCARD` takes only `LIMIT`, and its intersection stops at it. Returns
+/// the result (in no order) and whether scores were asked for.
+fn combine(
+    cmd: Cmd,
     args: &[Bytes],
-    inter: bool,
-    t: &mut Txn<'_>,
+    view: &mut View<'_, '_>,
     ctx: &Ctx<'_>,
-    out: &mut Out<'_>,
-) -> Result<(), Fail> {
-    let name = if inter { "zinterstore" } else { "zunionstore" };
-    let numkeys = string_to_i64(&args[2]).ok_or(NOT_INTEGER)?;
+) -> Result<(Vec<Scored>, bool), Fail> {
+    let (name, op, at) = match cmd {
+        Cmd::Zunionstore => ("zunionstore", SetOp::Union, 2),
+        Cmd::Zinterstore => ("zinterstore", SetOp::Inter, 2),
+        Cmd::Zdiffstore => ("zdiffstore", SetOp::Diff, 2),
+        Cmd::Zunion => ("zunion", SetOp::Union, 1),
+        Cmd::Zinter => ("zinter", SetOp::Inter, 1),
+        Cmd::Zdiff => ("zdiff", SetOp::Diff, 1),
+        Cmd::Zintercard => ("zintercard", SetOp::Inter, 1),
+        other => unreachable!("{other:?} combines no sets"),
+    };
+    let (store, card) = (at == 2, cmd == Cmd::Zintercard);
+    let numkeys = string_to_i64(&args[at]).ok_or(NOT_INTEGER)?;
     if numkeys < 1 {
         return Err(format!("ERR at least 1 input key is needed for '{name}' command").into());
     }
-    if numkeys > (args.len() - 3) as i64 {
+    if numkeys > (args.len() - at - 1) as i64 {
         return Err(SYNTAX.into());
     }
     let numkeys = numkeys as usize;
     let mut sources = Vec::with_capacity(numkeys);
-    for key in &args[3..3 + numkeys] {
-        match ks::lookup(&mut View::Txn(t), &ctx.clock, key, false)? {
+    for key in &args[at + 1..at + 1 + numkeys] {
+        match ks::lookup(view, &ctx.clock, key, false)? {
             ks::Held::Absent => sources.push(None),
             ks::Held::Meta(m) if matches!(m.ty, Type::Set | Type::ZSet) => sources.push(Some(m)),
             _ => return Err(WRONGTYPE.into()),
@@ -1225,15 +1275,18 @@ fn zunioninter(
         Max,
     }
     let mut aggregate = Aggregate::Sum;
-    let mut j = 3 + numkeys;
+    let (mut withscores, mut limit) = (false, 0usize);
+    let mut j = at + 1 + numkeys;
     while j < args.len() {
         let left = args.len() - j;
-        if left > numkeys && args[j].eq_ignore_ascii_case(b"weights") {
+        let opt = &args[j];
+        if op != SetOp::Diff && !card && left > numkeys && opt.eq_ignore_ascii_case(b"weights") {
             for (i, w) in weights.iter_mut().enumerate() {
                 *w = parse_score(&args[j + 1 + i]).ok_or("ERR weight value is not a float")?;
             }
             j += 1 + numkeys;
-        } else if left >= 2 && args[j].eq_ignore_ascii_case(b"aggregate") {
+        } else if op != SetOp::Diff && !card && left >= 2 && opt.eq_ignore_ascii_case(b"aggregate")
+        {
             let a = &args[j + 1];
             aggregate = if a.eq_ignore_ascii_case(b"sum") {
                 Aggregate::Sum
@@ -1244,6 +1297,16 @@ fn zunioninter(
             } else {
                 return Err(SYNTAX.into());
             };
+            j += 2;
+        } else if !store && !card && opt.eq_ignore_ascii_case(b"withscores") {
+            withscores = true;
+            j += 1;
+        } else if card && left >= 2 && opt.eq_ignore_ascii_case(b"limit") {
+            // Redis's `getPositiveLongFromObjectOrReply`: one message for both failures.
+            let n = string_to_i64(&args[j + 1])
+                .filter(|&n| n >= 0)
+                .ok_or("ERR LIMIT can't be negative")?;
+            limit = usize::try_from(n).unwrap_or(usize::MAX);
             j += 2;
         } else {
             return Err(SYNTAX.into());
@@ -1264,32 +1327,53 @@ fn zunioninter(
         let x = w * s;
         if x.is_nan() { 0.0 } else { x }
     };
+    if op == SetOp::Diff {
+        // The first input's members that no other input has, at their scores there.
+        let mut rest = sources.into_iter();
+        let Some(Some(first)) = rest.next() else {
+            return Ok((Vec::new(), withscores));
+        };
+        let others: Vec<Meta> = rest.flatten().collect();
+        let mut result = Vec::new();
+        'diff: for (member, s) in members_of(view, ctx, &first)? {
+            for m in &others {
+                if score_in(view, m, &member)?.is_some() {
+                    continue 'diff;
+                }
+            }
+            result.push((member, s));
+        }
+        return Ok((result, withscores));
+    }
     // Smallest first, as Redis orders its inputs (a stable sort, so ties keep their order).
     let mut inputs: Vec<(i64, usize, Option<Meta>)> = Vec::with_capacity(numkeys);
     for (i, m) in sources.into_iter().enumerate() {
         let n = match &m {
             None => 0,
-            Some(m) if m.ty == Type::Set => sets::set_len(&mut View::Txn(t), m)?,
-            Some(m) => size(&mut View::Txn(t), m.generation)?,
+            Some(m) if m.ty == Type::Set => sets::set_len(view, m)?,
+            Some(m) => size(view, m.generation)?,
         };
         inputs.push((n, i, m));
     }
     inputs.sort_by_key(|(n, _, _)| *n);
     let mut result: Vec<Scored> = Vec::new();
-    if inter {
+    if op == SetOp::Inter {
         if inputs.iter().all(|(_, _, m)| m.is_some()) {
             let (_, first_i, first) = &inputs[0];
             let first = first.as_ref().expect("checked");
-            'members: for (member, s) in members_of(t, ctx, first)? {
+            'members: for (member, s) in members_of(view, ctx, first)? {
                 let mut acc = weighted(weights[*first_i], s);
                 for (_, i, m) in &inputs[1..] {
                     let m = m.as_ref().expect("checked");
-                    let Some(s) = score_in(t, m, &member)? else {
+                    let Some(s) = score_in(view, m, &member)? else {
                         continue 'members;
                     };
                     acc = combine(acc, weighted(weights[*i], s));
                 }
                 result.push((member, acc));
+                if card && result.len() == limit {
+                    break;
+                }
             }
         }
     } else {
@@ -1297,7 +1381,7 @@ fn zunioninter(
         let mut order = Vec::new();
         for (_, i, m) in &inputs {
             let Some(m) = m else { continue };
-            for (member, s) in members_of(t, ctx, m)? {
+            for (member, s) in members_of(view, ctx, m)? {
                 let x = weighted(weights[*i], s);
                 match acc.get_mut(&member) {
                     Some(a) => *a = combine(*a, x),
@@ -1319,35 +1403,121 @@ fn zunioninter(
             })
             .collect();
     }
+    Ok((result, withscores))
+}
+
+/// `ZUNIONSTORE`, `ZINTERSTORE`, `ZDIFFSTORE destination numkeys key [key ...] [options]`.
+fn combine_store(
+    cmd: Cmd,
+    args: &[Bytes],
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let (result, _) = combine(cmd, args, &mut View::Txn(t), ctx)?;
     store(t, ctx, &args[1], &result)?;
     out.int(result.len() as i64);
     Ok(())
 }
 
+/// `ZUNION`, `ZINTER`, `ZDIFF numkeys key [key ...] [options] [WITHSCORES]`: the result in
+/// score order, then by member, as `ZRANGE` would list it stored.
+fn combine_reply(
+    cmd: Cmd,
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    let (mut result, withscores) = combine(cmd, args, view, ctx)?;
+    result.sort_by(|a, b| {
+        a.1.partial_cmp(&b.1)
+            .unwrap_or(Ordering::Equal)
+            .then_with(|| a.0.cmp(&b.0))
+    });
+    reply_scored(out, &result, withscores);
+    Ok(())
+}
+
+/// `ZMPOP numkeys key [key ...] MIN|MAX [COUNT count]` (from `args[at]`; `BZMPOP` has its
+/// timeout first): pops from the first of the keys that holds a sorted set. `false`, with
+/// nothing written, when none does.
+fn zmpop(
+    args: &[Bytes],
+    at: usize,
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    let numkeys = string_to_i64(&args[at])
+        .filter(|&n| n >= 1)
+        .ok_or("ERR numkeys should be greater than 0")?;
+    let first = at + 1;
+    let where_at = usize::try_from(numkeys)
+        .ok()
+        .and_then(|n| first.checked_add(n))
+        .filter(|&w| w < args.len())
+        .ok_or(SYNTAX)?;
+    let max = if args[where_at].eq_ignore_ascii_case(b"min") {
+        false
+    } else if args[where_at].eq_ignore_ascii_case(b"max") {
+        true
+    } else {
+        return Err(SYNTAX.into());
+    };
+    let mut count = None;
+    let mut i = where_at + 1;
+    while i < args.len() {
+        if count.is_none() && args[i].eq_ignore_ascii_case(b"count") && i + 1 < args.len() {
+            let n = string_to_i64(&args[i + 1])
+                .filter(|&n| n >= 1)
+                .ok_or("ERR count should be greater than 0")?;
+            count = Some(n);
+            i += 2;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    for key in &args[first..where_at] {
+        let Some(meta) = find(&mut View::Txn(t), ctx, key)? else {
+            continue;
+        };
+        let items = pop_members(t, key, &meta, max, count.unwrap_or(1), ctx)?;
+        out.array(2);
+        out.bulk(key);
+        out.array(items.len());
+        for (m, s) in &items {
+            out.array(2);
+            out.bulk(m);
+            out.double(*s);
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
 /// Every member of a set or sorted set with its score (1 for a set member).
-fn members_of(t: &mut Txn<'_>, ctx: &Ctx<'_>, m: &Meta) -> Result<Vec<Scored>, Fail> {
+fn members_of(view: &mut View<'_, '_>, ctx: &Ctx<'_>, m: &Meta) -> Result<Vec<Scored>, Fail> {
     let mut got = Collect::new(ctx.reply_bytes_max);
     if m.ty == Type::Set {
-        for member in sets::members(&mut View::Txn(t), ctx, m)? {
+        for member in sets::members(view, ctx, m)? {
             if got.push(&member, encode_score(1.0)).is_break() {
                 break;
             }
         }
     } else {
         let (lo, hi) = all(m.generation);
-        walk(&mut View::Txn(t), lo, hi, false, |member, s| {
-            got.push(member, s)
-        });
+        walk(view, lo, hi, false, |member, s| got.push(member, s));
     }
     got.done()
 }
 
 /// `member`'s score in a set (1) or sorted set.
-fn score_in(t: &mut Txn<'_>, m: &Meta, member: &[u8]) -> Result<Option<f64>, Fail> {
+fn score_in(view: &mut View<'_, '_>, m: &Meta, member: &[u8]) -> Result<Option<f64>, Fail> {
     if m.ty == Type::Set {
-        return Ok(sets::is_member(&mut View::Txn(t), m, member)?.then_some(1.0));
+        return Ok(sets::is_member(view, m, member)?.then_some(1.0));
     }
-    Ok(score_of(&mut View::Txn(t), m.generation, member)?.map(decode_score))
+    Ok(score_of(view, m.generation, member)?.map(decode_score))
 }
 
 /// `ZREMRANGEBYSCORE`, `ZREMRANGEBYRANK`, `ZREMRANGEBYLEX key min max`.

@@ -3177,13 +3177,13 @@ fn limit(g: &mut Gen, args: &mut Vec<String>) {
 /// Sorted sets: ZADD (NX XX GT LT CH INCR), ZINCRBY, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT,
 /// ZLEXCOUNT, ZRANGE (BYSCORE BYLEX REV LIMIT WITHSCORES) and its older forms, ZRANK,
 /// ZREVRANK, ZPOPMIN, ZPOPMAX, ZRANGESTORE, ZUNIONSTORE, ZINTERSTORE, ZREMRANGEBY*, ZSCAN,
-/// ZRANDMEMBER. `ZUNIONSTORE`/`ZINTERSTORE` take at most two inputs: Redis sums inputs in an
+/// ZRANDMEMBER, ZUNION, ZINTER, ZDIFF, ZDIFFSTORE, ZINTERCARD, ZMPOP. `ZUNIONSTORE`/`ZINTERSTORE` (and `ZUNION`/`ZINTER`) take at most two inputs: Redis sums inputs in an
 /// order its unstable sort picks, and two summands give one result in any order.
 fn zsets(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key().to_string();
     let done = |args: Vec<String>| args.iter().map(|a| a.as_bytes().to_vec()).collect();
     let mut args: Vec<String> = Vec::new();
-    match g.rng.below(32) {
+    match g.rng.below(36) {
         0..=6 => {
             args.extend(["ZADD".to_string(), key]);
             for _ in 0..g.rng.below(3) {
@@ -3344,6 +3344,84 @@ fn zsets(g: &mut Gen) -> Vec<Vec<u8>> {
             }
             if g.chance(1, 3) {
                 args.extend(["COUNT".to_string(), g.pick(&["10", "100", "0"]).into()]);
+            }
+        }
+        30 => {
+            let name = g.pick(&["ZUNION", "ZINTER", "ZDIFF"]);
+            args.push(name.into());
+            let n = 1 + g.rng.below(if name == "ZDIFF" { 3 } else { 2 });
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "3", "x", "-1"]).to_string()
+            } else {
+                n.to_string()
+            });
+            args.push(key);
+            for _ in 1..n {
+                args.push(g.key().to_string());
+            }
+            if g.chance(1, 4) {
+                args.push("WEIGHTS".to_string());
+                for _ in 0..n {
+                    args.push(g.pick(&["1", "2", "-1", "0.5", "inf", "x"]).into());
+                }
+            }
+            if g.chance(1, 4) {
+                args.push("AGGREGATE".to_string());
+                args.push(g.pick(&["SUM", "MIN", "MAX", "max", "avg"]).into());
+            }
+            if g.chance(1, 2) {
+                args.push(g.pick(&["WITHSCORES", "withscores", "bogus"]).into());
+            }
+        }
+        31 => {
+            args.extend(["ZDIFFSTORE".to_string(), g.key().to_string()]);
+            let n = 1 + g.rng.below(3);
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "4", "x"]).to_string()
+            } else {
+                n.to_string()
+            });
+            args.push(key);
+            for _ in 1..n {
+                args.push(g.key().to_string());
+            }
+            if g.chance(1, 8) {
+                args.push(g.pick(&["WITHSCORES", "WEIGHTS", "AGGREGATE"]).into());
+            }
+        }
+        32 => {
+            args.push("ZINTERCARD".to_string());
+            let n = 1 + g.rng.below(3);
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "4", "x"]).to_string()
+            } else {
+                n.to_string()
+            });
+            args.push(key);
+            for _ in 1..n {
+                args.push(g.key().to_string());
+            }
+            if g.chance(1, 3) {
+                args.push(g.pick(&["LIMIT", "limit", "WITHSCORES"]).into());
+                args.push(g.pick(&["0", "1", "2", "-1", "x"]).into());
+            }
+        }
+        33 | 34 => {
+            args.push("ZMPOP".to_string());
+            let n = 1 + g.rng.below(2);
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "3", "x", "-1"]).to_string()
+            } else {
+                n.to_string()
+            });
+            args.push(key);
+            for _ in 1..n {
+                args.push(g.key().to_string());
+            }
+            args.push(g.pick(&["MIN", "MAX", "max", "LEFT"]).into());
+            if g.chance(1, 2) {
+                args.push(g.pick(&["COUNT", "count"]).into());
+                args.push(g.pick(&["1", "2", "10", "0", "-1", "x"]).into());
             }
         }
         _ => {
