@@ -1,5 +1,7 @@
-//! Clients blocked in `BLPOP`, `BRPOP`, `BLMOVE`, `BRPOPLPUSH` and `BLMPOP`, by key, in the
-//! order they blocked.
+//! Clients blocked in `BLPOP`, `BRPOP`, `BLMOVE`, `BRPOPLPUSH` and `BLMPOP` (waiting for a
+//! list) and in `BZPOPMIN`, `BZPOPMAX` and `BZMPOP` (waiting for a sorted set), by key, in the
+//! order they blocked. A push wakes only clients waiting for its type: as in Redis, a client
+//! blocked on a key that comes to hold the other type keeps waiting.
 //!
 //! Single node: a push wakes its waiters after its local commit (`Registry::committed`).
 //! Replicated cluster: after a log entry applies on this node's replica of its partition
@@ -40,6 +42,20 @@ pub struct Registry {
     inner: Mutex<Inner>,
 }
 
+impl Inner {
+    /// The first client blocked on `key` that waits for `kind` (any, for `None`).
+    fn first<'a>(
+        by_key: &'a HashMap<Bytes, VecDeque<Arc<Waiter>>>,
+        key: &[u8],
+        kind: Option<Kind>,
+    ) -> Option<&'a Arc<Waiter>> {
+        by_key
+            .get(key)?
+            .iter()
+            .find(|w| kind.is_none_or(|k| w.kind == k))
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// The clients blocked on each key, first blocked first.
@@ -57,8 +73,41 @@ pub enum Unblock {
     Error,
 }
 
+/// What a blocked client waits for, and what a write provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Elements of a list.
+    List,
+    /// Members of a sorted set.
+    ZSet,
+}
+
+impl Kind {
+    /// What the blocking pop `cmd` waits for.
+    pub fn of(cmd: Cmd) -> Kind {
+        if crate::zsets::is_blocking(cmd) {
+            Kind::ZSet
+        } else {
+            Kind::List
+        }
+    }
+}
+
+/// The key a committed `cmd` may have turned from absent into one to pop from, and the kind
+/// of client it may serve (`None`: either; a key moved or copied whole).
+fn pushed(cmd: Cmd, args: &[Bytes]) -> Option<(&[u8], Option<Kind>)> {
+    if matches!(cmd, Cmd::Rename | Cmd::Renamenx | Cmd::Copy) {
+        return args.get(2).map(|k| (&k[..], None));
+    }
+    if let Some(k) = crate::lists::pushed_key(cmd, args) {
+        return Some((k, Some(Kind::List)));
+    }
+    crate::zsets::pushed_key(cmd, args).map(|k| (k, Some(Kind::ZSet)))
+}
+
 struct Waiter {
     client: u64,
+    kind: Kind,
     keys: Vec<Bytes>,
     notify: Notify,
     /// 0: blocked; 1: unblocked as a timeout; 2: unblocked with an error.
@@ -72,8 +121,8 @@ pub struct Guard<'a> {
 }
 
 impl Registry {
-    /// Registers `client` as blocked on `keys` (duplicates count once).
-    pub fn block(&self, client: u64, keys: &[Bytes]) -> Guard<'_> {
+    /// Registers `client` as blocked on `keys` (duplicates count once), waiting for `kind`.
+    pub fn block(&self, client: u64, keys: &[Bytes], kind: Kind) -> Guard<'_> {
         let mut unique: Vec<Bytes> = Vec::with_capacity(keys.len());
         for k in keys {
             if !unique.contains(k) {
@@ -82,6 +131,7 @@ impl Registry {
         }
         let waiter = Arc::new(Waiter {
             client,
+            kind,
             keys: unique,
             notify: Notify::new(),
             unblock: AtomicU8::new(0),
@@ -108,14 +158,14 @@ impl Registry {
 
     /// After a committed `cmd`: wakes the first client blocked on the key it pushed to.
     pub fn committed(&self, cmd: Cmd, args: &[Bytes]) {
-        let Some(key) = crate::lists::pushed_key(cmd, args) else {
+        let Some((key, kind)) = pushed(cmd, args) else {
             return;
         };
         fence(Ordering::SeqCst);
         if self.count.load(Ordering::SeqCst) == 0 {
             return;
         }
-        self.wake_first(key);
+        self.wake_first(key, kind);
     }
 
     /// Replicated cluster: after a log entry's `command` (its arguments) applied on this
@@ -137,14 +187,15 @@ impl Registry {
             .take(3)
             .map(|a| Bytes::copy_from_slice(a))
             .collect();
-        if let Some(key) = crate::lists::pushed_key(spec.cmd, &head) {
-            self.wake_first(key);
+        if let Some((key, kind)) = pushed(spec.cmd, &head) {
+            self.wake_first(key, kind);
         }
     }
 
-    fn wake_first(&self, key: &[u8]) {
+    /// Wakes the first client blocked on `key` that waits for `kind` (any, for `None`).
+    fn wake_first(&self, key: &[u8], kind: Option<Kind>) {
         let inner = self.inner.lock();
-        if let Some(w) = inner.by_key.get(key).and_then(VecDeque::front) {
+        if let Some(w) = Inner::first(&inner.by_key, key, kind) {
             w.notify.notify_one();
         }
     }
@@ -187,7 +238,7 @@ impl Guard<'_> {
     pub fn found(&self) {
         let inner = self.registry.inner.lock();
         for k in &self.waiter.keys {
-            if let Some(w) = inner.by_key.get(k).and_then(VecDeque::front) {
+            if let Some(w) = Inner::first(&inner.by_key, k, Some(self.waiter.kind)) {
                 w.notify.notify_one();
             }
         }
@@ -212,13 +263,13 @@ impl Drop for Guard<'_> {
                 continue;
             };
             queue.retain(|w| !Arc::ptr_eq(w, me));
-            match queue.front() {
-                // The next in line may be due what this client was woken for, or what is left
-                // after its pop: it looks (if there is nothing, it waits again).
-                Some(next) => next.notify.notify_one(),
-                None => {
-                    inner.by_key.remove(k);
-                }
+            if queue.is_empty() {
+                inner.by_key.remove(k);
+            } else if let Some(next) = Inner::first(&inner.by_key, k, Some(me.kind)) {
+                // The next in line for this kind may be due what this client was woken for,
+                // or what is left after its pop: it looks (if there is nothing, it waits
+                // again).
+                next.notify.notify_one();
             }
         }
         if inner
@@ -243,8 +294,8 @@ mod tests {
     #[tokio::test]
     async fn the_first_blocked_is_woken_then_the_next() {
         let r = Registry::default();
-        let a = r.block(1, &keys(&["k", "k"]));
-        let b = r.block(2, &keys(&["k"]));
+        let a = r.block(1, &keys(&["k", "k"]), Kind::List);
+        let b = r.block(2, &keys(&["k"]), Kind::List);
         assert_eq!(r.blocked_clients(), 2);
         r.committed(Cmd::Rpush, &keys(&["rpush", "k", "x"]));
         // Only the first: a stored wake-up resolves at once; the second has none.
@@ -271,8 +322,8 @@ mod tests {
     async fn an_applied_push_wakes_the_first_and_a_poll_finds_for_the_first() {
         let r = Registry::default();
         let short = std::time::Duration::from_millis(20);
-        let a = r.block(1, &keys(&["k"]));
-        let b = r.block(2, &keys(&["other", "k"]));
+        let a = r.block(1, &keys(&["k"]), Kind::List);
+        let b = r.block(2, &keys(&["other", "k"]), Kind::List);
         // Not pushes, or into another key: nobody is woken.
         r.applied(&command(&["GET", "k"]));
         r.applied(&command(&["RPUSH", "elsewhere", "x"]));
@@ -300,7 +351,7 @@ mod tests {
     async fn unblock_names_a_blocked_client() {
         let r = Registry::default();
         assert!(!r.unblock(7, Unblock::Timeout));
-        let g = r.block(7, &keys(&["a", "b"]));
+        let g = r.block(7, &keys(&["a", "b"]), Kind::List);
         assert_eq!(g.unblocked(), None);
         assert!(r.unblock(7, Unblock::Error));
         g.woken().await;

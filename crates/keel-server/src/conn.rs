@@ -1430,7 +1430,10 @@ impl Conn {
             .get()
             .is_some_and(|rep| rep.part(p).is_some());
         let waiting: Vec<Bytes> = watched.iter().map(|k| Bytes::copy_from_slice(k)).collect();
-        let guard = shared.blocked.block(self.info.id, &waiting);
+        let guard =
+            shared
+                .blocked
+                .block(self.info.id, &waiting, crate::blocking::Kind::of(spec.cmd));
         let probe = vec![
             std::iter::once(b"EXISTS".to_vec())
                 .chain(watched)
@@ -2118,9 +2121,11 @@ impl Conn {
         let running = cluster.attempts.enter(id).await;
         // Registered before the first try: a push committed from now on wakes this attempt,
         // and the try sees any committed before (`blocking`).
-        let guard = shared
-            .blocked
-            .block(self.info.id, crate::lists::blocking_keys(cmd, args));
+        let guard = shared.blocked.block(
+            self.info.id,
+            crate::lists::blocking_keys(cmd, args),
+            crate::blocking::Kind::of(cmd),
+        );
         let commands = [(cmd, args.to_vec())];
         let kill = self.info.kill.clone();
         loop {
@@ -3398,9 +3403,11 @@ impl Conn {
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         self.flush(stream, output).await?;
         let shared = self.shared.clone();
-        let guard = shared
-            .blocked
-            .block(self.info.id, crate::lists::blocking_keys(cmd, &args));
+        let guard = shared.blocked.block(
+            self.info.id,
+            crate::lists::blocking_keys(cmd, &args),
+            crate::blocking::Kind::of(cmd),
+        );
         let kill = self.info.kill.clone();
         let mut retry = true;
         loop {

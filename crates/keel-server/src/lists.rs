@@ -45,7 +45,7 @@ const OUT_OF_RANGE: &str = "ERR index out of range";
 /// Whether this module runs `cmd`.
 pub fn handles(cmd: Cmd) -> bool {
     is_read_only(cmd)
-        || is_blocking(cmd)
+        || (is_blocking(cmd) && !crate::zsets::is_blocking(cmd))
         || matches!(
             cmd,
             Cmd::Lpush
@@ -69,12 +69,13 @@ pub fn is_read_only(cmd: Cmd) -> bool {
     matches!(cmd, Cmd::Llen | Cmd::Lrange | Cmd::Lindex | Cmd::Lpos)
 }
 
-/// Whether `cmd` blocks when it finds nothing to pop (outside `MULTI`).
+/// Whether `cmd` blocks when it finds nothing to pop (outside `MULTI`): the lists' blocking
+/// pops and the sorted sets' (`BZPOPMIN`, `BZPOPMAX`, `BZMPOP`, run by `zsets`).
 pub fn is_blocking(cmd: Cmd) -> bool {
     matches!(
         cmd,
         Cmd::Blpop | Cmd::Brpop | Cmd::Blmove | Cmd::Brpoplpush | Cmd::Blmpop
-    )
+    ) || crate::zsets::is_blocking(cmd)
 }
 
 /// The key a committed `cmd` may have turned from absent into a non-empty list: clients
@@ -83,13 +84,7 @@ pub fn is_blocking(cmd: Cmd) -> bool {
 pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
     match cmd {
         Cmd::Lpush | Cmd::Rpush => args.get(1),
-        Cmd::Lmove
-        | Cmd::Rpoplpush
-        | Cmd::Blmove
-        | Cmd::Brpoplpush
-        | Cmd::Rename
-        | Cmd::Renamenx
-        | Cmd::Copy => args.get(2),
+        Cmd::Lmove | Cmd::Rpoplpush | Cmd::Blmove | Cmd::Brpoplpush => args.get(2),
         _ => None,
     }
     .map(|a| &a[..])
@@ -99,12 +94,13 @@ pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
 pub fn blocking_keys(cmd: Cmd, args: &[Bytes]) -> &[Bytes] {
     match cmd {
         Cmd::Blpop | Cmd::Brpop => &args[1..args.len() - 1],
-        Cmd::Blmpop => {
+        Cmd::Blmpop | Cmd::Bzmpop => {
             let n = crate::resp::string_to_i64(&args[2])
                 .and_then(|n| usize::try_from(n).ok())
-                .expect("BLMPOP's numkeys was checked");
+                .expect("BLMPOP's and BZMPOP's numkeys was checked");
             &args[3..3 + n]
         }
+        Cmd::Bzpopmin | Cmd::Bzpopmax => &args[1..args.len() - 1],
         _ => &args[1..2],
     }
 }
@@ -119,7 +115,7 @@ fn timeout_at(cmd: Cmd, len: usize) -> usize {
     match cmd {
         Cmd::Blmove => 5,
         Cmd::Brpoplpush => 3,
-        Cmd::Blmpop => 1,
+        Cmd::Blmpop | Cmd::Bzmpop => 1,
         _ => len - 1,
     }
 }
@@ -532,6 +528,9 @@ pub fn run_blocking(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<bool, Fail> {
+    if crate::zsets::is_blocking(cmd) {
+        return crate::zsets::run_blocking(cmd, args, t, ctx, out);
+    }
     match cmd {
         Cmd::Blpop | Cmd::Brpop => {
             timeout(timeout_arg_of(cmd, args))?;

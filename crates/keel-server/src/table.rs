@@ -190,6 +190,9 @@ pub enum Cmd {
     Zdiff,
     Zintercard,
     Zmpop,
+    Bzpopmin,
+    Bzpopmax,
+    Bzmpop,
     Zremrangebyscore,
     Zremrangebyrank,
     Zremrangebylex,
@@ -1856,6 +1859,39 @@ pub static SPECS: &[Spec] = &[
         0,
         "sorted-set",
         "Returns the highest- or lowest-scoring members from one or more sorted sets after removing them. Deletes the sorted set if the last member was popped."
+    ),
+    spec!(
+        "bzpopmin",
+        Bzpopmin,
+        -3,
+        &["write", "noscript", "blocking", "fast"],
+        1,
+        -2,
+        1,
+        "sorted-set",
+        "Removes and returns the member with the lowest score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped."
+    ),
+    spec!(
+        "bzpopmax",
+        Bzpopmax,
+        -3,
+        &["write", "noscript", "blocking", "fast"],
+        1,
+        -2,
+        1,
+        "sorted-set",
+        "Removes and returns the member with the highest score from one or more sorted sets. Blocks until a member available otherwise.  Deletes the sorted set if the last element was popped."
+    ),
+    spec!(
+        "bzmpop",
+        Bzmpop,
+        -5,
+        WR_BLOCKING_MOVABLE,
+        0,
+        0,
+        0,
+        "sorted-set",
+        "Removes and returns a member by score from one or more sorted sets. Blocks until a member is available otherwise. Deletes the sorted set if the last element was popped."
     ),
     spec!(
         "zremrangebyscore",

@@ -71,10 +71,63 @@ pub fn handles(cmd: Cmd) -> bool {
                 | Cmd::Zinterstore
                 | Cmd::Zdiffstore
                 | Cmd::Zmpop
+                | Cmd::Bzpopmin
+                | Cmd::Bzpopmax
+                | Cmd::Bzmpop
                 | Cmd::Zremrangebyscore
                 | Cmd::Zremrangebyrank
                 | Cmd::Zremrangebylex
         )
+}
+
+/// Whether `cmd` is a sorted set's blocking pop (`lists::is_blocking` counts them too).
+pub fn is_blocking(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Bzpopmin | Cmd::Bzpopmax | Cmd::Bzmpop)
+}
+
+/// The key a committed `cmd` may have turned from absent into a sorted set: clients blocked
+/// on it in `BZPOPMIN` and its kin are woken.
+pub fn pushed_key(cmd: Cmd, args: &[Bytes]) -> Option<&[u8]> {
+    match cmd {
+        Cmd::Zadd
+        | Cmd::Zincrby
+        | Cmd::Zunionstore
+        | Cmd::Zinterstore
+        | Cmd::Zdiffstore
+        | Cmd::Zrangestore => args.get(1).map(|a| &a[..]),
+        _ => None,
+    }
+}
+
+/// A blocking pop without the blocking: pops (and replies) if it can; `false`, with nothing
+/// written, when no key holds a sorted set.
+pub fn run_blocking(
+    cmd: Cmd,
+    args: &[Bytes],
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    if cmd == Cmd::Bzmpop {
+        // Its arguments, then its timeout, then its keys, as Redis checks them.
+        let how = zmpop_args(args, 2)?;
+        crate::lists::timeout(crate::lists::timeout_arg_of(cmd, args))?;
+        return zmpop_keys(args, how, t, ctx, out);
+    }
+    crate::lists::timeout(crate::lists::timeout_arg_of(cmd, args))?;
+    for key in crate::lists::blocking_keys(cmd, args) {
+        let Some(meta) = find(&mut View::Txn(t), ctx, key)? else {
+            continue;
+        };
+        let items = pop_members(t, key, &meta, cmd == Cmd::Bzpopmax, 1, ctx)?;
+        let (m, s) = items.first().ok_or("ERR keel: damaged sorted set")?;
+        out.array(3);
+        out.bulk(key);
+        out.bulk(m);
+        out.double(*s);
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Whether `cmd` is a sorted set command that only reads.
@@ -816,6 +869,12 @@ pub fn run(
                 out.null_array();
             }
         }
+        Cmd::Bzpopmin | Cmd::Bzpopmax | Cmd::Bzmpop => {
+            // Inside MULTI there is no blocking: nothing to pop is a timeout at once.
+            if !run_blocking(cmd, args, view.txn(), ctx, out)? {
+                out.null_array();
+            }
+        }
         Cmd::Zremrangebyscore | Cmd::Zremrangebyrank | Cmd::Zremrangebylex => {
             zremrange(cmd, args, view.txn(), ctx, out)?
         }
@@ -1449,6 +1508,19 @@ fn zmpop(
     ctx: &Ctx<'_>,
     out: &mut Out<'_>,
 ) -> Result<bool, Fail> {
+    let how = zmpop_args(args, at)?;
+    zmpop_keys(args, how, t, ctx, out)
+}
+
+/// What `ZMPOP`'s arguments from `args[at]` ask: where its keys are, whether it pops the
+/// highest scores, and how many.
+struct Mpop {
+    keys: std::ops::Range<usize>,
+    max: bool,
+    count: i64,
+}
+
+fn zmpop_args(args: &[Bytes], at: usize) -> Result<Mpop, Fail> {
     let numkeys = string_to_i64(&args[at])
         .filter(|&n| n >= 1)
         .ok_or("ERR numkeys should be greater than 0")?;
@@ -1478,11 +1550,27 @@ fn zmpop(
             return Err(SYNTAX.into());
         }
     }
-    for key in &args[first..where_at] {
+    Ok(Mpop {
+        keys: first..where_at,
+        max,
+        count: count.unwrap_or(1),
+    })
+}
+
+/// Pops as `how` says, from the first of its keys that holds a sorted set (`false`, nothing
+/// written, if none does).
+fn zmpop_keys(
+    args: &[Bytes],
+    how: Mpop,
+    t: &mut Txn<'_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<bool, Fail> {
+    for key in &args[how.keys] {
         let Some(meta) = find(&mut View::Txn(t), ctx, key)? else {
             continue;
         };
-        let items = pop_members(t, key, &meta, max, count.unwrap_or(1), ctx)?;
+        let items = pop_members(t, key, &meta, how.max, how.count, ctx)?;
         out.array(2);
         out.bulk(key);
         out.array(items.len());

@@ -3093,8 +3093,9 @@ fn lists(g: &mut Gen) -> Vec<Vec<u8>> {
     args.iter().map(|a| a.as_bytes().to_vec()).collect()
 }
 
-/// The blocking pops, only where the reply is deterministic: inside `MULTI` (they never
-/// block there), or with a short timeout (nothing else runs while they wait).
+/// The blocking pops (of lists and sorted sets), only where the reply is deterministic:
+/// inside `MULTI` (they never block there), or with a short timeout (nothing else runs while
+/// they wait).
 fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
     let timeout = if g.chance(1, 8) {
         g.pick(&["x", "-1", "inf", "", "1e400"])
@@ -3104,6 +3105,33 @@ fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
         g.pick(&["0.01", "0.02", "0.001"])
     };
     let mut args: Vec<String> = Vec::new();
+    if g.chance(1, 4) {
+        // The sorted sets' blocking pops.
+        if g.chance(1, 3) {
+            args.extend(["BZMPOP".to_string(), timeout.to_string()]);
+            let n = 1 + g.rng.below(3);
+            args.push(if g.chance(1, 10) {
+                g.pick(&["0", "x"]).to_string()
+            } else {
+                n.to_string()
+            });
+            for _ in 0..n {
+                args.push(g.key().to_string());
+            }
+            args.push(g.pick(&["MIN", "MAX", "LEFT"]).to_string());
+            if g.chance(1, 2) {
+                args.push("COUNT".to_string());
+                args.push(g.pick(&["1", "2", "10", "0"]).to_string());
+            }
+        } else {
+            args.push(g.pick(&["BZPOPMIN", "BZPOPMAX"]).to_string());
+            for _ in 0..=g.rng.below(3) {
+                args.push(g.key().to_string());
+            }
+            args.push(timeout.to_string());
+        }
+        return args.iter().map(|a| a.as_bytes().to_vec()).collect();
+    }
     if g.chance(1, 5) {
         args.push("BLMPOP".to_string());
         args.push(timeout.to_string());

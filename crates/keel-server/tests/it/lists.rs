@@ -458,7 +458,10 @@ fn lists_in_transactions_and_with_ttls() {
 }
 
 /// Runs `args` on a fresh connection in a thread; the reply and how long it took.
-fn spawn_query(url: String, args: Vec<&'static str>) -> std::thread::JoinHandle<(Value, Duration)> {
+pub fn spawn_query(
+    url: String,
+    args: Vec<&'static str>,
+) -> std::thread::JoinHandle<(Value, Duration)> {
     std::thread::spawn(move || {
         let mut c = connect(&url);
         let start = Instant::now();
@@ -467,13 +470,13 @@ fn spawn_query(url: String, args: Vec<&'static str>) -> std::thread::JoinHandle<
     })
 }
 
-fn blocked_clients(c: &mut redis::Connection) -> u64 {
+pub fn blocked_clients(c: &mut redis::Connection) -> u64 {
     let info: String = query(c, &["INFO", "clients"]);
     info_counter(&info, "blocked_clients")
 }
 
 /// Waits until `n` clients are blocked.
-fn wait_blocked(c: &mut redis::Connection, n: u64) {
+pub fn wait_blocked(c: &mut redis::Connection, n: u64) {
     let start = Instant::now();
     while blocked_clients(c) != n {
         assert!(

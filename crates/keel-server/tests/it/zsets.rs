@@ -745,3 +745,118 @@ fn pops_of_one_hot_key_queue_instead_of_conflicting() {
         MEMBERS / DEPTH
     );
 }
+
+fn bulk(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+/// `BZPOPMIN`, `BZPOPMAX` and `BZMPOP`: served at once when a key holds members, else woken by
+/// a write that makes one (`ZADD`, `ZINCRBY`, a `…STORE`), in the order clients blocked; a
+/// client blocked on a list (or a sorted set) is not woken by the other type's writes and
+/// keeps waiting, as in Redis; timeouts answer a null array; inside `MULTI` they never block.
+#[test]
+fn blocked_sorted_set_pops_wake_on_add_and_time_out() {
+    use crate::lists::{blocked_clients, spawn_query, wait_blocked};
+    use std::time::Duration;
+    let server = TestServer::start();
+    let url = server.url(false);
+    let mut c = server.client();
+    // At once, from the first key that holds a sorted set.
+    let _: i64 = query(&mut c, &["ZADD", "z2", "1", "a", "2", "b"]);
+    assert_eq!(
+        query::<Value>(&mut c, &["BZPOPMAX", "none", "z2", "0"]),
+        Value::Array(vec![bulk("z2"), bulk("b"), bulk("2")])
+    );
+    assert_eq!(
+        error(&mut c, &["BZPOPMIN", "z2", "x"]),
+        "ERR timeout is not a float or out of range"
+    );
+    let _: () = query(&mut c, &["RPUSH", "alist", "x"]);
+    assert_eq!(error(&mut c, &["BZPOPMIN", "alist", "0"]), WRONGTYPE);
+    // Woken by a ZADD from another client.
+    let waiter = spawn_query(url.clone(), vec!["BZPOPMIN", "w1", "w2", "0"]);
+    wait_blocked(&mut c, 1);
+    let _: i64 = query(&mut c, &["ZADD", "w2", "5", "x", "3", "y"]);
+    let (reply, _) = waiter.join().expect("waiter");
+    assert_eq!(reply, Value::Array(vec![bulk("w2"), bulk("y"), bulk("3")]));
+    assert_eq!(blocked_clients(&mut c), 0);
+    // BZMPOP woken by ZINCRBY takes up to its count; a ZUNIONSTORE into the key wakes too.
+    let waiter = spawn_query(
+        url.clone(),
+        vec!["BZMPOP", "0", "1", "m", "MAX", "COUNT", "2"],
+    );
+    wait_blocked(&mut c, 1);
+    let _: f64 = query(&mut c, &["ZINCRBY", "m", "7", "p"]);
+    let (reply, _) = waiter.join().expect("waiter");
+    assert_eq!(
+        reply,
+        Value::Array(vec![
+            bulk("m"),
+            Value::Array(vec![Value::Array(vec![bulk("p"), bulk("7")])])
+        ])
+    );
+    let waiter = spawn_query(url.clone(), vec!["BZPOPMIN", "u", "0"]);
+    wait_blocked(&mut c, 1);
+    let _: i64 = query(&mut c, &["ZUNIONSTORE", "u", "1", "w2"]);
+    let (reply, _) = waiter.join().expect("waiter");
+    assert_eq!(reply, Value::Array(vec![bulk("u"), bulk("x"), bulk("5")]));
+    // In the order they blocked, one member each.
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        waiters.push(spawn_query(url.clone(), vec!["BZPOPMIN", "q", "0"]));
+        wait_blocked(&mut c, i + 1);
+    }
+    let _: i64 = query(&mut c, &["ZADD", "q", "1", "m1", "2", "m2", "3", "m3"]);
+    for (i, w) in waiters.into_iter().enumerate() {
+        let (reply, _) = w.join().expect("waiter");
+        let member = format!("m{}", i + 1);
+        let score = (i + 1).to_string();
+        assert_eq!(
+            reply,
+            Value::Array(vec![bulk("q"), bulk(&member), bulk(&score)])
+        );
+    }
+    // A list's waiter is not woken by a sorted set on its key, and keeps waiting; the sorted
+    // set's waiter behind it is served.
+    let list_waiter = spawn_query(url.clone(), vec!["BLPOP", "mixed", "0.5"]);
+    wait_blocked(&mut c, 1);
+    let zset_waiter = spawn_query(url.clone(), vec!["BZPOPMIN", "mixed", "0"]);
+    wait_blocked(&mut c, 2);
+    let _: i64 = query(&mut c, &["ZADD", "mixed", "1", "a", "2", "b"]);
+    let (reply, _) = zset_waiter.join().expect("zset waiter");
+    assert_eq!(
+        reply,
+        Value::Array(vec![bulk("mixed"), bulk("a"), bulk("1")])
+    );
+    let (reply, took) = list_waiter.join().expect("list waiter");
+    assert_eq!(reply, Value::Nil, "timed out, not WRONGTYPE");
+    assert!(took >= Duration::from_millis(500), "{took:?}");
+    // Timeouts, RESP2 and RESP3.
+    let waiter = spawn_query(url.clone(), vec!["BZPOPMAX", "none", "0.1"]);
+    let (reply, took) = waiter.join().expect("waiter");
+    assert_eq!(reply, Value::Nil);
+    assert!(took >= Duration::from_millis(100), "{took:?}");
+    let mut c3 = server.client_proto(true);
+    assert_eq!(
+        query::<Value>(&mut c3, &["BZMPOP", "0.01", "1", "none", "MIN"]),
+        Value::Nil
+    );
+    assert_eq!(
+        query::<Value>(&mut c3, &["BZPOPMIN", "mixed", "0"]),
+        Value::Array(vec![bulk("mixed"), bulk("b"), Value::Double(2.0)])
+    );
+    // Inside MULTI: no blocking.
+    let replies: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("BZPOPMIN")
+        .arg("none")
+        .arg(0)
+        .cmd("BZMPOP")
+        .arg(0)
+        .arg(1)
+        .arg("none")
+        .arg("MIN")
+        .query(&mut c)
+        .expect("MULTI");
+    assert_eq!(replies, [Value::Nil, Value::Nil]);
+}
