@@ -95,11 +95,19 @@ fn writers_of_different_members_do_not_conflict() {
         b"*10\r\n$1\r\nx\r\n$1\r\n3\r\n$1\r\nw\r\n$1\r\n4\r\n$1\r\na\r\n$1\r\n6\r\n\
           $1\r\nb\r\n$1\r\n7\r\n$1\r\ny\r\n$1\r\n9\r\n"
     );
-    // The same member does conflict.
+    // Increments of the same member do not conflict either (score adds)...
     let mut t1 = db.begin().expect("begin");
     let mut t2 = db.begin().expect("begin");
     run_in(&mut t1, &cursors, &["ZINCRBY", "z", "1", "a"]);
     run_in(&mut t2, &cursors, &["ZINCRBY", "z", "1", "a"]);
+    assert!(t1.commit().expect("commit").is_ok());
+    assert!(t2.commit().expect("commit").is_ok());
+    assert_eq!(exec(&db, &cursors, &["ZSCORE", "z", "a"]), b"$1\r\n8\r\n");
+    // ...but writes that read the member's score do.
+    let mut t1 = db.begin().expect("begin");
+    let mut t2 = db.begin().expect("begin");
+    run_in(&mut t1, &cursors, &["ZADD", "z", "1", "a"]);
+    run_in(&mut t2, &cursors, &["ZADD", "z", "GT", "20", "a"]);
     assert!(t1.commit().expect("commit").is_ok());
     assert!(t2.commit().expect("commit").is_err());
 }
