@@ -25,8 +25,11 @@ enum Command {
     /// Any node serves any key: redis-cli on any port sets and gets keys of every slot
     /// (commands for another node's slots are forwarded to it). Cluster-aware clients
     /// (`redis-cli -c`, redis-py RedisCluster, redis-rs ClusterClient) read the slot map with
-    /// CLUSTER SLOTS and go to each key's node themselves. Commands and transactions whose
-    /// keys are on several nodes answer CROSSSLOT for now (see docs/cluster.md).
+    /// CLUSTER SLOTS and go to each key's node themselves. MULTI … EXEC (and WATCH) over keys
+    /// of several nodes runs as one serializable transaction across them (two-phase commit),
+    /// as do MGET, MSET, DEL, UNLINK, EXISTS and TOUCH; other commands whose own keys are on
+    /// several nodes (SUNIONSTORE, ZUNION, RENAME, ...) answer CROSSSLOT: use hash tags
+    /// (`{user1}:a`, `{user1}:b`) to keep such keys on one node (see docs/cluster.md).
     Demo(DemoArgs),
     /// Start a local N-node cluster as N separate `keel serve` processes, each partition
     /// replicated on R of them (Raft), with data under DIR/node-<i>.
