@@ -264,6 +264,8 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Mget
             | Cmd::Strlen
             | Cmd::Getrange
+            | Cmd::Substr
+            | Cmd::Lcs
             | Cmd::Exists
             | Cmd::Touch
             | Cmd::Type
@@ -604,7 +606,8 @@ pub fn run(
             let len = ks::read_string(view, clock, &args[1], |v| v.map_or(0, <[u8]>::len))?;
             out.int(len as i64);
         }
-        Cmd::Getrange => {
+        Cmd::Lcs => crate::lcs::lcs(args, view, ctx, out)?,
+        Cmd::Getrange | Cmd::Substr => {
             let start = int_arg(&args[2])?;
             let end = int_arg(&args[3])?;
             ks::read_string(view, clock, &args[1], |v| {

@@ -34,6 +34,7 @@ mod info;
 mod keys;
 mod keyspace;
 pub mod lanes;
+mod lcs;
 mod lists;
 mod long_double;
 mod once;

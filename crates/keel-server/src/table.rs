@@ -62,6 +62,8 @@ pub enum Cmd {
     Append,
     Strlen,
     Getrange,
+    Substr,
+    Lcs,
     Setrange,
     Incr,
     Incrby,
@@ -827,6 +829,28 @@ pub static SPECS: &[Spec] = &[
         1,
         "string",
         "Returns a substring of the string stored at a key."
+    ),
+    spec!(
+        "substr",
+        Substr,
+        4,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "string",
+        "Returns a substring from a string value."
+    ),
+    spec!(
+        "lcs",
+        Lcs,
+        -3,
+        RO_SLOW,
+        1,
+        2,
+        1,
+        "string",
+        "Finds the longest common substring."
     ),
     spec!(
         "setrange",

@@ -467,6 +467,66 @@ fn increments_of_spread_hashes_match_redis() {
     }
 }
 
+/// `LCS` over strings with many equally long common subsequences and several matching
+/// ranges: which subsequence and which ranges it reports (with `IDX`, `MINMATCHLEN`,
+/// `WITHMATCHLEN`), and its errors, must be Redis's.
+#[test]
+fn lcs_matches_redis() {
+    let main = |args: &[&str]| {
+        vec![Step {
+            who: Who::Main,
+            args: cmd(args),
+        }]
+    };
+    let pairs = [
+        ("ohmytext", "mynewtext"),
+        ("abcabcabc", "cbacbacba"),
+        ("aaaa", "aa"),
+        ("", "abc"),
+        ("banana", "atana"),
+        ("the quick brown fox", "quick the fox brown"),
+        ("xyzzy", "zyxxyzy"),
+    ];
+    let mut writes: Vec<Vec<Step>> = Vec::new();
+    for (a, b) in pairs {
+        writes.push(main(&["SET", "a", a]));
+        writes.push(main(&["SET", "b", b]));
+        for opts in [
+            &[][..],
+            &["LEN"],
+            &["IDX"],
+            &["IDX", "WITHMATCHLEN"],
+            &["IDX", "MINMATCHLEN", "2", "WITHMATCHLEN"],
+            &["IDX", "MINMATCHLEN", "-3"],
+        ] {
+            let mut args = vec!["LCS", "a", "b"];
+            args.extend_from_slice(opts);
+            writes.push(main(&args));
+            args[1] = "b";
+            args[2] = "a";
+            writes.push(main(&args));
+        }
+    }
+    writes.push(main(&["LCS", "a", "missing"]));
+    writes.push(main(&["LCS", "a", "b", "LEN", "IDX"]));
+    writes.push(main(&["LCS", "a", "b", "MINMATCHLEN"]));
+    writes.push(main(&["LCS", "a", "b", "MINMATCHLEN", "x"]));
+    writes.push(main(&["RPUSH", "l", "x"]));
+    writes.push(main(&["LCS", "a", "l"]));
+    writes.push(main(&["LCS", "l", "a", "bogus"]));
+    writes.push(main(&["SUBSTR", "a", "1", "-2"]));
+    let servers = Servers::start();
+    for resp3 in [false, true] {
+        let mut harness = Harness::new(&servers, resp3);
+        harness.flush_all();
+        for write in &writes {
+            if let Err(mismatch) = harness.run_write(write) {
+                panic!("resp3: {resp3}:\n{mismatch}");
+            }
+        }
+    }
+}
+
 /// `ZINCRBY` (and `ZADD … INCR` without conditions) adds with the engine's score add, which
 /// moves the member's index entry at commit and replies after it: its replies, its errors
 /// (a NaN sum, met at commit), in pipelines (one batch in keel, where a later read of the set
@@ -2492,10 +2552,27 @@ fn cmd(args: &[&str]) -> Vec<Vec<u8>> {
 }
 
 /// Strings: GET, SET and its options, SETNX, GETSET, GETDEL, MGET, MSET, MSETNX, APPEND,
-/// STRLEN, GETRANGE, SETRANGE.
+/// STRLEN, GETRANGE, SUBSTR, SETRANGE, LCS.
 fn strings(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key();
-    match g.rng.below(14) {
+    match g.rng.below(16) {
+        14 => cmd(&["SUBSTR", key, &g.int_arg(), &g.int_arg()]),
+        15 => {
+            let mut args = vec!["LCS".to_string(), key.to_string(), g.key().to_string()];
+            for _ in 0..g.rng.below(4) {
+                match g.rng.below(6) {
+                    0 => args.extend([
+                        "MINMATCHLEN".to_string(),
+                        g.pick(&["0", "1", "2", "4", "-1", "x"]).to_string(),
+                    ]),
+                    _ => args.push(
+                        g.pick(&["IDX", "LEN", "WITHMATCHLEN", "idx", "bogus"])
+                            .to_string(),
+                    ),
+                }
+            }
+            args.iter().map(|a| a.as_bytes().to_vec()).collect()
+        }
         0 | 1 => cmd(&["GET", key]),
         2 | 3 => {
             let mut args = vec!["SET".to_string(), key.to_string(), g.value()];
