@@ -27,9 +27,10 @@ enum Command {
     /// (`redis-cli -c`, redis-py RedisCluster, redis-rs ClusterClient) read the slot map with
     /// CLUSTER SLOTS and go to each key's node themselves. MULTI … EXEC (and WATCH) over keys
     /// of several nodes runs as one serializable transaction across them (two-phase commit),
-    /// as do MGET, MSET, DEL, UNLINK, EXISTS and TOUCH; other commands whose own keys are on
-    /// several nodes (SUNIONSTORE, ZUNION, RENAME, ...) answer CROSSSLOT: use hash tags
-    /// (`{user1}:a`, `{user1}:b`) to keep such keys on one node (see docs/cluster.md).
+    /// as does any command whose keys are on several nodes (SUNIONSTORE, ZUNION, SMOVE,
+    /// RENAME, ...; read whole and written back when they are not split key by key), except
+    /// the blocking pops and such commands inside MULTI, which answer CROSSSLOT. Hash tags
+    /// (`{user1}:a`, `{user1}:b`) keep keys on one node (see docs/cluster.md).
     Demo(DemoArgs),
     /// Start a local N-node cluster as N separate `keel serve` processes, each partition
     /// replicated on R of them (Raft), with data under DIR/node-<i>.

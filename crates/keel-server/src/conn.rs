@@ -1257,7 +1257,15 @@ impl Conn {
             return;
         }
         let Some((parts, merge)) = per_key(spec.cmd, args) else {
-            self.out(output).error(cluster::CROSSSLOT);
+            if crate::gather::may_gather(spec.cmd) {
+                let keys = cluster::key_args(spec, args);
+                match self.gathered(args, &keys, replicated).await {
+                    Ok(reply) => output.extend_from_slice(&reply),
+                    Err(Fail(text)) => self.out(output).error(&text),
+                }
+            } else {
+                self.out(output).error(cluster::CROSSSLOT);
+            }
             return;
         };
         let parts: Vec<&[Bytes]> = parts.iter().map(Vec::as_slice).collect();
@@ -1271,6 +1279,85 @@ impl Conn {
             Ok(replies) => merge_replies(merge, &replies, &mut out),
             Err(Fail(text)) => out.error(&text),
         }
+    }
+
+    /// A command whose own keys are on several nodes (or partitions), run gathered: its
+    /// keys read whole in one transaction across them, the command run over them here, and
+    /// what it changed written back in a second one that checks nothing changed in between
+    /// (see `gather`). Its reply, in this connection's protocol.
+    async fn gathered(
+        &self,
+        args: &[Bytes],
+        keys: &[&[u8]],
+        replicated: bool,
+    ) -> Result<Vec<u8>, Fail> {
+        let mut unique: Vec<Vec<u8>> = Vec::with_capacity(keys.len());
+        for &k in keys {
+            if !unique.iter().any(|u| u[..] == *k) {
+                unique.push(k.to_vec());
+            }
+        }
+        let word = |w: &'static [u8]| Bytes::from_static(w);
+        for attempt in 1..=ACROSS_ATTEMPTS_MAX {
+            let reads: Vec<Vec<Bytes>> = unique
+                .iter()
+                .map(|k| vec![word(b"KEEL.DUMP"), Bytes::copy_from_slice(k)])
+                .collect();
+            let parts: Vec<&[Bytes]> = reads.iter().map(Vec::as_slice).collect();
+            let replies = if replicated {
+                self.across_partitions(&parts).await?
+            } else {
+                self.across_nodes(&parts).await?
+            };
+            let dumps = replies
+                .iter()
+                .map(|r| crate::gather::dump_of_reply(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut ctx = ctx(&self.shared);
+            // Replies are written as the command runs: nothing here commits.
+            ctx.track_increments = false;
+            let ran =
+                crate::gather::compute(self.shared.db, &ctx, self.proto, args, &unique, &dumps)?;
+            if ran.failed || ran.changed.is_empty() {
+                return Ok(ran.reply);
+            }
+            let mut writes: Vec<Vec<Bytes>> = unique
+                .iter()
+                .zip(&dumps)
+                .map(|(k, d)| {
+                    vec![
+                        word(b"KEEL.CHECK"),
+                        Bytes::copy_from_slice(k),
+                        Bytes::copy_from_slice(d),
+                    ]
+                })
+                .collect();
+            writes.extend(ran.changed.iter().map(|(k, d)| {
+                vec![
+                    word(b"KEEL.RESTORE"),
+                    Bytes::copy_from_slice(k),
+                    Bytes::copy_from_slice(d),
+                ]
+            }));
+            let parts: Vec<&[Bytes]> = writes.iter().map(Vec::as_slice).collect();
+            let written = if replicated {
+                self.across_partitions(&parts).await
+            } else {
+                self.across_nodes(&parts).await
+            };
+            match written {
+                Ok(_) => return Ok(ran.reply),
+                Err(Fail(text)) if text.contains(crate::gather::CHANGED) => {
+                    let pause = Duration::from_millis(u64::from(attempt.min(50)));
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(format!(
+            "TRYAGAIN keel: the keys of a command across nodes kept changing ({ACROSS_ATTEMPTS_MAX} tries)"
+        )
+        .into())
     }
 
     /// The protocol and limits this connection's commands run with in a transaction across

@@ -273,6 +273,8 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Scan
             | Cmd::Dbsize
             | Cmd::KeelRange
+            | Cmd::KeelDump
+            | Cmd::KeelCheck
             | Cmd::Ttl
             | Cmd::Pttl
             | Cmd::Expiretime
@@ -332,6 +334,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelMax
                 | Cmd::KeelMin
                 | Cmd::KeelAdd
+                | Cmd::KeelRestore
         )
         || crate::expiry::handles(cmd)
         || crate::bits::handles(cmd)
@@ -740,6 +743,9 @@ pub fn run(
             out.ok();
         }
         Cmd::KeelRange => keel_range(args, view, ctx, out)?,
+        Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore => {
+            crate::gather::command(cmd, args, view, ctx, out)?
+        }
         Cmd::KeelMax | Cmd::KeelMin | Cmd::KeelAdd => {
             // Blind, by design (see `keyspace`): a read of the meta record would make every
             // one a reader, and end split mode for the key.

@@ -27,6 +27,7 @@ mod conn;
 mod cost;
 mod data;
 mod expiry;
+mod gather;
 mod glob;
 mod hashes;
 mod hot;

@@ -202,6 +202,9 @@ pub enum Cmd {
     Zrandmember,
     // keel's own.
     KeelRange,
+    KeelDump,
+    KeelCheck,
+    KeelRestore,
     KeelMax,
     KeelMin,
     KeelAdd,
@@ -2301,6 +2304,39 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Ordered range read: KEEL.RANGE start end [REV] [LIMIT n]; bounds as in ZRANGEBYLEX ([a (a - +). Phantom-safe inside MULTI."
+    ),
+    spec!(
+        "keel.dump",
+        KeelDump,
+        2,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "keel",
+        "A key's whole value, type and deadline, in keel's own format (what a command across nodes gathers; see KEEL.RESTORE)."
+    ),
+    spec!(
+        "keel.check",
+        KeelCheck,
+        3,
+        RO_SLOW,
+        1,
+        1,
+        1,
+        "keel",
+        "Fails with TRYAGAIN unless the key holds what the given KEEL.DUMP reply holds; OK otherwise."
+    ),
+    spec!(
+        "keel.restore",
+        KeelRestore,
+        3,
+        WR_SLOW,
+        1,
+        1,
+        1,
+        "keel",
+        "Replaces the key by the value, type and deadline of a KEEL.DUMP reply (deletes it for an absent key's dump)."
     ),
     spec!(
         "keel.max",

@@ -175,29 +175,29 @@ fn multi_key_commands_and_transactions() {
     let () = query(&mut con, &["MSET", &c, "3", &d, "4"]);
     let got: Vec<String> = query(&mut cluster.node(1).client(), &["MGET", &c, &d]);
     assert_eq!(got, ["3", "4"]);
-    // BITOP's keys start after the operation: the destination and every source are routed.
-    assert_eq!(
-        error(&mut con, &["BITOP", "OR", &c, &d, &b]),
-        "CROSSSLOT Keys in request don't hash to the same slot"
-    );
-    assert_eq!(
-        error(&mut con, &["BITOP", "OR", &b, &c]),
-        "CROSSSLOT Keys in request don't hash to the same slot"
-    );
+    // BITOP's keys start after the operation: the destination and every source are routed;
+    // on several nodes it runs gathered (keys read whole, computed here, written back).
+    let n: i64 = query(&mut con, &["BITOP", "OR", &b, &c, &d]);
+    assert_eq!(n, 1);
+    let got: String = query(&mut con, &["GET", &b]);
+    assert_eq!(got, "7", "'3' | '4'");
+    let n: i64 = query(&mut con, &["DEL", &b]);
+    assert_eq!(n, 1);
     let (e, f) = (key_on(&cluster, 1, "e"), key_on(&cluster, 1, "f"));
     let () = query(&mut con, &["SET", &e, "x"]);
     let n: i64 = query(&mut con, &["BITOP", "XOR", &f, &e, &f]);
     assert_eq!(n, 1, "forwarded to the node of both keys");
     let got: String = query(&mut con, &["GET", &f]);
     assert_eq!(got, "x");
-    // COPY and RENAMENX name two keys: both are routed.
-    for verb in ["COPY", "RENAMENX"] {
-        assert_eq!(
-            error(&mut con, &[verb, &f, &b]),
-            "CROSSSLOT Keys in request don't hash to the same slot",
-            "{verb}"
-        );
-    }
+    // COPY and RENAMENX name two keys: both are routed; on two nodes, gathered.
+    let n: i64 = query(&mut con, &["COPY", &f, &b]);
+    assert_eq!(n, 1, "COPY across nodes");
+    let n: i64 = query(&mut con, &["RENAMENX", &f, &b]);
+    assert_eq!(n, 0, "RENAMENX across nodes; the destination exists");
+    let got: Vec<String> = query(&mut con, &["MGET", &f, &b]);
+    assert_eq!(got, ["x", "x"]);
+    let n: i64 = query(&mut con, &["DEL", &b]);
+    assert_eq!(n, 1);
     let n: i64 = query(&mut con, &["COPY", &f, &e, "REPLACE"]);
     assert_eq!(n, 1, "COPY forwarded to the node of both keys");
     let n: i64 = query(&mut con, &["RENAMENX", &e, &f]);
@@ -312,9 +312,10 @@ fn multi_key_commands_and_transactions() {
         line.trim().parse().expect("a count")
     };
     // MSET, MGET, DEL, the EXEC, the MGET, the split EXEC, the EXEC with PING and the
-    // rest, two MGETs, the MSET: two-phase; the failing EXEC: aborted (the one with PUBLISH
-    // never began).
-    assert_eq!(count("keel_cluster_txns_committed"), 10, "{info}");
+    // rest, two MGETs, the MSET: two-phase; BITOP and COPY gathered (a read and a write
+    // each), RENAMENX gathered (a read: it changed nothing), the MGET after them; the failing
+    // EXEC: aborted (the one with PUBLISH never began).
+    assert_eq!(count("keel_cluster_txns_committed"), 16, "{info}");
     assert_eq!(count("keel_cluster_aborts_failed"), 1, "{info}");
     assert_eq!(count("keel_cluster_exec_forwarded"), 1, "{info}");
     assert!(count("keel_cluster_commit_us_max") > 0, "{info}");
@@ -717,10 +718,8 @@ fn movable_keys_and_blocking_pops_are_routed() {
     let _: i64 = query(&mut con, &["SADD", &a, "x", "y"]);
     let n: i64 = query(&mut con, &["SINTERCARD", "1", &a]);
     assert_eq!(n, 2, "SINTERCARD's key is found by numkeys and forwarded");
-    assert_eq!(
-        error(&mut con, &["SINTERCARD", "2", &a, &b]),
-        "CROSSSLOT Keys in request don't hash to the same slot"
-    );
+    let n: i64 = query(&mut con, &["SINTERCARD", "2", &a, &b]);
+    assert_eq!(n, 0, "keys on two nodes: gathered");
     // BLPOP with a timeout: forwarded, and waits its full two seconds.
     let started = Instant::now();
     let v: Option<Vec<String>> = query(&mut con, &["BLPOP", &b, "2"]);
@@ -1015,4 +1014,141 @@ fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .expect("keel_cluster_stuck_refused");
     assert!(refused >= 4, "{info}");
+}
+
+/// Commands whose own keys are on several nodes and that no key-by-key split serves run
+/// gathered: their keys read whole in one transaction across the nodes, the command run over
+/// them on the node the client is on, and the keys it changed written back in a second
+/// transaction that first checks none changed in between (else all of it runs again).
+/// Replies are Redis's; an error changes nothing; TTLs move with the values. Meanwhile
+/// clients moving members between two sets on two nodes (`SMOVE`) never lose or duplicate
+/// one, and lose no move: each member ends where the number of moves that said they moved
+/// it puts it.
+#[test]
+fn commands_across_nodes_run_gathered() {
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
+    let mut con = cluster.node(0).client();
+    let (a, b, c) = (
+        key_on(&cluster, 1, "a"),
+        key_on(&cluster, 2, "b"),
+        key_on(&cluster, 0, "c"),
+    );
+    let _: i64 = query(&mut con, &["ZADD", &a, "1", "m1", "2", "m2"]);
+    let _: i64 = query(&mut con, &["ZADD", &b, "5", "m2", "7", "m3"]);
+    let got: Vec<String> = query(&mut con, &["ZUNION", "2", &a, &b, "WITHSCORES"]);
+    assert_eq!(got, ["m1", "1", "m2", "7", "m3", "7"]);
+    let n: i64 = query(
+        &mut con,
+        &["ZINTERSTORE", &c, "2", &a, &b, "AGGREGATE", "MAX"],
+    );
+    assert_eq!(n, 1);
+    let got: Vec<String> = query(&mut con, &["ZRANGE", &c, "0", "-1", "WITHSCORES"]);
+    assert_eq!(got, ["m2", "5"]);
+    // A read-only one changes nothing; one that fails changes nothing either.
+    let _: () = query(&mut con, &["SET", &c, "text"]);
+    assert!(error(&mut con, &["ZUNIONSTORE", &c, "2", &a, &c]).starts_with("WRONGTYPE"));
+    let got: String = query(&mut con, &["GET", &c]);
+    assert_eq!(got, "text");
+    // RENAME carries the TTL; the source is gone from its node.
+    let _: () = query(&mut con, &["SET", &c, "v", "PX", "100000"]);
+    let _: () = query(&mut con, &["RENAME", &c, &a]);
+    let got: Option<String> = query(&mut con, &["GET", &c]);
+    assert_eq!(got, None);
+    let got: String = query(&mut cluster.node(1).client(), &["GET", &a]);
+    assert_eq!(got, "v", "on the destination's node");
+    let ttl: i64 = query(&mut con, &["PTTL", &a]);
+    assert!(ttl > 90_000 && ttl <= 100_000, "{ttl}");
+    // LMOVE between lists on two nodes; LCS over strings on two nodes.
+    let (l1, l2) = (key_on(&cluster, 1, "l1"), key_on(&cluster, 2, "l2"));
+    let _: i64 = query(&mut con, &["RPUSH", &l1, "1", "2", "3"]);
+    let got: String = query(&mut con, &["LMOVE", &l1, &l2, "LEFT", "RIGHT"]);
+    assert_eq!(got, "1");
+    let got: (Vec<String>, Vec<String>) = (
+        query(&mut con, &["LRANGE", &l1, "0", "-1"]),
+        query(&mut con, &["LRANGE", &l2, "0", "-1"]),
+    );
+    assert_eq!(got, (vec!["2".into(), "3".into()], vec!["1".into()]));
+    let (s1, s2) = (key_on(&cluster, 1, "s1"), key_on(&cluster, 2, "s2"));
+    let () = query(&mut con, &["MSET", &s1, "ohmytext", &s2, "mynewtext"]);
+    let got: String = query(&mut con, &["LCS", &s1, &s2]);
+    assert_eq!(got, "mytext");
+
+    // Concurrent SMOVEs between two sets on two nodes, and audits of both in one MULTI.
+    const MEMBERS: usize = 40;
+    let (x, y) = (key_on(&cluster, 1, "x"), key_on(&cluster, 2, "y"));
+    let mut sadd = vec!["SADD".to_string(), x.clone()];
+    sadd.extend((0..MEMBERS).map(|i| format!("m{i}")));
+    let args: Vec<&str> = sadd.iter().map(String::as_str).collect();
+    let _: i64 = query(&mut con, &args);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let movers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let url = cluster.node(t as usize).url(false);
+            let (x, y, stop) = (x.clone(), y.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut con = crate::connect(&url);
+                let mut moved = vec![0u32; MEMBERS];
+                let mut r = t * 7 + 1;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    r = r
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let i = (r >> 33) as usize % MEMBERS;
+                    let (from, to) = if (r >> 20) % 2 == 0 {
+                        (&x, &y)
+                    } else {
+                        (&y, &x)
+                    };
+                    // A transaction across nodes that keeps losing conflicts answers
+                    // TRYAGAIN, having changed nothing.
+                    let n: redis::RedisResult<i64> = redis::cmd("SMOVE")
+                        .arg(from)
+                        .arg(to)
+                        .arg(format!("m{i}"))
+                        .query(&mut con);
+                    match n {
+                        Ok(n) => moved[i] += u32::try_from(n).expect("0 or 1"),
+                        Err(e) if e.to_string().contains("TryAgain") => {}
+                        Err(e) => panic!("SMOVE: {e}"),
+                    }
+                }
+                moved
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut audits = 0;
+    while started.elapsed() < Duration::from_secs(3) || audits < 20 {
+        let (nx, ny): (i64, i64) = redis::pipe()
+            .atomic()
+            .cmd("SCARD")
+            .arg(&x)
+            .cmd("SCARD")
+            .arg(&y)
+            .query(&mut con)
+            .expect("audit across nodes");
+        assert_eq!(nx + ny, MEMBERS as i64, "a member lost or doubled");
+        audits += 1;
+        if started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut moves = [0u32; MEMBERS];
+    for m in movers {
+        for (total, n) in moves.iter_mut().zip(m.join().expect("mover")) {
+            *total += n;
+        }
+    }
+    let moved: u32 = moves.iter().sum();
+    assert!(moved > 10, "the movers moved members: {moved}");
+    let in_y: Vec<String> = query(&mut con, &["SMEMBERS", &y]);
+    for (i, n) in moves.iter().enumerate() {
+        let there = in_y.contains(&format!("m{i}"));
+        assert_eq!(there, n % 2 == 1, "m{i}, moved {n} times, lost a move");
+    }
+    let union: Vec<String> = query(&mut con, &["SUNION", &x, &y]);
+    assert_eq!(union.len(), MEMBERS);
+    let both: i64 = query(&mut con, &["SINTERCARD", "2", &x, &y]);
+    assert_eq!(both, 0, "no member in both sets");
 }
