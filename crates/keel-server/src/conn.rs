@@ -1298,6 +1298,7 @@ impl Conn {
             }
         }
         let word = |w: &'static [u8]| Bytes::from_static(w);
+        self.shared.counters.gathered.fetch_add(1, Relaxed);
         for attempt in 1..=ACROSS_ATTEMPTS_MAX {
             let reads: Vec<Vec<Bytes>> = unique
                 .iter()
@@ -1348,6 +1349,7 @@ impl Conn {
             match written {
                 Ok(_) => return Ok(ran.reply),
                 Err(Fail(text)) if text.contains(crate::gather::CHANGED) => {
+                    self.shared.counters.gathered_retries.fetch_add(1, Relaxed);
                     let pause = Duration::from_millis(u64::from(attempt.min(50)));
                     tokio::time::sleep(pause).await;
                 }

@@ -537,6 +537,16 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             "# Cluster\r\ncluster_enabled:{}\r\n",
             u8::from(shared.cluster.is_some())
         );
+        if shared.cluster.is_some() {
+            // Commands whose keys are on several nodes, run gathered (`gather`).
+            let c = &shared.counters;
+            let _ = write!(
+                t,
+                "keel_cluster_gathered:{}\r\nkeel_cluster_gathered_retries:{}\r\n",
+                c.gathered.load(Relaxed),
+                c.gathered_retries.load(Relaxed),
+            );
+        }
         if let Some(cluster) = &shared.cluster {
             // Requests to each peer: forwarded commands, Raft's messages, requests to
             // partitions' leaders. Quantiles are bucket bounds (powers of two µs).
@@ -955,6 +965,18 @@ pub fn prometheus(shared: &Shared) -> String {
         "Replicated cluster: renewals of a connection's WATCHes, so that they do not lapse.",
         "counter",
         &one(c.watch_renewals.load(Relaxed)),
+    );
+    counter(
+        "keel_cluster_gathered_total",
+        "Cluster mode: commands whose keys are on several nodes, run gathered across them.",
+        "counter",
+        &one(c.gathered.load(Relaxed)),
+    );
+    counter(
+        "keel_cluster_gathered_retries_total",
+        "Cluster mode: gathered commands run again because a key changed between read and write.",
+        "counter",
+        &one(c.gathered_retries.load(Relaxed)),
     );
     counter(
         "keel_protocol_errors_total",

@@ -103,6 +103,10 @@ pub struct Counters {
     pub watch_aborts: AtomicU64,
     /// Replicated cluster: times a connection renewed its watches (`conn.rs`).
     pub watch_renewals: AtomicU64,
+    /// Cluster mode: commands run gathered across nodes (`gather`), and the times one ran
+    /// again because a key changed between its read and its write.
+    pub gathered: AtomicU64,
+    pub gathered_retries: AtomicU64,
     pub latency: [AtomicU64; LATENCY_BUCKETS],
 }
 
@@ -118,6 +122,8 @@ impl Default for Counters {
             exec_retries: AtomicU64::new(0),
             watch_aborts: AtomicU64::new(0),
             watch_renewals: AtomicU64::new(0),
+            gathered: AtomicU64::new(0),
+            gathered_retries: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }

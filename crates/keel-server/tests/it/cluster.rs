@@ -1151,4 +1151,10 @@ fn commands_across_nodes_run_gathered() {
     assert_eq!(union.len(), MEMBERS);
     let both: i64 = query(&mut con, &["SINTERCARD", "2", &x, &y]);
     assert_eq!(both, 0, "no member in both sets");
+    // INFO cluster counts them (on the node each ran on).
+    let info: String = query(&mut con, &["INFO", "cluster"]);
+    assert!(
+        crate::info_counter(&info, "keel_cluster_gathered") > 10,
+        "{info}"
+    );
 }
