@@ -3984,6 +3984,7 @@ pub(crate) fn ctx(shared: &Shared) -> Ctx<'_> {
         clock: Default::default(),
         encodings: &shared.encodings,
         contended: Default::default(),
+        cluster: shared.cluster.is_some() || shared.replication.get().is_some(),
     }
 }
 

@@ -225,6 +225,9 @@ pub struct Ctx<'a> {
     /// meta record it is spreads over sub-keys when this attempt writes it (`hashes`). Never
     /// set where commands must run alike on every replica (a replicated partition's log).
     pub contended: Contended,
+    /// Cluster mode (replicated or not): a command may not read keys its routing did not
+    /// name (`SORT`'s `BY` and `GET` patterns are refused, as in Redis Cluster).
+    pub cluster: bool,
 }
 
 impl Ctx<'_> {
@@ -266,6 +269,7 @@ pub fn is_read_only(cmd: Cmd) -> bool {
             | Cmd::Getrange
             | Cmd::Substr
             | Cmd::Lcs
+            | Cmd::SortRo
             | Cmd::Exists
             | Cmd::Touch
             | Cmd::Type
@@ -335,6 +339,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelMin
                 | Cmd::KeelAdd
                 | Cmd::KeelRestore
+                | Cmd::Sort
         )
         || crate::expiry::handles(cmd)
         || crate::bits::handles(cmd)
@@ -610,6 +615,7 @@ pub fn run(
             out.int(len as i64);
         }
         Cmd::Lcs => crate::lcs::lcs(args, view, ctx, out)?,
+        Cmd::Sort | Cmd::SortRo => crate::sort::sort(args, cmd == Cmd::SortRo, view, ctx, out)?,
         Cmd::Getrange | Cmd::Substr => {
             let start = int_arg(&args[2])?;
             let end = int_arg(&args[3])?;
@@ -1165,6 +1171,7 @@ pub mod test_support {
             clock: Default::default(),
             encodings: &ENCODINGS,
             contended: Default::default(),
+            cluster: false,
         }
     }
 

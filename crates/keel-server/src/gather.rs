@@ -34,19 +34,23 @@ use crate::table::{self, Cmd};
 pub const CHANGED: &str = "TRYAGAIN keel: a key changed while a command across nodes read it";
 
 /// Runs `args` (a command with its name) in `view`, as a client in RESP2 would: the reply.
-fn run(view: &mut View<'_, '_>, ctx: &Ctx<'_>, args: Vec<Bytes>) -> Result<Vec<u8>, Fail> {
+pub(crate) fn run(
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    args: Vec<Bytes>,
+) -> Result<Vec<u8>, Fail> {
     let cmd = table::lookup(&args[0]).expect("a known command").cmd;
     let mut buf = BytesMut::new();
     data::run(cmd, &args, view, ctx, &mut Out::new(&mut buf, Proto::Resp2))?;
     Ok(buf.to_vec())
 }
 
-fn words(parts: &[&[u8]]) -> Vec<Bytes> {
+pub(crate) fn words(parts: &[&[u8]]) -> Vec<Bytes> {
     parts.iter().map(|p| Bytes::copy_from_slice(p)).collect()
 }
 
 /// The elements of a RESP2 array of bulk strings, or a lone bulk string as one.
-fn bulks(reply: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub(crate) fn bulks(reply: &[u8]) -> Option<Vec<Vec<u8>>> {
     fn line(r: &[u8]) -> Option<(&[u8], &[u8])> {
         let end = r.windows(2).position(|w| w == b"\r\n")?;
         Some((&r[..end], &r[end + 2..]))

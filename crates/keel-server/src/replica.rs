@@ -1955,6 +1955,7 @@ fn read_here(
         clock: Default::default(),
         encodings: &encodings,
         contended: Default::default(),
+        cluster: true,
     };
     let mut buf = bytes::BytesMut::new();
     let mut out = Out::new(&mut buf, request.proto());

@@ -64,6 +64,8 @@ pub enum Cmd {
     Getrange,
     Substr,
     Lcs,
+    Sort,
+    SortRo,
     Setrange,
     Incr,
     Incrby,
@@ -843,6 +845,28 @@ pub static SPECS: &[Spec] = &[
         1,
         "string",
         "Returns a substring from a string value."
+    ),
+    spec!(
+        "sort",
+        Sort,
+        -2,
+        &["write", "denyoom", "movablekeys"],
+        1,
+        1,
+        1,
+        "generic",
+        "Sorts the elements in a list, a set, or a sorted set, optionally storing the result."
+    ),
+    spec!(
+        "sort_ro",
+        SortRo,
+        -2,
+        &["readonly", "movablekeys"],
+        1,
+        1,
+        1,
+        "generic",
+        "Returns the sorted elements of a list, a set, or a sorted set."
     ),
     spec!(
         "lcs",

@@ -164,7 +164,7 @@ pub use keel::{decode_score, encode_score};
 /// C's `strtod` over the whole of `s`: `None` unless it reads all of it (an empty string
 /// reads as 0, as `strtod` leaves its end pointer at the terminator). With the value,
 /// whether `strtod` would set `ERANGE` (overflow to infinity, or underflow to zero).
-fn strtod(s: &[u8]) -> Option<(f64, bool)> {
+pub(crate) fn strtod(s: &[u8]) -> Option<(f64, bool)> {
     if s.is_empty() {
         return Some((0.0, false));
     }

@@ -1057,6 +1057,7 @@ pub fn execute(
             clock: Clock::at(request.now_ms),
             encodings: &encodings,
             contended: Default::default(),
+            cluster: true,
         };
         let mut buf = BytesMut::new();
         let mut out = Out::new(&mut buf, proto);

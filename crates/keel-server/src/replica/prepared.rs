@@ -582,6 +582,7 @@ fn run_each(
         clock: crate::keyspace::Clock::at(request.now_ms),
         encodings: &encodings,
         contended: Default::default(),
+        cluster: true,
     };
     let commands = request.args();
     data::with_seed(seed, || {

@@ -1068,6 +1068,20 @@ fn commands_across_nodes_run_gathered() {
         query(&mut con, &["LRANGE", &l2, "0", "-1"]),
     );
     assert_eq!(got, (vec!["2".into(), "3".into()], vec!["1".into()]));
+    // SORT … STORE into a key on another node; its BY and GET patterns are refused here, as
+    // Redis Cluster refuses them (they name keys that routing cannot see).
+    let n: i64 = query(&mut con, &["SORT", &l1, "DESC", "STORE", &l2]);
+    assert_eq!(n, 2);
+    let got: Vec<String> = query(&mut con, &["LRANGE", &l2, "0", "-1"]);
+    assert_eq!(got, ["3", "2"]);
+    assert_eq!(
+        error(&mut con, &["SORT", &l1, "BY", "w_*"]),
+        "ERR BY option of SORT denied in Cluster mode."
+    );
+    assert_eq!(
+        error(&mut con, &["SORT", &l1, "GET", "#"]),
+        "ERR GET option of SORT denied in Cluster mode."
+    );
     let (s1, s2) = (key_on(&cluster, 1, "s1"), key_on(&cluster, 2, "s2"));
     let () = query(&mut con, &["MSET", &s1, "ohmytext", &s2, "mynewtext"]);
     let got: String = query(&mut con, &["LCS", &s1, &s2]);
