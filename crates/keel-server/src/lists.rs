@@ -575,6 +575,17 @@ fn mpop_args(
     args: &[Bytes],
     numkeys_at: usize,
 ) -> Result<(std::ops::Range<usize>, End, usize), Fail> {
+    mpop_parts(args, numkeys_at, End::parse)
+}
+
+/// `numkeys key [key ...] <where> [COUNT count]` from `args[numkeys_at]`, as `LMPOP`,
+/// `BLMPOP`, `ZMPOP` and `BZMPOP` take it, checked in Redis's order: where the keys are in
+/// `args`, the `<where>` argument as `parse_where` reads it, and the count (1 if not given).
+pub fn mpop_parts<W>(
+    args: &[Bytes],
+    numkeys_at: usize,
+    parse_where: impl FnOnce(&[u8]) -> Result<W, Fail>,
+) -> Result<(std::ops::Range<usize>, W, usize), Fail> {
     let numkeys = crate::resp::string_to_i64(&args[numkeys_at])
         .filter(|&n| n >= 1)
         .ok_or("ERR numkeys should be greater than 0")?;
@@ -584,7 +595,7 @@ fn mpop_args(
         .and_then(|n| first.checked_add(n))
         .filter(|&w| w < args.len())
         .ok_or(SYNTAX)?;
-    let end = End::parse(&args[where_at])?;
+    let at = parse_where(&args[where_at])?;
     let mut count = None;
     let mut i = where_at + 1;
     while i < args.len() {
@@ -598,7 +609,7 @@ fn mpop_args(
             return Err(SYNTAX.into());
         }
     }
-    Ok((first..where_at, end, count.unwrap_or(1)))
+    Ok((first..where_at, at, count.unwrap_or(1)))
 }
 
 /// `LMPOP`: pops up to `count` elements from the first of `keys` that is a list, replying

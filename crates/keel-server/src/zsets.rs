@@ -1521,39 +1521,19 @@ struct Mpop {
 }
 
 fn zmpop_args(args: &[Bytes], at: usize) -> Result<Mpop, Fail> {
-    let numkeys = string_to_i64(&args[at])
-        .filter(|&n| n >= 1)
-        .ok_or("ERR numkeys should be greater than 0")?;
-    let first = at + 1;
-    let where_at = usize::try_from(numkeys)
-        .ok()
-        .and_then(|n| first.checked_add(n))
-        .filter(|&w| w < args.len())
-        .ok_or(SYNTAX)?;
-    let max = if args[where_at].eq_ignore_ascii_case(b"min") {
-        false
-    } else if args[where_at].eq_ignore_ascii_case(b"max") {
-        true
-    } else {
-        return Err(SYNTAX.into());
-    };
-    let mut count = None;
-    let mut i = where_at + 1;
-    while i < args.len() {
-        if count.is_none() && args[i].eq_ignore_ascii_case(b"count") && i + 1 < args.len() {
-            let n = string_to_i64(&args[i + 1])
-                .filter(|&n| n >= 1)
-                .ok_or("ERR count should be greater than 0")?;
-            count = Some(n);
-            i += 2;
+    let (keys, max, count) = crate::lists::mpop_parts(args, at, |w| {
+        if w.eq_ignore_ascii_case(b"min") {
+            Ok(false)
+        } else if w.eq_ignore_ascii_case(b"max") {
+            Ok(true)
         } else {
-            return Err(SYNTAX.into());
+            Err(SYNTAX.into())
         }
-    }
+    })?;
     Ok(Mpop {
-        keys: first..where_at,
+        keys,
         max,
-        count: count.unwrap_or(1),
+        count: i64::try_from(count).unwrap_or(i64::MAX),
     })
 }
 
