@@ -420,9 +420,12 @@ fn expired_keys_memory_is_reclaimed() {
     };
     let before = records(&mut c);
     // One absolute deadline for all, so that none expires before the count below unless
-    // loading them took that long.
+    // loading them took that long. (A key whose deadline passed before its SET is never
+    // created, so it does not count as expired: the exact counts below hold only when the
+    // loading ended in time, which 4 s leaves room for on a loaded machine.)
     let started = Instant::now();
-    let deadline = (unix_ms() + 2_000).to_string();
+    let ahead = Duration::from_millis(4_000);
+    let deadline = (unix_ms() + ahead.as_millis() as i64).to_string();
     for chunk in 0..KEYS / 1000 {
         let mut pipe = redis::pipe();
         for i in 0..1000 {
@@ -436,7 +439,8 @@ fn expired_keys_memory_is_reclaimed() {
         let () = pipe.query(&mut c).expect("pipelined SET PXAT");
     }
     let loaded = records(&mut c);
-    if started.elapsed() < Duration::from_millis(1_500) {
+    let in_time = started.elapsed() < ahead - Duration::from_millis(500);
+    if in_time {
         // A meta record and an expiry index entry per key.
         assert!(loaded >= before + 2 * KEYS as u64, "{before} -> {loaded}");
     }
@@ -444,12 +448,17 @@ fn expired_keys_memory_is_reclaimed() {
         query::<i64>(&mut c, &["DBSIZE"]) == 0
     });
     let info: String = query(&mut c, &["INFO", "stats"]);
-    assert_eq!(info_counter(&info, "expired_keys"), KEYS as u64);
-    let metrics = server.metrics();
-    assert!(
-        metrics.contains(&format!("\nkeel_expired_keys_total {KEYS}\n")),
-        "{metrics}"
-    );
+    let expired = info_counter(&info, "expired_keys");
+    if in_time {
+        assert_eq!(expired, KEYS as u64);
+        let metrics = server.metrics();
+        assert!(
+            metrics.contains(&format!("\nkeel_expired_keys_total {KEYS}\n")),
+            "{metrics}"
+        );
+    } else {
+        assert!(expired > 0 && expired <= KEYS as u64, "{expired}");
+    }
     eventually("the collector reclaimed the records", || {
         records(&mut c) <= before + 100
     });
