@@ -202,8 +202,8 @@ pub fn may_gather(cmd: Cmd) -> bool {
 }
 
 /// What step 2 found: the command's reply (in the client's protocol) and the keys it changed
-/// with their new dumps; `None` for the reply if the command failed (its error is the reply
-/// then, and nothing changes).
+/// with their new dumps. A command that failed (`failed`) has its error as the reply and
+/// changes nothing.
 pub struct Ran {
     pub reply: Vec<u8>,
     pub failed: bool,
