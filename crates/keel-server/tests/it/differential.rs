@@ -369,6 +369,25 @@ fn differential_regressions() {
     }
 }
 
+/// Runs `writes` (each a step, or several pipelined) on fresh servers, in RESP2 and then in
+/// RESP3, panicking at the first reply that differs; with `contents`, the servers' contents
+/// must then be equal too.
+fn run_writes_on_both(writes: &[Vec<Step>], contents: bool) {
+    let servers = Servers::start();
+    for resp3 in [false, true] {
+        let mut harness = Harness::new(&servers, resp3);
+        harness.flush_all();
+        for write in writes {
+            if let Err(mismatch) = harness.run_write(write) {
+                panic!("resp3: {resp3}:\n{mismatch}");
+            }
+        }
+        if contents && let Err(mismatch) = harness.check_contents() {
+            panic!("resp3: {resp3}:\n{mismatch}");
+        }
+    }
+}
+
 /// `HINCRBY` of a spread hash adds with the engine's commutative add and replies after the
 /// commit, unlike that of a packed hash (which the random sequences mostly build): its
 /// replies, its errors (met at commit), in pipelines (one batch in keel), inside `MULTI` and
@@ -452,19 +471,7 @@ fn increments_of_spread_hashes_match_redis() {
         vec![main(&["HLEN", "h"])],
         vec![main(&["HGETALL", "h"])],
     ];
-    let servers = Servers::start();
-    for resp3 in [false, true] {
-        let mut harness = Harness::new(&servers, resp3);
-        harness.flush_all();
-        for write in &writes {
-            if let Err(mismatch) = harness.run_write(write) {
-                panic!("resp3: {resp3}:\n{mismatch}");
-            }
-        }
-        if let Err(mismatch) = harness.check_contents() {
-            panic!("resp3: {resp3}:\n{mismatch}");
-        }
-    }
+    run_writes_on_both(&writes, true);
 }
 
 /// `SORT` and `SORT_RO` on fresh servers (see [`sorts`] for why not in the random runs):
@@ -546,19 +553,7 @@ fn sort_matches_redis() {
     for args in sorts {
         writes.push(main(args));
     }
-    let servers = Servers::start();
-    for resp3 in [false, true] {
-        let mut harness = Harness::new(&servers, resp3);
-        harness.flush_all();
-        for write in &writes {
-            if let Err(mismatch) = harness.run_write(write) {
-                panic!("resp3: {resp3}:\n{mismatch}");
-            }
-        }
-        if let Err(mismatch) = harness.check_contents() {
-            panic!("resp3: {resp3}:\n{mismatch}");
-        }
-    }
+    run_writes_on_both(&writes, true);
 }
 
 /// `LCS` over strings with many equally long common subsequences and several matching
@@ -609,16 +604,7 @@ fn lcs_matches_redis() {
     writes.push(main(&["LCS", "a", "l"]));
     writes.push(main(&["LCS", "l", "a", "bogus"]));
     writes.push(main(&["SUBSTR", "a", "1", "-2"]));
-    let servers = Servers::start();
-    for resp3 in [false, true] {
-        let mut harness = Harness::new(&servers, resp3);
-        harness.flush_all();
-        for write in &writes {
-            if let Err(mismatch) = harness.run_write(write) {
-                panic!("resp3: {resp3}:\n{mismatch}");
-            }
-        }
-    }
+    run_writes_on_both(&writes, false);
 }
 
 /// `ZINCRBY` (and `ZADD … INCR` without conditions) adds with the engine's score add, which
@@ -722,19 +708,7 @@ fn increments_of_sorted_sets_match_redis() {
             "WITHSCORES",
         ])],
     ];
-    let servers = Servers::start();
-    for resp3 in [false, true] {
-        let mut harness = Harness::new(&servers, resp3);
-        harness.flush_all();
-        for write in &writes {
-            if let Err(mismatch) = harness.run_write(write) {
-                panic!("resp3: {resp3}:\n{mismatch}");
-            }
-        }
-        if let Err(mismatch) = harness.check_contents() {
-            panic!("resp3: {resp3}:\n{mismatch}");
-        }
-    }
+    run_writes_on_both(&writes, true);
 }
 
 /// `OBJECT ENCODING` and `REFCOUNT` of values built in one command, at the edges of Redis's
