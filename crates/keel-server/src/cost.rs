@@ -395,6 +395,38 @@ fn interleaved(db: &keel::Db, cursors: &Cursors, cmd: &[&str], k: usize) -> usiz
         .count()
 }
 
+/// Two pops of a spread set's last two members at once: each reads both, picks one and
+/// lowers the size without reading it, so the commit must check the member each left. One
+/// of the two conflicts, and the set holds one member; had both committed, the set would be
+/// empty with its key left behind.
+#[test]
+fn spop_of_the_last_two_at_once() {
+    let db = db();
+    let cursors = Cursors::default();
+    let mut conflicts = 0;
+    for round in 0..20 {
+        let key = format!("set{round}");
+        // `a` and `b` stay: each pop picks either about half the time.
+        for m in ["a", "b"]
+            .into_iter()
+            .map(String::from)
+            .chain((0..298).map(element))
+        {
+            write(&db, &cursors, &["SADD", &key, &m]);
+        }
+        for i in 0..298 {
+            write(&db, &cursors, &["SREM", &key, &element(i)]);
+        }
+        assert_eq!(read(&db, &cursors, &["SCARD", &key]), b":2\r\n");
+        conflicts += interleaved(&db, &cursors, &["SPOP", &key], 2);
+        assert_eq!(read(&db, &cursors, &["SCARD", &key]), b":1\r\n");
+        assert_eq!(array_len(&read(&db, &cursors, &["SMEMBERS", &key])), 1);
+        write(&db, &cursors, &["SPOP", &key]);
+        assert_eq!(read(&db, &cursors, &["EXISTS", &key]), b":0\r\n");
+    }
+    assert_eq!(conflicts, 20);
+}
+
 /// Two pops of a large set at once pick different members, and neither reads what the
 /// other writes beyond what it must: they rarely conflict.
 #[test]

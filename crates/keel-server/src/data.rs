@@ -110,11 +110,39 @@ impl<'db> View<'_, 'db> {
         lo: Bound<Vec<u8>>,
         hi: Bound<Vec<u8>>,
         rev: bool,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) {
+        self.range_maybe_checked(lo, hi, rev, true, f);
+    }
+
+    /// [`View::range`] that a transaction's commit does not check
+    /// ([`keel::Txn::range_unchecked`]): for picks that any outcome of which is correct, each
+    /// confirmed by a checked read of the key picked.
+    pub fn range_unchecked(
+        &mut self,
+        lo: Bound<Vec<u8>>,
+        hi: Bound<Vec<u8>>,
+        rev: bool,
+        f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) {
+        self.range_maybe_checked(lo, hi, rev, false, f);
+    }
+
+    fn range_maybe_checked(
+        &mut self,
+        lo: Bound<Vec<u8>>,
+        hi: Bound<Vec<u8>>,
+        rev: bool,
+        checked: bool,
         mut f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
     ) {
         match self {
             View::Txn(t) => {
-                let mut range = t.range_owned(lo, hi);
+                let mut range = if checked {
+                    t.range_owned(lo, hi)
+                } else {
+                    t.range_unchecked(lo, hi)
+                };
                 while let Some(flow) = range.next_with(rev, &mut f) {
                     if flow.is_break() {
                         return;
@@ -134,13 +162,18 @@ impl<'db> View<'_, 'db> {
 }
 
 impl View<'_, '_> {
-    /// The first and the last key in `lo..hi`, or `None` when it holds none: one range read
-    /// from both ends (its validation covers the two ends, not what lies between).
-    pub fn ends(&mut self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Option<(Vec<u8>, Vec<u8>)> {
+    /// The first and the last key in `lo..hi`, or `None` when it holds none, read from both
+    /// ends of one range that a transaction's commit does not check
+    /// ([`View::range_unchecked`]).
+    pub fn ends_unchecked(
+        &mut self,
+        lo: Bound<Vec<u8>>,
+        hi: Bound<Vec<u8>>,
+    ) -> Option<(Vec<u8>, Vec<u8>)> {
         let key = |k: &[u8], _: &[u8]| k.to_vec();
         match self {
             View::Txn(t) => {
-                let mut range = t.range_owned(lo, hi);
+                let mut range = t.range_unchecked(lo, hi);
                 let first = range.next_with(false, key)?;
                 let last = range.next_with(true, key);
                 Some((first.clone(), last.unwrap_or(first)))
@@ -152,6 +185,11 @@ impl View<'_, '_> {
                 Some((first.clone(), last.unwrap_or(first)))
             }
         }
+    }
+
+    /// Whether reads here are checked at a commit (a transaction's are; a snapshot has none).
+    pub fn checks_reads(&self) -> bool {
+        matches!(self, View::Txn(_))
     }
 }
 
@@ -350,24 +388,44 @@ pub fn is_data(cmd: Cmd) -> bool {
         || crate::zsets::handles(cmd)
 }
 
-/// A pseudo-random number: `RandomState` is seeded from the OS once per process (then per
-/// call bumped); good enough for picking members and fields, which needs no secrecy.
+/// A pseudo-random number: a splitmix64 generator per thread, seeded from the OS (through
+/// `RandomState`) at the thread's first draw; good enough for picking members and fields,
+/// which needs no secrecy. Under [`with_seed`], that seed's generator draws instead.
 pub fn random() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
     if let Some(r) = seeded_random() {
         return r;
     }
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Relaxed));
-    h.finish()
+    STATE.with(|s| {
+        let state = match s.get() {
+            Some(state) => state,
+            None => {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(0);
+                h.finish()
+            }
+        };
+        let (next, drawn) = splitmix64(state);
+        s.set(Some(next));
+        drawn
+    })
+}
+
+/// One step of splitmix64 from `state`: the next state and the number drawn.
+fn splitmix64(state: u64) -> (u64, u64) {
+    let state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (state, z ^ (z >> 31))
 }
 
 thread_local! {
     /// While a replica applies a log entry: the state of the generator that replaces
     /// [`random`] (and new collections' generations), so that every replica draws the same.
     static SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    /// [`random`]'s own generator on this thread, once it has drawn.
+    static STATE: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 /// Runs `f` with [`random`] (and every draw of a collection's generation) on this thread
@@ -387,12 +445,9 @@ pub fn with_seed<T>(seed: u64, f: impl FnOnce() -> T) -> T {
 /// The next draw of the generator [`with_seed`] installed, if any (splitmix64).
 pub fn seeded_random() -> Option<u64> {
     SEED.with(|s| {
-        let state = s.get()?.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        s.set(Some(state));
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Some(z ^ (z >> 31))
+        let (next, drawn) = splitmix64(s.get()?);
+        s.set(Some(next));
+        Some(drawn)
     })
 }
 

@@ -310,25 +310,36 @@ struct Pick {
 /// members as they are spelled rather than over all byte strings (which would pick the first
 /// member after each change of a leading digit most of the time). Members that follow a
 /// wide gap are still picked more often than others, so this is "random", not uniform
-/// (Redis's own `SPOP` is not uniform either); what it buys is that a pop reads three short
-/// stretches of the set, not all of it, so concurrent pops of a large set rarely conflict,
-/// and that pops spread over the set rather than piling their deleted keys up in a few
-/// places that every later pick must pass.
-fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Pick> {
+/// (Redis's own `SPOP` is not uniform either).
+///
+/// Any member is a correct pick, so the ranges walked for it are not checked at commit
+/// ([`View::range_unchecked`]); the pick is read, checked, and, for a pop (`popping`), so
+/// is a second member (the next one, or the first when the pick is the last) unless the
+/// pick is `alone`: while that one stays, a pop of the pick leaves the set non-empty. Concurrent pops of a large set then
+/// conflict only when they pick the same member or its neighbour, and a member added
+/// anywhere meanwhile conflicts with none of them.
+fn random_member(
+    view: &mut View<'_, '_>,
+    generation: u64,
+    popping: bool,
+) -> Result<Option<Pick>, Fail> {
     /// Bytes drawn after the common prefix: enough to tell 2^64 members apart.
     const DRAWN_BYTES_MAX: usize = 16;
     let prefix = ks::sub_prefix(SET_MEMBER, generation);
     let (lo, hi) = ks::prefix_range(&prefix);
-    let (first, last) = view.ends(lo, hi.clone())?;
+    let Some((first, last)) = view.ends_unchecked(lo, hi.clone()) else {
+        return Ok(None);
+    };
     let (first, last) = (
         first[prefix.len()..].to_vec(),
         last[prefix.len()..].to_vec(),
     );
     if first == last {
-        return Some(Pick {
+        confirm(view, generation, &first)?;
+        return Ok(Some(Pick {
             member: first,
             alone: true,
-        });
+        }));
     }
     let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
     let (first_rest, last_rest) = (&first[common..], &last[common..]);
@@ -350,21 +361,46 @@ fn random_member(view: &mut View<'_, '_>, generation: u64) -> Option<Pick> {
     for _ in 1..drawn {
         target.push(between(low, high));
     }
-    let mut pick = None;
-    view.range(
+    let mut found: Vec<Vec<u8>> = Vec::with_capacity(2);
+    view.range_unchecked(
         std::ops::Bound::Included(member_key(generation, &target).to_vec()),
         hi,
         false,
         |k, _| {
-            pick = Some(k[prefix.len()..].to_vec());
-            ControlFlow::Break(())
+            found.push(k[prefix.len()..].to_vec());
+            if found.len() == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         },
     );
-    // `last` is at or after any target drawn, unless the target's later bytes passed it.
-    Some(Pick {
-        member: pick.unwrap_or(last),
+    // `last` is at or after any target drawn, unless the target's later bytes passed it;
+    // past the last member, the first is the other.
+    let mut found = found.into_iter();
+    let member = found.next().unwrap_or(last);
+    let other = found.next().unwrap_or(first);
+    confirm(view, generation, &member)?;
+    if popping {
+        confirm(view, generation, &other)?;
+    }
+    Ok(Some(Pick {
+        member,
         alone: false,
-    })
+    }))
+}
+
+/// A checked read of `member`, which an unchecked range found in the set: the commit fails
+/// unless it is still there (a snapshot, whose reads nobody checks, skips it).
+fn confirm(view: &mut View<'_, '_>, generation: u64, member: &[u8]) -> Result<(), Fail> {
+    if view.checks_reads() {
+        let there = view.get_with(&member_key(generation, member), |v| v.is_some())?;
+        debug_assert!(
+            there,
+            "an unchecked range found the member at the same snapshot"
+        );
+    }
+    Ok(())
 }
 
 /// Every member (in the order added when packed, else in byte order); fails past the reply
@@ -659,14 +695,15 @@ fn spop(args: &[Bytes], t: &mut Txn<'_>, ctx: &Ctx<'_>, out: &mut Out<'_>) -> Re
         return Ok(());
     }
     let Some(count) = count else {
-        let pick = random_member(&mut View::Txn(t), meta.generation).ok_or_else(empty_set)?;
+        let pick =
+            random_member(&mut View::Txn(t), meta.generation, true)?.ok_or_else(empty_set)?;
         t.delete(&member_key(meta.generation, &pick.member))?;
         if pick.alone {
             shrink(t, key, &meta, 1)?;
         } else {
-            // The first and the last member were read, and one of them stays: the set does
-            // not run empty, so the size goes down without being read (pops of one set then
-            // conflict only on the members they read, not on the size every pop writes).
+            // Another member was read, and stays: the set does not run empty, so the size
+            // goes down without being read (pops of one set then conflict only on the
+            // members they read, not on the size every pop writes).
             t.add(&ks::size_key(meta.generation), -1)?;
         }
         out.bulk(&pick.member);
@@ -714,7 +751,7 @@ fn srandmember(
                 );
             }
             Some(m) => {
-                let pick = random_member(view, m.generation).ok_or_else(empty_set)?;
+                let pick = random_member(view, m.generation, false)?.ok_or_else(empty_set)?;
                 out.bulk(&pick.member);
             }
         }

@@ -1203,13 +1203,54 @@ impl<'db> Txn<'db> {
         self.range_of(KeyRange { lo, hi })
     }
 
+    /// [`Txn::range_owned`] that the commit does **not** check: another transaction may
+    /// insert, delete or change keys in it and this one still commits. It sees what
+    /// `range_owned` would (the snapshot with this transaction's writes).
+    ///
+    /// For choices any outcome of which is correct, such as a random member of a set: the
+    /// caller confirms what its decision rests on with checked reads (a [`Txn::get_with`] of
+    /// each key it picked), so that the commit is serializable whatever the range held. A
+    /// decision that rests on what the range does *not* hold (the lowest key, a gap) needs
+    /// [`Txn::range_owned`].
+    ///
+    /// ```
+    /// use std::ops::Bound;
+    /// let db = keel::Db::in_memory();
+    /// let mut setup = db.begin()?;
+    /// setup.put(b"m1", b"")?;
+    /// setup.commit()?.expect("commits");
+    /// let mut txn = db.begin()?;
+    /// let first = txn
+    ///     .range_unchecked(Bound::Included(b"m".to_vec()), Bound::Excluded(b"n".to_vec()))
+    ///     .next()
+    ///     .map(|(k, _)| k);
+    /// assert_eq!(first.as_deref(), Some(&b"m1"[..]));
+    /// // A member added meanwhile is no conflict: only the keys read are checked.
+    /// let mut other = db.begin()?;
+    /// other.put(b"m0", b"")?;
+    /// other.commit()?.expect("commits");
+    /// assert!(txn.get(b"m1")?.is_some());
+    /// txn.delete(b"m1")?;
+    /// assert!(txn.commit()?.is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn range_unchecked(&mut self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Range<'_, 'db> {
+        let mut range = self.range_of(KeyRange { lo, hi });
+        range.checked = false;
+        range
+    }
+
     fn range_of(&mut self, range: KeyRange) -> Range<'_, 'db> {
         // A range over a pending score add's key or index: it resolves first. An error there
         // (a value that is not a score) is met again at `get` and at commit, as in `overlay`.
         let _ = self.settle_score_adds(|k, op| range.contains(k) || op.index_overlaps(&range));
         let overlay = self.overlay(&range);
         let scan = Scan::new(self.db, range, self.read_ts, overlay);
-        Range { txn: self, scan }
+        Range {
+            txn: self,
+            scan,
+            checked: true,
+        }
     }
 
     /// This transaction's writes inside `range`, in key order, as the values a reader sees.
@@ -2549,6 +2590,8 @@ pub struct Range<'t, 'db> {
     txn: &'t mut Txn<'db>,
     /// Holds the range's bounds (the store's scan does), taken back at the drop.
     scan: Scan<'db>,
+    /// Whether the commit checks what was read ([`Txn::range_unchecked`] says no).
+    checked: bool,
 }
 
 impl Range<'_, '_> {
@@ -2574,6 +2617,9 @@ impl DoubleEndedIterator for Range<'_, '_> {
 
 impl Drop for Range<'_, '_> {
     fn drop(&mut self) {
+        if !self.checked {
+            return;
+        }
         let scan = &mut self.scan;
         let whole = scan.front_done || scan.back_done;
         let (front_last, back_last) = (scan.front_last.take(), scan.back_last.take());

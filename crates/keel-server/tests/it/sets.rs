@@ -260,3 +260,73 @@ fn concurrent_adders_do_not_conflict() {
     );
     assert_eq!(conflicts(&mut c), before, "an SADD lost a validation");
 }
+
+/// Clients popping one spread set at once, while another adds to it, take every member
+/// exactly once, and the set goes with its last member. (The race for the last two members
+/// is `cost::spop_of_the_last_two_at_once`: the server queues pops of one hot key, so
+/// this one seldom meets it.)
+#[test]
+fn concurrent_pops_take_each_member_once_and_the_last_takes_the_key() {
+    const CLIENTS: usize = 4;
+    const ROUNDS: usize = 8;
+    const SEEDED: usize = 200;
+    const LATE: usize = 50;
+    let server = TestServer::with(|c| c.poller = keel_server::lanes::PollerMode::Off);
+    let mut c = server.client();
+    for round in 0..ROUNDS {
+        let mut fill = vec!["SADD".to_string(), "s".to_string()];
+        fill.extend((0..SEEDED).map(|i| format!("r{round}:{i}")));
+        let fill: Vec<&str> = fill.iter().map(String::as_str).collect();
+        let _: i64 = query(&mut c, &fill);
+        let adder = {
+            let url = server.url(false);
+            std::thread::spawn(move || {
+                let mut c = crate::connect(&url);
+                for i in 0..LATE {
+                    let _: i64 = query(&mut c, &["SADD", "s", &format!("r{round}:late{i}")]);
+                }
+            })
+        };
+        let poppers: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let url = server.url(false);
+                std::thread::spawn(move || {
+                    let mut c = crate::connect(&url);
+                    let mut popped = Vec::new();
+                    let mut empty_in_a_row = 0;
+                    // Until the set is empty and stays so a while (the adder may refill it).
+                    while empty_in_a_row < 20 {
+                        match query::<Option<String>>(&mut c, &["SPOP", "s"]) {
+                            Some(m) => {
+                                popped.push(m);
+                                empty_in_a_row = 0;
+                            }
+                            None => {
+                                empty_in_a_row += 1;
+                                std::thread::sleep(std::time::Duration::from_millis(1));
+                            }
+                        }
+                    }
+                    popped
+                })
+            })
+            .collect();
+        adder.join().expect("adder");
+        let mut popped: Vec<String> = poppers
+            .into_iter()
+            .flat_map(|t| t.join().expect("popper"))
+            .collect();
+        // Whatever the poppers left (they stop after a quiet spell) is popped here.
+        while let Some(m) = query::<Option<String>>(&mut c, &["SPOP", "s"]) {
+            popped.push(m);
+        }
+        let n = popped.len();
+        popped.sort();
+        popped.dedup();
+        assert_eq!(popped.len(), n, "round {round}: a member was popped twice");
+        assert_eq!(n, SEEDED + LATE, "round {round}: members lost");
+        assert_eq!(query::<i64>(&mut c, &["EXISTS", "s"]), 0, "round {round}");
+        assert_eq!(query::<String>(&mut c, &["TYPE", "s"]), "none");
+        assert_eq!(query::<i64>(&mut c, &["SCARD", "s"]), 0);
+    }
+}

@@ -105,6 +105,64 @@ fn phantom_insert_into_scanned_range_aborts() {
     );
 }
 
+/// What an unchecked range read is not checked for (inserts, deletes, changes in it), and
+/// what its reader still is: the keys it then reads with `get`, and its checked ranges.
+#[test]
+fn an_unchecked_range_is_checked_only_through_the_reads_that_confirm_it() {
+    use std::ops::Bound;
+    let db = Db::in_memory();
+    db.transact(|t| {
+        for k in [b"k1", b"k2", b"k3"] {
+            t.put(k, b"v")?;
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap();
+    let span = || {
+        (
+            Bound::Included(b"k0".to_vec()),
+            Bound::Excluded(b"k9".to_vec()),
+        )
+    };
+    let first = |t: &mut keel::Txn<'_>| {
+        let (lo, hi) = span();
+        t.range_unchecked(lo, hi).next().map(|(k, _)| k)
+    };
+    // Inserts and deletes elsewhere in the range: commits.
+    let mut picker = db.begin().unwrap();
+    assert_eq!(first(&mut picker).as_deref(), Some(&b"k1"[..]));
+    assert!(picker.get(b"k1").unwrap().is_some());
+    db.transact(|t| {
+        t.put(b"k0", b"new")?;
+        t.delete(b"k3")
+    })
+    .unwrap();
+    picker.delete(b"k1").unwrap();
+    assert!(picker.commit().unwrap().is_ok());
+    // The key it read goes meanwhile: aborts, as any read's.
+    let mut picker = db.begin().unwrap();
+    assert_eq!(first(&mut picker).as_deref(), Some(&b"k0"[..]));
+    assert!(picker.get(b"k0").unwrap().is_some());
+    db.transact(|t| t.delete(b"k0")).unwrap();
+    picker.put(b"summary", b"1").unwrap();
+    assert_eq!(
+        picker.commit().unwrap().unwrap_err().reason,
+        ConflictReason::ReadChanged
+    );
+    // Its own writes are in it, as in a checked range; a checked range beside it still
+    // catches a phantom.
+    let mut picker = db.begin().unwrap();
+    picker.put(b"k1", b"mine").unwrap();
+    assert_eq!(first(&mut picker).as_deref(), Some(&b"k1"[..]));
+    let (lo, hi) = span();
+    assert_eq!(picker.range_owned(lo, hi).count(), 2);
+    db.transact(|t| t.put(b"k5", b"new")).unwrap();
+    assert_eq!(
+        picker.commit().unwrap().unwrap_err().reason,
+        ConflictReason::Phantom
+    );
+}
+
 #[test]
 fn insert_outside_scanned_part_does_not_conflict() {
     let db = Db::in_memory();
