@@ -336,6 +336,29 @@ fn measured_set(db: &keel::Db, cursors: &Cursors, n: &mut usize) {
     }
 }
 
+/// `DEL` of each of 10 000 string keys in turn: the delete-heavy load whose tombstones the
+/// collector's passes (every `COLLECT_CANDIDATES` deletes, `keel::gc`) take away.
+#[test]
+fn del() {
+    let db = db();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SET", &element(i), "xxx"]);
+    }
+    let deleted = measured_del(&db, &cursors);
+    eprintln!("del: {LOADED} commands");
+    assert_eq!(deleted, LOADED);
+    assert_eq!(read(&db, &cursors, &["DBSIZE"]), b":0\r\n");
+}
+
+#[inline(never)]
+fn measured_del(db: &keel::Db, cursors: &Cursors) -> usize {
+    // In another order than the keys were set in.
+    (0..LOADED)
+        .filter(|i| write(db, cursors, &["DEL", &element((i * 31) % LOADED)]) == b":1\r\n")
+        .count()
+}
+
 #[test]
 fn lpush() {
     push("LPUSH");
