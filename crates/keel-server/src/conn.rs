@@ -220,6 +220,15 @@ impl Place {
     }
 }
 
+/// What an `EXEC` across nodes (or partitions) checks of the connection's `WATCH`.
+enum Watching<'a> {
+    Nothing,
+    /// Unreplicated cluster: the keys watched here and what other nodes recorded.
+    Nodes(&'a Watch),
+    /// Replicated cluster: each watched key's version, checked in its partition.
+    Partitions(&'a [crate::replica::Watched]),
+}
+
 /// Each command's reply, from every node's (or partition's) replies by `place`.
 fn gather(mut replies: Vec<Vec<Vec<u8>>>, place: &[Place], proto: Proto) -> Vec<Vec<u8>> {
     place
@@ -1258,9 +1267,9 @@ impl Conn {
         }
         let Some((parts, merge)) = per_key(spec.cmd, args) else {
             if crate::gather::may_gather(spec.cmd) {
-                let keys = cluster::key_args(spec, args);
-                match self.gathered(args, &keys, replicated).await {
-                    Ok(reply) => output.extend_from_slice(&reply),
+                match self.gathered(&[args], &Watching::Nothing).await {
+                    Ok(Some(mut ran)) => output.extend_from_slice(&ran.replies.remove(0)),
+                    Ok(None) => unreachable!("nothing watched, nothing changed"),
                     Err(Fail(text)) => self.out(output).error(&text),
                 }
             } else {
@@ -1281,20 +1290,25 @@ impl Conn {
         }
     }
 
-    /// A command whose own keys are on several nodes (or partitions), run gathered: its
-    /// keys read whole in one transaction across them, the command run over them here, and
-    /// what it changed written back in a second one that checks nothing changed in between
-    /// (see `gather`). Its reply, in this connection's protocol.
+    /// Commands whose keys are on several nodes (or partitions) and that no key-by-key
+    /// split serves, run gathered: one command outside `MULTI`, or a whole `MULTI`'s queue
+    /// (its data commands). Their keys are read whole in one transaction across the nodes,
+    /// the commands run over them here, and what they changed is written back in a second
+    /// one that checks nothing changed in between (see `gather`). Both transactions check
+    /// what `watching` holds, so a `WATCH` is judged in the transaction that commits.
+    /// `None` when a watched key changed (nothing was written).
     async fn gathered(
         &self,
-        args: &[Bytes],
-        keys: &[&[u8]],
-        replicated: bool,
-    ) -> Result<Vec<u8>, Fail> {
-        let mut unique: Vec<Vec<u8>> = Vec::with_capacity(keys.len());
-        for &k in keys {
-            if !unique.iter().any(|u| u[..] == *k) {
-                unique.push(k.to_vec());
+        commands: &[&[Bytes]],
+        watching: &Watching<'_>,
+    ) -> Result<Option<crate::gather::Ran>, Fail> {
+        let mut unique: Vec<Vec<u8>> = Vec::new();
+        for args in commands {
+            let spec = table::lookup(&args[0]).expect("a known command");
+            for k in cluster::key_args(spec, args) {
+                if !unique.iter().any(|u| u[..] == *k) {
+                    unique.push(k.to_vec());
+                }
             }
         }
         let word = |w: &'static [u8]| Bytes::from_static(w);
@@ -1305,22 +1319,26 @@ impl Conn {
                 .map(|k| vec![word(b"KEEL.DUMP"), Bytes::copy_from_slice(k)])
                 .collect();
             let parts: Vec<&[Bytes]> = reads.iter().map(Vec::as_slice).collect();
-            let replies = if replicated {
-                self.across_partitions(&parts).await?
-            } else {
-                self.across_nodes(&parts).await?
+            let Some(replies) = self.across_checked(&parts, watching).await? else {
+                return Ok(None);
             };
             let dumps = replies
                 .iter()
                 .map(|r| crate::gather::dump_of_reply(r))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut ctx = ctx(&self.shared);
-            // Replies are written as the command runs: nothing here commits.
+            // Replies are written as the commands run: nothing here commits.
             ctx.track_increments = false;
-            let ran =
-                crate::gather::compute(self.shared.db, &ctx, self.proto, args, &unique, &dumps)?;
+            let ran = crate::gather::compute(
+                self.shared.db,
+                &ctx,
+                self.proto,
+                commands,
+                &unique,
+                &dumps,
+            )?;
             if ran.failed || ran.changed.is_empty() {
-                return Ok(ran.reply);
+                return Ok(Some(ran));
             }
             let mut writes: Vec<Vec<Bytes>> = unique
                 .iter()
@@ -1341,13 +1359,9 @@ impl Conn {
                 ]
             }));
             let parts: Vec<&[Bytes]> = writes.iter().map(Vec::as_slice).collect();
-            let written = if replicated {
-                self.across_partitions(&parts).await
-            } else {
-                self.across_nodes(&parts).await
-            };
-            match written {
-                Ok(_) => return Ok(ran.reply),
+            match self.across_checked(&parts, watching).await {
+                Ok(Some(_)) => return Ok(Some(ran)),
+                Ok(None) => return Ok(None),
                 Err(Fail(text)) if text.contains(crate::gather::CHANGED) => {
                     self.shared.counters.gathered_retries.fetch_add(1, Relaxed);
                     let pause = Duration::from_millis(u64::from(attempt.min(50)));
@@ -1360,6 +1374,107 @@ impl Conn {
             "TRYAGAIN keel: the keys of a command across nodes kept changing ({ACROSS_ATTEMPTS_MAX} tries)"
         )
         .into())
+    }
+
+    /// Runs `commands` as one transaction across nodes (or, in a replicated cluster,
+    /// partitions), checking `watching` where each watched key lives: each command's reply,
+    /// or `None` if a watched key changed (nothing was applied).
+    async fn across_checked(
+        &self,
+        commands: &[&[Bytes]],
+        watching: &Watching<'_>,
+    ) -> Result<Option<Vec<Vec<u8>>>, Fail> {
+        if self.shared.replication.get().is_some() {
+            let watched = match watching {
+                Watching::Partitions(w) => w,
+                _ => &[][..],
+            };
+            return self.across_partitions_watched(commands, watched).await;
+        }
+        let (mut work, place) = self.plan_across(commands)?;
+        if let Watching::Nodes(watch) = watching {
+            self.check_watch_across(&mut work, watch);
+        }
+        Ok(self
+            .run_across(work)
+            .await?
+            .map(|replies| gather(replies, &place, self.proto)))
+    }
+
+    /// Cluster mode, `EXEC` of a queue with a command whose keys are on several nodes (or
+    /// partitions) and that no key-by-key split serves: the whole queue runs gathered
+    /// ([`Conn::gathered`]). Refused, with nothing run, if a command has no keys (it would
+    /// see only the gathered ones) or touches no data but `PING`, `ECHO`, `TIME`, `UNWATCH`.
+    async fn exec_gathered(
+        &self,
+        multi: &Multi,
+        watching: Watching<'_>,
+        output: &mut BytesMut,
+    ) -> Result<(), Fail> {
+        let mut here: Vec<Option<Vec<u8>>> = Vec::with_capacity(multi.queue.len());
+        let mut commands: Vec<&[Bytes]> = Vec::new();
+        for (cmd, args) in &multi.queue {
+            if let Some(place) = Place::here(*cmd, args, self.proto) {
+                let Place::Here(reply) = place? else {
+                    unreachable!("answered here")
+                };
+                here.push(Some(reply));
+                continue;
+            }
+            let spec = table::lookup(&args[0])
+                .filter(|s| s.cmd == *cmd)
+                .expect("a queued command is known");
+            if !data::is_data(*cmd) || cluster::key_args(spec, args).is_empty() {
+                return Err(format!(
+                    "ERR keel: a transaction with commands across nodes runs only commands \
+                     with keys and PING, ECHO, TIME, and '{}' is none",
+                    spec.name
+                )
+                .into());
+            }
+            here.push(None);
+            commands.push(args);
+        }
+        let ran = self.gathered(&commands, &watching).await?;
+        let mut out = Out::new(output, self.proto);
+        let Some(ran) = ran else {
+            self.shared.counters.watch_aborts.fetch_add(1, Relaxed);
+            out.null_array();
+            return Ok(());
+        };
+        out.array(here.len());
+        let mut replies = ran.replies.into_iter();
+        for reply in here {
+            let reply = reply.unwrap_or_else(|| replies.next().expect("one per data command"));
+            out.buf.extend_from_slice(&reply);
+        }
+        Ok(())
+    }
+
+    /// Whether `EXEC` must run `multi` gathered: a queued command's keys are on several
+    /// nodes (or partitions), and no key-by-key split serves it.
+    fn exec_gathers(&self, multi: &Multi) -> bool {
+        let replicated = self.shared.replication.get().is_some();
+        multi.queue.iter().any(|(cmd, args)| {
+            let Some(spec) = table::lookup(&args[0]).filter(|s| s.cmd == *cmd) else {
+                return false;
+            };
+            if !crate::gather::may_gather(*cmd) || per_key(*cmd, args).is_some() {
+                return false;
+            }
+            let keys = cluster::key_args(spec, args);
+            if keys.is_empty() {
+                return false;
+            }
+            if replicated {
+                self.partition_of(keys.iter().copied()).is_none()
+            } else {
+                self.shared
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| c.route(spec, args) == Route::CrossSlot)
+            }
+        })
     }
 
     /// The protocol and limits this connection's commands run with in a transaction across
@@ -1932,6 +2047,11 @@ impl Conn {
     /// partition.
     async fn exec_replicated(&mut self, multi: Multi, output: &mut BytesMut) -> Result<(), Fail> {
         let watched = std::mem::take(&mut self.rwatch);
+        if self.exec_gathers(&multi) {
+            return self
+                .exec_gathered(&multi, Watching::Partitions(&watched), output)
+                .await;
+        }
         let mut keys = Vec::new();
         // PING, ECHO, TIME and UNWATCH are answered here (`Place::here`), by the path across
         // partitions, which places replies from several sources.
@@ -2033,10 +2153,12 @@ impl Conn {
                 self.split_across(spec, args, output, false).await;
                 return true;
             }
-            // Queued: `EXEC` runs it key by key in its transaction across nodes.
+            // Queued: `EXEC` runs it key by key in its transaction across nodes, or runs the
+            // whole transaction gathered.
             Route::CrossSlot
                 if self.shared.xnode.get().is_some()
-                    && per_key(spec.cmd, args).is_some()
+                    && (per_key(spec.cmd, args).is_some()
+                        || crate::gather::may_gather(spec.cmd))
                     && !(spec.cmd == Cmd::Mset && args.len().is_multiple_of(2)) =>
             {
                 return false;
@@ -2635,22 +2757,9 @@ impl Conn {
         watch: Watch,
         output: &mut BytesMut,
     ) -> Result<(), Fail> {
-        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
         let commands: Vec<&[Bytes]> = multi.queue.iter().map(|(_, a)| &a[..]).collect();
         let (mut work, place) = self.plan_across(&commands)?;
-        let me = cluster.map().myself();
-        let i = self.work_for(&mut work, me);
-        work[i].1.checks = watch
-            .keys
-            .iter()
-            .map(|(k, ts)| (k.to_vec(), ts.0))
-            .collect();
-        work[i].1.deadlines = watch.deadlines.clone();
-        for (node, report) in &watch.remote {
-            let i = self.work_for(&mut work, *node);
-            work[i].1.checks.extend(report.keys.iter().cloned());
-            work[i].1.deadlines.extend(report.deadlines.iter().copied());
-        }
+        self.check_watch_across(&mut work, &watch);
         // The WATCH snapshots stay open until the check ran, so that no deletion of a
         // watched local key is collected before it is seen.
         let result = self.run_across(work).await;
@@ -2670,6 +2779,23 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Adds to `work` the checks of `watch`, on the node where each watched key lives.
+    fn check_watch_across(&self, work: &mut AcrossWork, watch: &Watch) {
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let me = cluster.map().myself();
+        let i = self.work_for(work, me);
+        work[i]
+            .1
+            .checks
+            .extend(watch.keys.iter().map(|(k, ts)| (k.to_vec(), ts.0)));
+        work[i].1.deadlines.extend(watch.deadlines.iter().copied());
+        for (node, report) in &watch.remote {
+            let i = self.work_for(work, *node);
+            work[i].1.checks.extend(report.keys.iter().cloned());
+            work[i].1.deadlines.extend(report.deadlines.iter().copied());
+        }
     }
 
     /// Cluster mode, at `EXEC`: where the queued transaction runs. `None`: here.
@@ -3681,6 +3807,14 @@ impl Conn {
         }
         if self.shared.replication.get().is_some() {
             return self.exec_replicated(multi, output).await;
+        }
+        if self.exec_gathers(&multi) {
+            let watching = watch.as_ref().map_or(Watching::Nothing, Watching::Nodes);
+            // The WATCH snapshots stay open until the checks ran (as in
+            // `exec_watched_across`).
+            let result = self.exec_gathered(&multi, watching, output).await;
+            drop(watch);
+            return result;
         }
         let watched_across = watch.as_ref().is_some_and(|w| !w.remote.is_empty());
         match self.exec_route(&multi) {

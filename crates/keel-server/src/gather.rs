@@ -201,22 +201,24 @@ pub fn may_gather(cmd: Cmd) -> bool {
         && !matches!(cmd, Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore)
 }
 
-/// What step 2 found: the command's reply (in the client's protocol) and the keys it changed
-/// with their new dumps. A command that failed (`failed`) has its error as the reply and
-/// changes nothing.
+/// What step 2 found: each command's reply (in the client's protocol) and the keys the
+/// commands changed with their new dumps. When a command failed (`failed`), its reply is
+/// its error and nothing is to change: as in any keel transaction, one failed command rolls
+/// back the whole.
 pub struct Ran {
-    pub reply: Vec<u8>,
+    pub replies: Vec<Vec<u8>>,
     pub failed: bool,
     pub changed: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Step 2: restores `dumps` (`keys[i]`'s is `dumps[i]`) into a transaction of `db` that is
-/// never committed, runs `args` there and dumps the keys again.
+/// never committed, runs `commands` there in turn (a `MULTI`'s queue, or one command) and
+/// dumps the keys again.
 pub fn compute(
     db: &keel::Db,
     ctx: &Ctx<'_>,
     proto: Proto,
-    args: &[Bytes],
+    commands: &[&[Bytes]],
     keys: &[Vec<u8>],
     dumps: &[Vec<u8>],
 ) -> Result<Ran, Fail> {
@@ -226,36 +228,39 @@ pub fn compute(
     for (key, d) in keys.iter().zip(dumps) {
         restore(&mut txn, ctx, key, d)?;
     }
-    let cmd = table::lookup(&args[0]).expect("a known command").cmd;
-    let mut buf = BytesMut::new();
-    let result = data::run(
-        cmd,
-        args,
-        &mut View::Txn(&mut txn),
-        ctx,
-        &mut Out::new(&mut buf, proto),
-    );
-    if let Err(Fail(text)) = result {
-        let mut reply = BytesMut::new();
-        Out::new(&mut reply, proto).error(&text);
-        return Ok(Ran {
-            reply: reply.to_vec(),
-            failed: true,
-            changed: Vec::new(),
-        });
+    let mut replies = Vec::with_capacity(commands.len());
+    let mut failed = false;
+    for args in commands {
+        let cmd = table::lookup(&args[0]).expect("a known command").cmd;
+        let mut buf = BytesMut::new();
+        let result = data::run(
+            cmd,
+            args,
+            &mut View::Txn(&mut txn),
+            ctx,
+            &mut Out::new(&mut buf, proto),
+        );
+        if let Err(Fail(text)) = result {
+            buf.clear();
+            Out::new(&mut buf, proto).error(&text);
+            failed = true;
+        }
+        replies.push(buf.to_vec());
     }
     let mut changed = Vec::new();
-    for (key, before) in keys.iter().zip(dumps) {
-        let after = dump(&mut View::Txn(&mut txn), ctx, key)?;
-        if after != *before {
-            changed.push((key.clone(), after));
+    if !failed {
+        for (key, before) in keys.iter().zip(dumps) {
+            let after = dump(&mut View::Txn(&mut txn), ctx, key)?;
+            if after != *before {
+                changed.push((key.clone(), after));
+            }
         }
     }
     // Dropped, never committed: nothing of it reaches the engine's records or log.
     drop(txn);
     Ok(Ran {
-        reply: buf.to_vec(),
-        failed: false,
+        replies,
+        failed,
         changed,
     })
 }

@@ -297,9 +297,10 @@ fn multi_key_commands_and_transactions() {
     assert!(refused.contains("'publish' is none"), "{refused}");
     let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
     assert_eq!(got, ["10", "11"]);
-    // One that does not split key by key is refused as it is queued.
+    // A blocking pop across nodes neither splits key by key nor runs gathered: refused as it
+    // is queued. (Other commands across nodes run gathered: the test below.)
     let _: () = query(&mut con, &["MULTI"]);
-    assert!(error(&mut con, &["COPY", &a, &b]).starts_with("CROSSSLOT"));
+    assert!(error(&mut con, &["BLMOVE", &a, &b, "LEFT", "RIGHT", "0"]).starts_with("CROSSSLOT"));
     assert!(error(&mut con, &["EXEC"]).starts_with("EXECABORT"));
     let _: () = query(&mut con, &["MSET", &a, "1", &b, "5"]);
     // INFO cluster counts them by kind and outcome.
@@ -1014,6 +1015,155 @@ fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .expect("keel_cluster_stuck_refused");
     assert!(refused >= 4, "{info}");
+}
+
+/// A `MULTI` with a command whose keys are on several nodes and that no key-by-key split
+/// serves (`SUNIONSTORE`, `SMOVE`, `RENAME`) runs whole, gathered: every reply as on one
+/// node, a failed command rolls back all of it, a `WATCH` of a key on another node that
+/// changed answers nil and writes nothing, a command without keys is refused, and
+/// concurrent such transactions are serializable (each sees the two sets' sizes add up).
+#[test]
+fn transactions_with_commands_across_nodes_run_gathered() {
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
+    let mut con = cluster.node(0).client();
+    let (a, b, c) = (
+        key_on(&cluster, 1, "a"),
+        key_on(&cluster, 2, "b"),
+        key_on(&cluster, 0, "c"),
+    );
+    let _: i64 = query(&mut con, &["SADD", &a, "x", "y"]);
+    let _: i64 = query(&mut con, &["SADD", &b, "y", "z"]);
+    let got: (i64, i64, Vec<String>, String, Option<String>) = redis::pipe()
+        .atomic()
+        .cmd("SADD")
+        .arg(&a)
+        .arg("w")
+        .cmd("SUNIONSTORE")
+        .arg(&c)
+        .arg(&a)
+        .arg(&b)
+        .cmd("SMEMBERS")
+        .arg(&c)
+        .cmd("PING")
+        .cmd("GET")
+        .arg("nokey")
+        .query(&mut con)
+        .expect("EXEC gathered");
+    let mut members = got.2.clone();
+    members.sort();
+    assert_eq!((got.0, got.1, &got.3[..], &got.4), (1, 4, "PONG", &None));
+    assert_eq!(members, ["w", "x", "y", "z"]);
+    let mut on_c: Vec<String> = query(&mut cluster.node(0).client(), &["SMEMBERS", &c]);
+    on_c.sort();
+    assert_eq!(on_c, members, "written on its node");
+    // A failed command: its error in its slot, and nothing of the EXEC applied. (The redis
+    // crate turns a reply holding an error into an Err: read the raw reply.)
+    let mut raw = cluster.node(0).raw();
+    let request =
+        format!("MULTI\r\nSET s1{{x}} 1\r\nRENAME {c} moved{{x}}\r\nLPUSH {a} q\r\nEXEC\r\n");
+    let expected = "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n+OK\r\n\
+                    -WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+    let got = crate::exchange(&mut raw, request.as_bytes(), expected.len());
+    assert_eq!(String::from_utf8_lossy(&got), expected);
+    let got: (i64, i64, i64) = redis::pipe()
+        .cmd("EXISTS")
+        .arg("s1{x}")
+        .cmd("EXISTS")
+        .arg("moved{x}")
+        .cmd("SCARD")
+        .arg(&c)
+        .query(&mut con)
+        .expect("after the rolled back EXEC");
+    assert_eq!(got, (0, 0, 4), "nothing applied");
+    // WATCH of a key on another node: changed, nil and nothing written; unchanged, applied.
+    let mut other = cluster.node(2).client();
+    let _: () = query(&mut con, &["WATCH", &b]);
+    let _: i64 = query(&mut other, &["SADD", &b, "late"]);
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SMOVE", &a, &c, "x"]);
+    let got: redis::Value = query(&mut con, &["EXEC"]);
+    assert_eq!(got, redis::Value::Nil, "a watched key changed");
+    assert_eq!(query::<i64>(&mut con, &["SISMEMBER", &a, "x"]), 1);
+    let _: () = query(&mut con, &["WATCH", &b]);
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SMOVE", &a, &b, "x"]);
+    let got: Vec<i64> = query(&mut con, &["EXEC"]);
+    assert_eq!(got, [1]);
+    assert_eq!(query::<i64>(&mut con, &["SISMEMBER", &b, "x"]), 1);
+    // A command without keys would see only the gathered keys: refused, nothing applied.
+    let _: () = query(&mut con, &["MULTI"]);
+    let _: String = query(&mut con, &["SMOVE", &b, &a, "x"]);
+    let _: String = query(&mut con, &["DBSIZE"]);
+    let refused = error(&mut con, &["EXEC"]);
+    assert!(refused.contains("'dbsize' is none"), "{refused}");
+    assert_eq!(query::<i64>(&mut con, &["SISMEMBER", &b, "x"]), 1);
+
+    // Concurrent transactions, each an SMOVE across nodes and both sizes.
+    const MEMBERS: usize = 30;
+    let (x, y) = (key_on(&cluster, 1, "x"), key_on(&cluster, 2, "y"));
+    let mut sadd = vec!["SADD".to_string(), x.clone()];
+    sadd.extend((0..MEMBERS).map(|i| format!("m{i}")));
+    let args: Vec<&str> = sadd.iter().map(String::as_str).collect();
+    let _: i64 = query(&mut con, &args);
+    let clients: Vec<_> = (0..2u64)
+        .map(|t| {
+            let url = cluster.node(t as usize).url(false);
+            let (x, y) = (x.clone(), y.clone());
+            std::thread::spawn(move || {
+                let mut con = crate::connect(&url);
+                let mut moved = vec![0u32; MEMBERS];
+                let mut r = t * 7 + 1;
+                let mut done = 0;
+                while done < 40 {
+                    r = r
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let i = (r >> 33) as usize % MEMBERS;
+                    let (from, to) = if (r >> 20) % 2 == 0 {
+                        (&x, &y)
+                    } else {
+                        (&y, &x)
+                    };
+                    let got: redis::RedisResult<(i64, i64, i64)> = redis::pipe()
+                        .atomic()
+                        .cmd("SMOVE")
+                        .arg(from)
+                        .arg(to)
+                        .arg(format!("m{i}"))
+                        .cmd("SCARD")
+                        .arg(&x)
+                        .cmd("SCARD")
+                        .arg(&y)
+                        .query(&mut con);
+                    match got {
+                        Ok((n, nx, ny)) => {
+                            assert_eq!(nx + ny, MEMBERS as i64, "sizes inside one EXEC");
+                            moved[i] += u32::try_from(n).expect("0 or 1");
+                            done += 1;
+                        }
+                        Err(e) if e.to_string().contains("TryAgain") => {}
+                        Err(e) => panic!("EXEC: {e}"),
+                    }
+                }
+                moved
+            })
+        })
+        .collect();
+    let mut moves = [0u32; MEMBERS];
+    for m in clients {
+        for (total, n) in moves.iter_mut().zip(m.join().expect("client")) {
+            *total += n;
+        }
+    }
+    let in_y: Vec<String> = query(&mut con, &["SMEMBERS", &y]);
+    for (i, n) in moves.iter().enumerate() {
+        let there = in_y.contains(&format!("m{i}"));
+        assert_eq!(there, n % 2 == 1, "m{i}, moved {n} times, lost a move");
+    }
+    assert_eq!(
+        query::<i64>(&mut con, &["SCARD", &x]) + in_y.len() as i64,
+        MEMBERS as i64
+    );
 }
 
 /// Commands whose own keys are on several nodes and that no key-by-key split serves run
