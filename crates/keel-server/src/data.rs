@@ -162,28 +162,13 @@ impl<'db> View<'_, 'db> {
 }
 
 impl View<'_, '_> {
-    /// The first and the last key in `lo..hi`, or `None` when it holds none, read from both
-    /// ends of one range that a transaction's commit does not check
-    /// ([`View::range_unchecked`]).
-    pub fn ends_unchecked(
-        &mut self,
-        lo: Bound<Vec<u8>>,
-        hi: Bound<Vec<u8>>,
-    ) -> Option<(Vec<u8>, Vec<u8>)> {
-        let key = |k: &[u8], _: &[u8]| k.to_vec();
+    /// A key drawn at random among those the store holds in `lo..hi` (dead ones too), a
+    /// place to start a [`View::range_unchecked`] from ([`keel::Txn::sample_key`]).
+    pub fn sample_key(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> Option<Vec<u8>> {
+        let draw = |n: usize| (random() % n as u64) as usize;
         match self {
-            View::Txn(t) => {
-                let mut range = t.range_unchecked(lo, hi);
-                let first = range.next_with(false, key)?;
-                let last = range.next_with(true, key);
-                Some((first.clone(), last.unwrap_or(first)))
-            }
-            View::Snap(s) => {
-                let mut scan = s.range_owned(lo, hi);
-                let first = scan.next_with(false, key)?;
-                let last = scan.next_with(true, key);
-                Some((first.clone(), last.unwrap_or(first)))
-            }
+            View::Txn(t) => t.sample_key(lo, hi, draw),
+            View::Snap(s) => s.sample_key(lo, hi, draw),
         }
     }
 

@@ -302,85 +302,64 @@ struct Pick {
     alone: bool,
 }
 
-/// One member, picked at random in O(log n) without reading the set: the first and the last
-/// member bound a random key drawn between them, and the pick is the first member at or
-/// after it. The key's first byte after the two members' common prefix is drawn between
-/// theirs, each later byte between the smallest and the largest byte of their suffixes
-/// (digits for `element:000000123456`, letters for words), so that the draws spread over the
-/// members as they are spelled rather than over all byte strings (which would pick the first
-/// member after each change of a leading digit most of the time). Members that follow a
-/// wide gap are still picked more often than others, so this is "random", not uniform
-/// (Redis's own `SPOP` is not uniform either).
+/// One member, picked at random in O(log n) without reading the set: a descent of the
+/// store's ordered index drawn at random within the set's members
+/// ([`keel::Txn::sample_key`]) gives a key, and the pick is the first member at or after it
+/// (after the last member, the first). A member under a fuller part of the index comes up
+/// somewhat more often than one under an emptier part: random, not uniform (Redis's own
+/// `SPOP` is not uniform either).
 ///
 /// Any member is a correct pick, so the ranges walked for it are not checked at commit
 /// ([`View::range_unchecked`]); the pick is read, checked, and, for a pop (`popping`), so
 /// is a second member (the next one, or the first when the pick is the last) unless the
-/// pick is `alone`: while that one stays, a pop of the pick leaves the set non-empty. Concurrent pops of a large set then
-/// conflict only when they pick the same member or its neighbour, and a member added
-/// anywhere meanwhile conflicts with none of them.
+/// pick is `alone`: while that one stays, a pop of the pick leaves the set non-empty.
+/// Concurrent pops of a large set then conflict only when they pick the same member or its
+/// neighbour, and a member added anywhere meanwhile conflicts with none of them.
 fn random_member(
     view: &mut View<'_, '_>,
     generation: u64,
     popping: bool,
 ) -> Result<Option<Pick>, Fail> {
-    /// Bytes drawn after the common prefix: enough to tell 2^64 members apart.
-    const DRAWN_BYTES_MAX: usize = 16;
+    use std::ops::Bound;
     let prefix = ks::sub_prefix(SET_MEMBER, generation);
     let (lo, hi) = ks::prefix_range(&prefix);
-    let Some((first, last)) = view.ends_unchecked(lo, hi.clone()) else {
-        return Ok(None);
-    };
-    let (first, last) = (
-        first[prefix.len()..].to_vec(),
-        last[prefix.len()..].to_vec(),
-    );
-    if first == last {
-        confirm(view, generation, &first)?;
-        return Ok(Some(Pick {
-            member: first,
-            alone: true,
-        }));
-    }
-    let common = first.iter().zip(&last).take_while(|(a, b)| a == b).count();
-    let (first_rest, last_rest) = (&first[common..], &last[common..]);
-    let (low, high) = first_rest
-        .iter()
-        .chain(last_rest)
-        .fold((u8::MAX, u8::MIN), |(l, h), &b| (l.min(b), h.max(b)));
-    let between = |a: u8, b: u8| {
-        let span = u64::from(b.saturating_sub(a)) + 1;
-        a + (random() % span) as u8
-    };
-    // `first` is a prefix of `last` when it has no byte here: its next byte is then lowest.
-    let mut target = first[..common].to_vec();
-    target.push(between(
-        first_rest.first().copied().unwrap_or(low),
-        last_rest[0],
-    ));
-    let drawn = first_rest.len().max(last_rest.len()).min(DRAWN_BYTES_MAX);
-    for _ in 1..drawn {
-        target.push(between(low, high));
-    }
-    let mut found: Vec<Vec<u8>> = Vec::with_capacity(2);
-    view.range_unchecked(
-        std::ops::Bound::Included(member_key(generation, &target).to_vec()),
-        hi,
-        false,
-        |k, _| {
+    let start = view.sample_key(bound_ref(&lo), bound_ref(&hi));
+    // Up to two members from `from` on, or from the first if the draw found none.
+    let two_from = |view: &mut View<'_, '_>, from: Bound<Vec<u8>>| {
+        let mut found: Vec<Vec<u8>> = Vec::with_capacity(2);
+        view.range_unchecked(from, hi.clone(), false, |k, _| {
             found.push(k[prefix.len()..].to_vec());
             if found.len() == 2 {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
             }
-        },
-    );
-    // `last` is at or after any target drawn, unless the target's later bytes passed it;
-    // past the last member, the first is the other.
+        });
+        found
+    };
+    let mut found = match start {
+        Some(key) => two_from(view, Bound::Included(key)),
+        None => Vec::new(),
+    };
+    if found.len() < 2 {
+        // Past the last member: the first ones follow it.
+        for m in two_from(view, lo) {
+            if found.len() < 2 && !found.contains(&m) {
+                found.push(m);
+            }
+        }
+    }
     let mut found = found.into_iter();
-    let member = found.next().unwrap_or(last);
-    let other = found.next().unwrap_or(first);
+    let Some(member) = found.next() else {
+        return Ok(None);
+    };
     confirm(view, generation, &member)?;
+    let Some(other) = found.next() else {
+        return Ok(Some(Pick {
+            member,
+            alone: true,
+        }));
+    };
     if popping {
         confirm(view, generation, &other)?;
     }
@@ -388,6 +367,11 @@ fn random_member(
         member,
         alone: false,
     }))
+}
+
+/// `b` borrowed.
+fn bound_ref(b: &std::ops::Bound<Vec<u8>>) -> std::ops::Bound<&[u8]> {
+    b.as_ref().map(Vec::as_slice)
 }
 
 /// A checked read of `member`, which an unchecked range found in the set: the commit fails

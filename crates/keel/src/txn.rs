@@ -1240,6 +1240,21 @@ impl<'db> Txn<'db> {
         range
     }
 
+    /// A key drawn at random among those the store's ordered index holds in `lo..hi`, as a
+    /// place to start a [`Txn::range_unchecked`] from (a random member of a set). It is not a
+    /// read: the key may be one deleted at this transaction's snapshot or written after it,
+    /// and nothing about it is checked at commit. `draw(n)` returns a number below `n`.
+    /// Random, not uniform (see the index's `sample`); `None` when the draw found no key
+    /// (start from `lo`).
+    pub fn sample_key(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        draw: impl FnMut(usize) -> usize,
+    ) -> Option<Vec<u8>> {
+        sample_key(self.db, lo, hi, draw)
+    }
+
     fn range_of(&mut self, range: KeyRange) -> Range<'_, 'db> {
         // A range over a pending score add's key or index: it resolves first. An error there
         // (a value that is not a score) is met again at `get` and at commit, as in `overlay`.
@@ -2252,6 +2267,20 @@ impl Drop for Txn<'_> {
     }
 }
 
+/// [`Txn::sample_key`] and [`Snapshot::sample_key`]: the caller is registered, so the record
+/// drawn stays readable while its key is copied.
+fn sample_key(
+    db: &Shared,
+    lo: Bound<&[u8]>,
+    hi: Bound<&[u8]>,
+    draw: impl FnMut(usize) -> usize,
+) -> Option<Vec<u8>> {
+    db.store
+        .ordered()
+        .sample(lo, hi, draw)
+        .map(|record| record.get().key().to_vec())
+}
+
 /// Passes `record`'s value at `read_ts` and the timestamp it was written at to `f`. A split
 /// record's value also holds the slice entries tagged at or below `read_ts` (see `split`).
 #[inline]
@@ -2359,6 +2388,16 @@ impl<'db> Snapshot<'db> {
     }
 
     /// [`Snapshot::range`] over bounds the caller already owns: nothing is copied.
+    /// [`Txn::sample_key`] for a snapshot.
+    pub fn sample_key(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        draw: impl FnMut(usize) -> usize,
+    ) -> Option<Vec<u8>> {
+        sample_key(self.db, lo, hi, draw)
+    }
+
     pub fn range_owned(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Scan<'_> {
         Scan::new(self.db, KeyRange { lo, hi }, self.read_ts, Vec::new())
     }

@@ -158,3 +158,69 @@ fn a_small_set_is_packed_until_it_outgrows_the_limits_or_is_contended() {
     assert!(!meta(&db, "h").packed);
     assert_eq!(exec(&db, &c, &["SCARD", "h"]), b":3\r\n");
 }
+
+/// `SRANDMEMBER` of a spread set, in a snapshot and in a transaction, comes to (nearly)
+/// every member, none much more often than the others, and never to members deleted
+/// meanwhile (not collected yet, so still in the index). Picks are random, not uniform
+/// (`keel::Txn::sample_key`).
+#[test]
+fn random_picks_reach_every_member_and_only_live_ones() {
+    let db = keel::Db::with_options(
+        keel::Options::default().collector_interval(std::time::Duration::from_secs(3600)),
+    );
+    let cursors = Cursors::default();
+    const MEMBERS: usize = 1000;
+    // Spelled unevenly, so that picks by spelling would favour some.
+    let member = |i: usize| format!("{}:{i}", if i.is_multiple_of(3) { "a" } else { "zzzz" });
+    for chunk in (0..MEMBERS).collect::<Vec<_>>().chunks(100) {
+        let mut args = vec!["SADD".to_string(), "s".to_string()];
+        args.extend(chunk.iter().map(|&i| member(i)));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        exec(&db, &cursors, &args);
+    }
+    assert!(!meta(&db, "s").packed);
+    // Every tenth member goes; the collector sleeps, so they stay in the index, dead.
+    for i in (0..MEMBERS).step_by(10) {
+        exec(&db, &cursors, &["SREM", "s", &member(i)]);
+    }
+    let live = MEMBERS - MEMBERS / 10;
+    let mut counts = std::collections::HashMap::<Vec<u8>, usize>::new();
+    let draws = 30 * live;
+    let snap = db.snapshot().expect("snapshot");
+    for i in 0..draws {
+        let reply = if i % 2 == 0 {
+            let mut buf = bytes::BytesMut::new();
+            let mut out = crate::reply::Out::new(&mut buf, crate::reply::Proto::Resp2);
+            let args = crate::data::test_support::args(&["SRANDMEMBER", "s"]);
+            crate::data::run(
+                Cmd::Srandmember,
+                &args,
+                &mut View::Snap(&snap),
+                &ctx(&cursors),
+                &mut out,
+            )
+            .expect("runs");
+            buf.to_vec()
+        } else {
+            let mut t = db.begin().expect("begin");
+            run_in(&mut t, &cursors, &["SRANDMEMBER", "s"])
+        };
+        let name = reply.splitn(2, |&b| b == b'\n').nth(1).expect("a bulk");
+        *counts.entry(name.to_vec()).or_default() += 1;
+    }
+    for i in (0..MEMBERS).step_by(10) {
+        let dead = format!("{}\r\n", member(i));
+        assert!(
+            !counts.contains_key(dead.as_bytes()),
+            "picked removed {dead}"
+        );
+    }
+    assert!(
+        counts.len() >= live * 99 / 100,
+        "{} of {live} members picked",
+        counts.len()
+    );
+    let most = counts.values().copied().max().expect("picks");
+    // A member after a removed one is picked for both: twice as often as the others.
+    assert!(most < 4 * 30, "one member picked {most} times of {draws}");
+}

@@ -63,6 +63,9 @@ use crate::store::KeyRange;
 /// Keys per node.
 pub(crate) const CAP: usize = 32;
 
+/// Descents one [`Ordered::sample`] tries before it gives up.
+const SAMPLE_TRIES: usize = 16;
+
 /// Byte-wise key order, compared 8 bytes at a time inline.
 #[inline]
 pub(crate) fn compare(a: &[u8], b: &[u8]) -> Cmp {
@@ -726,6 +729,121 @@ impl Ordered {
                 hi,
             };
         }
+    }
+
+    /// A record drawn at random among those with keys in `lo..hi`, dead ones included, for
+    /// picks that any key of the range would answer correctly: a descent that takes, in each
+    /// inner node, a child drawn among those whose range meets `lo..hi`, then a slot drawn
+    /// among the leaf's keys in it. `draw(n)` returns a number below `n`. Keys under a fuller
+    /// or an edge subtree come up somewhat more or less often than others: random, not
+    /// uniform. The leaf's slot is drawn among all it can hold and kept only if it holds a
+    /// key inside the range, so that the keys of a sparse leaf, or of a leaf at an edge of
+    /// the range, are not drawn more often than others; a descent that keeps none draws
+    /// again, up to [`SAMPLE_TRIES`] times in all (about 1.5 descents a draw).
+    /// `None` when the range holds no key (or every try failed): the caller starts from `lo`.
+    pub(crate) fn sample(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        mut draw: impl FnMut(usize) -> usize,
+    ) -> Option<RecordRef> {
+        // The first child or slot that can hold a key in the range, and the last.
+        let (lo_probe, lo_inclusive) = match lo {
+            Bound::Included(k) => (Probe::Key(k), true),
+            Bound::Excluded(k) => (Probe::Key(k), false),
+            Bound::Unbounded => (Probe::Key(&[]), true),
+        };
+        let (hi_probe, hi_inclusive) = match hi {
+            Bound::Included(k) => (Probe::Key(k), true),
+            Bound::Excluded(k) => (Probe::Key(k), false),
+            Bound::Unbounded => (Probe::Max, true),
+        };
+        'restart: for attempt in 0..SAMPLE_TRIES {
+            let (mut node, mut version) = self.start();
+            // Whether the node's range holds the range's start (its end): a node's keys are
+            // compared with a probe only then, as a descent towards the probe would (a node
+            // whose keys share a prefix compares the bytes after it); else the whole node
+            // is past the start (before the end).
+            let (mut holds_lo, mut holds_hi) = (true, true);
+            while !node.is_leaf() {
+                let n = node.count();
+                // A separator is its right subtree's smallest key: a separator equal to `lo`
+                // starts the first child that can hold a key in the range.
+                let first = if holds_lo {
+                    node.rank(n, lo_probe, true)
+                } else {
+                    0
+                };
+                let last = if holds_hi {
+                    node.rank(n, hi_probe, hi_inclusive).max(first)
+                } else {
+                    n
+                };
+                // Below the node where the range's ends part (one that holds both), a node
+                // holds one end at most: a child is drawn among all of its children and kept
+                // only inside the range, so that an edge subtree weighs in as much as its
+                // children there, not as a whole subtree (the last try keeps one whatever).
+                let index = if (holds_lo && holds_hi) || attempt == SAMPLE_TRIES - 1 {
+                    first + draw(last - first + 1)
+                } else {
+                    let index = draw(n + 1);
+                    if !(first..=last).contains(&index) {
+                        continue 'restart;
+                    }
+                    index
+                };
+                let child = node.children()[index].load(Ordering::Acquire);
+                // SAFETY: as in `Node::down`: a non-null child points at a live node, and a
+                // stale one is rejected by the version check.
+                let Some(child) = (unsafe { child.as_ref() }) else {
+                    continue 'restart;
+                };
+                let child_version = child.stable_version();
+                if !node.unchanged(version) {
+                    continue 'restart;
+                }
+                (holds_lo, holds_hi) = (holds_lo && index == first, holds_hi && index == last);
+                (node, version) = (child, child_version);
+            }
+            let n = node.count();
+            // Slots below the range, and below its end.
+            let below = if holds_lo {
+                node.rank(n, lo_probe, !lo_inclusive)
+            } else {
+                0
+            };
+            let within = if holds_hi {
+                node.rank(n, hi_probe, hi_inclusive)
+            } else {
+                n
+            };
+            // A slot drawn among all a leaf can hold, kept if it holds a key in the range: a
+            // leaf weighs in as much as the keys it holds there, not as a whole leaf (leaves
+            // hold from one key to `CAP`, and the range may take a few of an edge leaf's).
+            // The last try keeps a slot in the range whatever.
+            let record = (below < within)
+                .then(|| {
+                    let slot = draw(CAP);
+                    if (below..within).contains(&slot) {
+                        Some(slot)
+                    } else if attempt == SAMPLE_TRIES - 1 {
+                        Some(below + draw(within - below))
+                    } else {
+                        None
+                    }
+                })
+                .flatten()
+                .map(|slot| node.key(slot));
+            if !node.unchanged(version) {
+                continue;
+            }
+            // A leaf under a child that meets the range only between its keys (the child
+            // that holds `lo` may hold only keys below it) has none in it: draw again.
+            if let Some(record) = record.and_then(NonNull::new) {
+                return Some(RecordRef(record));
+            }
+        }
+        None
     }
 
     /// Links `record` in. Its key must not be in the tree and must not be inserted by anyone
