@@ -730,12 +730,14 @@ fn pops_of_one_hot_key_queue_instead_of_conflicting() {
     let mut expected: Vec<String> = (0..MEMBERS).map(|i| format!("m{i}")).collect();
     expected.sort();
     assert_eq!(popped, expected, "every member popped exactly once");
-    // The poppers' connections took the hot key's lock, so they went to the poller thread.
-    assert!(
-        moves(&mut c) > moves_before,
-        "no connection moved to the poller"
-    );
     let retries = retries(&mut c) - before;
+    // The poppers' connections took the hot key's lock once pops conflicted, so they went
+    // to the poller thread. (On a loaded machine the clients' batches may never overlap:
+    // then nothing conflicted and nothing had to move.)
+    assert!(
+        moves(&mut c) > moves_before || retries == 0,
+        "{retries} conflict retries and no connection moved to the poller"
+    );
     // Pops that all conflict with each other retry until the key turns hot, then queue: a
     // few retries per pop without the lock, a handful in all with it.
     assert!(
