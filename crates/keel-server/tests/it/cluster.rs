@@ -1017,6 +1017,27 @@ fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
     assert!(refused >= 4, "{info}");
 }
 
+/// The next move of a client moving members `m0`, `m1`, ... between two sets: which member,
+/// and whether from the first set to the second (a step of a linear congruential
+/// generator whose state is `r`).
+fn next_move(r: &mut u64, members: usize) -> (usize, bool) {
+    *r = r
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*r >> 33) as usize % members, (*r >> 20).is_multiple_of(2))
+}
+
+/// Each member `m<i>` is in the set `y` (where none began) exactly when its count of moves
+/// that said they moved it, `moves[i]`, is odd: no move lost. Returns `y`'s members.
+fn assert_moves_kept(con: &mut redis::Connection, y: &str, moves: &[u32]) -> Vec<String> {
+    let in_y: Vec<String> = query(con, &["SMEMBERS", y]);
+    for (i, n) in moves.iter().enumerate() {
+        let there = in_y.contains(&format!("m{i}"));
+        assert_eq!(there, n % 2 == 1, "m{i}, moved {n} times, lost a move");
+    }
+    in_y
+}
+
 /// A `MULTI` with a command whose keys are on several nodes and that no key-by-key split
 /// serves (`SUNIONSTORE`, `SMOVE`, `RENAME`) runs whole, gathered: every reply as on one
 /// node, a failed command rolls back all of it, a `WATCH` of a key on another node that
@@ -1115,15 +1136,8 @@ fn transactions_with_commands_across_nodes_run_gathered() {
                 let mut r = t * 7 + 1;
                 let mut done = 0;
                 while done < 40 {
-                    r = r
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let i = (r >> 33) as usize % MEMBERS;
-                    let (from, to) = if (r >> 20) % 2 == 0 {
-                        (&x, &y)
-                    } else {
-                        (&y, &x)
-                    };
+                    let (i, forth) = next_move(&mut r, MEMBERS);
+                    let (from, to) = if forth { (&x, &y) } else { (&y, &x) };
                     let got: redis::RedisResult<(i64, i64, i64)> = redis::pipe()
                         .atomic()
                         .cmd("SMOVE")
@@ -1155,11 +1169,7 @@ fn transactions_with_commands_across_nodes_run_gathered() {
             *total += n;
         }
     }
-    let in_y: Vec<String> = query(&mut con, &["SMEMBERS", &y]);
-    for (i, n) in moves.iter().enumerate() {
-        let there = in_y.contains(&format!("m{i}"));
-        assert_eq!(there, n % 2 == 1, "m{i}, moved {n} times, lost a move");
-    }
+    let in_y = assert_moves_kept(&mut con, &y, &moves);
     assert_eq!(
         query::<i64>(&mut con, &["SCARD", &x]) + in_y.len() as i64,
         MEMBERS as i64
@@ -1254,15 +1264,8 @@ fn commands_across_nodes_run_gathered() {
                 let mut moved = vec![0u32; MEMBERS];
                 let mut r = t * 7 + 1;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    r = r
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let i = (r >> 33) as usize % MEMBERS;
-                    let (from, to) = if (r >> 20) % 2 == 0 {
-                        (&x, &y)
-                    } else {
-                        (&y, &x)
-                    };
+                    let (i, forth) = next_move(&mut r, MEMBERS);
+                    let (from, to) = if forth { (&x, &y) } else { (&y, &x) };
                     // A transaction across nodes that keeps losing conflicts answers
                     // TRYAGAIN, having changed nothing.
                     let n: redis::RedisResult<i64> = redis::cmd("SMOVE")
@@ -1312,11 +1315,7 @@ fn commands_across_nodes_run_gathered() {
     }
     let moved: u32 = moves.iter().sum();
     assert!(moved > 10, "the movers moved members: {moved}");
-    let in_y: Vec<String> = query(&mut con, &["SMEMBERS", &y]);
-    for (i, n) in moves.iter().enumerate() {
-        let there = in_y.contains(&format!("m{i}"));
-        assert_eq!(there, n % 2 == 1, "m{i}, moved {n} times, lost a move");
-    }
+    assert_moves_kept(&mut con, &y, &moves);
     let union: Vec<String> = query(&mut con, &["SUNION", &x, &y]);
     assert_eq!(union.len(), MEMBERS);
     let both: i64 = query(&mut con, &["SINTERCARD", "2", &x, &y]);
