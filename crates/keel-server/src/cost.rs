@@ -12,7 +12,7 @@
 //!
 //! and divide the total `Ir` by the commands the loop ran (each test prints its count).
 //! The collector's thread is kept asleep ([`db`]): the passes the pops' own commits run
-//! (every 32 deletes) are counted with them, the same every run. The
+//! (every 8 deletes) are counted with them, the same every run. The
 //! tests check the replies too, and that concurrent pops of one key conflict only as they
 //! must (`*_interleaved`).
 

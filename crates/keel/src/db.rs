@@ -64,7 +64,7 @@ pub struct Options {
     /// operations waited this many times for its lock within one phase length. Default: 64.
     pub split_contention: u32,
     /// How often the collector's thread looks for deleted keys to reclaim. Commits that
-    /// delete run passes of their own in between (every 32 deletes), so this bounds how
+    /// delete run passes of their own in between (every 8 deletes), so this bounds how
     /// long deletes that stopped short of that wait. Default: 10 ms.
     pub collector_interval: Duration,
     disk: Option<Arc<dyn Disk>>,

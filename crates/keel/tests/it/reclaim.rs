@@ -250,7 +250,7 @@ fn a_dead_key_held_by_a_prepared_writer_is_reclaimed_after_it_aborts() {
     assert_eq!(db.stats().records, 0, "the dead key's record was reclaimed");
 }
 
-/// A queue popped from its front on one thread: every 32nd delete makes the committing
+/// A queue popped from its front on one thread: every 8th delete makes the committing
 /// transaction run a collector pass itself once published, so the deleted keys in front of
 /// the next pop stay few, however seldom the collector's own thread comes round (here: not
 /// during the test). Every pop's scan passes them twice.
