@@ -282,10 +282,10 @@ fn a_queue_popped_from_the_front_keeps_few_deleted_keys_in_front() {
         let dead = db.stats().records - (ITEMS - popped);
         dead_most = dead_most.max(dead);
     }
-    // The last pass ran at most 32 deletes ago, and left its own transaction's delete
+    // The last pass ran at most 8 deletes ago, and left its own transaction's delete
     // waiting for the horizon.
     assert!(
-        dead_most <= 33,
+        dead_most <= 9,
         "{dead_most} deleted keys in front of a pop"
     );
 }
