@@ -284,8 +284,5 @@ fn a_queue_popped_from_the_front_keeps_few_deleted_keys_in_front() {
     }
     // The last pass ran at most 8 deletes ago, and left its own transaction's delete
     // waiting for the horizon.
-    assert!(
-        dead_most <= 9,
-        "{dead_most} deleted keys in front of a pop"
-    );
+    assert!(dead_most <= 9, "{dead_most} deleted keys in front of a pop");
 }
