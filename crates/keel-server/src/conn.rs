@@ -3488,16 +3488,29 @@ impl Conn {
         let mark = output.len();
         let mut out = Out::new(output, proto);
         if data::is_read_only(cmd) {
+            let snapshot = match self.watch {
+                Some(_) => None,
+                None => Some(self.shared.db.snapshot()),
+            };
+            // A snapshot below a transaction prepared across nodes, which may be decided
+            // already: the command runs as a transaction (below), whose commit checks that
+            // what it read is still the newest (strict serializability across nodes).
+            let below = matches!(&snapshot, Some(Ok(snap)) if snap.below_pending());
             // Between WATCH and EXEC reads see the WATCH snapshot.
-            let result = match &mut self.watch {
-                Some(w) => data::run(cmd, args, &mut View::Txn(&mut w.txn), &ctx, &mut out),
-                None => match self.shared.db.snapshot() {
-                    Ok(snap) => data::run(cmd, args, &mut View::Snap(&snap), &ctx, &mut out),
-                    Err(e) => Err(begin_error(e)),
-                },
+            let result = match (&mut self.watch, snapshot) {
+                _ if below => Ok(false),
+                (Some(w), _) => {
+                    data::run(cmd, args, &mut View::Txn(&mut w.txn), &ctx, &mut out).map(|()| true)
+                }
+                (None, Some(Ok(snap))) => {
+                    data::run(cmd, args, &mut View::Snap(&snap), &ctx, &mut out).map(|()| true)
+                }
+                (None, Some(Err(e))) => Err(begin_error(e)),
+                (None, None) => unreachable!("a snapshot when nothing is watched"),
             };
             match result {
-                Ok(()) => return false,
+                Ok(true) => return false,
+                Ok(false) => {}
                 // The snapshot met a key past its deadline, which only a write may remove:
                 // run the command as a read-write transaction, which deletes it.
                 Err(_) if ctx.clock.rerun.load(Relaxed) => out.buf.truncate(mark),

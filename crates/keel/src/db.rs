@@ -260,6 +260,10 @@ pub(crate) struct Shared {
     writes_held_until: Mutex<Option<Instant>>,
     /// Whether `writes_held_until` may be set: what a commit checks first.
     writes_held: std::sync::atomic::AtomicBool,
+    /// Whether a transaction was ever prepared here (or recovered in doubt): from then on a
+    /// read-only commit that began below an unpublished timestamp is validated
+    /// ([`crate::Txn::commit`]).
+    pub(crate) two_phase: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -791,6 +795,7 @@ impl Db {
             collector_interval: options.collector_interval,
             writes_held_until: Mutex::new(None),
             writes_held: std::sync::atomic::AtomicBool::new(false),
+            two_phase: std::sync::atomic::AtomicBool::new(false),
         });
         Db::from_shared(shared, None)
     }
@@ -1109,6 +1114,8 @@ impl Db {
             collector_interval,
             writes_held_until: Mutex::new(None),
             writes_held: std::sync::atomic::AtomicBool::new(false),
+            // Transactions in doubt hold the watermark below their timestamps from here on.
+            two_phase: std::sync::atomic::AtomicBool::new(recovery.in_doubt > 0),
         });
         let before = shared.log.as_ref().map_or(0, Log::tail);
         shared.extend_ts_lease(None);

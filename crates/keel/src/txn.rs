@@ -520,6 +520,9 @@ impl Committed {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Txn<'db> {
+    /// Began in a database that has prepared transactions with a timestamp handed out
+    /// above its snapshot and not yet published: a read-only commit is then validated.
+    below_pending: bool,
     db: &'db Shared,
     durability: Option<Durability>,
     /// How long a prepare waits for each lock ([`Txn::set_prepare_lock_wait`]).
@@ -572,7 +575,12 @@ fn check_value(value: &[u8]) -> Result<(), Error> {
 impl<'db> Txn<'db> {
     pub(crate) fn begin(db: &'db Shared) -> Result<Txn<'db>, BeginError> {
         let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
+        // A timestamp handed out above the snapshot and not yet published may be a prepared
+        // transaction's, which another database may have committed (and a client seen)
+        // already; see `commit_work`'s read-only path.
+        let below_pending = below_pending(db, read_ts);
         Ok(Txn {
+            below_pending,
             db,
             durability: None,
             prepare_lock_wait: PREPARE_LOCK_WAIT_MAX,
@@ -1484,6 +1492,20 @@ impl<'db> Txn<'db> {
     fn commit_work(&mut self, prepare: bool) -> Step {
         let stats = self.db.oracle.stats(self.slot);
         if self.writes.entries.is_empty() && !prepare {
+            // A transaction that only reads is serialized at its snapshot, unless the
+            // snapshot lies below a timestamp that was pending when it began: a transaction
+            // prepared in a two-phase commit holds the watermark below its timestamp until
+            // its decision reaches this database, yet another database may have installed
+            // it and a client seen it before this transaction began. Then its reads must
+            // still be the newest now (none changed, none held by a prepared writer), so
+            // that it serializes here, inside its real-time span; otherwise it conflicts
+            // (`Prepared` while the writer awaits its decision) and its caller runs it again.
+            if self.below_pending
+                && let Err(conflict) = self.validate(self.me())
+            {
+                SlotStats::bump(&stats.aborts_read_changed);
+                return Step::Done(Ok(Err(conflict)));
+            }
             SlotStats::bump(&stats.read_only_commits);
             return Step::Done(Ok(Ok(Committed {
                 ts: self.read_ts,
@@ -1809,7 +1831,14 @@ impl<'db> Txn<'db> {
             Vec::new()
         };
 
-        // 3. Take the commit timestamp; from here on it must be published.
+        // 3. Take the commit timestamp; from here on it must be published. A prepare's
+        //    stays unpublished until its decision: readers that begin below it from now on
+        //    validate (`below_pending`).
+        if prepare {
+            self.db
+                .two_phase
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let commit_ts = self.db.next_commit_ts();
 
         // 4. Validate.
@@ -2267,6 +2296,12 @@ impl Drop for Txn<'_> {
     }
 }
 
+/// Whether a snapshot at `read_ts`, just registered, lies below a pending timestamp of a
+/// database that prepares ([`Snapshot::below_pending`]).
+fn below_pending(db: &Shared, read_ts: Ts) -> bool {
+    db.two_phase.load(std::sync::atomic::Ordering::SeqCst) && db.oracle.last_commit_ts() > read_ts
+}
+
 /// [`Txn::sample_key`] and [`Snapshot::sample_key`]: the caller is registered, so the record
 /// drawn stays readable while its key is copied.
 fn sample_key(
@@ -2345,6 +2380,16 @@ impl<'db> Snapshot<'db> {
     pub(crate) fn begin(db: &'db Shared) -> Result<Snapshot<'db>, BeginError> {
         let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
         Ok(Snapshot { db, slot, read_ts })
+    }
+
+    /// Whether this snapshot lies below a timestamp that was pending (handed out, not
+    /// published) when it began, in a database that prepares transactions for two-phase
+    /// commits: such a timestamp may be a prepared transaction's that another database has
+    /// committed and a client has seen already, whose writes this snapshot misses. A caller
+    /// that must be strictly serializable across databases (a cluster node) reads in a
+    /// transaction instead, whose read-only commit is then validated ([`Txn::commit`]).
+    pub fn below_pending(&self) -> bool {
+        below_pending(self.db, self.read_ts)
     }
 
     /// Whether a prepared transaction holds `key` until its decision.
