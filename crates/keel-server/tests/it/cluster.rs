@@ -1017,6 +1017,15 @@ fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
     assert!(refused >= 4, "{info}");
 }
 
+/// Three keys, on nodes 1, 2 and 0 of a three-node cluster (the client is on node 0).
+fn keys_on_each_node(cluster: &TestCluster) -> (String, String, String) {
+    (
+        key_on(cluster, 1, "a"),
+        key_on(cluster, 2, "b"),
+        key_on(cluster, 0, "c"),
+    )
+}
+
 /// The next move of a client moving members `m0`, `m1`, ... between two sets: which member,
 /// and whether from the first set to the second (a step of a linear congruential
 /// generator whose state is `r`).
@@ -1047,11 +1056,7 @@ fn assert_moves_kept(con: &mut redis::Connection, y: &str, moves: &[u32]) -> Vec
 fn transactions_with_commands_across_nodes_run_gathered() {
     let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
-    let (a, b, c) = (
-        key_on(&cluster, 1, "a"),
-        key_on(&cluster, 2, "b"),
-        key_on(&cluster, 0, "c"),
-    );
+    let (a, b, c) = keys_on_each_node(&cluster);
     let _: i64 = query(&mut con, &["SADD", &a, "x", "y"]);
     let _: i64 = query(&mut con, &["SADD", &b, "y", "z"]);
     let got: (i64, i64, Vec<String>, String, Option<String>) = redis::pipe()
@@ -1188,11 +1193,7 @@ fn transactions_with_commands_across_nodes_run_gathered() {
 fn commands_across_nodes_run_gathered() {
     let cluster = TestCluster::start(3, TIMEOUT_MS);
     let mut con = cluster.node(0).client();
-    let (a, b, c) = (
-        key_on(&cluster, 1, "a"),
-        key_on(&cluster, 2, "b"),
-        key_on(&cluster, 0, "c"),
-    );
+    let (a, b, c) = keys_on_each_node(&cluster);
     let _: i64 = query(&mut con, &["ZADD", &a, "1", "m1", "2", "m2"]);
     let _: i64 = query(&mut con, &["ZADD", &b, "5", "m2", "7", "m3"]);
     let got: Vec<String> = query(&mut con, &["ZUNION", "2", &a, &b, "WITHSCORES"]);
