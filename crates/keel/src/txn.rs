@@ -1503,7 +1503,7 @@ impl<'db> Txn<'db> {
             if self.below_pending
                 && let Err(conflict) = self.validate(self.me())
             {
-                SlotStats::bump(&stats.aborts_read_changed);
+                SlotStats::bump(validation_abort_counter(stats, &conflict));
                 return Step::Done(Ok(Err(conflict)));
             }
             SlotStats::bump(&stats.read_only_commits);
@@ -1849,12 +1849,7 @@ impl<'db> Txn<'db> {
             leave(self);
             self.unlock_all(&locked, &slices, me);
             unlock_shared(self.db, &shared);
-            let counter = match conflict.reason {
-                ConflictReason::Phantom => &stats.aborts_phantom,
-                ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
-                _ => &stats.aborts_write_locked,
-            };
-            SlotStats::bump(counter);
+            SlotStats::bump(validation_abort_counter(stats, &conflict));
             return Step::Publish {
                 ts: commit_ts,
                 outcome: Outcome::Aborted(conflict),
@@ -2293,6 +2288,18 @@ impl Drop for Txn<'_> {
         if !self.slot_handed_on {
             self.db.oracle.unregister(self.slot);
         }
+    }
+}
+
+/// The counter of `stats` that an abort by a failed validation ([`Txn::validate`]) adds to.
+fn validation_abort_counter<'s>(
+    stats: &'s SlotStats,
+    conflict: &Conflict,
+) -> &'s std::sync::atomic::AtomicU64 {
+    match conflict.reason {
+        ConflictReason::Phantom => &stats.aborts_phantom,
+        ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
+        _ => &stats.aborts_write_locked,
     }
 }
 
