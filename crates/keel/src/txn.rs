@@ -1503,7 +1503,7 @@ impl<'db> Txn<'db> {
             if self.below_pending
                 && let Err(conflict) = self.validate(self.me())
             {
-                SlotStats::bump(validation_abort_counter(stats, &conflict));
+                count_validation_abort(stats, &conflict);
                 return Step::Done(Ok(Err(conflict)));
             }
             SlotStats::bump(&stats.read_only_commits);
@@ -1849,7 +1849,7 @@ impl<'db> Txn<'db> {
             leave(self);
             self.unlock_all(&locked, &slices, me);
             unlock_shared(self.db, &shared);
-            SlotStats::bump(validation_abort_counter(stats, &conflict));
+            count_validation_abort(stats, &conflict);
             return Step::Publish {
                 ts: commit_ts,
                 outcome: Outcome::Aborted(conflict),
@@ -2291,16 +2291,13 @@ impl Drop for Txn<'_> {
     }
 }
 
-/// The counter of `stats` that an abort by a failed validation ([`Txn::validate`]) adds to.
-fn validation_abort_counter<'s>(
-    stats: &'s SlotStats,
-    conflict: &Conflict,
-) -> &'s std::sync::atomic::AtomicU64 {
-    match conflict.reason {
+/// Counts, in `stats`, an abort by a failed validation ([`Txn::validate`]) by its reason.
+fn count_validation_abort(stats: &SlotStats, conflict: &Conflict) {
+    SlotStats::bump(match conflict.reason {
         ConflictReason::Phantom => &stats.aborts_phantom,
         ConflictReason::ReadChanged | ConflictReason::Split => &stats.aborts_read_changed,
         _ => &stats.aborts_write_locked,
-    }
+    });
 }
 
 /// Whether a snapshot at `read_ts`, just registered, lies below a pending timestamp of a
