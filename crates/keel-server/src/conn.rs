@@ -1266,7 +1266,9 @@ impl Conn {
             return;
         }
         let Some((parts, merge)) = per_key(spec.cmd, args) else {
-            if crate::gather::may_gather(spec.cmd) {
+            if crate::lists::is_blocking(spec.cmd) {
+                self.blocking_across(spec, args, output).await;
+            } else if crate::gather::may_gather(spec.cmd) {
                 match self.gathered(&[args], &Watching::Nothing).await {
                     Ok(Some(mut ran)) => output.extend_from_slice(&ran.replies.remove(0)),
                     Ok(None) => unreachable!("nothing watched, nothing changed"),
@@ -1610,7 +1612,7 @@ impl Conn {
             .map(<[u8]>::to_vec)
             .collect();
         let Some((p, slot)) = self.partition_of(keys.iter().map(Vec::as_slice)) else {
-            self.out(output).error(cluster::CROSSSLOT);
+            self.blocking_across(spec, args, output).await;
             return;
         };
         // A bad timeout: the pop answers the error.
@@ -1700,6 +1702,88 @@ impl Conn {
             // `:0` (nothing there), or an error (no leader yet): look again later. Something
             // there goes to the first client in line on its key, which may be this one.
             if buf.starts_with(b":") && &buf[..] != b":0\r\n" {
+                guard.found();
+            }
+        }
+    }
+
+    /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions). Each
+    /// try runs it gathered, as a pop that does not block (`gather`): one serializable
+    /// transaction across the nodes that pops, or finds every list empty and changes
+    /// nothing. While there is nothing to pop the client waits in this node's registry of
+    /// blocked clients, which a push committed here to one of its keys wakes (and
+    /// `CLIENT UNBLOCK`), and every 10 ms growing to 100 ms it looks whether any of the
+    /// lists it pops from holds something (`EXISTS` on each key's owner, in one read-only
+    /// transaction across them), until the timeout (then nil). Clients blocked on one node
+    /// are served in the order they blocked; clients blocked on different nodes race.
+    async fn blocking_across(&self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) {
+        // A bad timeout: the first try answers the error.
+        let until = cluster::block_time(spec, args)
+            .flatten()
+            .map(|d| tokio::time::Instant::now() + d);
+        let waiting: Vec<Bytes> = crate::lists::blocking_keys(spec.cmd, args).to_vec();
+        let guard =
+            self.shared
+                .blocked
+                .block(self.info.id, &waiting, crate::blocking::Kind::of(spec.cmd));
+        let probe: Vec<Vec<Bytes>> = waiting
+            .iter()
+            .map(|k| vec![Bytes::from_static(b"EXISTS"), k.clone()])
+            .collect();
+        let probe: Vec<&[Bytes]> = probe.iter().map(Vec::as_slice).collect();
+        let mut pause = Duration::from_millis(10);
+        let mut ready = true;
+        loop {
+            if std::mem::take(&mut ready) {
+                match self.gathered(&[args], &Watching::Nothing).await {
+                    Ok(Some(mut ran)) if ran.failed || !ran.changed.is_empty() => {
+                        output.extend_from_slice(&ran.replies.remove(0));
+                        return;
+                    }
+                    // Every list empty: nothing was written.
+                    Ok(Some(_)) => {}
+                    Ok(None) => unreachable!("nothing watched, nothing changed"),
+                    Err(Fail(text)) => return self.out(output).error(&text),
+                }
+            }
+            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                timed_out(&mut self.out(output));
+                return;
+            }
+            let wait = match until {
+                Some(t) => pause.min(t - tokio::time::Instant::now()),
+                None => pause,
+            };
+            tokio::select! {
+                biased;
+                () = self.info.kill.cancelled() => return,
+                () = guard.woken() => {
+                    match guard.unblocked() {
+                        None => {}
+                        Some(crate::blocking::Unblock::Error) => {
+                            self.out(output)
+                                .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                            return;
+                        }
+                        Some(crate::blocking::Unblock::Timeout) => {
+                            timed_out(&mut self.out(output));
+                            return;
+                        }
+                    }
+                    ready = true;
+                    continue;
+                }
+                () = tokio::time::sleep(wait) => {}
+            }
+            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                continue;
+            }
+            pause = (pause * 2).min(Duration::from_millis(100));
+            // Something there goes to the first client in line on its key here, which may
+            // be this one. (A failed look, a node away, is tried again at the next.)
+            if let Ok(Some(replies)) = self.across_checked(&probe, &Watching::Nothing).await
+                && replies.iter().any(|r| r[..] != b":0\r\n"[..])
+            {
                 guard.found();
             }
         }

@@ -194,11 +194,11 @@ pub fn command(
 }
 
 /// Whether a command whose keys are on several nodes may run gathered (see the module
-/// docs): a data command with keys, that neither blocks nor is one of these three.
+/// docs): a data command with keys, other than these three. A blocking pop runs as inside
+/// `MULTI`: it pops, or answers nil at once (outside `MULTI`, `Conn::blocking_across` runs
+/// it again until it pops).
 pub fn may_gather(cmd: Cmd) -> bool {
-    data::is_data(cmd)
-        && !crate::lists::is_blocking(cmd)
-        && !matches!(cmd, Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore)
+    data::is_data(cmd) && !matches!(cmd, Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore)
 }
 
 /// What step 2 found: each command's reply (in the client's protocol) and the keys the

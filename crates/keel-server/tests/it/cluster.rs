@@ -297,11 +297,6 @@ fn multi_key_commands_and_transactions() {
     assert!(refused.contains("'publish' is none"), "{refused}");
     let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
     assert_eq!(got, ["10", "11"]);
-    // A blocking pop across nodes neither splits key by key nor runs gathered: refused as it
-    // is queued. (Other commands across nodes run gathered: the test below.)
-    let _: () = query(&mut con, &["MULTI"]);
-    assert!(error(&mut con, &["BLMOVE", &a, &b, "LEFT", "RIGHT", "0"]).starts_with("CROSSSLOT"));
-    assert!(error(&mut con, &["EXEC"]).starts_with("EXECABORT"));
     let _: () = query(&mut con, &["MSET", &a, "1", &b, "5"]);
     // INFO cluster counts them by kind and outcome.
     let info: String = query(&mut con, &["INFO", "cluster"]);
@@ -737,6 +732,145 @@ fn movable_keys_and_blocking_pops_are_routed() {
     let v: Vec<String> = query(&mut con, &["BLPOP", &b, "0"]);
     assert_eq!(v, [b.clone(), "v".to_owned()]);
     pusher.join().expect("pusher");
+}
+
+/// Blocking pops whose keys are on several nodes (Redis Cluster: `CROSSSLOT`): each try runs
+/// gathered, and a client with nothing to pop waits until a push on any node, its timeout
+/// or `CLIENT UNBLOCK`; inside `MULTI` it pops or answers nil at once, as in Redis. Poppers
+/// blocked on three nodes while pushes land on all of them take every element exactly once.
+#[test]
+fn blocking_pops_across_nodes_wait_for_a_push_anywhere() {
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
+    let mut con = cluster.node(0).client();
+    // x on node 1, y on node 2, z on this node (0).
+    let (x, y, z) = keys_on_each_node(&cluster);
+    let started = Instant::now();
+    let v: Option<Vec<String>> = query(&mut con, &["BLPOP", &x, &y, "0.3"]);
+    assert_eq!(v, None, "nothing to pop: nil at the timeout");
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    let _: i64 = query(&mut con, &["RPUSH", &y, "y1"]);
+    let v: Vec<String> = query(&mut con, &["BLPOP", &x, &y, "1"]);
+    assert_eq!(
+        v,
+        [y.clone(), "y1".to_owned()],
+        "the first key that has something"
+    );
+    // A push on a third node, and one on the waiting client's node, each serve the wait.
+    for (pushed, on) in [(&y, 2), (&z, 0)] {
+        let (url, key) = (cluster.node(on).url(false), pushed.clone());
+        let pusher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let _: i64 = query(&mut crate::connect(&url), &["LPUSH", &key, "late"]);
+        });
+        let started = Instant::now();
+        let v: Vec<String> = query(&mut con, &["BLPOP", &x, pushed, "10"]);
+        assert_eq!(v, [pushed.clone(), "late".to_owned()]);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        pusher.join().expect("pusher");
+    }
+    // BLMOVE waits on its source only, and moves across nodes.
+    let _: i64 = query(&mut con, &["RPUSH", &z, "in-z"]);
+    let url = cluster.node(1).url(false);
+    let x2 = x.clone();
+    let pusher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let _: i64 = query(&mut crate::connect(&url), &["RPUSH", &x2, "m"]);
+    });
+    let moved: String = query(&mut con, &["BLMOVE", &x, &z, "LEFT", "RIGHT", "10"]);
+    assert_eq!(moved, "m");
+    pusher.join().expect("pusher");
+    let in_z: Vec<String> = query(&mut con, &["LRANGE", &z, "0", "-1"]);
+    assert_eq!(in_z, ["in-z", "m"]);
+    // Errors at once, and nothing moves.
+    assert!(error(&mut con, &["BLPOP", &x, &y, "-1"]).contains("timeout is negative"));
+    let _: () = query(&mut con, &["SET", &y, "s"]);
+    assert!(error(&mut con, &["BLPOP", &x, &y, "0"]).starts_with("WRONGTYPE"));
+    let _: i64 = query(&mut con, &["DEL", &y]);
+    // CLIENT UNBLOCK ends the wait.
+    let id: i64 = query(&mut con, &["CLIENT", "ID"]);
+    let url = cluster.node(0).url(false);
+    let unblocker = std::thread::spawn(move || {
+        let mut con = crate::connect(&url);
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(50));
+            let n: i64 = query(&mut con, &["CLIENT", "UNBLOCK", &id.to_string(), "ERROR"]);
+            if n == 1 {
+                return;
+            }
+        }
+        panic!("the client never blocked");
+    });
+    let unblocked = error(&mut con, &["BLPOP", &x, &y, "0"]);
+    assert!(unblocked.starts_with("UNBLOCKED"), "{unblocked}");
+    unblocker.join().expect("unblocker");
+    // Inside MULTI: gathered with the rest of the queue, never blocking.
+    let got: (i64, Option<String>, String, Vec<String>) = redis::pipe()
+        .atomic()
+        .cmd("RPUSH")
+        .arg(&x)
+        .arg("q")
+        .cmd("BLMOVE")
+        .arg(&y)
+        .arg(&z)
+        .arg("LEFT")
+        .arg("LEFT")
+        .arg("0")
+        .cmd("BLMOVE")
+        .arg(&x)
+        .arg(&y)
+        .arg("LEFT")
+        .arg("LEFT")
+        .arg("0")
+        .cmd("LRANGE")
+        .arg(&y)
+        .arg("0")
+        .arg("-1")
+        .query(&mut con)
+        .expect("EXEC with blocking pops across nodes");
+    assert_eq!(got, (1, None, "q".to_owned(), vec!["q".to_owned()]));
+    let _: i64 = query(&mut con, &["DEL", &x, &y, &z]);
+    // Poppers blocked on every node, pushes on every node: each element popped once.
+    const PUSHES: usize = 60;
+    let popped = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let poppers: Vec<_> = (0..3)
+        .map(|i| {
+            let (url, keys) = (
+                cluster.node(i).url(false),
+                [x.clone(), y.clone(), z.clone()],
+            );
+            let popped = Arc::clone(&popped);
+            std::thread::spawn(move || {
+                let mut con = crate::connect(&url);
+                loop {
+                    let v: Option<(String, String)> =
+                        query(&mut con, &["BLPOP", &keys[0], &keys[1], &keys[2], "2"]);
+                    match v {
+                        Some((_, value)) => popped.lock().expect("popped").push(value),
+                        None => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    for n in 0..PUSHES {
+        let key = [&x, &y, &z][n % 3];
+        let mut con = cluster.node((n / 3) % 3).client();
+        let _: i64 = query(&mut con, &["RPUSH", key, &format!("v{n}")]);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for p in poppers {
+        p.join().expect("popper");
+    }
+    let mut popped = std::mem::take(&mut *popped.lock().expect("popped"));
+    popped.sort_by_key(|v| v[1..].parse::<usize>().expect("v<n>"));
+    let pushed: Vec<String> = (0..PUSHES).map(|n| format!("v{n}")).collect();
+    assert_eq!(popped, pushed, "every element popped exactly once");
+    let n: i64 = query(&mut con, &["EXISTS", &x, &y, &z]);
+    assert_eq!(n, 0);
 }
 
 /// `WATCH` of keys on other nodes: each owner records what to check, and `EXEC` (a
