@@ -81,11 +81,56 @@ impl SlotId {
     }
 }
 
-thread_local! {
-    static SLOT_HINT: Cell<usize> = const { Cell::new(usize::MAX) };
+/// A thread's number among the threads alive now that have registered a snapshot: the
+/// smallest free one when it first registers, given back when it exits. Its registrations
+/// start probing at its *home* slot, `number * HOME_SPREAD` (modulo the slots), so that
+/// threads rarely probe each other's lines and the slots in use stay a prefix whose length
+/// follows the threads alive. (Starting where the thread last found a free slot, as this
+/// did once, let a thread with several transactions open at once walk the whole registry:
+/// `slots_used` reached all 4096 slots with four threads, and every horizon computation
+/// scanned them all.)
+struct ThreadNumber(Cell<usize>);
+
+impl ThreadNumber {
+    fn get(&self) -> usize {
+        if self.0.get() == usize::MAX {
+            let mut free = FREE_THREAD_NUMBERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let number = match free.pop() {
+                Some(n) => n,
+                None => THREADS_NUMBERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            };
+            self.0.set(number);
+        }
+        self.0.get()
+    }
 }
 
-static THREADS_SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+impl Drop for ThreadNumber {
+    fn drop(&mut self) {
+        if self.0.get() != usize::MAX {
+            let mut free = FREE_THREAD_NUMBERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            free.push(self.0.get());
+            // Smallest last: the next thread to need one takes it.
+            free.sort_unstable_by(|a, b| b.cmp(a));
+        }
+    }
+}
+
+thread_local! {
+    static THREAD_NUMBER: ThreadNumber = const { ThreadNumber(Cell::new(usize::MAX)) };
+}
+
+/// Numbers handed out so far, and those given back by threads that exited.
+static THREADS_NUMBERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static FREE_THREAD_NUMBERS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Slots between two threads' home slots: room for that many transactions open at once on
+/// one thread (async tasks interleave them) before it probes the next thread's.
+const HOME_SPREAD: usize = 7;
 
 impl Oracle {
     /// An oracle whose first commit gets timestamp `last + 1`.
@@ -121,19 +166,11 @@ impl Oracle {
 
     /// Claims a slot and registers a snapshot at the current watermark.
     pub(crate) fn register(&self) -> Option<(SlotId, Ts)> {
-        let start = SLOT_HINT.with(|hint| {
-            if hint.get() == usize::MAX {
-                // Spread threads over the slots so that they rarely probe each other's lines.
-                hint.set(
-                    THREADS_SEEN
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                        .wrapping_mul(7)
-                        % self.slots.len(),
-                );
-            }
-            hint.get()
-        });
         let slots = self.slots.len();
+        // A thread exiting may have dropped its number already; it starts at slot 0.
+        let start = THREAD_NUMBER
+            .try_with(ThreadNumber::get)
+            .map_or(0, |n| n.wrapping_mul(HOME_SPREAD) % slots);
         for i in 0..slots {
             let index = (start + i) % slots;
             let slot = &self.slots[index];
@@ -163,7 +200,6 @@ impl Oracle {
                 slot.read_ts.store(read_ts, Ordering::SeqCst);
                 sync::fence(Ordering::SeqCst);
             }
-            SLOT_HINT.with(|hint| hint.set(index));
             let id = SlotId(u32::try_from(index).expect("OPEN_TXNS_MAX fits in u32"));
             return Some((id, Ts(read_ts)));
         }

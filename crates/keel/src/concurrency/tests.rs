@@ -37,6 +37,38 @@ fn registry_is_bounded() {
     assert!(oracle.register().is_some());
 }
 
+/// The slots in use stay a short prefix: a thread that keeps several snapshots open at once
+/// does not walk the registry (it did, to all 4096 slots, when it started each probe where
+/// the last one ended), and threads that come and go reuse the numbers of those that exited.
+/// Every horizon computation scans that prefix.
+#[cfg(not(keel_loom))]
+#[test]
+fn slots_in_use_stay_few_as_snapshots_and_threads_come_and_go() {
+    let oracle = Oracle::new(Ts(0));
+    for _ in 0..500 {
+        let open: Vec<_> = (0..HOME_SPREAD + 3)
+            .map(|_| oracle.register().unwrap().0)
+            .collect();
+        for slot in open {
+            oracle.unregister(slot);
+        }
+    }
+    // Other tests' threads hold numbers too: at most a few dozen at once.
+    let bound = HOME_SPREAD * 64;
+    let used = || oracle.slots_used.load(Ordering::SeqCst);
+    assert!(used() <= bound, "{} slots used by one thread", used());
+    for _ in 0..300 {
+        std::thread::scope(|s| {
+            s.spawn(|| oracle.unregister(oracle.register().unwrap().0));
+        });
+    }
+    assert!(
+        used() <= bound,
+        "{} slots used by threads one at a time",
+        used()
+    );
+}
+
 /// Model checks of the lock-free handshakes with loom: every interleaving (and the weak
 /// memory orders loom models) of a committer, a collector and a registering reader.
 #[cfg(keel_loom)]
