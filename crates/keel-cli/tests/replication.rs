@@ -1355,6 +1355,46 @@ fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
         waits[waits.len() / 2] < Duration::from_millis(250),
         "median wait after a push across partitions: {waits:?}"
     );
+    // A blocking pop whose keys are in two partitions (Redis Cluster: CROSSSLOT) waits for a
+    // push, here through a third node, and moves the element across the partitions.
+    let keys = support::keys_per_node(&mut conns[0], 3, 1, "bx");
+    let (src, dst) = (keys[0][0].clone(), keys[1][0].clone());
+    let mover = {
+        let (port, src, dst) = (ports[2], src.clone(), dst.clone());
+        std::thread::spawn(move || {
+            let mut c = connect(port).expect("connect");
+            redis::cmd("BLMOVE")
+                .arg(&src)
+                .arg(&dst)
+                .arg("LEFT")
+                .arg("RIGHT")
+                .arg(10)
+                .query::<Option<String>>(&mut c)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&src)
+        .arg("m")
+        .query(&mut conns[1])
+        .expect("RPUSH");
+    let moved = mover
+        .join()
+        .expect("mover")
+        .expect("BLMOVE across partitions");
+    assert_eq!(moved.as_deref(), Some("m"));
+    let there: Vec<String> = redis::cmd("LRANGE")
+        .arg(&dst)
+        .arg(0)
+        .arg(-1)
+        .query(&mut conns[0])
+        .expect("LRANGE");
+    assert_eq!(there, ["m"]);
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&src)
+        .query(&mut conns[0])
+        .expect("EXISTS");
+    assert_eq!(left, 0);
 }
 
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep

@@ -833,6 +833,12 @@ fn blocking_pops_across_nodes_wait_for_a_push_anywhere() {
         .expect("EXEC with blocking pops across nodes");
     assert_eq!(got, (1, None, "q".to_owned(), vec!["q".to_owned()]));
     let _: i64 = query(&mut con, &["DEL", &x, &y, &z]);
+    // The sorted sets' blocking pops too.
+    let _: i64 = query(&mut con, &["ZADD", &y, "2", "b"]);
+    let v: (String, String, String) = query(&mut con, &["BZPOPMIN", &x, &y, "1"]);
+    assert_eq!(v, (y.clone(), "b".to_owned(), "2".to_owned()));
+    let v: Option<Vec<String>> = query(&mut con, &["BZPOPMAX", &x, &y, "0.1"]);
+    assert_eq!(v, None);
     // Poppers blocked on every node, pushes on every node: each element popped once.
     const PUSHES: usize = 60;
     let popped = Arc::new(std::sync::Mutex::new(Vec::new()));
