@@ -388,6 +388,9 @@ struct Conn {
     subs: Option<Box<Subs>>,
     /// The blocking pop that answered [`Next::Block`].
     blocked: Option<(Cmd, Vec<Bytes>)>,
+    /// Cluster mode: `blocked`'s keys are on several nodes or partitions
+    /// ([`Conn::block_across`]).
+    blocked_across: bool,
     /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
     /// it routes by itself and gets `MOVED` rather than forwarding.
     aware: bool,
@@ -430,6 +433,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         rwatch_renew: None,
         subs: None,
         blocked: None,
+        blocked_across: false,
         aware: false,
         readonly: false,
         hot_until_ms: std::sync::atomic::AtomicU64::new(0),
@@ -1065,13 +1069,13 @@ impl Conn {
             if (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
                 && self.replicated(spec, &args, output).await
             {
-                return Next::Continue;
+                return self.next_after_routed();
             }
         } else if self.shared.cluster.is_some()
             && (data::is_data(spec.cmd) || spec.cmd == Cmd::Watch)
             && self.routed(spec, &args, output).await
         {
-            return Next::Continue;
+            return self.next_after_routed();
         }
         if spec.cmd == Cmd::KeelRange && self.multi.is_none() && self.shared.xnode.get().is_some() {
             let result = self.range_across(&args).await;
@@ -1266,9 +1270,7 @@ impl Conn {
             return;
         }
         let Some((parts, merge)) = per_key(spec.cmd, args) else {
-            if crate::lists::is_blocking(spec.cmd) {
-                self.blocking_across(spec, args, output).await;
-            } else if crate::gather::may_gather(spec.cmd) {
+            if crate::gather::may_gather(spec.cmd) {
                 match self.gathered(&[args], &Watching::Nothing).await {
                     Ok(Some(mut ran)) => output.extend_from_slice(&ran.replies.remove(0)),
                     Ok(None) => unreachable!("nothing watched, nothing changed"),
@@ -1612,7 +1614,7 @@ impl Conn {
             .map(<[u8]>::to_vec)
             .collect();
         let Some((p, slot)) = self.partition_of(keys.iter().map(Vec::as_slice)) else {
-            self.blocking_across(spec, args, output).await;
+            self.block_across_next(spec, args);
             return;
         };
         // A bad timeout: the pop answers the error.
@@ -1707,6 +1709,23 @@ impl Conn {
         }
     }
 
+    /// After a cluster path ran a command: [`Next::Block`] if it was a blocking pop to wait
+    /// in ([`Conn::block_across_next`]).
+    fn next_after_routed(&self) -> Next {
+        if self.blocked.is_some() {
+            Next::Block
+        } else {
+            Next::Continue
+        }
+    }
+
+    /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions) is to
+    /// wait ([`Conn::block_across`], from [`Conn::block`], which watches the socket).
+    fn block_across_next(&mut self, spec: &Spec, args: &[Bytes]) {
+        self.blocked = Some((spec.cmd, args.to_vec()));
+        self.blocked_across = true;
+    }
+
     /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions). Each
     /// try runs it gathered, as a pop that does not block (`gather`): one serializable
     /// transaction across the nodes that pops, or finds every list empty and changes
@@ -1714,63 +1733,82 @@ impl Conn {
     /// blocked clients, which a push committed here to one of its keys wakes (and
     /// `CLIENT UNBLOCK`), and every 10 ms growing to 100 ms it looks whether any of the
     /// lists it pops from holds something (`EXISTS` on each key's owner, in one read-only
-    /// transaction across them), until the timeout (then nil). Clients blocked on one node
-    /// are served in the order they blocked; clients blocked on different nodes race.
-    async fn blocking_across(&self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) {
+    /// transaction across them), until the timeout (then nil) or the client goes. Clients
+    /// blocked on one node are served in the order they blocked; clients blocked on
+    /// different nodes race. `false` when the connection should end.
+    async fn block_across(
+        &mut self,
+        (cmd, args): (Cmd, Vec<Bytes>),
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<bool> {
+        let spec = table::lookup(&args[0]).expect("a known command");
+        debug_assert_eq!(spec.cmd, cmd);
         // A bad timeout: the first try answers the error.
-        let until = cluster::block_time(spec, args)
+        let until = cluster::block_time(spec, &args)
             .flatten()
             .map(|d| tokio::time::Instant::now() + d);
-        let waiting: Vec<Bytes> = crate::lists::blocking_keys(spec.cmd, args).to_vec();
-        let guard =
-            self.shared
-                .blocked
-                .block(self.info.id, &waiting, crate::blocking::Kind::of(spec.cmd));
+        self.flush(stream, output).await?;
+        let shared = Arc::clone(&self.shared);
+        let waiting: Vec<Bytes> = crate::lists::blocking_keys(cmd, &args).to_vec();
+        let guard = shared
+            .blocked
+            .block(self.info.id, &waiting, crate::blocking::Kind::of(cmd));
         let probe: Vec<Vec<Bytes>> = waiting
             .iter()
             .map(|k| vec![Bytes::from_static(b"EXISTS"), k.clone()])
             .collect();
         let probe: Vec<&[Bytes]> = probe.iter().map(Vec::as_slice).collect();
+        let kill = self.info.kill.clone();
         let mut pause = Duration::from_millis(10);
         let mut ready = true;
         loop {
             if std::mem::take(&mut ready) {
-                match self.gathered(&[args], &Watching::Nothing).await {
+                match self.gathered(&[&args], &Watching::Nothing).await {
                     Ok(Some(mut ran)) if ran.failed || !ran.changed.is_empty() => {
                         output.extend_from_slice(&ran.replies.remove(0));
-                        return;
+                        return Ok(true);
                     }
                     // Every list empty: nothing was written.
                     Ok(Some(_)) => {}
                     Ok(None) => unreachable!("nothing watched, nothing changed"),
-                    Err(Fail(text)) => return self.out(output).error(&text),
+                    Err(Fail(text)) => {
+                        self.out(output).error(&text);
+                        return Ok(true);
+                    }
                 }
             }
-            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+            let now = tokio::time::Instant::now();
+            if until.is_some_and(|t| now >= t) {
                 timed_out(&mut self.out(output));
-                return;
+                return Ok(true);
             }
-            let wait = match until {
-                Some(t) => pause.min(t - tokio::time::Instant::now()),
-                None => pause,
-            };
+            let wait = until.map_or(pause, |t| pause.min(t - now));
+            let mut out = Out::new(output, self.proto);
             tokio::select! {
                 biased;
-                () = self.info.kill.cancelled() => return,
+                () = kill.cancelled() => return Ok(false),
                 () = guard.woken() => {
                     match guard.unblocked() {
                         None => {}
                         Some(crate::blocking::Unblock::Error) => {
-                            self.out(output)
-                                .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
-                            return;
+                            out.error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                            return Ok(true);
                         }
                         Some(crate::blocking::Unblock::Timeout) => {
-                            timed_out(&mut self.out(output));
-                            return;
+                            timed_out(&mut out);
+                            return Ok(true);
                         }
                     }
                     ready = true;
+                    continue;
+                }
+                // A client that goes stops the wait (pipelined requests wait in `input`).
+                r = stream.read_buf(input) => {
+                    if r? == 0 || input.len() > QUERY_BYTES_MAX {
+                        return Ok(false);
+                    }
                     continue;
                 }
                 () = tokio::time::sleep(wait) => {}
@@ -2234,7 +2272,11 @@ impl Conn {
                 return true;
             }
             Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
-                self.split_across(spec, args, output, false).await;
+                if crate::lists::is_blocking(spec.cmd) {
+                    self.block_across_next(spec, args);
+                } else {
+                    self.split_across(spec, args, output, false).await;
+                }
                 return true;
             }
             // Queued: `EXEC` runs it key by key in its transaction across nodes, or runs the
@@ -3710,6 +3752,9 @@ impl Conn {
         output: &mut BytesMut,
     ) -> std::io::Result<bool> {
         let (cmd, args) = self.blocked.take().expect("set with Next::Block");
+        if std::mem::take(&mut self.blocked_across) {
+            return self.block_across((cmd, args), stream, input, output).await;
+        }
         let timeout = crate::lists::timeout(crate::lists::timeout_arg_of(cmd, &args))
             .expect("checked before blocking");
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);

@@ -55,7 +55,8 @@ pub const BUSY_SPIN_RATE: f64 = 10_000.0;
 /// flusher thread and from the clients (measured before the poller flushed the log itself;
 /// with inline fsyncs a raised spin measured 0.96 and 1.03, no better). At -P 1 with 50 clients
 /// on 2 cores it left the client waiting for a core 10% of the time; keeping the spin at
-/// 100 µs served 9% more INCR (median of five rounds, 18% in an earlier five; BENCHMARKS.md).
+/// 100 µs served 9% more INCR (median of five rounds, 18% in an earlier five; the
+/// measurement is in commit b299f6f's message).
 /// A load that fsynced nothing in the last tick (reads only) has no such gaps: its replies do
 /// not wait for the log, and it spins as under `async`.
 fn spin_ns(idle_poll_ns: u64, commands_per_s: f64, replies_wait_for_fsync: bool) -> u64 {

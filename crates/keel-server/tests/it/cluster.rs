@@ -807,6 +807,35 @@ fn blocking_pops_across_nodes_wait_for_a_push_anywhere() {
     let unblocked = error(&mut con, &["BLPOP", &x, &y, "0"]);
     assert!(unblocked.starts_with("UNBLOCKED"), "{unblocked}");
     unblocker.join().expect("unblocker");
+    // A client that goes while it waits leaves the registry (and stops looking).
+    let started = Instant::now();
+    {
+        let mut gone = cluster.node(0).client();
+        gone.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("read timeout");
+        let waited = redis::cmd("BLPOP")
+            .arg(&x)
+            .arg(&y)
+            .arg(0)
+            .query::<Option<Vec<String>>>(&mut gone);
+        assert!(waited.is_err(), "nothing to pop: {waited:?}");
+    }
+    let mut blocked = || -> i64 {
+        let info: String = query(&mut con, &["INFO", "clients"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .expect("blocked_clients")
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    while blocked() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a gone client still blocked"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Inside MULTI: gathered with the rest of the queue, never blocking.
     let got: (i64, Option<String>, String, Vec<String>) = redis::pipe()
         .atomic()
