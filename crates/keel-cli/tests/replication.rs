@@ -1395,6 +1395,33 @@ fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
         .query(&mut conns[0])
         .expect("EXISTS");
     assert_eq!(left, 0);
+    // Clients that go while they wait (on one partition, and across two) leave the registry.
+    for keys in [vec!["{b}gone"], vec![&src[..], &keys[2][0][..]]] {
+        let mut gone = connect(ports[0]).expect("connect");
+        gone.set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("read timeout");
+        let waited = redis::cmd("BLPOP")
+            .arg(&keys)
+            .arg(0)
+            .query::<Option<Vec<String>>>(&mut gone);
+        assert!(waited.is_err(), "nothing to pop: {waited:?}");
+        drop(gone);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query(&mut conns[0])
+                .expect("INFO");
+            if info.contains("blocked_clients:0") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a client gone from {keys:?} still blocked"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// `keel cluster start`: three processes, one killed with SIGKILL while clients keep

@@ -388,9 +388,8 @@ struct Conn {
     subs: Option<Box<Subs>>,
     /// The blocking pop that answered [`Next::Block`].
     blocked: Option<(Cmd, Vec<Bytes>)>,
-    /// Cluster mode: `blocked`'s keys are on several nodes or partitions
-    /// ([`Conn::block_across`]).
-    blocked_across: bool,
+    /// Where `blocked` waits.
+    blocked_in: BlockedIn,
     /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
     /// it routes by itself and gets `MOVED` rather than forwarding.
     aware: bool,
@@ -433,7 +432,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         rwatch_renew: None,
         subs: None,
         blocked: None,
-        blocked_across: false,
+        blocked_in: BlockedIn::Here,
         aware: false,
         readonly: false,
         hot_until_ms: std::sync::atomic::AtomicU64::new(0),
@@ -1217,7 +1216,9 @@ impl Conn {
             return false;
         }
         if crate::lists::is_blocking(spec.cmd) {
-            self.blocking_replicated(spec, args, output).await;
+            // Waits in `Conn::block`, which reads the socket meanwhile.
+            self.blocked = Some((spec.cmd, args.to_vec()));
+            self.blocked_in = BlockedIn::Partition;
             return true;
         }
         let keys = cluster::key_args(spec, args);
@@ -1608,15 +1609,26 @@ impl Conn {
     /// across partitions, a slot move) it checks its keys with a linearizable read every
     /// [`BLOCKED_POLL`]; on a node that holds no replica of the partition, where no push
     /// is applied, every 10 ms growing to 100 ms.
-    async fn blocking_replicated(&mut self, spec: &Spec, args: &[Bytes], output: &mut BytesMut) {
+    async fn blocking_replicated(
+        &mut self,
+        (cmd, args): (Cmd, Vec<Bytes>),
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<bool> {
+        let spec = table::lookup(&args[0]).expect("a known command");
+        debug_assert_eq!(spec.cmd, cmd);
+        let args = &args[..];
         let keys: Vec<Vec<u8>> = cluster::key_args(spec, args)
             .into_iter()
             .map(<[u8]>::to_vec)
             .collect();
         let Some((p, slot)) = self.partition_of(keys.iter().map(Vec::as_slice)) else {
-            self.block_across_next(spec, args);
-            return;
+            return self
+                .block_across((cmd, args.to_vec()), stream, input, output)
+                .await;
         };
+        self.flush(stream, output).await?;
         // A bad timeout: the pop answers the error.
         let until = cluster::block_time(spec, args)
             .flatten()
@@ -1660,12 +1672,12 @@ impl Conn {
                     .await;
                 if buf[..] != would_block[..] {
                     output.extend_from_slice(&buf);
-                    return;
+                    return Ok(true);
                 }
             }
             if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
                 timed_out(&mut self.out(output));
-                return;
+                return Ok(true);
             }
             let wait = match until {
                 Some(t) => pause.min(t - tokio::time::Instant::now()),
@@ -1673,21 +1685,28 @@ impl Conn {
             };
             tokio::select! {
                 biased;
-                () = self.info.kill.cancelled() => return,
+                () = self.info.kill.cancelled() => return Ok(false),
                 () = guard.woken() => {
                     match guard.unblocked() {
                         None => {}
                         Some(crate::blocking::Unblock::Error) => {
                             self.out(output)
                                 .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
-                            return;
+                            return Ok(true);
                         }
                         Some(crate::blocking::Unblock::Timeout) => {
                             timed_out(&mut self.out(output));
-                            return;
+                            return Ok(true);
                         }
                     }
                     ready = true;
+                    continue;
+                }
+                // A client that goes stops the wait (pipelined requests wait in `input`).
+                r = stream.read_buf(input) => {
+                    if r? == 0 || input.len() > QUERY_BYTES_MAX {
+                        return Ok(false);
+                    }
                     continue;
                 }
                 () = tokio::time::sleep(wait) => {}
@@ -1723,7 +1742,7 @@ impl Conn {
     /// wait ([`Conn::block_across`], from [`Conn::block`], which watches the socket).
     fn block_across_next(&mut self, spec: &Spec, args: &[Bytes]) {
         self.blocked = Some((spec.cmd, args.to_vec()));
-        self.blocked_across = true;
+        self.blocked_in = BlockedIn::Across;
     }
 
     /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions). Each
@@ -3752,8 +3771,16 @@ impl Conn {
         output: &mut BytesMut,
     ) -> std::io::Result<bool> {
         let (cmd, args) = self.blocked.take().expect("set with Next::Block");
-        if std::mem::take(&mut self.blocked_across) {
-            return self.block_across((cmd, args), stream, input, output).await;
+        match std::mem::replace(&mut self.blocked_in, BlockedIn::Here) {
+            BlockedIn::Here => {}
+            BlockedIn::Partition => {
+                return self
+                    .blocking_replicated((cmd, args), stream, input, output)
+                    .await;
+            }
+            BlockedIn::Across => {
+                return self.block_across((cmd, args), stream, input, output).await;
+            }
         }
         let timeout = crate::lists::timeout(crate::lists::timeout_arg_of(cmd, &args))
             .expect("checked before blocking");
@@ -4215,6 +4242,17 @@ fn type_of(c: &ClientInfo) -> ClientType {
 /// Replicated cluster: how often a client blocked in a pop on a node that holds a replica
 /// of its partition checks its keys, should a push not wake it.
 const BLOCKED_POLL: Duration = Duration::from_secs(1);
+
+/// Where a blocking pop that answered [`Next::Block`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockedIn {
+    /// On this node's data ([`Conn::block`]).
+    Here,
+    /// In one partition of a replicated cluster ([`Conn::blocking_replicated`]).
+    Partition,
+    /// Across nodes or partitions ([`Conn::block_across`]).
+    Across,
+}
 
 /// The reply of a blocking pop whose timeout passed: a null array, also for `BLMOVE` (whose
 /// nil inside `MULTI` is a null bulk string), as from Redis.
