@@ -386,10 +386,8 @@ struct Conn {
     /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
     /// (un)subscribed.
     subs: Option<Box<Subs>>,
-    /// The blocking pop that answered [`Next::Block`].
-    blocked: Option<(Cmd, Vec<Bytes>)>,
-    /// Where `blocked` waits.
-    blocked_in: BlockedIn,
+    /// The blocking pop that answered [`Next::Block`], and where it waits.
+    blocked: Option<(Cmd, Vec<Bytes>, BlockedIn)>,
     /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
     /// it routes by itself and gets `MOVED` rather than forwarding.
     aware: bool,
@@ -432,7 +430,6 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         rwatch_renew: None,
         subs: None,
         blocked: None,
-        blocked_in: BlockedIn::Here,
         aware: false,
         readonly: false,
         hot_until_ms: std::sync::atomic::AtomicU64::new(0),
@@ -1216,9 +1213,7 @@ impl Conn {
             return false;
         }
         if crate::lists::is_blocking(spec.cmd) {
-            // Waits in `Conn::block`, which reads the socket meanwhile.
-            self.blocked = Some((spec.cmd, args.to_vec()));
-            self.blocked_in = BlockedIn::Partition;
+            self.block_next(spec, args, BlockedIn::Partition);
             return true;
         }
         let keys = cluster::key_args(spec, args);
@@ -1675,61 +1670,32 @@ impl Conn {
                     return Ok(true);
                 }
             }
-            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
-                timed_out(&mut self.out(output));
-                return Ok(true);
-            }
-            let wait = match until {
-                Some(t) => pause.min(t - tokio::time::Instant::now()),
-                None => pause,
-            };
-            tokio::select! {
-                biased;
-                () = self.info.kill.cancelled() => return Ok(false),
-                () = guard.woken() => {
-                    match guard.unblocked() {
-                        None => {}
-                        Some(crate::blocking::Unblock::Error) => {
-                            self.out(output)
-                                .error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
-                            return Ok(true);
-                        }
-                        Some(crate::blocking::Unblock::Timeout) => {
-                            timed_out(&mut self.out(output));
-                            return Ok(true);
-                        }
+            match self
+                .wait_blocked(&guard, until, Some(pause), stream, input, output)
+                .await?
+            {
+                Waited::Woken => ready = true,
+                Waited::Over(keep) => return Ok(keep),
+                Waited::Look => {
+                    if !hosted {
+                        pause = (pause * 2).min(Duration::from_millis(100));
                     }
-                    ready = true;
-                    continue;
-                }
-                // A client that goes stops the wait (pipelined requests wait in `input`).
-                r = stream.read_buf(input) => {
-                    if r? == 0 || input.len() > QUERY_BYTES_MAX {
-                        return Ok(false);
+                    let mut buf = BytesMut::new();
+                    self.run_replicated(p, slot, probe.clone(), false, false, true, &mut buf)
+                        .await;
+                    // `:0` (nothing there), or an error (no leader yet): look again later.
+                    // Something there goes to the first client in line on its key, which may
+                    // be this one.
+                    if buf.starts_with(b":") && &buf[..] != b":0\r\n" {
+                        guard.found();
                     }
-                    continue;
                 }
-                () = tokio::time::sleep(wait) => {}
-            }
-            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
-                continue;
-            }
-            if !hosted {
-                pause = (pause * 2).min(Duration::from_millis(100));
-            }
-            let mut buf = BytesMut::new();
-            self.run_replicated(p, slot, probe.clone(), false, false, true, &mut buf)
-                .await;
-            // `:0` (nothing there), or an error (no leader yet): look again later. Something
-            // there goes to the first client in line on its key, which may be this one.
-            if buf.starts_with(b":") && &buf[..] != b":0\r\n" {
-                guard.found();
             }
         }
     }
 
     /// After a cluster path ran a command: [`Next::Block`] if it was a blocking pop to wait
-    /// in ([`Conn::block_across_next`]).
+    /// in ([`Conn::block_next`]).
     fn next_after_routed(&self) -> Next {
         if self.blocked.is_some() {
             Next::Block
@@ -1738,11 +1704,10 @@ impl Conn {
         }
     }
 
-    /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions) is to
-    /// wait ([`Conn::block_across`], from [`Conn::block`], which watches the socket).
-    fn block_across_next(&mut self, spec: &Spec, args: &[Bytes]) {
-        self.blocked = Some((spec.cmd, args.to_vec()));
-        self.blocked_in = BlockedIn::Across;
+    /// Cluster mode: a blocking pop is to run and wait `where_` ([`Conn::block`], which
+    /// reads the socket meanwhile).
+    fn block_next(&mut self, spec: &Spec, args: &[Bytes], where_: BlockedIn) {
+        self.blocked = Some((spec.cmd, args.to_vec(), where_));
     }
 
     /// Cluster mode: a blocking pop whose keys are on several nodes (or partitions). Each
@@ -1779,7 +1744,6 @@ impl Conn {
             .map(|k| vec![Bytes::from_static(b"EXISTS"), k.clone()])
             .collect();
         let probe: Vec<&[Bytes]> = probe.iter().map(Vec::as_slice).collect();
-        let kill = self.info.kill.clone();
         let mut pause = Duration::from_millis(10);
         let mut ready = true;
         loop {
@@ -1798,50 +1762,23 @@ impl Conn {
                     }
                 }
             }
-            let now = tokio::time::Instant::now();
-            if until.is_some_and(|t| now >= t) {
-                timed_out(&mut self.out(output));
-                return Ok(true);
-            }
-            let wait = until.map_or(pause, |t| pause.min(t - now));
-            let mut out = Out::new(output, self.proto);
-            tokio::select! {
-                biased;
-                () = kill.cancelled() => return Ok(false),
-                () = guard.woken() => {
-                    match guard.unblocked() {
-                        None => {}
-                        Some(crate::blocking::Unblock::Error) => {
-                            out.error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
-                            return Ok(true);
-                        }
-                        Some(crate::blocking::Unblock::Timeout) => {
-                            timed_out(&mut out);
-                            return Ok(true);
-                        }
-                    }
-                    ready = true;
-                    continue;
-                }
-                // A client that goes stops the wait (pipelined requests wait in `input`).
-                r = stream.read_buf(input) => {
-                    if r? == 0 || input.len() > QUERY_BYTES_MAX {
-                        return Ok(false);
-                    }
-                    continue;
-                }
-                () = tokio::time::sleep(wait) => {}
-            }
-            if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
-                continue;
-            }
-            pause = (pause * 2).min(Duration::from_millis(100));
-            // Something there goes to the first client in line on its key here, which may
-            // be this one. (A failed look, a node away, is tried again at the next.)
-            if let Ok(Some(replies)) = self.across_checked(&probe, &Watching::Nothing).await
-                && replies.iter().any(|r| r[..] != b":0\r\n"[..])
+            match self
+                .wait_blocked(&guard, until, Some(pause), stream, input, output)
+                .await?
             {
-                guard.found();
+                Waited::Woken => ready = true,
+                Waited::Over(keep) => return Ok(keep),
+                Waited::Look => {
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                    // Something there goes to the first client in line on its key here,
+                    // which may be this one. (A failed look, a node away, is tried again at
+                    // the next.)
+                    if let Ok(Some(replies)) = self.across_checked(&probe, &Watching::Nothing).await
+                        && replies.iter().any(|r| r[..] != b":0\r\n"[..])
+                    {
+                        guard.found();
+                    }
+                }
             }
         }
     }
@@ -2292,7 +2229,7 @@ impl Conn {
             }
             Route::CrossSlot if self.multi.is_none() && self.shared.xnode.get().is_some() => {
                 if crate::lists::is_blocking(spec.cmd) {
-                    self.block_across_next(spec, args);
+                    self.block_next(spec, args, BlockedIn::Across);
                 } else {
                     self.split_across(spec, args, output, false).await;
                 }
@@ -3023,7 +2960,7 @@ impl Conn {
         let cmd = spec.cmd;
         if data::is_data(cmd) {
             if self.data_command(cmd, args, output).await {
-                self.blocked = Some((cmd, args.to_vec()));
+                self.blocked = Some((cmd, args.to_vec(), BlockedIn::Here));
                 return Ok(Next::Block);
             }
             return Ok(Next::Continue);
@@ -3770,8 +3707,8 @@ impl Conn {
         input: &mut BytesMut,
         output: &mut BytesMut,
     ) -> std::io::Result<bool> {
-        let (cmd, args) = self.blocked.take().expect("set with Next::Block");
-        match std::mem::replace(&mut self.blocked_in, BlockedIn::Here) {
+        let (cmd, args, where_) = self.blocked.take().expect("set with Next::Block");
+        match where_ {
             BlockedIn::Here => {}
             BlockedIn::Partition => {
                 return self
@@ -3792,45 +3729,77 @@ impl Conn {
             crate::lists::blocking_keys(cmd, &args),
             crate::blocking::Kind::of(cmd),
         );
-        let kill = self.info.kill.clone();
-        let mut retry = true;
         loop {
             // Registered: a push committed from now on wakes this client, and this attempt
             // sees any committed before.
-            if retry && !self.data_command(cmd, &args, output).await {
+            if !self.data_command(cmd, &args, output).await {
                 return Ok(true);
             }
-            retry = false;
-            let expired = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
+            match self
+                .wait_blocked(&guard, deadline, None, stream, input, output)
+                .await?
+            {
+                Waited::Woken => {}
+                Waited::Over(keep) => return Ok(keep),
+                Waited::Look => unreachable!("nothing to look for"),
+            }
+        }
+    }
+
+    /// Waits as a blocked client, registered as `guard`, for the first of: the kill switch,
+    /// a wake-up (a push, a look that found something, `CLIENT UNBLOCK`), the timeout
+    /// `until`, the client going, and `look_after` (if any). Requests the socket brings
+    /// meanwhile wait in `input`; the timeout's and `CLIENT UNBLOCK`'s replies are written.
+    async fn wait_blocked(
+        &self,
+        guard: &crate::blocking::Guard<'_>,
+        until: Option<tokio::time::Instant>,
+        look_after: Option<Duration>,
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<Waited> {
+        let expired = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let look = async {
+            match look_after {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired, look);
+        loop {
             let mut out = Out::new(output, self.proto);
             tokio::select! {
                 biased;
-                () = kill.cancelled() => return Ok(false),
-                () = guard.woken() => match guard.unblocked() {
-                    None => retry = true,
-                    Some(crate::blocking::Unblock::Error) => {
-                        out.error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
-                        return Ok(true);
-                    }
-                    Some(crate::blocking::Unblock::Timeout) => {
-                        timed_out(&mut out);
-                        return Ok(true);
-                    }
-                },
-                () = expired => {
+                () = self.info.kill.cancelled() => return Ok(Waited::Over(false)),
+                () = guard.woken() => {
+                    return Ok(match guard.unblocked() {
+                        None => Waited::Woken,
+                        Some(crate::blocking::Unblock::Error) => {
+                            out.error("UNBLOCKED client unblocked via CLIENT UNBLOCK");
+                            Waited::Over(true)
+                        }
+                        Some(crate::blocking::Unblock::Timeout) => {
+                            timed_out(&mut out);
+                            Waited::Over(true)
+                        }
+                    });
+                }
+                () = &mut expired => {
                     timed_out(&mut out);
-                    return Ok(true);
+                    return Ok(Waited::Over(true));
                 }
                 r = stream.read_buf(input) => {
                     if r? == 0 || input.len() > QUERY_BYTES_MAX {
-                        return Ok(false);
+                        return Ok(Waited::Over(false));
                     }
                 }
+                () = &mut look => return Ok(Waited::Look),
             }
         }
     }
@@ -4242,6 +4211,17 @@ fn type_of(c: &ClientInfo) -> ClientType {
 /// Replicated cluster: how often a client blocked in a pop on a node that holds a replica
 /// of its partition checks its keys, should a push not wake it.
 const BLOCKED_POLL: Duration = Duration::from_secs(1);
+
+/// What ended one wait of a blocked client ([`Conn::wait_blocked`]).
+enum Waited {
+    /// A push, or a look that found something, woke it: it tries its pop again.
+    Woken,
+    /// Its `look_after` passed: it looks for what no wake-up announces.
+    Look,
+    /// Its reply is written (the timeout, `CLIENT UNBLOCK`): `true`; or the connection ends
+    /// (killed, or the client went): `false`.
+    Over(bool),
+}
 
 /// Where a blocking pop that answered [`Next::Block`] waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

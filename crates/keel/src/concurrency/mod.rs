@@ -94,14 +94,7 @@ struct ThreadNumber(Cell<usize>);
 impl ThreadNumber {
     fn get(&self) -> usize {
         if self.0.get() == usize::MAX {
-            let mut free = FREE_THREAD_NUMBERS
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let number = match free.pop() {
-                Some(n) => n,
-                None => THREADS_NUMBERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            };
-            self.0.set(number);
+            self.0.set(lock_numbers().take());
         }
         self.0.get()
     }
@@ -110,12 +103,7 @@ impl ThreadNumber {
 impl Drop for ThreadNumber {
     fn drop(&mut self) {
         if self.0.get() != usize::MAX {
-            let mut free = FREE_THREAD_NUMBERS
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            free.push(self.0.get());
-            // Smallest last: the next thread to need one takes it.
-            free.sort_unstable_by(|a, b| b.cmp(a));
+            lock_numbers().free.push(std::cmp::Reverse(self.0.get()));
         }
     }
 }
@@ -124,9 +112,36 @@ thread_local! {
     static THREAD_NUMBER: ThreadNumber = const { ThreadNumber(Cell::new(usize::MAX)) };
 }
 
-/// Numbers handed out so far, and those given back by threads that exited.
-static THREADS_NUMBERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static FREE_THREAD_NUMBERS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// The thread numbers: how many were ever handed out, and those given back by threads that
+/// exited (smallest first).
+struct ThreadNumbers {
+    next: usize,
+    free: std::collections::BinaryHeap<std::cmp::Reverse<usize>>,
+}
+
+impl ThreadNumbers {
+    /// The smallest number no live thread holds.
+    fn take(&mut self) -> usize {
+        match self.free.pop() {
+            Some(std::cmp::Reverse(n)) => n,
+            None => {
+                self.next += 1;
+                self.next - 1
+            }
+        }
+    }
+}
+
+static THREAD_NUMBERS: std::sync::Mutex<ThreadNumbers> = std::sync::Mutex::new(ThreadNumbers {
+    next: 0,
+    free: std::collections::BinaryHeap::new(),
+});
+
+fn lock_numbers() -> std::sync::MutexGuard<'static, ThreadNumbers> {
+    THREAD_NUMBERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Slots between two threads' home slots: room for that many transactions open at once on
 /// one thread (async tasks interleave them) before it probes the next thread's.
