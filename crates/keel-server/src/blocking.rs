@@ -43,16 +43,13 @@ pub struct Registry {
 }
 
 impl Inner {
-    /// The first client blocked on `key` that waits for `kind` (any, for `None`).
+    /// The first client blocked on `key` that waits for `kind`.
     fn first<'a>(
         by_key: &'a HashMap<Bytes, VecDeque<Arc<Waiter>>>,
         key: &[u8],
-        kind: Option<Kind>,
+        kind: Kind,
     ) -> Option<&'a Arc<Waiter>> {
-        by_key
-            .get(key)?
-            .iter()
-            .find(|w| kind.is_none_or(|k| w.kind == k))
+        by_key.get(key)?.iter().find(|w| w.kind == kind)
     }
 }
 
@@ -94,10 +91,16 @@ impl Kind {
 }
 
 /// The key a committed `cmd` may have turned from absent into one to pop from, and the kind
-/// of client it may serve (`None`: either; a key moved or copied whole).
+/// of client it may serve (`None`: either; a key moved, copied or restored whole). As Redis
+/// signals every key that a command creates as a list or sorted set: `SORT … STORE` makes a
+/// list, and `KEEL.RESTORE` is how a command across nodes (`LMOVE`, `ZUNIONSTORE`, `COPY`,
+/// ... gathered) writes its destination on the destination's node.
 fn pushed(cmd: Cmd, args: &[Bytes]) -> Option<(&[u8], Option<Kind>)> {
-    if matches!(cmd, Cmd::Rename | Cmd::Renamenx | Cmd::Copy) {
-        return args.get(2).map(|k| (&k[..], None));
+    match cmd {
+        Cmd::Rename | Cmd::Renamenx | Cmd::Copy => return args.get(2).map(|k| (&k[..], None)),
+        Cmd::KeelRestore => return args.get(1).map(|k| (&k[..], None)),
+        Cmd::Sort => return crate::sort::store_key(args).map(|k| (k, Some(Kind::List))),
+        _ => {}
     }
     if let Some(k) = crate::lists::pushed_key(cmd, args) {
         return Some((k, Some(Kind::List)));
@@ -192,11 +195,20 @@ impl Registry {
         }
     }
 
-    /// Wakes the first client blocked on `key` that waits for `kind` (any, for `None`).
+    /// Wakes the first client blocked on `key` that waits for `kind`; for `None` (a key
+    /// written whole, which may now hold either), the first that waits for each kind: the
+    /// first of all alone could be one waiting for the other kind, which finds nothing and
+    /// waits on, while the client due the key was never woken.
     fn wake_first(&self, key: &[u8], kind: Option<Kind>) {
         let inner = self.inner.lock();
-        if let Some(w) = Inner::first(&inner.by_key, key, kind) {
-            w.notify.notify_one();
+        let kinds = match kind {
+            Some(kind) => &[kind][..],
+            None => &[Kind::List, Kind::ZSet][..],
+        };
+        for &kind in kinds {
+            if let Some(w) = Inner::first(&inner.by_key, key, kind) {
+                w.notify.notify_one();
+            }
         }
     }
 
@@ -238,7 +250,7 @@ impl Guard<'_> {
     pub fn found(&self) {
         let inner = self.registry.inner.lock();
         for k in &self.waiter.keys {
-            if let Some(w) = Inner::first(&inner.by_key, k, Some(self.waiter.kind)) {
+            if let Some(w) = Inner::first(&inner.by_key, k, self.waiter.kind) {
                 w.notify.notify_one();
             }
         }
@@ -265,7 +277,7 @@ impl Drop for Guard<'_> {
             queue.retain(|w| !Arc::ptr_eq(w, me));
             if queue.is_empty() {
                 inner.by_key.remove(k);
-            } else if let Some(next) = Inner::first(&inner.by_key, k, Some(me.kind)) {
+            } else if let Some(next) = Inner::first(&inner.by_key, k, me.kind) {
                 // The next in line for this kind may be due what this client was woken for,
                 // or what is left after its pop: it looks (if there is nothing, it waits
                 // again).

@@ -413,22 +413,8 @@ pub(crate) fn key_args_owned<A: AsRef<[u8]>>(spec: &Spec, args: &[A]) -> Vec<Vec
 /// without keys, and for a malformed `numkeys` (the command itself then answers the error).
 pub(crate) fn key_args<'a, A: AsRef<[u8]>>(spec: &Spec, args: &'a [A]) -> Vec<&'a [u8]> {
     if spec.name == "sort" || spec.name == "sort_ro" {
-        // The key, and `STORE`'s destination (the last one given), found as Redis's
-        // `sortGetKeys` finds it: skipping the arguments of `LIMIT`, `GET` and `BY`.
-        let mut store = None;
-        let mut i = 2;
-        while i < args.len() {
-            let a = args[i].as_ref();
-            if a.eq_ignore_ascii_case(b"limit") {
-                i += 2;
-            } else if a.eq_ignore_ascii_case(b"get") || a.eq_ignore_ascii_case(b"by") {
-                i += 1;
-            } else if a.eq_ignore_ascii_case(b"store") && i + 1 < args.len() {
-                store = Some(args[i + 1].as_ref());
-            }
-            i += 1;
-        }
-        let store = store.filter(|_| spec.name == "sort");
+        // The key, and `STORE`'s destination.
+        let store = crate::sort::store_key(args).filter(|_| spec.name == "sort");
         return args
             .get(1)
             .map(AsRef::as_ref)

@@ -29,6 +29,26 @@ use crate::keyspace::WRONGTYPE;
 use crate::reply::Out;
 use crate::resp::string_to_i64;
 
+/// `SORT`'s destination, the last `STORE` given, found as Redis's `sortGetKeys` finds it:
+/// skipping the arguments of `LIMIT`, `GET` and `BY`.
+pub fn store_key<A: AsRef<[u8]>>(args: &[A]) -> Option<&[u8]> {
+    let mut store = None;
+    let mut j = 2;
+    while j < args.len() {
+        let a = args[j].as_ref();
+        if a.eq_ignore_ascii_case(b"limit") {
+            j += 2;
+        } else if a.eq_ignore_ascii_case(b"get") || a.eq_ignore_ascii_case(b"by") {
+            j += 1;
+        } else if a.eq_ignore_ascii_case(b"store") && j + 1 < args.len() {
+            store = Some(args[j + 1].as_ref());
+            j += 1;
+        }
+        j += 1;
+    }
+    store
+}
+
 /// Runs `SORT` (`readonly`: `SORT_RO`).
 pub fn sort(
     args: &[Bytes],

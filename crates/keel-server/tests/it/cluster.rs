@@ -785,6 +785,21 @@ fn blocking_pops_across_nodes_wait_for_a_push_anywhere() {
     pusher.join().expect("pusher");
     let in_z: Vec<String> = query(&mut con, &["LRANGE", &z, "0", "-1"]);
     assert_eq!(in_z, ["in-z", "m"]);
+    // An `LMOVE` across nodes (gathered: it writes its destination with `KEEL.RESTORE` on
+    // the destination's node) wakes a client blocked there on the destination.
+    let (url, key) = (cluster.node(2).url(false), y.clone());
+    let waiter = std::thread::spawn(move || {
+        let v: Option<Vec<String>> = query(&mut crate::connect(&url), &["BLPOP", &key, "10"]);
+        v
+    });
+    let mut on_y = cluster.node(2).client();
+    crate::lists::wait_blocked(&mut on_y, 1);
+    let _: i64 = query(&mut con, &["RPUSH", &x, "to-y"]);
+    let _: String = query(&mut con, &["LMOVE", &x, &y, "LEFT", "RIGHT"]);
+    assert_eq!(
+        waiter.join().expect("waiter"),
+        Some(vec![y.clone(), "to-y".to_owned()])
+    );
     // Errors at once, and nothing moves.
     assert!(error(&mut con, &["BLPOP", &x, &y, "-1"]).contains("timeout is negative"));
     let _: () = query(&mut con, &["SET", &y, "s"]);

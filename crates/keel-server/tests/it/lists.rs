@@ -544,6 +544,53 @@ fn blocked_pops_wake_on_push_and_time_out() {
         let _: i64 = query(&mut c, &["DEL", "cp"]);
     }
     assert_eq!(query::<i64>(&mut c, &["EXISTS", "orig"]), 0, "renamed");
+    // So do `SORT … STORE` and `KEEL.RESTORE` (how a command across nodes writes its
+    // destination on that node), which make the key a list (before: it waited on, and these
+    // waits' timeouts ended in nil).
+    let _: i64 = query(&mut c, &["RPUSH", "unsorted", "3", "1", "2"]);
+    let waiter = spawn_query(url.clone(), vec!["BLPOP", "sorted", "10"]);
+    wait_blocked(&mut c, 1);
+    let _: i64 = query(
+        &mut c,
+        &["SORT", "unsorted", "LIMIT", "0", "2", "STORE", "sorted"],
+    );
+    assert_eq!(
+        waiter.join().expect("waiter").0,
+        Value::Array(vec![bulk("sorted"), bulk("1")])
+    );
+    let dump: Vec<u8> = redis::cmd("KEEL.DUMP")
+        .arg("unsorted")
+        .query(&mut c)
+        .expect("KEEL.DUMP");
+    let waiter = spawn_query(url.clone(), vec!["BRPOP", "restored", "10"]);
+    wait_blocked(&mut c, 1);
+    let _: () = redis::cmd("KEEL.RESTORE")
+        .arg("restored")
+        .arg(dump)
+        .query(&mut c)
+        .expect("KEEL.RESTORE");
+    assert_eq!(
+        waiter.join().expect("waiter").0,
+        Value::Array(vec![bulk("restored"), bulk("2")])
+    );
+    // A key written whole wakes the first client of the kind it now holds, even behind one
+    // waiting for the other kind (which waits on, as in Redis).
+    let list_waiter = spawn_query(url.clone(), vec!["BLPOP", "mixed", "10"]);
+    wait_blocked(&mut c, 1);
+    let zset_waiter = spawn_query(url.clone(), vec!["BZPOPMIN", "mixed", "10"]);
+    wait_blocked(&mut c, 2);
+    let _: i64 = query(&mut c, &["ZADD", "zorig", "1", "m"]);
+    assert_eq!(query::<i64>(&mut c, &["COPY", "zorig", "mixed"]), 1);
+    assert_eq!(
+        zset_waiter.join().expect("zset waiter").0,
+        Value::Array(vec![bulk("mixed"), bulk("m"), bulk("1")])
+    );
+    wait_blocked(&mut c, 1);
+    assert_eq!(query::<i64>(&mut c, &["RPUSH", "mixed", "l"]), 1);
+    assert_eq!(
+        list_waiter.join().expect("list waiter").0,
+        Value::Array(vec![bulk("mixed"), bulk("l")])
+    );
     // Timeouts: a float number of seconds; nil (a null array for BLPOP/BRPOP).
     let waiter = spawn_query(url.clone(), vec!["BRPOP", "none", "0.2"]);
     let (reply, took) = waiter.join().expect("waiter");
