@@ -20,6 +20,11 @@
 //! client is not waiting (it is running its attempt), and wakes the client's task on whichever
 //! runtime (lane) runs it.
 //!
+//! A *watcher* (`Registry::watch`) is another node's blocked client, waiting here through
+//! `KEEL.AWAITPUSH` for a push to keys this node owns (`conn.rs`, "Blocking pops across
+//! nodes"): every push to one of its keys wakes every watcher of it, besides the first
+//! client; watchers take no place in line, are not `blocked_clients`, and leaving wakes no one.
+//!
 //! Lost wake-ups: a client registers (a SeqCst count, then its attempt's snapshot) and a
 //! pusher commits, then reads the count after a SeqCst fence. Either the pusher sees the
 //! client registered, or the client's snapshot, taken after the pusher's fence, sees the push.
@@ -37,8 +42,10 @@ use crate::table::Cmd;
 /// Clients blocked on keys.
 #[derive(Default)]
 pub struct Registry {
-    /// Clients registered: pushers skip the lock while it is 0.
+    /// Clients and watchers registered: pushers skip the lock while it is 0.
     count: AtomicUsize,
+    /// Clients registered (`INFO clients`' `blocked_clients`).
+    clients: AtomicUsize,
     inner: Mutex<Inner>,
 }
 
@@ -49,7 +56,10 @@ impl Inner {
         key: &[u8],
         kind: Kind,
     ) -> Option<&'a Arc<Waiter>> {
-        by_key.get(key)?.iter().find(|w| w.kind == kind)
+        by_key
+            .get(key)?
+            .iter()
+            .find(|w| w.kind == kind && !w.watcher)
     }
 }
 
@@ -111,6 +121,8 @@ fn pushed(cmd: Cmd, args: &[Bytes]) -> Option<(&[u8], Option<Kind>)> {
 struct Waiter {
     client: u64,
     kind: Kind,
+    /// Another node's client, waiting here for a push (module docs).
+    watcher: bool,
     keys: Vec<Bytes>,
     notify: Notify,
     /// 0: blocked; 1: unblocked as a timeout; 2: unblocked with an error.
@@ -126,6 +138,16 @@ pub struct Guard<'a> {
 impl Registry {
     /// Registers `client` as blocked on `keys` (duplicates count once), waiting for `kind`.
     pub fn block(&self, client: u64, keys: &[Bytes], kind: Kind) -> Guard<'_> {
+        self.register(client, keys, kind, false)
+    }
+
+    /// Registers a watcher (module docs) of `keys` for `kind`, on behalf of the connection
+    /// `client`: woken by every push to one of them.
+    pub fn watch(&self, client: u64, keys: &[Bytes], kind: Kind) -> Guard<'_> {
+        self.register(client, keys, kind, true)
+    }
+
+    fn register(&self, client: u64, keys: &[Bytes], kind: Kind, watcher: bool) -> Guard<'_> {
         let mut unique: Vec<Bytes> = Vec::with_capacity(keys.len());
         for k in keys {
             if !unique.contains(k) {
@@ -135,6 +157,7 @@ impl Registry {
         let waiter = Arc::new(Waiter {
             client,
             kind,
+            watcher,
             keys: unique,
             notify: Notify::new(),
             unblock: AtomicU8::new(0),
@@ -148,7 +171,10 @@ impl Registry {
                     .or_default()
                     .push_back(waiter.clone());
             }
-            inner.by_client.insert(client, waiter.clone());
+            if !watcher {
+                inner.by_client.insert(client, waiter.clone());
+                self.clients.fetch_add(1, Ordering::Relaxed);
+            }
             self.count.fetch_add(1, Ordering::SeqCst);
         }
         // The caller's next snapshot comes after this (see the module docs).
@@ -195,10 +221,10 @@ impl Registry {
         }
     }
 
-    /// Wakes the first client blocked on `key` that waits for `kind`; for `None` (a key
-    /// written whole, which may now hold either), the first that waits for each kind: the
-    /// first of all alone could be one waiting for the other kind, which finds nothing and
-    /// waits on, while the client due the key was never woken.
+    /// Wakes the first client blocked on `key` that waits for `kind`, and every watcher of
+    /// it for `kind`; for `None` (a key written whole, which may now hold either), the first
+    /// that waits for each kind: the first of all alone could be one waiting for the other
+    /// kind, which finds nothing and waits on, while the client due the key was never woken.
     fn wake_first(&self, key: &[u8], kind: Option<Kind>) {
         let inner = self.inner.lock();
         let kinds = match kind {
@@ -207,6 +233,11 @@ impl Registry {
         };
         for &kind in kinds {
             if let Some(w) = Inner::first(&inner.by_key, key, kind) {
+                w.notify.notify_one();
+            }
+        }
+        for w in inner.by_key.get(key).into_iter().flatten() {
+            if w.watcher && kind.is_none_or(|k| k == w.kind) {
                 w.notify.notify_one();
             }
         }
@@ -234,7 +265,14 @@ impl Registry {
 
     /// Clients blocked now (`INFO clients`).
     pub fn blocked_clients(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
+        self.clients.load(Ordering::Relaxed)
+    }
+
+    /// Watchers registered now (`INFO cluster`).
+    pub fn watchers(&self) -> usize {
+        self.count
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.clients.load(Ordering::Relaxed))
     }
 }
 
@@ -277,6 +315,8 @@ impl Drop for Guard<'_> {
             queue.retain(|w| !Arc::ptr_eq(w, me));
             if queue.is_empty() {
                 inner.by_key.remove(k);
+            } else if me.watcher {
+                // It took no place in line: nobody is due what it was woken for.
             } else if let Some(next) = Inner::first(&inner.by_key, k, me.kind) {
                 // The next in line for this kind may be due what this client was woken for,
                 // or what is left after its pop: it looks (if there is nothing, it waits
@@ -284,12 +324,15 @@ impl Drop for Guard<'_> {
                 next.notify.notify_one();
             }
         }
-        if inner
-            .by_client
-            .get(&me.client)
-            .is_some_and(|w| Arc::ptr_eq(w, me))
-        {
-            inner.by_client.remove(&me.client);
+        if !me.watcher {
+            if inner
+                .by_client
+                .get(&me.client)
+                .is_some_and(|w| Arc::ptr_eq(w, me))
+            {
+                inner.by_client.remove(&me.client);
+            }
+            self.registry.clients.fetch_sub(1, Ordering::Relaxed);
         }
         self.registry.count.fetch_sub(1, Ordering::SeqCst);
     }
@@ -357,6 +400,48 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), b.woken())
             .await
             .expect("the first in line on other");
+    }
+
+    #[tokio::test]
+    async fn watchers_hear_every_push_and_take_no_place_in_line() {
+        let r = Registry::default();
+        let short = std::time::Duration::from_millis(20);
+        let soon = std::time::Duration::from_secs(5);
+        let w1 = r.watch(10, &keys(&["k"]), Kind::List);
+        let a = r.block(1, &keys(&["k"]), Kind::List);
+        let w2 = r.watch(11, &keys(&["k", "j"]), Kind::List);
+        let z = r.watch(12, &keys(&["k"]), Kind::ZSet);
+        assert_eq!(r.blocked_clients(), 1, "watchers are not blocked clients");
+        assert!(!r.is_blocked(10));
+        // A push: the first client (though a watcher registered before it) and every watcher
+        // of its kind.
+        r.committed(Cmd::Rpush, &keys(&["rpush", "k", "x"]));
+        tokio::time::timeout(soon, a.woken())
+            .await
+            .expect("the client");
+        tokio::time::timeout(soon, w1.woken())
+            .await
+            .expect("a watcher");
+        tokio::time::timeout(soon, w2.woken())
+            .await
+            .expect("another");
+        assert!(tokio::time::timeout(short, z.woken()).await.is_err());
+        // A key written whole: watchers of either kind, and the first client.
+        r.committed(Cmd::Copy, &keys(&["copy", "src", "k"]));
+        for g in [&z, &w1, &w2, &a] {
+            tokio::time::timeout(soon, g.woken())
+                .await
+                .expect("any kind");
+        }
+        // A watcher that leaves wakes nobody; a client that leaves wakes no watcher.
+        drop(w1);
+        assert!(tokio::time::timeout(short, a.woken()).await.is_err());
+        drop(a);
+        assert!(tokio::time::timeout(short, w2.woken()).await.is_err());
+        assert_eq!(r.blocked_clients(), 0);
+        drop((w2, z));
+        assert!(r.inner.lock().by_key.is_empty());
+        assert_eq!(r.count.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

@@ -163,6 +163,23 @@ impl Cluster {
         }
     }
 
+    /// Those of `keys` that other nodes own, by node.
+    pub fn by_other_owner(&self, keys: &[Bytes]) -> Vec<(usize, Vec<Bytes>)> {
+        let map = self.map.read();
+        let mut by: Vec<(usize, Vec<Bytes>)> = Vec::new();
+        for key in keys {
+            let node = map.owner(key_slot(key));
+            if node == map.myself() {
+                continue;
+            }
+            match by.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, ks)) => ks.push(key.clone()),
+                None => by.push((node, vec![key.clone()])),
+            }
+        }
+        by
+    }
+
     /// The `MOVED` error for `slot` on `node`.
     pub fn moved(&self, node: usize, slot: Slot) -> String {
         format!("MOVED {slot} {}", self.map.read().nodes()[node].addr)

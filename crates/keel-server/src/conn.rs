@@ -1671,12 +1671,19 @@ impl Conn {
                 }
             }
             match self
-                .wait_blocked(&guard, until, Some(pause), stream, input, output)
+                .wait_blocked(
+                    &guard,
+                    until,
+                    tokio::time::sleep(pause),
+                    stream,
+                    input,
+                    output,
+                )
                 .await?
             {
                 Waited::Woken => ready = true,
                 Waited::Over(keep) => return Ok(keep),
-                Waited::Look => {
+                Waited::Look(()) => {
                     if !hosted {
                         pause = (pause * 2).min(Duration::from_millis(100));
                     }
@@ -1715,11 +1722,14 @@ impl Conn {
     /// transaction across the nodes that pops, or finds every list empty and changes
     /// nothing. While there is nothing to pop the client waits in this node's registry of
     /// blocked clients, which a push committed here to one of its keys wakes (and
-    /// `CLIENT UNBLOCK`), and every 10 ms growing to 100 ms it looks whether any of the
-    /// lists it pops from holds something (`EXISTS` on each key's owner, in one read-only
-    /// transaction across them), until the timeout (then nil) or the client goes. Clients
-    /// blocked on one node are served in the order they blocked; clients blocked on
-    /// different nodes race. `false` when the connection should end.
+    /// `CLIENT UNBLOCK`), until the timeout (then nil) or the client goes. Pushes on other
+    /// nodes: in a cluster of single copies, each node that owns some of the keys is asked
+    /// to answer once one of them holds something (`KEEL.AWAITPUSH`, [`Conn::await_push`],
+    /// [`remote_pushes`]); where that fails (a node away), and in a replicated cluster, it
+    /// looks every 10 ms growing to 100 ms whether any of the lists holds something (`EXISTS`
+    /// on each key's owner, in one read-only transaction across them). Clients blocked on
+    /// one node are served in the order they blocked; clients blocked on different nodes
+    /// race. `false` when the connection should end.
     async fn block_across(
         &mut self,
         (cmd, args): (Cmd, Vec<Bytes>),
@@ -1736,16 +1746,23 @@ impl Conn {
         self.flush(stream, output).await?;
         let shared = Arc::clone(&self.shared);
         let waiting: Vec<Bytes> = crate::lists::blocking_keys(cmd, &args).to_vec();
-        let guard = shared
-            .blocked
-            .block(self.info.id, &waiting, crate::blocking::Kind::of(cmd));
+        let kind = crate::blocking::Kind::of(cmd);
+        let guard = shared.blocked.block(self.info.id, &waiting, kind);
         let probe: Vec<Vec<Bytes>> = waiting
             .iter()
             .map(|k| vec![Bytes::from_static(b"EXISTS"), k.clone()])
             .collect();
         let probe: Vec<&[Bytes]> = probe.iter().map(Vec::as_slice).collect();
+        // The other nodes' keys, by node, to wait on there (single copies only: a
+        // replicated partition's keys are not where the static map says).
+        let elsewhere = match (&shared.cluster, shared.replication.get()) {
+            (Some(cluster), None) => cluster.by_other_owner(&waiting),
+            _ => Vec::new(),
+        };
+        let password = shared.requirepass.read().clone();
         let mut pause = Duration::from_millis(10);
         let mut ready = true;
+        let mut asked = elsewhere.is_empty();
         loop {
             if std::mem::take(&mut ready) {
                 match self.gathered(&[&args], &Watching::Nothing).await {
@@ -1762,23 +1779,83 @@ impl Conn {
                     }
                 }
             }
+            // After an answer that came at once (the keys hold something another client
+            // here is due first), or a failed one, ask again only after a pause.
+            let look = async {
+                if asked {
+                    tokio::time::sleep(pause).await;
+                }
+                if elsewhere.is_empty() {
+                    return Remote::Failed;
+                }
+                remote_pushes(&shared, &elsewhere, kind, until, password.clone()).await
+            };
             match self
-                .wait_blocked(&guard, until, Some(pause), stream, input, output)
+                .wait_blocked(&guard, until, look, stream, input, output)
                 .await?
             {
                 Waited::Woken => ready = true,
                 Waited::Over(keep) => return Ok(keep),
-                Waited::Look => {
+                // Something there goes to the first client in line on its key here, which
+                // may be this one.
+                Waited::Look(Remote::Pushed) => {
+                    guard.found();
+                    asked = true;
+                    pause = Duration::from_millis(10);
+                }
+                Waited::Look(Remote::Quiet) => asked = false,
+                Waited::Look(Remote::Failed) => {
+                    asked = true;
                     pause = (pause * 2).min(Duration::from_millis(100));
-                    // Something there goes to the first client in line on its key here,
-                    // which may be this one. (A failed look, a node away, is tried again at
-                    // the next.)
+                    // (A failed look, a node away, is tried again at the next.)
                     if let Ok(Some(replies)) = self.across_checked(&probe, &Watching::Nothing).await
                         && replies.iter().any(|r| r[..] != b":0\r\n"[..])
                     {
                         guard.found();
                     }
                 }
+            }
+        }
+    }
+
+    /// `KEEL.AWAITPUSH list|zset timeout-ms key [key ...]` (cluster of single copies):
+    /// another node's client blocked across nodes ([`Conn::block_across`]) waits here,
+    /// through this connection, for a push to `keys`, which this node owns. Answers `:1` once
+    /// one of them holds the kind (at once if one does: the client's last try may have come
+    /// before a push here), nil at the timeout. It registers as a watcher first, so a push
+    /// committed from then on wakes it and one before is seen by its look (as a blocked
+    /// client's registration and its try). `false` when the connection should end.
+    async fn await_push(
+        &mut self,
+        args: &[Bytes],
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<bool> {
+        let (kind, wait) = parse_await_push(args).expect("checked before blocking");
+        let until = tokio::time::Instant::now() + wait;
+        let shared = Arc::clone(&self.shared);
+        let keys = &args[3..];
+        let guard = shared.blocked.watch(self.info.id, keys, kind);
+        loop {
+            if holds(shared.db, keys, kind) {
+                self.out(output).int(1);
+                return Ok(true);
+            }
+            match self
+                .wait_blocked(
+                    &guard,
+                    Some(until),
+                    std::future::pending::<()>(),
+                    stream,
+                    input,
+                    output,
+                )
+                .await?
+            {
+                Waited::Woken => {}
+                Waited::Over(keep) => return Ok(keep),
+                Waited::Look(()) => unreachable!("nothing to look for"),
             }
         }
     }
@@ -3069,6 +3146,14 @@ impl Conn {
                 }
             }
             Cmd::KeelOnce => self.keel_once(args, output).await?,
+            Cmd::KeelAwaitpush => {
+                if self.shared.cluster.is_none() || self.shared.replication.get().is_some() {
+                    return Err(AWAIT_PUSH_ONLY.into());
+                }
+                parse_await_push(args)?;
+                self.blocked = Some((cmd, args.to_vec(), BlockedIn::Watcher));
+                return Ok(Next::Block);
+            }
             Cmd::KeelRaft => {
                 let answer = crate::replica::serve_rpc(&self.shared, args)
                     .await
@@ -3718,6 +3803,7 @@ impl Conn {
             BlockedIn::Across => {
                 return self.block_across((cmd, args), stream, input, output).await;
             }
+            BlockedIn::Watcher => return self.await_push(&args, stream, input, output).await,
         }
         let timeout = crate::lists::timeout(crate::lists::timeout_arg_of(cmd, &args))
             .expect("checked before blocking");
@@ -3736,38 +3822,40 @@ impl Conn {
                 return Ok(true);
             }
             match self
-                .wait_blocked(&guard, deadline, None, stream, input, output)
+                .wait_blocked(
+                    &guard,
+                    deadline,
+                    std::future::pending::<()>(),
+                    stream,
+                    input,
+                    output,
+                )
                 .await?
             {
                 Waited::Woken => {}
                 Waited::Over(keep) => return Ok(keep),
-                Waited::Look => unreachable!("nothing to look for"),
+                Waited::Look(()) => unreachable!("nothing to look for"),
             }
         }
     }
 
     /// Waits as a blocked client, registered as `guard`, for the first of: the kill switch,
     /// a wake-up (a push, a look that found something, `CLIENT UNBLOCK`), the timeout
-    /// `until`, the client going, and `look_after` (if any). Requests the socket brings
-    /// meanwhile wait in `input`; the timeout's and `CLIENT UNBLOCK`'s replies are written.
-    async fn wait_blocked(
+    /// `until`, the client going, and the end of `look` (`std::future::pending()` for none).
+    /// Requests the socket brings meanwhile wait in `input`; the timeout's and
+    /// `CLIENT UNBLOCK`'s replies are written.
+    async fn wait_blocked<T>(
         &self,
         guard: &crate::blocking::Guard<'_>,
         until: Option<tokio::time::Instant>,
-        look_after: Option<Duration>,
+        look: impl Future<Output = T>,
         stream: &mut TcpStream,
         input: &mut BytesMut,
         output: &mut BytesMut,
-    ) -> std::io::Result<Waited> {
+    ) -> std::io::Result<Waited<T>> {
         let expired = async {
             match until {
                 Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        let look = async {
-            match look_after {
-                Some(d) => tokio::time::sleep(d).await,
                 None => std::future::pending().await,
             }
         };
@@ -3799,7 +3887,7 @@ impl Conn {
                         return Ok(Waited::Over(false));
                     }
                 }
-                () = &mut look => return Ok(Waited::Look),
+                found = &mut look => return Ok(Waited::Look(found)),
             }
         }
     }
@@ -4213,11 +4301,11 @@ fn type_of(c: &ClientInfo) -> ClientType {
 const BLOCKED_POLL: Duration = Duration::from_secs(1);
 
 /// What ended one wait of a blocked client ([`Conn::wait_blocked`]).
-enum Waited {
+enum Waited<T = ()> {
     /// A push, or a look that found something, woke it: it tries its pop again.
     Woken,
-    /// Its `look_after` passed: it looks for what no wake-up announces.
-    Look,
+    /// Its `look` ended, with this: it looks for what no wake-up announces.
+    Look(T),
     /// Its reply is written (the timeout, `CLIENT UNBLOCK`): `true`; or the connection ends
     /// (killed, or the client went): `false`.
     Over(bool),
@@ -4232,6 +4320,106 @@ enum BlockedIn {
     Partition,
     /// Across nodes or partitions ([`Conn::block_across`]).
     Across,
+    /// Not a pop: another node's client waits here for a push (`KEEL.AWAITPUSH`,
+    /// [`Conn::await_push`]).
+    Watcher,
+}
+
+/// The longest one `KEEL.AWAITPUSH` waits before a client blocked across nodes asks again:
+/// bounds how long a lost connection or a restarted node goes unnoticed.
+const AWAIT_PUSH_MAX: Duration = Duration::from_secs(10);
+
+const AWAIT_PUSH_ONLY: &str = "ERR keel: KEEL.AWAITPUSH serves clients blocked across the nodes \
+                               of a cluster of single copies (--cluster-node ... --replicas 1)";
+
+/// `KEEL.AWAITPUSH list|zset timeout-ms key [key ...]`'s kind and wait.
+fn parse_await_push(args: &[Bytes]) -> Result<(crate::blocking::Kind, Duration), Fail> {
+    let kind = if args[1].eq_ignore_ascii_case(b"list") {
+        crate::blocking::Kind::List
+    } else if args[1].eq_ignore_ascii_case(b"zset") {
+        crate::blocking::Kind::ZSet
+    } else {
+        return Err("ERR keel: KEEL.AWAITPUSH waits for a list or a zset".into());
+    };
+    let ms = crate::resp::string_to_i64(&args[2])
+        .and_then(|ms| u64::try_from(ms).ok())
+        .filter(|&ms| Duration::from_millis(ms) <= AWAIT_PUSH_MAX)
+        .ok_or_else(|| {
+            format!(
+                "ERR keel: KEEL.AWAITPUSH's timeout is milliseconds from 0 to {}",
+                AWAIT_PUSH_MAX.as_millis()
+            )
+        })?;
+    Ok((kind, Duration::from_millis(ms)))
+}
+
+/// Whether one of `keys` holds `kind` now (a list, or a sorted set).
+fn holds(db: &keel::Db, keys: &[Bytes], kind: crate::blocking::Kind) -> bool {
+    let want = match kind {
+        crate::blocking::Kind::List => crate::keyspace::Type::List,
+        crate::blocking::Kind::ZSet => crate::keyspace::Type::ZSet,
+    };
+    // Unable to look (the database is closing): say yes, and the client's try will tell.
+    let Ok(snap) = db.snapshot() else {
+        return true;
+    };
+    let clock = crate::keyspace::Clock::at(crate::keyspace::unix_ms());
+    keys.iter().any(|key| {
+        crate::keyspace::lookup(&mut View::Snap(&snap), &clock, key, false)
+            .is_ok_and(|held| held.ty() == Some(want))
+    })
+}
+
+/// What the other nodes said of a blocked client's keys ([`remote_pushes`]).
+enum Remote {
+    /// One of them holds something now.
+    Pushed,
+    /// Nothing came within the wait.
+    Quiet,
+    /// A node could not be asked (or there is none to ask).
+    Failed,
+}
+
+/// Asks each node of `elsewhere` (its keys) to answer once one of them holds `kind`
+/// (`KEEL.AWAITPUSH`, [`Conn::await_push`]), waiting at most [`AWAIT_PUSH_MAX`] and not past
+/// `until`; the first answer decides, and the other requests are dropped (their
+/// connections close, which ends their waits there).
+async fn remote_pushes(
+    shared: &Arc<Shared>,
+    elsewhere: &[(usize, Vec<Bytes>)],
+    kind: crate::blocking::Kind,
+    until: Option<tokio::time::Instant>,
+    password: Option<String>,
+) -> Remote {
+    let wait = until
+        .map_or(AWAIT_PUSH_MAX, |t| {
+            t.saturating_duration_since(tokio::time::Instant::now())
+        })
+        .clamp(Duration::from_millis(1), AWAIT_PUSH_MAX);
+    let head = [
+        Bytes::from_static(b"KEEL.AWAITPUSH"),
+        Bytes::from_static(match kind {
+            crate::blocking::Kind::List => b"list",
+            crate::blocking::Kind::ZSet => b"zset",
+        }),
+        Bytes::from(wait.as_millis().to_string()),
+    ];
+    let mut asks = tokio::task::JoinSet::new();
+    for (node, keys) in elsewhere {
+        let request: Vec<Bytes> = head.iter().chain(keys).cloned().collect();
+        let (shared, password, node) = (Arc::clone(shared), password.clone(), *node);
+        asks.spawn(async move {
+            let cluster = shared.cluster.as_ref().expect("cluster mode");
+            cluster
+                .forward(node, &[&request], Proto::Resp2, password, Some(Some(wait)))
+                .await
+        });
+    }
+    match asks.join_next().await {
+        Some(Ok(Ok(reply))) if reply[..] == b":1\r\n"[..] => Remote::Pushed,
+        Some(Ok(Ok(reply))) if reply[..] == b"*-1\r\n"[..] => Remote::Quiet,
+        _ => Remote::Failed,
+    }
 }
 
 /// The reply of a blocking pop whose timeout passed: a null array, also for `BLMOVE` (whose

@@ -195,7 +195,7 @@ pub fn command(
 
 /// Whether a command whose keys are on several nodes may run gathered (see the module
 /// docs): a data command with keys, other than these three. A blocking pop runs as inside
-/// `MULTI`: it pops, or answers nil at once (outside `MULTI`, `Conn::blocking_across` runs
+/// `MULTI`: it pops, or answers nil at once (outside `MULTI`, `Conn::block_across` runs
 /// it again until it pops).
 pub fn may_gather(cmd: Cmd) -> bool {
     data::is_data(cmd) && !matches!(cmd, Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore)

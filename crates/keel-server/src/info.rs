@@ -572,19 +572,22 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             && shared.replication.get().is_none()
         {
             // Exactly-once forwarding (`once`), since start: writes sent again, given up,
-            // answered from a kept answer here, answers kept and swept here; and the
-            // forwarded blocking pops waiting here now.
+            // answered from a kept answer here, answers kept and swept here; the forwarded
+            // blocking pops waiting here now; and other nodes' clients blocked across nodes
+            // that wait here for a push (`KEEL.AWAITPUSH`).
             let o = &cluster.once;
             let _ = write!(
                 t,
                 "keel_once_retries:{}\r\nkeel_once_ambiguous:{}\r\nkeel_once_replayed:{}\r\n\
-                 keel_once_kept:{}\r\nkeel_once_swept:{}\r\nkeel_once_blocked:{}\r\n",
+                 keel_once_kept:{}\r\nkeel_once_swept:{}\r\nkeel_once_blocked:{}\r\n\
+                 keel_cluster_push_watchers:{}\r\n",
                 o.retries.load(Relaxed),
                 o.ambiguous.load(Relaxed),
                 o.replayed.load(Relaxed),
                 o.kept.load(Relaxed),
                 shared.reaper.swept_answers.load(Relaxed),
                 cluster.attempts.count(),
+                shared.blocked.watchers(),
             );
         }
         if let Some(x) = shared.xnode.get() {

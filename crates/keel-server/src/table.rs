@@ -216,6 +216,7 @@ pub enum Cmd {
     KeelRemovenode,
     KeelLearnslots,
     KeelOnce,
+    KeelAwaitpush,
 }
 
 /// One command's description.
@@ -2460,6 +2461,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing."
+    ),
+    spec!(
+        "keel.awaitpush",
+        KeelAwaitpush,
+        -4,
+        &["readonly", "blocking", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Between the nodes of a cluster of single copies: KEEL.AWAITPUSH list|zset timeout-ms key [key ...] waits for one of this node's keys to hold a list (or sorted set), for a client blocked on another node (BLPOP across nodes). Replies 1 once one does (at once if one does already), nil at the timeout."
     ),
 ];
 

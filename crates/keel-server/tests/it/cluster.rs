@@ -1202,6 +1202,90 @@ fn reads_of_a_participant_that_missed_the_decision_wait_for_it() {
 }
 
 /// Three keys, on nodes 1, 2 and 0 of a three-node cluster (the client is on node 0).
+/// `keel_cluster_push_watchers` of node `i`.
+fn push_watchers(cluster: &TestCluster, i: usize) -> u64 {
+    let info: String = query(&mut cluster.node(i).client(), &["INFO", "cluster"]);
+    crate::info_counter(&info, "keel_cluster_push_watchers")
+}
+
+/// Waits until node `i` has `n` push watchers.
+fn wait_push_watchers(cluster: &TestCluster, i: usize, n: u64) {
+    let start = Instant::now();
+    while push_watchers(cluster, i) != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "node {i}: {} push watchers, not {n}",
+            push_watchers(cluster, i)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A client blocked across nodes waits on the other nodes for their pushes
+/// (`KEEL.AWAITPUSH`) instead of looking every 10 to 100 ms: each owner of some of its keys
+/// holds one watcher for it while it waits, a push there wakes it, and the watchers go when
+/// it is served or disconnects.
+#[test]
+fn blocked_pops_across_nodes_wait_on_the_owners() {
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
+    let (x, y, z) = keys_on_each_node(&cluster);
+    let (url, keys) = (cluster.node(0).url(false), [x.clone(), y.clone()]);
+    let waiter = std::thread::spawn(move || {
+        let v: Option<Vec<String>> = query(
+            &mut crate::connect(&url),
+            &["BLPOP", &keys[0], &keys[1], "10"],
+        );
+        v
+    });
+    wait_push_watchers(&cluster, 1, 1);
+    wait_push_watchers(&cluster, 2, 1);
+    assert_eq!(
+        push_watchers(&cluster, 0),
+        0,
+        "its own keys wait in its registry"
+    );
+    let _: i64 = query(&mut cluster.node(2).client(), &["RPUSH", &y, "v"]);
+    assert_eq!(
+        waiter.join().expect("waiter"),
+        Some(vec![y.clone(), "v".to_owned()])
+    );
+    wait_push_watchers(&cluster, 1, 0);
+    wait_push_watchers(&cluster, 2, 0);
+    // A sorted set's pop waits the same way; a client that goes takes its watchers along.
+    let mut raw = std::net::TcpStream::connect(cluster.node(0).addr).expect("connect");
+    let request = format!(
+        "*4\r\n$8\r\nBZPOPMIN\r\n${}\r\n{x}\r\n${}\r\n{z}\r\n$1\r\n0\r\n",
+        x.len(),
+        z.len()
+    );
+    std::io::Write::write_all(&mut raw, request.as_bytes()).expect("send");
+    wait_push_watchers(&cluster, 1, 1);
+    drop(raw);
+    wait_push_watchers(&cluster, 1, 0);
+    // KEEL.AWAITPUSH itself, on the owner of y: nil at its timeout, 1 at once when the key
+    // holds the kind, and clear errors.
+    let mut on_y = cluster.node(2).client();
+    let v: Option<i64> = query(&mut on_y, &["KEEL.AWAITPUSH", "list", "20", &y]);
+    assert_eq!(v, None);
+    let _: i64 = query(&mut on_y, &["RPUSH", &y, "w"]);
+    let v: Option<i64> = query(&mut on_y, &["KEEL.AWAITPUSH", "list", "10000", &y]);
+    assert_eq!(v, Some(1));
+    let v: Option<i64> = query(&mut on_y, &["KEEL.AWAITPUSH", "zset", "20", &y]);
+    assert_eq!(v, None, "a list is no sorted set");
+    assert!(error(&mut on_y, &["KEEL.AWAITPUSH", "hash", "20", &y]).contains("list or a zset"));
+    for bad in ["-1", "x", "10001"] {
+        assert!(
+            error(&mut on_y, &["KEEL.AWAITPUSH", "list", bad, &y]).contains("milliseconds"),
+            "{bad}"
+        );
+    }
+    let single = TestServer::start();
+    assert!(
+        error(&mut single.client(), &["KEEL.AWAITPUSH", "list", "20", "k"])
+            .contains("cluster of single copies")
+    );
+}
+
 fn keys_on_each_node(cluster: &TestCluster) -> (String, String, String) {
     (
         key_on(cluster, 1, "a"),
