@@ -352,9 +352,7 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
                 }
                 None => config.durability = Durability::None,
             }
-            config.cluster = Some(Arc::new(map));
-            // As `keel serve` for a cluster node: replies wait for other nodes.
-            config.idle_poll_us = 0;
+            config.set_cluster(Arc::new(map));
             config.cluster_bus = bus_addrs.clone();
             config.cluster_bus_listener = Some(Arc::clone(&buses[i]));
             let server = keel_server::Server::with_listener(config, listener)

@@ -243,14 +243,14 @@ fn config(args: Args) -> anyhow::Result<Config> {
         let (map, view) = join(&args, seed)?;
         config.port = map.me().addr.port();
         config.bind = map.me().addr.ip();
-        config.cluster = Some(std::sync::Arc::new(map));
+        config.set_cluster(std::sync::Arc::new(map));
         config.replicas = view.r;
         config.cluster_view = Some(view);
     } else if let Some(map) = membership(&args)? {
         // The node listens where its peers and MOVED send clients, unless told otherwise.
         config.port = map.me().addr.port();
         config.bind = map.me().addr.ip();
-        config.cluster = Some(std::sync::Arc::new(map));
+        config.set_cluster(std::sync::Arc::new(map));
     }
     anyhow::ensure!(
         args.replicas.is_none_or(|r| r == 1) || config.cluster.is_some(),
@@ -260,15 +260,6 @@ fn config(args: Args) -> anyhow::Result<Config> {
     let nodes = config.cluster.as_ref().map_or(1, |m| m.nodes().len());
     if config.cluster_view.is_none() {
         config.replicas = args.replicas.unwrap_or(if nodes >= 3 { 3 } else { 1 });
-    }
-    // A cluster node's replies wait for other nodes (forwards, votes, decisions) and, when
-    // replicated, for its partitions' logs, and its peers need the cores: a poller spinning
-    // through those gaps took them. Replicated, ycsb-a through a node of three on one 2-core
-    // machine: 3 362 and 3 837 txn/s polling 100 µs, 4 549 and 4 734 not. Unreplicated, deut
-    // across three nodes: 23 197 operations per second of server CPU polling, 33 082 not
-    // (ycsb-a and deut within a node unchanged). The config file and --idle-poll-us still set it.
-    if config.cluster.is_some() {
-        config.idle_poll_us = 0;
     }
     if let Some(path) = &args.config {
         let text =

@@ -495,6 +495,20 @@ impl FileConfig {
 }
 
 impl Config {
+    /// Makes this a node of the cluster `map`, with the defaults a cluster node needs.
+    ///
+    /// It does not idle-poll (`idle_poll_us` 0; a config file or `--idle-poll-us` applied
+    /// afterwards still sets it): its replies wait for other nodes (forwards, votes,
+    /// decisions) and, when replicated, for its partitions' logs, and its peers need the
+    /// cores, which a poller spinning through those gaps took. Replicated, ycsb-a through a
+    /// node of three on one 2-core machine: 3 362 and 3 837 txn/s polling 100 µs, 4 549 and
+    /// 4 734 not. Unreplicated, deut across three nodes: 23 197 operations per second of
+    /// server CPU polling, 33 082 not (ycsb-a and deut within a node unchanged).
+    pub fn set_cluster(&mut self, map: std::sync::Arc<keel_cluster::Membership>) {
+        self.cluster = Some(map);
+        self.idle_poll_us = 0;
+    }
+
     /// Checks settings that depend on each other; called by the server before it binds.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.protected_mode && self.requirepass.is_none() && !self.bind.is_loopback() {
