@@ -3810,17 +3810,24 @@ impl Conn {
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         self.flush(stream, output).await?;
         let shared = self.shared.clone();
-        let guard = shared.blocked.block(
-            self.info.id,
+        let (keys, kind) = (
             crate::lists::blocking_keys(cmd, &args),
             crate::blocking::Kind::of(cmd),
         );
+        let guard = shared.blocked.block(self.info.id, keys, kind);
+        let mut woken = false;
         loop {
             // Registered: a push committed from now on wakes this client, and this attempt
-            // sees any committed before.
-            if !self.data_command(cmd, &args, output).await {
+            // sees any committed before. Woken, it tries again only if one of its keys holds
+            // what it waits for, as Redis serves a blocked client only from a key of its
+            // type: one woken by a key written whole (`COPY`, `RENAME`), which may hold the
+            // other type, waits on rather than answering `WRONGTYPE`.
+            if (!woken || holds(shared.db, keys, kind))
+                && !self.data_command(cmd, &args, output).await
+            {
                 return Ok(true);
             }
+            woken = true;
             match self
                 .wait_blocked(
                     &guard,

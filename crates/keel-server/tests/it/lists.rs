@@ -574,18 +574,19 @@ fn blocked_pops_wake_on_push_and_time_out() {
         Value::Array(vec![bulk("restored"), bulk("2")])
     );
     // A key written whole wakes the first client of the kind it now holds, even behind one
-    // waiting for the other kind (which waits on, as in Redis).
+    // waiting for the other kind, which waits on (as in Redis: no WRONGTYPE for it).
     let list_waiter = spawn_query(url.clone(), vec!["BLPOP", "mixed", "10"]);
     wait_blocked(&mut c, 1);
     let zset_waiter = spawn_query(url.clone(), vec!["BZPOPMIN", "mixed", "10"]);
     wait_blocked(&mut c, 2);
-    let _: i64 = query(&mut c, &["ZADD", "zorig", "1", "m"]);
+    let _: i64 = query(&mut c, &["ZADD", "zorig", "1", "m", "2", "n"]);
     assert_eq!(query::<i64>(&mut c, &["COPY", "zorig", "mixed"]), 1);
     assert_eq!(
         zset_waiter.join().expect("zset waiter").0,
         Value::Array(vec![bulk("mixed"), bulk("m"), bulk("1")])
     );
     wait_blocked(&mut c, 1);
+    assert_eq!(query::<i64>(&mut c, &["DEL", "mixed"]), 1);
     assert_eq!(query::<i64>(&mut c, &["RPUSH", "mixed", "l"]), 1);
     assert_eq!(
         list_waiter.join().expect("list waiter").0,
