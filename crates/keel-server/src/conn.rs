@@ -1762,7 +1762,7 @@ impl Conn {
         let password = shared.requirepass.read().clone();
         let mut pause = Duration::from_millis(10);
         let mut ready = true;
-        let mut asked = elsewhere.is_empty();
+        let mut pause_first = elsewhere.is_empty();
         loop {
             if std::mem::take(&mut ready) {
                 match self.gathered(&[&args], &Watching::Nothing).await {
@@ -1782,7 +1782,7 @@ impl Conn {
             // After an answer that came at once (the keys hold something another client
             // here is due first), or a failed one, ask again only after a pause.
             let look = async {
-                if asked {
+                if pause_first {
                     tokio::time::sleep(pause).await;
                 }
                 if elsewhere.is_empty() {
@@ -1800,12 +1800,12 @@ impl Conn {
                 // may be this one.
                 Waited::Look(Remote::Pushed) => {
                     guard.found();
-                    asked = true;
+                    pause_first = true;
                     pause = Duration::from_millis(10);
                 }
-                Waited::Look(Remote::Quiet) => asked = false,
+                Waited::Look(Remote::Quiet) => pause_first = false,
                 Waited::Look(Remote::Failed) => {
-                    asked = true;
+                    pause_first = true;
                     pause = (pause * 2).min(Duration::from_millis(100));
                     // (A failed look, a node away, is tried again at the next.)
                     if let Ok(Some(replies)) = self.across_checked(&probe, &Watching::Nothing).await
@@ -1842,20 +1842,11 @@ impl Conn {
                 self.out(output).int(1);
                 return Ok(true);
             }
-            match self
-                .wait_blocked(
-                    &guard,
-                    Some(until),
-                    std::future::pending::<()>(),
-                    stream,
-                    input,
-                    output,
-                )
+            if let Some(keep) = self
+                .wait_woken(&guard, Some(until), stream, input, output)
                 .await?
             {
-                Waited::Woken => {}
-                Waited::Over(keep) => return Ok(keep),
-                Waited::Look(()) => unreachable!("nothing to look for"),
+                return Ok(keep);
             }
         }
     }
@@ -3828,22 +3819,36 @@ impl Conn {
                 return Ok(true);
             }
             woken = true;
-            match self
-                .wait_blocked(
-                    &guard,
-                    deadline,
-                    std::future::pending::<()>(),
-                    stream,
-                    input,
-                    output,
-                )
+            if let Some(keep) = self
+                .wait_woken(&guard, deadline, stream, input, output)
                 .await?
             {
-                Waited::Woken => {}
-                Waited::Over(keep) => return Ok(keep),
-                Waited::Look(()) => unreachable!("nothing to look for"),
+                return Ok(keep);
             }
         }
+    }
+
+    /// [`Conn::wait_blocked`] with nothing to look for: `None` once woken, or whether the
+    /// connection goes on once the wait is over.
+    async fn wait_woken(
+        &self,
+        guard: &crate::blocking::Guard<'_>,
+        until: Option<tokio::time::Instant>,
+        stream: &mut TcpStream,
+        input: &mut BytesMut,
+        output: &mut BytesMut,
+    ) -> std::io::Result<Option<bool>> {
+        let look = std::future::pending::<()>();
+        Ok(
+            match self
+                .wait_blocked(guard, until, look, stream, input, output)
+                .await?
+            {
+                Waited::Woken => None,
+                Waited::Over(keep) => Some(keep),
+                Waited::Look(()) => unreachable!("nothing to look for"),
+            },
+        )
     }
 
     /// Waits as a blocked client, registered as `guard`, for the first of: the kill switch,
