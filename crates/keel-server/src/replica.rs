@@ -2214,7 +2214,7 @@ mod tests {
             .expect("apply");
         let replies: Vec<&[u8]> = replies.iter().map(|r| r.reply.as_slice()).collect();
         assert_eq!(replies, [&b":1\r\n"[..], b":1\r\n", b":2\r\n"]);
-        // Past its time, the next sweep (every 64 entries) drops the answer: the id would
+        // Past its time, the next sweep (every 8 entries) drops the answer: the id would
         // run again, and nothing is kept for it.
         let later: Vec<Entry<Tc>> = (4..=64).map(|i| incr(i, t + 5_000, None)).collect();
         m.apply(later).await.expect("apply");
@@ -2234,6 +2234,84 @@ mod tests {
             .expect("apply");
         assert_eq!(again[0].reply, b":64\r\n");
         assert_eq!(kept(db), 2);
+    }
+
+    /// Answers that fall due faster than one transaction can drop them (more than
+    /// `TXN_WRITE_KEYS_MAX` / 2 at once: a few seconds of a busy partition's writes, all due
+    /// after a pause) are dropped a bounded number per sweep. Unbounded, the sweep failed its
+    /// entry, and with it the partition's Raft group, on every replica (found under load:
+    /// `limit exceeded: keys written by one transaction`).
+    #[tokio::test]
+    async fn answers_due_all_at_once_are_dropped_over_several_sweeps() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let (groups, per_group) = (400u64, 100u64);
+        let mut index = 0;
+        for g in 0..groups {
+            let writes: Vec<Request> = (0..per_group)
+                .map(|i| {
+                    let EntryPayload::Normal(mut r) = step(
+                        0,
+                        t,
+                        &[&["SET", &format!("k{}", g * per_group + i), "v"]],
+                        Op::Run,
+                    )
+                    .payload
+                    else {
+                        unreachable!("a normal entry")
+                    };
+                    r.id = Some(TxnId {
+                        node: 1,
+                        incarnation: 7,
+                        seq: g * per_group + i,
+                    });
+                    r.keep_ms = 1_000;
+                    r
+                })
+                .collect();
+            index += 1;
+            let mut entry = step(index, t, &[], Op::Many(writes));
+            if let EntryPayload::Normal(r) = &mut entry.payload {
+                r.commands.clear();
+            }
+            // Entries at a multiple of the sweep interval sweep nothing yet: nothing is due.
+            m.apply(vec![entry]).await.expect("apply");
+        }
+        let kept = |db: &Db| {
+            db.snapshot()
+                .unwrap()
+                .range::<[u8]>((
+                    std::ops::Bound::Included(&[0xFF, b'r', b'Q'][..]),
+                    std::ops::Bound::Excluded(&[0xFF, b'r', b'R'][..]),
+                ))
+                .count()
+        };
+        let total = (groups * per_group) as usize;
+        assert_eq!(kept(db), total);
+        // Every one of them due now: each sweep drops some, none fails, and they all go.
+        let mut sweeps = 0;
+        while kept(db) > 0 {
+            assert!(index < 100_000, "{} answers left", kept(db));
+            let before = kept(db);
+            index += 1;
+            m.apply(vec![step(index, t + 5_000, &[&["SET", "x", "y"]], Op::Run)])
+                .await
+                .expect("a sweep fits in its entry");
+            let dropped = before - kept(db);
+            assert!(dropped <= 1024, "{dropped} dropped at once");
+            sweeps += usize::from(dropped > 0);
+        }
+        assert!(sweeps >= total / 1024, "{sweeps} sweeps");
+        assert_eq!(
+            db.snapshot()
+                .unwrap()
+                .range::<[u8]>(..)
+                .filter(|(k, _)| k.starts_with(&[0xFF, b'r', b'q']))
+                .count(),
+            0,
+            "every answer went with its entry in the index"
+        );
     }
 
     /// A group's writes apply in order, each as its own entry would (ids included), and

@@ -630,6 +630,16 @@ impl<'db> Txn<'db> {
         self.read_ts
     }
 
+    /// How many more keys, and how many more bytes, this transaction may write within
+    /// [`TXN_WRITE_KEYS_MAX`] and [`TXN_WRITE_BYTES_MAX`] (a write counts its key's bytes
+    /// and its value's).
+    pub fn writes_left(&self) -> (usize, usize) {
+        (
+            TXN_WRITE_KEYS_MAX.saturating_sub(self.writes.entries.len()),
+            TXN_WRITE_BYTES_MAX.saturating_sub(self.writes.bytes),
+        )
+    }
+
     fn me(&self) -> LockOwner {
         LockOwner(u64::from(self.slot_index()) + 1)
     }

@@ -1129,8 +1129,15 @@ const REQUESTS: &[u8] = &[0xFF, b'r', b'q'];
 /// The same by the time they may go: `FF 'r' 'Q' <until, 8 bytes big-endian> <id>` → "".
 const REQUESTS_UNTIL: &[u8] = &[0xFF, b'r', b'Q'];
 /// Every this many entries, answers past their time are dropped (in the entry's commit, if
-/// it is a write that commits).
-const REQUESTS_SWEEP_EVERY: u64 = 64;
+/// it is a write that commits), at most [`REQUESTS_SWEEP_MAX`] of them.
+const REQUESTS_SWEEP_EVERY: u64 = 8;
+/// Most answers one sweep drops (two records each). A sweep shares its entry's engine
+/// transaction, which may write at most `TXN_WRITE_KEYS_MAX` keys: an unbounded one failed
+/// the entry, and with it the partition's Raft group on every replica, once more answers
+/// than that fell due at once (a pause in the writes of a few seconds at 17 000 writes per
+/// second, as many seconds of `keep_ms` later). Bounded, a sweep leaves the rest to the
+/// next ones: up to 128 answers per entry, as many as a busy group of writes keeps.
+const REQUESTS_SWEEP_MAX: usize = 1024;
 
 /// Keeps the answer `reply` of the write `request` (id `id`, record `key`) in `txn` until
 /// its time by the entry's clock.
@@ -1156,17 +1163,28 @@ fn keep_answer(
     .map_err(sm_err)
 }
 
-/// Drops, in `txn`, the kept answers whose time is before `now_ms` (the entry's clock):
-/// every [`REQUESTS_SWEEP_EVERY`] entries, by log index, so every replica drops the same.
+/// Drops, in `txn`, the kept answers whose time is before `now_ms` (the entry's clock),
+/// oldest first: every [`REQUESTS_SWEEP_EVERY`] entries, by log index, so every replica
+/// drops the same; at most [`REQUESTS_SWEEP_MAX`], and no more than `txn` has room for
+/// beside what its entry wrote (the same on every replica too).
 fn sweep_answers(db: &Db, txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<()> {
     let end = [REQUESTS_UNTIL, &now_ms.to_be_bytes()].concat();
     let snap = db.snapshot().map_err(sm_err)?;
-    for (k, _) in snap.range::<[u8]>((
-        std::ops::Bound::Included(REQUESTS_UNTIL),
-        std::ops::Bound::Excluded(end.as_slice()),
-    )) {
-        txn.delete(&[REQUESTS, &k[REQUESTS_UNTIL.len() + 8..]].concat())
-            .map_err(sm_err)?;
+    let (mut keys_left, mut bytes_left) = txn.writes_left();
+    for (k, _) in snap
+        .range::<[u8]>((
+            std::ops::Bound::Included(REQUESTS_UNTIL),
+            std::ops::Bound::Excluded(end.as_slice()),
+        ))
+        .take(REQUESTS_SWEEP_MAX)
+    {
+        let answer = [REQUESTS, &k[REQUESTS_UNTIL.len() + 8..]].concat();
+        let bytes = answer.len() + k.len();
+        if keys_left < 2 || bytes_left < bytes {
+            break;
+        }
+        (keys_left, bytes_left) = (keys_left - 2, bytes_left - bytes);
+        txn.delete(&answer).map_err(sm_err)?;
         txn.delete(&k).map_err(sm_err)?;
     }
     Ok(())
