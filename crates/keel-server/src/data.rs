@@ -67,8 +67,9 @@ const TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-l
 
 /// Most items one `KEYS` or `KEEL.RANGE` reply may hold: the reply is built in memory.
 pub const REPLY_ITEMS_MAX: usize = 1 << 20;
-/// Most keys one `FLUSHDB` transaction deletes; outside `MULTI` the server loops.
-pub const FLUSH_BATCH_KEYS: usize = 100_000;
+/// Most keys one `FLUSHDB` transaction deletes (the engine's limit on keys one transaction
+/// writes; less when the transaction wrote others already); outside `MULTI` the server loops.
+pub const FLUSH_BATCH_KEYS: usize = keel::limits::TXN_WRITE_KEYS_MAX;
 /// Live `SCAN` cursors kept; the oldest is forgotten first.
 pub const SCAN_CURSORS_MAX: usize = 1 << 16;
 /// Most keys one `SCAN` call visits, whatever `COUNT` says.
@@ -835,10 +836,12 @@ pub fn check_flush_args(args: &[Bytes]) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Deletes up to [`FLUSH_BATCH_KEYS`] keys in `txn`; `true` when more remain. Exactly-once
-/// answers (`FF 'o'`, `once`) are not data and stay: a forwarded write sent again after the
-/// flush still finds its answer.
+/// Deletes as many keys in `txn` as it may still write, up to [`FLUSH_BATCH_KEYS`]; `true`
+/// when more remain. Exactly-once answers (`FF 'o'`, `once`) are not data and stay: a
+/// forwarded write sent again after the flush still finds its answer.
 pub fn flush_batch(txn: &mut Txn<'_>) -> Result<bool, Fail> {
+    let (keys_left, mut bytes_left) = txn.writes_left();
+    let keys_max = keys_left.min(FLUSH_BATCH_KEYS);
     let mut keys = Vec::new();
     let mut more = false;
     let once_lo = [ks::INTERNAL, crate::once::ONCE];
@@ -848,10 +851,11 @@ pub fn flush_batch(txn: &mut Txn<'_>) -> Result<bool, Fail> {
         (Bound::Included(&once_hi[..]), Bound::Unbounded),
     ] {
         for (k, _) in txn.range::<[u8]>(part) {
-            if keys.len() == FLUSH_BATCH_KEYS {
+            if keys.len() == keys_max || k.len() > bytes_left {
                 more = true;
                 break;
             }
+            bytes_left -= k.len();
             keys.push(k);
         }
     }

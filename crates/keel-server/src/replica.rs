@@ -2314,6 +2314,41 @@ mod tests {
         );
     }
 
+    /// A partition holding more keys than one transaction may write is not flushed: its
+    /// entry answers why, and the partition applies on (its flush is one transaction).
+    #[tokio::test]
+    async fn a_flush_of_more_keys_than_one_transaction_writes_is_refused() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let names: Vec<String> = (0..70_000).map(|i| format!("k{i}")).collect();
+        let mut index = 0;
+        for chunk in names.chunks(1_000) {
+            let mut mset = vec!["MSET"];
+            for k in chunk {
+                mset.extend([k.as_str(), "v"]);
+            }
+            index += 1;
+            m.apply(vec![step(index, t, &[&mset], Op::Run)])
+                .await
+                .expect("apply");
+        }
+        let flushed = m
+            .apply(vec![step(index + 1, t, &[&["FLUSHALL"]], Op::Run)])
+            .await
+            .expect("the entry applies");
+        let reply = String::from_utf8_lossy(&flushed[0].reply);
+        assert!(
+            reply.contains("flushed in one transaction") && reply.contains("holds 70000"),
+            "{reply}"
+        );
+        let after = m
+            .apply(vec![step(index + 2, t, &[&["DBSIZE"]], Op::Run)])
+            .await
+            .expect("apply");
+        assert_eq!(after[0].reply, b":70000\r\n");
+    }
+
     /// A group's writes apply in order, each as its own entry would (ids included), and
     /// each gets its own response; anything but a plain write in a group is refused alone.
     #[tokio::test]

@@ -1235,6 +1235,17 @@ pub(super) fn run_command(
         .map(|(k, _)| k)
         .filter(|k| !k.starts_with(MARKERS))
         .collect();
+    let (keys_left, bytes_left) = txn.writes_left();
+    if keys.len() > keys_left || keys.iter().map(Vec::len).sum::<usize>() > bytes_left {
+        // One engine transaction deletes them, in every replica's log entry at once.
+        return Err(format!(
+            "ERR keel: a replicated partition is flushed in one transaction, which deletes at \
+             most {} keys; this one holds {} (delete them with SCAN and UNLINK first)",
+            keel::limits::TXN_WRITE_KEYS_MAX,
+            keys.len()
+        )
+        .into());
+    }
     for k in &keys {
         txn.delete(k)?;
     }

@@ -219,6 +219,42 @@ fn keys_scan_dbsize_flush() {
     assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
 }
 
+/// `FLUSHALL` of more keys than one transaction may write (the engine's limit) empties the
+/// database in several transactions (it answered `limit exceeded` and deleted nothing);
+/// inside `MULTI` it deletes what one transaction may, else the `EXEC` fails whole.
+#[test]
+fn flush_of_more_keys_than_one_transaction_writes() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let keys = 70_000;
+    assert!(keys > keel::limits::TXN_WRITE_KEYS_MAX);
+    let fill = |c: &mut redis::Connection| {
+        for batch in 0..keys / 1_000 {
+            let mut mset = redis::cmd("MSET");
+            for i in batch * 1_000..(batch + 1) * 1_000 {
+                mset.arg(format!("k{i}")).arg("v");
+            }
+            let _: () = mset.query(c).expect("MSET");
+        }
+        assert_eq!(query::<usize>(c, &["DBSIZE"]), keys);
+    };
+    fill(&mut c);
+    assert_eq!(query::<String>(&mut c, &["FLUSHALL"]), "OK");
+    assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
+    fill(&mut c);
+    let _: () = query(&mut c, &["MULTI"]);
+    let _: () = query(&mut c, &["SET", "also", "1"]);
+    let _: () = query(&mut c, &["FLUSHDB"]);
+    let replies: redis::RedisResult<redis::Value> = redis::cmd("EXEC").query(&mut c);
+    assert!(
+        format!("{replies:?}").contains("FLUSHDB inside MULTI deletes at most 65536 keys"),
+        "{replies:?}"
+    );
+    assert_eq!(query::<usize>(&mut c, &["DBSIZE"]), keys, "nothing applied");
+    assert_eq!(query::<String>(&mut c, &["FLUSHDB"]), "OK");
+    assert_eq!(query::<i64>(&mut c, &["DBSIZE"]), 0);
+}
+
 #[test]
 fn keel_commands() {
     let server = TestServer::start();
