@@ -892,6 +892,19 @@ impl Replication {
                     }
                     last = leader;
                 }
+                // openraft's own log is off by default: say why the group stopped (a
+                // storage error, which every replica applying the same entry meets).
+                let fatal = match &metrics.borrow().running_state {
+                    Err(openraft::error::Fatal::Stopped) | Ok(()) => None,
+                    Err(fatal) => Some(fatal.to_string()),
+                };
+                if let Some(fatal) = fatal {
+                    tracing::error!(
+                        "partition {p}: its Raft group stopped on this node ({fatal}); \
+                         INFO replication shows it as stopped until the node restarts"
+                    );
+                    return;
+                }
                 if metrics.changed().await.is_err() {
                     return;
                 }
@@ -2504,6 +2517,56 @@ mod tests {
     /// the same entries agree (data, ownership, versions), a snapshot carries it all, a moved
     /// slot answers `Moved` and a moving one `Busy`, a write moves a watched key's version
     /// and a flush keeps the replication records.
+    /// A slot move whose records would not fit one engine transaction is refused where it
+    /// would land, and the partition applies on. (Sent, it failed its entry on every replica
+    /// and stopped the partition's Raft group: a slot of 100 000 small keys, well under a log
+    /// entry's 8 MiB. The driver now halves such a batch, and refuses a single slot that
+    /// holds that much, as for size.)
+    #[tokio::test]
+    async fn a_move_of_more_records_than_one_transaction_writes_is_refused() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        m.locks()
+            .lock()
+            .set_home((1, Arc::new(|slot| usize::from(slot >= 8192))));
+        let now = 1_700_000_000_000;
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..=prepared::MOVE_RECORDS_MAX)
+            .map(|i| (format!("k{i}").into_bytes(), b"v".to_vec()))
+            .collect();
+        let txn = TxnId {
+            node: 1,
+            incarnation: 9,
+            seq: 1,
+        };
+        let into = step(
+            1,
+            now,
+            &[],
+            Op::MoveIn {
+                txn,
+                slots: vec![100],
+                from: 0,
+                pairs,
+                deadline_ms: now + 6_000,
+            },
+        );
+        let r = m.apply(vec![into]).await.expect("the entry applies");
+        assert_eq!(r[0].status, Status::Failed);
+        assert!(
+            String::from_utf8_lossy(&r[0].reply).contains("engine records"),
+            "{:?}",
+            String::from_utf8_lossy(&r[0].reply)
+        );
+        let after = m
+            .apply(vec![
+                step(2, now, &[&["SET", "x", "y"]], Op::Run),
+                step(3, now, &[&["DBSIZE"]], Op::Run),
+            ])
+            .await
+            .expect("it applies on");
+        assert_eq!(after[1].reply, b":1\r\n", "nothing of the move was written");
+    }
+
     #[tokio::test]
     async fn moves_watches_and_flushes_apply_identically_and_travel_in_snapshots() {
         let key_in = |slot: u16| -> String {

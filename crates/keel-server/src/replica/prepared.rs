@@ -59,6 +59,12 @@ const VIEW: &[u8] = &[0xFF, b'r', b'v'];
 /// later than that finds no version and aborts, as if the key had changed.
 pub const WATCH_LAPSE_MS: u64 = 600_000;
 
+/// Most engine records one slot move carries: the destination writes them, and the source
+/// then deletes them, each in one engine transaction with a few records of its own (the
+/// applied marker, the slot owners, the decision). A move past it would fail its entry on
+/// every replica, and with it the partition's Raft group.
+pub const MOVE_RECORDS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 64;
+
 /// A vote's error when a watched key changed: the driver answers `EXEC` with a null array.
 pub const WATCH_CHANGED: &str = "keel: a watched key changed";
 
@@ -976,6 +982,17 @@ pub fn apply(
                     .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
                 books.commit(db)?;
                 failed("ERR keel: a slot to move in is this partition's already".into())
+            } else if pairs.len() > MOVE_RECORDS_MAX {
+                // The driver sends no more (`txn::move_batch`); one that did is refused
+                // rather than fail the entry here and at the source.
+                books
+                    .puts
+                    .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+                books.commit(db)?;
+                failed(format!(
+                    "ERR keel: a move carries at most {MOVE_RECORDS_MAX} engine records, not {}",
+                    pairs.len()
+                ))
             } else {
                 let Some(me) = me else {
                     unreachable!("a partition outside a cluster owns every slot");

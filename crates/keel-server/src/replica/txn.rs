@@ -671,9 +671,10 @@ pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Resul
             BatchMove::TooLarge if batch.len() > 1 => batch_max = batch.len() / 2,
             BatchMove::TooLarge => {
                 return Err(format!(
-                    "ERR keel: slot {first} holds more than a log entry can carry ({} bytes); \
-                     it cannot be moved yet",
-                    super::REQUEST_BYTES_MAX
+                    "ERR keel: slot {first} holds more than one move can carry ({} bytes, \
+                     {} engine records); it cannot be moved yet",
+                    super::REQUEST_BYTES_MAX,
+                    prepared::MOVE_RECORDS_MAX
                 ));
             }
             BatchMove::Busy => {
@@ -758,7 +759,7 @@ async fn move_batch<N: Net>(
         };
     let records = pairs.len();
     let size: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 20).sum();
-    if size + 4096 > super::REQUEST_BYTES_MAX {
+    if size + 4096 > super::REQUEST_BYTES_MAX || records > prepared::MOVE_RECORDS_MAX {
         abort(net, txn, deadline_ms, vec![from]).await;
         return Ok(BatchMove::TooLarge);
     }
