@@ -2473,6 +2473,91 @@ mod tests {
     /// is still watched, unchanged, past its first lapse; a key not renewed is forgotten by
     /// the first `WATCH` entry after its lapse, and then counts as changed. A write after the
     /// renewal still changes the version the connection recorded.
+    /// A write that leaves its transaction no room for the entry's own records (the applied
+    /// marker, a kept answer) fails as a command past a limit does, and the partition
+    /// applies on. (It failed the entry on every replica, which stopped the partition's Raft
+    /// group, again at each restart: one client's `MSET` of 65 534 keys.)
+    #[tokio::test]
+    async fn a_write_that_leaves_no_room_for_the_entry_fails_alone() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let names: Vec<String> = (0..keel::limits::TXN_WRITE_KEYS_MAX - 1)
+            .map(|i| format!("k{i}"))
+            .collect();
+        let mut mset = vec!["MSET"];
+        for k in &names {
+            mset.extend([k.as_str(), "v"]);
+        }
+        let mut entry = step(1, t, &[&mset], Op::Run);
+        if let EntryPayload::Normal(r) = &mut entry.payload {
+            r.id = Some(TxnId {
+                node: 1,
+                incarnation: 2,
+                seq: 3,
+            });
+            r.keep_ms = 1_000;
+        }
+        let r = m.apply(vec![entry]).await.expect("the entry applies");
+        let reply = String::from_utf8_lossy(&r[0].reply);
+        assert!(reply.starts_with("-ERR keel: limit exceeded"), "{reply}");
+        let after = m
+            .apply(vec![
+                step(2, t, &[&["SET", "x", "y"]], Op::Run),
+                step(3, t, &[&["DBSIZE"]], Op::Run),
+            ])
+            .await
+            .expect("it applies on");
+        assert_eq!(after[1].reply, b":1\r\n", "nothing of the MSET was written");
+    }
+
+    /// A prepare whose commands leave its commit no room for its records votes no, with
+    /// the reason: its commit, after a yes vote, would have failed on every replica.
+    #[tokio::test]
+    async fn a_prepare_that_leaves_its_commit_no_room_is_refused() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let names: Vec<String> = (0..keel::limits::TXN_WRITE_KEYS_MAX - 4)
+            .map(|i| format!("k{i}"))
+            .collect();
+        let mut mset = vec!["MSET"];
+        for k in &names {
+            mset.extend([k.as_str(), "v"]);
+        }
+        let txn = TxnId {
+            node: 1,
+            incarnation: 2,
+            seq: 3,
+        };
+        let prepare = step(
+            1,
+            t,
+            &[&mset],
+            Op::Prepare {
+                txn,
+                coordinator: 1,
+                deadline_ms: t + 6_000,
+            },
+        );
+        let r = m.apply(vec![prepare]).await.expect("the entry applies");
+        assert_eq!(r[0].status, Status::Failed);
+        assert!(
+            String::from_utf8_lossy(&r[0].reply).contains("leaves no room"),
+            "{}",
+            String::from_utf8_lossy(&r[0].reply)
+        );
+        let after = m
+            .apply(vec![
+                step(2, t, &[&["SET", "x", "y"]], Op::Run),
+                step(3, t, &[&["DBSIZE"]], Op::Run),
+            ])
+            .await
+            .expect("it applies on");
+        assert_eq!(after[1].reply, b":1\r\n");
+        assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
+    }
+
     #[tokio::test]
     async fn a_renewed_watch_keeps_its_version_past_the_first_lapse() {
         let db = leaked();

@@ -1091,13 +1091,28 @@ pub fn execute(
         }
         let mut txn = txn;
         txn.set_durability(LAZY);
-        txn.put(APPLIED, marker).map_err(sm_err)?;
-        for (k, v, lapse) in &bumps {
-            let (key, value) = prepared::watch_record(k, *v, *lapse);
-            txn.put(&key, &value).map_err(sm_err)?;
-        }
-        if let (Some(key), Some(id)) = (&kept_key, request.id) {
-            keep_answer(&mut txn, request, key, id, buf.as_ref())?;
+        // The entry's own records go in its transaction too. A write that leaves no room
+        // for them (an `MSET` of 65 535 keys) fails as a command past a limit does: were
+        // the put to fail the entry, every replica would fail it, and the partition's Raft
+        // group would stop, at every restart again.
+        let booked = (|| {
+            txn.put(APPLIED, marker)?;
+            for (k, v, lapse) in &bumps {
+                let (key, value) = prepared::watch_record(k, *v, *lapse);
+                txn.put(&key, &value)?;
+            }
+            if let (Some(key), Some(id)) = (&kept_key, request.id) {
+                keep_answer(&mut txn, request, key, id, buf.as_ref())?;
+            }
+            Ok::<(), keel::Error>(())
+        })();
+        if let Err(e) = booked {
+            drop(txn);
+            buf.clear();
+            Out::new(&mut buf, proto).error(&format!(
+                "ERR keel: {e} (with the records a replicated write keeps beside it)"
+            ));
+            return rolled_back(db, buf.to_vec());
         }
         if index.is_multiple_of(REQUESTS_SWEEP_EVERY) {
             sweep_answers(db, &mut txn, request.now_ms)?;
@@ -1147,10 +1162,10 @@ fn keep_answer(
     key: &[u8],
     id: super::TxnId,
     reply: &[u8],
-) -> Result<()> {
+) -> std::result::Result<(), keel::Error> {
     let until = request.now_ms.saturating_add(request.keep_ms);
-    txn.put(key, &postcard::to_stdvec(&(until, reply)).map_err(sm_err)?)
-        .map_err(sm_err)?;
+    let kept = postcard::to_stdvec(&(until, reply)).expect("a reply encodes");
+    txn.put(key, &kept)?;
     txn.put(
         &[
             REQUESTS_UNTIL,
@@ -1160,7 +1175,6 @@ fn keep_answer(
         .concat(),
         b"",
     )
-    .map_err(sm_err)
 }
 
 /// Drops, in `txn`, the kept answers whose time is before `now_ms` (the entry's clock),

@@ -65,6 +65,12 @@ pub const WATCH_LAPSE_MS: u64 = 600_000;
 /// every replica, and with it the partition's Raft group.
 pub const MOVE_RECORDS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 64;
 
+/// Keys, and bytes per key, a prepared transaction's commit writes beside its commands (the
+/// applied marker, the finished record, its prepared record's removal; a watch record for
+/// each watched key it writes, counted apart): a prepare whose commands leave less room is
+/// refused.
+const ROOM_FOR_BOOKS: (usize, usize) = (16, 4096);
+
 /// A vote's error when a watched key changed: the driver answers `EXEC` with a null array.
 pub const WATCH_CHANGED: &str = "keel: a watched key changed";
 
@@ -626,6 +632,12 @@ fn commit_run(
 
 /// [`commit_run`], also writing the records `more` makes of the replies (a decision that
 /// keeps them), in the same commit.
+///
+/// The books and those records may not fit beside what the commands wrote (the engine's
+/// limits on one transaction): that is a failed run, not a failed entry, which would fail
+/// on every replica and stop the partition's Raft group. (A prepare leaves the room its
+/// commit needs, [`ROOM_FOR_BOOKS`]; a coordinator's decision that keeps replies past a
+/// value's size aborts.)
 fn commit_run_with(
     db: &'static Db,
     request: &Request,
@@ -638,9 +650,18 @@ fn commit_run_with(
         if let Some(text) = failed {
             return Ok(Err(text));
         }
-        books.write(&mut txn).map_err(sm_err)?;
-        for (k, v) in more(&replies)? {
-            txn.put(&k, &v).map_err(sm_err)?;
+        let records = more(&replies)?;
+        let booked = books
+            .write(&mut txn)
+            .and_then(|()| records.iter().try_for_each(|(k, v)| txn.put(k, v)));
+        match booked {
+            Ok(()) => {}
+            Err(e @ keel::Error::LimitExceeded { .. }) => {
+                return Ok(Err(format!(
+                    "ERR keel: {e} (with the records a replicated transaction keeps beside it)"
+                )));
+            }
+            Err(e) => return Err(sm_err(e)),
         }
         match txn.commit() {
             Ok(Ok(_)) => return Ok(Ok(replies)),
@@ -736,7 +757,24 @@ pub fn apply(
                 books.commit(db)?;
                 failed(WATCH_CHANGED.into())
             } else {
-                let (txn_data, replies, fail) = run_each(db, request, seed)?;
+                let (txn_data, replies, mut fail) = run_each(db, request, seed)?;
+                // The commit runs the commands again, with its records beside them: it
+                // must not meet a limit then, after this vote (its keys are locked until
+                // it, so they write the same).
+                let (keys_left, bytes_left) = txn_data.writes_left();
+                let bumps = locks.bumps(&request.commands, index).len();
+                if fail.is_none()
+                    && (keys_left < ROOM_FOR_BOOKS.0 + bumps
+                        || bytes_left < ROOM_FOR_BOOKS.1 * (1 + bumps))
+                {
+                    fail = Some(format!(
+                        "ERR keel: limit exceeded: the transaction leaves no room in its \
+                         partition's commit for the records a replicated transaction keeps \
+                         beside it (at most {} keys written, less {} of them)",
+                        keel::limits::TXN_WRITE_KEYS_MAX,
+                        ROOM_FOR_BOOKS.0 + bumps
+                    ));
+                }
                 // The effect is not kept: the commit runs the commands again.
                 drop(txn_data);
                 match fail {
