@@ -1872,7 +1872,16 @@ impl Conn {
                     None => groups.push((p, vec![key.to_vec()])),
                 }
             }
-            for (p, ks) in groups {
+            // A partition's keys go in entries of a bounded size: an entry writes a watch
+            // record per key in one engine transaction.
+            let requests = groups.into_iter().flat_map(|(p, ks)| {
+                ks.chunks(crate::replica::WATCH_ENTRY_KEYS_MAX)
+                    .map(|chunk| (p, chunk.to_vec()))
+                    .collect::<Vec<_>>()
+            });
+            let mut known: std::collections::HashSet<Vec<u8>> =
+                self.rwatch.iter().map(|w| w.key.clone()).collect();
+            for (p, ks) in requests {
                 let request = crate::replica::Request {
                     commands: vec![std::iter::once(b"EXISTS".to_vec()).chain(ks).collect()],
                     exec: false,
@@ -1897,7 +1906,7 @@ impl Conn {
                         let got: Vec<crate::replica::Watched> = postcard::from_bytes(&reply)
                             .map_err(|e| format!("ERR keel: a bad WATCH answer: {e}"))?;
                         for w in got {
-                            if !self.rwatch.iter().any(|known| known.key == w.key) {
+                            if known.insert(w.key.clone()) {
                                 self.rwatch.push(w);
                             }
                         }

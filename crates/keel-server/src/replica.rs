@@ -221,6 +221,11 @@ pub struct Response {
 /// the log's database.
 pub const REQUEST_BYTES_MAX: usize = 8 << 20;
 
+/// Most keys one `WATCH` log entry watches, and most lapsed watches it drops: it writes a
+/// record for each, in one engine transaction (at most `TXN_WRITE_KEYS_MAX` keys). A
+/// connection's `WATCH` of more keys goes to their partition in several entries.
+pub const WATCH_ENTRY_KEYS_MAX: usize = 4096;
+
 /// How often a leader sends heartbeats.
 const HEARTBEAT_MS: u64 = 100;
 /// A follower that hears nothing from its leader for a random time in this range (ms) stands
@@ -2556,6 +2561,88 @@ mod tests {
             .expect("it applies on");
         assert_eq!(after[1].reply, b":1\r\n");
         assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
+    }
+
+    /// `WATCH` entries stay within one transaction: an entry watches at most
+    /// [`WATCH_ENTRY_KEYS_MAX`] keys (more is refused, not applied: `WATCH` of 65 536 keys
+    /// failed its entry on every replica and stopped the partition's Raft group), and drops
+    /// at most as many lapsed watches, the first in key order on every replica.
+    #[tokio::test]
+    async fn watch_entries_stay_within_one_transaction() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let watch = |index: u64, now: u64, keys: std::ops::Range<usize>| {
+            let names: Vec<String> = keys.map(|i| format!("w{i:06}")).collect();
+            let mut exists = vec!["EXISTS"];
+            exists.extend(names.iter().map(String::as_str));
+            step(index, now, &[&exists], Op::Watch)
+        };
+        let r = m
+            .apply(vec![watch(1, t, 0..WATCH_ENTRY_KEYS_MAX + 1)])
+            .await
+            .expect("the entry applies");
+        assert_eq!(r[0].status, Status::Failed);
+        assert!(String::from_utf8_lossy(&r[0].reply).contains("at most 4096 keys"));
+        let watching = |m: &machine::Machine| m.locks().lock().counts().2;
+        assert_eq!(watching(&m), 0);
+        m.apply(vec![
+            watch(2, t, 0..WATCH_ENTRY_KEYS_MAX),
+            watch(3, t, WATCH_ENTRY_KEYS_MAX..WATCH_ENTRY_KEYS_MAX + 1000),
+        ])
+        .await
+        .expect("apply");
+        assert_eq!(watching(&m), WATCH_ENTRY_KEYS_MAX + 1000);
+        // All lapsed: each later entry drops at most an entry's worth, and watches its own.
+        let later = t + prepared::WATCH_LAPSE_MS + 1;
+        m.apply(vec![watch(4, later, 900_000..900_001)])
+            .await
+            .expect("apply");
+        assert_eq!(watching(&m), 1000 + 1, "the first 4096 in key order went");
+        m.apply(vec![watch(5, later, 900_000..900_001)])
+            .await
+            .expect("apply");
+        assert_eq!(watching(&m), 1, "then the rest");
+    }
+
+    /// A prepare whose record (its commands and replies, kept until the decision) is larger
+    /// than a value may be votes no with the reason, and the partition applies on.
+    #[tokio::test]
+    async fn a_prepare_too_large_to_keep_is_refused() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let big = "x".repeat(7 << 20);
+        m.apply(vec![step(1, t, &[&["SET", "big", &big]], Op::Run)])
+            .await
+            .expect("apply");
+        let prepare = step(
+            2,
+            t,
+            &[&["GET", "big"], &["GET", "big"], &["GET", "big"]],
+            Op::Prepare {
+                txn: TxnId {
+                    node: 1,
+                    incarnation: 2,
+                    seq: 3,
+                },
+                coordinator: 1,
+                deadline_ms: t + 6_000,
+            },
+        );
+        let r = m.apply(vec![prepare]).await.expect("the entry applies");
+        assert_eq!(r[0].status, Status::Failed);
+        assert!(
+            String::from_utf8_lossy(&r[0].reply).contains("keeps its commands and replies"),
+            "{}",
+            String::from_utf8_lossy(&r[0].reply)
+        );
+        assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
+        let after = m
+            .apply(vec![step(3, t, &[&["STRLEN", "big"]], Op::Run)])
+            .await
+            .expect("it applies on");
+        assert_eq!(after[0].reply, format!(":{}\r\n", 7 << 20).into_bytes());
     }
 
     #[tokio::test]

@@ -493,20 +493,33 @@ pub fn slot_pairs(
 }
 
 /// Writes `record` as `txn`'s prepared record with `books`, and takes its locks.
+/// Keeps `record` as transaction `txn`'s prepared record and takes its locks; or, when the
+/// record (its request and replies) is larger than one value may be, commits the books
+/// alone and says why the prepare is refused. Failing the entry instead would fail it on
+/// every replica, and stop the partition's Raft group (a `MULTI` of three `GET`s of a 7 MiB
+/// value beside a write on another partition did).
 fn keep_prepared(
     db: &Db,
     locks: &mut Locks,
     books: &mut Books<'_>,
     txn: TxnId,
     record: Record,
-) -> Result<()> {
-    books.puts.push((
-        key(PREPARED, txn),
-        postcard::to_stdvec(&record).map_err(sm_err)?,
-    ));
+) -> Result<std::result::Result<(), String>> {
+    let encoded = postcard::to_stdvec(&record).map_err(sm_err)?;
+    let room = keel::limits::VALUE_BYTES_MAX.min(keel::limits::TXN_WRITE_BYTES_MAX / 2);
+    if encoded.len() > room {
+        books.commit(db)?;
+        return Ok(Err(format!(
+            "ERR keel: limit exceeded: a transaction across partitions keeps its commands and \
+             replies on each partition until its decision, at most {room} bytes there; this \
+             one needs {}",
+            encoded.len()
+        )));
+    }
+    books.puts.push((key(PREPARED, txn), encoded));
     books.commit(db)?;
     locks.take(txn, record);
-    Ok(())
+    Ok(Ok(()))
 }
 
 fn moved_status(moved: &[(u16, usize)]) -> Response {
@@ -794,10 +807,12 @@ pub fn apply(
                             replies: replies.clone(),
                             moving: None,
                         };
-                        keep_prepared(db, locks, &mut books, *txn, record)?;
-                        Response {
-                            replies,
-                            ..Response::default()
+                        match keep_prepared(db, locks, &mut books, *txn, record)? {
+                            Ok(()) => Response {
+                                replies,
+                                ..Response::default()
+                            },
+                            Err(text) => failed(text),
                         }
                     }
                 }
@@ -993,10 +1008,13 @@ pub fn apply(
                     replies: Vec::new(),
                     moving: Some((slots.clone(), *to)),
                 };
-                keep_prepared(db, locks, &mut books, *txn, record)?;
-                Response {
-                    replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
-                    ..Response::default()
+                match keep_prepared(db, locks, &mut books, *txn, record)? {
+                    Ok(()) => Response {
+                        replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
+                        ..Response::default()
+                    },
+                    // A move's record holds no replies: never this big.
+                    Err(text) => failed(text),
                 }
             }
         }
@@ -1057,20 +1075,37 @@ pub fn apply(
             }
         }
         Op::Watch => {
+            let watching: usize = request
+                .commands
+                .iter()
+                .map(|c| c.len().saturating_sub(1))
+                .sum();
             if let moved @ [_, ..] = &locks.misplaced(&request.commands)[..] {
                 books.commit(db)?;
                 moved_status(moved)
+            } else if watching > super::WATCH_ENTRY_KEYS_MAX {
+                // The node sends no more in one entry (`conn.rs`, `watch_replicated`): one
+                // that did is refused rather than fail the entry on every replica.
+                books.commit(db)?;
+                failed(format!(
+                    "ERR keel: one WATCH entry watches at most {} keys, not {watching}",
+                    super::WATCH_ENTRY_KEYS_MAX
+                ))
             } else if locks.conflicts(&request.commands) {
                 books.commit(db)?;
                 status(Status::Busy)
             } else {
-                // Lapsed watches go; each key keeps its version, or starts at this entry.
-                let lapsed: Vec<Vec<u8>> = locks
+                // Lapsed watches go, the first [`WATCH_ENTRY_KEYS_MAX`] in key order (the
+                // same on every replica; the rest at the next entries); each key keeps its
+                // version, or starts at this entry.
+                let mut lapsed: Vec<Vec<u8>> = locks
                     .watched
                     .iter()
                     .filter(|(_, (_, lapse))| *lapse < clock)
                     .map(|(k, _)| k.clone())
                     .collect();
+                lapsed.sort_unstable();
+                lapsed.truncate(super::WATCH_ENTRY_KEYS_MAX);
                 for k in &lapsed {
                     locks.watched.remove(k);
                     books.deletes.push([WATCHED, k].concat());
