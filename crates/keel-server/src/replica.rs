@@ -2360,11 +2360,7 @@ mod tests {
             reply.contains("flushed in one transaction") && reply.contains("holds 70000"),
             "{reply}"
         );
-        let after = m
-            .apply(vec![step(index + 2, t, &[&["DBSIZE"]], Op::Run)])
-            .await
-            .expect("apply");
-        assert_eq!(after[0].reply, b":70000\r\n");
+        assert_eq!(applies_on(&mut m, index + 2, t).await, b":70001\r\n");
     }
 
     /// A group's writes apply in order, each as its own entry would (ids included), and
@@ -2451,6 +2447,27 @@ mod tests {
         }
     }
 
+    /// The response of an entry that was refused rather than failed: `Failed`, its reply
+    /// saying `why`.
+    fn assert_refused(r: &Response, why: &str) {
+        let reply = String::from_utf8_lossy(&r.reply);
+        assert_eq!(r.status, Status::Failed, "{reply}");
+        assert!(reply.contains(why), "{reply}");
+    }
+
+    /// After an entry refused for its size, the partition applies on: `SET x y` at `index`,
+    /// then `DBSIZE`, whose reply this returns.
+    async fn applies_on(m: &mut machine::Machine, index: u64, now: u64) -> Vec<u8> {
+        let after = m
+            .apply(vec![
+                step(index, now, &[&["SET", "x", "y"]], Op::Run),
+                step(index + 1, now, &[&["DBSIZE"]], Op::Run),
+            ])
+            .await
+            .expect("it applies on");
+        after[1].reply.clone()
+    }
+
     fn step(index: u64, now_ms: u64, commands: &[&[&str]], op: Op) -> Entry<Tc> {
         let mut e = entry(index, commands);
         if let EntryPayload::Normal(r) = &mut e.payload {
@@ -2506,14 +2523,11 @@ mod tests {
         let r = m.apply(vec![entry]).await.expect("the entry applies");
         let reply = String::from_utf8_lossy(&r[0].reply);
         assert!(reply.starts_with("-ERR keel: limit exceeded"), "{reply}");
-        let after = m
-            .apply(vec![
-                step(2, t, &[&["SET", "x", "y"]], Op::Run),
-                step(3, t, &[&["DBSIZE"]], Op::Run),
-            ])
-            .await
-            .expect("it applies on");
-        assert_eq!(after[1].reply, b":1\r\n", "nothing of the MSET was written");
+        assert_eq!(
+            applies_on(&mut m, 2, t).await,
+            b":1\r\n",
+            "nothing of it was written"
+        );
     }
 
     /// A prepare whose commands leave its commit no room for its records votes no, with
@@ -2546,20 +2560,8 @@ mod tests {
             },
         );
         let r = m.apply(vec![prepare]).await.expect("the entry applies");
-        assert_eq!(r[0].status, Status::Failed);
-        assert!(
-            String::from_utf8_lossy(&r[0].reply).contains("leaves no room"),
-            "{}",
-            String::from_utf8_lossy(&r[0].reply)
-        );
-        let after = m
-            .apply(vec![
-                step(2, t, &[&["SET", "x", "y"]], Op::Run),
-                step(3, t, &[&["DBSIZE"]], Op::Run),
-            ])
-            .await
-            .expect("it applies on");
-        assert_eq!(after[1].reply, b":1\r\n");
+        assert_refused(&r[0], "leaves no room");
+        assert_eq!(applies_on(&mut m, 2, t).await, b":1\r\n");
         assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
     }
 
@@ -2582,8 +2584,7 @@ mod tests {
             .apply(vec![watch(1, t, 0..WATCH_ENTRY_KEYS_MAX + 1)])
             .await
             .expect("the entry applies");
-        assert_eq!(r[0].status, Status::Failed);
-        assert!(String::from_utf8_lossy(&r[0].reply).contains("at most 4096 keys"));
+        assert_refused(&r[0], "at most 4096 keys");
         let watching = |m: &machine::Machine| m.locks().lock().counts().2;
         assert_eq!(watching(&m), 0);
         m.apply(vec![
@@ -2631,18 +2632,9 @@ mod tests {
             },
         );
         let r = m.apply(vec![prepare]).await.expect("the entry applies");
-        assert_eq!(r[0].status, Status::Failed);
-        assert!(
-            String::from_utf8_lossy(&r[0].reply).contains("keeps its commands and replies"),
-            "{}",
-            String::from_utf8_lossy(&r[0].reply)
-        );
+        assert_refused(&r[0], "keeps its commands and replies");
         assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
-        let after = m
-            .apply(vec![step(3, t, &[&["STRLEN", "big"]], Op::Run)])
-            .await
-            .expect("it applies on");
-        assert_eq!(after[0].reply, format!(":{}\r\n", 7 << 20).into_bytes());
+        assert_eq!(applies_on(&mut m, 3, t).await, b":2\r\n");
     }
 
     #[tokio::test]
@@ -2723,20 +2715,12 @@ mod tests {
             },
         );
         let r = m.apply(vec![into]).await.expect("the entry applies");
-        assert_eq!(r[0].status, Status::Failed);
-        assert!(
-            String::from_utf8_lossy(&r[0].reply).contains("engine records"),
-            "{:?}",
-            String::from_utf8_lossy(&r[0].reply)
+        assert_refused(&r[0], "engine records");
+        assert_eq!(
+            applies_on(&mut m, 2, now).await,
+            b":1\r\n",
+            "nothing of the move was written"
         );
-        let after = m
-            .apply(vec![
-                step(2, now, &[&["SET", "x", "y"]], Op::Run),
-                step(3, now, &[&["DBSIZE"]], Op::Run),
-            ])
-            .await
-            .expect("it applies on");
-        assert_eq!(after[1].reply, b":1\r\n", "nothing of the move was written");
     }
 
     #[tokio::test]
