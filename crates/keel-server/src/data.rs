@@ -363,6 +363,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelMin
                 | Cmd::KeelAdd
                 | Cmd::KeelRestore
+                | Cmd::KeelReap
                 | Cmd::Sort
         )
         || crate::expiry::handles(cmd)
@@ -790,6 +791,10 @@ pub fn run(
             out.ok();
         }
         Cmd::KeelRange => keel_range(args, view, ctx, out)?,
+        Cmd::KeelReap => {
+            let done = crate::reaper::reap_in(view.txn(), ctx.clock.now_ms())?;
+            out.int(i64::try_from(done.deleted).unwrap_or(i64::MAX));
+        }
         Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore => {
             crate::gather::command(cmd, args, view, ctx, out)?
         }

@@ -134,31 +134,34 @@ fn begin_error(e: keel::BeginError) -> crate::data::Fail {
     format!("ERR keel: {e}").into()
 }
 
-/// Deletes up to [`BATCH_KEYS`] keys whose deadline is at or before `now_ms`.
-pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
-    let due: Vec<(u64, Vec<u8>)> = {
-        let snap = db.snapshot().map_err(begin_error)?;
-        let lo = Bound::Included(vec![ks::INTERNAL, ks::EXPIRY]);
-        let hi = Bound::Included(ks::expiry_key(now_ms, &[]).to_vec());
-        let mut due = Vec::new();
-        View::Snap(&snap).range(lo, hi, false, |k, _| {
-            if let Some((deadline, key)) = ks::parse_expiry_key(k) {
-                due.push((deadline, key.to_vec()));
-            }
-            if due.len() > BATCH_KEYS {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
-        due
-    };
+/// Up to [`BATCH_KEYS`] keys whose deadline is at or before `now_ms`, from the expiry index
+/// in `view`, with their deadlines; and whether more are due.
+fn due_keys(view: &mut View<'_, '_>, now_ms: u64) -> (Vec<(u64, Vec<u8>)>, bool) {
+    let lo = Bound::Included(vec![ks::INTERNAL, ks::EXPIRY]);
+    let hi = Bound::Included(ks::expiry_key(now_ms, &[]).to_vec());
+    let mut due = Vec::new();
+    view.range(lo, hi, false, |k, _| {
+        if let Some((deadline, key)) = ks::parse_expiry_key(k) {
+            due.push((deadline, key.to_vec()));
+        }
+        if due.len() > BATCH_KEYS {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
     let full = due.len() > BATCH_KEYS;
-    let due = &due[..due.len().min(BATCH_KEYS)];
-    if due.is_empty() {
-        return Ok(Done::default());
-    }
-    let mut txn = db.begin().map_err(begin_error)?;
+    due.truncate(BATCH_KEYS);
+    (due, full)
+}
+
+/// Deletes, in `txn`, each of `due` whose meta record still carries that deadline (reading
+/// it, so a concurrent write of the key conflicts); how many it deleted.
+fn expire_in(
+    txn: &mut keel::Txn<'_>,
+    due: &[(u64, Vec<u8>)],
+    now_ms: u64,
+) -> Result<u64, crate::data::Fail> {
     let mut deleted = 0;
     for (deadline, key) in due {
         let meta = txn
@@ -166,13 +169,27 @@ pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
             .transpose()?;
         match meta {
             Some(m) if m.deadline == *deadline && m.expired(now_ms) => {
-                ks::expire(&mut txn, key, &m)?;
+                ks::expire(txn, key, &m)?;
                 deleted += 1;
             }
             // A stale entry (never left behind by a command, but harmless to remove).
             _ => txn.delete(&ks::expiry_key(*deadline, key))?,
         }
     }
+    Ok(deleted)
+}
+
+/// Deletes up to [`BATCH_KEYS`] keys whose deadline is at or before `now_ms`.
+pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
+    let (due, full) = due_keys(
+        &mut View::Snap(&db.snapshot().map_err(begin_error)?),
+        now_ms,
+    );
+    if due.is_empty() {
+        return Ok(Done::default());
+    }
+    let mut txn = db.begin().map_err(begin_error)?;
+    let deleted = expire_in(&mut txn, &due, now_ms)?;
     match txn.commit() {
         Ok(Ok(_)) => Ok(Done { deleted, full }),
         Ok(Err(conflict)) => Err(format!("ERR keel: expiry pass conflicted: {conflict}").into()),
@@ -180,12 +197,14 @@ pub fn expire_due(db: &Db, now_ms: u64) -> Result<Done, crate::data::Fail> {
     }
 }
 
-/// Deletes up to [`BATCH_KEYS`] sub-keys of dropped collections, and the graveyard entries of
-/// those with none left.
-pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
-    let snap = db.snapshot().map_err(begin_error)?;
+/// Sub-keys of dropped collections, and graveyard entries, to delete.
+type Doomed = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// Up to [`BATCH_KEYS`] sub-keys of dropped collections in `view`, and the graveyard entries
+/// of those whose every sub-key is among them.
+fn doomed(view: &mut View<'_, '_>) -> Result<Doomed, crate::data::Fail> {
     let mut graves = Vec::new();
-    View::Snap(&snap).range(
+    view.range(
         Bound::Included(vec![ks::INTERNAL, ks::GRAVE]),
         Bound::Excluded(vec![ks::INTERNAL, ks::GRAVE + 1]),
         false,
@@ -198,9 +217,6 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
             }
         },
     );
-    if graves.is_empty() {
-        return Ok(Done::default());
-    }
     let mut doomed = Vec::new();
     let mut empty = Vec::new();
     for (grave, ty) in graves {
@@ -213,7 +229,7 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
         let prefixes = ty.map_or(ks::ALL_SUB_KINDS, ks::sub_prefixes);
         for &kind in prefixes {
             let (lo, hi) = ks::prefix_range(&ks::sub_prefix(kind, generation));
-            View::Snap(&snap).range(lo, hi, false, |k, _| {
+            view.range(lo, hi, false, |k, _| {
                 doomed.push(k.to_vec());
                 if doomed.len() >= BATCH_KEYS {
                     ControlFlow::Break(())
@@ -231,7 +247,16 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
         // Everything of this generation is in `doomed`: its entry can go in the same commit.
         empty.push(grave);
     }
-    drop(snap);
+    Ok((doomed, empty))
+}
+
+/// Deletes up to [`BATCH_KEYS`] sub-keys of dropped collections, and the graveyard entries of
+/// those with none left.
+pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
+    let (doomed, empty) = doomed(&mut View::Snap(&db.snapshot().map_err(begin_error)?))?;
+    if doomed.is_empty() && empty.is_empty() {
+        return Ok(Done::default());
+    }
     let full = doomed.len() >= BATCH_KEYS;
     let mut txn = db.begin().map_err(begin_error)?;
     for k in doomed.iter().chain(&empty) {
@@ -245,4 +270,47 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
         Ok(Err(conflict)) => Err(format!("ERR keel: graveyard pass conflicted: {conflict}").into()),
         Err(e) => Err(format!("ERR keel: {e}").into()),
     }
+}
+
+/// `KEEL.REAP`: one pass of both, in `txn` at `now_ms`: what a replicated partition's leader
+/// proposes as a log entry, so that every replica deletes the same keys at the same place in
+/// its log (a replicated node runs no reaper thread: its data changes only by entries).
+/// Whether more work waits is in `full`.
+pub fn reap_in(txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<Done, crate::data::Fail> {
+    let (due, expiring_full) = due_keys(&mut View::Txn(txn), now_ms);
+    let expired = expire_in(txn, &due, now_ms)?;
+    let (doomed, empty) = doomed(&mut View::Txn(txn))?;
+    for k in doomed.iter().chain(&empty) {
+        txn.delete(k)?;
+    }
+    Ok(Done {
+        deleted: expired + doomed.len() as u64,
+        full: expiring_full || doomed.len() >= BATCH_KEYS,
+    })
+}
+
+/// Whether a pass of [`reap_in`] at `now_ms` would find work in `db`: a key due, or a
+/// dropped collection.
+pub fn has_work(db: &Db, now_ms: u64) -> bool {
+    let Ok(snap) = db.snapshot() else {
+        return false;
+    };
+    let mut any = false;
+    let mut view = View::Snap(&snap);
+    for (lo, hi) in [
+        (
+            Bound::Included(vec![ks::INTERNAL, ks::EXPIRY]),
+            Bound::Included(ks::expiry_key(now_ms, &[]).to_vec()),
+        ),
+        (
+            Bound::Included(vec![ks::INTERNAL, ks::GRAVE]),
+            Bound::Excluded(vec![ks::INTERNAL, ks::GRAVE + 1]),
+        ),
+    ] {
+        view.range(lo, hi, false, |_, _| {
+            any = true;
+            ControlFlow::Break(())
+        });
+    }
+    any
 }

@@ -2039,6 +2039,63 @@ impl Request {
     }
 }
 
+/// How often a partition's leader looks for keys past their deadline and dropped
+/// collections to delete ([`reap_loop`]).
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Passes of `KEEL.REAP` one look proposes at most, while work remains.
+const REAP_PASSES_MAX: usize = 64;
+
+/// The reaper of a replicated node, which runs no reaper thread (its data changes only by
+/// log entries): every [`REAP_EVERY`], for each partition this node leads that holds a key
+/// past its deadline or a dropped collection, proposes `KEEL.REAP` entries (each deletes up
+/// to 512 of each, at the entry's time, identically on every replica) until none is left or
+/// [`REAP_PASSES_MAX`] went, until the server stops. So expired keys that nobody reads
+/// again, and the members of deleted collections, give their memory back here too.
+pub async fn reap_loop(shared: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(REAP_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(rep) = shared.replication.get() else {
+            return;
+        };
+        for part in rep.hosted() {
+            for _ in 0..REAP_PASSES_MAX {
+                if !part.leads() || !crate::reaper::has_work(part.db, (part.clock)()) {
+                    break;
+                }
+                let request = Request {
+                    commands: vec![vec![b"KEEL.REAP".to_vec()]],
+                    exec: false,
+                    batch: false,
+                    resp3: false,
+                    now_ms: (part.clock)(),
+                    bulk_bytes_max: shared
+                        .proto_max_bulk_len
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    reply_bytes_max: shared.config.reply_bytes_max,
+                    op: Op::Run,
+                    watched: Vec::new(),
+                    id: None,
+                    keep_ms: 0,
+                };
+                match rep.run(&shared, part.id, request, false).await {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!("partition {}: a reap pass failed: {e:?}", part.id);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Runs [`Replication::reconcile`] every second, and at once when a newer view arrives,
 /// until the server stops.
 pub async fn reconcile_loop(shared: std::sync::Weak<Shared>) {
@@ -2635,6 +2692,97 @@ mod tests {
         assert_refused(&r[0], "keeps its commands and replies");
         assert_eq!(m.locks().lock().counts().0, 0, "nothing stays prepared");
         assert_eq!(applies_on(&mut m, 3, t).await, b":2\r\n");
+    }
+
+    /// `KEEL.REAP`, the entry a replicated partition's leader proposes in place of a reaper
+    /// thread: it deletes keys past their deadline at the entry's time, and the members of
+    /// deleted collections, the same on every replica, and a partition with nothing to reap
+    /// has no more to do.
+    #[tokio::test]
+    async fn reap_entries_delete_expired_keys_and_dropped_collections_alike_everywhere() {
+        let t = 1_700_000_000_000;
+        let members: Vec<String> = (0..300).map(|i| format!("member-{i}")).collect();
+        let mut sadd = vec!["SADD", "s"];
+        sadd.extend(members.iter().map(String::as_str));
+        let entries = || {
+            vec![
+                step(1, t, &[&sadd], Op::Run),
+                step(2, t, &[&["SET", "ttl", "v", "PX", "10"]], Op::Run),
+                step(3, t, &[&["SET", "kept", "v"]], Op::Run),
+                step(4, t, &[&["DEL", "s"]], Op::Run),
+                step(5, t + 1_000, &[&["KEEL.REAP"]], Op::Run),
+                step(6, t + 1_000, &[&["KEEL.REAP"]], Op::Run),
+            ]
+        };
+        let mut replicas = Vec::new();
+        for _ in 0..2 {
+            let db = leaked();
+            let mut m = machine::Machine::open(db, None).await.expect("open");
+            let before_reap = {
+                let mut e = entries();
+                let reaps = e.split_off(4);
+                m.apply(e).await.expect("apply");
+                let left = contents(db).len();
+                (left, reaps)
+            };
+            assert!(
+                crate::reaper::has_work(db, t + 1_000),
+                "an expired key and a dropped set"
+            );
+            let r = m.apply(before_reap.1).await.expect("apply");
+            assert_eq!(r[0].reply, b":301\r\n", "300 members and the expired key");
+            assert_eq!(r[1].reply, b":0\r\n", "nothing left");
+            assert!(!crate::reaper::has_work(db, t + 1_000));
+            assert!(before_reap.0 > 300);
+            replicas.push(contents(db));
+        }
+        assert_eq!(replicas[0], replicas[1], "every replica reaps the same");
+        let keys: Vec<&[u8]> = replicas[0].iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(keys, [&b"kept"[..]], "only the live key is left");
+    }
+
+    /// `KEEL.REAP` names no keys but deletes any that expired, so it waits while a prepared
+    /// transaction holds keys here (its commit runs its commands on them again).
+    #[tokio::test]
+    async fn reaping_waits_for_prepared_transactions() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let t = 1_700_000_000_000;
+        let txn = TxnId {
+            node: 1,
+            incarnation: 2,
+            seq: 3,
+        };
+        let r = m
+            .apply(vec![
+                step(1, t, &[&["SET", "ttl", "v", "PX", "10"]], Op::Run),
+                step(
+                    2,
+                    t,
+                    &[&["GET", "ttl"]],
+                    Op::Prepare {
+                        txn,
+                        coordinator: 1,
+                        deadline_ms: t + 6_000,
+                    },
+                ),
+                step(3, t + 1_000, &[&["KEEL.REAP"]], Op::Run),
+                step(
+                    4,
+                    t + 1_000,
+                    &[],
+                    Op::Abort {
+                        txn,
+                        deadline_ms: t + 6_000,
+                    },
+                ),
+                step(5, t + 1_000, &[&["KEEL.REAP"]], Op::Run),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(r[1].status, Status::Done, "prepared");
+        assert_eq!(r[2].status, Status::Busy, "held: not reaped");
+        assert_eq!(r[4].reply, b":1\r\n", "reaped once released");
     }
 
     #[tokio::test]

@@ -217,6 +217,7 @@ pub enum Cmd {
     KeelLearnslots,
     KeelOnce,
     KeelAwaitpush,
+    KeelReap,
 }
 
 /// One command's description.
@@ -2461,6 +2462,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing."
+    ),
+    spec!(
+        "keel.reap",
+        KeelReap,
+        1,
+        &["write", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Deletes up to 512 keys past their deadline and 512 sub-keys of deleted collections now, as the background reaper does; replies how many. A replicated partition's leader proposes it as a log entry, since a replicated node runs no reaper of its own."
     ),
     spec!(
         "keel.awaitpush",

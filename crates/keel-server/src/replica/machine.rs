@@ -1026,7 +1026,13 @@ pub fn execute(
             ..Response::default()
         });
     }
-    if locks.conflicts(&touched) {
+    // `KEEL.REAP` names no keys but deletes any that expired: it waits while a prepared
+    // transaction holds keys here (which the commit runs its commands on again).
+    let reaps = request.commands.iter().any(|c| {
+        c.first()
+            .is_some_and(|n| n.eq_ignore_ascii_case(b"keel.reap"))
+    });
+    if locks.conflicts(&touched) || (reaps && !locks.idle()) {
         put_marker(db, marker)?;
         return Ok(Response {
             status: Status::Busy,

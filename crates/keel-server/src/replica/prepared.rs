@@ -183,6 +183,11 @@ fn slot_of(key: &[u8]) -> u16 {
 }
 
 impl Locks {
+    /// Whether no prepared transaction or move holds anything here.
+    pub fn idle(&self) -> bool {
+        self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0
+    }
+
     /// Whether running `commands` now would read a key a prepared transaction writes, or
     /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
