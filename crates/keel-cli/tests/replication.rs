@@ -1197,6 +1197,69 @@ fn rebalance_evens_out_the_slots() {
 /// pause grows to 100 ms, served a push that came after a second of waiting about 50 ms late
 /// on average, 100 at worst). Clients blocked on one node are served in the order they
 /// blocked, as by Redis, and `CLIENT UNBLOCK` ends a wait.
+/// A replicated node runs no reaper thread: each partition's leader proposes `KEEL.REAP`
+/// entries, so keys past their deadline and the members of a deleted collection go without
+/// anyone touching them again (before, they stayed: `INFO keyspace` kept counting the keys,
+/// and the set's members kept their records).
+#[test]
+fn expired_keys_and_deleted_collections_are_reaped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ports: Vec<u16> = support::ports(5, 8)[3..6].to_vec();
+    let _nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    let mut c = connect(ports[0]).expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = redis::cmd("DEL").arg("{b}warm").query::<i64>(&mut c) {
+        assert!(Instant::now() < deadline, "writes: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let info = |c: &mut redis::Connection, section: &str| -> String {
+        redis::cmd("INFO").arg(section).query(c).expect("INFO")
+    };
+    let records = |c: &mut redis::Connection| -> u64 {
+        info(c, "keel")
+            .lines()
+            .find_map(|l| l.strip_prefix("keel_records:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("keel_records")
+    };
+    let before = records(&mut c);
+    let mut sadd = redis::cmd("SADD");
+    sadd.arg("{b}big");
+    for i in 0..1_000 {
+        sadd.arg(format!("member-{i}"));
+    }
+    let _: i64 = sadd.query(&mut c).expect("SADD");
+    for i in 0..100 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("{{b}}ttl{i}"))
+            .arg("v")
+            .arg("PX")
+            .arg(50)
+            .query(&mut c)
+            .expect("SET");
+    }
+    let peak = records(&mut c);
+    assert!(peak >= before + 1_000, "{peak} records");
+    let _: i64 = redis::cmd("DEL").arg("{b}big").query(&mut c).expect("DEL");
+    // Nothing touches them again. (The answers kept for retried writes stay a while longer:
+    // a few records per write.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let keyspace = info(&mut c, "keyspace");
+        let left = records(&mut c);
+        if !keyspace.contains("db0:") && left + 1_000 <= peak {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not reaped: {left} records (from {peak}), {keyspace:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
     let dir = tempfile::tempdir().expect("temp dir");
