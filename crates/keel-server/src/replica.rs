@@ -2396,13 +2396,10 @@ mod tests {
         let db = leaked();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
-        let names: Vec<String> = (0..70_000).map(|i| format!("k{i}")).collect();
         let mut index = 0;
-        for chunk in names.chunks(1_000) {
-            let mut mset = vec!["MSET"];
-            for k in chunk {
-                mset.extend([k.as_str(), "v"]);
-            }
+        for from in (0..70_000).step_by(1_000) {
+            let mset = mset_of(from, 1_000);
+            let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
             index += 1;
             m.apply(vec![step(index, t, &[&mset], Op::Run)])
                 .await
@@ -2504,6 +2501,13 @@ mod tests {
         }
     }
 
+    /// `MSET k<from> v k<from+1> v ...` of `n` keys, as owned arguments.
+    fn mset_of(from: usize, n: usize) -> Vec<String> {
+        std::iter::once("MSET".to_owned())
+            .chain((from..from + n).flat_map(|i| [format!("k{i}"), "v".to_owned()]))
+            .collect()
+    }
+
     /// The response of an entry that was refused rather than failed: `Failed`, its reply
     /// saying `why`.
     fn assert_refused(r: &Response, why: &str) {
@@ -2561,13 +2565,8 @@ mod tests {
         let db = leaked();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
-        let names: Vec<String> = (0..keel::limits::TXN_WRITE_KEYS_MAX - 1)
-            .map(|i| format!("k{i}"))
-            .collect();
-        let mut mset = vec!["MSET"];
-        for k in &names {
-            mset.extend([k.as_str(), "v"]);
-        }
+        let mset = mset_of(0, keel::limits::TXN_WRITE_KEYS_MAX - 1);
+        let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
         let mut entry = step(1, t, &[&mset], Op::Run);
         if let EntryPayload::Normal(r) = &mut entry.payload {
             r.id = Some(TxnId {
@@ -2594,13 +2593,8 @@ mod tests {
         let db = leaked();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
-        let names: Vec<String> = (0..keel::limits::TXN_WRITE_KEYS_MAX - 4)
-            .map(|i| format!("k{i}"))
-            .collect();
-        let mut mset = vec!["MSET"];
-        for k in &names {
-            mset.extend([k.as_str(), "v"]);
-        }
+        let mset = mset_of(0, keel::limits::TXN_WRITE_KEYS_MAX - 4);
+        let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
         let txn = TxnId {
             node: 1,
             incarnation: 2,

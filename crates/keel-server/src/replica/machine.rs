@@ -1026,13 +1026,7 @@ pub fn execute(
             ..Response::default()
         });
     }
-    // `KEEL.REAP` names no keys but deletes any that expired: it waits while a prepared
-    // transaction holds keys here (which the commit runs its commands on again).
-    let reaps = request.commands.iter().any(|c| {
-        c.first()
-            .is_some_and(|n| n.eq_ignore_ascii_case(b"keel.reap"))
-    });
-    if locks.conflicts(&touched) || (reaps && !locks.idle()) {
+    if locks.conflicts(&touched) {
         put_marker(db, marker)?;
         return Ok(Response {
             status: Status::Busy,

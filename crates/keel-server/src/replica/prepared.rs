@@ -142,10 +142,28 @@ struct Held {
 
 /// Whether `commands` write without keys (`FLUSHDB`, `FLUSHALL`): they touch every key.
 fn writes_everything(commands: &[Vec<Vec<u8>>]) -> bool {
+    runs_any(commands, &[table::Cmd::Flushdb, table::Cmd::Flushall])
+}
+
+/// Whether `commands` may write a key they do not name: the flushes, and `KEEL.REAP`,
+/// which deletes whatever expired (but changes no watched key's version: a watch sees an
+/// expiry by its deadline).
+fn may_write_unnamed(commands: &[Vec<Vec<u8>>]) -> bool {
+    runs_any(
+        commands,
+        &[
+            table::Cmd::Flushdb,
+            table::Cmd::Flushall,
+            table::Cmd::KeelReap,
+        ],
+    )
+}
+
+fn runs_any(commands: &[Vec<Vec<u8>>], cmds: &[table::Cmd]) -> bool {
     commands.iter().any(|c| {
         c.first()
             .and_then(|n| table::lookup(n))
-            .is_some_and(|s| matches!(s.cmd, table::Cmd::Flushdb | table::Cmd::Flushall))
+            .is_some_and(|s| cmds.contains(&s.cmd))
     })
 }
 
@@ -183,11 +201,6 @@ fn slot_of(key: &[u8]) -> u16 {
 }
 
 impl Locks {
-    /// Whether no prepared transaction or move holds anything here.
-    pub fn idle(&self) -> bool {
-        self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0
-    }
-
     /// Whether running `commands` now would read a key a prepared transaction writes, or
     /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
@@ -198,7 +211,7 @@ impl Locks {
         if self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0 {
             return false;
         }
-        if self.global > 0 || writes_everything(commands) {
+        if self.global > 0 || may_write_unnamed(commands) {
             return true;
         }
         accesses(commands).iter().any(|(key, write)| {
