@@ -1739,12 +1739,20 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         }
     }
     // FLUSHALL empties every partition in one transaction across them, and the partitions
-    // keep working (their replication records are not data).
+    // keep working (their replication records are not data). One partition here holds more
+    // keys than one transaction deletes: then every partition is flushed in batches.
     {
         let mut c = connect(ports[1]).expect("connect");
         let mut pipe = redis::pipe();
         for i in 0..30 {
             pipe.cmd("SET").arg(format!("f{i}")).arg(i).ignore();
+        }
+        for from in (0..70_000).step_by(10_000) {
+            let mut mset = redis::cmd("MSET");
+            for i in from..from + 10_000 {
+                mset.arg(format!("{{big}}:{i}")).arg("v");
+            }
+            pipe.add_command(mset).ignore();
         }
         // Every partition has elected a leader once all of these are written.
         let deadline = Instant::now() + Duration::from_secs(20);

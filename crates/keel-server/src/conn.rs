@@ -1954,8 +1954,79 @@ impl Conn {
     }
 
     /// Replicated cluster: `FLUSHDB`/`FLUSHALL` as one transaction across every partition
-    /// (each deletes its data in one engine transaction; nothing is seen half flushed).
+    /// (each deletes its data in one engine transaction; nothing is seen half flushed). A
+    /// partition holding more keys than one transaction deletes refuses it; then every
+    /// partition is flushed in entries of `KEEL.FLUSHBATCH` instead, one after another, as a
+    /// single node flushes so many (writes meanwhile may stay, and reads may see it half
+    /// done).
     async fn flush_partitions(&self, args: &[Bytes]) -> Result<(), Fail> {
+        match self.flush_partitions_at_once(args).await {
+            Err(Fail(text)) if text.starts_with(crate::replica::FLUSH_TOO_LARGE) => {
+                self.flush_partitions_in_batches().await
+            }
+            other => other,
+        }
+    }
+
+    /// Each partition in turn, in `KEEL.FLUSHBATCH` entries until it answers that it is
+    /// empty.
+    async fn flush_partitions_in_batches(&self) -> Result<(), Fail> {
+        let shared = Arc::clone(&self.shared);
+        let rep = shared.replication.get().expect("replicated");
+        for p in 0..rep.partitions() {
+            let mut entries = 0u64;
+            loop {
+                let request = crate::replica::Request {
+                    commands: vec![vec![b"KEEL.FLUSHBATCH".to_vec()]],
+                    exec: false,
+                    batch: false,
+                    resp3: false,
+                    now_ms: crate::keyspace::unix_ms(),
+                    bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
+                    reply_bytes_max: shared.config.reply_bytes_max,
+                    op: crate::replica::Op::Run,
+                    watched: Vec::new(),
+                    id: None,
+                    keep_ms: 0,
+                };
+                let result = tokio::select! {
+                    r = rep.run(&shared, p, request, false) => r,
+                    () = self.info.kill.cancelled() => {
+                        return Err("ERR keel: the connection was killed".into());
+                    }
+                };
+                entries += 1;
+                match result {
+                    Ok(reply) if reply == b":0\r\n" => break,
+                    Ok(reply) if reply == b":1\r\n" => {}
+                    Ok(other) => {
+                        return Err(format!(
+                            "ERR keel: partition {p} answered a flush batch with {}",
+                            String::from_utf8_lossy(&other).trim_end()
+                        )
+                        .into());
+                    }
+                    Err(
+                        crate::replica::RunError::Failed(text)
+                        | crate::replica::RunError::Unknown(text),
+                    ) => return Err(text.into()),
+                    Err(e) => {
+                        return Err(format!(
+                            "TRYAGAIN keel: partition {p} refused a flush batch ({e:?}); part \
+                             of it may be flushed"
+                        )
+                        .into());
+                    }
+                }
+            }
+            if entries > 1 {
+                tracing::info!("flushed partition {p} in {entries} entries");
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush_partitions_at_once(&self, args: &[Bytes]) -> Result<(), Fail> {
         let shared = Arc::clone(&self.shared);
         let rep = shared.replication.get().expect("replicated");
         let command: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();

@@ -364,6 +364,7 @@ pub fn is_data(cmd: Cmd) -> bool {
                 | Cmd::KeelAdd
                 | Cmd::KeelRestore
                 | Cmd::KeelReap
+                | Cmd::KeelFlushbatch
                 | Cmd::Sort
         )
         || crate::expiry::handles(cmd)
@@ -791,6 +792,10 @@ pub fn run(
             out.ok();
         }
         Cmd::KeelRange => keel_range(args, view, ctx, out)?,
+        Cmd::KeelFlushbatch => {
+            let more = flush_batch(view.txn())?;
+            out.int(i64::from(more));
+        }
         Cmd::KeelReap => {
             let done = crate::reaper::reap_in(view.txn(), ctx.clock.now_ms())?;
             out.int(i64::try_from(done.deleted).unwrap_or(i64::MAX));

@@ -33,6 +33,7 @@ mod machine;
 mod net;
 mod prepared;
 mod snapfile;
+pub use machine::FLUSH_TOO_LARGE;
 pub use prepared::{WATCH_CHANGED, WATCH_LAPSE_MS};
 pub mod view;
 pub use view::View;
@@ -2389,10 +2390,12 @@ mod tests {
         );
     }
 
-    /// A partition holding more keys than one transaction may write is not flushed: its
-    /// entry answers why, and the partition applies on (its flush is one transaction).
+    /// A partition holding more keys than one transaction may write is not flushed by one
+    /// `FLUSHALL` entry: it answers why (the node then sends `KEEL.FLUSHBATCH` entries), and
+    /// the partition applies on. `KEEL.FLUSHBATCH` entries then empty it, answering 1 while
+    /// keys remain, and leave the replication records (the applied marker).
     #[tokio::test]
-    async fn a_flush_of_more_keys_than_one_transaction_writes_is_refused() {
+    async fn a_flush_of_more_keys_than_one_transaction_writes_goes_in_batches() {
         let db = leaked();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
@@ -2410,11 +2413,26 @@ mod tests {
             .await
             .expect("the entry applies");
         let reply = String::from_utf8_lossy(&flushed[0].reply);
+        assert!(reply.starts_with(&format!("-{FLUSH_TOO_LARGE}")), "{reply}");
         assert!(
-            reply.contains("flushed in one transaction") && reply.contains("holds 70000"),
+            reply.contains("or more (its node then flushes it in batches)"),
             "{reply}"
         );
         assert_eq!(applies_on(&mut m, index + 2, t).await, b":70001\r\n");
+        let batch = |index| step(index, t, &[&["KEEL.FLUSHBATCH"]], Op::Run);
+        let first = m.apply(vec![batch(index + 4)]).await.expect("applies");
+        assert_eq!(first[0].reply, b":1\r\n", "more than one entry deletes");
+        assert_eq!(applies_on(&mut m, index + 5, t).await, b":8561\r\n");
+        let second = m.apply(vec![batch(index + 7)]).await.expect("applies");
+        assert_eq!(second[0].reply, b":0\r\n", "{:?}", second[0]);
+        assert_eq!(applies_on(&mut m, index + 8, t).await, b":1\r\n");
+        let kept = db
+            .snapshot()
+            .expect("snapshot")
+            .range::<[u8]>(..)
+            .filter(|(k, _)| k.starts_with(&[0xFF, b'r']))
+            .count();
+        assert!(kept > 0, "the replication records stay");
     }
 
     /// A group's writes apply in order, each as its own entry would (ids included), and

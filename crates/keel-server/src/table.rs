@@ -218,6 +218,7 @@ pub enum Cmd {
     KeelOnce,
     KeelAwaitpush,
     KeelReap,
+    KeelFlushbatch,
 }
 
 /// One command's description.
@@ -2473,6 +2474,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Deletes up to 512 keys past their deadline and 512 sub-keys of deleted collections now, as the background reaper does; replies how many. A replicated partition's leader proposes it as a log entry, since a replicated node runs no reaper of its own."
+    ),
+    spec!(
+        "keel.flushbatch",
+        KeelFlushbatch,
+        1,
+        &["write", "noscript"],
+        0,
+        0,
+        0,
+        "keel",
+        "Deletes as many keys as one transaction may write (at most 65536); replies 1 while keys remain, 0 once none does. FLUSHALL and FLUSHDB send it, entry after entry, to a replicated partition that holds more keys than one of its log entries may delete."
     ),
     spec!(
         "keel.awaitpush",

@@ -1240,31 +1240,65 @@ pub(super) fn run_command(
         }
         return Ok(());
     }
+    if cmd == table::Cmd::KeelFlushbatch {
+        let (_, more) = flush_keys(txn, FLUSH_ENTRY_KEYS_MAX)?;
+        out.int(i64::from(more));
+        return Ok(());
+    }
     if !matches!(cmd, table::Cmd::Flushdb | table::Cmd::Flushall) {
         return data::run(cmd, args, &mut View::Txn(txn), ctx, out);
     }
     data::check_flush_args(args)?;
-    let keys: Vec<Vec<u8>> = txn
-        .range::<Vec<u8>>(..)
-        .map(|(k, _)| k)
-        .filter(|k| !k.starts_with(MARKERS))
-        .collect();
-    let (keys_left, bytes_left) = txn.writes_left();
-    if keys.len() > keys_left || keys.iter().map(Vec::len).sum::<usize>() > bytes_left {
-        // One engine transaction deletes them, in every replica's log entry at once.
+    let (held, more) = flush_keys(txn, usize::MAX)?;
+    if more {
+        // One engine transaction deletes them, in every replica's log entry at once: the
+        // node flushes such a partition in entries of `KEEL.FLUSHBATCH` instead.
         return Err(format!(
-            "ERR keel: a replicated partition is flushed in one transaction, which deletes at \
-             most {} keys; this one holds {} (delete them with SCAN and UNLINK first)",
+            "{FLUSH_TOO_LARGE} which deletes at most {} keys; this one holds {held} or more \
+             (its node then flushes it in batches)",
             keel::limits::TXN_WRITE_KEYS_MAX,
-            keys.len()
         )
         .into());
+    }
+    out.ok();
+    Ok(())
+}
+
+/// The start of the error of a replicated partition's `FLUSHALL`/`FLUSHDB` whose keys are
+/// too many for its one transaction (the node then flushes it in `KEEL.FLUSHBATCH` entries).
+pub const FLUSH_TOO_LARGE: &str = "ERR keel: a replicated partition is flushed in one transaction,";
+
+/// Keys one `KEEL.FLUSHBATCH` entry deletes at most: below the engine's limit by room for
+/// the entry's own records (the applied marker, a kept answer, watched keys' versions).
+const FLUSH_ENTRY_KEYS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 4096;
+
+/// Deletes the partition's data keys (every key but the replication records, `FF 'r' …`),
+/// in key order, if they are at most `max` and fit what `txn` may still write; else as many
+/// as that, in order. Returns the keys deleted, and whether any is left.
+fn flush_keys(txn: &mut keel::Txn<'_>, max: usize) -> std::result::Result<(usize, bool), Fail> {
+    let (keys_left, mut bytes_left) = txn.writes_left();
+    let room = keys_left.min(max);
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut more = false;
+    for (k, _) in txn.range::<Vec<u8>>(..) {
+        if k.starts_with(MARKERS) {
+            continue;
+        }
+        if keys.len() == room || k.len() > bytes_left {
+            more = true;
+            break;
+        }
+        bytes_left -= k.len();
+        keys.push(k);
+    }
+    if more && max == usize::MAX {
+        // A whole flush: all or nothing.
+        return Ok((keys.len(), true));
     }
     for k in &keys {
         txn.delete(k)?;
     }
-    out.ok();
-    Ok(())
+    Ok((keys.len(), more))
 }
 
 /// Runs `commands` in `txn`, writing their replies (in an array if `array`); whether one

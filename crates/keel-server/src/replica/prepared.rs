@@ -140,9 +140,17 @@ struct Held {
     writer: bool,
 }
 
-/// Whether `commands` write without keys (`FLUSHDB`, `FLUSHALL`): they touch every key.
+/// Whether `commands` write without keys (`FLUSHDB`, `FLUSHALL`, a batch of one,
+/// `KEEL.FLUSHBATCH`): they may touch every key.
 fn writes_everything(commands: &[Vec<Vec<u8>>]) -> bool {
-    runs_any(commands, &[table::Cmd::Flushdb, table::Cmd::Flushall])
+    runs_any(
+        commands,
+        &[
+            table::Cmd::Flushdb,
+            table::Cmd::Flushall,
+            table::Cmd::KeelFlushbatch,
+        ],
+    )
 }
 
 /// Whether `commands` may write a key they do not name: the flushes, and `KEEL.REAP`,
@@ -154,6 +162,7 @@ fn may_write_unnamed(commands: &[Vec<Vec<u8>>]) -> bool {
         &[
             table::Cmd::Flushdb,
             table::Cmd::Flushall,
+            table::Cmd::KeelFlushbatch,
             table::Cmd::KeelReap,
         ],
     )
