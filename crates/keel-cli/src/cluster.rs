@@ -99,7 +99,8 @@ pub struct StartArgs {
     /// again on the same directory with the same nodes and replicas recovers the data.
     #[arg(long, value_name = "DIR", default_value = "keel-cluster")]
     dir: PathBuf,
-    /// The nodes' durability: sync, async:<ms> or none (still on disk, fsynced lazily).
+    /// The nodes' durability: sync, async:<ms> or none (memory only, no files, as `keel serve
+    /// --durability none`).
     #[arg(long, default_value = "sync")]
     durability: String,
     /// Leave a node that died down instead of restarting it.

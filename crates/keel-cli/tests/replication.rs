@@ -1780,6 +1780,36 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         let set = redis::cmd("SET").arg("k").arg("v1").query::<String>(&mut c);
         assert_eq!(set.expect("a write after FLUSHALL"), "OK");
     }
+    // SAVE on a replicated node is a snapshot of each partition it keeps, written before
+    // the answer; LASTSAVE then says when; BGSAVE takes them in the background.
+    {
+        let mut c = connect(ports[1]).expect("connect");
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64;
+        let ok: String = redis::cmd("SAVE").query(&mut c).expect("SAVE");
+        assert_eq!(ok, "OK");
+        for p in 0..3 {
+            let file = dir.path().join(format!("node-2/raft-{p}/snapshot"));
+            let written = std::fs::metadata(&file)
+                .and_then(|m| m.modified())
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let written = written
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs() as i64;
+            assert!(
+                written >= before,
+                "{} is older than the SAVE",
+                file.display()
+            );
+        }
+        let last: i64 = redis::cmd("LASTSAVE").query(&mut c).expect("LASTSAVE");
+        assert!(last >= before, "LASTSAVE {last}, SAVE at {before}");
+        let started: String = redis::cmd("BGSAVE").query(&mut c).expect("BGSAVE");
+        assert!(started.starts_with("Background saving"), "{started}");
+    }
     // Multi-key commands whose keys span partitions, inside MULTI: split key by key into
     // the partitions' parts of one transaction, their replies merged as Redis gives them.
     {

@@ -3315,9 +3315,9 @@ impl Conn {
                     return Err(SAVE_IN_PROGRESS.into());
                 }
                 let shared = Arc::clone(&self.shared);
-                let saved = tokio::task::spawn_blocking(move || save(&shared)).await;
+                let saved = save_any(shared).await;
                 self.shared.saving.store(false, Relaxed);
-                saved.unwrap_or_else(|_| Err("ERR keel: the checkpoint panicked".into()))?;
+                saved?;
                 out.ok();
             }
             Cmd::Bgsave => {
@@ -3326,7 +3326,7 @@ impl Conn {
                     Some(a) if args.len() == 2 && a.eq_ignore_ascii_case(b"schedule") => true,
                     Some(_) => return Err("ERR syntax error".into()),
                 };
-                if self.shared.db.dir().is_none() {
+                if !can_save(&self.shared) {
                     return Err(NOTHING_TO_SAVE.into());
                 }
                 let busy = self.shared.saving.swap(true, Relaxed);
@@ -3339,13 +3339,11 @@ impl Conn {
                     while busy && shared.saving.swap(true, Relaxed) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                    let task = Arc::clone(&shared);
-                    let saved = tokio::task::spawn_blocking(move || save(&task)).await;
+                    let saved = save_any(Arc::clone(&shared)).await;
                     shared.saving.store(false, Relaxed);
                     match saved {
-                        Ok(Ok(())) => tracing::info!("background saving terminated with success"),
-                        Ok(Err(Fail(text))) => tracing::error!("background saving failed: {text}"),
-                        Err(_) => tracing::error!("background saving panicked"),
+                        Ok(()) => tracing::info!("background saving terminated with success"),
+                        Err(Fail(text)) => tracing::error!("background saving failed: {text}"),
                     }
                 });
                 out.simple(if busy {
@@ -3355,15 +3353,27 @@ impl Conn {
                 });
             }
             Cmd::Lastsave => {
-                let stats = self.shared.db.stats();
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or(Duration::ZERO);
+                // A replicated node's saves are its partitions' snapshots.
+                let replicated = self.shared.replication.get().map(|rep| {
+                    rep.last_save()
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                });
                 // Never saved: the time the server started, as Redis answers after a start.
-                let ago = stats
-                    .checkpoint_age
-                    .unwrap_or_else(|| self.shared.started.elapsed());
-                out.int(now.saturating_sub(ago).as_secs() as i64);
+                let at = match replicated {
+                    Some(Some(at)) => at,
+                    Some(None) => now.saturating_sub(self.shared.started.elapsed()),
+                    None => now.saturating_sub(
+                        self.shared
+                            .db
+                            .stats()
+                            .checkpoint_age
+                            .unwrap_or_else(|| self.shared.started.elapsed()),
+                    ),
+                };
+                out.int(at.as_secs() as i64);
             }
             Cmd::Multi => {
                 if self.multi.is_some() {
@@ -4351,6 +4361,29 @@ const SAVE_IN_PROGRESS: &str = "ERR Background save already in progress";
 /// `SAVE`'s and `BGSAVE`'s answer on a server without a data directory.
 const NOTHING_TO_SAVE: &str =
     "ERR keel: nothing to save: this server keeps its data in memory only (no data directory)";
+
+/// Whether `SAVE` has anywhere to write: a data directory.
+fn can_save(shared: &Shared) -> bool {
+    match shared.replication.get() {
+        Some(rep) => rep.dir().is_some(),
+        None => shared.db.dir().is_some(),
+    }
+}
+
+/// `SAVE`'s work: a checkpoint of the database ([`save`]), or on a replicated node a
+/// snapshot of every partition it keeps (`Replication::save`; the partitions' data is
+/// rebuilt from their snapshots and logs, and the server's database has no files of its
+/// own there).
+async fn save_any(shared: Arc<Shared>) -> Result<(), Fail> {
+    if let Some(rep) = shared.replication.get() {
+        let saved = rep.save().await.ok_or(Fail(NOTHING_TO_SAVE.into()))??;
+        tracing::info!("DB saved on disk (a snapshot of each of {saved} partitions)");
+        return Ok(());
+    }
+    tokio::task::spawn_blocking(move || save(&shared))
+        .await
+        .unwrap_or_else(|_| Err("ERR keel: the checkpoint panicked".into()))
+}
 
 /// Writes a checkpoint of the database now (keel's `SAVE`: its log already holds every
 /// commit under `sync` and `async`; the checkpoint shortens the replay at the next start).

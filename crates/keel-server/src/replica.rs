@@ -247,6 +247,8 @@ const INITIALIZE_AFTER: Duration = Duration::from_secs(3);
 /// How much longer than its sender may send it again a write's answer is kept (clocks of
 /// different nodes differ by this much at most, for the purpose).
 const REQUEST_KEEP_MARGIN_MS: u64 = 10_000;
+/// How long `SAVE` waits for one partition's snapshot.
+const SAVE_WAIT: Duration = Duration::from_secs(120);
 /// Pause between attempts while a partition has no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -1003,6 +1005,69 @@ impl Replication {
     /// Every partition hosted here.
     pub fn hosted(&self) -> Vec<Arc<Part>> {
         self.parts.read().values().cloned().collect()
+    }
+
+    /// `SAVE` on a replicated node: a snapshot of every partition hosted here that applied
+    /// anything (its data written to the partition's snapshot file, after which its log
+    /// before it may be cut), each waited for; how many were taken. `None` without a data
+    /// directory. A snapshot that openraft was already building when asked (it takes one
+    /// at a time) is waited out and asked for again.
+    pub async fn save(&self) -> Option<Result<usize, String>> {
+        self.dir.as_ref()?;
+        let mut saved = 0;
+        for part in self.hosted() {
+            let Some(applied) = part.raft.metrics().borrow().last_applied.map(|l| l.index) else {
+                continue;
+            };
+            let give_up = Instant::now() + SAVE_WAIT;
+            loop {
+                if let Err(e) = part.raft.trigger().snapshot().await {
+                    return Some(Err(format!(
+                        "ERR keel: partition {}'s snapshot: {e}",
+                        part.id
+                    )));
+                }
+                let taken = part
+                    .raft
+                    .wait(Some(Duration::from_secs(1)))
+                    .metrics(
+                        |m| m.snapshot.is_some_and(|s| s.index >= applied),
+                        "a snapshot of what was applied",
+                    )
+                    .await;
+                if taken.is_ok() {
+                    break;
+                }
+                if Instant::now() >= give_up {
+                    return Some(Err(format!(
+                        "ERR keel: partition {}'s snapshot was not written within {} s",
+                        part.id,
+                        SAVE_WAIT.as_secs()
+                    )));
+                }
+            }
+            saved += 1;
+        }
+        Some(Ok(saved))
+    }
+
+    /// The data directory (`None`: in memory).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref()
+    }
+
+    /// When the newest snapshot file of a partition hosted here was written (`LASTSAVE`).
+    pub fn last_save(&self) -> Option<std::time::SystemTime> {
+        let dir = self.dir.as_ref()?;
+        self.hosted()
+            .iter()
+            .filter_map(|part| {
+                let file = dir
+                    .join(format!("raft-{}", part.id))
+                    .join(machine::SNAPSHOT_FILE);
+                std::fs::metadata(file).and_then(|m| m.modified()).ok()
+            })
+            .max()
     }
 
     /// The newest view of the cluster this node knows.
