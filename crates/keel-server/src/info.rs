@@ -196,12 +196,17 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
             shared.proto_max_bulk_len.load(Relaxed).to_string(),
         ),
         ("maxclients", shared.maxclients.load(Relaxed).to_string()),
+        // keel never evicts: no memory limit, and Redis' policy that evicts nothing.
+        ("maxmemory", "0".into()),
+        ("maxmemory-policy", "noeviction".into()),
         ("databases", "1".into()),
         // keel has no RDB snapshots; its log plays the part of Redis's AOF.
         ("save", String::new()),
         (
             "appendonly",
-            if shared.db.dir().is_some() {
+            if shared.db.dir().is_some()
+                || shared.replication.get().is_some_and(|r| r.dir().is_some())
+            {
                 "yes"
             } else {
                 "no"
@@ -300,6 +305,20 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                 "client-output-buffer-limit" => {
                     OutputLimit::parse(&value).map_err(|e| bad(&e))?;
                 }
+                // Set to what they are, they change nothing; anything else would ask keel to
+                // drop keys, which it never does.
+                "maxmemory" => {
+                    if value.trim().parse::<u64>() != Ok(0) {
+                        return Err(bad(
+                            "keel never evicts keys, so it takes no memory limit (only 0, none)",
+                        ));
+                    }
+                }
+                "maxmemory-policy" => {
+                    if !value.eq_ignore_ascii_case("noeviction") {
+                        return Err(bad("keel never evicts keys: its only policy is noeviction"));
+                    }
+                }
                 name if Encodings::find(name).is_some() => {
                     let i = Encodings::find(name).expect("just found");
                     Encodings::parse(i, &value).map_err(|e| bad(&e))?;
@@ -339,6 +358,7 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                         shared.pubsub.set_limit(limit);
                     }
                 }
+                "maxmemory" | "maxmemory-policy" => {}
                 name => {
                     let i = Encodings::find(name).expect("validated above");
                     shared

@@ -936,6 +936,11 @@ fn encoding_thresholds_set_by_config_match_redis() {
         &["CONFIG", "GET", "set-max-intset-entries"],
         &["CONFIG", "GET", "list-max-ziplist-size"],
         &["CONFIG", "GET", "list-compress-depth"],
+        // keel never evicts: Redis' defaults, which set to themselves change nothing.
+        &["CONFIG", "GET", "maxmemory"],
+        &["CONFIG", "GET", "maxmemory-policy"],
+        &["CONFIG", "SET", "maxmemory", "0"],
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
         &["HSET", "h3", "a", "1", "b", "2", "c", "3"],
         &["HSET", "h4", "a", "1", "b", "2", "c", "3", "d", "4"],
         &["HSET", "hv", "a", "123456"],
@@ -955,6 +960,23 @@ fn encoding_thresholds_set_by_config_match_redis() {
     ] {
         let (keel, redis) = both(args);
         assert_eq!(keel, redis, "{}", args.join(" "));
+    }
+    // A limit or a policy that evicts is refused, and changes nothing.
+    for (name, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lru")] {
+        match h.main.keel.call(&cmd(&["CONFIG", "SET", name, value])) {
+            Reply::Error(e) => {
+                let text = String::from_utf8_lossy(&e);
+                assert!(text.starts_with("ERR CONFIG SET failed"), "{text}");
+                assert!(text.contains("never evicts"), "{text}");
+            }
+            other => panic!("CONFIG SET {name} {value}: {other:?}"),
+        }
+        let args = cmd(&["CONFIG", "GET", name]);
+        assert_eq!(
+            h.main.keel.call(&args),
+            h.main.redis.call(&args),
+            "unchanged"
+        );
     }
 }
 
