@@ -1258,6 +1258,24 @@ fn expired_keys_and_deleted_collections_are_reaped() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Counted in INFO by the leaders that proposed the passes.
+    let counted = |name: &str| -> u64 {
+        ports
+            .iter()
+            .map(|&port| {
+                let mut c = connect(port).expect("connect");
+                info(&mut c, "stats")
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no {name} on {port}"))
+            })
+            .sum()
+    };
+    // (A pass whose answer a leader change lost is not counted: at most the totals.)
+    let (expired, swept) = (counted("expired_keys:"), counted("keel_swept_keys:"));
+    assert!((1..=100).contains(&expired), "expired_keys {expired}");
+    assert!((1..=1_000).contains(&swept), "keel_swept_keys {swept}");
 }
 
 #[test]

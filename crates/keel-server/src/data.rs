@@ -798,7 +798,9 @@ pub fn run(
         }
         Cmd::KeelReap => {
             let done = crate::reaper::reap_in(view.txn(), ctx.clock.now_ms())?;
-            out.int(i64::try_from(done.deleted).unwrap_or(i64::MAX));
+            out.array(2);
+            out.int(i64::try_from(done.expired).unwrap_or(i64::MAX));
+            out.int(i64::try_from(done.swept).unwrap_or(i64::MAX));
         }
         Cmd::KeelDump | Cmd::KeelCheck | Cmd::KeelRestore => {
             crate::gather::command(cmd, args, view, ctx, out)?

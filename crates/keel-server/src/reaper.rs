@@ -276,17 +276,29 @@ pub fn sweep(db: &Db) -> Result<Done, crate::data::Fail> {
 /// proposes as a log entry, so that every replica deletes the same keys at the same place in
 /// its log (a replicated node runs no reaper thread: its data changes only by entries).
 /// Whether more work waits is in `full`.
-pub fn reap_in(txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<Done, crate::data::Fail> {
+pub fn reap_in(txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<Reaped, crate::data::Fail> {
     let (due, expiring_full) = due_keys(&mut View::Txn(txn), now_ms);
     let expired = expire_in(txn, &due, now_ms)?;
     let (doomed, empty) = doomed(&mut View::Txn(txn))?;
     for k in doomed.iter().chain(&empty) {
         txn.delete(k)?;
     }
-    Ok(Done {
-        deleted: expired + doomed.len() as u64,
+    Ok(Reaped {
+        expired,
+        swept: doomed.len() as u64,
         full: expiring_full || doomed.len() >= BATCH_KEYS,
     })
+}
+
+/// What one [`reap_in`] deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Keys past their deadline.
+    pub expired: u64,
+    /// Sub-keys of dropped collections.
+    pub swept: u64,
+    /// It stopped at a batch limit: more work is waiting.
+    pub full: bool,
 }
 
 /// Whether a pass of [`reap_in`] at `now_ms` would find work in `db`: a key due, or a

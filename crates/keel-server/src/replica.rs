@@ -2151,7 +2151,27 @@ pub async fn reap_loop(shared: std::sync::Weak<Shared>) {
                     keep_ms: 0,
                 };
                 match rep.run(&shared, part.id, request, false).await {
-                    Ok(_) => {}
+                    // Counted where the pass was proposed, as a Redis primary counts the
+                    // expiries its replicas only apply.
+                    Ok(reply) => match parse_reaped(&reply) {
+                        Some((expired, swept)) => {
+                            let stats = &shared.reaper;
+                            stats
+                                .expired_keys
+                                .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
+                            stats
+                                .swept_keys
+                                .fetch_add(swept, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        None => {
+                            tracing::debug!(
+                                "partition {}: a reap pass answered {}",
+                                part.id,
+                                String::from_utf8_lossy(&reply).trim_end()
+                            );
+                            break;
+                        }
+                    },
                     Err(e) => {
                         tracing::debug!("partition {}: a reap pass failed: {e:?}", part.id);
                         break;
@@ -2160,6 +2180,16 @@ pub async fn reap_loop(shared: std::sync::Weak<Shared>) {
             }
         }
     }
+}
+
+/// `KEEL.REAP`'s answer, `*2 :expired :swept`.
+fn parse_reaped(reply: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(reply).ok()?;
+    let mut lines = text.split("\r\n");
+    (lines.next()? == "*2").then_some(())?;
+    let expired = lines.next()?.strip_prefix(':')?.parse().ok()?;
+    let swept = lines.next()?.strip_prefix(':')?.parse().ok()?;
+    Some((expired, swept))
 }
 
 /// Runs [`Replication::reconcile`] every second, and at once when a newer view arrives,
@@ -2807,8 +2837,12 @@ mod tests {
                 "an expired key and a dropped set"
             );
             let r = m.apply(before_reap.1).await.expect("apply");
-            assert_eq!(r[0].reply, b":301\r\n", "300 members and the expired key");
-            assert_eq!(r[1].reply, b":0\r\n", "nothing left");
+            assert_eq!(
+                parse_reaped(&r[0].reply),
+                Some((1, 300)),
+                "the expired key and 300 members"
+            );
+            assert_eq!(parse_reaped(&r[1].reply), Some((0, 0)), "nothing left");
             assert!(!crate::reaper::has_work(db, t + 1_000));
             assert!(before_reap.0 > 300);
             replicas.push(contents(db));
@@ -2859,7 +2893,11 @@ mod tests {
             .expect("apply");
         assert_eq!(r[1].status, Status::Done, "prepared");
         assert_eq!(r[2].status, Status::Busy, "held: not reaped");
-        assert_eq!(r[4].reply, b":1\r\n", "reaped once released");
+        assert_eq!(
+            parse_reaped(&r[4].reply),
+            Some((1, 0)),
+            "reaped once released"
+        );
     }
 
     #[tokio::test]

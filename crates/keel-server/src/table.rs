@@ -2473,7 +2473,7 @@ pub static SPECS: &[Spec] = &[
         0,
         0,
         "keel",
-        "Deletes up to 512 keys past their deadline and 512 sub-keys of deleted collections now, as the background reaper does; replies how many. A replicated partition's leader proposes it as a log entry, since a replicated node runs no reaper of its own."
+        "Deletes up to 512 keys past their deadline and 512 sub-keys of deleted collections now, as the background reaper does; replies how many of each, as an array of two. A replicated partition's leader proposes it as a log entry, since a replicated node runs no reaper of its own."
     ),
     spec!(
         "keel.flushbatch",
