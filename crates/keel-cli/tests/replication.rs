@@ -1828,6 +1828,43 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
         let started: String = redis::cmd("BGSAVE").query(&mut c).expect("BGSAVE");
         assert!(started.starts_with("Background saving"), "{started}");
     }
+    // WAIT: how many replicas besides the leader hold every write the connection sent,
+    // on the partitions it wrote to; no more than a partition has, at once.
+    {
+        let mut c = connect(ports[0]).expect("connect");
+        let _: () = redis::cmd("SET")
+            .arg("w1")
+            .arg("v")
+            .query(&mut c)
+            .expect("SET");
+        let _: () = redis::cmd("MSET")
+            .arg("w2")
+            .arg("v")
+            .arg("{big}w3")
+            .arg("v")
+            .query(&mut c)
+            .expect("MSET");
+        let n: i64 = redis::cmd("WAIT")
+            .arg(2)
+            .arg(10_000)
+            .query(&mut c)
+            .expect("WAIT");
+        assert_eq!(n, 2, "both other replicas of each partition written");
+        let began = Instant::now();
+        let n: i64 = redis::cmd("WAIT")
+            .arg(3)
+            .arg(0)
+            .query(&mut c)
+            .expect("WAIT");
+        assert!(n <= 2, "{n} replicas besides the leader, of three");
+        assert!(began.elapsed() < Duration::from_secs(5), "WAIT 3 0 waited");
+        let e = redis::cmd("WAIT")
+            .arg(1)
+            .arg(-1)
+            .query::<i64>(&mut c)
+            .expect_err("a negative timeout");
+        assert!(e.to_string().contains("timeout is negative"), "{e}");
+    }
     // Multi-key commands whose keys span partitions, inside MULTI: split key by key into
     // the partitions' parts of one transaction, their replies merged as Redis gives them.
     {

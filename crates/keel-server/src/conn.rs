@@ -383,6 +383,9 @@ struct Conn {
     /// Replicated cluster: when the watches in `rwatch` are next renewed
     /// ([`Conn::renew_watches`]).
     rwatch_renew: Option<Instant>,
+    /// Replicated cluster: the partitions this connection has sent writes to (`WAIT` looks
+    /// at their replicas).
+    wrote: parking_lot::Mutex<std::collections::BTreeSet<usize>>,
     /// Pub/sub subscriptions and the mailbox their messages arrive in, once the client
     /// (un)subscribed.
     subs: Option<Box<Subs>>,
@@ -428,6 +431,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         watch: None,
         rwatch: Vec::new(),
         rwatch_renew: None,
+        wrote: parking_lot::Mutex::default(),
         subs: None,
         blocked: None,
         aware: false,
@@ -1567,6 +1571,7 @@ impl Conn {
             }
             let limits = self.txn_limits();
             let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
+            self.wrote.lock().extend(work.iter().map(|(p, _)| *p));
             // (If the slots moved into one partition, the same protocol runs it there: a
             // decision with no other participant.)
             let replies = tokio::select! {
@@ -2035,6 +2040,7 @@ impl Conn {
             .collect();
         let limits = self.txn_limits();
         let node = Arc::new(crate::replica::txn::Node(Arc::clone(&shared)));
+        self.wrote.lock().extend(0..rep.partitions());
         let result = tokio::select! {
             r = crate::replica::txn::run_across(&node, work, limits) => r,
             () = self.info.kill.cancelled() => {
@@ -2206,6 +2212,9 @@ impl Conn {
                     self.flag_multi();
                     self.out(output).error(&cluster.moved(leader, slot));
                     return true;
+                }
+                if !read {
+                    self.wrote.lock().insert(p);
                 }
                 let result = tokio::select! {
                     r = rep.run(&shared, p, request.clone(), read) => r,
@@ -3099,6 +3108,42 @@ impl Conn {
         out.simple("QUEUED");
     }
 
+    /// `WAIT numreplicas timeout`: how many replicas hold every write acknowledged to this
+    /// connection. Without replication there are none: 0 at once (Redis would wait out the
+    /// timeout first, or forever with 0). On a replicated node, the fewest voters besides
+    /// its leader holding all it applied, of the partitions the connection wrote to (its
+    /// node's own if none; [`crate::replica::Replication::caught_up`]), looked at until `want` of them do or `timeout_ms` (0: no limit) passes;
+    /// at once when `want` exceeds the replicas a partition has, which no wait would change.
+    async fn wait_replicas(&self, want: i64, timeout_ms: u64) -> Result<usize, Fail> {
+        let Some(rep) = self.shared.replication.get() else {
+            return Ok(0);
+        };
+        let give_up = (timeout_ms > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
+        let most = rep.r.saturating_sub(1) as i64;
+        // With no write yet, its node's own partition's replicas.
+        let mut parts: Vec<usize> = self.wrote.lock().iter().copied().collect();
+        if parts.is_empty() {
+            parts.push(rep.me);
+        }
+        loop {
+            let reached = rep.caught_up(&self.shared, &parts).await;
+            if reached as i64 >= want
+                || want > most
+                || give_up.is_some_and(|t| tokio::time::Instant::now() >= t)
+            {
+                return Ok(reached);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(WAIT_LOOK_EVERY) => {}
+                () = self.info.kill.cancelled() => {
+                    return Err("ERR keel: the connection was killed".into());
+                }
+                () = self.shared.shutdown.cancelled() => return Ok(reached),
+            }
+        }
+    }
+
     async fn connection_command(
         &mut self,
         spec: &'static Spec,
@@ -3351,6 +3396,17 @@ impl Conn {
                 } else {
                     "Background saving started"
                 });
+            }
+            Cmd::Wait => {
+                let want = crate::resp::string_to_i64(&args[1])
+                    .ok_or("ERR value is not an integer or out of range")?;
+                let timeout_ms = crate::resp::string_to_i64(&args[2])
+                    .ok_or("ERR timeout is not an integer or out of range")?;
+                if timeout_ms < 0 {
+                    return Err("ERR timeout is negative".into());
+                }
+                let reached = self.wait_replicas(want, timeout_ms as u64).await?;
+                self.out(output).int(reached as i64);
             }
             Cmd::Lastsave => {
                 let now = SystemTime::now()
@@ -4361,6 +4417,9 @@ const SAVE_IN_PROGRESS: &str = "ERR Background save already in progress";
 /// `SAVE`'s and `BGSAVE`'s answer on a server without a data directory.
 const NOTHING_TO_SAVE: &str =
     "ERR keel: nothing to save: this server keeps its data in memory only (no data directory)";
+
+/// How often `WAIT` looks again at the partitions' replicas.
+const WAIT_LOOK_EVERY: Duration = Duration::from_millis(5);
 
 /// Whether `SAVE` has anywhere to write: a data directory.
 fn can_save(shared: &Shared) -> bool {

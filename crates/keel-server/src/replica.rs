@@ -1007,6 +1007,30 @@ impl Replication {
         self.parts.read().values().cloned().collect()
     }
 
+    /// `WAIT`'s count on a replicated node: over partitions `parts`, the fewest of a
+    /// partition's other voters that hold every entry its leader had applied when asked (so
+    /// every write acknowledged to anyone by then); 0 for a partition whose leader cannot be
+    /// asked.
+    pub async fn caught_up(&self, shared: &Shared, parts: &[usize]) -> usize {
+        let mut fewest = usize::MAX;
+        for &p in parts {
+            let n = match self.part(p).and_then(|part| part.caught_up()) {
+                Some(n) => n,
+                None => match self.leader(p).filter(|&l| l != self.me) {
+                    Some(leader) => net::call_node(shared, leader, p, "caught", &[], None)
+                        .await
+                        .ok()
+                        .and_then(|a| postcard::from_bytes::<Option<usize>>(&a).ok())
+                        .flatten()
+                        .unwrap_or(0),
+                    None => 0,
+                },
+            };
+            fewest = fewest.min(n);
+        }
+        if fewest == usize::MAX { 0 } else { fewest }
+    }
+
     /// `SAVE` on a replicated node: a snapshot of every partition hosted here that applied
     /// anything (its data written to the partition's snapshot file, after which its log
     /// before it may be cut), each waited for; how many were taken. `None` without a data
@@ -1937,6 +1961,29 @@ impl Part {
     /// Whether this node leads the partition now.
     pub fn leads(&self) -> bool {
         self.raft.metrics().borrow().state == openraft::ServerState::Leader
+    }
+
+    /// On the partition's leader: how many of its other voters hold every entry it has
+    /// applied (`WAIT`'s count); `None` elsewhere.
+    pub fn caught_up(&self) -> Option<usize> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != openraft::ServerState::Leader {
+            return None;
+        }
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let matched = m.replication.as_ref()?;
+        Some(
+            m.membership_config
+                .voter_ids()
+                .filter(|&v| v != m.id)
+                .filter(|v| {
+                    matched
+                        .get(v)
+                        .and_then(|l| l.as_ref())
+                        .is_some_and(|l| l.index >= applied)
+                })
+                .count(),
+        )
     }
 }
 

@@ -29,6 +29,7 @@ pub enum Cmd {
     Save,
     Bgsave,
     Lastsave,
+    Wait,
     // Cluster (cluster.rs).
     Cluster,
     Asking,
@@ -497,6 +498,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Asynchronously saves the database(s) to disk."
+    ),
+    spec!(
+        "wait",
+        Wait,
+        3,
+        &["noscript"],
+        0,
+        0,
+        0,
+        "generic",
+        "Blocks until the replication of all preceding write commands sent by the connection is completed."
     ),
     spec!(
         "lastsave",

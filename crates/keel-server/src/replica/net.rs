@@ -294,6 +294,8 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
             part.leader_knows(kind),
             part.raft.metrics().borrow().current_leader,
         )),
+        // `WAIT`: how many other voters hold everything this leader applied.
+        b"caught" => encode(&part.caught_up()),
         b"write" | b"read" => {
             let request: Request = decode(payload)?;
             let answer: Result<Response, Refused> = part.submit(request, kind == b"read").await;

@@ -335,6 +335,37 @@ fn sync_durability_logs_and_groups_commits() {
     assert_eq!(query::<i64>(&mut c, &["GET", "n"]), 16);
 }
 
+/// `WAIT` on a server without replicas: none holds anything, so it answers 0 at once
+/// (Redis waits out the timeout first, or forever with 0), with Redis' errors.
+#[test]
+fn wait_without_replicas_answers_zero_at_once() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    let _: () = query(&mut c, &["SET", "k", "v"]);
+    let began = Instant::now();
+    let n: i64 = query(&mut c, &["WAIT", "0", "0"]);
+    assert_eq!(n, 0);
+    let n: i64 = query(&mut c, &["WAIT", "1", "0"]);
+    assert_eq!(n, 0);
+    assert!(began.elapsed() < Duration::from_secs(5), "WAIT blocked");
+    assert_eq!(
+        error(&mut c, &["WAIT", "x", "1"]),
+        "ERR value is not an integer or out of range"
+    );
+    assert_eq!(
+        error(&mut c, &["WAIT", "1", "x"]),
+        "ERR timeout is not an integer or out of range"
+    );
+    assert_eq!(
+        error(&mut c, &["WAIT", "1", "-1"]),
+        "ERR timeout is negative"
+    );
+    assert_eq!(
+        error(&mut c, &["WAIT", "1"]),
+        "ERR wrong number of arguments for 'wait' command"
+    );
+}
+
 /// `SAVE` writes a checkpoint (the next start replays nothing before it), `BGSAVE`
 /// writes one in the background, `LASTSAVE` moves with them; both refuse a server that keeps
 /// no files, and bad arguments, with Redis' errors.
