@@ -611,12 +611,20 @@ impl Conn {
                 } else {
                     let args: Vec<Bytes> = pending.args.drain(start..).collect();
                     self.run_pending(&mut pending, &mut output).await;
+                    // Kept for the slow log (the command takes `args`).
+                    let logged = self.shared.slowlog.enabled().then(|| args.clone());
                     let started = Instant::now();
                     next = match stuck {
                         Some(keys) => self.command_unstuck(args, &keys, &mut output).await,
                         None => self.command(args, &mut output).await,
                     };
-                    self.shared.counters.record_latency(started.elapsed());
+                    let elapsed = started.elapsed();
+                    self.shared.counters.record_latency(elapsed);
+                    if let Some(args) = logged
+                        && self.shared.slowlog.is_slow(elapsed)
+                    {
+                        self.log_slow(elapsed, &args, 0);
+                    }
                     if next == Next::Block {
                         if !self.block(&mut stream, &mut input, &mut output).await? {
                             return Ok(Exit::Done);
@@ -837,8 +845,14 @@ impl Conn {
                 }
             }
         }
+        let elapsed = started.elapsed();
+        if self.shared.slowlog.is_slow(elapsed)
+            && let Some((_, args)) = pending.iter().next()
+        {
+            self.log_slow(elapsed, args, pending.cmds.len() - 1);
+        }
         pending.clear();
-        let per_command = started.elapsed() / u32::try_from(n).unwrap_or(u32::MAX);
+        let per_command = elapsed / u32::try_from(n).unwrap_or(u32::MAX);
         let counters = &self.shared.counters;
         counters.record_latencies(per_command, n);
         counters.commands_processed.fetch_add(n, Relaxed);
@@ -3108,6 +3122,43 @@ impl Conn {
         out.simple("QUEUED");
     }
 
+    /// Enters a command that took `elapsed` (with `more` others run with it) in the slow
+    /// log, its passwords redacted as Redis redacts them (`AUTH`'s arguments, `HELLO`'s after
+    /// `AUTH`); not `WAIT`, whose time is waiting.
+    fn log_slow(&self, elapsed: Duration, args: &[Bytes], more: usize) {
+        // Refused before it ran (unknown, or the wrong number of arguments): not logged,
+        // as in Redis.
+        let Some(spec) = table::lookup(&args[0]) else {
+            return;
+        };
+        if !spec.arity_ok(args.len())
+            || (!spec.subcommands.is_empty() && table::subcommand(spec, args).is_err())
+        {
+            return;
+        }
+        let redacted = || Bytes::from_static(b"(redacted)");
+        let args: std::borrow::Cow<'_, [Bytes]> = match spec.cmd {
+            Cmd::Wait => return,
+            Cmd::Auth => std::iter::once(args[0].clone())
+                .chain(args[1..].iter().map(|_| redacted()))
+                .collect(),
+            Cmd::Hello => {
+                let mut args = args.to_vec();
+                if let Some(at) = args.iter().position(|a| a.eq_ignore_ascii_case(b"auth")) {
+                    for a in args.iter_mut().skip(at + 1).take(2) {
+                        *a = redacted();
+                    }
+                }
+                args.into()
+            }
+            _ => args.into(),
+        };
+        let name = self.info.name.lock().clone();
+        self.shared
+            .slowlog
+            .record(elapsed, &args, more, self.info.addr.to_string(), name);
+    }
+
     /// `WAIT numreplicas timeout`: how many replicas hold every write acknowledged to this
     /// connection. Without replication there are none: 0 at once (Redis would wait out the
     /// timeout first, or forever with 0). On a replicated node, the fewest voters besides
@@ -3396,6 +3447,10 @@ impl Conn {
                 } else {
                     "Background saving started"
                 });
+            }
+            Cmd::Slowlog => {
+                let sub = table::subcommand(spec, args).map_err(Fail::from)?;
+                crate::slowlog::command(&self.shared.slowlog, sub, args, &mut out)?;
             }
             Cmd::Wait => {
                 let want = crate::resp::string_to_i64(&args[1])

@@ -199,6 +199,11 @@ fn parameters(shared: &Shared) -> Vec<(&'static str, String)> {
         // keel never evicts: no memory limit, and Redis' policy that evicts nothing.
         ("maxmemory", "0".into()),
         ("maxmemory-policy", "noeviction".into()),
+        (
+            "slowlog-log-slower-than",
+            shared.slowlog.slower_than_us().to_string(),
+        ),
+        ("slowlog-max-len", shared.slowlog.max_len().to_string()),
         ("databases", "1".into()),
         // keel has no RDB snapshots; its log plays the part of Redis's AOF.
         ("save", String::new()),
@@ -305,6 +310,17 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                 "client-output-buffer-limit" => {
                     OutputLimit::parse(&value).map_err(|e| bad(&e))?;
                 }
+                "slowlog-log-slower-than" | "slowlog-max-len" => {
+                    let n: i64 = value
+                        .parse()
+                        .map_err(|_| bad("argument couldn't be parsed into an integer"))?;
+                    let min = if name == "slowlog-max-len" { 0 } else { -1 };
+                    if n < min {
+                        return Err(bad(&format!(
+                            "argument must be between {min} and 9223372036854775807 inclusive"
+                        )));
+                    }
+                }
                 // Set to what they are, they change nothing; anything else would ask keel to
                 // drop keys, which it never does.
                 "maxmemory" => {
@@ -359,6 +375,13 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                     }
                 }
                 "maxmemory" | "maxmemory-policy" => {}
+                "slowlog-log-slower-than" => shared
+                    .slowlog
+                    .set_slower_than_us(value.parse().expect("validated above")),
+                "slowlog-max-len" => shared.slowlog.set_max_len(
+                    usize::try_from(value.parse::<i64>().expect("validated above"))
+                        .unwrap_or(usize::MAX),
+                ),
                 name => {
                     let i = Encodings::find(name).expect("validated above");
                     shared

@@ -47,6 +47,7 @@ pub mod resp;
 mod rpc_stats;
 mod server;
 mod sets;
+mod slowlog;
 mod sort;
 mod table;
 mod xnode;

@@ -225,6 +225,8 @@ pub struct Shared {
     pub tracker: tokio_util::task::TaskTracker,
     /// What the reaper (expirer and graveyard sweeper) has done.
     pub reaper: Arc<crate::reaper::ReaperStats>,
+    /// `SLOWLOG`: the commands that took longest.
+    pub slowlog: crate::slowlog::SlowLog,
     /// Cluster mode's routing and peer connections; `None` on a single node.
     pub cluster: Option<crate::cluster::Cluster>,
     /// Cluster mode: this node's end of transactions across nodes.
@@ -352,6 +354,7 @@ impl Server {
             lanes,
             tracker: tokio_util::task::TaskTracker::new(),
             reaper: Arc::default(),
+            slowlog: Default::default(),
             cluster,
             xnode: std::sync::OnceLock::new(),
             replication: std::sync::OnceLock::new(),

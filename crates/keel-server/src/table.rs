@@ -29,6 +29,7 @@ pub enum Cmd {
     Save,
     Bgsave,
     Lastsave,
+    Slowlog,
     Wait,
     // Cluster (cluster.rs).
     Cluster,
@@ -498,6 +499,18 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Asynchronously saves the database(s) to disk."
+    ),
+    spec!(
+        "slowlog",
+        Slowlog,
+        -2,
+        &["admin", "loading", "stale"],
+        0,
+        0,
+        0,
+        "server",
+        "A container for slow log commands.",
+        &[("get", -2), ("help", 2), ("len", 2), ("reset", 2)]
     ),
     spec!(
         "wait",

@@ -907,6 +907,80 @@ fn watch_of_large_collections_matches_redis() {
     }
 }
 
+/// `SLOWLOG`: with every command logged, the same entries' arguments as Redis (newest
+/// first, long arguments and argument lists cut, `AUTH`'s redacted), the same `LEN` and
+/// `RESET`, and Redis' errors; `CONFIG GET|SET` of its two settings.
+#[test]
+fn slowlog_matches_redis() {
+    let servers = Servers::start();
+    let mut h = Harness::new(&servers, false);
+    h.flush_all();
+    let mut both = |args: &[&str]| {
+        let args = cmd(args);
+        (h.main.keel.call(&args), h.main.redis.call(&args))
+    };
+    let long = "x".repeat(300);
+    let mut mset = vec!["MSET".to_owned()];
+    for i in 0..20 {
+        mset.push(format!("k{i}"));
+        mset.push(i.to_string());
+    }
+    let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
+    for args in [
+        &["CONFIG", "GET", "slowlog-log-slower-than"][..],
+        &["CONFIG", "GET", "slowlog-max-len"],
+        &["CONFIG", "SET", "slowlog-log-slower-than", "-2"],
+        &["CONFIG", "SET", "slowlog-log-slower-than", "abc"],
+        &["CONFIG", "SET", "slowlog-max-len", "-1"],
+        &["CONFIG", "SET", "slowlog-max-len", "20"],
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+        &["SLOWLOG", "RESET"],
+        &["SET", "k", &long],
+        &mset,
+        &["AUTH", "secret"],
+        &["GET", "k"],
+        &["SLOWLOG", "LEN"],
+        &["SLOWLOG", "GET", "x"],
+        &["SLOWLOG", "GET", "-2"],
+        &["SLOWLOG", "GET", "1", "2"],
+        &["SLOWLOG", "LEN", "x"],
+        &["SLOWLOG", "NOPE"],
+        &["SLOWLOG", "HELP"],
+    ] {
+        let (keel, redis) = both(args);
+        assert_eq!(keel, redis, "{}", args.join(" "));
+    }
+    let logged = |reply: Reply| -> Vec<Reply> {
+        let Reply::Array(entries) = reply else {
+            panic!("SLOWLOG GET: {reply:?}")
+        };
+        entries
+            .into_iter()
+            .map(|e| match e {
+                Reply::Array(fields) => fields[3].clone(),
+                other => panic!("an entry: {other:?}"),
+            })
+            .collect()
+    };
+    // RESET, SET, MSET, AUTH, GET, LEN, the three GETs that failed running and HELP: not
+    // the commands refused before they ran (arity, unknown subcommand), as in Redis.
+    let (keel, redis) = both(&["SLOWLOG", "GET", "-1"]);
+    let (keel, redis) = (logged(keel), logged(redis));
+    assert_eq!(keel, redis);
+    assert_eq!(keel.len(), 10, "{keel:?}");
+    let (keel, redis) = both(&["SLOWLOG", "GET", "2"]);
+    assert_eq!(logged(keel), logged(redis));
+    // A shorter length drops the oldest at once.
+    let (keel, redis) = both(&["CONFIG", "SET", "slowlog-max-len", "3"]);
+    assert_eq!(keel, redis);
+    let (keel, redis) = both(&["SLOWLOG", "GET", "-1"]);
+    let (keel, redis) = (logged(keel), logged(redis));
+    assert_eq!(keel, redis);
+    assert_eq!(keel.len(), 3, "{keel:?}");
+    let (keel, redis) = both(&["CONFIG", "SET", "slowlog-log-slower-than", "10000"]);
+    assert_eq!(keel, redis);
+}
+
 /// Redis' encoding thresholds: `CONFIG SET` under their names and Redis 6 aliases, `CONFIG
 /// GET`, the errors for bad values, and `OBJECT ENCODING` answering by the values set.
 #[test]
