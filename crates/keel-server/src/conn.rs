@@ -792,7 +792,7 @@ impl Conn {
                 && spec.arity_ok(args.len())
                 && data::is_data(spec.cmd)
                 && !crate::lists::is_blocking(spec.cmd)
-                && spec.cmd != Cmd::Object
+                && !matches!(spec.cmd, Cmd::Object | Cmd::Memory)
                 && !keys.is_empty()
                 && self.partition_of(keys.iter().copied()).is_some();
             return ok.then_some(spec.cmd);
@@ -808,8 +808,10 @@ impl Conn {
             && data::is_data(spec.cmd)
             && !matches!(spec.cmd, Cmd::Flushdb | Cmd::Flushall)
             && !crate::lists::is_blocking(spec.cmd)
-            // A bad OBJECT subcommand is refused by `command`, before anything runs.
-            && (spec.cmd != Cmd::Object || table::subcommand(spec, args).is_ok());
+            // A bad OBJECT or MEMORY subcommand is refused by `command`, before anything
+            // runs.
+            && (!matches!(spec.cmd, Cmd::Object | Cmd::Memory)
+                || table::subcommand(spec, args).is_ok());
         ok.then_some(spec.cmd)
     }
 
@@ -1057,9 +1059,9 @@ impl Conn {
             self.reject(spec, &text, output);
             return Next::Continue;
         }
-        // A data command with subcommands (OBJECT) is refused for a bad subcommand before it
-        // is queued or run, as Redis refuses it.
-        if spec.cmd == Cmd::Object
+        // A data command with subcommands (OBJECT, MEMORY) is refused for a bad subcommand
+        // before it is queued or run, as Redis refuses it.
+        if matches!(spec.cmd, Cmd::Object | Cmd::Memory)
             && let Err(text) = table::subcommand(spec, &args)
         {
             self.reject(spec, &text, output);

@@ -44,7 +44,7 @@ pub fn handles(cmd: Cmd) -> bool {
 
 /// Whether `cmd` is one of this module's commands that only read.
 pub fn is_read_only(cmd: Cmd) -> bool {
-    matches!(cmd, Cmd::Randomkey | Cmd::Object)
+    matches!(cmd, Cmd::Randomkey | Cmd::Object | Cmd::Memory)
 }
 
 /// Runs one key command (see [`handles`]).
@@ -66,6 +66,7 @@ pub fn run(
             Ok(())
         }
         Cmd::Object => object(args, view, ctx, out),
+        Cmd::Memory => memory(args, view, ctx, out),
         other => panic!("{other:?} is not a key command"),
     }
 }
@@ -195,6 +196,113 @@ fn random_key(view: &mut View<'_, '_>, ctx: &Ctx<'_>) -> Option<Vec<u8>> {
         .pop()?;
         prefix.push(next.key[at]);
     }
+}
+
+/// What keel keeps per engine record beside its key's and value's bytes: the record, its
+/// version, and its entries in the point and ordered indexes (about 100 B measured per key
+/// of a million 16-byte keys and 10-byte values: BENCHMARKS.md, "Per element of each data
+/// type").
+const RECORD_OVERHEAD: u64 = 100;
+
+/// `MEMORY USAGE key [SAMPLES count]` and `MEMORY HELP`: the bytes keel keeps for a key, an
+/// estimate as Redis's is. A string, or a small collection packed into its meta record, is
+/// counted exactly: its record (and its deadline's entry in the expiry index); a spread
+/// collection adds its size record and, for each kind of sub-key, the first `count` (5 by
+/// default, as Redis samples; 0: all) scaled to their number (members, or a list's chunks
+/// of 16 elements).
+fn memory(
+    args: &[Bytes],
+    view: &mut View<'_, '_>,
+    ctx: &Ctx<'_>,
+    out: &mut Out<'_>,
+) -> Result<(), Fail> {
+    // The subcommand and its arity were checked before the command was queued or run.
+    if args[1].eq_ignore_ascii_case(b"help") {
+        const HELP: &[&str] = &[
+            "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "USAGE <key> [SAMPLES <count>]",
+            "    Return memory in bytes used by <key> and its value. Nested values are",
+            "    sampled up to <count> times (default: 5, 0 means sample all).",
+            "HELP",
+            "    Prints this help.",
+        ];
+        out.array(HELP.len());
+        for line in HELP {
+            out.simple(line);
+        }
+        return Ok(());
+    }
+    let mut samples = 5u64;
+    let mut i = 3;
+    while i < args.len() {
+        if args[i].eq_ignore_ascii_case(b"samples") && i + 1 < args.len() {
+            let n =
+                string_to_i64(&args[i + 1]).ok_or("ERR value is not an integer or out of range")?;
+            if n < 0 {
+                return Err(SYNTAX.into());
+            }
+            samples = if n == 0 { u64::MAX } else { n as u64 };
+            i += 2;
+        } else {
+            return Err(SYNTAX.into());
+        }
+    }
+    let key = &args[2];
+    let held = ks::lookup(view, &ctx.clock, key, false)?;
+    let record = |k: usize, v: usize| k as u64 + v as u64 + RECORD_OVERHEAD;
+    let bytes = match held {
+        Held::Absent => {
+            out.null();
+            return Ok(());
+        }
+        Held::Plain(_) => {
+            let plain = ks::plain_key(key);
+            let len = view.get_with(&plain, |v| v.map_or(0, <[u8]>::len))?;
+            record(plain.len(), len)
+        }
+        Held::Meta(meta) => {
+            let meta_key = ks::meta_key(key);
+            let len = view.get_with(&meta_key, |v| v.map_or(0, <[u8]>::len))?;
+            let mut bytes = record(meta_key.len(), len);
+            if meta.deadline != 0 {
+                bytes += record(ks::expiry_key(meta.deadline, key).len(), 0);
+            }
+            if !meta.packed && meta.generation != 0 {
+                let members = if meta.ty == Type::List {
+                    crate::lists::length(view, ctx, key)?
+                } else {
+                    bytes += record(ks::size_key(meta.generation).len(), 8);
+                    crate::sets::size(view, meta.generation)?.max(0) as u64
+                };
+                for &kind in ks::sub_prefixes(meta.ty) {
+                    let (lo, hi) = ks::prefix_range(&ks::sub_prefix(kind, meta.generation));
+                    let (mut seen, mut sum) = (0u64, 0u64);
+                    let mut whole = true;
+                    view.range(lo, hi, false, |k, v| {
+                        if seen == samples {
+                            whole = false;
+                            return std::ops::ControlFlow::Break(());
+                        }
+                        seen += 1;
+                        sum += record(k.len(), v.len());
+                        std::ops::ControlFlow::Continue(())
+                    });
+                    bytes += if whole || seen == 0 {
+                        sum
+                    } else {
+                        let records = match kind {
+                            ks::LIST_ITEM => members.div_ceil(16),
+                            _ => members,
+                        };
+                        sum / seen * records.max(seen)
+                    };
+                }
+            }
+            bytes
+        }
+    };
+    out.int(i64::try_from(bytes).unwrap_or(i64::MAX));
+    Ok(())
 }
 
 fn object(

@@ -194,6 +194,14 @@ fn find(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<Met
     }
 }
 
+/// The number of elements of the list at `key` (0 if none), as `LLEN` counts them.
+pub fn length(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<u64, Fail> {
+    Ok(match open(view, ctx, key)? {
+        None => 0,
+        Some(mut list) => list.len(view)? as u64,
+    })
+}
+
 /// The list at `key`, opened: `None` if absent, `WRONGTYPE` if it holds something else.
 fn open(view: &mut View<'_, '_>, ctx: &Ctx<'_>, key: &[u8]) -> Result<Option<List>, Fail> {
     find(view, ctx, key)?.map(List::open).transpose()

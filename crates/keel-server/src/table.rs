@@ -84,6 +84,7 @@ pub enum Cmd {
     Randomkey,
     Touch,
     Object,
+    Memory,
     Keys,
     Scan,
     Dbsize,
@@ -1074,6 +1075,18 @@ pub static SPECS: &[Spec] = &[
     ),
     // Redis gives the container no key positions (its subcommands have them); keel gives it
     // the key of `OBJECT ENCODING key` and its kin, which is what routes it in a cluster.
+    spec!(
+        "memory",
+        Memory,
+        -2,
+        &["readonly"],
+        2,
+        2,
+        1,
+        "server",
+        "A container for memory diagnostics commands.",
+        &[("help", 2), ("usage", -3)]
+    ),
     spec!(
         "object",
         Object,

@@ -907,6 +907,63 @@ fn watch_of_large_collections_matches_redis() {
     }
 }
 
+/// `MEMORY USAGE`: nil, errors and `HELP`'s shape as Redis's; the numbers are keel's own
+/// estimates (its records, not Redis's encodings): a value's bytes are counted whole, a
+/// sampled collection comes near the count of all its sub-keys, and more members count
+/// more.
+#[test]
+fn memory_usage_estimates_and_answers_as_redis() {
+    let servers = Servers::start();
+    let mut h = Harness::new(&servers, false);
+    h.flush_all();
+    let mut both = |args: &[&str]| {
+        let args = cmd(args);
+        (h.main.keel.call(&args), h.main.redis.call(&args))
+    };
+    let long = "x".repeat(3000);
+    let _ = both(&["SET", "s", &long]);
+    let _ = both(&["HSET", "h", "a", "1"]);
+    for i in 0..300 {
+        let _ = both(&["ZADD", "z", &i.to_string(), &format!("m{i}")]);
+        let _ = both(&["RPUSH", "l", &format!("item-{i}")]);
+    }
+    for args in [
+        &["MEMORY", "USAGE", "nokey"][..],
+        &["MEMORY", "USAGE", "s", "SAMPLES", "-1"],
+        &["MEMORY", "USAGE", "s", "SAMPLES", "x"],
+        &["MEMORY", "USAGE", "s", "FOO"],
+        &["MEMORY", "USAGE", "s", "SAMPLES"],
+        &["MEMORY", "USAGE"],
+        &["MEMORY", "NOPE"],
+        &["MEMORY"],
+    ] {
+        let (keel, redis) = both(args);
+        assert_eq!(keel, redis, "{}", args.join(" "));
+    }
+    let (Reply::Array(keel), Reply::Array(redis)) = both(&["MEMORY", "HELP"]) else {
+        panic!("MEMORY HELP");
+    };
+    assert_eq!(keel[0], redis[0]);
+    let mut usage = |args: &[&str]| -> i64 {
+        match h.main.keel.call(&cmd(args)) {
+            Reply::Int(n) => n,
+            other => panic!("{}: {other:?}", args.join(" ")),
+        }
+    };
+    let s = usage(&["MEMORY", "USAGE", "s"]);
+    assert!((3000..3300).contains(&s), "a 3000-byte value: {s}");
+    let small = usage(&["MEMORY", "USAGE", "h"]);
+    for key in ["z", "l"] {
+        let sampled = usage(&["MEMORY", "USAGE", key]);
+        let all = usage(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+        assert!(all > 3000 && all > 10 * small, "{key}: {all}");
+        assert!(
+            (sampled - all).abs() * 5 < all,
+            "{key}: sampled {sampled}, all {all}"
+        );
+    }
+}
+
 /// `SLOWLOG`: with every command logged, the same entries' arguments as Redis (newest
 /// first, long arguments and argument lists cut, `AUTH`'s redacted), the same `LEN` and
 /// `RESET`, and Redis' errors; `CONFIG GET|SET` of its two settings.
