@@ -649,6 +649,10 @@ pub fn command(
         arity(2)?;
         let lines = [
             "CLUSTER <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "COUNTKEYSINSLOT <slot>",
+            "    Return the number of keys in <slot>.",
+            "GETKEYSINSLOT <slot> <count>",
+            "    Return key names stored by current node in a slot.",
             "INFO",
             "    Return information about the cluster.",
             "KEYSLOT <key>",

@@ -3161,6 +3161,57 @@ impl Conn {
             .record(elapsed, &args, more, self.info.addr.to_string(), name);
     }
 
+    /// `CLUSTER COUNTKEYSINSLOT slot` and `CLUSTER GETKEYSINSLOT slot count`: the keys of
+    /// the slot that this node holds, as a Redis Cluster node answers for its own slots and a
+    /// replica for its copy: the partition that owns the slot, if this node keeps a copy of
+    /// it (its own, or a replica's), else none.
+    async fn keys_in_slot(&self, args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
+        let get = args[1].eq_ignore_ascii_case(b"getkeysinslot");
+        let slot = crate::resp::string_to_i64(&args[2])
+            .ok_or("ERR value is not an integer or out of range")?;
+        let limit = match args.get(3) {
+            Some(a) => crate::resp::string_to_i64(a)
+                .ok_or("ERR value is not an integer or out of range")?,
+            None => 0,
+        };
+        if !(0..i64::from(keel_cluster::SLOTS)).contains(&slot) || limit < 0 {
+            return Err(if get {
+                "ERR Invalid slot or number of keys"
+            } else {
+                "ERR Invalid slot"
+            }
+            .into());
+        }
+        let slot = slot as u16;
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let db: Option<&'static keel::Db> = match self.shared.replication.get() {
+            Some(rep) => rep
+                .part(rep.owner(&cluster.map(), slot))
+                .map(|part| part.db),
+            None => (cluster.map().owner(keel_cluster::Slot(slot)) == cluster.map().myself())
+                .then_some(self.shared.db),
+        };
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let (count, keys) = match db {
+            Some(db) => tokio::task::spawn_blocking(move || {
+                crate::keyspace::keys_in_slot(db, slot, if get { limit } else { 0 })
+            })
+            .await
+            .map_err(|_| Fail::from("ERR keel: the scan of the slot panicked"))?
+            .map_err(|e| Fail::from(format!("ERR keel: {e}")))?,
+            None => (0, Vec::new()),
+        };
+        if get {
+            out.array(keys.len());
+            for k in &keys {
+                out.bulk(k);
+            }
+        } else {
+            out.int(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        Ok(())
+    }
+
     /// `WAIT numreplicas timeout`: how many replicas hold every write acknowledged to this
     /// connection. Without replication there are none: 0 at once (Redis would wait out the
     /// timeout first, or forever with 0). On a replicated node, the fewest voters besides
@@ -3250,6 +3301,14 @@ impl Conn {
                 None => out.simple("PONG"),
             },
             Cmd::Echo => out.bulk(&args[1]),
+            Cmd::Cluster
+                if self.shared.cluster.is_some()
+                    && (args[1].eq_ignore_ascii_case(b"countkeysinslot")
+                        || args[1].eq_ignore_ascii_case(b"getkeysinslot")) =>
+            {
+                table::subcommand(spec, args).map_err(Fail::from)?;
+                self.keys_in_slot(args, &mut out).await?;
+            }
             Cmd::Cluster => {
                 // Each partition's nodes, the one serving writes first: in a replicated
                 // cluster its leader (as far as this node knows) and then its other replicas.

@@ -343,6 +343,35 @@ pub fn plain_key(key: &[u8]) -> Cow<'_, [u8]> {
     }
 }
 
+/// `CLUSTER COUNTKEYSINSLOT` and `GETKEYSINSLOT`: how many user keys of hash slot `slot`
+/// `db` holds (keys past their deadline that the reaper has not deleted yet included, as
+/// Redis counts them), and the first `limit` of them in key order. A scan of every record:
+/// O(records), where Redis keeps an index per slot.
+pub fn keys_in_slot(
+    db: &keel::Db,
+    slot: u16,
+    limit: usize,
+) -> Result<(u64, Vec<Vec<u8>>), keel::BeginError> {
+    let snap = db.snapshot()?;
+    let (mut count, mut keys) = (0u64, Vec::new());
+    for (engine_key, _) in snap.range::<[u8]>(..) {
+        let user = match &engine_key[..] {
+            [INTERNAL, META, rest @ ..] => Cow::Borrowed(rest),
+            k => match user_key(k) {
+                Some(user) => user,
+                None => continue,
+            },
+        };
+        if keel_cluster::key_slot(&user).0 == slot {
+            count += 1;
+            if keys.len() < limit {
+                keys.push(user.into_owned());
+            }
+        }
+    }
+    Ok((count, keys))
+}
+
 /// The user key of a plain engine key (`None`: an internal key).
 pub fn user_key(engine_key: &[u8]) -> Option<Cow<'_, [u8]>> {
     match engine_key {

@@ -546,6 +546,8 @@ pub static SPECS: &[Spec] = &[
         "cluster",
         "A container for Redis Cluster commands.",
         &[
+            ("countkeysinslot", 3),
+            ("getkeysinslot", 4),
             ("help", 2),
             ("info", 2),
             ("keyslot", 3),

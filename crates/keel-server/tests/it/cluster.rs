@@ -489,6 +489,7 @@ fn cluster_commands_outside_cluster_mode() {
     for cmd in [
         &["CLUSTER", "SLOTS"][..],
         &["CLUSTER", "KEYSLOT", "x"],
+        &["CLUSTER", "COUNTKEYSINSLOT", "1"],
         &["READONLY"],
     ] {
         assert_eq!(
@@ -527,6 +528,53 @@ fn cluster_command_errors() {
     for cmd in ["ASKING", "READONLY", "READWRITE"] {
         let ok: String = query(&mut con, &[cmd]);
         assert_eq!(ok, "OK");
+    }
+}
+
+/// `CLUSTER COUNTKEYSINSLOT` and `GETKEYSINSLOT` answer for the node that holds the slot (a
+/// string, a hash and a key set through another node), none elsewhere, with Redis' errors.
+#[test]
+fn keys_in_a_slot_are_counted_where_the_slot_lives() {
+    let cluster = TestCluster::start(2, TIMEOUT_MS);
+    let key = key_on(&cluster, 1, "k");
+    let mut con = cluster.node(0).client();
+    let slot: i64 = query(&mut con, &["CLUSTER", "KEYSLOT", &key]);
+    let (tagged, hash) = (format!("{{{key}}}a"), format!("{{{key}}}h"));
+    let () = query(&mut con, &["MSET", &key, "1", &tagged, "2"]);
+    let _: i64 = query(&mut con, &["HSET", &hash, "f", "v"]);
+    let slot = slot.to_string();
+    let mut owner = cluster.node(1).client();
+    let n: i64 = query(&mut owner, &["CLUSTER", "COUNTKEYSINSLOT", &slot]);
+    assert_eq!(n, 3);
+    let keys: Vec<String> = query(&mut owner, &["CLUSTER", "GETKEYSINSLOT", &slot, "2"]);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let all: Vec<String> = query(&mut owner, &["CLUSTER", "GETKEYSINSLOT", &slot, "10"]);
+    let mut expected = vec![key.clone(), tagged, hash];
+    expected.sort();
+    let mut got = all.clone();
+    got.sort();
+    assert_eq!(got, expected);
+    let n: i64 = query(&mut con, &["CLUSTER", "COUNTKEYSINSLOT", &slot]);
+    assert_eq!(n, 0, "the other node holds none of the slot");
+    for (cmd, text) in [
+        (
+            &["CLUSTER", "COUNTKEYSINSLOT", "16384"][..],
+            "ERR Invalid slot",
+        ),
+        (
+            &["CLUSTER", "COUNTKEYSINSLOT", "x"],
+            "ERR value is not an integer or out of range",
+        ),
+        (
+            &["CLUSTER", "GETKEYSINSLOT", "1", "-1"],
+            "ERR Invalid slot or number of keys",
+        ),
+        (
+            &["CLUSTER", "GETKEYSINSLOT", "1"],
+            "ERR wrong number of arguments for 'cluster|getkeysinslot' command",
+        ),
+    ] {
+        assert_eq!(error(&mut owner, cmd), text, "{}", cmd.join(" "));
     }
 }
 
