@@ -670,10 +670,7 @@ pub fn command(
             "HELP",
             "    Print this help.",
         ];
-        out.array(lines.len());
-        for l in lines {
-            out.simple(l);
-        }
+        out.help(&lines);
         return Ok(());
     }
     // KEYSLOT needs no cluster (Redis answers it only in cluster mode; so does keel).

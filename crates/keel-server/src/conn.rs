@@ -893,21 +893,14 @@ impl Conn {
         let proto = self.proto;
         let mut running = tokio::task::JoinSet::new();
         for (g, (p, _, members)) in groups.iter().enumerate() {
+            let commands = members
+                .iter()
+                .map(|&i| cmds[i].1.iter().map(|a| a.to_vec()).collect())
+                .collect();
             let request = crate::replica::Request {
-                commands: members
-                    .iter()
-                    .map(|&i| cmds[i].1.iter().map(|a| a.to_vec()).collect())
-                    .collect(),
-                exec: false,
                 batch: members.len() > 1,
                 resp3: proto == Proto::Resp3,
-                now_ms: crate::keyspace::unix_ms(),
-                bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-                reply_bytes_max: shared.config.reply_bytes_max,
-                op: crate::replica::Op::Run,
-                watched: Vec::new(),
-                id: None,
-                keep_ms: 0,
+                ..crate::replica::Request::new(&shared, commands, crate::replica::Op::Run)
             };
             let read = members.iter().all(|&i| data::is_read_only(cmds[i].0));
             let (shared, p) = (Arc::clone(&shared), *p);
@@ -1903,19 +1896,11 @@ impl Conn {
             let mut known: std::collections::HashSet<Vec<u8>> =
                 self.rwatch.iter().map(|w| w.key.clone()).collect();
             for (p, ks) in requests {
-                let request = crate::replica::Request {
-                    commands: vec![std::iter::once(b"EXISTS".to_vec()).chain(ks).collect()],
-                    exec: false,
-                    batch: false,
-                    resp3: false,
-                    now_ms: crate::keyspace::unix_ms(),
-                    bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-                    reply_bytes_max: shared.config.reply_bytes_max,
-                    op: crate::replica::Op::Watch,
-                    watched: Vec::new(),
-                    id: None,
-                    keep_ms: 0,
-                };
+                let request = crate::replica::Request::new(
+                    &shared,
+                    vec![std::iter::once(b"EXISTS".to_vec()).chain(ks).collect()],
+                    crate::replica::Op::Watch,
+                );
                 let answer = tokio::select! {
                     r = rep.run(&shared, p, request, false) => r,
                     () = self.info.kill.cancelled() => {
@@ -1997,19 +1982,11 @@ impl Conn {
         for p in 0..rep.partitions() {
             let mut entries = 0u64;
             loop {
-                let request = crate::replica::Request {
-                    commands: vec![vec![b"KEEL.FLUSHBATCH".to_vec()]],
-                    exec: false,
-                    batch: false,
-                    resp3: false,
-                    now_ms: crate::keyspace::unix_ms(),
-                    bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-                    reply_bytes_max: shared.config.reply_bytes_max,
-                    op: crate::replica::Op::Run,
-                    watched: Vec::new(),
-                    id: None,
-                    keep_ms: 0,
-                };
+                let request = crate::replica::Request::new(
+                    &shared,
+                    vec![vec![b"KEEL.FLUSHBATCH".to_vec()]],
+                    crate::replica::Op::Run,
+                );
                 let result = tokio::select! {
                     r = rep.run(&shared, p, request, false) => r,
                     () = self.info.kill.cancelled() => {
@@ -2174,17 +2151,10 @@ impl Conn {
         let rep = shared.replication.get().expect("replicated");
         let cluster = shared.cluster.as_ref().expect("cluster mode");
         let request = crate::replica::Request {
-            commands,
             exec,
             batch,
             resp3: self.proto == Proto::Resp3,
-            now_ms: crate::keyspace::unix_ms(),
-            bulk_bytes_max: shared.proto_max_bulk_len.load(Relaxed),
-            reply_bytes_max: shared.config.reply_bytes_max,
-            op: crate::replica::Op::Run,
-            watched: Vec::new(),
-            id: None,
-            keep_ms: 0,
+            ..crate::replica::Request::new(&shared, commands, crate::replica::Op::Run)
         };
         let (mut p, mut slot) = (p, slot);
         // A slot that moved to another partition is followed (a few times: it may move on).

@@ -226,10 +226,7 @@ fn memory(
             "HELP",
             "    Prints this help.",
         ];
-        out.array(HELP.len());
-        for line in HELP {
-            out.simple(line);
-        }
+        out.help(HELP);
         return Ok(());
     }
     let mut samples = 5u64;
@@ -331,10 +328,7 @@ fn object(
             "HELP",
             "    Prints this help.",
         ];
-        out.array(HELP.len());
-        for line in HELP {
-            out.simple(line);
-        }
+        out.help(HELP);
         return Ok(());
     }
     let key = &args[2];

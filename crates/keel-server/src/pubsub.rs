@@ -642,12 +642,7 @@ pub fn pubsub(registry: &Registry, args: &[Bytes], out: &mut Out<'_>) -> Result<
             }
         }
         b"numpat" => out.int(registry.counts().1 as i64),
-        b"help" => {
-            out.array(PUBSUB_HELP.len());
-            for line in PUBSUB_HELP {
-                out.simple(line);
-            }
-        }
+        b"help" => out.help(PUBSUB_HELP),
         _ => unreachable!("check_pubsub knows every subcommand"),
     }
     Ok(())

@@ -2127,6 +2127,27 @@ fn read_here(
 }
 
 impl Request {
+    /// `commands` for `op` (one command's reply, RESP2, no id), stamped with this node's
+    /// clock and `shared`'s limits: what a node asks of a partition; the caller sets what
+    /// differs.
+    pub fn new(shared: &Shared, commands: Vec<Vec<Vec<u8>>>, op: Op) -> Request {
+        Request {
+            commands,
+            exec: false,
+            batch: false,
+            resp3: false,
+            now_ms: crate::keyspace::unix_ms(),
+            bulk_bytes_max: shared
+                .proto_max_bulk_len
+                .load(std::sync::atomic::Ordering::Relaxed),
+            reply_bytes_max: shared.config.reply_bytes_max,
+            op,
+            watched: Vec::new(),
+            id: None,
+            keep_ms: 0,
+        }
+    }
+
     /// The protocol of the reply.
     pub fn proto(&self) -> Proto {
         if self.resp3 {
@@ -2183,19 +2204,8 @@ pub async fn reap_loop(shared: std::sync::Weak<Shared>) {
                     break;
                 }
                 let request = Request {
-                    commands: vec![vec![b"KEEL.REAP".to_vec()]],
-                    exec: false,
-                    batch: false,
-                    resp3: false,
                     now_ms: (part.clock)(),
-                    bulk_bytes_max: shared
-                        .proto_max_bulk_len
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                    reply_bytes_max: shared.config.reply_bytes_max,
-                    op: Op::Run,
-                    watched: Vec::new(),
-                    id: None,
-                    keep_ms: 0,
+                    ..Request::new(&shared, vec![vec![b"KEEL.REAP".to_vec()]], Op::Run)
                 };
                 match rep.run(&shared, part.id, request, false).await {
                     // Counted where the pass was proposed, as a Redis primary counts the

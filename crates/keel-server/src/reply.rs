@@ -162,6 +162,14 @@ impl Out<'_> {
         self.line(b'+', text.as_bytes());
     }
 
+    /// A `HELP` subcommand's answer: its lines, an array of simple strings, as Redis sends it.
+    pub fn help(&mut self, lines: &[&str]) {
+        self.array(lines.len());
+        for line in lines {
+            self.simple(line);
+        }
+    }
+
     /// `+OK`.
     pub fn ok(&mut self) {
         self.buf.put_slice(b"+OK\r\n");

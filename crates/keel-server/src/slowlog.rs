@@ -206,10 +206,7 @@ pub fn command(log: &SlowLog, sub: &str, args: &[Bytes], out: &mut Out<'_>) -> R
                 "HELP",
                 "    Prints this help.",
             ];
-            out.array(lines.len());
-            for l in lines {
-                out.simple(l);
-            }
+            out.help(&lines);
         }
     }
     Ok(())

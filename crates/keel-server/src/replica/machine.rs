@@ -1271,6 +1271,8 @@ pub const FLUSH_TOO_LARGE: &str = "ERR keel: a replicated partition is flushed i
 /// Keys one `KEEL.FLUSHBATCH` entry deletes at most: below the engine's limit by room for
 /// the entry's own records (the applied marker, a kept answer, watched keys' versions).
 const FLUSH_ENTRY_KEYS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 4096;
+/// Bytes one `KEEL.FLUSHBATCH` entry leaves unwritten for its own records.
+const FLUSH_ENTRY_ROOM_BYTES: usize = 1 << 20;
 
 /// Deletes the partition's data keys (every key but the replication records, `FF 'r' …`),
 /// in key order, if they are at most `max` and fit what `txn` may still write; else as many
@@ -1278,6 +1280,10 @@ const FLUSH_ENTRY_KEYS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 4096;
 fn flush_keys(txn: &mut keel::Txn<'_>, max: usize) -> std::result::Result<(usize, bool), Fail> {
     let (keys_left, mut bytes_left) = txn.writes_left();
     let room = keys_left.min(max);
+    if max != usize::MAX {
+        // A batch leaves room for its entry's own records' bytes too.
+        bytes_left = bytes_left.saturating_sub(FLUSH_ENTRY_ROOM_BYTES);
+    }
     let mut keys: Vec<Vec<u8>> = Vec::new();
     let mut more = false;
     for (k, _) in txn.range::<Vec<u8>>(..) {

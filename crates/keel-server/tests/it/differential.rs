@@ -916,10 +916,7 @@ fn memory_usage_estimates_and_answers_as_redis() {
     let servers = Servers::start();
     let mut h = Harness::new(&servers, false);
     h.flush_all();
-    let mut both = |args: &[&str]| {
-        let args = cmd(args);
-        (h.main.keel.call(&args), h.main.redis.call(&args))
-    };
+    let mut both = |args: &[&str]| h.main.both(args);
     let long = "x".repeat(3000);
     let _ = both(&["SET", "s", &long]);
     let _ = both(&["HSET", "h", "a", "1"]);
@@ -972,10 +969,7 @@ fn slowlog_matches_redis() {
     let servers = Servers::start();
     let mut h = Harness::new(&servers, false);
     h.flush_all();
-    let mut both = |args: &[&str]| {
-        let args = cmd(args);
-        (h.main.keel.call(&args), h.main.redis.call(&args))
-    };
+    let mut both = |args: &[&str]| h.main.both(args);
     let long = "x".repeat(300);
     let mut mset = vec!["MSET".to_owned()];
     for i in 0..20 {
@@ -1045,10 +1039,7 @@ fn encoding_thresholds_set_by_config_match_redis() {
     let servers = Servers::start();
     let mut h = Harness::new(&servers, false);
     h.flush_all();
-    let mut both = |args: &[&str]| {
-        let args = cmd(args);
-        (h.main.keel.call(&args), h.main.redis.call(&args))
-    };
+    let mut both = |args: &[&str]| h.main.both(args);
     for args in [
         &["CONFIG", "SET", "hash-max-listpack-entries", "3"][..],
         &["CONFIG", "SET", "hash-max-ziplist-value", "5"],
@@ -1684,6 +1675,12 @@ struct Pair {
 }
 
 impl Pair {
+    /// `args` sent to both: keel's reply and Redis's.
+    fn both(&mut self, args: &[&str]) -> (Reply, Reply) {
+        let args = cmd(args);
+        (self.keel.call(&args), self.redis.call(&args))
+    }
+
     fn connect(servers: &Servers, resp3: bool) -> Pair {
         let mut pair = Pair {
             keel: Client::connect(servers.keel.addr),
