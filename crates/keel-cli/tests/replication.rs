@@ -1344,6 +1344,33 @@ fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
         "median wait from a push's reply to the pop {wait:?}, median push {push:?}: \
          {waits:?}, {pushes:?}"
     );
+    // A waited key that another client turns into a sorted set (COPY, which wakes the
+    // client) keeps it waiting, as in Redis 7.0: nil at the timeout, not WRONGTYPE.
+    {
+        let _: i64 = redis::cmd("ZADD")
+            .arg("{b}zsrc")
+            .arg(1)
+            .arg("m")
+            .query(&mut conns[0])
+            .expect("ZADD");
+        let port = ports[1];
+        let waiter = std::thread::spawn(move || {
+            let mut c = connect(port).expect("connect");
+            redis::cmd("BLPOP")
+                .arg("{b}becomes-zset")
+                .arg(2)
+                .query::<Option<(String, String)>>(&mut c)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let copied: i64 = redis::cmd("COPY")
+            .arg("{b}zsrc")
+            .arg("{b}becomes-zset")
+            .query(&mut conns[1])
+            .expect("COPY");
+        assert_eq!(copied, 1);
+        let got = waiter.join().expect("waiter");
+        assert_eq!(got.expect("no WRONGTYPE"), None);
+    }
     // Three clients blocked on one node, each once the one before waits: served in turn by
     // one push of three elements through another node.
     let blocked = |c: &mut redis::Connection| -> usize {

@@ -1674,15 +1674,20 @@ impl Conn {
             Duration::from_millis(10)
         };
         let mut ready = true;
+        let mut tried = false;
         loop {
             if std::mem::take(&mut ready) {
                 let mut buf = BytesMut::new();
                 self.run_replicated(p, slot, pop.clone(), false, false, false, &mut buf)
                     .await;
-                if buf[..] != would_block[..] {
+                // A key that became another kind while the client waited keeps it waiting,
+                // as in Redis; at the first try it is the client's error.
+                let other_kind = tried && buf.starts_with(b"-WRONGTYPE");
+                if buf[..] != would_block[..] && !other_kind {
                     output.extend_from_slice(&buf);
                     return Ok(true);
                 }
+                tried = true;
             }
             match self
                 .wait_blocked(
@@ -1777,9 +1782,14 @@ impl Conn {
         let mut pause = Duration::from_millis(10);
         let mut ready = true;
         let mut pause_first = elsewhere.is_empty();
+        let mut tried = false;
         loop {
             if std::mem::take(&mut ready) {
                 match self.gathered(&[&args], &Watching::Nothing).await {
+                    // A key that became another kind while the client waited keeps it
+                    // waiting, as in Redis; at the first try it is the client's error.
+                    Ok(Some(ran))
+                        if tried && ran.failed && ran.replies[0].starts_with(b"-WRONGTYPE") => {}
                     Ok(Some(mut ran)) if ran.failed || !ran.changed.is_empty() => {
                         output.extend_from_slice(&ran.replies.remove(0));
                         return Ok(true);
@@ -1792,6 +1802,7 @@ impl Conn {
                         return Ok(true);
                     }
                 }
+                tried = true;
             }
             // After an answer that came at once (the keys hold something another client
             // here is due first), or a failed one, ask again only after a pause.

@@ -848,6 +848,23 @@ fn blocking_pops_across_nodes_wait_for_a_push_anywhere() {
         waiter.join().expect("waiter"),
         Some(vec![y.clone(), "to-y".to_owned()])
     );
+    // A waited key that another client turns into a sorted set (COPY, here on the waiting
+    // client's node, which wakes it) keeps the client waiting, as in Redis 7.0: nil at the
+    // timeout, not WRONGTYPE.
+    let zsrc = format!("{{{z}}}zsrc");
+    let _: i64 = query(&mut con, &["ZADD", &zsrc, "1", "m"]);
+    let (url, src, dst) = (cluster.node(0).url(false), zsrc.clone(), z.clone());
+    let _: i64 = query(&mut con, &["DEL", &z]);
+    let copier = std::thread::spawn(move || {
+        let mut c = crate::connect(&url);
+        crate::lists::wait_blocked(&mut c, 1);
+        let copied: i64 = query(&mut c, &["COPY", &src, &dst]);
+        assert_eq!(copied, 1);
+    });
+    let v: Option<Vec<String>> = query(&mut con, &["BLPOP", &x, &z, "1.5"]);
+    assert_eq!(v, None, "the sorted set is not popped, nor an error");
+    copier.join().expect("copier");
+    let _: i64 = query(&mut con, &["DEL", &z, &zsrc]);
     // Errors at once, and nothing moves.
     assert!(error(&mut con, &["BLPOP", &x, &y, "-1"]).contains("timeout is negative"));
     let _: () = query(&mut con, &["SET", &y, "s"]);
