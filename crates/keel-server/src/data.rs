@@ -129,6 +129,33 @@ impl<'db> View<'_, 'db> {
         self.range_maybe_checked(lo, hi, rev, false, f);
     }
 
+    /// [`View::range_unchecked`] whose every pair `f` sees is a checked point read: the
+    /// commit checks that nobody wrote those keys since ([`keel::Range::next_read`]), as a
+    /// [`View::get_with`] of each would, without looking them up again.
+    pub fn range_read(
+        &mut self,
+        lo: Bound<Vec<u8>>,
+        hi: Bound<Vec<u8>>,
+        rev: bool,
+        mut f: impl FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), keel::Error> {
+        match self {
+            View::Txn(t) => {
+                let mut range = t.range_unchecked(lo, hi);
+                while let Some(flow) = range.next_read(rev, &mut f)? {
+                    if flow.is_break() {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            View::Snap(_) => {
+                self.range_unchecked(lo, hi, rev, f);
+                Ok(())
+            }
+        }
+    }
+
     fn range_maybe_checked(
         &mut self,
         lo: Bound<Vec<u8>>,

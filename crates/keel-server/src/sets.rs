@@ -312,7 +312,9 @@ struct Pick {
 /// Any member is a correct pick, so the ranges walked for it are not checked at commit
 /// ([`View::range_unchecked`]); the pick is read, checked, and, for a pop (`popping`), so
 /// is a second member (the next one, or the first when the pick is the last) unless the
-/// pick is `alone`: while that one stays, a pop of the pick leaves the set non-empty.
+/// pick is `alone`: while that one stays, a pop of the pick leaves the set non-empty. A pop
+/// checks the members as its scan meets them ([`View::range_read`]), not by reading each
+/// again.
 /// Concurrent pops of a large set then conflict only when they pick the same member or its
 /// neighbour, and a member added anywhere meanwhile conflicts with none of them.
 fn random_member(
@@ -324,26 +326,33 @@ fn random_member(
     let prefix = ks::sub_prefix(SET_MEMBER, generation);
     let (lo, hi) = ks::prefix_range(&prefix);
     let start = view.sample_key(bound_ref(&lo), bound_ref(&hi));
-    // Up to two members from `from` on, or from the first if the draw found none.
-    let two_from = |view: &mut View<'_, '_>, from: Bound<Vec<u8>>| {
+    // Up to two members from `from` on, or from the first if the draw found none. A pop
+    // reads both as it scans (the commit checks neither changed); a pick that is not a pop
+    // reads only the member it picks, below.
+    let two_from = |view: &mut View<'_, '_>, from: Bound<Vec<u8>>| -> Result<_, Fail> {
         let mut found: Vec<Vec<u8>> = Vec::with_capacity(2);
-        view.range_unchecked(from, hi.clone(), false, |k, _| {
+        let mut take = |k: &[u8], _: &[u8]| {
             found.push(k[prefix.len()..].to_vec());
             if found.len() == 2 {
                 ControlFlow::Break(())
             } else {
                 ControlFlow::Continue(())
             }
-        });
-        found
+        };
+        if popping {
+            view.range_read(from, hi.clone(), false, &mut take)?;
+        } else {
+            view.range_unchecked(from, hi.clone(), false, &mut take);
+        }
+        Ok(found)
     };
     let mut found = match start {
-        Some(key) => two_from(view, Bound::Included(key)),
+        Some(key) => two_from(view, Bound::Included(key))?,
         None => Vec::new(),
     };
     if found.len() < 2 {
         // Past the last member: the first ones follow it.
-        for m in two_from(view, lo) {
+        for m in two_from(view, lo)? {
             if found.len() < 2 && !found.contains(&m) {
                 found.push(m);
             }
@@ -353,19 +362,12 @@ fn random_member(
     let Some(member) = found.next() else {
         return Ok(None);
     };
-    confirm(view, generation, &member)?;
-    let Some(other) = found.next() else {
-        return Ok(Some(Pick {
-            member,
-            alone: true,
-        }));
-    };
-    if popping {
-        confirm(view, generation, &other)?;
+    if !popping {
+        confirm(view, generation, &member)?;
     }
     Ok(Some(Pick {
         member,
-        alone: false,
+        alone: found.next().is_none(),
     }))
 }
 

@@ -2583,6 +2583,16 @@ impl<'db> Scan<'db> {
     /// is copied, and keys deleted or absent at the snapshot are passed over without
     /// allocating. `None` once the ends meet or the range is done.
     pub fn next_with<T>(&mut self, rev: bool, f: impl FnOnce(&[u8], &[u8]) -> T) -> Option<T> {
+        self.next_found(rev, f).map(|(t, _)| t)
+    }
+
+    /// [`Scan::next_with`], and the committed record the pair came from (`None` for one of
+    /// the transaction's own writes).
+    fn next_found<T>(
+        &mut self,
+        rev: bool,
+        f: impl FnOnce(&[u8], &[u8]) -> T,
+    ) -> Option<(T, Option<RecordRef>)> {
         let mut f = Some(f);
         loop {
             let done = if rev { self.back_done } else { self.front_done };
@@ -2599,6 +2609,10 @@ impl<'db> Scan<'db> {
             };
             let db = self.db;
             let read_ts = self.read_ts;
+            let found = match candidate {
+                Candidate::Record(record) => Some(record),
+                Candidate::Overlay(_) => None,
+            };
             let (key, result) = match candidate {
                 Candidate::Overlay(i) => {
                     let (key, value) = &self.overlay[i];
@@ -2634,7 +2648,7 @@ impl<'db> Scan<'db> {
                 let last = last.get_or_insert_with(Vec::new);
                 last.clear();
                 last.extend_from_slice(key);
-                return Some(result);
+                return Some((result, found));
             }
         }
         if rev {
@@ -2697,6 +2711,55 @@ impl Range<'_, '_> {
     /// [`Scan::next_with`].
     pub fn next_with<T>(&mut self, rev: bool, f: impl FnOnce(&[u8], &[u8]) -> T) -> Option<T> {
         self.scan.next_with(rev, f)
+    }
+
+    /// [`Range::next_with`], remembering the pair's key as a point read (the commit checks
+    /// that nobody wrote it since, as after [`Txn::get`] of it) where the pair is a committed
+    /// one: for a [`Txn::range_unchecked`] whose picks must stay as read, without looking
+    /// each up again. A pair of the transaction's own writes needs no read.
+    ///
+    /// ```
+    /// use std::ops::Bound;
+    /// let db = keel::Db::in_memory();
+    /// db.transact(|txn| {
+    ///     txn.put(b"m1", b"")?;
+    ///     txn.put(b"m2", b"")
+    /// })?;
+    /// fn pick(db: &keel::Db) -> Result<keel::Txn<'_>, Box<dyn std::error::Error>> {
+    ///     let mut txn = db.begin()?;
+    ///     let lo = Bound::Included(b"m".to_vec());
+    ///     let first = txn
+    ///         .range_unchecked(lo, Bound::Excluded(b"n".to_vec()))
+    ///         .next_read(false, |k, _| k.to_vec())?;
+    ///     assert_eq!(first.as_deref(), Some(&b"m1"[..]));
+    ///     txn.put(b"out", b"")?;
+    ///     Ok(txn)
+    /// }
+    /// // A member added or changed beside the pick is no conflict,
+    /// let txn = pick(&db)?;
+    /// db.transact(|t| t.put(b"m0", b""))?;
+    /// db.transact(|t| t.put(b"m2", b"x"))?;
+    /// assert!(txn.commit()?.is_ok());
+    /// // but a write of the pick is.
+    /// db.transact(|t| t.delete(b"m0"))?;
+    /// let txn = pick(&db)?;
+    /// db.transact(|t| t.delete(b"m1"))?;
+    /// assert!(txn.commit()?.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn next_read<T>(
+        &mut self,
+        rev: bool,
+        f: impl FnOnce(&[u8], &[u8]) -> T,
+    ) -> Result<Option<T>, Error> {
+        match self.scan.next_found(rev, f) {
+            Some((t, Some(record))) => {
+                self.txn.remember(Read::Record(record))?;
+                Ok(Some(t))
+            }
+            Some((t, None)) => Ok(Some(t)),
+            None => Ok(None),
+        }
     }
 }
 
