@@ -879,29 +879,51 @@ pub fn check_flush_args(args: &[Bytes]) -> Result<(), Fail> {
 /// when more remain. Exactly-once answers (`FF 'o'`, `once`) are not data and stay: a
 /// forwarded write sent again after the flush still finds its answer.
 pub fn flush_batch(txn: &mut Txn<'_>) -> Result<bool, Fail> {
-    let (keys_left, mut bytes_left) = txn.writes_left();
-    let keys_max = keys_left.min(FLUSH_BATCH_KEYS);
+    let once = [ks::INTERNAL, crate::once::ONCE];
+    delete_all_but(txn, &once, FLUSH_BATCH_KEYS, 0, false).map(|(_, more)| more)
+}
+
+/// Deletes, in key order, the keys of `txn`'s view but those under `kept` (records that
+/// are not data), as many as `keys_max` and what `txn` may still write allow, leaving
+/// `bytes_room` of its bytes unwritten; with `whole`, all of them or, if they do not fit,
+/// none. Returns how many it deleted (for `whole` and too many: found) and whether any is
+/// left.
+pub fn delete_all_but(
+    txn: &mut Txn<'_>,
+    kept: &[u8],
+    keys_max: usize,
+    bytes_room: usize,
+    whole: bool,
+) -> Result<(usize, bool), Fail> {
+    let (keys_left, bytes_left) = txn.writes_left();
+    let keys_max = keys_left.min(keys_max);
+    let mut bytes_left = bytes_left.saturating_sub(bytes_room);
     let mut keys = Vec::new();
     let mut more = false;
-    let once_lo = [ks::INTERNAL, crate::once::ONCE];
-    let once_hi = [ks::INTERNAL, crate::once::ONCE + 1];
-    for part in [
-        (Bound::Unbounded, Bound::Excluded(&once_lo[..])),
-        (Bound::Included(&once_hi[..]), Bound::Unbounded),
+    let after = ks::prefix_end(kept);
+    'ranges: for part in [
+        (Bound::Unbounded, Bound::Excluded(kept)),
+        match &after {
+            Some(after) => (Bound::Included(&after[..]), Bound::Unbounded),
+            None => (Bound::Excluded(kept), Bound::Excluded(kept)),
+        },
     ] {
         for (k, _) in txn.range::<[u8]>(part) {
             if keys.len() == keys_max || k.len() > bytes_left {
                 more = true;
-                break;
+                break 'ranges;
             }
             bytes_left -= k.len();
             keys.push(k);
         }
     }
+    if more && whole {
+        return Ok((keys.len(), true));
+    }
     for k in &keys {
         txn.delete(k)?;
     }
-    Ok(more)
+    Ok((keys.len(), more))
 }
 
 fn substring(v: &[u8], start: i64, end: i64) -> &[u8] {

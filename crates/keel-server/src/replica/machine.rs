@@ -1241,7 +1241,13 @@ pub(super) fn run_command(
         return Ok(());
     }
     if cmd == table::Cmd::KeelFlushbatch {
-        let (_, more) = flush_keys(txn, FLUSH_ENTRY_KEYS_MAX)?;
+        let (_, more) = data::delete_all_but(
+            txn,
+            MARKERS,
+            FLUSH_ENTRY_KEYS_MAX,
+            FLUSH_ENTRY_ROOM_BYTES,
+            false,
+        )?;
         out.int(i64::from(more));
         return Ok(());
     }
@@ -1249,7 +1255,7 @@ pub(super) fn run_command(
         return data::run(cmd, args, &mut View::Txn(txn), ctx, out);
     }
     data::check_flush_args(args)?;
-    let (held, more) = flush_keys(txn, usize::MAX)?;
+    let (held, more) = data::delete_all_but(txn, MARKERS, usize::MAX, 0, true)?;
     if more {
         // One engine transaction deletes them, in every replica's log entry at once: the
         // node flushes such a partition in entries of `KEEL.FLUSHBATCH` instead.
@@ -1273,39 +1279,6 @@ pub const FLUSH_TOO_LARGE: &str = "ERR keel: a replicated partition is flushed i
 const FLUSH_ENTRY_KEYS_MAX: usize = keel::limits::TXN_WRITE_KEYS_MAX - 4096;
 /// Bytes one `KEEL.FLUSHBATCH` entry leaves unwritten for its own records.
 const FLUSH_ENTRY_ROOM_BYTES: usize = 1 << 20;
-
-/// Deletes the partition's data keys (every key but the replication records, `FF 'r' …`),
-/// in key order, if they are at most `max` and fit what `txn` may still write; else as many
-/// as that, in order. Returns the keys deleted, and whether any is left.
-fn flush_keys(txn: &mut keel::Txn<'_>, max: usize) -> std::result::Result<(usize, bool), Fail> {
-    let (keys_left, mut bytes_left) = txn.writes_left();
-    let room = keys_left.min(max);
-    if max != usize::MAX {
-        // A batch leaves room for its entry's own records' bytes too.
-        bytes_left = bytes_left.saturating_sub(FLUSH_ENTRY_ROOM_BYTES);
-    }
-    let mut keys: Vec<Vec<u8>> = Vec::new();
-    let mut more = false;
-    for (k, _) in txn.range::<Vec<u8>>(..) {
-        if k.starts_with(MARKERS) {
-            continue;
-        }
-        if keys.len() == room || k.len() > bytes_left {
-            more = true;
-            break;
-        }
-        bytes_left -= k.len();
-        keys.push(k);
-    }
-    if more && max == usize::MAX {
-        // A whole flush: all or nothing.
-        return Ok((keys.len(), true));
-    }
-    for k in &keys {
-        txn.delete(k)?;
-    }
-    Ok((keys.len(), more))
-}
 
 /// Runs `commands` in `txn`, writing their replies (in an array if `array`); whether one
 /// failed (a write then rolls back). With `stop`, the first failure ends the run (a single
