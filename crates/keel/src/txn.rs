@@ -292,6 +292,8 @@ struct WriteSet {
     entries: Vec<WriteEntry>,
     index: Option<HashMap<Vec<u8>, usize, BuildHasherDefault<KeyHasher>>>,
     bytes: usize,
+    /// Writes made so far ([`Txn::write_count`]).
+    count: u64,
 }
 
 /// The write set's map hasher: the engine's key hash (fast on short keys) instead of
@@ -334,6 +336,7 @@ impl WriteSet {
     }
 
     fn push(&mut self, key: &[u8], hash: u64, write: Write) {
+        self.count += 1;
         self.bytes += key.len() + write.bytes();
         let position = self.entries.len();
         self.entries.push(WriteEntry {
@@ -356,6 +359,7 @@ impl WriteSet {
     }
 
     fn replace(&mut self, position: usize, write: Write) {
+        self.count += 1;
         let entry = &mut self.entries[position];
         debug_assert!(entry.tickets.is_empty() || matches!(write, Write::Ops(_)));
         self.bytes = self.bytes - entry.write.bytes() + write.bytes();
@@ -550,6 +554,8 @@ pub struct Txn<'db> {
     /// entries are not in the write set until they resolve: reads and writes that could meet
     /// them resolve them first.
     score_adds: bool,
+    /// The caller's note ([`Txn::set_note`]).
+    note: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -594,7 +600,38 @@ impl<'db> Txn<'db> {
             slot_handed_on: false,
             collect_due: false,
             score_adds: false,
+            note: None,
         })
+    }
+
+    /// How many writes this transaction has made: every put, delete and operation, and
+    /// each resolution of pending ones. Equal counts at two moments mean that nothing was
+    /// written between them, so that what a read saw of this transaction's own writes
+    /// still holds (what [`Txn::set_note`] notes may rest on it).
+    pub fn write_count(&self) -> u64 {
+        self.writes.count
+    }
+
+    /// Keeps `note` with this transaction, in place of any before it, until it ends: what a
+    /// caller learned in one command that the next one may use (where a sorted set's pops
+    /// left off), tied to this transaction so that a retry, which begins another, starts
+    /// without it. Notes of other types read as none.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let mut txn = db.begin()?;
+    /// txn.set_note(7u32);
+    /// assert_eq!(txn.note::<u32>(), Some(&7));
+    /// assert_eq!(txn.note::<u64>(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_note<T: std::any::Any + Send + Sync>(&mut self, note: T) {
+        self.note = Some(Box::new(note));
+    }
+
+    /// The note [`Txn::set_note`] kept, if it is a `T`.
+    pub fn note<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.note.as_ref()?.downcast_ref()
     }
 
     /// Overrides the database's durability for this commit: [`Durability::Sync`] waits for
@@ -1030,14 +1067,24 @@ impl<'db> Txn<'db> {
         })?;
         let h = hash(key);
         let existing = self.writes.find(key, h);
-        let write = match existing.map(|i| &self.writes.entries[i].write) {
+        let write = match existing.map(|i| &mut self.writes.entries[i].write) {
             None => Write::Ops(vec![op]),
             Some(Write::Put(v)) => Write::Put(op.apply(key, Some(v))?),
             Some(Write::Delete) => Write::Put(op.apply(key, None)?),
+            // Appended where it is (a copy of the list per operation made a pipeline of
+            // adds to one key quadratic): only the transaction's bytes can refuse it.
             Some(Write::Ops(ops)) => {
-                let mut ops = ops.clone();
+                let bytes = self.writes.bytes + op.bytes();
+                if bytes > TXN_WRITE_BYTES_MAX {
+                    return Err(Error::LimitExceeded {
+                        limit: Limit::TxnWriteBytes,
+                        requested: bytes,
+                    });
+                }
                 ops.push(op);
-                Write::Ops(ops)
+                self.writes.bytes = bytes;
+                self.writes.count += 1;
+                return Ok(());
             }
         };
         self.write_at(key, h, existing, write)
@@ -1288,23 +1335,27 @@ impl<'db> Txn<'db> {
 
     /// This transaction's writes inside `range`, in key order, as the values a reader sees.
     fn overlay(&mut self, range: &KeyRange) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let mut keys: Vec<Vec<u8>> = self
-            .writes
-            .entries
-            .iter()
-            .filter(|e| range.contains(e.key.as_slice()))
-            .map(|e| e.key.to_vec())
-            .collect();
-        keys.sort_unstable();
-        keys.into_iter()
-            .map(|key| {
-                // A commutative operation that cannot apply (say, `add` to a non-integer)
-                // makes its key read as absent in a range; the error surfaces at `get` and at
-                // commit.
-                let value = self.get(&key).unwrap_or(None);
-                (key, value)
-            })
-            .collect()
+        let mut found: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut computed = Vec::new();
+        for e in &self.writes.entries {
+            if !range.contains(e.key.as_slice()) {
+                continue;
+            }
+            // A put or a delete is its own value: only operations need the committed one.
+            match &e.write {
+                Write::Put(v) => found.push((e.key.to_vec(), Some(v.clone()))),
+                Write::Delete => found.push((e.key.to_vec(), None)),
+                Write::Ops(_) => computed.push(e.key.to_vec()),
+            }
+        }
+        for key in computed {
+            // A commutative operation that cannot apply (say, `add` to a non-integer) makes
+            // its key read as absent in a range; the error surfaces at `get` and at commit.
+            let value = self.get(&key).unwrap_or(None);
+            found.push((key, value));
+        }
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        found
     }
 
     /// Commits. `Ok(Ok(commit_ts))` on success, `Ok(Err(conflict))` when another transaction
@@ -2802,39 +2853,182 @@ impl Drop for Range<'_, '_> {
             return;
         }
         if whole {
-            ranges.push(range);
+            remember(ranges, range);
             return;
         }
         let KeyRange { lo, hi } = range;
         match (front_last, back_last) {
             (Some(front), Some(back)) => {
-                ranges.push(KeyRange {
+                remember(
+                    ranges,
+                    KeyRange {
+                        lo,
+                        hi: Bound::Included(front),
+                    },
+                );
+                remember(
+                    ranges,
+                    KeyRange {
+                        lo: Bound::Included(back),
+                        hi,
+                    },
+                );
+            }
+            (Some(front), None) => remember(
+                ranges,
+                KeyRange {
                     lo,
                     hi: Bound::Included(front),
-                });
-                ranges.push(KeyRange {
+                },
+            ),
+            (None, Some(back)) => remember(
+                ranges,
+                KeyRange {
                     lo: Bound::Included(back),
                     hi,
-                });
-            }
-            (Some(front), None) => ranges.push(KeyRange {
-                lo,
-                hi: Bound::Included(front),
-            }),
-            (None, Some(back)) => ranges.push(KeyRange {
-                lo: Bound::Included(back),
-                hi,
-            }),
+                },
+            ),
             (None, None) => {}
+        }
+    }
+}
+
+/// Adds `range` to the ranges a transaction read, merged into the last one when the two
+/// overlap or touch: the commit then passes their keys once. Scans that restart where the
+/// last began (a pipeline of pops, each from the head of one sorted set) read one growing
+/// range, and checking each again made the commit's check quadratic in them.
+fn remember(ranges: &mut Vec<KeyRange>, range: KeyRange) {
+    if let Some(last) = ranges.last_mut()
+        && let Some(union) = union(last, &range)
+    {
+        *last = union;
+        return;
+    }
+    ranges.push(range);
+}
+
+/// `a ∪ b` when it is one range (they overlap or touch), else `None`.
+fn union(a: &KeyRange, b: &KeyRange) -> Option<KeyRange> {
+    let (first, second) = if starts_before(&a.lo, &b.lo) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    if !reaches(&first.hi, &second.lo) {
+        return None;
+    }
+    let hi = if ends_after(&first.hi, &second.hi) {
+        first.hi.clone()
+    } else {
+        second.hi.clone()
+    };
+    Some(KeyRange {
+        lo: first.lo.clone(),
+        hi,
+    })
+}
+
+/// Whether a range starting at `a` starts no later than one starting at `b`.
+fn starts_before(a: &Bound<Vec<u8>>, b: &Bound<Vec<u8>>) -> bool {
+    match (a, b) {
+        (Bound::Unbounded, _) => true,
+        (_, Bound::Unbounded) => false,
+        (Bound::Excluded(x), Bound::Included(y)) => x < y,
+        (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => {
+            x <= y
+        }
+    }
+}
+
+/// Whether a range ending at `a` reaches at least as far as one ending at `b`.
+fn ends_after(a: &Bound<Vec<u8>>, b: &Bound<Vec<u8>>) -> bool {
+    match (a, b) {
+        (Bound::Unbounded, _) => true,
+        (_, Bound::Unbounded) => false,
+        (Bound::Excluded(x), Bound::Included(y)) => x > y,
+        (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => {
+            x >= y
+        }
+    }
+}
+
+/// Whether a range ending at `hi` and one starting at `lo` leave no key between them.
+fn reaches(hi: &Bound<Vec<u8>>, lo: &Bound<Vec<u8>>) -> bool {
+    match (hi, lo) {
+        (Bound::Unbounded, _) | (_, Bound::Unbounded) => true,
+        // `..x)` and `(x..` leave `x` out.
+        (Bound::Excluded(x), Bound::Excluded(y)) => y < x,
+        (Bound::Included(x) | Bound::Excluded(x), Bound::Included(y) | Bound::Excluded(y)) => {
+            y <= x
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Bound::{self, Excluded, Included, Unbounded};
+    use std::ops::RangeBounds;
     use std::time::{Duration, Instant};
 
-    use super::LockWait;
+    use super::{KeyRange, LockWait};
+
+    fn range(lo: Bound<&str>, hi: Bound<&str>) -> KeyRange {
+        let own = |b: Bound<&str>| b.map(|k| k.as_bytes().to_vec());
+        KeyRange {
+            lo: own(lo),
+            hi: own(hi),
+        }
+    }
+
+    /// Ranges that overlap or touch merge into their union, in either order; a gap, even
+    /// of one key, keeps them apart. Checked against every key of a small alphabet.
+    #[test]
+    fn read_ranges_merge_exactly_when_no_key_lies_between() {
+        const KEYS: [&str; 6] = ["", "a", "b", "c", "d", "e"];
+        let mut bounds = vec![Unbounded];
+        for k in &KEYS[1..] {
+            bounds.push(Included(*k));
+            bounds.push(Excluded(*k));
+        }
+        let mut ranges = Vec::new();
+        for &lo in &bounds {
+            for &hi in &bounds {
+                let r = range(lo, hi);
+                if !r.is_empty() {
+                    ranges.push(r);
+                }
+            }
+        }
+        for a in &ranges {
+            for b in &ranges {
+                check(a, b);
+            }
+        }
+        fn check(a: &KeyRange, b: &KeyRange) {
+            let keys = KEYS;
+            // Keys between the alphabet's: "a\0" lies just after "a", "a~" well before "b".
+            let probes: Vec<String> = keys
+                .iter()
+                .flat_map(|k| [k.to_string(), format!("{k}\0"), format!("{k}~")])
+                .collect();
+            let union = super::union(a, b);
+            for probe in &probes {
+                let p = probe.as_bytes();
+                let inside = a.contains(p) || b.contains(p);
+                if let Some(u) = &union {
+                    assert_eq!(u.contains(p), inside, "{probe:?} in {a:?} and {b:?}: {u:?}");
+                }
+            }
+            // Merged whenever one of them starts inside, or right after, the other.
+            let touching = |x: &KeyRange, y: &KeyRange| match &y.lo {
+                Unbounded => x.lo == Unbounded,
+                Included(k) | Excluded(k) => x.contains(k.as_slice()),
+            };
+            if touching(a, b) || touching(b, a) {
+                assert!(union.is_some(), "{a:?} and {b:?} overlap");
+            }
+        }
+    }
 
     /// The lock wait's rule: one holder for the whole `wait` gives up; a lock that changes
     /// hands (or a record that gets new versions) restarts the wait, up to `patience`.
