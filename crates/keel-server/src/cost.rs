@@ -88,6 +88,24 @@ fn measured_zpopmin(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> 
         .collect()
 }
 
+/// Pops in transactions of [`PIPELINED`] commands each, as the server runs a pipeline of
+/// redis-benchmark's `-P 16`: each pop's scan passes the members the ones before it deleted.
+#[inline(never)]
+fn measured_pipelined(db: &keel::Db, cursors: &Cursors, a: &[&str], n: usize) -> Vec<Vec<u8>> {
+    let mut replies = Vec::with_capacity(n);
+    while replies.len() < n {
+        let mut txn = db.begin().expect("begin");
+        for _ in 0..PIPELINED.min(n - replies.len()) {
+            replies.push(crate::data::test_support::run_in(&mut txn, cursors, a));
+        }
+        txn.commit().expect("commit").expect("no conflict");
+    }
+    replies
+}
+
+/// Commands per transaction in [`measured_pipelined`]: redis-benchmark's `-P 16`.
+const PIPELINED: usize = 16;
+
 #[inline(never)]
 fn measured_zpopmax(db: &keel::Db, cursors: &Cursors, n: usize) -> Vec<Vec<u8>> {
     (0..n)
@@ -135,6 +153,21 @@ fn spop() {
     assert_eq!(read(&db, &cursors, &["EXISTS", "myset"]), b":0\r\n");
 }
 
+/// `SPOP` as the server runs redis-benchmark's pipelined test: 16 pops per transaction.
+#[test]
+fn spop_pipelined() {
+    let db = db();
+    let cursors = Cursors::default();
+    for i in 0..LOADED {
+        write(&db, &cursors, &["SADD", "myset", &element(i)]);
+    }
+    let popped = measured_pipelined(&db, &cursors, &["SPOP", "myset"], LOADED + 1);
+    eprintln!("spop_pipelined: {} commands", popped.len());
+    let distinct: std::collections::BTreeSet<_> = popped[..LOADED].iter().collect();
+    assert_eq!(distinct.len(), LOADED, "a member popped twice");
+    assert_eq!(popped[LOADED], b"$-1\r\n");
+}
+
 /// A sorted set loaded as redis-benchmark's `ZADD` test leaves it.
 fn loaded_zset() -> (keel::Db, Cursors) {
     let db = db();
@@ -172,6 +205,15 @@ fn zpopmin() {
     let (db, cursors) = loaded_zset();
     let popped = measured_zpopmin(&db, &cursors, LOADED + 1);
     eprintln!("zpopmin: {} commands", popped.len());
+    check_popped(&db, &cursors, &popped, false);
+}
+
+/// `ZPOPMIN` as the server runs redis-benchmark's pipelined test: 16 pops per transaction.
+#[test]
+fn zpopmin_pipelined() {
+    let (db, cursors) = loaded_zset();
+    let popped = measured_pipelined(&db, &cursors, &["ZPOPMIN", "myzset"], LOADED + 1);
+    eprintln!("zpopmin_pipelined: {} commands", popped.len());
     check_popped(&db, &cursors, &popped, false);
 }
 

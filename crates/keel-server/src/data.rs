@@ -1313,7 +1313,9 @@ pub mod test_support {
         let cmd = crate::table::lookup(a[0].as_bytes())
             .expect("a command")
             .cmd;
-        let mut buf = BytesMut::new();
+        // Room for a short reply at once, as the server's reused output buffer has: growing
+        // from nothing cost `cost::` a reallocation or two per command.
+        let mut buf = BytesMut::with_capacity(256);
         let mut out = Out::new(&mut buf, Proto::Resp2);
         super::run(cmd, &args(a), &mut View::Txn(txn), ctx, &mut out).expect("runs");
         buf.to_vec()

@@ -1250,7 +1250,22 @@ fn pop_members(
     want: i64,
     ctx: &Ctx<'_>,
 ) -> Result<Vec<Scored>, Fail> {
-    let (lo, hi) = all(meta.generation);
+    let (mut lo, mut hi) = all(meta.generation);
+    // Where this transaction's last pop of this set left off, if nothing was written since:
+    // every member before it is popped, so the scan starts there instead of passing them
+    // all again (a pipeline of pops runs as one transaction). The pops before cover the
+    // rest of the range the commit checks.
+    if let Some(left) = t.note::<PopsLeftOff>()
+        && left.generation == meta.generation
+        && left.max == max
+        && left.writes == t.write_count()
+    {
+        if max {
+            hi = Bound::Excluded(left.after.clone());
+        } else {
+            lo = Bound::Excluded(left.after.clone());
+        }
+    }
     let mut got = Collect::new(ctx.reply_bytes_max);
     let mut left = want;
     // One member past those popped, if any, says the set stays non-empty without reading its
@@ -1276,7 +1291,27 @@ fn pop_members(
     } else {
         shrink(t, key, meta, items.len() as i64)?;
     }
+    if let Some((member, score)) = items.last() {
+        let after = index_key(meta.generation, encode_score(*score), member);
+        let writes = t.write_count();
+        t.set_note(PopsLeftOff {
+            generation: meta.generation,
+            max,
+            after,
+            writes,
+        });
+    }
     Ok(items)
+}
+
+/// Where a transaction's last pop of a sorted set left off ([`pop_members`]): the index key
+/// of the last member it popped, which holds while the transaction's write count is
+/// `writes`.
+struct PopsLeftOff {
+    generation: u64,
+    max: bool,
+    after: Vec<u8>,
+    writes: u64,
 }
 
 /// What the set operations over sorted sets (and sets) compute.

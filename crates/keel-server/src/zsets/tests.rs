@@ -138,3 +138,89 @@ fn a_deleted_sorted_set_is_swept() {
     crate::reaper::pass(&db, &stats);
     assert_eq!(count(&db), 0);
 }
+
+/// Pops in one transaction resume where the last pop of the set left off while nothing was
+/// written between (`PopsLeftOff`): a random run of adds, pops from both ends, removals and
+/// deletes of two sets, all in one transaction, answers exactly as the same run with every
+/// command in a transaction of its own, where no pop resumes.
+#[test]
+fn pops_in_one_transaction_answer_as_pops_in_many() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut draw = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for round in 0..40 {
+        let mut run: Vec<Vec<String>> = Vec::new();
+        for _ in 0..60 {
+            let key = if draw(4) == 0 { "y" } else { "z" }.to_string();
+            let member = format!("m{}", draw(12));
+            let score = (draw(9) as i64 - 4).to_string();
+            let cmd: Vec<String> = match draw(10) {
+                0..=2 => vec!["ZADD".into(), key, score, member],
+                3..=4 => vec!["ZPOPMIN".into(), key],
+                5 => vec!["ZPOPMIN".into(), key, draw(4).to_string()],
+                6 => vec!["ZPOPMAX".into(), key, (1 + draw(3)).to_string()],
+                7 => vec!["ZREM".into(), key, member],
+                8 => vec!["ZINCRBY".into(), key, score, member],
+                _ if draw(4) == 0 => vec!["DEL".into(), key],
+                _ => vec!["ZRANGE".into(), key, "0".into(), "-1".into()],
+            };
+            run.push(cmd);
+        }
+        let cursors = Cursors::default();
+        let one = keel::Db::in_memory();
+        let mut txn = one.begin().expect("begin");
+        let together: Vec<Vec<u8>> = run
+            .iter()
+            .map(|c| {
+                run_in(
+                    &mut txn,
+                    &cursors,
+                    &c.iter().map(String::as_str).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        txn.commit().expect("commit").expect("no conflict");
+        let many = keel::Db::in_memory();
+        for (cmd, reply) in run.iter().zip(&together) {
+            let alone = exec(
+                &many,
+                &cursors,
+                &cmd.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+            assert_eq!(
+                String::from_utf8_lossy(reply),
+                String::from_utf8_lossy(&alone),
+                "round {round}: {cmd:?} in {run:?}"
+            );
+        }
+    }
+}
+
+/// A pop that resumed where the one before it left off still conflicts with an add below
+/// either, and with one between them.
+#[test]
+fn resumed_pops_conflict_with_adds_before_them() {
+    for (score, member) in [("0", "first"), ("2", "between")] {
+        let db = keel::Db::in_memory();
+        let cursors = Cursors::default();
+        exec(&db, &cursors, &["ZADD", "z", "1", "a", "3", "b", "5", "c"]);
+        let mut popper = db.begin().expect("begin");
+        assert_eq!(
+            run_in(&mut popper, &cursors, &["ZPOPMIN", "z"]),
+            b"*2\r\n$1\r\na\r\n$1\r\n1\r\n"
+        );
+        assert_eq!(
+            run_in(&mut popper, &cursors, &["ZPOPMIN", "z"]),
+            b"*2\r\n$1\r\nb\r\n$1\r\n3\r\n"
+        );
+        exec(&db, &cursors, &["ZADD", "z", score, member]);
+        assert!(
+            popper.commit().expect("commit").is_err(),
+            "pops committed past an add of {member}"
+        );
+    }
+}
