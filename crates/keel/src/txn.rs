@@ -20,8 +20,6 @@
 //! serializable at `read_ts`, and strictly so because `read_ts` was the watermark when it
 //! began. [`Snapshot`] is the same without any bookkeeping.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::ops::{Bound, RangeBounds};
 
 use crossbeam_utils::Backoff;
@@ -290,48 +288,48 @@ impl Tickets {
 #[derive(Default)]
 struct WriteSet {
     entries: Vec<WriteEntry>,
-    index: Option<HashMap<Vec<u8>, usize, BuildHasherDefault<KeyHasher>>>,
+    /// Positions in `entries` by key hash, open addressing with linear probing, once there
+    /// are more than [`WRITE_SET_SCAN_MAX`]: [`NO_ENTRY`] marks a free slot, and the table
+    /// is at most half full. It keeps positions only, by the hash each entry already
+    /// carries: a map from copied keys cost a key allocation and a second hash per write.
+    index: Vec<u32>,
     bytes: usize,
     /// Writes made so far ([`Txn::write_count`]).
     count: u64,
 }
 
-/// The write set's map hasher: the engine's key hash (fast on short keys) instead of
-/// SipHash, which showed up in pipelined `MSET` batches. Its weakness against chosen keys is
-/// the point index's too, and one transaction's write set is bounded.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = self.0.rotate_left(17) ^ hash(bytes);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = self.0.rotate_left(17) ^ n as u64;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+/// A free slot of [`WriteSet::index`].
+const NO_ENTRY: u32 = u32::MAX;
 
 const WRITE_SET_SCAN_MAX: usize = 16;
 
 impl WriteSet {
     /// The entry for `key`, whose [`hash`] is `hash`.
     fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
+        // Empty also once the commit took the entries (the index then outlives them).
         if self.entries.is_empty() {
             return None;
         }
-        match &self.index {
-            Some(index) => index.get(key).copied(),
+        if self.index.is_empty() {
             // The hash first: keys of one length (a benchmark's, a schema's) would otherwise
             // cost a `memcmp` call per entry, and a pipelined `INCR` scans several times.
-            None => self
+            return self
                 .entries
                 .iter()
-                .position(|e| e.hash == hash && e.key.as_slice() == key),
+                .position(|e| e.hash == hash && e.key.as_slice() == key);
+        }
+        let mask = self.index.len() - 1;
+        let mut slot = hash as usize & mask;
+        loop {
+            let position = self.index[slot];
+            if position == NO_ENTRY {
+                return None;
+            }
+            let entry = &self.entries[position as usize];
+            if entry.hash == hash && entry.key.as_slice() == key {
+                return Some(position as usize);
+            }
+            slot = (slot + 1) & mask;
         }
     }
 
@@ -345,17 +343,25 @@ impl WriteSet {
             write,
             tickets: Tickets::default(),
         });
-        if let Some(index) = &mut self.index {
-            index.insert(key.to_vec(), position);
+        if !self.index.is_empty() && 2 * self.entries.len() <= self.index.len() {
+            self.index_entry(position);
         } else if self.entries.len() > WRITE_SET_SCAN_MAX {
-            let index = self
-                .entries
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (e.key.to_vec(), i))
-                .collect();
-            self.index = Some(index);
+            // (Re)built at four times the entries: a quarter full, room to double.
+            self.index = vec![NO_ENTRY; (4 * self.entries.len()).next_power_of_two()];
+            for position in 0..self.entries.len() {
+                self.index_entry(position);
+            }
         }
+    }
+
+    /// Puts `entries[position]` in the index, which has room.
+    fn index_entry(&mut self, position: usize) {
+        let mask = self.index.len() - 1;
+        let mut slot = self.entries[position].hash as usize & mask;
+        while self.index[slot] != NO_ENTRY {
+            slot = (slot + 1) & mask;
+        }
+        self.index[slot] = u32::try_from(position).expect("write sets are bounded");
     }
 
     fn replace(&mut self, position: usize, write: Write) {
@@ -2978,6 +2984,47 @@ mod tests {
             lo: own(lo),
             hi: own(hi),
         }
+    }
+
+    /// A transaction's own writes read back through the write set's index as it grows and
+    /// is rebuilt: puts, deletes and overwrites of thousands of keys, and keys it never
+    /// wrote, which read the committed value.
+    #[test]
+    fn a_large_write_set_finds_every_key() {
+        let db = crate::Db::in_memory();
+        let key = |i: usize| format!("key:{i}").into_bytes();
+        let mut setup = db.begin().expect("begin");
+        for i in 0..3000 {
+            setup.put(&key(i), b"old").expect("put");
+        }
+        setup.commit().expect("commit").expect("no conflict");
+        let mut txn = db.begin().expect("begin");
+        for i in (0..3000).step_by(2) {
+            txn.put(&key(i), b"new").expect("put");
+        }
+        for i in (0..3000).step_by(3) {
+            txn.delete(&key(i)).expect("delete");
+        }
+        for i in 0..3000 {
+            let want: Option<&[u8]> = match (i % 3, i % 2) {
+                (0, _) => None,
+                (_, 0) => Some(b"new"),
+                _ => Some(b"old"),
+            };
+            assert_eq!(txn.get(&key(i)).expect("get").as_deref(), want, "key {i}");
+        }
+        assert_eq!(txn.get(b"never").expect("get"), None);
+        txn.commit().expect("commit").expect("no conflict");
+        let snap = db.snapshot().expect("snapshot");
+        assert_eq!(
+            snap.get(&key(2)).expect("get").as_deref(),
+            Some(&b"new"[..])
+        );
+        assert_eq!(snap.get(&key(3)).expect("get"), None);
+        assert_eq!(
+            snap.get(&key(5)).expect("get").as_deref(),
+            Some(&b"old"[..])
+        );
     }
 
     /// Ranges that overlap or touch merge into their union, in either order; a gap, even
