@@ -269,6 +269,20 @@ fn push(cmd: &str) {
     assert_eq!(read(&db, &cursors, &["LLEN", "mylist"]), len.as_bytes());
 }
 
+/// `LPUSH` as the server runs redis-benchmark's pipelined test: 16 pushes per transaction.
+#[test]
+fn lpush_pipelined() {
+    let db = db();
+    let cursors = Cursors::default();
+    for _ in 0..200 {
+        write(&db, &cursors, &["RPUSH", "mylist", "xxx"]);
+    }
+    let replies = measured_pipelined(&db, &cursors, &["LPUSH", "mylist", "xxx"], LOADED);
+    eprintln!("lpush_pipelined: {} commands", replies.len());
+    let len = format!(":{}\r\n", LOADED + 200);
+    assert_eq!(replies.last().map(Vec::as_slice), Some(len.as_bytes()));
+}
+
 #[inline(never)]
 fn measured_add(db: &keel::Db, cursors: &Cursors, cmd: &str, key: &str, n: usize) -> usize {
     (0..n)

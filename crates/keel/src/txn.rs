@@ -1073,15 +1073,31 @@ impl<'db> Txn<'db> {
         })?;
         let h = hash(key);
         let existing = self.writes.find(key, h);
-        let write = match existing.map(|i| &mut self.writes.entries[i].write) {
+        let entry = existing.map(|i| &mut self.writes.entries[i]);
+        let write = match entry.map(|e| (&mut e.write, &e.tickets)) {
             None => Write::Ops(vec![op]),
-            Some(Write::Put(v)) => Write::Put(op.apply(key, Some(v))?),
-            Some(Write::Delete) => Write::Put(op.apply(key, None)?),
+            Some((Write::Put(v), _)) => Write::Put(op.apply(key, Some(v))?),
+            Some((Write::Delete, _)) => Write::Put(op.apply(key, None)?),
             // Appended where it is (a copy of the list per operation made a pipeline of
             // adds to one key quadratic): only the transaction's bytes can refuse it.
-            Some(Write::Ops(ops)) => {
+            Some((Write::Ops(ops), tickets)) => {
+                self.writes.count += 1;
+                // An add after an add of the same sign is their sum: it fails (overflows)
+                // exactly when one of the two would, whatever the value, so one parse and
+                // one decimal text serve both at commit. Not where a ticket wants the value
+                // between them.
+                let ticketed = tickets.iter().any(|(_, n)| n == ops.len());
+                if let (Op::Add(b), Some(Op::Add(a))) = (&op, ops.last_mut())
+                    && (*a < 0) == (*b < 0)
+                    && !ticketed
+                    && let Some(sum) = a.checked_add(*b)
+                {
+                    *a = sum;
+                    return Ok(());
+                }
                 let bytes = self.writes.bytes + op.bytes();
                 if bytes > TXN_WRITE_BYTES_MAX {
+                    self.writes.count -= 1;
                     return Err(Error::LimitExceeded {
                         limit: Limit::TxnWriteBytes,
                         requested: bytes,
@@ -1089,7 +1105,6 @@ impl<'db> Txn<'db> {
                 }
                 ops.push(op);
                 self.writes.bytes = bytes;
-                self.writes.count += 1;
                 return Ok(());
             }
         };
@@ -2904,34 +2919,36 @@ impl Drop for Range<'_, '_> {
 /// last began (a pipeline of pops, each from the head of one sorted set) read one growing
 /// range, and checking each again made the commit's check quadratic in them.
 fn remember(ranges: &mut Vec<KeyRange>, range: KeyRange) {
-    if let Some(last) = ranges.last_mut()
-        && let Some(union) = union(last, &range)
-    {
-        *last = union;
-        return;
+    match ranges.last_mut() {
+        Some(last) if overlap(last, &range) => {
+            // Their union, the bounds moved rather than copied.
+            if !starts_before(&last.lo, &range.lo) {
+                last.lo = range.lo;
+            }
+            if !ends_after(&last.hi, &range.hi) {
+                last.hi = range.hi;
+            }
+        }
+        _ => ranges.push(range),
     }
-    ranges.push(range);
 }
 
-/// `a ∪ b` when it is one range (they overlap or touch), else `None`.
-fn union(a: &KeyRange, b: &KeyRange) -> Option<KeyRange> {
+/// Whether `a ∪ b` is one range: they overlap or touch.
+fn overlap(a: &KeyRange, b: &KeyRange) -> bool {
     let (first, second) = if starts_before(&a.lo, &b.lo) {
         (a, b)
     } else {
         (b, a)
     };
-    if !reaches(&first.hi, &second.lo) {
-        return None;
-    }
-    let hi = if ends_after(&first.hi, &second.hi) {
-        first.hi.clone()
-    } else {
-        second.hi.clone()
-    };
-    Some(KeyRange {
-        lo: first.lo.clone(),
-        hi,
-    })
+    reaches(&first.hi, &second.lo)
+}
+
+/// `a ∪ b` when it is one range (they overlap or touch), else `None`.
+#[cfg(test)]
+fn union(a: &KeyRange, b: &KeyRange) -> Option<KeyRange> {
+    let mut ranges = vec![a.clone()];
+    remember(&mut ranges, b.clone());
+    (ranges.len() == 1).then(|| ranges.remove(0))
 }
 
 /// Whether a range starting at `a` starts no later than one starting at `b`.

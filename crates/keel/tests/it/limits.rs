@@ -216,6 +216,53 @@ fn transact_attempts() {
     );
 }
 
+/// Adds of one sign to one key fold into their sum in the write set: a run of them
+/// overflows exactly when applying them one by one would, a run that changes sign is
+/// applied one by one, and a ticket between two adds still reads the value between them.
+#[test]
+fn runs_of_adds_overflow_and_answer_as_adds_one_by_one() {
+    let db = Db::in_memory();
+    let near = i64::MAX - 5;
+    let set = |v: i64| {
+        db.transact(|txn| txn.put(b"n", v.to_string().as_bytes()))
+            .unwrap()
+    };
+    let adds = |deltas: &[i64]| {
+        let mut txn = db.begin().unwrap();
+        for &d in deltas {
+            txn.add(b"n", d).unwrap();
+        }
+        txn.commit().map(|r| r.is_ok())
+    };
+    let read = || db.snapshot().unwrap().get(b"n").unwrap();
+    set(near);
+    assert_eq!(adds(&[2, 2]), Ok(true));
+    assert_eq!(read(), Some((near + 4).to_string().into_bytes()));
+    set(near);
+    // 3 then 3 passes the maximum on the second add: the whole commit fails.
+    assert_eq!(
+        adds(&[3, 3]),
+        Err(CommitError::Apply(Error::Overflow { key: b"n".to_vec() }))
+    );
+    set(i64::MAX);
+    // Up past the maximum, then back: one by one, the first add overflows.
+    assert_eq!(
+        adds(&[1, -1]),
+        Err(CommitError::Apply(Error::Overflow { key: b"n".to_vec() }))
+    );
+    set(0);
+    assert_eq!(adds(&[-1; 100]), Ok(true));
+    assert_eq!(read(), Some(b"-100".to_vec()));
+    let mut txn = db.begin().unwrap();
+    txn.add(b"n", 1).unwrap();
+    let between = txn.track(b"n").unwrap();
+    txn.add(b"n", 1).unwrap();
+    let after = txn.track(b"n").unwrap();
+    let committed = txn.commit_detailed().unwrap().unwrap();
+    assert_eq!(committed.value(between), Some(&b"-99"[..]));
+    assert_eq!(committed.value(after), Some(&b"-98"[..]));
+}
+
 #[test]
 fn integer_overflow_fails_the_commit_and_writes_nothing() {
     let db = Db::in_memory();
