@@ -1885,6 +1885,19 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             .expect("WAIT");
         assert!(n <= 2, "{n} replicas besides the leader, of three");
         assert!(began.elapsed() < Duration::from_secs(5), "WAIT 3 0 waited");
+        // Inside MULTI it answers at once, as Redis does: the replicas holding the writes
+        // before the EXEC.
+        let (n, v): (i64, String) = redis::pipe()
+            .atomic()
+            .cmd("WAIT")
+            .arg(3)
+            .arg(0)
+            .cmd("GET")
+            .arg("w1")
+            .query(&mut c)
+            .expect("MULTI with WAIT");
+        assert!((0..=2).contains(&n), "{n} replicas besides the leader, of three");
+        assert_eq!(v, "v");
         let e = redis::cmd("WAIT")
             .arg(1)
             .arg(-1)

@@ -207,14 +207,15 @@ enum Place {
 
 impl Place {
     /// Where a command that touches no data is answered, if `cmd` is one: `PING`, `ECHO`,
-    /// `TIME` and `UNWATCH` reply as they would inside a local `EXEC`.
-    fn here(cmd: Cmd, args: &[Bytes], proto: Proto) -> Option<Result<Place, Fail>> {
-        if !matches!(cmd, Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch) {
+    /// `TIME`, `UNWATCH` and `WAIT` reply as they would inside a local `EXEC` (`acked`:
+    /// [`Conn::exec_acked`]).
+    fn here(cmd: Cmd, args: &[Bytes], proto: Proto, acked: usize) -> Option<Result<Place, Fail>> {
+        if !in_exec_here(cmd) {
             return None;
         }
         let mut buf = BytesMut::new();
         Some(
-            simple_in_exec(cmd, args, &mut Out::new(&mut buf, proto))
+            simple_in_exec(cmd, args, &mut Out::new(&mut buf, proto), acked)
                 .map(|()| Place::Here(buf.to_vec())),
         )
     }
@@ -380,6 +381,9 @@ struct Conn {
     watch: Option<Watch>,
     /// Replicated cluster: the keys `WATCH` recorded, with their partitions' versions.
     rwatch: Vec<crate::replica::Watched>,
+    /// While an `EXEC` runs: how many replicas held this connection's writes when it began,
+    /// which a `WAIT` inside it answers.
+    exec_acked: usize,
     /// Replicated cluster: when the watches in `rwatch` are next renewed
     /// ([`Conn::renew_watches`]).
     rwatch_renew: Option<Instant>,
@@ -430,6 +434,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         multi: None,
         watch: None,
         rwatch: Vec::new(),
+        exec_acked: 0,
         rwatch_renew: None,
         wrote: parking_lot::Mutex::default(),
         subs: None,
@@ -1427,7 +1432,7 @@ impl Conn {
         let mut here: Vec<Option<Vec<u8>>> = Vec::with_capacity(multi.queue.len());
         let mut commands: Vec<&[Bytes]> = Vec::new();
         for (cmd, args) in &multi.queue {
-            if let Some(place) = Place::here(*cmd, args, self.proto) {
+            if let Some(place) = Place::here(*cmd, args, self.proto, self.exec_acked) {
                 let Place::Here(reply) = place? else {
                     unreachable!("answered here")
                 };
@@ -1546,7 +1551,7 @@ impl Conn {
             };
             for args in commands {
                 let spec = table::lookup(&args[0]).expect("a queued command is known");
-                if let Some(here) = Place::here(spec.cmd, args, self.proto) {
+                if let Some(here) = Place::here(spec.cmd, args, self.proto, self.exec_acked) {
                     place.push(here?);
                     continue;
                 }
@@ -2292,7 +2297,7 @@ impl Conn {
             let spec = table::lookup(&args[0])
                 .filter(|s| s.cmd == *cmd)
                 .expect("a queued command is known");
-            if Place::here(*cmd, args, self.proto).is_some() {
+            if Place::here(*cmd, args, self.proto, self.exec_acked).is_some() {
                 here += 1;
                 continue;
             }
@@ -2338,7 +2343,7 @@ impl Conn {
             let mut out = self.out(output);
             out.array(multi.queue.len());
             for (cmd, args) in &multi.queue {
-                simple_in_exec(*cmd, args, &mut out)?;
+                simple_in_exec(*cmd, args, &mut out, self.exec_acked)?;
             }
             return Ok(());
         }
@@ -2759,7 +2764,7 @@ impl Conn {
         };
         for args in commands {
             let spec = table::lookup(&args[0]).expect("a queued command is known");
-            if let Some(here) = Place::here(spec.cmd, args, self.proto) {
+            if let Some(here) = Place::here(spec.cmd, args, self.proto, self.exec_acked) {
                 place.push(here?);
                 continue;
             }
@@ -3075,6 +3080,7 @@ impl Conn {
                     | Cmd::Echo
                     | Cmd::Time
                     | Cmd::Unwatch
+                    | Cmd::Wait
                     | Cmd::Publish
                     | Cmd::Spublish
                     | Cmd::Pubsub
@@ -3495,14 +3501,8 @@ impl Conn {
                 crate::slowlog::command(&self.shared.slowlog, sub, args, &mut out)?;
             }
             Cmd::Wait => {
-                let want = crate::resp::string_to_i64(&args[1])
-                    .ok_or("ERR value is not an integer or out of range")?;
-                let timeout_ms = crate::resp::string_to_i64(&args[2])
-                    .ok_or("ERR timeout is not an integer or out of range")?;
-                if timeout_ms < 0 {
-                    return Err("ERR timeout is negative".into());
-                }
-                let reached = self.wait_replicas(want, timeout_ms as u64).await?;
+                let (want, timeout_ms) = parse_wait(args)?;
+                let reached = self.wait_replicas(want, timeout_ms).await?;
                 self.out(output).int(reached as i64);
             }
             Cmd::Lastsave => {
@@ -4286,6 +4286,13 @@ impl Conn {
             self.rwatch.clear();
             return Err("EXECABORT Transaction discarded because of previous errors.".into());
         }
+        // A WAIT inside counts the replicas holding the writes before this EXEC, without
+        // waiting (Redis lets no command in a transaction block).
+        self.exec_acked = if multi.queue.iter().any(|(cmd, _)| *cmd == Cmd::Wait) {
+            self.wait_replicas(0, 0).await?
+        } else {
+            0
+        };
         if self.shared.replication.get().is_some() {
             return self.exec_replicated(multi, output).await;
         }
@@ -4350,6 +4357,7 @@ impl Conn {
             None => (Vec::new(), Vec::new(), None),
         };
         let mut attempt = 1;
+        let acked = self.exec_acked;
         let may_wait = self.may_wait(multi.queue.iter().map(|(c, _)| *c));
         let mut rejoin = false;
         // As for single commands: a block on hot keys queues for their locks (`hot`).
@@ -4386,9 +4394,7 @@ impl Conn {
                 for (i, (cmd, args)) in multi.queue.iter().enumerate() {
                     let slot = out.buf.len();
                     let result = match cmd {
-                        Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch => {
-                            simple_in_exec(*cmd, args, &mut out)
-                        }
+                        cmd if in_exec_here(*cmd) => simple_in_exec(*cmd, args, &mut out, acked),
                         // Sent once the transaction has committed (below).
                         Cmd::Publish | Cmd::Spublish => {
                             out.later(i);
@@ -4751,8 +4757,34 @@ pub(crate) fn ctx(shared: &Shared) -> Ctx<'_> {
     }
 }
 
-fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
+/// Commands of a `MULTI` that touch no data, answered where the `EXEC` runs.
+fn in_exec_here(cmd: Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch | Cmd::Wait
+    )
+}
+
+/// `WAIT numreplicas timeout`'s arguments, checked as Redis checks them.
+fn parse_wait(args: &[Bytes]) -> Result<(i64, u64), Fail> {
+    let want = crate::resp::string_to_i64(&args[1])
+        .ok_or("ERR value is not an integer or out of range")?;
+    let timeout_ms = crate::resp::string_to_i64(&args[2])
+        .ok_or("ERR timeout is not an integer or out of range")?;
+    if timeout_ms < 0 {
+        return Err("ERR timeout is negative".into());
+    }
+    Ok((want, timeout_ms as u64))
+}
+
+/// A command of [`in_exec_here`] inside `EXEC`; `WAIT` answers `acked` at once, as Redis
+/// answers it inside a transaction, which may not block.
+fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>, acked: usize) -> Result<(), Fail> {
     match cmd {
+        Cmd::Wait => {
+            parse_wait(args)?;
+            out.int(i64::try_from(acked).unwrap_or(i64::MAX));
+        }
         Cmd::Ping if args.len() > 2 => return Err(PING_ARITY.into()),
         Cmd::Ping => match args.get(1) {
             Some(m) => out.bulk(m),

@@ -364,6 +364,14 @@ fn wait_without_replicas_answers_zero_at_once() {
         error(&mut c, &["WAIT", "1"]),
         "ERR wrong number of arguments for 'wait' command"
     );
+    // Queued inside MULTI and answered at once by EXEC, as Redis answers it there.
+    let _: () = query(&mut c, &["MULTI"]);
+    let queued: String = query(&mut c, &["WAIT", "1", "100"]);
+    assert_eq!(queued, "QUEUED");
+    let _: String = query(&mut c, &["SET", "k", "w"]);
+    let (n, ok): (i64, String) = query(&mut c, &["EXEC"]);
+    assert_eq!((n, ok.as_str()), (0, "OK"));
+    assert_eq!(query::<String>(&mut c, &["GET", "k"]), "w");
 }
 
 /// `SAVE` writes a checkpoint (the next start replays nothing before it), `BGSAVE`
