@@ -1896,7 +1896,10 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             .arg("w1")
             .query(&mut c)
             .expect("MULTI with WAIT");
-        assert!((0..=2).contains(&n), "{n} replicas besides the leader, of three");
+        assert!(
+            (0..=2).contains(&n),
+            "{n} replicas besides the leader, of three"
+        );
         assert_eq!(v, "v");
         let e = redis::cmd("WAIT")
             .arg(1)
