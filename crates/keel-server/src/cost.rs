@@ -135,37 +135,44 @@ fn measured_lrange(db: &keel::Db, cursors: &Cursors, stop: usize, n: usize) -> u
         .sum()
 }
 
-#[test]
-fn spop() {
+/// A set loaded as redis-benchmark's `SADD` test leaves it.
+fn loaded_set() -> (keel::Db, Cursors) {
     let db = db();
     let cursors = Cursors::default();
     for i in 0..LOADED {
         write(&db, &cursors, &["SADD", "myset", &element(i)]);
     }
-    let popped = measured_spop(&db, &cursors, LOADED + 1);
-    eprintln!("spop: {} commands", popped.len());
+    (db, cursors)
+}
+
+/// Checks the replies of popping a set loaded by [`loaded_set`] empty and once more: each
+/// member once, then nothing.
+fn check_spopped(db: &keel::Db, cursors: &Cursors, popped: &[Vec<u8>]) {
+    assert_eq!(popped.len(), LOADED + 1);
     let mut seen = std::collections::BTreeSet::new();
     for reply in &popped[..LOADED] {
         assert!(reply.starts_with(b"$20\r\nelement:"), "{reply:?}");
         assert!(seen.insert(reply.clone()), "popped twice: {reply:?}");
     }
     assert_eq!(popped[LOADED], b"$-1\r\n");
-    assert_eq!(read(&db, &cursors, &["EXISTS", "myset"]), b":0\r\n");
+    assert_eq!(read(db, cursors, &["EXISTS", "myset"]), b":0\r\n");
+}
+
+#[test]
+fn spop() {
+    let (db, cursors) = loaded_set();
+    let popped = measured_spop(&db, &cursors, LOADED + 1);
+    eprintln!("spop: {} commands", popped.len());
+    check_spopped(&db, &cursors, &popped);
 }
 
 /// `SPOP` as the server runs redis-benchmark's pipelined test: 16 pops per transaction.
 #[test]
 fn spop_pipelined() {
-    let db = db();
-    let cursors = Cursors::default();
-    for i in 0..LOADED {
-        write(&db, &cursors, &["SADD", "myset", &element(i)]);
-    }
+    let (db, cursors) = loaded_set();
     let popped = measured_pipelined(&db, &cursors, &["SPOP", "myset"], LOADED + 1);
     eprintln!("spop_pipelined: {} commands", popped.len());
-    let distinct: std::collections::BTreeSet<_> = popped[..LOADED].iter().collect();
-    assert_eq!(distinct.len(), LOADED, "a member popped twice");
-    assert_eq!(popped[LOADED], b"$-1\r\n");
+    check_spopped(&db, &cursors, &popped);
 }
 
 /// A sorted set loaded as redis-benchmark's `ZADD` test leaves it.
@@ -295,11 +302,7 @@ fn measured_add(db: &keel::Db, cursors: &Cursors, cmd: &str, key: &str, n: usize
 /// of [`LOADED`], as redis-benchmark's `SADD` test does (it draws members at random).
 #[test]
 fn sadd() {
-    let db = db();
-    let cursors = Cursors::default();
-    for i in 0..LOADED {
-        write(&db, &cursors, &["SADD", "myset", &element(i)]);
-    }
+    let (db, cursors) = loaded_set();
     let replies = measured_add(&db, &cursors, "SADD", "myset", LOADED);
     eprintln!("sadd: {LOADED} commands");
     assert_eq!(replies, LOADED * b":1\r\n".len());
