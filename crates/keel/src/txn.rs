@@ -1081,7 +1081,6 @@ impl<'db> Txn<'db> {
             // Appended where it is (a copy of the list per operation made a pipeline of
             // adds to one key quadratic): only the transaction's bytes can refuse it.
             Some((Write::Ops(ops), tickets)) => {
-                self.writes.count += 1;
                 // An add after an add of the same sign is their sum: it fails (overflows)
                 // exactly when one of the two would, whatever the value, so one parse and
                 // one decimal text serve both at commit. Not where a ticket wants the value
@@ -1093,11 +1092,11 @@ impl<'db> Txn<'db> {
                     && let Some(sum) = a.checked_add(*b)
                 {
                     *a = sum;
+                    self.writes.count += 1;
                     return Ok(());
                 }
                 let bytes = self.writes.bytes + op.bytes();
                 if bytes > TXN_WRITE_BYTES_MAX {
-                    self.writes.count -= 1;
                     return Err(Error::LimitExceeded {
                         limit: Limit::TxnWriteBytes,
                         requested: bytes,
@@ -1105,6 +1104,7 @@ impl<'db> Txn<'db> {
                 }
                 ops.push(op);
                 self.writes.bytes = bytes;
+                self.writes.count += 1;
                 return Ok(());
             }
         };
