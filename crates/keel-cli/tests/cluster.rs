@@ -141,7 +141,8 @@ fn serve_refuses_a_bad_cluster_config() {
 
 /// redis-py's `RedisCluster` (Debian's python3-redis, which `.ci/run` installs) bootstraps from
 /// one node with `CLUSTER SLOTS` and `COMMAND`, then sends each command straight to its
-/// key's owner: keys land on every node, and each reads back through the cluster client.
+/// key's owner: keys land on every node, and each reads back through the cluster client;
+/// commands whose keys move (`ZUNIONSTORE`, `LMPOP`, `SORT`) route by `COMMAND GETKEYS`.
 #[test]
 fn redis_py_cluster_client_bootstraps_and_routes() {
     let (_running, addrs, _lines) = demo();
@@ -158,6 +159,12 @@ for i in range(300):
 for i in range(300):
     assert rc.get("py:%d" % i) == str(i).encode(), i
 assert rc.incr("{tag}n") == 1 and rc.incr("{tag}n") == 2
+# Commands whose keys move: routed by the keys COMMAND GETKEYS names.
+rc.zadd("{z}a", {"x": 1}); rc.zadd("{z}b", {"y": 2}); rc.rpush("{z}l", "p")
+assert rc.zunionstore("{z}c", ["{z}a", "{z}b"]) == 2
+assert rc.zinter(["{z}a", "{z}c"]) == [b"x"]
+assert rc.lmpop(2, "{z}l", "{z}m", direction="LEFT") == [b"{z}l", [b"p"]]
+assert rc.sort("{z}c", alpha=True) == [b"x", b"y"]
 assert len(rc.get_nodes()) == 3, rc.get_nodes()
 assert len(owners) == 3, owners
 print("ok")

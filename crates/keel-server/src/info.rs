@@ -49,35 +49,15 @@ fn command_info(spec: &Spec, out: &mut Out<'_>) {
 }
 
 /// Redis 7's key specifications for a command, from its first key, last key and step: what
-/// cluster clients route by. The flags are Redis's for the commands Redis has (read from
-/// `COMMAND INFO` of redis-server 7.0); keel's own commands get `RW`, `update`, or `RO`,
-/// `access` when read-only. One spec per command (Redis gives `RENAME`, `RENAMENX`, `COPY` and
-/// `BITOP` two: source and destination).
+/// cluster clients route by, with the flags of its first ([`key_flags`]). One spec per command
+/// (Redis gives `RENAME`, `RENAMENX`, `COPY`, `BITOP` and the `…STORE` commands two: source
+/// and destination).
 fn key_specs(spec: &Spec, out: &mut Out<'_>) {
     if spec.first_key <= 0 {
         out.set(0);
         return;
     }
-    let flags: &[&str] = match spec.name {
-        "watch" | "strlen" | "exists" | "touch" | "type" | "hlen" | "hexists" | "hstrlen" => {
-            &["RO"]
-        }
-        "ssubscribe" | "sunsubscribe" | "spublish" => &["not_key"],
-        "set" => &["RW", "access", "update", "variable_flags"],
-        "setnx" | "msetnx" => &["OW", "insert"],
-        "getdel" | "rename" | "renamenx" => &["RW", "access", "delete"],
-        "bitfield" => &["RW", "access", "update", "variable_flags"],
-        "mset" | "setex" | "psetex" => &["OW", "update"],
-        "append" | "hsetnx" => &["RW", "insert"],
-        "setrange" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" | "hset"
-        | "hmset" => &["RW", "update"],
-        "del" | "unlink" => &["RM", "delete"],
-        "hdel" => &["RW", "delete"],
-        "getset" | "incr" | "incrby" | "decr" | "decrby" | "incrbyfloat" | "getex" | "hincrby"
-        | "hincrbyfloat" | "setbit" => &["RW", "access", "update"],
-        _ if spec.flags.contains(&"readonly") => &["RO", "access"],
-        _ => &["RW", "update"],
-    };
+    let flags = key_flags(spec)[0];
     // Redis counts `lastkey` from the first key when it is not negative.
     let last = if spec.last_key < 0 {
         spec.last_key
@@ -111,6 +91,127 @@ fn key_specs(spec: &Spec, out: &mut Out<'_>) {
     out.int(i64::from(spec.key_step));
     out.bulk(b"limit");
     out.int(0);
+}
+
+/// Redis 7.0's key-specification flags of each command it has, one list per specification
+/// (`COMMAND INFO` of redis-server 7.0.15), for the commands keel has.
+fn redis_key_flags(name: &str) -> Option<&'static [&'static [&'static str]]> {
+    Some(match name {
+        "bitcount" | "bitfield_ro" | "bitpos" | "expiretime" | "get" | "getbit" | "getrange"
+        | "hget" | "hgetall" | "hkeys" | "hmget" | "hrandfield" | "hscan" | "hvals" | "lcs"
+        | "lindex" | "lpos" | "lrange" | "mget" | "pexpiretime" | "pttl" | "sdiff" | "sinter"
+        | "sintercard" | "smembers" | "smismember" | "srandmember" | "sscan" | "substr"
+        | "sunion" | "ttl" | "zcount" | "zdiff" | "zinter" | "zintercard" | "zlexcount"
+        | "zmscore" | "zrandmember" | "zrange" | "zrangebylex" | "zrangebyscore" | "zrank"
+        | "zrevrange" | "zrevrangebylex" | "zrevrangebyscore" | "zrevrank" | "zscan" | "zscore"
+        | "zunion" => &[&["RO", "access"]],
+        "blmpop" | "blpop" | "brpop" | "bzmpop" | "bzpopmax" | "bzpopmin" | "getdel" | "lmpop"
+        | "lpop" | "rpop" | "spop" | "zmpop" | "zpopmax" | "zpopmin" => {
+            &[&["RW", "access", "delete"]]
+        }
+        "exists" | "hexists" | "hlen" | "hstrlen" | "llen" | "scard" | "sismember" | "strlen"
+        | "touch" | "type" | "watch" | "zcard" => &[&["RO"]],
+        "decr" | "decrby" | "getex" | "getset" | "hincrby" | "hincrbyfloat" | "incr" | "incrby"
+        | "incrbyfloat" | "setbit" | "zincrby" => &[&["RW", "access", "update"]],
+        "expire" | "expireat" | "hmset" | "hset" | "lset" | "persist" | "pexpire" | "pexpireat"
+        | "setrange" | "zadd" => &[&["RW", "update"]],
+        "append" | "hsetnx" | "linsert" | "lpush" | "lpushx" | "rpush" | "rpushx" | "sadd" => {
+            &[&["RW", "insert"]]
+        }
+        "hdel" | "lrem" | "ltrim" | "srem" | "zrem" | "zremrangebylex" | "zremrangebyrank"
+        | "zremrangebyscore" => &[&["RW", "delete"]],
+        "bitop" | "sdiffstore" | "sunionstore" | "zdiffstore" | "zinterstore" | "zrangestore"
+        | "zunionstore" => &[&["OW", "update"], &["RO", "access"]],
+        "blmove" | "brpoplpush" | "lmove" | "rpoplpush" | "smove" => {
+            &[&["RW", "access", "delete"], &["RW", "insert"]]
+        }
+        "mset" | "psetex" | "setex" => &[&["OW", "update"]],
+        "spublish" | "ssubscribe" | "sunsubscribe" => &[&["not_key"]],
+        "bitfield" | "set" => &[&["RW", "access", "update", "variable_flags"]],
+        "del" | "unlink" => &[&["RM", "delete"]],
+        "msetnx" | "setnx" => &[&["OW", "insert"]],
+        "copy" => &[&["RO", "access"], &["OW", "update"]],
+        "rename" => &[&["RW", "access", "delete"], &["OW", "update"]],
+        "renamenx" => &[&["RW", "access", "delete"], &["OW", "insert"]],
+        "sinterstore" => &[&["RW", "update"], &["RO", "access"]],
+        "sort" => &[&["RO", "access"], &["RO", "access"], &["OW", "update"]],
+        "sort_ro" => &[&["RO", "access"], &["RO", "access"]],
+        _ => return None,
+    })
+}
+
+/// The flags of each of `spec`'s key specifications: Redis's for the commands Redis has
+/// ([`redis_key_flags`]; its containers' subcommands that take a key, `OBJECT` and `MEMORY`,
+/// read it); keel's own commands get `RO`, `access` when read-only, else `RW`, `update`.
+fn key_flags(spec: &Spec) -> &'static [&'static [&'static str]] {
+    match spec.name {
+        "object" | "memory" => &[&["RO"]],
+        name => redis_key_flags(name).unwrap_or(if spec.flags.contains(&"readonly") {
+            &[&["RO", "access"]]
+        } else {
+            &[&["RW", "update"]]
+        }),
+    }
+}
+
+/// The flags Redis gives the `i`-th key of `args` (a command of `spec`, its name first) in
+/// `COMMAND GETKEYSANDFLAGS`: the first key's specification's, then the last's (destination
+/// or source: every command keel has with several puts its first key alone in the first),
+/// with `SET`'s and `BITFIELD`'s variable flags resolved by what the call does.
+fn flags_of_key(spec: &Spec, args: &[Bytes], i: usize) -> &'static [&'static str] {
+    let specs = key_flags(spec);
+    let flags = if i == 0 {
+        specs[0]
+    } else {
+        specs[specs.len() - 1]
+    };
+    if !flags.contains(&"variable_flags") {
+        return flags;
+    }
+    let has = |word: &[u8]| args[2..].iter().any(|a| a.eq_ignore_ascii_case(word));
+    let writes = match spec.name {
+        "set" => has(b"get"),
+        _ => has(b"set") || has(b"incrby"),
+    };
+    match (spec.name, writes) {
+        ("set", false) => &["OW", "update"],
+        (_, true) => &["RW", "access", "update"],
+        (_, false) => &["RO", "access"],
+    }
+}
+
+/// `COMMAND GETKEYS command [arg ...]` and `COMMAND GETKEYSANDFLAGS …` (`flags`): the keys a
+/// call would touch, as cluster clients (redis-py's `RedisCluster`) ask for the commands
+/// whose keys move (`ZUNIONSTORE`, `LMPOP`, `SORT`, ...), with Redis's errors in Redis's
+/// order.
+fn getkeys(call: &[Bytes], flags: bool, out: &mut Out<'_>) -> Result<(), Fail> {
+    let spec = table::lookup(&call[0]).ok_or("ERR Invalid command specified")?;
+    let keyless = spec.first_key <= 0 && !spec.flags.contains(&"movablekeys");
+    if keyless || key_flags(spec)[0] == ["not_key"] {
+        return Err("ERR The command has no key arguments".into());
+    }
+    if !spec.arity_ok(call.len()) {
+        return Err("ERR Invalid number of arguments specified for command".into());
+    }
+    let keys = crate::cluster::key_args(spec, call);
+    if keys.is_empty() {
+        return Err("ERR Invalid arguments specified for command".into());
+    }
+    out.array(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        if flags {
+            out.array(2);
+            out.bulk(key);
+            let f = flags_of_key(spec, call, i);
+            out.set(f.len());
+            for f in f {
+                out.simple(f);
+            }
+        } else {
+            out.bulk(key);
+        }
+    }
+    Ok(())
 }
 
 fn command_docs(spec: &Spec, out: &mut Out<'_>) {
@@ -156,6 +257,15 @@ pub fn command(args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
                 }
             }
         }
+    } else if sub.eq_ignore_ascii_case(b"getkeys") || sub.eq_ignore_ascii_case(b"getkeysandflags") {
+        if names.len() < 2 {
+            return Err(format!(
+                "ERR wrong number of arguments for 'command|{}' command",
+                String::from_utf8_lossy(sub).to_ascii_lowercase()
+            )
+            .into());
+        }
+        getkeys(names, sub.len() > b"getkeys".len(), out)?;
     } else if sub.eq_ignore_ascii_case(b"docs") {
         let specs: Vec<&Spec> = if names.is_empty() {
             SPECS.iter().collect()

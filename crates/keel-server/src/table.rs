@@ -425,7 +425,14 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Returns detailed information about all commands.",
-        &[("count", 2), ("docs", -2), ("info", -2), ("list", -2)]
+        &[
+            ("count", 2),
+            ("docs", -2),
+            ("getkeys", -4),
+            ("getkeysandflags", -4),
+            ("info", -2),
+            ("list", -2)
+        ]
     ),
     spec!(
         "config",

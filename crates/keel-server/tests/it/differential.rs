@@ -964,6 +964,62 @@ fn memory_usage_estimates_and_answers_as_redis() {
 /// `SLOWLOG`: with every command logged, the same entries' arguments as Redis (newest
 /// first, long arguments and argument lists cut, `AUTH`'s redacted), the same `LEN` and
 /// `RESET`, and Redis' errors; `CONFIG GET|SET` of its two settings.
+/// `COMMAND GETKEYS` and `GETKEYSANDFLAGS`, which cluster clients (redis-py's
+/// `RedisCluster`) ask before routing a command whose keys move: the keys, their flags and
+/// the errors, in RESP2 and RESP3, as redis-server answers them.
+#[test]
+fn command_getkeys_matches_redis() {
+    let servers = Servers::start();
+    let calls: &[&str] = &[
+        "COMMAND GETKEYS",
+        "COMMAND GETKEYS get",
+        "COMMAND GETKEYS nosuch a",
+        "COMMAND GETKEYS ping x",
+        "COMMAND GETKEYS get a b",
+        "COMMAND GETKEYS set a b",
+        "COMMAND GETKEYS mset a 1 b 2",
+        "COMMAND GETKEYS mset a 1 b",
+        "COMMAND GETKEYS zunionstore d 2 a b weights 1 2",
+        "COMMAND GETKEYS zunionstore d 3 a b",
+        "COMMAND GETKEYS zunionstore d x a b",
+        "COMMAND GETKEYS sort a by w* get # store b",
+        "COMMAND GETKEYS object encoding k",
+        "COMMAND GETKEYS memory usage k",
+        "COMMAND GETKEYS blmpop 0 2 a b left",
+        "COMMAND GETKEYS sintercard 2 a b",
+        "COMMAND GETKEYS zintercard 2 a b limit 1",
+        "COMMAND GETKEYS bzmpop 0 1 a min",
+        "COMMAND GETKEYS ssubscribe ch",
+        "COMMAND GETKEYS bitop and d a b",
+        "command getkeys DEL a b c",
+        "COMMAND GETKEYSANDFLAGS get",
+        "COMMAND GETKEYSANDFLAGS set a b",
+        "COMMAND GETKEYSANDFLAGS set a b nx get",
+        "COMMAND GETKEYSANDFLAGS lmove a b left right",
+        "COMMAND GETKEYSANDFLAGS zunionstore d 2 a b",
+        "COMMAND GETKEYSANDFLAGS sinterstore d a b",
+        "COMMAND GETKEYSANDFLAGS copy a b",
+        "COMMAND GETKEYSANDFLAGS renamenx a b",
+        "COMMAND GETKEYSANDFLAGS sort a store b",
+        "COMMAND GETKEYSANDFLAGS lmpop 2 a b left",
+        "COMMAND GETKEYSANDFLAGS bitfield a get u8 0",
+        "COMMAND GETKEYSANDFLAGS bitfield a incrby u8 0 1",
+        "COMMAND GETKEYSANDFLAGS exists a b",
+        "COMMAND GETKEYSANDFLAGS lpush l x",
+        "COMMAND GETKEYSANDFLAGS del a b",
+        "COMMAND GETKEYSANDFLAGS object encoding k",
+        "COMMAND GETKEYSANDFLAGS msetnx a 1 b 2",
+    ];
+    for resp3 in [false, true] {
+        let mut pair = Pair::connect(&servers, resp3);
+        for call in calls {
+            let args: Vec<&str> = call.split(' ').collect();
+            let (keel, redis) = pair.both(&args);
+            assert_eq!(keel, redis, "{call} (resp3 {resp3})");
+        }
+    }
+}
+
 #[test]
 fn slowlog_matches_redis() {
     let servers = Servers::start();
