@@ -738,9 +738,16 @@ impl<'db> Txn<'db> {
         f: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Result<T, Error> {
         let h = hash(key);
-        if !self.writes.entries.is_empty() && self.writes.find(key, h).is_some() {
-            let value = self.get(key)?;
-            return Ok(f(value.as_deref()));
+        if let Some(i) = self.writes.find(key, h) {
+            // A put or a delete is read in place; only operations are computed.
+            return match &self.writes.entries[i].write {
+                Write::Put(v) => Ok(f(Some(v))),
+                Write::Delete => Ok(f(None)),
+                Write::Ops(_) => {
+                    let value = self.get(key)?;
+                    Ok(f(value.as_deref()))
+                }
+            };
         }
         check_key(key)?;
         let record = self.read_record(key, h)?;
