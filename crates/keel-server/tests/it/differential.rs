@@ -3571,9 +3571,12 @@ fn blocking(g: &mut Gen) -> Vec<Vec<u8>> {
 
 /// A sorted set score: integers, fractions that print with 17 digits, infinities, and a few
 /// that are not scores.
+/// Not `-0`: keel stores it as `0`, as Redis's listpack-encoded sets do, but a set that a
+/// random `SORT` has read is skiplist-encoded in Redis from then on, and keeps `-0` (seed
+/// 263234686); `sorted_set_commands_match_redis` adds `-0` to a listpack set.
 fn score(g: &mut Gen) -> &'static str {
     g.pick(&[
-        "0", "1", "-1", "2", "1.5", "-2.5", "10", "0.1", "3.0", "1e3", "inf", "-inf", "+inf", "-0",
+        "0", "1", "-1", "2", "1.5", "-2.5", "10", "0.1", "3.0", "1e3", "inf", "-inf", "+inf",
         "0x10", "x", "nan", "1e400", "",
     ])
 }
