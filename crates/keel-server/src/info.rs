@@ -265,7 +265,7 @@ pub fn command(args: &[Bytes], out: &mut Out<'_>) -> Result<(), Fail> {
             )
             .into());
         }
-        getkeys(names, sub.len() > b"getkeys".len(), out)?;
+        getkeys(names, sub.eq_ignore_ascii_case(b"getkeysandflags"), out)?;
     } else if sub.eq_ignore_ascii_case(b"docs") {
         let specs: Vec<&Spec> = if names.is_empty() {
             SPECS.iter().collect()
