@@ -157,7 +157,7 @@ pub fn sort(
                     e.clone()
                 };
                 // Redis hands the bytes to C's strtod, which stops at a NUL.
-                let text = source.split(|&b| b == 0).next().unwrap_or_default();
+                let text = c_string(&source);
                 let score = if text.is_empty() {
                     0.0
                 } else {
@@ -176,6 +176,12 @@ pub fn sort(
                     .partial_cmp(y)
                     .unwrap_or(Ordering::Equal)
                     .then_with(|| ea.cmp(eb)),
+                // Redis compares with C's strcoll (the C locale's strcmp, which stops at a
+                // NUL), or, with STORE, byte by byte; equals keep their order (glibc's
+                // qsort is a merge sort).
+                (Sortable::Text(Some(x)), Sortable::Text(Some(y))) if store.is_none() => {
+                    c_string(x).cmp(c_string(y))
+                }
                 (Sortable::Text(x), Sortable::Text(y)) => x.cmp(y),
                 _ => Ordering::Equal,
             };
@@ -217,6 +223,11 @@ pub fn sort(
         }
     }
     Ok(())
+}
+
+/// The bytes C sees of `s`: up to its first NUL.
+fn c_string(s: &[u8]) -> &[u8] {
+    s.split(|&b| b == 0).next().unwrap_or_default()
 }
 
 /// What an element sorts by: a number, or bytes (`None`, a missing `BY` key, first).
