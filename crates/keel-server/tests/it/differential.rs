@@ -344,6 +344,24 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
         "an option error quotes the option up to a NUL byte",
         &[&["SET", "k", "v"], &["PEXPIRE", "k", "100000", "a\0b"]],
     ),
+    (
+        "SORT ALPHA compares up to a NUL byte, and keeps equals in their order; with STORE, \
+         byte by byte",
+        &[
+            &["RPUSH", "l", "", "b\0z", "", "\0\0x", "", "b", "b\0a", "a"],
+            &["SORT", "l", "ALPHA"],
+            &["SORT", "l", "ALPHA", "DESC"],
+            &["SORT", "l", "ALPHA", "STORE", "d"],
+            &["LRANGE", "d", "0", "-1"],
+            &["HSET", "w_", "f", "x"],
+            &["SET", "wb", "b\0b"],
+            &["SET", "wa", "b\0a"],
+            &["RPUSH", "m", "b", "a", "_"],
+            &["SORT", "m", "BY", "w*", "ALPHA"],
+            &["SORT", "m", "BY", "w*", "ALPHA", "STORE", "e"],
+            &["LRANGE", "e", "0", "-1"],
+        ],
+    ),
 ];
 
 #[test]
@@ -2113,23 +2131,29 @@ impl Harness {
                     Reply::Bulk(b) => b,
                     other => panic!("DUMP {} replied {other}", escaped(&k)),
                 };
-                let ttl = match self.admin.call(&[b"PTTL".to_vec(), k.clone()]) {
+                // The deadline itself: a PTTL restored later moves it by the time between.
+                let ttl = match self.admin.call(&[b"PEXPIRETIME".to_vec(), k.clone()]) {
                     Reply::Int(n) => n.max(0),
-                    other => panic!("PTTL {} replied {other}", escaped(&k)),
+                    other => panic!("PEXPIRETIME {} replied {other}", escaped(&k)),
                 };
                 (k, dump, ttl)
             })
             .collect()
     }
 
-    /// Makes Redis hold exactly `keys` (from [`Harness::dump_redis`]).
+    /// Makes Redis hold exactly `keys` (from [`Harness::dump_redis`]), with their deadlines
+    /// (Unix ms; 0: none).
     fn restore_redis(&mut self, keys: Vec<(Vec<u8>, Vec<u8>, i64)>) {
         let reply = self.admin.call_str(&["FLUSHALL"]);
         assert!(reply.is_ok(), "restoring Redis: FLUSHALL replied {reply}");
         for (k, dump, ttl) in keys {
-            let reply =
-                self.admin
-                    .call(&[b"RESTORE".to_vec(), k, ttl.to_string().into_bytes(), dump]);
+            let reply = self.admin.call(&[
+                b"RESTORE".to_vec(),
+                k,
+                ttl.to_string().into_bytes(),
+                dump,
+                b"ABSTTL".to_vec(),
+            ]);
             assert!(reply.is_ok(), "restoring Redis: RESTORE replied {reply}");
         }
     }
