@@ -1331,7 +1331,12 @@ impl RedisProcess {
                 if let Ok(Some(_)) = child.try_wait() {
                     break; // The port was taken meanwhile: try another.
                 }
-                if TcpStream::connect(addr).is_ok() {
+                // Still running a moment after the port answers: it is this Redis that
+                // answers, not another process that took the port (this one then exits).
+                if TcpStream::connect(addr).is_ok() && {
+                    std::thread::sleep(Duration::from_millis(50));
+                    matches!(child.try_wait(), Ok(None))
+                } {
                     return RedisProcess {
                         child,
                         addr,
