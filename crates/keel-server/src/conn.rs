@@ -1248,7 +1248,8 @@ impl Conn {
             return true;
         }
         if keys.is_empty() {
-            if data::is_read_only(spec.cmd) {
+            // SWAPDB writes nothing in cluster mode: it answers Redis Cluster's error.
+            if data::is_read_only(spec.cmd) || spec.cmd == Cmd::Swapdb {
                 return false;
             }
             self.out(output).error(&format!(
@@ -3414,6 +3415,11 @@ impl Conn {
                 self.out(output).simple("RESET");
             }
             Cmd::Select => {
+                // Redis Cluster refuses any database but 0, once the index is a C int.
+                let index = resp::string_to_i64(&args[1]).filter(|n| i32::try_from(*n).is_ok());
+                if self.shared.cluster.is_some() && index.is_some_and(|n| n != 0) {
+                    return Err("ERR SELECT is not allowed in cluster mode".into());
+                }
                 data::check_db_index(&args[1])?;
                 out.ok();
             }

@@ -133,6 +133,7 @@ fn redis_key_flags(name: &str) -> Option<&'static [&'static [&'static str]]> {
         "copy" => &[&["RO", "access"], &["OW", "update"]],
         "rename" => &[&["RW", "access", "delete"], &["OW", "update"]],
         "renamenx" => &[&["RW", "access", "delete"], &["OW", "insert"]],
+        "move" => &[&["RW", "access", "update"]],
         "sinterstore" => &[&["RW", "update"], &["RO", "access"]],
         "sort" => &[&["RO", "access"], &["RO", "access"], &["OW", "update"]],
         "sort_ro" => &[&["RO", "access"], &["RO", "access"]],

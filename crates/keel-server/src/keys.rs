@@ -39,7 +39,11 @@ const RANDOM_WINDOW_KEYS: usize = 16;
 
 /// Whether this module runs `cmd`.
 pub fn handles(cmd: Cmd) -> bool {
-    is_read_only(cmd) || matches!(cmd, Cmd::Rename | Cmd::Renamenx | Cmd::Copy)
+    is_read_only(cmd)
+        || matches!(
+            cmd,
+            Cmd::Rename | Cmd::Renamenx | Cmd::Copy | Cmd::Move | Cmd::Swapdb
+        )
 }
 
 /// Whether `cmd` is one of this module's commands that only read.
@@ -58,6 +62,29 @@ pub fn run(
     match cmd {
         Cmd::Rename | Cmd::Renamenx => rename(cmd == Cmd::Renamenx, args, view, ctx, out),
         Cmd::Copy => copy(args, view, ctx, out),
+        // keel has one database, as Redis with `databases 1`: Redis's checks, in its order.
+        Cmd::Move => {
+            if ctx.cluster {
+                return Err("ERR MOVE is not allowed in cluster mode".into());
+            }
+            crate::data::check_db_index(&args[2])?;
+            Err("ERR source and destination objects are the same".into())
+        }
+        Cmd::Swapdb => {
+            if ctx.cluster {
+                return Err("ERR SWAPDB is not allowed in cluster mode".into());
+            }
+            for (arg, which) in [(&args[1], "first"), (&args[2], "second")] {
+                if string_to_i64(arg).is_none_or(|n| i32::try_from(n).is_err()) {
+                    return Err(format!("ERR invalid {which} DB index").into());
+                }
+            }
+            if args[1..].iter().any(|a| string_to_i64(a) != Some(0)) {
+                return Err("ERR DB index is out of range".into());
+            }
+            out.ok();
+            Ok(())
+        }
         Cmd::Randomkey => {
             match random_key(view, ctx) {
                 Some(k) => out.bulk(&k),

@@ -81,6 +81,8 @@ pub enum Cmd {
     Rename,
     Renamenx,
     Copy,
+    Move,
+    Swapdb,
     Randomkey,
     Touch,
     Object,
@@ -1059,6 +1061,29 @@ pub static SPECS: &[Spec] = &[
         1,
         "generic",
         "Copies the value of a key to a new key."
+    ),
+    spec!(
+        "move",
+        Move,
+        3,
+        WR_FAST,
+        1,
+        1,
+        1,
+        "generic",
+        "Moves a key to another database (keel has only database 0, so every move is refused \
+         with Redis' errors)."
+    ),
+    spec!(
+        "swapdb",
+        Swapdb,
+        3,
+        WR_FAST,
+        0,
+        0,
+        0,
+        "server",
+        "Swaps two databases (keel has only database 0: SWAPDB 0 0 is the one swap there is)."
     ),
     spec!(
         "randomkey",

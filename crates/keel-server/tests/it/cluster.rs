@@ -733,6 +733,32 @@ fn cluster_replies_have_redis_shapes() {
         };
         assert_eq!(words(&o), words(&t), "{o} vs {t}");
         assert!(o.ends_with('\n') && o.lines().count() == 1, "{o:?}");
+        // Databases other than 0 get Redis Cluster's errors (this Redis node owns no slots,
+        // so it answers commands with keys CLUSTERDOWN: MOVE's text is Redis's source).
+        let reply = |con: &mut redis::Connection, args: &[&str]| match redis::cmd(args[0])
+            .arg(&args[1..])
+            .query::<redis::Value>(con)
+        {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => e.to_string(),
+        };
+        for args in [
+            &["SELECT", "0"][..],
+            &["SELECT", "1"],
+            &["SELECT", "x"],
+            &["SELECT", "99999999999"],
+            &["SWAPDB", "0", "0"],
+            &["SWAPDB", "0", "1"],
+            &["SWAPDB", "x", "0"],
+        ] {
+            assert_eq!(reply(&mut ours, args), reply(&mut theirs, args), "{args:?}");
+        }
+        for db in ["0", "1", "x"] {
+            assert_eq!(
+                reply(&mut ours, &["MOVE", "a", db]),
+                "ResponseError: MOVE is not allowed in cluster mode"
+            );
+        }
         // COMMAND's key specifications for routing.
         // (Not BITFIELD: Redis adds a `notes` text to its key specification.)
         for name in [

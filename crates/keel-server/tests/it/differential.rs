@@ -3053,19 +3053,22 @@ fn counters(g: &mut Gen) -> Vec<Vec<u8>> {
 }
 
 /// Keys: DEL, UNLINK, EXISTS, TYPE, RENAME, KEYS, SCAN, DBSIZE, FLUSHDB, FLUSHALL, COPY,
-/// RENAMENX, RANDOMKEY, TOUCH, OBJECT (not IDLETIME: keel keeps no access times).
+/// RENAMENX, RANDOMKEY, TOUCH, OBJECT (not IDLETIME: keel keeps no access times), MOVE,
+/// SWAPDB.
 fn keys(g: &mut Gen) -> Vec<Vec<u8>> {
     let key = g.key();
-    match g.rng.below(27) {
+    // Not DB 1..15: Redis has those databases, keel only 0 (as SELECT).
+    let dbs = ["0", "0", "-1", "16", "x", "2147483648", "00"];
+    match g.rng.below(29) {
+        27 => cmd(&["MOVE", key, g.pick(&dbs)]),
+        28 => cmd(&["SWAPDB", g.pick(&dbs), g.pick(&dbs)]),
         20 | 21 => {
             let mut args = vec!["COPY".to_string(), key.to_string(), g.key().to_string()];
             for _ in 0..g.rng.below(3) {
                 if g.chance(1, 2) {
                     args.push(g.pick(&["REPLACE", "replace", "REPLAC"]).to_string());
                 } else {
-                    // Not DB 1..15: Redis has those databases, keel only 0 (as SELECT).
-                    let db = g.pick(&["0", "0", "-1", "16", "x", "2147483648", "00"]);
-                    args.extend(["DB".to_string(), db.to_string()]);
+                    args.extend(["DB".to_string(), g.pick(&dbs).to_string()]);
                 }
             }
             args.iter().map(|a| a.as_bytes().to_vec()).collect()
