@@ -748,8 +748,16 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Random sequences `engine_matches_model` runs: 512, or `KEEL_MODEL_CASES` (a longer hunt).
+fn model_cases() -> u32 {
+    std::env::var("KEEL_MODEL_CASES").map_or(512, |v| {
+        v.parse()
+            .expect("KEEL_MODEL_CASES is a number of random sequences")
+    })
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: model_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn engine_matches_model(steps in proptest::collection::vec(step(), 1..80)) {
