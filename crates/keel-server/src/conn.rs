@@ -721,6 +721,13 @@ impl Conn {
         if output.is_empty() {
             return Ok(());
         }
+        // The other connections that have requests run first, and their replies go out
+        // after theirs, as Redis writes every reply of an event-loop pass at its end: a client
+        // woken by one reply finds the next ones already there instead of going back to sleep
+        // between them. Each wake-up of a sleeping client costs the writer the most of a send
+        // (`perf`: 28% of the server's CPU under pipelined `LPUSH` on the poller, 6% in
+        // Redis's). One scheduler pass when no other connection waits.
+        tokio::task::yield_now().await;
         // Under `async`, no reply goes out before the commits it reports or has read are
         // written to the OS, as Redis writes its AOF first: a kill -9 then loses nothing a
         // client was told. If the log failed first they may be lost, and the connection
