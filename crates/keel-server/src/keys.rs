@@ -74,12 +74,14 @@ pub fn run(
             if ctx.cluster {
                 return Err("ERR SWAPDB is not allowed in cluster mode".into());
             }
+            let mut zeros = true;
             for (arg, which) in [(&args[1], "first"), (&args[2], "second")] {
-                if string_to_i64(arg).is_none_or(|n| i32::try_from(n).is_err()) {
-                    return Err(format!("ERR invalid {which} DB index").into());
+                match string_to_i64(arg).filter(|n| i32::try_from(*n).is_ok()) {
+                    Some(n) => zeros &= n == 0,
+                    None => return Err(format!("ERR invalid {which} DB index").into()),
                 }
             }
-            if args[1..].iter().any(|a| string_to_i64(a) != Some(0)) {
+            if !zeros {
                 return Err("ERR DB index is out of range".into());
             }
             out.ok();
