@@ -1907,6 +1907,35 @@ fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
             .query::<i64>(&mut c)
             .expect_err("a negative timeout");
         assert!(e.to_string().contains("timeout is negative"), "{e}");
+        // SWAPDB inside MULTI: Redis Cluster's refusal as one element of EXEC's reply, the
+        // rest applied, alone or beside commands of a partition.
+        for with_key in [true, false] {
+            let mut commands = vec![redis::cmd("SWAPDB").arg(0).arg(1).clone()];
+            if with_key {
+                commands.push(redis::cmd("SET").arg("swapped").arg("v").clone());
+            }
+            // Errors inside EXEC's reply as values (redis-rs makes the first one the reply).
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().cmd("MULTI");
+            for command in &commands {
+                pipe.add_command(command.clone());
+            }
+            let mut all: Vec<redis::Value> = pipe.cmd("EXEC").query(&mut c).expect("EXEC");
+            let Some(redis::Value::Array(replies)) = all.pop() else {
+                panic!("{all:?}")
+            };
+            assert_eq!(replies.len(), commands.len(), "{replies:?}");
+            assert!(
+                matches!(&replies[0], redis::Value::ServerError(e)
+                    if e.details() == Some("SWAPDB is not allowed in cluster mode")),
+                "{replies:?}"
+            );
+            if with_key {
+                assert_eq!(replies[1], redis::Value::Okay);
+            }
+        }
+        let v: String = redis::cmd("GET").arg("swapped").query(&mut c).expect("GET");
+        assert_eq!(v, "v");
     }
     // Multi-key commands whose keys span partitions, inside MULTI: split key by key into
     // the partitions' parts of one transaction, their replies merged as Redis gives them.

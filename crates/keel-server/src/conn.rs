@@ -201,7 +201,7 @@ enum Place {
     /// merge.
     Split(Vec<(usize, usize)>, Merge),
     /// Answered by the node the client is on (`PING`, `ECHO`, `TIME`, `UNWATCH`, which touch
-    /// no data), when the transaction is planned.
+    /// no data, and `SWAPDB`'s refusal), when the transaction is planned.
     Here(Vec<u8>),
 }
 
@@ -209,11 +209,17 @@ impl Place {
     /// Where a command that touches no data is answered, if `cmd` is one: `PING`, `ECHO`,
     /// `TIME`, `UNWATCH` and `WAIT` reply as they would inside a local `EXEC` (`acked`:
     /// [`Conn::exec_acked`]).
+    /// `SWAPDB` answers Redis Cluster's refusal here too, an element of `EXEC`'s reply as in
+    /// Redis: no partition need see a command that changes nothing in cluster mode.
     fn here(cmd: Cmd, args: &[Bytes], proto: Proto, acked: usize) -> Option<Result<Place, Fail>> {
+        let mut buf = BytesMut::new();
+        if cmd == Cmd::Swapdb {
+            Out::new(&mut buf, proto).error(crate::keys::SWAPDB_IN_CLUSTER);
+            return Some(Ok(Place::Here(buf.to_vec())));
+        }
         if !in_exec_here(cmd) {
             return None;
         }
-        let mut buf = BytesMut::new();
         Some(
             simple_in_exec(cmd, args, &mut Out::new(&mut buf, proto), acked)
                 .map(|()| Place::Here(buf.to_vec())),
@@ -2298,8 +2304,8 @@ impl Conn {
                 .await;
         }
         let mut keys = Vec::new();
-        // PING, ECHO, TIME and UNWATCH are answered here (`Place::here`), by the path across
-        // partitions, which places replies from several sources.
+        // PING, ECHO, TIME, UNWATCH and SWAPDB are answered here (`Place::here`), by the path
+        // across partitions, which places replies from several sources.
         let mut here = 0;
         for (cmd, args) in &multi.queue {
             let spec = table::lookup(&args[0])
@@ -2348,10 +2354,18 @@ impl Conn {
         }
         if here == multi.queue.len() {
             // Nothing for a partition.
-            let mut out = self.out(output);
-            out.array(multi.queue.len());
+            let mut replies = Vec::with_capacity(here);
             for (cmd, args) in &multi.queue {
-                simple_in_exec(*cmd, args, &mut out, self.exec_acked)?;
+                match Place::here(*cmd, args, self.proto, self.exec_acked) {
+                    Some(Ok(Place::Here(reply))) => replies.push(reply),
+                    Some(Err(e)) => return Err(e),
+                    _ => unreachable!("counted as answered here"),
+                }
+            }
+            let mut out = self.out(output);
+            out.array(replies.len());
+            for reply in replies {
+                out.buf.extend_from_slice(&reply);
             }
             return Ok(());
         }

@@ -72,7 +72,7 @@ pub fn run(
         }
         Cmd::Swapdb => {
             if ctx.cluster {
-                return Err("ERR SWAPDB is not allowed in cluster mode".into());
+                return Err(SWAPDB_IN_CLUSTER.into());
             }
             let mut zeros = true;
             for (arg, which) in [(&args[1], "first"), (&args[2], "second")] {
@@ -99,6 +99,9 @@ pub fn run(
         other => panic!("{other:?} is not a key command"),
     }
 }
+
+/// Redis Cluster's answer to `SWAPDB`, whose arguments it does not read.
+pub const SWAPDB_IN_CLUSTER: &str = "ERR SWAPDB is not allowed in cluster mode";
 
 fn rename(
     nx: bool,
