@@ -1362,8 +1362,26 @@ impl<'db> Txn<'db> {
     }
 
     /// This transaction's writes inside `range`, in key order, as the values a reader sees.
-    fn overlay(&mut self, range: &KeyRange) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let mut found: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    fn overlay(&mut self, range: &KeyRange) -> Overlay {
+        // Sized first, so that neither buffer grows while it fills.
+        let (mut count, mut bytes) = (0, 0);
+        for e in &self.writes.entries {
+            if range.contains(e.key.as_slice()) {
+                count += 1;
+                bytes += e.key.len()
+                    + match &e.write {
+                        Write::Put(v) => v.len(),
+                        _ => 0,
+                    };
+            }
+        }
+        if count == 0 {
+            return Overlay::default();
+        }
+        let mut found = Overlay {
+            bytes: Vec::with_capacity(bytes),
+            entries: Vec::with_capacity(count),
+        };
         let mut computed = Vec::new();
         for e in &self.writes.entries {
             if !range.contains(e.key.as_slice()) {
@@ -1371,8 +1389,8 @@ impl<'db> Txn<'db> {
             }
             // A put or a delete is its own value: only operations need the committed one.
             match &e.write {
-                Write::Put(v) => found.push((e.key.to_vec(), Some(v.clone()))),
-                Write::Delete => found.push((e.key.to_vec(), None)),
+                Write::Put(v) => found.push(&e.key, Some(v)),
+                Write::Delete => found.push(&e.key, None),
                 Write::Ops(_) => computed.push(e.key.to_vec()),
             }
         }
@@ -1380,9 +1398,9 @@ impl<'db> Txn<'db> {
             // A commutative operation that cannot apply (say, `add` to a non-integer) makes
             // its key read as absent in a range; the error surfaces at `get` and at commit.
             let value = self.get(&key).unwrap_or(None);
-            found.push((key, value));
+            found.push(&key, value.as_deref());
         }
-        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        found.sort();
         found
     }
 
@@ -2522,7 +2540,12 @@ impl<'db> Snapshot<'db> {
     where
         K: AsRef<[u8]> + ?Sized + 'k,
     {
-        Scan::new(self.db, owned_range(&bounds), self.read_ts, Vec::new())
+        Scan::new(
+            self.db,
+            owned_range(&bounds),
+            self.read_ts,
+            Overlay::default(),
+        )
     }
 
     /// [`Snapshot::range`] over bounds the caller already owns: nothing is copied.
@@ -2537,7 +2560,12 @@ impl<'db> Snapshot<'db> {
     }
 
     pub fn range_owned(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Scan<'_> {
-        Scan::new(self.db, KeyRange { lo, hi }, self.read_ts, Vec::new())
+        Scan::new(
+            self.db,
+            KeyRange { lo, hi },
+            self.read_ts,
+            Overlay::default(),
+        )
     }
 }
 
@@ -2561,8 +2589,8 @@ pub struct Scan<'db> {
     db: &'db Shared,
     records: <crate::store::MemStore as Store>::Scan<'db>,
     read_ts: Ts,
-    overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Overlay entries not yet yielded: `overlay[overlay_lo..overlay_hi]`.
+    overlay: Overlay,
+    /// Overlay entries not yet yielded: `overlay_lo..overlay_hi`.
     overlay_lo: usize,
     overlay_hi: usize,
     /// Record peeked from each end, not yet merged.
@@ -2576,12 +2604,7 @@ pub struct Scan<'db> {
 }
 
 impl<'db> Scan<'db> {
-    fn new(
-        db: &'db Shared,
-        range: KeyRange,
-        read_ts: Ts,
-        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    ) -> Scan<'db> {
+    fn new(db: &'db Shared, range: KeyRange, read_ts: Ts, overlay: Overlay) -> Scan<'db> {
         let overlay_hi = overlay.len();
         let empty = range.is_empty();
         Scan {
@@ -2608,19 +2631,20 @@ impl<'db> Scan<'db> {
             self.front = self.records.next().or_else(|| self.back.take());
         }
         let record_key = self.front.map(|r| r.get().key());
-        let overlay = (self.overlay_lo < self.overlay_hi).then(|| &self.overlay[self.overlay_lo].0);
+        let overlay =
+            (self.overlay_lo < self.overlay_hi).then(|| self.overlay.key(self.overlay_lo));
         let take_overlay = match (record_key, overlay) {
             (None, None) => return None,
             (Some(_), None) => false,
             (None, Some(_)) => true,
-            (Some(r), Some(o)) => o.as_slice() <= r,
+            (Some(r), Some(o)) => o <= r,
         };
         if take_overlay {
             let i = self.overlay_lo;
             self.overlay_lo += 1;
             if self
                 .front
-                .is_some_and(|r| r.get().key() == self.overlay[i].0.as_slice())
+                .is_some_and(|r| r.get().key() == self.overlay.key(i))
             {
                 self.front = None;
             }
@@ -2636,19 +2660,19 @@ impl<'db> Scan<'db> {
         }
         let record_key = self.back.map(|r| r.get().key());
         let overlay =
-            (self.overlay_lo < self.overlay_hi).then(|| &self.overlay[self.overlay_hi - 1].0);
+            (self.overlay_lo < self.overlay_hi).then(|| self.overlay.key(self.overlay_hi - 1));
         let take_overlay = match (record_key, overlay) {
             (None, None) => return None,
             (Some(_), None) => false,
             (None, Some(_)) => true,
-            (Some(r), Some(o)) => o.as_slice() >= r,
+            (Some(r), Some(o)) => o >= r,
         };
         if take_overlay {
             self.overlay_hi -= 1;
             let i = self.overlay_hi;
             if self
                 .back
-                .is_some_and(|r| r.get().key() == self.overlay[i].0.as_slice())
+                .is_some_and(|r| r.get().key() == self.overlay.key(i))
             {
                 self.back = None;
             }
@@ -2694,14 +2718,15 @@ impl<'db> Scan<'db> {
             };
             let (key, result) = match candidate {
                 Candidate::Overlay(i) => {
-                    let (key, value) = &self.overlay[i];
+                    let key = self.overlay.key(i);
                     if crossed(&self.front_last, &self.back_last, rev, key) {
                         break;
                     }
-                    let result = value
-                        .as_deref()
+                    let result = self
+                        .overlay
+                        .value(i)
                         .map(|v| f.take().expect("called once")(key, v));
-                    (key.as_slice(), result)
+                    (key, result)
                 }
                 Candidate::Record(record) => {
                     let key = record.get().key();
@@ -2736,6 +2761,47 @@ impl<'db> Scan<'db> {
             self.front_done = true;
         }
         None
+    }
+}
+
+/// A transaction's own writes inside a scan's range, in key order, as the values a reader
+/// sees (`None`: deleted). Their bytes share one buffer: a scan over a range that the
+/// earlier commands of a pipeline wrote (each pop of a set deletes a member its next pop's
+/// scan passes) costs two allocations, not one or two per write.
+#[derive(Default)]
+struct Overlay {
+    bytes: Vec<u8>,
+    /// Per write: where its key starts in `bytes`, the key's length, and the length of the
+    /// value that follows it (`None`: deleted).
+    entries: Vec<(usize, usize, Option<usize>)>,
+}
+
+impl Overlay {
+    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.entries
+            .push((self.bytes.len(), key.len(), value.map(<[u8]>::len)));
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(value.unwrap_or_default());
+    }
+
+    fn sort(&mut self) {
+        let bytes = &self.bytes;
+        self.entries
+            .sort_unstable_by(|a, b| bytes[a.0..a.0 + a.1].cmp(&bytes[b.0..b.0 + b.1]));
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn key(&self, i: usize) -> &[u8] {
+        let (at, len, _) = self.entries[i];
+        &self.bytes[at..at + len]
+    }
+
+    fn value(&self, i: usize) -> Option<&[u8]> {
+        let (at, key_len, len) = self.entries[i];
+        len.map(|len| &self.bytes[at + key_len..at + key_len + len])
     }
 }
 
