@@ -2784,10 +2784,13 @@ impl Overlay {
         self.bytes.extend_from_slice(value.unwrap_or_default());
     }
 
+    /// Puts the entries in key order; pops from one end of a range wrote them in it already.
     fn sort(&mut self) {
         let bytes = &self.bytes;
-        self.entries
-            .sort_unstable_by(|a, b| bytes[a.0..a.0 + a.1].cmp(&bytes[b.0..b.0 + b.1]));
+        let key = |e: &(usize, usize, Option<usize>)| &bytes[e.0..e.0 + e.1];
+        if !self.entries.is_sorted_by(|a, b| key(a) <= key(b)) {
+            self.entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        }
     }
 
     fn len(&self) -> usize {
