@@ -31,7 +31,8 @@
 //! milliseconds; a transaction whose client never heard the outcome counts by what its
 //! participants installed, as an Elle "info" operation without its reads).
 //!
-//! `KEEL_SIM_SEED` runs one seed; `KEEL_SIM_RUNS` sets how many seeds the default test runs.
+//! `KEEL_SIM_SEED` runs one seed; `KEEL_SIM_RUNS` sets how many seeds the default test runs,
+//! from `KEEL_SIM_FROM` (0 unless set: a longer hunt can go on past the seeds run before).
 //! A failure names its seed. The `catches_*` tests run the model with a bug on purpose and
 //! require the checks to fail, so that the simulation cannot pass vacuously.
 
@@ -1386,7 +1387,10 @@ fn env(name: &str) -> Option<u64> {
 fn many_seeds_pass_every_check() {
     let seeds: Vec<u64> = match env("KEEL_SIM_SEED") {
         Some(seed) => vec![seed],
-        None => (0..env("KEEL_SIM_RUNS").unwrap_or(300)).collect(),
+        None => {
+            let from = env("KEEL_SIM_FROM").unwrap_or(0);
+            (from..from + env("KEEL_SIM_RUNS").unwrap_or(300)).collect()
+        }
     };
     let mut total = Stats::default();
     for &seed in &seeds {
