@@ -370,6 +370,15 @@ const REGRESSIONS: &[(&str, &[&[&str]])] = &[
             &["SORT", "k2", "BY", "nosort", "LIMIT", "1", "2"],
         ],
     ),
+    (
+        "a numeric SORT that Redis refuses for the range error an earlier command left in errno \
+         sorts in keel",
+        &[
+            &["SADD", "k1", "1", "", "-1"],
+            &["ZINCRBY", "xy", "1e400", "1"],
+            &["SORT", "k1", "DESC"],
+        ],
+    ),
 ];
 
 #[test]
@@ -1999,11 +2008,30 @@ impl Harness {
             && sorts_nothing(&step.args)
             && self.admin.call(&[b"TYPE".to_vec(), step.args[1].clone()])
                 == Reply::Simple(b"set".to_vec());
+        // Allowance: Redis 7.0's numeric SORT does not clear `errno` before its `strtod`, so a
+        // range error an earlier command left (`ZINCRBY k 1e400 m`) refuses a sort of elements
+        // that are all numbers (seed 9150, a spoilt `SORT k ALPHA`: the generator draws no
+        // numeric sort, `sort_matches_redis` checks them). keel's sort stands if every element
+        // of the key, as Redis holds it, is a number by Redis's own test.
+        let mut stale_errno = || {
+            main && !in_multi
+                && matches!(name.as_str(), "sort" | "sort_ro")
+                && redis
+                    == Reply::Error(
+                        b"ERR One or more scores can't be converted into double".to_vec(),
+                    )
+                && keel.items().is_some()
+                && sorts_elements_by_number(&step.args)
+                && self
+                    .elements_in_redis(&step.args[1])
+                    .is_some_and(|all| all.iter().all(|e| strtod_accepts(e)))
+        };
         let agree = keel == redis
             || snapshot_read
             || (name == "object" && encodings_agree(&keel, &redis))
             || exec_agrees()
-            || (unsorted_set && same_elements(&step.args, &keel, &redis));
+            || (unsorted_set && same_elements(&step.args, &keel, &redis))
+            || stale_errno();
         if !agree {
             return Err(Mismatch {
                 what: format!("step: {step}"),
@@ -2097,6 +2125,38 @@ fn sorts_nothing(args: &[Vec<u8>]) -> bool {
             .any(|w| is(&w[0], "BY") && !w[1].contains(&b'*'))
 }
 
+/// Whether a SORT's arguments sort the elements themselves as numbers: no `ALPHA`, `BY`,
+/// `GET` or `STORE`.
+fn sorts_elements_by_number(args: &[Vec<u8>]) -> bool {
+    !args.iter().any(|a| {
+        ["ALPHA", "BY", "GET", "STORE"]
+            .iter()
+            .any(|w| a.eq_ignore_ascii_case(w.as_bytes()))
+    })
+}
+
+/// Whether Redis's SORT takes `element` as a number: C's `strtod` (up to a NUL byte, as a C
+/// string ends there) reads all of it, without a range error (with `errno` cleared first,
+/// which Redis 7.0 forgets), and not to NaN.
+fn strtod_accepts(element: &[u8]) -> bool {
+    unsafe extern "C" {
+        fn strtod(s: *const std::ffi::c_char, end: *mut *mut std::ffi::c_char) -> f64;
+        fn __errno_location() -> *mut std::ffi::c_int;
+    }
+    const ERANGE: std::ffi::c_int = 34;
+    let text = element.split(|&b| b == 0).next().unwrap_or_default();
+    let c = std::ffi::CString::new(text).expect("no NUL before the first NUL");
+    let mut end = std::ptr::null_mut();
+    // SAFETY: `c` is a NUL-terminated string that outlives the call; `end` is written by
+    // strtod to point into it; errno is this thread's.
+    let (x, errno, rest) = unsafe {
+        *__errno_location() = 0;
+        let x = strtod(c.as_ptr(), &mut end);
+        (x, *__errno_location(), *end)
+    };
+    rest == 0 && errno != ERANGE && !x.is_nan()
+}
+
 /// Whether two replies hold the same elements in any order (under LIMIT: as many).
 fn same_elements(args: &[Vec<u8>], keel: &Reply, redis: &Reply) -> bool {
     let (Some(k), Some(r)) = (keel.items(), redis.items()) else {
@@ -2117,6 +2177,28 @@ fn is_arity_error(reply: &Reply) -> bool {
 }
 
 impl Harness {
+    /// The elements Redis holds at `key` (a list's, a set's members, a sorted set's members);
+    /// `None` for another type.
+    fn elements_in_redis(&mut self, key: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let read: &[&[u8]] = match self.admin.call(&[b"TYPE".to_vec(), key.to_vec()]) {
+            Reply::Simple(t) if t == b"list" => &[b"LRANGE", b"0", b"-1"],
+            Reply::Simple(t) if t == b"set" => &[b"SMEMBERS"],
+            Reply::Simple(t) if t == b"zset" => &[b"ZRANGE", b"0", b"-1"],
+            _ => return None,
+        };
+        let mut args = vec![read[0].to_vec(), key.to_vec()];
+        args.extend(read[1..].iter().map(|a| a.to_vec()));
+        let reply = self.admin.call(&args);
+        reply
+            .items()?
+            .iter()
+            .map(|e| match e {
+                Reply::Bulk(b) => Some(b.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The members (and for a sorted set, each one's score as Redis prints it) that Redis
     /// holds at `key` for the random pick `name`; empty if it holds none or another type.
     fn members_in_redis(&mut self, name: &str, key: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
