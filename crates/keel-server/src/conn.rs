@@ -200,8 +200,8 @@ enum Place {
     /// A multi-key command split key by key ([`per_key`]): one part per key, and how they
     /// merge.
     Split(Vec<(usize, usize)>, Merge),
-    /// Answered by the node the client is on (`PING`, `ECHO`, `TIME`, `UNWATCH`, which touch
-    /// no data, and `SWAPDB`'s refusal), when the transaction is planned.
+    /// Answered by the node the client is on (`PING`, `ECHO`, `TIME`, `ROLE`, `UNWATCH`, which
+    /// touch no data, and `SWAPDB`'s refusal), when the transaction is planned.
     Here(Vec<u8>),
 }
 
@@ -3101,6 +3101,7 @@ impl Conn {
                 Cmd::Ping
                     | Cmd::Echo
                     | Cmd::Time
+                    | Cmd::Role
                     | Cmd::Unwatch
                     | Cmd::Wait
                     | Cmd::Publish
@@ -3416,6 +3417,7 @@ impl Conn {
                 out.bulk(now.as_secs().to_string().as_bytes());
                 out.bulk(now.subsec_micros().to_string().as_bytes());
             }
+            Cmd::Role => role(&mut out),
             Cmd::Quit => {
                 out.ok();
                 return Ok(Next::Close);
@@ -4788,7 +4790,7 @@ pub(crate) fn ctx(shared: &Shared) -> Ctx<'_> {
 fn in_exec_here(cmd: Cmd) -> bool {
     matches!(
         cmd,
-        Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Unwatch | Cmd::Wait
+        Cmd::Ping | Cmd::Echo | Cmd::Time | Cmd::Role | Cmd::Unwatch | Cmd::Wait
     )
 }
 
@@ -4820,6 +4822,7 @@ fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>, acked: usize) -> 
         Cmd::Echo => out.bulk(&args[1]),
         // Queued, as in Redis: EXEC has already let go of the watched keys.
         Cmd::Unwatch => out.ok(),
+        Cmd::Role => role(out),
         _ => {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -4830,6 +4833,17 @@ fn simple_in_exec(cmd: Cmd, args: &[Bytes], out: &mut Out<'_>, acked: usize) -> 
         }
     }
     Ok(())
+}
+
+/// `ROLE`: a primary without replicas, at replication offset 0, as a Redis that replicates
+/// nothing answers. keel's replication is each partition's Raft group, not Redis's
+/// primary-replica stream, so every node answers so (clients that look for the primary, as
+/// Lettuce's master-replica discovery does, find one wherever they ask).
+fn role(out: &mut Out<'_>) {
+    out.array(3);
+    out.bulk(b"master");
+    out.int(0);
+    out.array(0);
 }
 
 /// Waits before retrying a conflicting transaction: yields at first, then sleeps, bounded.

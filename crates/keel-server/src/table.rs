@@ -25,6 +25,7 @@ pub enum Cmd {
     Config,
     Info,
     Time,
+    Role,
     Shutdown,
     Save,
     Bgsave,
@@ -469,6 +470,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "server",
         "Returns the server time."
+    ),
+    spec!(
+        "role",
+        Role,
+        1,
+        &["noscript", "loading", "stale", "fast"],
+        0,
+        0,
+        0,
+        "server",
+        "Returns the replication role."
     ),
     spec!(
         "shutdown",

@@ -4085,13 +4085,13 @@ fn zsets(g: &mut Gen) -> Vec<Vec<u8>> {
 }
 
 /// Connection commands with deterministic replies: PING, ECHO, SELECT, AUTH (no password is
-/// set), CLIENT SETNAME/GETNAME, HELLO's errors. Inside MULTI only PING and ECHO (keel refuses
-/// the others there, as documented).
+/// set), CLIENT SETNAME/GETNAME, HELLO's errors, ROLE. Inside MULTI only PING, ECHO and ROLE
+/// (keel refuses the others there, as documented).
 fn connection(g: &mut Gen) -> Vec<Vec<u8>> {
     let choice = if g.in_multi {
-        g.rng.below(2)
+        [0, 1, 8][g.rng.below(3)]
     } else {
-        g.rng.below(8)
+        g.rng.below(9)
     };
     match choice {
         0 => {
@@ -4117,7 +4117,9 @@ fn connection(g: &mut Gen) -> Vec<Vec<u8>> {
         ]),
         5 => cmd(&["CLIENT", "GETNAME"]),
         6 => cmd(&["HELLO", g.pick(&["4", "1", "abc", "-1"])]),
-        _ => cmd(&["HELLO", "2", g.pick(&["SETNAME", "AUTH", "bogus"])]),
+        7 => cmd(&["HELLO", "2", g.pick(&["SETNAME", "AUTH", "bogus"])]),
+        _ if g.chance(1, 8) => cmd(&["ROLE", "extra"]),
+        _ => cmd(&["ROLE"]),
     }
 }
 
