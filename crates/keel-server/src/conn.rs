@@ -207,8 +207,8 @@ enum Place {
 
 impl Place {
     /// Where a command that touches no data is answered, if `cmd` is one: `PING`, `ECHO`,
-    /// `TIME`, `UNWATCH` and `WAIT` reply as they would inside a local `EXEC` (`acked`:
-    /// [`Conn::exec_acked`]).
+    /// `TIME`, `ROLE`, `UNWATCH` and `WAIT` reply as they would inside a local `EXEC`
+    /// (`acked`: [`Conn::exec_acked`]).
     /// `SWAPDB` answers Redis Cluster's refusal here too, an element of `EXEC`'s reply as in
     /// Redis: no partition need see a command that changes nothing in cluster mode.
     fn here(cmd: Cmd, args: &[Bytes], proto: Proto, acked: usize) -> Option<Result<Place, Fail>> {
@@ -2304,8 +2304,8 @@ impl Conn {
                 .await;
         }
         let mut keys = Vec::new();
-        // PING, ECHO, TIME, UNWATCH and SWAPDB are answered here (`Place::here`), by the path
-        // across partitions, which places replies from several sources.
+        // PING, ECHO, TIME, ROLE, UNWATCH, WAIT and SWAPDB are answered here (`Place::here`),
+        // by the path across partitions, which places replies from several sources.
         let mut here = 0;
         for (cmd, args) in &multi.queue {
             let spec = table::lookup(&args[0])
