@@ -185,6 +185,26 @@ pub enum Op {
     /// applies as if it were an entry of its own, in order; `Response::replies` holds each
     /// one's response, encoded.
     Many(Vec<Request>),
+    /// A chunk of a prepared slot move's collections, read at the source (a move whose data
+    /// is too large for one entry: its vote names the generations instead of carrying their
+    /// records). `replies`: the records (size records and sub-keys of `generations`, in that
+    /// order, after the engine key `after`; empty: from the start), encoded, and the key to
+    /// go on after (empty: `generations` are done). Also renews the prepared move, so the
+    /// source's resolver leaves it to its driver while chunks come.
+    MoveChunk {
+        txn: TxnId,
+        generations: Vec<u64>,
+        after: Vec<u8>,
+    },
+    /// A chunk of a slot move's collections, written at the destination ahead of its
+    /// `MoveIn`: sub-keys of generations that no meta record there names yet, so nothing
+    /// sees them. A move that aborts sends them to the graveyard.
+    MoveStage {
+        txn: TxnId,
+        slots: Vec<u16>,
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        deadline_ms: u64,
+    },
 }
 
 /// How an entry ended.
@@ -3040,6 +3060,279 @@ mod tests {
             applies_on(&mut m, 2, now).await,
             b":1\r\n",
             "nothing of the move was written"
+        );
+    }
+
+    /// A slot whose collections are too large for one entry moves in chunks: the vote names
+    /// the generations, `MoveChunk` reads them at the source (in order, resuming after the
+    /// last key), `MoveStage` writes them at the destination where nothing sees them, and
+    /// `MoveIn` makes them the partition's. A move that aborts after staging sends what it
+    /// staged to the graveyard (a flush waits meanwhile, and a chunk that comes later is
+    /// refused); the source sends the moved collections there once the move commits. Before,
+    /// a slot holding one set of 70 000 members could not move at all.
+    #[tokio::test]
+    async fn a_slot_too_large_for_one_entry_moves_in_chunks() {
+        let tag = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| keel_cluster::key_slot(k.as_bytes()).0 == 100)
+            .expect("a key in slot 100");
+        let (set, hash, string) = (
+            format!("{{{tag}}}set"),
+            format!("{{{tag}}}hash"),
+            format!("{{{tag}}}string"),
+        );
+        let members: Vec<String> = (0..70_000).map(|i| format!("member-{i}")).collect();
+        let sadd = |range: std::ops::Range<usize>| -> Vec<String> {
+            ["SADD".to_owned(), set.clone()]
+                .into_iter()
+                .chain(members[range].iter().cloned())
+                .collect()
+        };
+        let (first, second) = (sadd(0..35_000), sadd(35_000..70_000));
+        fn strs(v: &[String]) -> Vec<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        let (now, deadline) = (1_700_000_000_000, 1_700_000_600_000);
+        let txn = |seq| TxnId {
+            node: 1,
+            incarnation: 9,
+            seq,
+        };
+        let mut index = 0;
+        let mut next = || {
+            index += 1;
+            index
+        };
+        let (src_db, dst_db) = (leaked(), leaked());
+        let mut src = machine::Machine::open(src_db, None).await.expect("open");
+        let mut dst = machine::Machine::open(dst_db, None).await.expect("open");
+        for (m, me) in [(&src, 0), (&dst, 1)] {
+            m.locks()
+                .lock()
+                .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
+        }
+        let fill = vec![
+            step(next(), now, &[&strs(&first)], Op::Run),
+            step(next(), now, &[&strs(&second)], Op::Run),
+            step(
+                next(),
+                now,
+                &[&["HSET", &hash, "f", "v", "g", "w"]],
+                Op::Run,
+            ),
+            step(
+                next(),
+                now,
+                &[&["SET", &string, "s", "EX", "1000"]],
+                Op::Run,
+            ),
+        ];
+        let r = src.apply(fill).await.expect("fill");
+        assert!(r.iter().all(|r| r.status == Status::Done), "{r:?}");
+
+        // Prepares `seq` at the source; its vote's records and generations.
+        async fn move_out(
+            src: &mut machine::Machine,
+            index: u64,
+            txn: TxnId,
+            now: u64,
+            deadline: u64,
+        ) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<u64>) {
+            let out = Op::MoveOut {
+                txn,
+                slots: vec![100],
+                to: 1,
+                deadline_ms: deadline,
+            };
+            let r = src
+                .apply(vec![step(index, now, &[], out)])
+                .await
+                .expect("out");
+            assert_eq!(r[0].status, Status::Done, "{r:?}");
+            (
+                postcard::from_bytes(&r[0].replies[0]).expect("records"),
+                postcard::from_bytes(&r[0].replies[1]).expect("generations"),
+            )
+        }
+        // The records of `generations` in chunks from the source, each as it arrives.
+        async fn chunks(
+            src: &mut machine::Machine,
+            mut index: impl FnMut() -> u64,
+            txn: TxnId,
+            now: u64,
+            generations: &[u64],
+        ) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+            let (mut out, mut after) = (Vec::new(), Vec::new());
+            loop {
+                let read = Op::MoveChunk {
+                    txn,
+                    generations: generations.to_vec(),
+                    after,
+                };
+                let r = src
+                    .apply(vec![step(index(), now, &[], read)])
+                    .await
+                    .expect("chunk");
+                assert_eq!(r[0].status, Status::Done, "{r:?}");
+                out.push(postcard::from_bytes(&r[0].replies[0]).expect("chunk"));
+                after = r[0].replies[1].clone();
+                if after.is_empty() {
+                    return out;
+                }
+            }
+        }
+
+        // The first attempt stages a chunk and aborts.
+        let (visible, generations) = move_out(&mut src, next(), txn(1), now, deadline).await;
+        assert_eq!(
+            generations.len(),
+            1,
+            "the set goes in chunks (the small hash is packed in its meta record)"
+        );
+        assert_eq!(
+            visible.len(),
+            4,
+            "three keys and an expiry entry: {visible:?}"
+        );
+        let mut sent = chunks(&mut src, &mut next, txn(1), now, &generations).await;
+        assert_eq!(
+            sent.len(),
+            70_001_usize.div_ceil(prepared::MOVE_CHUNK_RECORDS)
+        );
+        assert!(sent.iter().all(|c| c.len() <= prepared::MOVE_CHUNK_RECORDS));
+        let all: Vec<_> = sent.concat();
+        assert_eq!(all.len(), 70_000 + 1, "members and the size record");
+        let mut keys: Vec<_> = all.iter().map(|(k, _)| k.clone()).collect();
+        keys.dedup();
+        assert_eq!(keys.len(), all.len(), "no record twice");
+        let stage = |txn, pairs| Op::MoveStage {
+            txn,
+            slots: vec![100],
+            pairs,
+            deadline_ms: deadline,
+        };
+        let r = dst
+            .apply(vec![
+                step(1, now, &[], stage(txn(1), sent.remove(0))),
+                step(2, now, &[&["FLUSHALL"]], Op::Run),
+                step(3, now, &[&["DBSIZE"]], Op::Run),
+                step(
+                    4,
+                    now,
+                    &[],
+                    Op::Abort {
+                        txn: txn(1),
+                        deadline_ms: deadline,
+                    },
+                ),
+                step(5, now, &[], stage(txn(1), sent.remove(0))),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(r[0].status, Status::Done, "{r:?}");
+        assert_eq!(r[1].status, Status::Busy, "a flush waits for a staged move");
+        assert_eq!(r[2].reply, b":0\r\n", "staged records are no keys");
+        assert_eq!(
+            r[4].status,
+            Status::Aborted,
+            "a chunk after the abort is refused"
+        );
+        let abort = Op::Abort {
+            txn: txn(1),
+            deadline_ms: deadline,
+        };
+        src.apply(vec![step(next(), now, &[], abort)])
+            .await
+            .expect("abort");
+        // What it staged goes once the reaper has swept it.
+        for i in 6..200 {
+            let r = dst
+                .apply(vec![step(i, now, &[&["KEEL.REAP"]], Op::Run)])
+                .await
+                .expect("reap");
+            if r[0].reply == b"*2\r\n:0\r\n:0\r\n" {
+                break;
+            }
+        }
+        assert_eq!(
+            contents(dst_db),
+            Vec::new(),
+            "the abort left nothing behind"
+        );
+
+        // The second attempt moves it all.
+        let (visible, generations) = move_out(&mut src, next(), txn(2), now, deadline).await;
+        let sent = chunks(&mut src, &mut next, txn(2), now, &generations).await;
+        let mut entries: Vec<_> = sent
+            .into_iter()
+            .enumerate()
+            .map(|(i, pairs)| step(200 + i as u64, now, &[], stage(txn(2), pairs)))
+            .collect();
+        entries.push(step(
+            300,
+            now,
+            &[],
+            Op::MoveIn {
+                txn: txn(2),
+                slots: vec![100],
+                from: 0,
+                pairs: visible,
+                deadline_ms: deadline,
+            },
+        ));
+        entries.push(step(301, now, &[&["SCARD", &set]], Op::Run));
+        entries.push(step(
+            302,
+            now,
+            &[&["SISMEMBER", &set, "member-69999"]],
+            Op::Run,
+        ));
+        entries.push(step(303, now, &[&["HGETALL", &hash]], Op::Run));
+        entries.push(step(304, now, &[&["GET", &string]], Op::Run));
+        entries.push(step(305, now, &[&["DBSIZE"]], Op::Run));
+        let r = dst.apply(entries).await.expect("move in");
+        let n = r.len();
+        assert!(r[..n - 6].iter().all(|r| r.status == Status::Done), "{r:?}");
+        assert_eq!(r[n - 6].status, Status::Committed, "{:?}", r[n - 6]);
+        assert_eq!(r[n - 5].reply, b":70000\r\n");
+        assert_eq!(r[n - 4].reply, b":1\r\n");
+        assert_eq!(
+            r[n - 3].reply,
+            b"*4\r\n$1\r\nf\r\n$1\r\nv\r\n$1\r\ng\r\n$1\r\nw\r\n"
+        );
+        assert_eq!(r[n - 2].reply, b"$1\r\ns\r\n");
+        assert_eq!(r[n - 1].reply, b":3\r\n");
+        assert_eq!(
+            dst.locks().lock().staged(),
+            Vec::new(),
+            "nothing staged is left"
+        );
+        let commit = Op::Commit {
+            txn: txn(2),
+            deadline_ms: deadline,
+        };
+        let r = src
+            .apply(vec![
+                step(next(), now, &[], commit),
+                step(next(), now, &[&["SCARD", &set]], Op::Run),
+            ])
+            .await
+            .expect("commit");
+        assert_eq!(r[0].status, Status::Done, "{r:?}");
+        assert_eq!(r[1].status, Status::Moved, "the slot is the destination's");
+        for _ in 0..200 {
+            let r = src
+                .apply(vec![step(next(), now, &[&["KEEL.REAP"]], Op::Run)])
+                .await
+                .expect("reap");
+            if r[0].reply == b"*2\r\n:0\r\n:0\r\n" {
+                break;
+            }
+        }
+        assert_eq!(
+            contents(src_db),
+            Vec::new(),
+            "the source reclaimed the moved records"
         );
     }
 

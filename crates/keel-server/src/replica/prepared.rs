@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -54,6 +55,9 @@ const MOVED: &[u8] = &[0xFF, b'r', b'o'];
 const WATCHED: &[u8] = &[0xFF, b'r', b'w'];
 /// The cluster's view (`super::view`), kept by partition 0: `FF 'r' 'v'` → the encoded view.
 const VIEW: &[u8] = &[0xFF, b'r', b'v'];
+/// A generation a slot move staged here ahead of its `MoveIn`: `FF 'r' 'i' <txn> <generation>`
+/// → empty.
+const STAGED: &[u8] = &[0xFF, b'r', b'i'];
 
 /// How long a key stays watched after its last `WATCH` (by the partition's clock): an `EXEC`
 /// later than that finds no version and aborts, as if the key had changed.
@@ -129,9 +133,20 @@ pub struct Locks {
     global: u32,
     /// Watched keys: version (log index of the last write since watched) and lapse time.
     watched: HashMap<Vec<u8>, (u64, u64)>,
+    /// Slot moves into this partition with collections staged here (`Op::MoveStage`), and
+    /// their deadline and generations: a flush waits for them. Past the deadline, the
+    /// partition's leader aborts what is left (`txn::resolve_once`).
+    staging: BTreeMap<TxnId, Staging>,
     /// A deliberate bug for the simulation's checks to catch: nothing conflicts.
     #[cfg(test)]
     pub ignore_locks: bool,
+}
+
+/// A slot move's collections staged in the destination ahead of its `MoveIn`.
+#[derive(Debug, Default, Clone)]
+struct Staging {
+    deadline_ms: u64,
+    generations: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -216,6 +231,10 @@ impl Locks {
         #[cfg(test)]
         if self.ignore_locks {
             return false;
+        }
+        if !self.staging.is_empty() && writes_everything(commands) {
+            // It would delete a move's staged collections (not this partition's yet).
+            return true;
         }
         if self.held.is_empty() && self.slots_locked.is_empty() && self.global == 0 {
             return false;
@@ -350,6 +369,14 @@ impl Locks {
         self.prepared.get(txn).map(|r| r.request.commands.clone())
     }
 
+    /// The slot moves with collections staged here, and their deadlines.
+    pub fn staged(&self) -> Vec<(TxnId, u64)> {
+        self.staging
+            .iter()
+            .map(|(t, s)| (*t, s.deadline_ms))
+            .collect()
+    }
+
     /// The commit decisions kept here.
     pub fn decided(&self) -> Vec<(TxnId, Decided)> {
         self.decided.iter().map(|(t, d)| (*t, d.clone())).collect()
@@ -449,6 +476,20 @@ impl Locks {
             let (v, lapse) = watch_value(&value)?;
             self.watched.insert(k.to_vec(), (v, lapse));
         }
+        for (key, value) in snap.range::<[u8]>((Included(STAGED), Unbounded)) {
+            let Some(rest) = key.strip_prefix(STAGED) else {
+                break;
+            };
+            let (Ok(generation), Ok(deadline)) = (
+                <[u8; 8]>::try_from(rest.get(18..).unwrap_or_default()),
+                <[u8; 8]>::try_from(value.as_slice()),
+            ) else {
+                return Err(sm_err("a staged generation's record is malformed"));
+            };
+            let staging = self.staging.entry(decode_id(&rest[..18])?).or_default();
+            staging.deadline_ms = u64::from_be_bytes(deadline);
+            staging.generations.insert(u64::from_be_bytes(generation));
+        }
         Ok(())
     }
 }
@@ -470,16 +511,35 @@ fn watch_value(v: &[u8]) -> Result<(u64, u64)> {
     ))
 }
 
-/// Every engine record of the keys in `slots`: plain strings, meta records, the expiry index
-/// entries, and every sub-key of their collections' generations (the graveyard of dropped
-/// collections stays). A scan of the whole database.
-pub fn slot_pairs(
-    db: &Db,
-    slots: &std::collections::BTreeSet<u16>,
-) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    use crate::keyspace::{self, EXPIRY, INTERNAL, META, SIZE};
+/// The records of a move's slots, as their source reads them.
+pub struct SlotData {
+    /// What makes their keys exist: plain strings, meta records, expiry index entries.
+    pub visible: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The generations of their collections, in key order.
+    pub generations: Vec<u64>,
+    /// Every size record and sub-key of those generations, when they fit one move beside
+    /// `visible` ([`fits_one_move`]); `None`: the move carries them in chunks
+    /// (`Op::MoveChunk`, `Op::MoveStage`).
+    pub inline: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+/// Whether `records` records of `bytes` bytes (each counted with 20 bytes of framing) fit
+/// one move's entry at the destination, and the source's deletion of them.
+pub fn fits_one_move(records: usize, bytes: usize) -> bool {
+    records <= MOVE_RECORDS_MAX && bytes + 4096 <= super::REQUEST_BYTES_MAX
+}
+
+/// Bytes a record weighs in a move (its key and value, and framing).
+pub fn move_weight((k, v): &(Vec<u8>, Vec<u8>)) -> usize {
+    k.len() + v.len() + 20
+}
+
+/// The records of the keys in `slots` ([`SlotData`]; the graveyard of dropped collections
+/// stays). A scan of the whole database, then of each collection.
+pub fn slot_data(db: &Db, slots: &std::collections::BTreeSet<u16>) -> Result<SlotData> {
+    use crate::keyspace::{self, EXPIRY, INTERNAL, META};
     let snap = db.snapshot().map_err(sm_err)?;
-    let mut pairs = Vec::new();
+    let mut visible = Vec::new();
     let mut generations = Vec::new();
     for (key, value) in snap.range::<[u8]>(..) {
         let user: Option<Vec<u8>> = if let Some(user) = keyspace::user_key(&key) {
@@ -500,23 +560,189 @@ pub fn slot_pairs(
         if key.len() >= 2 && key[0] == INTERNAL && key[1] == META {
             let meta = keyspace::Meta::decode(&value).map_err(|e| sm_err(e.0))?;
             if meta.generation != 0 {
-                generations.push((meta.ty, meta.generation));
+                generations.push(meta.generation);
             }
         }
-        pairs.push((key, value));
+        visible.push((key, value));
     }
-    for (ty, generation) in generations {
-        for &kind in std::iter::once(&SIZE).chain(keyspace::sub_prefixes(ty)) {
+    let mut records = visible.len();
+    let mut bytes: usize = visible.iter().map(move_weight).sum();
+    let mut inline = Some(Vec::new());
+    generation_records(&snap, &generations, &[], |pair| {
+        records += 1;
+        bytes += move_weight(&pair);
+        if !fits_one_move(records, bytes) {
+            inline = None;
+            return ControlFlow::Break(());
+        }
+        inline.as_mut().expect("still inline").push(pair);
+        ControlFlow::Continue(())
+    })?;
+    Ok(SlotData {
+        visible,
+        generations,
+        inline,
+    })
+}
+
+/// Each size record and sub-key of `generations`, generation by generation (each: its size
+/// record, then its sub-keys kind by kind), starting after the engine key `after` (empty:
+/// from the start), until `each` breaks.
+fn generation_records(
+    snap: &keel::Snapshot<'_>,
+    generations: &[u64],
+    after: &[u8],
+    mut each: impl FnMut((Vec<u8>, Vec<u8>)) -> ControlFlow<()>,
+) -> Result<()> {
+    use crate::keyspace::{self, ALL_SUB_KINDS, INTERNAL, SIZE};
+    // Where `after` is: its generation's place in `generations`, and its kind's.
+    let kinds: Vec<u8> = std::iter::once(SIZE)
+        .chain(ALL_SUB_KINDS.iter().copied())
+        .collect();
+    let (mut from_generation, mut from_kind) = (0, 0);
+    if !after.is_empty() {
+        let generation = (after.len() >= 10 && after[0] == INTERNAL)
+            .then(|| u64::from_be_bytes(after[2..10].try_into().expect("8 bytes")));
+        let place = generation.and_then(|g| generations.iter().position(|&x| x == g));
+        let kind = kinds.iter().position(|&k| after.get(1) == Some(&k));
+        let (Some(place), Some(kind)) = (place, kind) else {
+            return Err(sm_err(
+                "a move's chunk starts after a key of none of its generations",
+            ));
+        };
+        (from_generation, from_kind) = (place, kind);
+    }
+    for (i, &generation) in generations.iter().enumerate().skip(from_generation) {
+        let first_kind = if i == from_generation { from_kind } else { 0 };
+        for &kind in &kinds[first_kind..] {
             let prefix = keyspace::sub_prefix(kind, generation);
-            for (key, value) in snap.range::<[u8]>((Included(&prefix[..]), Unbounded)) {
-                if !key.starts_with(&prefix) {
-                    break;
+            let (lo, hi) = keyspace::prefix_range(&prefix);
+            let lo = if i == from_generation && kind == kinds[from_kind] && !after.is_empty() {
+                Excluded(after.to_vec())
+            } else {
+                lo
+            };
+            for pair in snap.range::<[u8]>((
+                lo.as_ref().map(Vec::as_slice),
+                hi.as_ref().map(Vec::as_slice),
+            )) {
+                if each(pair).is_break() {
+                    return Ok(());
                 }
-                pairs.push((key, value));
             }
         }
     }
-    Ok(pairs)
+    Ok(())
+}
+
+/// A move's vote: its records (every one when they fit one move), and the generations
+/// whose records it carries in chunks instead (none when they fit).
+fn move_vote(data: SlotData) -> Result<Response> {
+    let (pairs, chunked) = match data.inline {
+        Some(inline) => ([data.visible, inline].concat(), Vec::new()),
+        None => (data.visible, data.generations),
+    };
+    Ok(Response {
+        replies: vec![
+            postcard::to_stdvec(&pairs).map_err(sm_err)?,
+            postcard::to_stdvec(&chunked).map_err(sm_err)?,
+        ],
+        ..Response::default()
+    })
+}
+
+fn still_graved(generation: u64) -> String {
+    format!(
+        "TRYAGAIN keel: a collection of the slots (generation {generation:016x}) moved away \
+         from this partition lately and its old records are still being reclaimed here; move \
+         the slots again in a moment"
+    )
+}
+
+/// Why the destination refuses a move's `MoveIn` (`None`: it takes it).
+fn move_in_refusal(
+    db: &Db,
+    locks: &Locks,
+    txn: TxnId,
+    slots: &[u16],
+    pairs: &[(Vec<u8>, Vec<u8>)],
+) -> Result<Option<String>> {
+    let me = locks.home.as_ref().map(|(me, _)| *me);
+    let staged = locks.staging.get(&txn).map_or(0, |s| s.generations.len());
+    Ok(if slots.iter().any(|&s| locks.owner(s) == me) {
+        Some("ERR keel: a slot to move in is this partition's already".into())
+    } else if pairs.len() + staged > MOVE_RECORDS_MAX {
+        // The driver sends no more (`txn::move_batch`); one that did is refused rather than
+        // fail the entry here and at the source.
+        Some(format!(
+            "ERR keel: a move carries at most {MOVE_RECORDS_MAX} engine records, not {}",
+            pairs.len() + staged
+        ))
+    } else {
+        graved(db, pairs)?.map(still_graved)
+    })
+}
+
+/// How much longer than a prepare's the source's resolver waits for a chunked move's next
+/// chunk before it asks the destination for the decision.
+const MOVE_PATIENCE_MS: u64 = 4_000;
+
+/// Most records, and bytes, one chunk of a move carries (`Op::MoveChunk`): small enough that
+/// the source hears from its driver well within its resolver's patience.
+pub const MOVE_CHUNK_RECORDS: usize = 16_384;
+pub const MOVE_CHUNK_BYTES: usize = 2 << 20;
+
+/// The generation a size record or sub-key belongs to (`None`: neither).
+fn generation_of(key: &[u8]) -> Option<u64> {
+    use crate::keyspace::{ALL_SUB_KINDS, INTERNAL, SIZE};
+    (key.len() >= 10 && key[0] == INTERNAL && (key[1] == SIZE || ALL_SUB_KINDS.contains(&key[1])))
+        .then(|| u64::from_be_bytes(key[2..10].try_into().expect("8 bytes")))
+}
+
+/// The generations of `pairs` still in this partition's graveyard: their old sub-keys may be
+/// swept after the move wrote them again (a collection that moved away and back before its
+/// old copy was swept), so the move is refused until they are gone.
+fn graved(db: &Db, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<Option<u64>> {
+    let generations: std::collections::BTreeSet<u64> =
+        pairs.iter().filter_map(|(k, _)| generation_of(k)).collect();
+    if generations.is_empty() {
+        return Ok(None);
+    }
+    let snap = db.snapshot().map_err(sm_err)?;
+    for generation in generations {
+        if snap
+            .get(&crate::keyspace::grave_key(generation))
+            .map_err(sm_err)?
+            .is_some()
+        {
+            return Ok(Some(generation));
+        }
+    }
+    Ok(None)
+}
+
+fn staged_key(txn: TxnId, generation: u64) -> Vec<u8> {
+    [STAGED, &id_bytes(txn), &generation.to_be_bytes()].concat()
+}
+
+/// Drops what the move `txn` staged here (it did not commit): its records, and its
+/// generations to the graveyard, whose sweeper deletes their sub-keys. Apply with
+/// [`Locks::unstaged`] once committed.
+fn unstage(books: &mut Books<'_>, locks: &Locks, txn: TxnId) {
+    for &generation in locks
+        .staging
+        .get(&txn)
+        .into_iter()
+        .flat_map(|s| &s.generations)
+    {
+        books.deletes.push(staged_key(txn, generation));
+        books
+            .deletes
+            .push(crate::keyspace::size_key(generation).to_vec());
+        books
+            .puts
+            .push((crate::keyspace::grave_key(generation).to_vec(), Vec::new()));
+    }
 }
 
 /// Writes `record` as `txn`'s prepared record with `books`, and takes its locks.
@@ -923,12 +1149,30 @@ pub fn apply(
                     moving: Some((slots, to)),
                     ..
                 }) => {
-                    // The slots' data went to `to` with its decision: drop it here.
+                    // The slots' data went to `to` with its decision: drop it here. A move
+                    // that went in chunks drops what makes its keys exist, and sends its
+                    // collections to the graveyard (the move kept them within one
+                    // transaction's keys: `txn::move_batch`).
                     books.deletes.push(key(PREPARED, *txn));
                     let set: std::collections::BTreeSet<u16> = slots.iter().copied().collect();
+                    let data = slot_data(db, &set)?;
                     books
                         .deletes
-                        .extend(slot_pairs(db, &set)?.into_iter().map(|(k, _)| k));
+                        .extend(data.visible.into_iter().map(|(k, _)| k));
+                    match data.inline {
+                        Some(records) => books.deletes.extend(records.into_iter().map(|(k, _)| k)),
+                        None => {
+                            for generation in data.generations {
+                                books
+                                    .deletes
+                                    .push(crate::keyspace::size_key(generation).to_vec());
+                                books.puts.push((
+                                    crate::keyspace::grave_key(generation).to_vec(),
+                                    Vec::new(),
+                                ));
+                            }
+                        }
+                    }
                     let mut moved = locks.moved.clone();
                     moved.extend(slots.iter().map(|&s| (s, to)));
                     books
@@ -971,8 +1215,10 @@ pub fn apply(
             if locks.prepared.contains_key(txn) {
                 books.deletes.push(key(PREPARED, *txn));
             }
+            unstage(&mut books, locks, *txn);
             books.commit(db)?;
             locks.release(*txn);
+            locks.staging.remove(txn);
             status(Status::Done)
         }
         Op::Resolve { txn, deadline_ms } => {
@@ -988,7 +1234,9 @@ pub fn apply(
                         .puts
                         .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
                 }
+                unstage(&mut books, locks, *txn);
                 books.commit(db)?;
+                locks.staging.remove(txn);
                 status(Status::Aborted)
             }
         }
@@ -1007,11 +1255,7 @@ pub fn apply(
             if locks.prepared.contains_key(txn) {
                 // Already prepared here: the same vote.
                 books.commit(db)?;
-                let pairs = slot_pairs(db, &set)?;
-                Response {
-                    replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
-                    ..Response::default()
-                }
+                move_vote(slot_data(db, &set)?)?
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
@@ -1022,7 +1266,7 @@ pub fn apply(
                 books.commit(db)?;
                 status(Status::Busy)
             } else {
-                let pairs = slot_pairs(db, &set)?;
+                let data = slot_data(db, &set)?;
                 let record = Record {
                     request: Request {
                         commands: Vec::new(),
@@ -1036,10 +1280,7 @@ pub fn apply(
                     moving: Some((slots.clone(), *to)),
                 };
                 match keep_prepared(db, locks, &mut books, *txn, record)? {
-                    Ok(()) => Response {
-                        replies: vec![postcard::to_stdvec(&pairs).map_err(sm_err)?],
-                        ..Response::default()
-                    },
+                    Ok(()) => move_vote(data)?,
                     // A move's record holds no replies: never this big.
                     Err(text) => failed(text),
                 }
@@ -1059,23 +1300,15 @@ pub fn apply(
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
-            } else if slots.iter().any(|&s| locks.owner(s) == me) {
+            } else if let Some(text) = move_in_refusal(db, locks, *txn, slots, pairs)? {
+                // Refused: decided abort (the source's `Abort`, or its resolver, follows).
                 books
                     .puts
                     .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
+                unstage(&mut books, locks, *txn);
                 books.commit(db)?;
-                failed("ERR keel: a slot to move in is this partition's already".into())
-            } else if pairs.len() > MOVE_RECORDS_MAX {
-                // The driver sends no more (`txn::move_batch`); one that did is refused
-                // rather than fail the entry here and at the source.
-                books
-                    .puts
-                    .push((finished_key(*deadline_ms, *txn), b"a".to_vec()));
-                books.commit(db)?;
-                failed(format!(
-                    "ERR keel: a move carries at most {MOVE_RECORDS_MAX} engine records, not {}",
-                    pairs.len()
-                ))
+                locks.staging.remove(txn);
+                failed(text)
             } else {
                 let Some(me) = me else {
                     unreachable!("a partition outside a cluster owns every slot");
@@ -1085,6 +1318,15 @@ pub fn apply(
                     deadline_ms: *deadline_ms,
                     replies: Vec::new(),
                 };
+                // What it staged is the partition's now.
+                for &generation in locks
+                    .staging
+                    .get(txn)
+                    .into_iter()
+                    .flat_map(|s| &s.generations)
+                {
+                    books.deletes.push(staged_key(*txn, generation));
+                }
                 let mut moved = locks.moved.clone();
                 moved.extend(slots.iter().map(|&s| (s, me)));
                 books.puts.extend(pairs.iter().cloned());
@@ -1098,7 +1340,103 @@ pub fn apply(
                 books.commit(db)?;
                 locks.decided.insert(*txn, decided);
                 locks.set_moved(moved);
+                locks.staging.remove(txn);
                 committed(Vec::new())
+            }
+        }
+        Op::MoveChunk {
+            txn,
+            generations,
+            after,
+        } => match locks.prepared.get(txn).cloned() {
+            Some(mut record) if record.moving.is_some() => {
+                // Renewed: its driver is alive. The resolver leaves it alone for
+                // `MOVE_PATIENCE_MS` more than a prepare (`txn::resolve_once`): between
+                // chunks the driver stages the last one at the destination.
+                record.request.now_ms = clock + MOVE_PATIENCE_MS;
+                books.puts.push((
+                    key(PREPARED, *txn),
+                    postcard::to_stdvec(&record).map_err(sm_err)?,
+                ));
+                books.commit(db)?;
+                locks.prepared.insert(*txn, record);
+                let snap = db.snapshot().map_err(sm_err)?;
+                let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+                let (mut bytes, mut more) = (0, None);
+                generation_records(&snap, generations, after, |pair| {
+                    if pairs.len() >= MOVE_CHUNK_RECORDS
+                        || (!pairs.is_empty() && bytes + move_weight(&pair) > MOVE_CHUNK_BYTES)
+                    {
+                        more = pairs.last().map(|(k, _)| k.clone());
+                        return ControlFlow::Break(());
+                    }
+                    bytes += move_weight(&pair);
+                    pairs.push(pair);
+                    ControlFlow::Continue(())
+                })?;
+                Response {
+                    replies: vec![
+                        postcard::to_stdvec(&pairs).map_err(sm_err)?,
+                        more.unwrap_or_default(),
+                    ],
+                    ..Response::default()
+                }
+            }
+            // Decided (or never prepared here): the driver learns the move is off.
+            _ => {
+                books.commit(db)?;
+                status(Status::Aborted)
+            }
+        },
+        Op::MoveStage {
+            txn,
+            slots,
+            pairs,
+            deadline_ms,
+        } => {
+            let me = locks.home.as_ref().map(|(me, _)| *me);
+            if locks.decided.contains_key(txn)
+                || clock > *deadline_ms
+                || finished(*deadline_ms, *txn)?
+                || slots.iter().any(|&s| locks.owner(s) == me)
+            {
+                // Decided, or late: nothing more may land for it.
+                books.commit(db)?;
+                status(Status::Aborted)
+            } else if pairs.len() > MOVE_RECORDS_MAX / 2 {
+                books.commit(db)?;
+                failed(format!(
+                    "ERR keel: a move's chunk carries at most {} engine records, not {}",
+                    MOVE_RECORDS_MAX / 2,
+                    pairs.len()
+                ))
+            } else if let Some(generation) = graved(db, pairs)? {
+                books.commit(db)?;
+                failed(still_graved(generation))
+            } else if let Some((k, _)) = pairs.iter().find(|(k, _)| generation_of(k).is_none()) {
+                books.commit(db)?;
+                failed(format!(
+                    "ERR keel: a move's chunk holds a record of no collection ({})",
+                    String::from_utf8_lossy(k)
+                ))
+            } else {
+                let known = locks.staging.get(txn);
+                let fresh: std::collections::BTreeSet<u64> = pairs
+                    .iter()
+                    .filter_map(|(k, _)| generation_of(k))
+                    .filter(|g| !known.is_some_and(|known| known.generations.contains(g)))
+                    .collect();
+                books.puts.extend(pairs.iter().cloned());
+                books.puts.extend(
+                    fresh
+                        .iter()
+                        .map(|&g| (staged_key(*txn, g), deadline_ms.to_be_bytes().to_vec())),
+                );
+                books.commit(db)?;
+                let staging = locks.staging.entry(*txn).or_default();
+                staging.deadline_ms = *deadline_ms;
+                staging.generations.extend(fresh);
+                status(Status::Done)
             }
         }
         Op::Watch => {

@@ -538,10 +538,20 @@ pub async fn resolve_loop(shared: std::sync::Weak<Shared>) {
 pub async fn resolve_once<N: Net>(net: &Arc<N>) {
     let now = net.now_ms();
     for (part, locks) in net.led() {
-        let (stale, kept) = {
+        let (stale, kept, staged) = {
             let locks = locks.lock();
-            (locks.prepared(), locks.decided())
+            (locks.prepared(), locks.decided(), locks.staged())
         };
+        // Moves that staged collections here and are past their deadline without a
+        // `MoveIn` (their driver gave up and its abort did not arrive): no `MoveIn` can apply
+        // now, so their collections go to the graveyard.
+        for (txn, deadline_ms) in staged {
+            if now > deadline_ms {
+                let deadline = Instant::now() + net.timeout();
+                let abort = step(Op::Abort { txn, deadline_ms }, net.now_ms());
+                let _ = net.call(part, abort, deadline).await;
+            }
+        }
         // Each at once: one whose coordinator partition cannot be reached (no majority)
         // must not hold up the others, whose keys stay locked meanwhile.
         let mut resolving = tokio::task::JoinSet::new();
@@ -615,6 +625,11 @@ pub async fn resolve_once<N: Net>(net: &Arc<N>) {
 const MOVE_BATCH: usize = 512;
 /// Attempts at one batch of a move that meets locked keys before giving up.
 const MOVE_ATTEMPTS: u32 = 200;
+/// The deadline of a move that goes in chunks: its slot stays locked until the move ends,
+/// or until the source's resolver finds no chunk asked for in a second (a driver that died).
+const MOVE_CHUNKED_SPAN: Duration = Duration::from_secs(600);
+/// Generations one chunk request names at most.
+const MOVE_CHUNK_GENERATIONS: usize = 1024;
 
 /// What [`move_slots`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -641,6 +656,7 @@ pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Resul
     let mut done = Moved::default();
     let mut batch_max = MOVE_BATCH;
     let mut busy = 0;
+    let mut chunked = false;
     while let Some(&first) = pending.front() {
         let from = net.owner(first);
         if from == to {
@@ -653,9 +669,10 @@ pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Resul
             .take_while(|&s| net.owner(s) == from)
             .take(batch_max)
             .collect();
-        match move_batch(net, &batch, from, to).await? {
+        match move_batch(net, &batch, from, to, chunked).await? {
             BatchMove::Done(records) => {
                 pending.drain(..batch.len());
+                chunked = false;
                 net.learn(&batch.iter().map(|&s| (s, to)).collect::<Vec<_>>());
                 done.slots += batch.len();
                 done.records += records;
@@ -671,12 +688,16 @@ pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Resul
             BatchMove::TooLarge if batch.len() > 1 => batch_max = batch.len() / 2,
             BatchMove::TooLarge => {
                 return Err(format!(
-                    "ERR keel: slot {first} holds more than one move can carry ({} bytes, \
-                     {} engine records); it cannot be moved yet",
+                    "ERR keel: slot {first} holds more keys than one move can carry (their \
+                     strings, meta records and expiry entries must fit {} bytes and {} engine \
+                     records, two more for each collection; a collection's members may be \
+                     any number); it cannot be moved",
                     super::REQUEST_BYTES_MAX,
                     prepared::MOVE_RECORDS_MAX
                 ));
             }
+            // One slot too large for one entry: again, with the time to go in chunks.
+            BatchMove::Chunked => chunked = true,
             BatchMove::Busy => {
                 busy += 1;
                 if busy > MOVE_ATTEMPTS {
@@ -693,10 +714,15 @@ pub async fn move_slots<N: Net>(net: &Arc<N>, slots: &[u16], to: usize) -> Resul
     Ok(done)
 }
 
+/// Engine records, as a move carries them.
+type Records = Vec<(Vec<u8>, Vec<u8>)>;
+
 enum BatchMove {
     Done(usize),
     Moved,
     TooLarge,
+    /// The slot's collections must go in chunks, under [`MOVE_CHUNKED_SPAN`].
+    Chunked,
     Busy,
 }
 
@@ -705,8 +731,13 @@ async fn move_batch<N: Net>(
     slots: &[u16],
     from: usize,
     to: usize,
+    chunked: bool,
 ) -> Result<BatchMove, String> {
-    let span = net.timeout() * 3;
+    let span = if chunked {
+        MOVE_CHUNKED_SPAN
+    } else {
+        net.timeout() * 3
+    };
     let deadline = Instant::now() + span;
     let deadline_ms = net.now_ms() + span.as_millis() as u64;
     let txn = net.next_txn();
@@ -716,17 +747,21 @@ async fn move_batch<N: Net>(
         to,
         deadline_ms,
     };
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+    let data_err = |e: postcard::Error| format!("ERR keel: a slot's data: {e}");
+    let (pairs, generations): (Records, Vec<u64>) =
         match net.call(from, step(out, net.now_ms()), deadline).await {
             Ok(Response {
                 status: Status::Done,
                 replies,
                 ..
-            }) => {
-                let encoded = replies.first().map(Vec::as_slice).unwrap_or_default();
-                postcard::from_bytes(encoded)
-                    .map_err(|e| format!("ERR keel: a slot's data: {e}"))?
-            }
+            }) => (
+                postcard::from_bytes(replies.first().map(Vec::as_slice).unwrap_or_default())
+                    .map_err(data_err)?,
+                match replies.get(1) {
+                    Some(encoded) => postcard::from_bytes(encoded).map_err(data_err)?,
+                    None => Vec::new(),
+                },
+            ),
             Ok(Response {
                 status: Status::Moved,
                 reply,
@@ -757,11 +792,32 @@ async fn move_batch<N: Net>(
             }
             Err(RunError::Moved | RunError::RolledBack) => unreachable!("call answers a response"),
         };
-    let records = pairs.len();
-    let size: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 20).sum();
-    if size + 4096 > super::REQUEST_BYTES_MAX || records > prepared::MOVE_RECORDS_MAX {
+    let mut records = pairs.len();
+    let size: usize = pairs.iter().map(prepared::move_weight).sum();
+    // A move in chunks stages each collection at `to` (a record there for each, dropped by
+    // `MoveIn`) and the source sends each to its graveyard (its size record deleted): both
+    // within one engine transaction.
+    if !prepared::fits_one_move(records + 2 * generations.len(), size) {
         abort(net, txn, deadline_ms, vec![from]).await;
         return Ok(BatchMove::TooLarge);
+    }
+    if !generations.is_empty() {
+        if slots.len() > 1 {
+            abort(net, txn, deadline_ms, vec![from]).await;
+            return Ok(BatchMove::TooLarge);
+        }
+        if !chunked {
+            abort(net, txn, deadline_ms, vec![from]).await;
+            return Ok(BatchMove::Chunked);
+        }
+        match move_chunks(net, txn, slots, from, to, &generations, deadline_ms).await {
+            Ok(staged) => records += staged,
+            Err(stop) => {
+                // `to` drops what was staged (past the deadline its leader does so anyway).
+                abort(net, txn, deadline_ms, vec![to, from]).await;
+                return stop;
+            }
+        }
     }
     let into = Op::MoveIn {
         txn,
@@ -815,4 +871,105 @@ async fn move_batch<N: Net>(
             .await;
     }
     Ok(BatchMove::Done(records))
+}
+
+/// Carries a prepared move's collections from `from` to `to` in chunks (`MoveChunk` at the
+/// source, `MoveStage` at the destination), before its `MoveIn`: the records it staged, or
+/// how the move ends instead (`Err`: the caller aborts it).
+async fn move_chunks<N: Net>(
+    net: &Arc<N>,
+    txn: TxnId,
+    slots: &[u16],
+    from: usize,
+    to: usize,
+    generations: &[u64],
+    deadline_ms: u64,
+) -> Result<usize, Result<BatchMove, String>> {
+    let mut staged = 0;
+    for (n, group) in generations.chunks(MOVE_CHUNK_GENERATIONS).enumerate() {
+        let mut after = Vec::new();
+        loop {
+            let read = Op::MoveChunk {
+                txn,
+                generations: group.to_vec(),
+                after: std::mem::take(&mut after),
+            };
+            let deadline = Instant::now() + net.timeout();
+            let (pairs, more): (Records, Vec<u8>) = match net
+                .call(from, step(read, net.now_ms()), deadline)
+                .await
+            {
+                Ok(Response {
+                    status: Status::Done,
+                    mut replies,
+                    ..
+                }) if replies.len() == 2 => {
+                    let more = replies.pop().expect("two replies");
+                    let pairs = postcard::from_bytes(&replies[0])
+                        .map_err(|e| Err(format!("ERR keel: a slot's data: {e}")))?;
+                    (pairs, more)
+                }
+                // Resolved by the source while this driver was slow: again.
+                Ok(Response {
+                    status: Status::Aborted,
+                    ..
+                }) => return Err(Ok(BatchMove::Busy)),
+                Ok(Response { status, reply, .. }) => {
+                    return Err(Err(format!(
+                        "ERR keel: partition {from} refused a chunk of the slots ({status:?}: {})",
+                        String::from_utf8_lossy(&reply)
+                    )));
+                }
+                Err(RunError::Failed(text) | RunError::Unknown(text)) => {
+                    return Err(Err(text));
+                }
+                Err(RunError::Moved | RunError::RolledBack) => {
+                    unreachable!("call answers a response")
+                }
+            };
+            if !pairs.is_empty() {
+                staged += pairs.len();
+                let stage = Op::MoveStage {
+                    txn,
+                    slots: slots.to_vec(),
+                    pairs,
+                    deadline_ms,
+                };
+                let deadline = Instant::now() + net.timeout();
+                match net.call(to, step(stage, net.now_ms()), deadline).await {
+                    Ok(Response {
+                        status: Status::Done,
+                        ..
+                    }) => {}
+                    Ok(Response {
+                        status: Status::Aborted,
+                        ..
+                    }) => return Err(Ok(BatchMove::Busy)),
+                    Ok(Response { status, reply, .. }) => {
+                        return Err(Err(format!(
+                            "ERR keel: partition {to} refused a chunk of the slots ({status:?}: {})",
+                            String::from_utf8_lossy(&reply)
+                        )));
+                    }
+                    Err(RunError::Failed(text) | RunError::Unknown(text)) => {
+                        return Err(Err(text));
+                    }
+                    Err(RunError::Moved | RunError::RolledBack) => {
+                        unreachable!("call answers a response")
+                    }
+                }
+            }
+            if more.is_empty() {
+                break;
+            }
+            after = more;
+        }
+        tracing::info!(
+            "slot {}: {} of {} collections sent ({staged} records)",
+            slots[0],
+            (n * MOVE_CHUNK_GENERATIONS + group.len()),
+            generations.len()
+        );
+    }
+    Ok(staged)
 }
