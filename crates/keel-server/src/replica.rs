@@ -317,13 +317,15 @@ pub struct Part {
     pub clock: Clock,
     /// Whether the partition has moved any slot (its table is then consulted for routing).
     moved: Arc<std::sync::atomic::AtomicBool>,
-    /// Concurrent linearizable reads share read-index rounds.
-    reads: ReadRounds,
+    /// Concurrent linearizable reads share read-index rounds, and the lease they give.
+    reads: Arc<ReadRounds>,
     /// Concurrent writes share log entries.
     proposals: Arc<Proposals>,
     /// The newest last log id the replica had when it was emptied (`log::floor`): it votes
     /// for no candidate with an older log ([`vote`]).
     floor: Option<openraft::LogId<u64>>,
+    /// Until when it refuses every vote (it restarted with a committed vote: [`vote`]).
+    quiet_until: Option<tokio::time::Instant>,
     /// Receives the leader's snapshots, a chunk at a time (`KEEL.RAFT p snapshot`).
     inbox: inbox::Inbox,
 }
@@ -456,16 +458,37 @@ async fn write_entry(raft: &Raft, part: usize, request: Request) -> Result<Respo
 /// Serves a vote request to a replica whose floor is `floor` (`log::floor`): refused, as
 /// openraft refuses a candidate whose log is older than its own, when the candidate's last
 /// log id is older than the floor (the log this replica had before it was emptied).
+///
+/// Also refused before `quiet_until`: a replica that restarted with a committed vote may have
+/// acknowledged its leader shortly before, and openraft's promise not to vote while that
+/// leader's lease runs (which lets the leader serve reads on its lease, [`READ_LEASE`]) lives
+/// only in memory; it is kept across the restart by voting for no one for a whole lease.
 pub async fn vote(
     raft: &Raft,
     floor: Option<openraft::LogId<u64>>,
+    quiet_until: Option<tokio::time::Instant>,
     request: openraft::raft::VoteRequest<u64>,
 ) -> Result<openraft::raft::VoteResponse<u64>, openraft::error::RaftError<u64>> {
     if floor.is_some() && request.last_log_id < floor {
         let vote = raft.metrics().borrow().vote;
         return Ok(openraft::raft::VoteResponse::new(vote, floor, false));
     }
+    if quiet_until.is_some_and(|until| tokio::time::Instant::now() < until) {
+        let vote = raft.metrics().borrow().vote;
+        return Ok(openraft::raft::VoteResponse::new(vote, None, false));
+    }
     raft.vote(request).await
+}
+
+/// When a replica whose log store holds `log`'s vote stops refusing votes (see [`vote`]): a
+/// whole leader lease after it opens, if that vote was committed to a leader.
+pub async fn quiet_until<L: openraft::storage::RaftLogStorage<Tc>>(
+    log: &mut L,
+) -> Result<Option<tokio::time::Instant>, openraft::StorageError<u64>> {
+    let vote = log.read_vote().await?;
+    Ok(vote
+        .is_some_and(|v| v.committed)
+        .then(|| tokio::time::Instant::now() + Duration::from_millis(ELECTION_MS.1)))
 }
 
 /// Empties the replica of a partition that left this node (stopped): its data (`data`), its
@@ -513,13 +536,32 @@ pub fn finish_emptying(
 /// committed when the round began). A read needs a round that began after it arrived; reads
 /// that arrive while a round runs share the next one, so N concurrent reads cost about two
 /// rounds of heartbeats, not N (etcd batches its ReadIndex requests the same way).
+///
+/// A round that succeeded also gives the leader a lease ([`READ_LEASE`] from when the round
+/// began): until it runs out, reads in the same term are served at once, with no round.
 #[derive(Default)]
 pub struct ReadRounds {
     /// Rounds begun, numbered from 1.
     begun: std::sync::atomic::AtomicU64,
     /// One round at a time; inside: the last round that succeeded.
     round: tokio::sync::Mutex<u64>,
+    /// The term of the last round that succeeded, and when its lease ends.
+    lease: parking_lot::Mutex<Option<(u64, tokio::time::Instant)>>,
+    /// [`READ_LEASE`] unless a test says otherwise.
+    lease_len: Option<Duration>,
 }
+
+/// How long after a read-index round began its leader may serve linearizable reads without
+/// another. A round that succeeded was acknowledged by a majority, each of which received its
+/// heartbeat after the round began and refuses every vote request for openraft's leader lease
+/// (`election_timeout_max`, `ELECTION_MS.1`) from then (and a replica that restarts refuses
+/// votes that long after it opens: [`vote`]). So no other leader can be elected, and no write
+/// committed anywhere else, until the round's start plus that lease: reads on the leader's
+/// applied state are linearizable until then (every write acknowledged before a read arrived
+/// was applied here before its answer). This leaves a margin of 300 ms, so it assumes only
+/// that the nodes' clocks run at rates within 25% of each other (it uses no clock's time of
+/// day); etcd's lease reads and TiKV's rest on the same.
+pub const READ_LEASE: Duration = Duration::from_millis(ELECTION_MS.1 - 300);
 
 impl ReadRounds {
     /// Returns once a round that began after this call succeeded (running `check` as one if
@@ -542,6 +584,33 @@ impl ReadRounds {
             *last_ok = id;
         }
         result
+    }
+
+    /// Whether the leader holds a lease for reads in `term` now.
+    pub fn leased(&self, term: u64) -> bool {
+        self.lease
+            .lock()
+            .is_some_and(|(t, until)| t == term && tokio::time::Instant::now() < until)
+    }
+
+    /// Rounds whose lease lasts `len` (a test's unsafe one).
+    #[cfg(test)]
+    pub fn with_lease(len: Duration) -> ReadRounds {
+        ReadRounds {
+            lease_len: Some(len),
+            ..ReadRounds::default()
+        }
+    }
+
+    /// A round in `term` that began at `began` succeeded: the lease runs to `began +
+    /// READ_LEASE`.
+    pub fn extend(&self, term: u64, began: tokio::time::Instant) {
+        let until = began + self.lease_len.unwrap_or(READ_LEASE);
+        let mut lease = self.lease.lock();
+        match *lease {
+            Some((t, u)) if t == term && u >= until => {}
+            _ => *lease = Some((term, until)),
+        }
     }
 }
 
@@ -824,7 +893,11 @@ impl Replication {
             part: p,
             text: format!("finishing the emptying of the replica that left: {text}"),
         })?;
-        let log = log::LogStore::open(log_db, shared.config.durability.engine());
+        let mut log = log::LogStore::open(log_db, shared.config.durability.engine());
+        let quiet_until = quiet_until(&mut log).await.map_err(|e| StartError::Raft {
+            part: p,
+            text: e.to_string(),
+        })?;
         let mut machine = machine::Machine::open(db, snapshot_dir)
             .await
             .map_err(|e| StartError::Raft {
@@ -974,9 +1047,10 @@ impl Replication {
             locks,
             clock: Arc::new(crate::keyspace::unix_ms),
             moved,
-            reads: ReadRounds::default(),
+            reads: Arc::default(),
             proposals: Arc::default(),
             floor,
+            quiet_until,
             inbox: inbox::Inbox::default(),
         }))
     }
@@ -1882,21 +1956,33 @@ impl Part {
             return Err(Refused::NotLeader(None));
         }
         if read {
-            self.reads
-                .linearize(|| async {
-                    match self.raft.ensure_linearizable().await {
-                        Ok(_) => Ok(()),
-                        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                            Err(Refused::NotLeader(f.leader_id))
+            let (leads, term) = {
+                let metrics = self.raft.metrics();
+                let m = metrics.borrow();
+                (m.state == openraft::ServerState::Leader, m.current_term)
+            };
+            let leased = leads && self.reads.leased(term);
+            if !leased {
+                self.reads
+                    .linearize(|| async {
+                        let began = tokio::time::Instant::now();
+                        match self.raft.ensure_linearizable().await {
+                            Ok(_) => {
+                                self.reads.extend(term, began);
+                                Ok(())
+                            }
+                            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                                Err(Refused::NotLeader(f.leader_id))
+                            }
+                            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                                Err(Refused::NotLeader(None))
+                            }
+                            // Stopped here: a read may go to another replica.
+                            Err(RaftError::Fatal(_)) => Err(Refused::NotLeader(None)),
                         }
-                        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                            Err(Refused::NotLeader(None))
-                        }
-                        // Stopped here: a read may go to another replica.
-                        Err(RaftError::Fatal(_)) => Err(Refused::NotLeader(None)),
-                    }
-                })
-                .await?;
+                    })
+                    .await?;
+            }
             return Ok(match read_here(self.db, &self.locks, &request) {
                 Ok(reply) => Response {
                     reply,
@@ -3741,6 +3827,42 @@ mod tests {
             .expect("raft")
     }
 
+    /// A replica that opens with a vote committed to a leader (it followed one before it
+    /// stopped) refuses votes for a whole leader lease; one that never followed anyone votes at
+    /// once. And a read-index round gives its term a lease of `READ_LEASE` from when it began.
+    #[tokio::test]
+    async fn a_restarted_follower_keeps_quiet_for_a_lease_and_rounds_give_leases() {
+        use openraft::Vote;
+        use openraft::storage::RaftLogStorage;
+        let mut log = log::LogStore::open(leaked(), keel::Durability::None);
+        assert_eq!(quiet_until(&mut log).await.expect("vote"), None, "no vote");
+        log.save_vote(&Vote::new(3, 1)).await.expect("save");
+        assert_eq!(
+            quiet_until(&mut log).await.expect("vote"),
+            None,
+            "a candidate's vote"
+        );
+        log.save_vote(&Vote::new_committed(3, 1))
+            .await
+            .expect("save");
+        let now = tokio::time::Instant::now();
+        let until = quiet_until(&mut log).await.expect("vote").expect("quiet");
+        assert!(
+            until >= now + Duration::from_millis(ELECTION_MS.1),
+            "a whole lease"
+        );
+
+        let rounds = ReadRounds::default();
+        assert!(!rounds.leased(3));
+        rounds.extend(3, tokio::time::Instant::now());
+        assert!(rounds.leased(3), "within the lease");
+        assert!(!rounds.leased(4), "another term holds none");
+        rounds.extend(3, tokio::time::Instant::now() - READ_LEASE);
+        assert!(rounds.leased(3), "an older round does not shorten it");
+        rounds.extend(4, tokio::time::Instant::now() - READ_LEASE);
+        assert!(!rounds.leased(4), "run out");
+    }
+
     /// A replica that left is emptied (`empty`): its data, log and snapshot go, its vote
     /// stays, and, opened again, it refuses its vote to a candidate whose log is older than
     /// the one it forgot (which its empty log alone would grant: the lost entries of
@@ -3822,17 +3944,20 @@ mod tests {
         // A newer term with an older log: refused by the floor, which openraft alone, on an
         // empty log, would grant.
         let request = VoteRequest::new(Vote::new(term + 1, 0), older);
-        let refused = vote(&raft, floor, request.clone()).await.expect("vote");
+        let refused = vote(&raft, floor, None, request.clone())
+            .await
+            .expect("vote");
         assert!(!refused.vote_granted);
         assert_eq!(refused.last_log_id, floor);
         assert_eq!(raft.metrics().borrow().vote, before.vote);
-        let granted = vote(
-            &raft,
-            floor,
-            VoteRequest::new(Vote::new(term + 1, 0), Some(last)),
-        )
-        .await
-        .expect("vote");
+        // A replica that restarted with a committed vote refuses every vote for a lease.
+        let quiet = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+        let request = VoteRequest::new(Vote::new(term + 1, 0), Some(last));
+        let refused = vote(&raft, floor, quiet, request.clone())
+            .await
+            .expect("vote");
+        assert!(!refused.vote_granted, "refused while quiet");
+        let granted = vote(&raft, floor, None, request).await.expect("vote");
         assert!(granted.vote_granted);
         let unguarded = raft
             .vote(VoteRequest::new(Vote::new(term + 2, 0), older))
@@ -4220,6 +4345,236 @@ mod tests {
         > {
             let raft = self.raft()?;
             raft.vote(rpc).await.map_err(|e| remote(self.target, e))
+        }
+    }
+
+    /// Routes a test group's RPCs straight to the target's `Raft`, except to and from the
+    /// node `isolated` (a leader cut off from the others).
+    #[derive(Clone, Default)]
+    struct Cuttable {
+        rafts: Arc<parking_lot::Mutex<BTreeMap<u64, Raft>>>,
+        isolated: Arc<parking_lot::Mutex<Option<u64>>>,
+        from: u64,
+    }
+
+    impl openraft::RaftNetworkFactory<Tc> for Cuttable {
+        type Network = CuttableTo;
+        async fn new_client(&mut self, target: u64, _: &BasicNode) -> CuttableTo {
+            CuttableTo {
+                net: self.clone(),
+                target,
+            }
+        }
+    }
+
+    struct CuttableTo {
+        net: Cuttable,
+        target: u64,
+    }
+
+    impl CuttableTo {
+        #[allow(clippy::result_large_err)]
+        fn raft<E: std::error::Error>(
+            &self,
+        ) -> Result<Raft, openraft::error::RPCError<u64, BasicNode, E>> {
+            let cut = *self.net.isolated.lock();
+            let raft = self.net.rafts.lock().get(&self.target).cloned();
+            match raft {
+                Some(raft) if cut != Some(self.target) && cut != Some(self.net.from) => Ok(raft),
+                _ => Err(openraft::error::RPCError::Unreachable(
+                    openraft::error::Unreachable::new(&std::io::Error::other("cut")),
+                )),
+            }
+        }
+    }
+
+    impl openraft::RaftNetwork<Tc> for CuttableTo {
+        async fn append_entries(
+            &mut self,
+            rpc: openraft::raft::AppendEntriesRequest<Tc>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::AppendEntriesResponse<u64>,
+            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
+        > {
+            let raft = self.raft()?;
+            raft.append_entries(rpc)
+                .await
+                .map_err(|e| remote(self.target, e))
+        }
+
+        async fn install_snapshot(
+            &mut self,
+            _: openraft::raft::InstallSnapshotRequest<Tc>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::InstallSnapshotResponse<u64>,
+            openraft::error::RPCError<
+                u64,
+                BasicNode,
+                openraft::error::RaftError<u64, openraft::error::InstallSnapshotError>,
+            >,
+        > {
+            unreachable!("the log is never cut in this test")
+        }
+
+        async fn vote(
+            &mut self,
+            rpc: openraft::raft::VoteRequest<u64>,
+            _: openraft::network::RPCOption,
+        ) -> Result<
+            openraft::raft::VoteResponse<u64>,
+            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
+        > {
+            let raft = self.raft()?;
+            raft.vote(rpc).await.map_err(|e| remote(self.target, e))
+        }
+    }
+
+    /// Linearizable reads on a leader's lease: a leader that confirmed its leadership serves
+    /// reads without a round for a while, but a leader cut off from the others stops before
+    /// another can be elected and commit a write. Here the cut-off leader's read, once the
+    /// new leader has committed a newer value, is refused rather than answered with the old
+    /// value; the same leader with a lease that never ends (`ReadRounds::with_lease`)
+    /// answers the old value, which is what the lease's length guards against.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_cut_off_stops_reading_on_its_lease_before_another_is_elected() {
+        use openraft::ServerState;
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: HEARTBEAT_MS,
+                election_timeout_min: ELECTION_MS.0,
+                election_timeout_max: ELECTION_MS.1,
+                ..Default::default()
+            }
+            .validate()
+            .expect("a valid config"),
+        );
+        let net = Cuttable::default();
+        let mut parts = Vec::new();
+        for id in 1..=3u64 {
+            let db = leaked();
+            let machine = machine::Machine::open(db, None).await.expect("open");
+            let locks = machine.locks();
+            let moved = locks.lock().moved_flag();
+            let log = log::LogStore::open(leaked(), keel::Durability::None);
+            let node_net = Cuttable {
+                from: id,
+                ..net.clone()
+            };
+            let raft = Raft::new(id, Arc::clone(&config), node_net, log, machine)
+                .await
+                .expect("raft");
+            net.rafts.lock().insert(id, raft.clone());
+            parts.push(Part {
+                id: 0,
+                raft,
+                db,
+                moved,
+                locks,
+                clock: Arc::new(crate::keyspace::unix_ms),
+                reads: Arc::default(),
+                proposals: Arc::default(),
+                floor: None,
+                quiet_until: None,
+                inbox: inbox::Inbox::default(),
+            });
+        }
+        let members: BTreeMap<u64, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        parts[0].raft.initialize(members).await.expect("initialize");
+        let leader = |parts: &[Part], not: Option<usize>| -> Option<usize> {
+            (0..3).filter(|&i| Some(i) != not).find(|&i| {
+                let m = parts[i].raft.metrics().borrow().clone();
+                m.state == ServerState::Leader
+            })
+        };
+        let started = Instant::now();
+        let old = loop {
+            if let Some(l) = leader(&parts, None) {
+                break l;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let request = |commands: &[&str]| match entry(0, &[commands]).payload {
+            EntryPayload::Normal(r) => r,
+            _ => unreachable!(),
+        };
+        let set = |v: &str| request(&["SET", "k", v]);
+        parts[old].serve(set("old"), false).await.expect("write");
+        assert_eq!(
+            parts[old]
+                .serve(request(&["GET", "k"]), true)
+                .await
+                .expect("read"),
+            b"$3\r\nold\r\n",
+            "a read-index round, which gives the lease"
+        );
+        let term = parts[old].raft.metrics().borrow().current_term;
+        assert!(parts[old].reads.leased(term), "the round gave a lease");
+        // The same leader, with a lease that never ends.
+        let endless = Part {
+            id: 0,
+            raft: parts[old].raft.clone(),
+            db: parts[old].db,
+            locks: Arc::clone(&parts[old].locks),
+            clock: Arc::clone(&parts[old].clock),
+            moved: Arc::clone(&parts[old].moved),
+            reads: Arc::new(ReadRounds::with_lease(Duration::from_secs(3_600))),
+            proposals: Arc::default(),
+            floor: None,
+            quiet_until: None,
+            inbox: inbox::Inbox::default(),
+        };
+        endless
+            .serve(request(&["GET", "k"]), true)
+            .await
+            .expect("a round for the endless lease");
+
+        *net.isolated.lock() = Some(old as u64 + 1);
+        let cut = Instant::now();
+        let new = loop {
+            if let Some(l) = leader(&parts, Some(old)) {
+                break l;
+            }
+            assert!(cut.elapsed() < Duration::from_secs(30), "no new leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let elected = cut.elapsed();
+        assert!(
+            elected > READ_LEASE,
+            "a new leader after {elected:?}, within the old one's lease"
+        );
+        parts[new]
+            .serve(set("new"), false)
+            .await
+            .expect("write at the new leader");
+        assert_eq!(
+            parts[old].raft.metrics().borrow().state,
+            ServerState::Leader,
+            "the old leader does not know yet"
+        );
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            parts[old].serve(request(&["GET", "k"]), true),
+        )
+        .await;
+        assert!(
+            !matches!(&read, Ok(Ok(v)) if v == b"$3\r\nold\r\n"),
+            "the old leader answered from its copy after another was elected: {read:?}"
+        );
+        assert_eq!(
+            endless
+                .serve(request(&["GET", "k"]), true)
+                .await
+                .expect("read"),
+            b"$3\r\nold\r\n",
+            "with a lease that never ends the old value comes back (a stale read)"
+        );
+        for part in &parts {
+            part.raft.shutdown().await.expect("shutdown");
         }
     }
 
