@@ -739,9 +739,11 @@ fn pops_of_one_hot_key_queue_instead_of_conflicting() {
         "{retries} conflict retries and no connection moved to the poller"
     );
     // Pops that all conflict with each other retry until the key turns hot, then queue: a
-    // few retries per pop without the lock, a handful in all with it.
+    // few retries per pop without the lock (236-255 here with keys never turning hot), a
+    // handful in all with it (83 once in a loaded CI run, where the key cooled between
+    // batches).
     assert!(
-        retries < (MEMBERS / DEPTH / 4) as u64,
+        retries < (MEMBERS / DEPTH / 2) as u64,
         "{retries} conflict retries for {} pipelined batches",
         MEMBERS / DEPTH
     );
