@@ -324,8 +324,6 @@ pub struct Part {
     /// The newest last log id the replica had when it was emptied (`log::floor`): it votes
     /// for no candidate with an older log ([`vote`]).
     floor: Option<openraft::LogId<u64>>,
-    /// Until when it refuses every vote (it restarted with a committed vote: [`vote`]).
-    quiet_until: Option<tokio::time::Instant>,
     /// Receives the leader's snapshots, a chunk at a time (`KEEL.RAFT p snapshot`).
     inbox: inbox::Inbox,
 }
@@ -458,37 +456,16 @@ async fn write_entry(raft: &Raft, part: usize, request: Request) -> Result<Respo
 /// Serves a vote request to a replica whose floor is `floor` (`log::floor`): refused, as
 /// openraft refuses a candidate whose log is older than its own, when the candidate's last
 /// log id is older than the floor (the log this replica had before it was emptied).
-///
-/// Also refused before `quiet_until`: a replica that restarted with a committed vote may have
-/// acknowledged its leader shortly before, and openraft's promise not to vote while that
-/// leader's lease runs (which lets the leader serve reads on its lease, [`READ_LEASE`]) lives
-/// only in memory; it is kept across the restart by voting for no one for a whole lease.
 pub async fn vote(
     raft: &Raft,
     floor: Option<openraft::LogId<u64>>,
-    quiet_until: Option<tokio::time::Instant>,
     request: openraft::raft::VoteRequest<u64>,
 ) -> Result<openraft::raft::VoteResponse<u64>, openraft::error::RaftError<u64>> {
     if floor.is_some() && request.last_log_id < floor {
         let vote = raft.metrics().borrow().vote;
         return Ok(openraft::raft::VoteResponse::new(vote, floor, false));
     }
-    if quiet_until.is_some_and(|until| tokio::time::Instant::now() < until) {
-        let vote = raft.metrics().borrow().vote;
-        return Ok(openraft::raft::VoteResponse::new(vote, None, false));
-    }
     raft.vote(request).await
-}
-
-/// When a replica whose log store holds `log`'s vote stops refusing votes (see [`vote`]): a
-/// whole leader lease after it opens, if that vote was committed to a leader.
-pub async fn quiet_until<L: openraft::storage::RaftLogStorage<Tc>>(
-    log: &mut L,
-) -> Result<Option<tokio::time::Instant>, openraft::StorageError<u64>> {
-    let vote = log.read_vote().await?;
-    Ok(vote
-        .is_some_and(|v| v.committed)
-        .then(|| tokio::time::Instant::now() + Duration::from_millis(ELECTION_MS.1)))
 }
 
 /// Empties the replica of a partition that left this node (stopped): its data (`data`), its
@@ -554,8 +531,10 @@ pub struct ReadRounds {
 /// How long after a read-index round began its leader may serve linearizable reads without
 /// another. A round that succeeded was acknowledged by a majority, each of which received its
 /// heartbeat after the round began and refuses every vote request for openraft's leader lease
-/// (`election_timeout_max`, `ELECTION_MS.1`) from then (and a replica that restarts refuses
-/// votes that long after it opens: [`vote`]). So no other leader can be elected, and no write
+/// (`election_timeout_max`, `ELECTION_MS.1`) from then (a replica that restarts does so for
+/// as long after it opens: openraft restores its vote with the time of the start as its last
+/// change, and it does not stand for election itself before then either). So no other leader
+/// can be elected, and no write
 /// committed anywhere else, until the round's start plus that lease: reads on the leader's
 /// applied state are linearizable until then (every write acknowledged before a read arrived
 /// was applied here before its answer). This leaves a margin of 300 ms, so it assumes only
@@ -893,11 +872,7 @@ impl Replication {
             part: p,
             text: format!("finishing the emptying of the replica that left: {text}"),
         })?;
-        let mut log = log::LogStore::open(log_db, shared.config.durability.engine());
-        let quiet_until = quiet_until(&mut log).await.map_err(|e| StartError::Raft {
-            part: p,
-            text: e.to_string(),
-        })?;
+        let log = log::LogStore::open(log_db, shared.config.durability.engine());
         let mut machine = machine::Machine::open(db, snapshot_dir)
             .await
             .map_err(|e| StartError::Raft {
@@ -1050,7 +1025,6 @@ impl Replication {
             reads: Arc::default(),
             proposals: Arc::default(),
             floor,
-            quiet_until,
             inbox: inbox::Inbox::default(),
         }))
     }
@@ -3827,31 +3801,9 @@ mod tests {
             .expect("raft")
     }
 
-    /// A replica that opens with a vote committed to a leader (it followed one before it
-    /// stopped) refuses votes for a whole leader lease; one that never followed anyone votes at
-    /// once. And a read-index round gives its term a lease of `READ_LEASE` from when it began.
+    /// A read-index round gives its term a lease of `READ_LEASE` from when it began.
     #[tokio::test]
-    async fn a_restarted_follower_keeps_quiet_for_a_lease_and_rounds_give_leases() {
-        use openraft::Vote;
-        use openraft::storage::RaftLogStorage;
-        let mut log = log::LogStore::open(leaked(), keel::Durability::None);
-        assert_eq!(quiet_until(&mut log).await.expect("vote"), None, "no vote");
-        log.save_vote(&Vote::new(3, 1)).await.expect("save");
-        assert_eq!(
-            quiet_until(&mut log).await.expect("vote"),
-            None,
-            "a candidate's vote"
-        );
-        log.save_vote(&Vote::new_committed(3, 1))
-            .await
-            .expect("save");
-        let now = tokio::time::Instant::now();
-        let until = quiet_until(&mut log).await.expect("vote").expect("quiet");
-        assert!(
-            until >= now + Duration::from_millis(ELECTION_MS.1),
-            "a whole lease"
-        );
-
+    async fn rounds_give_their_term_a_lease() {
         let rounds = ReadRounds::default();
         assert!(!rounds.leased(3));
         rounds.extend(3, tokio::time::Instant::now());
@@ -3944,20 +3896,17 @@ mod tests {
         // A newer term with an older log: refused by the floor, which openraft alone, on an
         // empty log, would grant.
         let request = VoteRequest::new(Vote::new(term + 1, 0), older);
-        let refused = vote(&raft, floor, None, request.clone())
-            .await
-            .expect("vote");
+        let refused = vote(&raft, floor, request.clone()).await.expect("vote");
         assert!(!refused.vote_granted);
         assert_eq!(refused.last_log_id, floor);
         assert_eq!(raft.metrics().borrow().vote, before.vote);
-        // A replica that restarted with a committed vote refuses every vote for a lease.
-        let quiet = Some(tokio::time::Instant::now() + Duration::from_secs(60));
-        let request = VoteRequest::new(Vote::new(term + 1, 0), Some(last));
-        let refused = vote(&raft, floor, quiet, request.clone())
-            .await
-            .expect("vote");
-        assert!(!refused.vote_granted, "refused while quiet");
-        let granted = vote(&raft, floor, None, request).await.expect("vote");
+        let granted = vote(
+            &raft,
+            floor,
+            VoteRequest::new(Vote::new(term + 1, 0), Some(last)),
+        )
+        .await
+        .expect("vote");
         assert!(granted.vote_granted);
         let unguarded = raft
             .vote(VoteRequest::new(Vote::new(term + 2, 0), older))
@@ -4348,13 +4297,20 @@ mod tests {
         }
     }
 
-    /// Routes a test group's RPCs straight to the target's `Raft`, except to and from the
-    /// node `isolated` (a leader cut off from the others).
+    /// Routes a test group's RPCs straight to the target's `Raft`, except over the links cut
+    /// (`cut`: from, to).
     #[derive(Clone, Default)]
     struct Cuttable {
         rafts: Arc<parking_lot::Mutex<BTreeMap<u64, Raft>>>,
-        isolated: Arc<parking_lot::Mutex<Option<u64>>>,
+        cut: Arc<parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>>,
         from: u64,
+    }
+
+    impl Cuttable {
+        /// Cuts the links between `a` and `b`, both ways.
+        fn cut(&self, a: u64, b: u64) {
+            self.cut.lock().extend([(a, b), (b, a)]);
+        }
     }
 
     impl openraft::RaftNetworkFactory<Tc> for Cuttable {
@@ -4377,10 +4333,10 @@ mod tests {
         fn raft<E: std::error::Error>(
             &self,
         ) -> Result<Raft, openraft::error::RPCError<u64, BasicNode, E>> {
-            let cut = *self.net.isolated.lock();
+            let cut = self.net.cut.lock().contains(&(self.net.from, self.target));
             let raft = self.net.rafts.lock().get(&self.target).cloned();
             match raft {
-                Some(raft) if cut != Some(self.target) && cut != Some(self.net.from) => Ok(raft),
+                Some(raft) if !cut => Ok(raft),
                 _ => Err(openraft::error::RPCError::Unreachable(
                     openraft::error::Unreachable::new(&std::io::Error::other("cut")),
                 )),
@@ -4431,6 +4387,149 @@ mod tests {
         }
     }
 
+    /// Opens node `id` of a `Cuttable` group on its databases (again, after a restart), as
+    /// `Replication::open_part` does: its vote guard, its `Part`.
+    async fn cuttable_part(
+        id: u64,
+        (db, log_db): (&'static Db, &'static Db),
+        config: &Arc<openraft::Config>,
+        net: &Cuttable,
+    ) -> Part {
+        let machine = machine::Machine::open(db, None).await.expect("open");
+        let locks = machine.locks();
+        let moved = locks.lock().moved_flag();
+        let log = log::LogStore::open(log_db, keel::Durability::None);
+        let node_net = Cuttable {
+            from: id,
+            ..net.clone()
+        };
+        let raft = Raft::new(id, Arc::clone(config), node_net, log, machine)
+            .await
+            .expect("raft");
+        net.rafts.lock().insert(id, raft.clone());
+        Part {
+            id: 0,
+            raft,
+            db,
+            moved,
+            locks,
+            clock: Arc::new(crate::keyspace::unix_ms),
+            reads: Arc::default(),
+            proposals: Arc::default(),
+            floor: None,
+            inbox: inbox::Inbox::default(),
+        }
+    }
+
+    /// A follower that acknowledged its leader's read-index round (the only one that could: the
+    /// other is cut off from the leader and stands for election over and over) and then
+    /// restarts must keep openraft's promise to vote for no one while that leader's lease
+    /// runs, which lives in memory: openraft restores the stored vote with the time of the
+    /// start as its last change, so the restarted follower votes for no one, itself included,
+    /// for a whole lease. The other is elected only after that, when the old leader's lease for
+    /// reads has run out, and the old leader's read after the new leader's write is refused.
+    /// (Opened on an empty log instead, a follower that forgot its vote, it voted at once: the
+    /// candidate won 150-300 ms after the restart, within the lease.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_follower_votes_for_no_one_while_its_leader_may_read_on_its_lease() {
+        use openraft::ServerState;
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: HEARTBEAT_MS,
+                election_timeout_min: ELECTION_MS.0,
+                election_timeout_max: ELECTION_MS.1,
+                ..Default::default()
+            }
+            .validate()
+            .expect("a valid config"),
+        );
+        let net = Cuttable::default();
+        let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
+        let mut parts = Vec::new();
+        for id in 1..=3u64 {
+            parts.push(cuttable_part(id, dbs[id as usize - 1], &config, &net).await);
+        }
+        let members: BTreeMap<u64, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        parts[0].raft.initialize(members).await.expect("initialize");
+        let leads = |part: &Part| part.raft.metrics().borrow().state == ServerState::Leader;
+        let started = Instant::now();
+        let l = loop {
+            if let Some(l) = (0..3).find(|&i| leads(&parts[i])) {
+                break l;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (a, b) = ((l + 1) % 3, (l + 2) % 3);
+        let id = |i: usize| i as u64 + 1;
+        let request = |commands: &[&str]| match entry(0, &[commands]).payload {
+            EntryPayload::Normal(r) => r,
+            _ => unreachable!(),
+        };
+        parts[l]
+            .serve(request(&["SET", "k", "old"]), false)
+            .await
+            .expect("write");
+        // b loses the leader and stands for election again and again; a, which hears the
+        // leader, refuses it.
+        net.cut(id(l), id(b));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(leads(&parts[l]), "the leader kept a majority with a");
+        let term = parts[l].raft.metrics().borrow().current_term;
+        assert_eq!(
+            parts[l]
+                .serve(request(&["GET", "k"]), true)
+                .await
+                .expect("a round acknowledged by a"),
+            b"$3\r\nold\r\n"
+        );
+        assert!(parts[l].reads.leased(term));
+        // a restarts, cut off from the leader.
+        parts[a].raft.shutdown().await.expect("shutdown");
+        net.rafts.lock().remove(&id(a));
+        net.cut(id(l), id(a));
+        let reopened = Instant::now();
+        parts[a] = cuttable_part(id(a), dbs[a], &config, &net).await;
+        let new = loop {
+            if let Some(n) = [a, b].into_iter().find(|&i| leads(&parts[i])) {
+                break n;
+            }
+            assert!(
+                reopened.elapsed() < Duration::from_secs(30),
+                "no new leader"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let elected = reopened.elapsed();
+        assert!(
+            elected >= Duration::from_millis(ELECTION_MS.1),
+            "elected {elected:?} after the restart, while the follower's promise to the old \
+             leader's lease held"
+        );
+        assert!(
+            !parts[l].reads.leased(term),
+            "another leader was elected while the old one read on its lease"
+        );
+        parts[new]
+            .serve(request(&["SET", "k", "new"]), false)
+            .await
+            .expect("write at the new leader");
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            parts[l].serve(request(&["GET", "k"]), true),
+        )
+        .await;
+        assert!(
+            !matches!(&read, Ok(Ok(v)) if v == b"$3\r\nold\r\n"),
+            "a stale read: {read:?}"
+        );
+        for part in &parts {
+            part.raft.shutdown().await.expect("shutdown");
+        }
+    }
+
     /// Linearizable reads on a leader's lease: a leader that confirmed its leadership serves
     /// reads without a round for a while, but a leader cut off from the others stops before
     /// another can be elected and commit a write. Here the cut-off leader's read, once the
@@ -4476,7 +4575,6 @@ mod tests {
                 reads: Arc::default(),
                 proposals: Arc::default(),
                 floor: None,
-                quiet_until: None,
                 inbox: inbox::Inbox::default(),
             });
         }
@@ -4525,7 +4623,6 @@ mod tests {
             reads: Arc::new(ReadRounds::with_lease(Duration::from_secs(3_600))),
             proposals: Arc::default(),
             floor: None,
-            quiet_until: None,
             inbox: inbox::Inbox::default(),
         };
         endless
@@ -4533,7 +4630,9 @@ mod tests {
             .await
             .expect("a round for the endless lease");
 
-        *net.isolated.lock() = Some(old as u64 + 1);
+        for other in (1..=3).filter(|&o| o != old as u64 + 1) {
+            net.cut(old as u64 + 1, other);
+        }
         let cut = Instant::now();
         let new = loop {
             if let Some(l) = leader(&parts, Some(old)) {

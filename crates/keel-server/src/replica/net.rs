@@ -286,9 +286,7 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
     }
     match kind {
         b"append" => encode(&part.raft.append_entries(decode(payload)?).await),
-        b"vote" => {
-            encode(&super::vote(&part.raft, part.floor, part.quiet_until, decode(payload)?).await)
-        }
+        b"vote" => encode(&super::vote(&part.raft, part.floor, decode(payload)?).await),
         b"snapshot" => encode(&part.inbox.receive(&part.raft, decode(payload)?).await),
         // What the leader knows (`None` from a replica that does not lead), and the leader
         // this replica knows: the partition's voters, or how many slots it owns.

@@ -231,8 +231,6 @@ struct Up {
     inbox: super::inbox::Inbox,
     /// Its read rounds and their lease, for this life.
     reads: Arc<super::ReadRounds>,
-    /// Until when it refuses every vote (`replica::vote`).
-    quiet_until: Option<tokio::time::Instant>,
     /// The group, to count what its inboxes refuse.
     sim: std::sync::Weak<Sim>,
 }
@@ -529,7 +527,6 @@ impl Sim {
             locks: up.locks,
             clock: Arc::new(move || EPOCH_MS + epoch.elapsed().as_millis() as u64),
             floor: up.floor,
-            quiet_until: up.quiet_until,
             inbox: up.inbox,
         }
     }
@@ -693,9 +690,6 @@ impl Sim {
         {
             return;
         }
-        let mut inner = inner;
-        // (A storage failure here shows at openraft's own read of the vote.)
-        let quiet_until = super::quiet_until(&mut inner).await.ok().flatten();
         let log = SimLog {
             durable: machine.durable(),
             inner,
@@ -760,7 +754,6 @@ impl Sim {
             floor,
             inbox: super::inbox::Inbox::default(),
             reads: Arc::default(),
-            quiet_until,
             sim: Arc::downgrade(self),
         });
     }
@@ -1153,7 +1146,7 @@ async fn serve_snapshot(
 }
 
 async fn serve_vote(up: Up, rpc: VoteRequest<u64>) -> Result<VoteResponse<u64>, RaftError<u64>> {
-    super::vote(&up.raft, up.floor, up.quiet_until, rpc).await
+    super::vote(&up.raft, up.floor, rpc).await
 }
 
 /// Sends one RPC through the fault layer: `$serve` serves it on the target.
