@@ -4190,13 +4190,22 @@ mod tests {
     }
 
     /// Routes a test group's RPCs straight to the target's `Raft` (a snapshot's chunks through
-    /// its inbox, as `net::serve` does), and records the size of every snapshot chunk that
-    /// goes.
+    /// its inbox, as `net::serve` does), but for the links cut (`cut`: from, to; `from` is
+    /// the sending node's), and records the size of every snapshot chunk that goes.
     #[derive(Clone, Default)]
     struct Direct {
         rafts: Arc<parking_lot::Mutex<BTreeMap<u64, Raft>>>,
         inboxes: Arc<parking_lot::Mutex<BTreeMap<u64, inbox::Inbox>>>,
         chunks: Arc<parking_lot::Mutex<Vec<(u64, usize, bool)>>>,
+        cut: Arc<parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>>,
+        from: u64,
+    }
+
+    impl Direct {
+        /// Cuts the links between `a` and `b`, both ways.
+        fn cut(&self, a: u64, b: u64) {
+            self.cut.lock().extend([(a, b), (b, a)]);
+        }
     }
 
     impl openraft::RaftNetworkFactory<Tc> for Direct {
@@ -4219,16 +4228,13 @@ mod tests {
         fn raft<E: std::error::Error>(
             &self,
         ) -> Result<Raft, openraft::error::RPCError<u64, BasicNode, E>> {
-            self.net
-                .rafts
-                .lock()
-                .get(&self.target)
-                .cloned()
-                .ok_or_else(|| {
-                    openraft::error::RPCError::Unreachable(openraft::error::Unreachable::new(
-                        &std::io::Error::other("down"),
-                    ))
-                })
+            let cut = self.net.cut.lock().contains(&(self.net.from, self.target));
+            let raft = self.net.rafts.lock().get(&self.target).cloned();
+            raft.filter(|_| !cut).ok_or_else(|| {
+                openraft::error::RPCError::Unreachable(openraft::error::Unreachable::new(
+                    &std::io::Error::other("down"),
+                ))
+            })
         }
     }
 
@@ -4297,109 +4303,19 @@ mod tests {
         }
     }
 
-    /// Routes a test group's RPCs straight to the target's `Raft`, except over the links cut
-    /// (`cut`: from, to).
-    #[derive(Clone, Default)]
-    struct Cuttable {
-        rafts: Arc<parking_lot::Mutex<BTreeMap<u64, Raft>>>,
-        cut: Arc<parking_lot::Mutex<std::collections::BTreeSet<(u64, u64)>>>,
-        from: u64,
-    }
-
-    impl Cuttable {
-        /// Cuts the links between `a` and `b`, both ways.
-        fn cut(&self, a: u64, b: u64) {
-            self.cut.lock().extend([(a, b), (b, a)]);
-        }
-    }
-
-    impl openraft::RaftNetworkFactory<Tc> for Cuttable {
-        type Network = CuttableTo;
-        async fn new_client(&mut self, target: u64, _: &BasicNode) -> CuttableTo {
-            CuttableTo {
-                net: self.clone(),
-                target,
-            }
-        }
-    }
-
-    struct CuttableTo {
-        net: Cuttable,
-        target: u64,
-    }
-
-    impl CuttableTo {
-        #[allow(clippy::result_large_err)]
-        fn raft<E: std::error::Error>(
-            &self,
-        ) -> Result<Raft, openraft::error::RPCError<u64, BasicNode, E>> {
-            let cut = self.net.cut.lock().contains(&(self.net.from, self.target));
-            let raft = self.net.rafts.lock().get(&self.target).cloned();
-            match raft {
-                Some(raft) if !cut => Ok(raft),
-                _ => Err(openraft::error::RPCError::Unreachable(
-                    openraft::error::Unreachable::new(&std::io::Error::other("cut")),
-                )),
-            }
-        }
-    }
-
-    impl openraft::RaftNetwork<Tc> for CuttableTo {
-        async fn append_entries(
-            &mut self,
-            rpc: openraft::raft::AppendEntriesRequest<Tc>,
-            _: openraft::network::RPCOption,
-        ) -> Result<
-            openraft::raft::AppendEntriesResponse<u64>,
-            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
-        > {
-            let raft = self.raft()?;
-            raft.append_entries(rpc)
-                .await
-                .map_err(|e| remote(self.target, e))
-        }
-
-        async fn install_snapshot(
-            &mut self,
-            _: openraft::raft::InstallSnapshotRequest<Tc>,
-            _: openraft::network::RPCOption,
-        ) -> Result<
-            openraft::raft::InstallSnapshotResponse<u64>,
-            openraft::error::RPCError<
-                u64,
-                BasicNode,
-                openraft::error::RaftError<u64, openraft::error::InstallSnapshotError>,
-            >,
-        > {
-            unreachable!("the log is never cut in this test")
-        }
-
-        async fn vote(
-            &mut self,
-            rpc: openraft::raft::VoteRequest<u64>,
-            _: openraft::network::RPCOption,
-        ) -> Result<
-            openraft::raft::VoteResponse<u64>,
-            openraft::error::RPCError<u64, BasicNode, openraft::error::RaftError<u64>>,
-        > {
-            let raft = self.raft()?;
-            raft.vote(rpc).await.map_err(|e| remote(self.target, e))
-        }
-    }
-
-    /// Opens node `id` of a `Cuttable` group on its databases (again, after a restart), as
+    /// Opens node `id` of a `Direct` group on its databases (again, after a restart), as
     /// `Replication::open_part` does: its vote guard, its `Part`.
     async fn cuttable_part(
         id: u64,
         (db, log_db): (&'static Db, &'static Db),
         config: &Arc<openraft::Config>,
-        net: &Cuttable,
+        net: &Direct,
     ) -> Part {
         let machine = machine::Machine::open(db, None).await.expect("open");
         let locks = machine.locks();
         let moved = locks.lock().moved_flag();
         let log = log::LogStore::open(log_db, keel::Durability::None);
-        let node_net = Cuttable {
+        let node_net = Direct {
             from: id,
             ..net.clone()
         };
@@ -4443,7 +4359,7 @@ mod tests {
             .validate()
             .expect("a valid config"),
         );
-        let net = Cuttable::default();
+        let net = Direct::default();
         let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
         let mut parts = Vec::new();
         for id in 1..=3u64 {
@@ -4549,7 +4465,7 @@ mod tests {
             .validate()
             .expect("a valid config"),
         );
-        let net = Cuttable::default();
+        let net = Direct::default();
         let mut parts = Vec::new();
         for id in 1..=3u64 {
             let db = leaked();
@@ -4557,7 +4473,7 @@ mod tests {
             let locks = machine.locks();
             let moved = locks.lock().moved_flag();
             let log = log::LogStore::open(leaked(), keel::Durability::None);
-            let node_net = Cuttable {
+            let node_net = Direct {
                 from: id,
                 ..net.clone()
             };

@@ -894,39 +894,15 @@ async fn move_chunks<N: Net>(
                 generations: group.to_vec(),
                 after: std::mem::take(&mut after),
             };
-            let deadline = Instant::now() + net.timeout();
-            let (pairs, more): (Records, Vec<u8>) = match net
-                .call(from, step(read, net.now_ms()), deadline)
-                .await
-            {
-                Ok(Response {
-                    status: Status::Done,
-                    mut replies,
-                    ..
-                }) if replies.len() == 2 => {
-                    let more = replies.pop().expect("two replies");
-                    let pairs = postcard::from_bytes(&replies[0])
-                        .map_err(|e| Err(format!("ERR keel: a slot's data: {e}")))?;
-                    (pairs, more)
-                }
-                // Resolved by the source while this driver was slow: again.
-                Ok(Response {
-                    status: Status::Aborted,
-                    ..
-                }) => return Err(Ok(BatchMove::Busy)),
-                Ok(Response { status, reply, .. }) => {
-                    return Err(Err(format!(
-                        "ERR keel: partition {from} refused a chunk of the slots ({status:?}: {})",
-                        String::from_utf8_lossy(&reply)
-                    )));
-                }
-                Err(RunError::Failed(text) | RunError::Unknown(text)) => {
-                    return Err(Err(text));
-                }
-                Err(RunError::Moved | RunError::RolledBack) => {
-                    unreachable!("call answers a response")
-                }
+            let mut replies = chunk_step(net, from, read).await?;
+            let (Some(more), Some(encoded), None) = (replies.pop(), replies.pop(), replies.pop())
+            else {
+                return Err(Err(format!(
+                    "ERR keel: partition {from} answered a chunk of the slots without its records"
+                )));
             };
+            let pairs: Records = postcard::from_bytes(&encoded)
+                .map_err(|e| Err(format!("ERR keel: a slot's data: {e}")))?;
             if !pairs.is_empty() {
                 staged += pairs.len();
                 let stage = Op::MoveStage {
@@ -935,29 +911,7 @@ async fn move_chunks<N: Net>(
                     pairs,
                     deadline_ms,
                 };
-                let deadline = Instant::now() + net.timeout();
-                match net.call(to, step(stage, net.now_ms()), deadline).await {
-                    Ok(Response {
-                        status: Status::Done,
-                        ..
-                    }) => {}
-                    Ok(Response {
-                        status: Status::Aborted,
-                        ..
-                    }) => return Err(Ok(BatchMove::Busy)),
-                    Ok(Response { status, reply, .. }) => {
-                        return Err(Err(format!(
-                            "ERR keel: partition {to} refused a chunk of the slots ({status:?}: {})",
-                            String::from_utf8_lossy(&reply)
-                        )));
-                    }
-                    Err(RunError::Failed(text) | RunError::Unknown(text)) => {
-                        return Err(Err(text));
-                    }
-                    Err(RunError::Moved | RunError::RolledBack) => {
-                        unreachable!("call answers a response")
-                    }
-                }
+                chunk_step(net, to, stage).await?;
             }
             if more.is_empty() {
                 break;
@@ -972,4 +926,32 @@ async fn move_chunks<N: Net>(
         );
     }
     Ok(staged)
+}
+
+/// One chunk's step of a move at partition `part` (`MoveChunk` or `MoveStage`): its replies,
+/// or how the move ends instead (`Ok(Busy)`: decided abort meanwhile, run it again).
+async fn chunk_step<N: Net>(
+    net: &Arc<N>,
+    part: usize,
+    op: Op,
+) -> Result<Vec<Vec<u8>>, Result<BatchMove, String>> {
+    let deadline = Instant::now() + net.timeout();
+    match net.call(part, step(op, net.now_ms()), deadline).await {
+        Ok(Response {
+            status: Status::Done,
+            replies,
+            ..
+        }) => Ok(replies),
+        // Resolved abort while this driver was slow: again.
+        Ok(Response {
+            status: Status::Aborted,
+            ..
+        }) => Err(Ok(BatchMove::Busy)),
+        Ok(Response { status, reply, .. }) => Err(Err(format!(
+            "ERR keel: partition {part} refused a chunk of the slots ({status:?}: {})",
+            String::from_utf8_lossy(&reply)
+        ))),
+        Err(RunError::Failed(text) | RunError::Unknown(text)) => Err(Err(text)),
+        Err(RunError::Moved | RunError::RolledBack) => unreachable!("call answers a response"),
+    }
 }
