@@ -3123,6 +3123,20 @@ mod tests {
         );
     }
 
+    /// Applies `KEEL.REAP` entries at the indexes of `at` until one finds nothing to do.
+    async fn reap_all(m: &mut machine::Machine, at: std::ops::Range<u64>, now: u64) {
+        for i in at {
+            let r = m
+                .apply(vec![step(i, now, &[&["KEEL.REAP"]], Op::Run)])
+                .await
+                .expect("reap");
+            if r[0].reply == b"*2\r\n:0\r\n:0\r\n" {
+                return;
+            }
+        }
+        panic!("the reaper did not finish");
+    }
+
     /// A slot whose collections are too large for one entry moves in chunks: the vote names
     /// the generations, `MoveChunk` reads them at the source (in order, resuming after the
     /// last key), `MoveStage` writes them at the destination where nothing sees them, and
@@ -3305,15 +3319,7 @@ mod tests {
             .await
             .expect("abort");
         // What it staged goes once the reaper has swept it.
-        for i in 6..200 {
-            let r = dst
-                .apply(vec![step(i, now, &[&["KEEL.REAP"]], Op::Run)])
-                .await
-                .expect("reap");
-            if r[0].reply == b"*2\r\n:0\r\n:0\r\n" {
-                break;
-            }
-        }
+        reap_all(&mut dst, 6..200, now).await;
         assert_eq!(
             contents(dst_db),
             Vec::new(),
@@ -3380,15 +3386,8 @@ mod tests {
             .expect("commit");
         assert_eq!(r[0].status, Status::Done, "{r:?}");
         assert_eq!(r[1].status, Status::Moved, "the slot is the destination's");
-        for _ in 0..200 {
-            let r = src
-                .apply(vec![step(next(), now, &[&["KEEL.REAP"]], Op::Run)])
-                .await
-                .expect("reap");
-            if r[0].reply == b"*2\r\n:0\r\n:0\r\n" {
-                break;
-            }
-        }
+        let from = next();
+        reap_all(&mut src, from..from + 200, now).await;
         assert_eq!(
             contents(src_db),
             Vec::new(),
@@ -4303,9 +4302,51 @@ mod tests {
         }
     }
 
+    /// Three rafts on one `Direct` network with the server's timeouts, started: the config,
+    /// the network, each node's databases (data, log), their `Part`s and the leader's index.
+    #[allow(clippy::type_complexity)]
+    async fn three_on_direct() -> (
+        Arc<openraft::Config>,
+        Direct,
+        Vec<(&'static Db, &'static Db)>,
+        Vec<Part>,
+        usize,
+    ) {
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: HEARTBEAT_MS,
+                election_timeout_min: ELECTION_MS.0,
+                election_timeout_max: ELECTION_MS.1,
+                ..Default::default()
+            }
+            .validate()
+            .expect("a valid config"),
+        );
+        let net = Direct::default();
+        let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
+        let mut parts = Vec::new();
+        for id in 1..=3u64 {
+            parts.push(direct_part(id, dbs[id as usize - 1], &config, &net).await);
+        }
+        let members: BTreeMap<u64, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        parts[0].raft.initialize(members).await.expect("initialize");
+        let started = Instant::now();
+        let leader = loop {
+            let leads = |p: &Part| p.raft.metrics().borrow().state == openraft::ServerState::Leader;
+            if let Some(l) = (0..3).find(|&i| leads(&parts[i])) {
+                break l;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        (config, net, dbs, parts, leader)
+    }
+
     /// Opens node `id` of a `Direct` group on its databases (again, after a restart), as
-    /// `Replication::open_part` does: its vote guard, its `Part`.
-    async fn cuttable_part(
+    /// `Replication::open_part` does: its `Part`.
+    async fn direct_part(
         id: u64,
         (db, log_db): (&'static Db, &'static Db),
         config: &Arc<openraft::Config>,
@@ -4349,35 +4390,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_restarted_follower_votes_for_no_one_while_its_leader_may_read_on_its_lease() {
         use openraft::ServerState;
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: HEARTBEAT_MS,
-                election_timeout_min: ELECTION_MS.0,
-                election_timeout_max: ELECTION_MS.1,
-                ..Default::default()
-            }
-            .validate()
-            .expect("a valid config"),
-        );
-        let net = Direct::default();
-        let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
-        let mut parts = Vec::new();
-        for id in 1..=3u64 {
-            parts.push(cuttable_part(id, dbs[id as usize - 1], &config, &net).await);
-        }
-        let members: BTreeMap<u64, BasicNode> = (1..=3)
-            .map(|i| (i, BasicNode::new(format!("n{i}"))))
-            .collect();
-        parts[0].raft.initialize(members).await.expect("initialize");
+        let (config, net, dbs, mut parts, l) = three_on_direct().await;
         let leads = |part: &Part| part.raft.metrics().borrow().state == ServerState::Leader;
-        let started = Instant::now();
-        let l = loop {
-            if let Some(l) = (0..3).find(|&i| leads(&parts[i])) {
-                break l;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
         let (a, b) = ((l + 1) % 3, (l + 2) % 3);
         let id = |i: usize| i as u64 + 1;
         let request = |commands: &[&str]| match entry(0, &[commands]).payload {
@@ -4407,7 +4421,7 @@ mod tests {
         net.rafts.lock().remove(&id(a));
         net.cut(id(l), id(a));
         let reopened = Instant::now();
-        parts[a] = cuttable_part(id(a), dbs[a], &config, &net).await;
+        parts[a] = direct_part(id(a), dbs[a], &config, &net).await;
         let new = loop {
             if let Some(n) = [a, b].into_iter().find(|&i| leads(&parts[i])) {
                 break n;
@@ -4455,62 +4469,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_cut_off_stops_reading_on_its_lease_before_another_is_elected() {
         use openraft::ServerState;
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: HEARTBEAT_MS,
-                election_timeout_min: ELECTION_MS.0,
-                election_timeout_max: ELECTION_MS.1,
-                ..Default::default()
-            }
-            .validate()
-            .expect("a valid config"),
-        );
-        let net = Direct::default();
-        let mut parts = Vec::new();
-        for id in 1..=3u64 {
-            let db = leaked();
-            let machine = machine::Machine::open(db, None).await.expect("open");
-            let locks = machine.locks();
-            let moved = locks.lock().moved_flag();
-            let log = log::LogStore::open(leaked(), keel::Durability::None);
-            let node_net = Direct {
-                from: id,
-                ..net.clone()
-            };
-            let raft = Raft::new(id, Arc::clone(&config), node_net, log, machine)
-                .await
-                .expect("raft");
-            net.rafts.lock().insert(id, raft.clone());
-            parts.push(Part {
-                id: 0,
-                raft,
-                db,
-                moved,
-                locks,
-                clock: Arc::new(crate::keyspace::unix_ms),
-                reads: Arc::default(),
-                proposals: Arc::default(),
-                floor: None,
-                inbox: inbox::Inbox::default(),
-            });
-        }
-        let members: BTreeMap<u64, BasicNode> = (1..=3)
-            .map(|i| (i, BasicNode::new(format!("n{i}"))))
-            .collect();
-        parts[0].raft.initialize(members).await.expect("initialize");
+        let (_, net, _, parts, old) = three_on_direct().await;
         let leader = |parts: &[Part], not: Option<usize>| -> Option<usize> {
             (0..3).filter(|&i| Some(i) != not).find(|&i| {
                 let m = parts[i].raft.metrics().borrow().clone();
                 m.state == ServerState::Leader
             })
-        };
-        let started = Instant::now();
-        let old = loop {
-            if let Some(l) = leader(&parts, None) {
-                break l;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
-            tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let request = |commands: &[&str]| match entry(0, &[commands]).payload {
             EntryPayload::Normal(r) => r,
