@@ -2423,6 +2423,16 @@ mod tests {
         Box::leak(Box::new(Db::in_memory()))
     }
 
+    /// openraft's settings with the server's heartbeat and election timeouts.
+    fn timeouts() -> openraft::Config {
+        openraft::Config {
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_MS.0,
+            election_timeout_max: ELECTION_MS.1,
+            ..Default::default()
+        }
+    }
+
     struct Stores;
 
     impl StoreBuilder<Tc, log::LogStore, machine::Machine, ()> for Stores {
@@ -3778,12 +3788,7 @@ mod tests {
 
     /// A single-node group on `data` and `log_db` (node 1), with a snapshot directory.
     async fn one_node(data: &'static Db, log_db: &'static Db, dir: &std::path::Path) -> Raft {
-        let config = openraft::Config {
-            heartbeat_interval: HEARTBEAT_MS,
-            election_timeout_min: ELECTION_MS.0,
-            election_timeout_max: ELECTION_MS.1,
-            ..Default::default()
-        };
+        let config = timeouts();
         let machine = machine::Machine::open(data, Some(dir.to_path_buf()))
             .await
             .expect("open");
@@ -4312,16 +4317,7 @@ mod tests {
         Vec<Part>,
         usize,
     ) {
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: HEARTBEAT_MS,
-                election_timeout_min: ELECTION_MS.0,
-                election_timeout_max: ELECTION_MS.1,
-                ..Default::default()
-            }
-            .validate()
-            .expect("a valid config"),
-        );
+        let config = Arc::new(timeouts().validate().expect("a valid config"));
         let net = Direct::default();
         let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
         let mut parts = Vec::new();
@@ -4566,13 +4562,10 @@ mod tests {
         const CHUNK: u64 = 64 << 10;
         let config = Arc::new(
             openraft::Config {
-                heartbeat_interval: HEARTBEAT_MS,
-                election_timeout_min: ELECTION_MS.0,
-                election_timeout_max: ELECTION_MS.1,
                 snapshot_max_chunk_size: CHUNK,
                 // Generous: the test machine may be loaded.
                 install_snapshot_timeout: 10_000,
-                ..Default::default()
+                ..timeouts()
             }
             .validate()
             .expect("a valid config"),
@@ -4681,16 +4674,7 @@ mod tests {
         data: &'static Db,
         log: &'static Db,
     ) -> (Raft, inbox::Inbox) {
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: HEARTBEAT_MS,
-                election_timeout_min: ELECTION_MS.0,
-                election_timeout_max: ELECTION_MS.1,
-                ..Default::default()
-            }
-            .validate()
-            .expect("a valid config"),
-        );
+        let config = Arc::new(timeouts().validate().expect("a valid config"));
         let machine = machine::Machine::open(data, Some(dir.to_path_buf()))
             .await
             .expect("open");
