@@ -2799,6 +2799,257 @@ mod tests {
         e
     }
 
+    /// A slot move's driver as `txn::move_slots` sees two partitions: each request applied
+    /// at once as the next entry of its partition's state machine (0 owns the slots below
+    /// 8192, 1 the others), with the faults the test sets.
+    struct Scripted {
+        parts: Vec<tokio::sync::Mutex<(machine::Machine, u64)>>,
+        locks: Vec<prepared::Shared>,
+        /// `MoveIn` applies, and its answer is lost.
+        lose_move_in: std::sync::atomic::AtomicBool,
+        /// Every `Resolve` fails (its partition unreachable).
+        deaf: std::sync::atomic::AtomicBool,
+        clock: std::sync::atomic::AtomicU64,
+        seq: std::sync::atomic::AtomicU64,
+    }
+
+    impl txn::Net for Scripted {
+        async fn call(
+            &self,
+            p: usize,
+            request: Request,
+            _: tokio::time::Instant,
+        ) -> Result<Response, RunError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.deaf.load(SeqCst) && matches!(request.op, Op::Resolve { .. }) {
+                return Err(RunError::Failed(format!("CLUSTERDOWN partition {p}")));
+            }
+            let lost = self.lose_move_in.load(SeqCst) && matches!(request.op, Op::MoveIn { .. });
+            let mut part = self.parts[p].lock().await;
+            let (machine, index) = &mut *part;
+            *index += 1;
+            let entry = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 0), *index),
+                payload: EntryPayload::Normal(request),
+            };
+            let response = machine.apply(vec![entry]).await.expect("apply").remove(0);
+            if lost {
+                return Err(RunError::Unknown(format!("TRYAGAIN partition {p} lost it")));
+            }
+            Ok(response)
+        }
+
+        fn leads(&self, _: usize) -> bool {
+            true
+        }
+
+        fn led(&self) -> Vec<(usize, prepared::Shared)> {
+            self.locks.iter().cloned().enumerate().collect()
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_millis(100)
+        }
+
+        fn now_ms(&self) -> u64 {
+            self.clock.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        fn next_txn(&self) -> TxnId {
+            TxnId {
+                node: 0,
+                incarnation: 1,
+                seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            }
+        }
+
+        fn learn(&self, _: &[(u16, usize)]) {}
+
+        fn owner(&self, slot: u16) -> usize {
+            usize::from(slot >= 8192)
+        }
+    }
+
+    /// A move whose `MoveIn` applied but whose answer was lost, and whose destination then
+    /// cannot be asked: the driver leaves the source prepared (an abort there would leave the
+    /// slot owned by both partitions: the replicated simulation found this), and the source's
+    /// resolver, once it can ask, commits the move.
+    #[tokio::test]
+    async fn a_move_whose_outcome_is_unknown_is_settled_by_the_source_not_aborted() {
+        let (src_db, dst_db) = (leaked(), leaked());
+        let (mut parts, mut locks) = (Vec::new(), Vec::new());
+        for (db, me) in [(src_db, 0), (dst_db, 1)] {
+            let m = machine::Machine::open(db, None).await.expect("open");
+            m.locks()
+                .lock()
+                .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
+            locks.push(m.locks());
+            parts.push(tokio::sync::Mutex::new((m, 0)));
+        }
+        let now = 1_700_000_000_000;
+        let net = Arc::new(Scripted {
+            parts,
+            locks,
+            lose_move_in: true.into(),
+            deaf: true.into(),
+            clock: now.into(),
+            seq: 0.into(),
+        });
+        let key = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| keel_cluster::key_slot(k.as_bytes()).0 < 8192)
+            .expect("a key of partition 0");
+        let slot = keel_cluster::key_slot(key.as_bytes()).0;
+        let fill = Request {
+            commands: vec![vec![
+                b"SET".to_vec(),
+                key.clone().into_bytes(),
+                b"v".to_vec(),
+            ]],
+            now_ms: now,
+            ..match entry(0, &[]).payload {
+                EntryPayload::Normal(r) => r,
+                _ => unreachable!(),
+            }
+        };
+        let r = txn::Net::call(&*net, 0, fill, tokio::time::Instant::now()).await;
+        assert_eq!(r.expect("set").status, Status::Done);
+
+        let moved = txn::move_slots(&net, &[slot], 1).await;
+        let text = moved.expect_err("the outcome is unknown");
+        assert!(
+            text.contains("did not say whether it took the slots"),
+            "{text}"
+        );
+        assert_eq!(
+            net.locks[1].lock().owner(slot),
+            Some(1),
+            "the destination took it"
+        );
+        assert_eq!(
+            net.locks[0].lock().prepared().len(),
+            1,
+            "the source is still prepared, not aborted"
+        );
+        assert!(
+            read(src_db, &net.locks[0], &key).is_none(),
+            "the source serves nothing of the slot meanwhile"
+        );
+
+        // Reachable again, and past the time a driver has: the source's resolver asks.
+        net.deaf.store(false, std::sync::atomic::Ordering::SeqCst);
+        net.clock
+            .store(now + 60_000, std::sync::atomic::Ordering::SeqCst);
+        txn::resolve_once(&net).await;
+        assert!(net.locks[0].lock().prepared().is_empty(), "resolved");
+        assert_eq!(
+            net.locks[0].lock().owner(slot),
+            Some(1),
+            "the source gave it"
+        );
+        assert_eq!(
+            read(dst_db, &net.locks[1], &key).as_deref(),
+            Some(&b"$1\r\nv\r\n"[..])
+        );
+    }
+
+    /// The generations of the collections in `db` (its size records).
+    fn generations(db: &Db) -> Vec<u64> {
+        let prefix = crate::keyspace::size_key(0).to_vec();
+        let snap = db.snapshot().expect("snapshot");
+        snap.range::<[u8]>(..)
+            .filter_map(|(k, _)| {
+                let g = k.strip_prefix(&prefix[..2])?;
+                Some(u64::from_be_bytes(g.try_into().ok()?))
+            })
+            .collect()
+    }
+
+    /// Two partitions that apply the same command at the same log id create their
+    /// collections under different generations: a collection keeps its generation when its
+    /// slot moves, so equal ones would mix two keys' records at the destination.
+    #[tokio::test]
+    async fn partitions_draw_different_generations_at_the_same_log_ids() {
+        let elem = "e".repeat(crate::keyspace::packed::ITEM_BYTES_MAX + 1);
+        let mut drawn = Vec::new();
+        for me in [0, 1] {
+            let db = leaked();
+            let mut m = machine::Machine::open(db, None).await.expect("open");
+            m.locks()
+                .lock()
+                .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
+            // Each partition's own key, so that neither answers `Moved`.
+            let key = (0..)
+                .map(|i| format!("l{i}"))
+                .find(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0 >= 8192) == me)
+                .expect("a key");
+            let r = m
+                .apply(vec![step(
+                    1,
+                    1_700_000_000_000,
+                    &[&["RPUSH", &key, &elem]],
+                    Op::Run,
+                )])
+                .await
+                .expect("apply");
+            assert_eq!(r[0].status, Status::Done, "{r:?}");
+            let g = generations(db);
+            assert_eq!(g.len(), 1, "one spread list");
+            drawn.push(g[0]);
+        }
+        assert_ne!(drawn[0], drawn[1], "the same generation in two partitions");
+    }
+
+    /// A move that would bring a collection under a generation a collection of the
+    /// destination has is refused, whole.
+    #[tokio::test]
+    async fn a_move_in_of_a_generation_the_destination_has_is_refused() {
+        let db = leaked();
+        let mut dst = machine::Machine::open(db, None).await.expect("open");
+        dst.locks()
+            .lock()
+            .set_home((1, Arc::new(|slot| usize::from(slot >= 8192))));
+        let elem = "e".repeat(crate::keyspace::packed::ITEM_BYTES_MAX + 1);
+        let key = (0..)
+            .map(|i| format!("l{i}"))
+            .find(|k| keel_cluster::key_slot(k.as_bytes()).0 >= 8192)
+            .expect("a key of partition 1");
+        let now = 1_700_000_000_000;
+        let r = dst
+            .apply(vec![step(1, now, &[&["RPUSH", &key, &elem]], Op::Run)])
+            .await
+            .expect("apply");
+        assert_eq!(r[0].status, Status::Done, "{r:?}");
+        let g = generations(db)[0];
+        let before = contents(db);
+        let txn = TxnId {
+            node: 0,
+            incarnation: 1,
+            seq: 1,
+        };
+        let into = Op::MoveIn {
+            txn,
+            slots: vec![100],
+            from: 0,
+            pairs: vec![(
+                crate::keyspace::size_key(g).to_vec(),
+                1i64.to_be_bytes().to_vec(),
+            )],
+            deadline_ms: now + 60_000,
+        };
+        let r = dst
+            .apply(vec![step(2, now, &[], into)])
+            .await
+            .expect("apply");
+        assert_eq!(r[0].status, Status::Failed, "{r:?}");
+        assert!(
+            String::from_utf8_lossy(&r[0].reply).contains("has the generation of a collection"),
+            "{r:?}"
+        );
+        assert_eq!(dst.locks().lock().owner(100), Some(0), "the slot stays");
+        assert_eq!(contents(db), before, "the list is as it was");
+    }
+
     fn read(db: &'static Db, locks: &prepared::Shared, key: &str) -> Option<Vec<u8>> {
         let request = Request {
             commands: vec![vec![b"GET".to_vec(), key.as_bytes().to_vec()]],

@@ -808,10 +808,10 @@ impl RaftStateMachine<Tc> for Machine {
                 .map_err(sm_err)?;
                 let response = match &entry.payload {
                     EntryPayload::Normal(request) => {
-                        let seed = log_id.index ^ log_id.leader_id.term.rotate_left(32);
                         // Held while the entry applies: readers see the lock table and the
                         // data after the same entries.
                         let mut locks = locks.lock();
+                        let seed = entry_seed(locks.partition(), log_id);
                         match &request.op {
                             Op::Run => {
                                 execute(db, &mut locks, request, &marker, seed, log_id.index)?
@@ -992,6 +992,16 @@ fn execute_group(
         replies,
         ..Response::default()
     })
+}
+
+/// The seed of the random numbers an entry draws (a new collection's generation among them):
+/// the same on every replica, and distinct per partition as well as per log id, since a
+/// collection keeps its generation when its slot moves to another partition, whose own
+/// entries at the same log ids would otherwise have drawn the same generations (two keys'
+/// records then mixed: the replicated simulation found it).
+fn entry_seed(partition: usize, log_id: LogId<u64>) -> u64 {
+    let part = (partition as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    log_id.index ^ log_id.leader_id.term.rotate_left(32) ^ part
 }
 
 pub fn execute(

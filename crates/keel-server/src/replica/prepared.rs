@@ -140,6 +140,14 @@ pub struct Locks {
     /// A deliberate bug for the simulation's checks to catch: nothing conflicts.
     #[cfg(test)]
     pub ignore_locks: bool,
+    /// Another: a slot move's `MoveIn` takes the slots but not their keys.
+    #[cfg(test)]
+    pub lose_moves: bool,
+    /// Records a slot move carries in its vote, and in each chunk, at most, if fewer than
+    /// [`MOVE_RECORDS_MAX`] and [`MOVE_CHUNK_RECORDS`]: the simulation's collections of a few
+    /// elements go in chunks.
+    #[cfg(test)]
+    pub move_records_max: Option<usize>,
 }
 
 /// A slot move's collections staged in the destination ahead of its `MoveIn`.
@@ -300,6 +308,20 @@ impl Locks {
         )
     }
 
+    /// Records one slot move carries inline at most (its vote, `MoveIn`), and one chunk.
+    fn move_records(&self, max: usize) -> usize {
+        #[cfg(test)]
+        if let Some(fewer) = self.move_records_max {
+            return fewer.min(max);
+        }
+        max
+    }
+
+    /// Which partition this is (0 outside a cluster).
+    pub fn partition(&self) -> usize {
+        self.home.as_ref().map_or(0, |(me, _)| *me)
+    }
+
     /// Sets which partition this is (see [`Home`]).
     pub fn set_home(&mut self, home: Home) {
         self.home = Some(home);
@@ -436,7 +458,8 @@ impl Locks {
         let home = self.home.take();
         let moved_any = Arc::clone(&self.moved_any);
         #[cfg(test)]
-        let ignore_locks = self.ignore_locks;
+        let (ignore_locks, lose_moves, move_records_max) =
+            (self.ignore_locks, self.lose_moves, self.move_records_max);
         *self = Locks {
             home,
             moved_any,
@@ -445,6 +468,8 @@ impl Locks {
         #[cfg(test)]
         {
             self.ignore_locks = ignore_locks;
+            self.lose_moves = lose_moves;
+            self.move_records_max = move_records_max;
         }
         let snap = db.snapshot().map_err(sm_err)?;
         for (key, value) in snap.range::<[u8]>((Included(PREPARED), Unbounded)) {
@@ -536,7 +561,12 @@ pub fn move_weight((k, v): &(Vec<u8>, Vec<u8>)) -> usize {
 
 /// The records of the keys in `slots` ([`SlotData`]; the graveyard of dropped collections
 /// stays). A scan of the whole database, then of each collection.
-pub fn slot_data(db: &Db, slots: &std::collections::BTreeSet<u16>) -> Result<SlotData> {
+pub fn slot_data(
+    db: &Db,
+    locks: &Locks,
+    slots: &std::collections::BTreeSet<u16>,
+) -> Result<SlotData> {
+    let records_max = locks.move_records(MOVE_RECORDS_MAX);
     use crate::keyspace::{self, EXPIRY, INTERNAL, META};
     let snap = db.snapshot().map_err(sm_err)?;
     let mut visible = Vec::new();
@@ -571,7 +601,7 @@ pub fn slot_data(db: &Db, slots: &std::collections::BTreeSet<u16>) -> Result<Slo
     generation_records(&snap, &generations, &[], |pair| {
         records += 1;
         bytes += move_weight(&pair);
-        if !fits_one_move(records, bytes) {
+        if !fits_one_move(records, bytes) || records > records_max {
             inline = None;
             return ControlFlow::Break(());
         }
@@ -659,7 +689,8 @@ fn still_graved(generation: u64) -> String {
     )
 }
 
-/// Why the destination refuses a move's `MoveIn` (`None`: it takes it).
+/// Why the destination refuses a move's `MoveIn` (`None`: it takes it): a collection it
+/// brings whose generation is in the graveyard here or names a collection here.
 fn move_in_refusal(
     db: &Db,
     locks: &Locks,
@@ -679,7 +710,7 @@ fn move_in_refusal(
             pairs.len() + staged
         ))
     } else {
-        graved(db, pairs)?.map(still_graved)
+        graved(db, pairs, locks.staging.get(&txn))?
     })
 }
 
@@ -699,23 +730,37 @@ fn generation_of(key: &[u8]) -> Option<u64> {
         .then(|| u64::from_be_bytes(key[2..10].try_into().expect("8 bytes")))
 }
 
-/// The generations of `pairs` still in this partition's graveyard: their old sub-keys may be
-/// swept after the move wrote them again (a collection that moved away and back before its
-/// old copy was swept), so the move is refused until they are gone.
-fn graved(db: &Db, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<Option<u64>> {
-    let generations: std::collections::BTreeSet<u64> =
-        pairs.iter().filter_map(|(k, _)| generation_of(k)).collect();
+/// Why a move's records `pairs` may not be written here (`staged`: what the move staged
+/// here already): a generation still in this partition's graveyard (its old sub-keys may be
+/// swept after the move wrote them again: a collection that moved away and back before its
+/// old copy was swept; refused until they are gone), or one a collection here has.
+fn graved(
+    db: &Db,
+    pairs: &[(Vec<u8>, Vec<u8>)],
+    staged: Option<&Staging>,
+) -> Result<Option<String>> {
+    let generations: std::collections::BTreeSet<u64> = pairs
+        .iter()
+        .filter_map(|(k, _)| generation_of(k))
+        .filter(|g| !staged.is_some_and(|s| s.generations.contains(g)))
+        .collect();
     if generations.is_empty() {
         return Ok(None);
     }
     let snap = db.snapshot().map_err(sm_err)?;
     for generation in generations {
-        if snap
-            .get(&crate::keyspace::grave_key(generation))
-            .map_err(sm_err)?
-            .is_some()
-        {
-            return Ok(Some(generation));
+        let held = |key: &[u8]| snap.get(key).map(|v| v.is_some()).map_err(sm_err);
+        if held(&crate::keyspace::grave_key(generation))? {
+            return Ok(Some(still_graved(generation)));
+        }
+        // A collection here under the same generation: the two would mix their records.
+        // Generations are drawn at random per partition (`machine::entry_seed`), so this
+        // refuses what should never come.
+        if held(&crate::keyspace::size_key(generation))? {
+            return Ok(Some(format!(
+                "ERR keel: a collection of the slots (generation {generation:016x}) has the \
+                 generation of a collection of this partition; it cannot move here"
+            )));
         }
     }
     Ok(None)
@@ -1155,7 +1200,7 @@ pub fn apply(
                     // transaction's keys: `txn::move_batch`).
                     books.deletes.push(key(PREPARED, *txn));
                     let set: std::collections::BTreeSet<u16> = slots.iter().copied().collect();
-                    let data = slot_data(db, &set)?;
+                    let data = slot_data(db, locks, &set)?;
                     books
                         .deletes
                         .extend(data.visible.into_iter().map(|(k, _)| k));
@@ -1255,7 +1300,7 @@ pub fn apply(
             if locks.prepared.contains_key(txn) {
                 // Already prepared here: the same vote.
                 books.commit(db)?;
-                move_vote(slot_data(db, &set)?)?
+                move_vote(slot_data(db, locks, &set)?)?
             } else if clock > *deadline_ms || finished(*deadline_ms, *txn)? {
                 books.commit(db)?;
                 status(Status::Aborted)
@@ -1266,7 +1311,7 @@ pub fn apply(
                 books.commit(db)?;
                 status(Status::Busy)
             } else {
-                let data = slot_data(db, &set)?;
+                let data = slot_data(db, locks, &set)?;
                 let record = Record {
                     request: Request {
                         commands: Vec::new(),
@@ -1329,6 +1374,8 @@ pub fn apply(
                 }
                 let mut moved = locks.moved.clone();
                 moved.extend(slots.iter().map(|&s| (s, me)));
+                #[cfg(test)]
+                let pairs = if locks.lose_moves { &Vec::new() } else { pairs };
                 books.puts.extend(pairs.iter().cloned());
                 books
                     .puts
@@ -1363,8 +1410,9 @@ pub fn apply(
                 let snap = db.snapshot().map_err(sm_err)?;
                 let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
                 let (mut bytes, mut more) = (0, None);
+                let chunk_records = locks.move_records(MOVE_CHUNK_RECORDS);
                 generation_records(&snap, generations, after, |pair| {
-                    if pairs.len() >= MOVE_CHUNK_RECORDS
+                    if pairs.len() >= chunk_records
                         || (!pairs.is_empty() && bytes + move_weight(&pair) > MOVE_CHUNK_BYTES)
                     {
                         more = pairs.last().map(|(k, _)| k.clone());
@@ -1410,9 +1458,9 @@ pub fn apply(
                     MOVE_RECORDS_MAX / 2,
                     pairs.len()
                 ))
-            } else if let Some(generation) = graved(db, pairs)? {
+            } else if let Some(text) = graved(db, pairs, locks.staging.get(txn))? {
                 books.commit(db)?;
-                failed(still_graved(generation))
+                failed(text)
             } else if let Some((k, _)) = pairs.iter().find(|(k, _)| generation_of(k).is_none()) {
                 books.commit(db)?;
                 failed(format!(

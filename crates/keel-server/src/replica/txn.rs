@@ -98,6 +98,11 @@ pub trait Net: Send + Sync + 'static {
     fn learn(&self, moved: &[(u16, usize)]);
     /// The partition that owns `slot`, as far as this node knows.
     fn owner(&self, slot: u16) -> usize;
+    /// How long a slot move that goes in chunks may take ([`MOVE_CHUNKED_SPAN`]; the
+    /// simulation's are shorter).
+    fn chunked_span(&self) -> Duration {
+        MOVE_CHUNKED_SPAN
+    }
 }
 
 /// The server's node as the driver sees it.
@@ -734,7 +739,7 @@ async fn move_batch<N: Net>(
     chunked: bool,
 ) -> Result<BatchMove, String> {
     let span = if chunked {
-        MOVE_CHUNKED_SPAN
+        net.chunked_span()
     } else {
         net.timeout() * 3
     };
@@ -828,7 +833,18 @@ async fn move_batch<N: Net>(
     };
     let decided = match net.call(to, step(into, net.now_ms()), deadline).await {
         Ok(response) => Some(response),
-        Err(RunError::Unknown(_)) => resolve(&**net, to, txn, deadline_ms).await,
+        Err(RunError::Unknown(text)) => match resolve(&**net, to, txn, deadline_ms).await {
+            Some(response) => Some(response),
+            // `to` may have taken the slots: only an answer from it decides. The source
+            // stays prepared, and its leader's resolver asks `to` (an abort here would leave
+            // the slots owned by both).
+            None => {
+                return Err(format!(
+                    "{text} (partition {to} did not say whether it took the slots; partition \
+                     {from}'s leader settles the move with it)"
+                ));
+            }
+        },
         Err(_) => None,
     };
     match decided {
@@ -852,8 +868,10 @@ async fn move_batch<N: Net>(
                 String::from_utf8_lossy(&reply)
             ));
         }
+        // `MoveIn` was never appended: `to` drops what it staged (the abort also refuses a
+        // late `MoveIn`), the source keeps the slots.
         None => {
-            abort(net, txn, deadline_ms, vec![from]).await;
+            abort(net, txn, deadline_ms, vec![to, from]).await;
             return Err(format!(
                 "CLUSTERDOWN keel: partition {to} could not be reached to take the slots"
             ));
