@@ -153,6 +153,9 @@ enum Mutation {
     /// A replica that left (`member`) is emptied vote and all, with no floor: what the server
     /// once did (`replica::empty` keeps both).
     ForgetsVote,
+    /// A slot move's destination takes the slots without their keys
+    /// (`prepared::Locks::lose_moves`).
+    MoveLosesKeys,
 }
 
 /// The network's state: which links are cut and how lossy the others are.
@@ -387,7 +390,18 @@ struct Sim {
     violations: Mutex<Vec<String>>,
     book: Mutex<Book>,
     stats: Stats,
+    /// The owner of every slot in the cluster's config, if this group is one partition of
+    /// several that own slots (set before the group starts): its replicas answer `Moved` for
+    /// keys of other partitions' slots, and take part in slot moves.
+    home: Mutex<Option<SlotOwners>>,
 }
+
+/// Records a slot move carries at once in the simulation (inline, or in one chunk): every
+/// list (its size record and chunks) goes in chunks.
+const MOVE_RECORDS_SIM: usize = 2;
+
+/// The config's owner of each slot (see `prepared::Home`).
+type SlotOwners = Arc<dyn Fn(u16) -> usize + Send + Sync>;
 
 fn roundtrip<T: Serialize + DeserializeOwned>(value: &T) -> T {
     let bytes = postcard::to_stdvec(value).expect("a message encodes");
@@ -478,6 +492,7 @@ impl Sim {
             violations: Mutex::default(),
             book: Mutex::default(),
             stats: Stats::default(),
+            home: Mutex::default(),
         });
         sim.groups.lock().push(Arc::downgrade(&sim));
         sim
@@ -680,8 +695,16 @@ impl Sim {
             Err(e) => return self.violation(format!("node {i}'s state machine won't open: {e}")),
         };
         let locks = machine.locks();
+        if let Some(owners) = self.home.lock().clone() {
+            let mut locks = locks.lock();
+            locks.set_home((self.part, owners));
+            locks.move_records_max = Some(MOVE_RECORDS_SIM);
+        }
         if self.mutation == Mutation::IgnoreLocks {
             locks.lock().ignore_locks = true;
+        }
+        if self.mutation == Mutation::MoveLosesKeys {
+            locks.lock().lose_moves = true;
         }
         let inner =
             LogStore::open(node.log_db, keel::Durability::Sync).purge_behind(machine.durable());
@@ -1229,8 +1252,30 @@ fn key_name(k: u32) -> Vec<u8> {
     format!("k{k}").into_bytes()
 }
 
-/// Reads one RESP2 value at `at` of `reply`: a bulk string (`None`: nil), or for an integer
-/// or status its text.
+/// Whether key `k` is a Redis list (`RPUSH`, `LRANGE`): odd keys are, even ones strings
+/// (`APPEND`, `GET`). A list is a collection in the engine (a meta record, a size record and
+/// a chunk record per 16 elements), which a slot move carries in chunks.
+fn is_list(k: u32) -> bool {
+    k % 2 == 1
+}
+
+/// The command that reads key `k`'s list whole.
+fn read_command(k: u32) -> Vec<Vec<u8>> {
+    if is_list(k) {
+        vec![
+            b"LRANGE".to_vec(),
+            key_name(k),
+            b"0".to_vec(),
+            b"-1".to_vec(),
+        ]
+    } else {
+        vec![b"GET".to_vec(), key_name(k)]
+    }
+}
+
+/// Reads one RESP2 value at `at` of `reply`: a bulk string (`None`: nil), for an integer or
+/// status its text, for an array of bulk strings (a list's elements) their texts joined by
+/// spaces, as a string key's `APPEND`s are.
 fn resp_value(reply: &[u8], at: &mut usize) -> Result<Option<Vec<u8>>, String> {
     let rest = &reply[*at..];
     let end = rest
@@ -1240,6 +1285,17 @@ fn resp_value(reply: &[u8], at: &mut usize) -> Result<Option<Vec<u8>>, String> {
     let line = &rest[1..end];
     let text = || String::from_utf8_lossy(line).into_owned();
     match rest.first() {
+        Some(b'*') => {
+            let len: usize = text().parse().map_err(|_| "a bad array length")?;
+            *at += end + 2;
+            let mut joined = Vec::new();
+            for _ in 0..len {
+                let elem = resp_value(reply, at)?.ok_or("a nil list element")?;
+                joined.push(b' ');
+                joined.extend(elem);
+            }
+            Ok(Some(joined))
+        }
         Some(b'$') => {
             let len: i64 = text().parse().map_err(|_| "a bad bulk length")?;
             if len < 0 {
@@ -1307,13 +1363,25 @@ fn parse_exec(reply: &[u8], plan: &[(u32, Option<u64>)]) -> Result<Vec<Op>, Stri
 fn request(plan: &[(u32, Option<u64>)]) -> Request {
     let mut commands = Vec::new();
     for &(key, append) in plan {
-        commands.push(vec![b"GET".to_vec(), key_name(key)]);
-        if let Some(elem) = append {
-            commands.push(vec![
+        commands.push(read_command(key));
+        match append {
+            // Zero-padded past what a packed list holds (`keyspace::packed`): the list is
+            // spread over chunk records from its first element.
+            Some(elem) if is_list(key) => commands.push(vec![
+                b"RPUSH".to_vec(),
+                key_name(key),
+                format!(
+                    "{elem:0>width$}",
+                    width = crate::keyspace::packed::ITEM_BYTES_MAX + 1
+                )
+                .into_bytes(),
+            ]),
+            Some(elem) => commands.push(vec![
                 b"APPEND".to_vec(),
                 key_name(key),
                 format!(" {elem}").into_bytes(),
-            ]);
+            ]),
+            None => {}
         }
     }
     Request {
