@@ -2965,39 +2965,57 @@ mod tests {
             .collect()
     }
 
-    /// Two partitions that apply the same command at the same log id create their
-    /// collections under different generations: a collection keeps its generation when its
-    /// slot moves, so equal ones would mix two keys' records at the destination.
+    /// Partitions that apply commands at the same log ids create their collections under
+    /// different generations, alone or in a group (whose requests draw from seeds of their
+    /// own): a collection keeps its generation when its slot moves, so equal ones would mix
+    /// two keys' records at the destination.
     #[tokio::test]
     async fn partitions_draw_different_generations_at_the_same_log_ids() {
         let elem = "e".repeat(crate::keyspace::packed::ITEM_BYTES_MAX + 1);
-        let mut drawn = Vec::new();
-        for me in [0, 1] {
+        let mut drawn = std::collections::BTreeSet::new();
+        let parts = 4;
+        for me in 0..parts {
             let db = leaked();
             let mut m = machine::Machine::open(db, None).await.expect("open");
             m.locks()
                 .lock()
-                .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
-            // Each partition's own key, so that neither answers `Moved`.
-            let key = (0..)
+                .set_home((me, Arc::new(move |slot| usize::from(slot) % parts)));
+            // This partition's own keys, so that none answers `Moved`.
+            let keys: Vec<String> = (0..)
                 .map(|i| format!("l{i}"))
-                .find(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0 >= 8192) == me)
-                .expect("a key");
-            let r = m
-                .apply(vec![step(
-                    1,
-                    1_700_000_000_000,
-                    &[&["RPUSH", &key, &elem]],
-                    Op::Run,
-                )])
-                .await
-                .expect("apply");
-            assert_eq!(r[0].status, Status::Done, "{r:?}");
+                .filter(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0) % parts == me)
+                .take(4)
+                .collect();
+            let rpush = |key: &str| {
+                let EntryPayload::Normal(r) =
+                    step(0, 1_700_000_000_000, &[&["RPUSH", key, &elem]], Op::Run).payload
+                else {
+                    unreachable!("a normal entry")
+                };
+                r
+            };
+            let group = keys[1..].iter().map(|k| rpush(k)).collect();
+            let mut many = step(2, 1_700_000_000_000, &[], Op::Many(group));
+            if let EntryPayload::Normal(r) = &mut many.payload {
+                r.commands.clear();
+            }
+            let single = step(
+                1,
+                1_700_000_000_000,
+                &[&["RPUSH", &keys[0], &elem]],
+                Op::Run,
+            );
+            let r = m.apply(vec![single, many]).await.expect("apply");
+            assert!(r.iter().all(|r| r.status == Status::Done), "{r:?}");
             let g = generations(db);
-            assert_eq!(g.len(), 1, "one spread list");
-            drawn.push(g[0]);
+            assert_eq!(g.len(), 4, "four spread lists");
+            drawn.extend(g);
         }
-        assert_ne!(drawn[0], drawn[1], "the same generation in two partitions");
+        assert_eq!(
+            drawn.len(),
+            4 * parts,
+            "a generation drawn twice: {drawn:x?}"
+        );
     }
 
     /// A move that would bring a collection under a generation a collection of the

@@ -999,9 +999,18 @@ fn execute_group(
 /// collection keeps its generation when its slot moves to another partition, whose own
 /// entries at the same log ids would otherwise have drawn the same generations (two keys'
 /// records then mixed: the replicated simulation found it).
+///
+/// Mixed, not merely XORed: a group's requests take `seed ^ i·φ` (`execute_group`), and
+/// partitions' seeds that differed by `p·φ ^ q·φ` would give two of them the same one.
 fn entry_seed(partition: usize, log_id: LogId<u64>) -> u64 {
-    let part = (partition as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    log_id.index ^ log_id.leader_id.term.rotate_left(32) ^ part
+    mix(log_id.index ^ log_id.leader_id.term.rotate_left(32) ^ mix(partition as u64 + 1))
+}
+
+/// splitmix64's finalizer: every bit of the output depends on every bit of `z`.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 pub fn execute(
