@@ -28,7 +28,8 @@
 //! 4. each partition takes a write within `RECOVERY_MS` of healing, and within [`SETTLE_MS`]
 //!    no replica holds a prepared transaction, a lock or a commit decision;
 //! 5. every committed audit, and the final balances, sum to the opening total;
-//! 6. every key is held by the partition that owns its slot and by no other.
+//! 6. every key is held by the partition that owns its slot and by no other, and every
+//!    account keeps the TTL it was opened with.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -65,6 +66,9 @@ const SETTLE_MS: u64 = 30_000;
 /// Bank accounts, spread over the partitions, and what each holds at the start.
 const ACCOUNTS: usize = 6;
 const OPENING: i64 = 100;
+/// The accounts' expiry (Unix ms, 2100): after the simulated clock (entries run at their
+/// leader's, from 2023) and the real one (reads outside a transaction judge expiry by it).
+const ACCOUNT_EXPIRY_MS: u64 = 4_102_444_800_000;
 /// Bank clients (transfers and audits), beside the list-append ones.
 const BANKERS: usize = 2;
 /// What an unknown outcome's error says.
@@ -691,10 +695,14 @@ async fn open_accounts(world: &World, seed: u64) -> Result<(), String> {
         let commands: Vec<Vec<Vec<u8>>> = (0..ACCOUNTS)
             .filter(|&a| driver.owner_of(&account(a)) == p)
             .map(|a| {
+                // With an expiry no run reaches, which every move must carry along (and
+                // `DECRBY`/`INCRBY` keep): the final check reads it.
                 vec![
                     b"SET".to_vec(),
                     account(a),
                     OPENING.to_string().into_bytes(),
+                    b"PXAT".to_vec(),
+                    ACCOUNT_EXPIRY_MS.to_string().into_bytes(),
                 ]
             })
             .collect();
@@ -799,9 +807,10 @@ async fn banker(world: Arc<World>, b: usize, seed: u64, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Moves the slot of a random key of [`movable`] to another partition every
-/// [`MOVE_EVERY_MS`] or so, until `stop`: `txn::move_slots` on a random node, its driver killed
-/// now and then as the clients' are (the source's resolver then ends the move).
+/// Moves the slots of one to three random keys of [`movable`] to another partition every
+/// [`MOVE_EVERY_MS`] or so, until `stop`: `txn::move_slots` on a random node (a batch per
+/// source partition), its driver killed now and then as the clients' are (the source's
+/// resolver then ends the move).
 async fn mover(world: Arc<World>, seed: u64, stop: Arc<AtomicBool>, on: bool) {
     let mut rng = Rng::new(seed ^ 0x6d6f_7665);
     let sim = Arc::clone(&world.groups[0]);
@@ -822,20 +831,24 @@ async fn mover(world: Arc<World>, seed: u64, stop: Arc<AtomicBool>, on: bool) {
             }
         }
         let driver = Arc::new(driver);
-        let (key, _) = &keys[rng.below(keys.len() as u64) as usize];
-        let from = driver.owner_of(key);
+        let picked: Vec<&Vec<u8>> = (0..1 + rng.below(3))
+            .map(|_| &keys[rng.below(keys.len() as u64) as usize].0)
+            .collect();
+        let from = driver.owner_of(picked[0]);
         let to = (from + 1 + rng.below(PARTS as u64 - 1) as usize) % PARTS;
-        let slots = [slot(key)];
+        let slots: Vec<u16> = picked.iter().map(|k| slot(k)).collect();
         let moved = tokio::select! {
             moved = txn::move_slots(&driver, &slots, to) => moved,
             () = watch(&driver, kill) => Err("its driver died".into()),
         };
         world.move_log.lock().push(format!(
-            "{} ms: {} (slot {}) from partition {from} to {to}, driver {} on node {home}: \
-             {moved:?}",
+            "{} ms: {:?} (slots {slots:?}) from partition {from} (the first's) to {to}, \
+             driver {} on node {home}: {moved:?}",
             sim.now() / 1_000_000,
-            String::from_utf8_lossy(key),
-            slots[0],
+            picked
+                .iter()
+                .map(|k| String::from_utf8_lossy(k))
+                .collect::<Vec<_>>(),
             driver.incarnation,
         ));
         match moved {
@@ -1183,6 +1196,19 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
                 .map_err(|_| format!("a balance {text:?}"))?,
         );
     }
+    // Every account kept its TTL through the moves.
+    let ttls: Vec<(Vec<u8>, Vec<Vec<u8>>)> = (0..ACCOUNTS)
+        .map(|a| (account(a), vec![b"PTTL".to_vec(), account(a)]))
+        .collect();
+    let mut ttl_lost = Vec::new();
+    for (a, ttl) in read_owned(&prober, &ttls).await?.into_iter().enumerate() {
+        let ms: i64 = ttl
+            .and_then(|t| String::from_utf8_lossy(&t).parse().ok())
+            .unwrap_or(-3);
+        if ms <= 0 {
+            ttl_lost.push(format!("account {a} has a TTL of {ms} ms"));
+        }
+    }
     stop_resolving.store(true, Ordering::SeqCst);
     let _ = resolving.await;
     let left = unsettled(&groups);
@@ -1196,6 +1222,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
 
     let mut violations = left;
     violations.extend(misplaced(&groups));
+    violations.extend(ttl_lost);
     if balances.iter().sum::<i64>() != OPENING * ACCOUNTS as i64 {
         violations.push(format!(
             "the accounts end with {balances:?}, which sum to {}, not {}",
