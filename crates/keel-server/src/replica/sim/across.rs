@@ -547,6 +547,25 @@ async fn attempt(
     }
 }
 
+/// A driver on a random node (`None`: that node is down), which dies one time in
+/// [`KILL_PER_MILLE`]: killed at a random time (the `Duration` for [`watch`]), or at a random
+/// step of the protocol (before its k-th request, or once that request applied).
+fn doomed_driver(world: &World, rng: &mut Rng) -> Option<(Arc<Driver>, Option<Duration>)> {
+    let sim = &world.groups[0];
+    let home = rng.below(sim.n as u64) as usize;
+    sim.up(home)?;
+    let mut driver = Driver::new(world, home, rng.next());
+    let mut kill = None;
+    if rng.chance(KILL_PER_MILLE) {
+        if rng.chance(500) {
+            kill = Some(rng.ms(0, 300));
+        } else {
+            driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
+        }
+    }
+    Some((Arc::new(driver), kill))
+}
+
 /// Until the driver is dead: killed after `kill`, or its node crashed.
 async fn watch(driver: &Driver, kill: Option<Duration>) {
     let began = Instant::now();
@@ -580,22 +599,9 @@ async fn client(
     let mut t = 0;
     while !stop.load(Ordering::SeqCst) {
         sleep(rng.ms(5, 60)).await;
-        // The node it talks to, which drives the transaction.
-        let home = rng.below(sim.n as u64) as usize;
-        if sim.up(home).is_none() {
+        let Some((driver, kill)) = doomed_driver(&world, &mut rng) else {
             continue;
-        }
-        let mut driver = Driver::new(&world, home, rng.next());
-        // Killed at a random time, or at a random step of the protocol.
-        let mut kill = None;
-        if rng.chance(KILL_PER_MILLE) {
-            if rng.chance(500) {
-                kill = Some(rng.ms(0, 300));
-            } else {
-                driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
-            }
-        }
-        let driver = Arc::new(driver);
+        };
         let mut keys: Vec<u32> = (0..1 + rng.below(3))
             .map(|_| rng.below(u64::from(KEYS)) as u32)
             .collect();
@@ -738,20 +744,9 @@ async fn banker(world: Arc<World>, b: usize, seed: u64, stop: Arc<AtomicBool>) {
     };
     while !stop.load(Ordering::SeqCst) {
         sleep(rng.ms(5, 60)).await;
-        let home = rng.below(sim.n as u64) as usize;
-        if sim.up(home).is_none() {
+        let Some((driver, kill)) = doomed_driver(&world, &mut rng) else {
             continue;
-        }
-        let mut driver = Driver::new(&world, home, rng.next());
-        let mut kill = None;
-        if rng.chance(KILL_PER_MILLE) {
-            if rng.chance(500) {
-                kill = Some(rng.ms(0, 300));
-            } else {
-                driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
-            }
-        }
-        let driver = Arc::new(driver);
+        };
         if rng.chance(300) {
             let result = tokio::select! {
                 result = txn::run_across(&driver, audit_work(&driver), limits) => result,
@@ -817,20 +812,9 @@ async fn mover(world: Arc<World>, seed: u64, stop: Arc<AtomicBool>, on: bool) {
     let keys = movable();
     while on && !stop.load(Ordering::SeqCst) {
         sleep(rng.ms(MOVE_EVERY_MS / 2, MOVE_EVERY_MS * 3 / 2)).await;
-        let home = rng.below(sim.n as u64) as usize;
-        if sim.up(home).is_none() {
+        let Some((driver, kill)) = doomed_driver(&world, &mut rng) else {
             continue;
-        }
-        let mut driver = Driver::new(&world, home, rng.next());
-        let mut kill = None;
-        if rng.chance(KILL_PER_MILLE) {
-            if rng.chance(500) {
-                kill = Some(rng.ms(0, 300));
-            } else {
-                driver.die_at = Some((1 + rng.below(4), rng.chance(500)));
-            }
-        }
-        let driver = Arc::new(driver);
+        };
         let picked: Vec<&Vec<u8>> = (0..1 + rng.below(3))
             .map(|_| &keys[rng.below(keys.len() as u64) as usize].0)
             .collect();
@@ -843,13 +827,14 @@ async fn mover(world: Arc<World>, seed: u64, stop: Arc<AtomicBool>, on: bool) {
         };
         world.move_log.lock().push(format!(
             "{} ms: {:?} (slots {slots:?}) from partition {from} (the first's) to {to}, \
-             driver {} on node {home}: {moved:?}",
+             driver {} on node {}: {moved:?}",
             sim.now() / 1_000_000,
             picked
                 .iter()
                 .map(|k| String::from_utf8_lossy(k))
                 .collect::<Vec<_>>(),
             driver.incarnation,
+            driver.home,
         ));
         match moved {
             Ok(_) => world.moves.fetch_add(1, Ordering::Relaxed),
