@@ -2799,6 +2799,16 @@ mod tests {
         e
     }
 
+    /// A state machine on `db` as partition `me` of two (0 owns the slots below 8192, 1 the
+    /// others).
+    async fn homed(db: &'static Db, me: usize) -> machine::Machine {
+        let m = machine::Machine::open(db, None).await.expect("open");
+        m.locks()
+            .lock()
+            .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
+        m
+    }
+
     /// A slot move's driver as `txn::move_slots` sees two partitions: each request applied
     /// at once as the next entry of its partition's state machine (0 owns the slots below
     /// 8192, 1 the others), with the faults the test sets.
@@ -2879,10 +2889,7 @@ mod tests {
         let (src_db, dst_db) = (leaked(), leaked());
         let (mut parts, mut locks) = (Vec::new(), Vec::new());
         for (db, me) in [(src_db, 0), (dst_db, 1)] {
-            let m = machine::Machine::open(db, None).await.expect("open");
-            m.locks()
-                .lock()
-                .set_home((me, Arc::new(|slot| usize::from(slot >= 8192))));
+            let m = homed(db, me).await;
             locks.push(m.locks());
             parts.push(tokio::sync::Mutex::new((m, 0)));
         }
@@ -3023,10 +3030,7 @@ mod tests {
     #[tokio::test]
     async fn a_move_in_of_a_generation_the_destination_has_is_refused() {
         let db = leaked();
-        let mut dst = machine::Machine::open(db, None).await.expect("open");
-        dst.locks()
-            .lock()
-            .set_home((1, Arc::new(|slot| usize::from(slot >= 8192))));
+        let mut dst = homed(db, 1).await;
         let elem = "e".repeat(crate::keyspace::packed::ITEM_BYTES_MAX + 1);
         let key = (0..)
             .map(|i| format!("l{i}"))
@@ -3368,10 +3372,7 @@ mod tests {
     #[tokio::test]
     async fn a_move_of_more_records_than_one_transaction_writes_is_refused() {
         let db = leaked();
-        let mut m = machine::Machine::open(db, None).await.expect("open");
-        m.locks()
-            .lock()
-            .set_home((1, Arc::new(|slot| usize::from(slot >= 8192))));
+        let mut m = homed(db, 1).await;
         let now = 1_700_000_000_000;
         let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..=prepared::MOVE_RECORDS_MAX)
             .map(|i| (format!("k{i}").into_bytes(), b"v".to_vec()))
@@ -3781,10 +3782,7 @@ mod tests {
             .await
             .expect("snapshot");
         let db = leaked();
-        let mut copy = machine::Machine::open(db, None).await.expect("open");
-        copy.locks()
-            .lock()
-            .set_home((0, Arc::new(|slot| usize::from(slot >= 8192))));
+        let mut copy = homed(db, 0).await;
         copy.install_snapshot(&snapshot.meta, snapshot.snapshot)
             .await
             .expect("install");
