@@ -120,7 +120,7 @@ fn load(ports: &[u16], accounts: &[String], stop: &AtomicBool, counts: &Counts) 
 
 #[test]
 fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = ports(0);
     let mut nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start(dir.path(), i, &ports))
@@ -206,7 +206,7 @@ fn a_bank_across_nodes_keeps_its_total_through_sigkill_and_sigstop() {
 /// with Redis' replies (Redis Cluster answers `CROSSSLOT`).
 #[test]
 fn multi_key_commands_span_nodes() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = ports(1);
     let _nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start(dir.path(), i, &ports))
@@ -276,7 +276,7 @@ fn multi_key_commands_span_nodes() {
 fn list_append_across_nodes_is_strictly_serializable() {
     use history::{Op, Outcome, TxnRecord};
     const KEYS: u64 = 8;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = ports(2);
     let _nodes: Vec<Node> = (0..NODES)
         .map(|i| Node::start(dir.path(), i, &ports))
@@ -408,7 +408,7 @@ fn list_append_across_nodes_is_strictly_serializable() {
 /// request sent again with the same id gets the answer it got and runs nothing.
 #[test]
 fn kept_answers_survive_sigkill_of_the_owner() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(3, 2);
     let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
     let mut owner = connect(ports[1]).expect("connect");
@@ -462,7 +462,7 @@ fn writes_held_ms(port: u16) -> u64 {
 /// that never ran before holds nothing.
 #[test]
 fn a_restarted_node_holds_writes_for_the_vote_timeout() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(5, 2);
     let mut nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
     let mut c = connect(ports[1]).expect("connect");
@@ -509,7 +509,7 @@ fn a_restarted_node_holds_writes_for_the_vote_timeout() {
 /// run makes a node forward.
 #[test]
 fn bench_routed_by_slot_sends_every_key_to_its_node() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(4, 2);
     let _nodes: Vec<Node> = (0..2).map(|i| Node::start(dir.path(), i, &ports)).collect();
     let rpc_calls = |port: u16| -> u64 {

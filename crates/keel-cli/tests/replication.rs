@@ -65,8 +65,8 @@ enum Seen {
     Committed(Vec<Op>),
     /// Refused before it could apply (no leader reachable): nothing of it happened.
     Refused,
-    /// No answer, or an answer that says the outcome is unknown.
-    Unknown,
+    /// No answer, or an answer that says the outcome is unknown (what the client saw).
+    Unknown(String),
 }
 
 /// One `GET`/`APPEND` transaction on keys of one partition.
@@ -82,7 +82,7 @@ fn transact(c: &mut redis::Connection, plan: &[(u32, String, Option<u64>)]) -> S
     if let Err(e) = pipe.query::<()>(c) {
         // Nothing was sent to EXEC: the transaction never ran.
         return if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-            Seen::Unknown
+            Seen::Unknown(format!("queueing: {e}"))
         } else {
             panic!("MULTI and queueing failed: {e}")
         };
@@ -111,8 +111,10 @@ fn transact(c: &mut redis::Connection, plan: &[(u32, String, Option<u64>)]) -> S
             Seen::Committed(ops)
         }
         Err(e) if e.code() == Some("CLUSTERDOWN") => Seen::Refused,
-        Err(e) if e.code() == Some("TRYAGAIN") => Seen::Unknown,
-        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => Seen::Unknown,
+        Err(e) if e.code() == Some("TRYAGAIN") => Seen::Unknown(e.to_string()),
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+            Seen::Unknown(e.to_string())
+        }
         Err(e) => panic!("a transaction failed: {e}"),
     }
 }
@@ -293,9 +295,18 @@ fn elle_under_faults<T>(
                             read_ts: None,
                             time: Some((began, ended)),
                         }),
-                        Seen::Unknown => {
+                        Seen::Unknown(why) => {
                             conns[node] = None;
-                            unknown.lock().unwrap().push((name, appends, began));
+                            let why = format!(
+                                "{why} (from n{} at {:.3}-{:.3} s, keys {:?})",
+                                node + 1,
+                                began as f64 / 1e9,
+                                ended as f64 / 1e9,
+                                plan.iter()
+                                    .map(|(k, name, _)| (*k, name))
+                                    .collect::<Vec<_>>()
+                            );
+                            unknown.lock().unwrap().push((name, appends, began, why));
                             std::thread::sleep(Duration::from_millis(20));
                         }
                     }
@@ -362,14 +373,29 @@ fn elle_under_faults<T>(
     let final_ended = epoch.elapsed().as_nanos() as u64;
 
     let mut history = records.into_inner().unwrap();
+    let unknown = unknown.into_inner().unwrap();
     // No duplicates (an append applied twice), and every acknowledged append is there.
     for (k, list) in &finals {
-        let distinct: HashSet<&u64> = list.iter().collect();
-        assert_eq!(
-            distinct.len(),
-            list.len(),
-            "key {k} holds an element twice: {list:?}"
-        );
+        let mut seen = HashSet::new();
+        if let Some(twice) = list.iter().find(|&e| !seen.insert(e)) {
+            // Who appended it, and what its client saw.
+            let appended = |ops: &[Op]| {
+                ops.iter()
+                    .any(|op| matches!(op, Op::Append { key, elem } if key == k && elem == twice))
+            };
+            let by: Vec<String> = history
+                .iter()
+                .filter(|t| appended(&t.ops))
+                .map(|t| format!("{} {:?} at {:?}", t.name, t.outcome, t.time))
+                .chain(
+                    unknown
+                        .iter()
+                        .filter(|u| appended(&u.1))
+                        .map(|u| format!("{} unknown: {}", u.0, u.3)),
+                )
+                .collect();
+            panic!("key {k} holds element {twice} twice ({by:?}): {list:?}");
+        }
     }
     let present: HashSet<(u32, u64)> = finals
         .iter()
@@ -390,12 +416,11 @@ fn elle_under_faults<T>(
     }
     // An unknown outcome committed if any of its appends shows (then all must), at some
     // time after it began.
-    let unknown = unknown.into_inner().unwrap();
     let unknown_count = unknown.len();
-    for (name, appends, began) in unknown {
+    for (name, appends, began, why) in unknown {
         let record =
             TxnRecord::resolve_unknown(name, appends, began, |k, e| present.contains(&(k, e)));
-        history.push(record.unwrap_or_else(|e| panic!("{e}")));
+        history.push(record.unwrap_or_else(|e| panic!("{e}; its client saw: {why}")));
     }
     for (&key, list) in &finals {
         history.push(TxnRecord {
@@ -583,7 +608,7 @@ fn bank_worker(
 
 #[test]
 fn replicated_cluster_loses_nothing_acknowledged_through_sigkill_and_sigstop() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(0, NODES);
     let addrs: Vec<SocketAddr> = ports
         .iter()
@@ -702,7 +727,7 @@ fn settle(addrs: &[SocketAddr], decisions: bool) -> Vec<String> {
 /// final state with the bank's opening total; and the moves all succeed.
 #[test]
 fn rebalancing_under_load_keeps_the_history_and_the_bank() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(4, NODES);
     let addrs: Vec<SocketAddr> = ports
         .iter()
@@ -816,7 +841,7 @@ fn rebalancing_under_load_keeps_the_history_and_the_bank() {
 /// no partition keeps a replica on n1, the new node serves slots, and nothing stays prepared.
 #[test]
 fn nodes_join_and_leave_under_load_keeping_the_history_and_the_bank() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     // Block 3's first two ports belong to `data_written_without_replicas_is_refused`.
     let ports: Vec<u16> = support::ports(3, 8)[2..].to_vec();
     let addrs: Vec<SocketAddr> = ports
@@ -1013,7 +1038,7 @@ fn cluster_keys(addr: SocketAddr) -> Vec<String> {
 /// partitions it keeps.
 #[test]
 fn a_node_that_lost_its_disk_catches_up_from_the_others() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(5, 3);
     let mut nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
@@ -1069,7 +1094,7 @@ fn a_node_that_lost_its_disk_catches_up_from_the_others() {
 /// evens the slots out again (every node's CLUSTER NODES agrees), and every key still reads.
 #[test]
 fn rebalance_evens_out_the_slots() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(6, 3);
     let _nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
@@ -1203,7 +1228,7 @@ fn rebalance_evens_out_the_slots() {
 /// and the set's members kept their records).
 #[test]
 fn expired_keys_and_deleted_collections_are_reaped() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports: Vec<u16> = support::ports(5, 8)[3..6].to_vec();
     let _nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
@@ -1285,7 +1310,7 @@ fn expired_keys_and_deleted_collections_are_reaped() {
 #[test]
 fn a_slot_with_a_large_collection_moves_in_chunks() {
     const MEMBERS: usize = 100_000;
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports: Vec<u16> = support::ports(1, 6)[3..6].to_vec();
     let _nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
@@ -1440,7 +1465,7 @@ fn a_slot_with_a_large_collection_moves_in_chunks() {
 
 #[test]
 fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports: Vec<u16> = support::ports(6, 8)[5..].to_vec();
     let _nodes: Vec<Node> = (0..3)
         .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
@@ -1699,7 +1724,7 @@ fn blocked_pops_wake_on_the_push_in_the_order_they_blocked() {
 fn cluster_start_survives_a_killed_node_and_refuses_a_changed_layout() {
     use std::io::BufRead as _;
     use std::process::{Command, Stdio};
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(1, 3);
     let child = Command::new(env!("CARGO_BIN_EXE_keel"))
         .args([
@@ -1845,7 +1870,7 @@ fn refused_start(dir: &std::path::Path, ports: &[u16], replicas: usize) -> Strin
 /// replicated (the log would be applied over data no entry made, and the replicas differ).
 #[test]
 fn data_written_without_replicas_is_refused() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(3, 2);
     let mut node = Node::start(dir.path(), 0, &ports);
     // A key of node 1's slots (0-8191), written on node 1 without replication.
@@ -1905,7 +1930,7 @@ fn bad_replicas_are_refused() {
 /// connection from its own copy, as a Redis replica serves its slots.
 #[test]
 fn a_minority_refuses_writes_and_linearizable_reads_but_serves_readonly() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let ports = support::ports(2, 3);
     // No --replicas: three nodes keep three copies by default.
     let extra = ["--cluster-timeout-ms", "300"];
@@ -2518,7 +2543,7 @@ const PARTITION_WAIT: Duration = Duration::from_secs(30);
 #[test]
 fn replicated_cluster_serves_from_the_majority_through_network_partitions() {
     let net = Netns::new(NODES);
-    let dir = tempfile::tempdir().expect("temp dir");
+    let dir = support::TestDir::new();
     let nodes: Vec<Node> = (0..NODES)
         .map(|i| {
             Node::start_in_netns(

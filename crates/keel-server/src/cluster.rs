@@ -523,6 +523,12 @@ pub(crate) async fn connect(
 ) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     let _ = stream.set_nodelay(true);
+    // Closed with a reset: a request this node gave up on (its answer did not come in time)
+    // must not reach the peer later. Closed gracefully, the kernel would go on sending what
+    // the socket still held, for minutes, and deliver it when the network heals: a write run
+    // after its sender stopped retrying, past the window its id is deduplicated in (the
+    // real-process network partition test ran writes twice so).
+    let _ = stream.set_zero_linger();
     let mut setup: Vec<Vec<Bytes>> = Vec::new();
     if let Some(p) = password {
         setup.push(vec![Bytes::from_static(b"AUTH"), Bytes::from(p)]);

@@ -284,7 +284,18 @@ pub enum Refused {
     /// The partition's replica here stopped (it left the partition, or the server stops)
     /// while the write was submitted: it may or may not have been appended.
     Stopped(String),
+    /// A write that reached the leader after its sender's deadline (by the leader's clock,
+    /// with [`LATE_SLACK_MS`]): not appended. The sender no longer waits for it, and may
+    /// have stopped sending it again; were it run now, past the window in which its id is
+    /// deduplicated, a write sent earlier with the same id that did apply would apply twice.
+    Late(String),
 }
+
+/// How far past a forwarded write's deadline (its sender's clock) the leader's clock may be
+/// before the write is refused as late: room for the nodes' clocks to differ. The window in
+/// which a partition keeps a write's answer is longer than its sender's by
+/// `REQUEST_KEEP_MARGIN_MS`, which this slack plus the clocks' difference must not exceed.
+const LATE_SLACK_MS: u64 = 2_000;
 
 /// Why [`Replication::run`] has no reply.
 #[derive(Debug)]
@@ -1735,6 +1746,19 @@ impl Replication {
             )));
         }
         let mut payload: Option<Vec<u8>> = None;
+        // A write with an id goes with its deadline on this node's clock: a leader it
+        // reaches later refuses it (`Refused::Late`) rather than run it after this node has
+        // stopped sending it again.
+        let kind = match (read, request.id) {
+            (true, _) => "read".to_owned(),
+            (false, None) => "write".to_owned(),
+            (false, Some(_)) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let until = crate::keyspace::unix_ms()
+                    .saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX / 2));
+                format!("write@{until}")
+            }
+        };
         // A write with an id that may have applied (its answer was lost): sent again until
         // answered, the partition answering what it did the first time.
         let mut maybe_applied = false;
@@ -1745,12 +1769,11 @@ impl Replication {
                     None => Err(Refused::NotLeader(None)),
                 },
                 Some(node) => {
-                    let kind = if read { "read" } else { "write" };
                     // Encoded only to go to another node (a local leader takes the request).
                     let payload = payload.get_or_insert_with(|| {
                         postcard::to_stdvec(request).expect("a request encodes")
                     });
-                    match net::call_node(shared, node, p, kind, payload, None).await {
+                    match net::call_node(shared, node, p, &kind, payload, None).await {
                         Ok(bytes) => postcard::from_bytes::<Result<Response, Refused>>(&bytes)
                             .unwrap_or_else(|e| {
                                 Err(Refused::Failed(format!(
@@ -1793,6 +1816,14 @@ impl Replication {
                     target = None;
                 }
                 Err(Refused::RolledBack) => return Err(RunError::RolledBack),
+                // This node's deadline passed too (the clocks differ by less than the slack).
+                Err(Refused::Late(text)) if maybe_applied => {
+                    return Err(RunError::Unknown(format!(
+                        "TRYAGAIN keel: partition {p}'s leader did not answer a write in time \
+                         ({text}); it may or may not have happened"
+                    )));
+                }
+                Err(Refused::Late(text)) => return Err(RunError::Failed(text)),
                 Err(Refused::NotLeader(hint)) => {
                     if Instant::now() >= deadline && maybe_applied {
                         return Err(RunError::Unknown(format!(
@@ -4571,6 +4602,76 @@ mod tests {
         > {
             let raft = self.raft()?;
             raft.vote(rpc).await.map_err(|e| remote(self.target, e))
+        }
+    }
+
+    /// A forwarded write that reaches its leader after its sender's deadline (a request a
+    /// network held back, or a node stopped with it unread, while its sender gave up) is
+    /// refused with nothing applied, so that it cannot run after the window in which its id
+    /// is deduplicated; one in time applies, and a malformed deadline is an error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_that_arrives_after_its_senders_deadline_is_refused() {
+        let (_, _, dbs, parts, l) = three_on_direct().await;
+        let leader = &parts[l];
+        let set = |seq: u64, value: &str| Request {
+            commands: vec![vec![
+                b"SET".to_vec(),
+                b"k".to_vec(),
+                value.as_bytes().to_vec(),
+            ]],
+            id: Some(TxnId {
+                node: 2,
+                incarnation: 7,
+                seq,
+            }),
+            keep_ms: 60_000,
+            bulk_bytes_max: 512 << 20,
+            reply_bytes_max: 1 << 30,
+            ..Request::default()
+        };
+        let send = |kind: String, request: Request| async move {
+            let payload = postcard::to_stdvec(&request).expect("encodes");
+            let bytes = net::serve(leader, kind.as_bytes(), &payload).await?;
+            Ok::<_, String>(
+                postcard::from_bytes::<Result<Response, Refused>>(&bytes).expect("decodes"),
+            )
+        };
+        let now = crate::keyspace::unix_ms();
+        let late = send(
+            format!("write@{}", now - LATE_SLACK_MS - 1_000),
+            set(1, "late"),
+        )
+        .await
+        .expect("answered");
+        match late {
+            Err(Refused::Late(text)) => {
+                assert!(text.contains("after its sender's deadline"), "{text}")
+            }
+            other => panic!("a late write must be refused: {other:?}"),
+        }
+        let value = || String::from_utf8(read(dbs[l].0, &leader.locks, "k").expect("read"));
+        assert_eq!(value().expect("utf-8"), "$-1\r\n", "nothing applied");
+        // Within the slack (the clocks may differ), and before the deadline: applied.
+        for (seq, until) in [(2, now - LATE_SLACK_MS / 2), (3, now + 10_000)] {
+            let v = format!("v{seq}");
+            let done = send(format!("write@{until}"), set(seq, &v))
+                .await
+                .expect("answered")
+                .expect("applied");
+            assert_eq!(
+                (done.status, &done.reply[..]),
+                (Status::Done, &b"+OK\r\n"[..])
+            );
+            assert_eq!(value().expect("utf-8"), format!("$2\r\n{v}\r\n"));
+        }
+        let bad = send("write@soon".into(), set(4, "bad")).await;
+        assert!(
+            bad.is_err_and(|e| e.contains("deadline")),
+            "a malformed deadline"
+        );
+        assert_eq!(value().expect("utf-8"), "$2\r\nv3\r\n");
+        for p in &parts {
+            p.stop().await;
         }
     }
 

@@ -6,6 +6,33 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// A test's directory of node data and logs (`node-<n>.log`): removed when the test passes,
+/// kept (its path printed) when it fails, for the logs of what went wrong.
+pub struct TestDir(Option<tempfile::TempDir>);
+
+impl TestDir {
+    pub fn new() -> TestDir {
+        TestDir(Some(tempfile::tempdir().expect("temp dir")))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().expect("until dropped").path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!(
+                "the nodes' data and logs are kept in {}",
+                dir.keep().display()
+            );
+        }
+    }
+}
+
 /// A node process, killed on drop.
 pub struct Node {
     child: Option<Child>,

@@ -841,6 +841,12 @@ impl RaftStateMachine<Tc> for Machine {
                                     seed,
                                     log_id.index,
                                 )?;
+                                tracing::debug!(
+                                    "partition {} applied {} at {log_id}: {:?}",
+                                    locks.partition(),
+                                    step_name(&request.op),
+                                    response.status
+                                );
                                 if let (Some(pushed), Some(commands)) = (&pushed, installed) {
                                     commands.iter().for_each(|c| pushed(c));
                                 }
@@ -935,6 +941,29 @@ impl RaftStateMachine<Tc> for Machine {
                 temp: None,
             }),
         }))
+    }
+}
+
+/// A transaction step as the logs name it: its kind and transaction.
+fn step_name(op: &Op) -> String {
+    match op {
+        Op::Prepare {
+            txn, coordinator, ..
+        } => format!("prepare {txn:?} (coordinator {coordinator})"),
+        Op::Decide {
+            txn, participants, ..
+        } => format!("decide {txn:?} (participants {participants:?})"),
+        Op::Commit { txn, .. } => format!("commit {txn:?}"),
+        Op::Abort { txn, .. } => format!("abort {txn:?}"),
+        Op::Resolve { txn, .. } => format!("resolve {txn:?}"),
+        Op::Forget { txn } => format!("forget {txn:?}"),
+        Op::MoveOut { txn, .. } => format!("move-out {txn:?}"),
+        Op::MoveIn { txn, .. } => format!("move-in {txn:?}"),
+        Op::MoveChunk { txn, .. } => format!("move-chunk {txn:?}"),
+        Op::MoveStage { txn, .. } => format!("move-stage {txn:?}"),
+        Op::View { expect, .. } => format!("view (expecting epoch {expect})"),
+        Op::Watch => "watch".into(),
+        Op::Run | Op::Many(_) => "a write".into(),
     }
 }
 

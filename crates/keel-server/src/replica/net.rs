@@ -17,7 +17,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Part, Refused, Request, Response, Tc};
+use super::{LATE_SLACK_MS, Part, Refused, Request, Response, Tc};
 use crate::reply::Proto;
 use crate::server::Shared;
 
@@ -299,6 +299,26 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"write" | b"read" => {
             let request: Request = decode(payload)?;
             let answer: Result<Response, Refused> = part.submit(request, kind == b"read").await;
+            encode(&answer)
+        }
+        // A write with its sender's deadline (Unix ms, the sender's clock).
+        _ if let Some(until) = kind.strip_prefix(b"write@") => {
+            let until: u64 = std::str::from_utf8(until)
+                .ok()
+                .and_then(|u| u.parse().ok())
+                .ok_or("ERR keel: a bad KEEL.RAFT write deadline")?;
+            let request: Request = decode(payload)?;
+            let now = (part.clock)();
+            let answer: Result<Response, Refused> = if now > until.saturating_add(LATE_SLACK_MS) {
+                Err(Refused::Late(format!(
+                    "TRYAGAIN keel: a write reached partition {}'s leader {} ms after its \
+                     sender's deadline; it was not applied",
+                    part.id,
+                    now - until
+                )))
+            } else {
+                part.submit(request, false).await
+            };
             encode(&answer)
         }
         _ => Err(format!(

@@ -1422,7 +1422,12 @@ async fn call(sim: &Sim, guess: &mut usize, request: &Request, read: bool, rng: 
                     Ok(Err(Refused::NotLeader(hint))) => hint.map(|h| h as usize),
                     // The node stopped while it had the request: it may have been appended.
                     // (`RolledBack` is for pipelined batches, which these requests are not.)
-                    Ok(Err(Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_)))
+                    Ok(Err(
+                        Refused::Failed(_)
+                        | Refused::RolledBack
+                        | Refused::Stopped(_)
+                        | Refused::Late(_),
+                    ))
                     | Err(_) => {
                         // The next request tries another node, as a client that timed out
                         // connects elsewhere.

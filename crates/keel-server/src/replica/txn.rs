@@ -358,9 +358,18 @@ async fn attempt_once<N: Net>(
         }
     }
     if let Some(refusal) = refusal {
+        tracing::debug!(
+            "{txn:?}: refused ({}); aborting at {prepared:?}",
+            match &refusal {
+                Attempt::Failed(text) | Attempt::Unknown(text) => text.as_str(),
+                Attempt::Moved => "moved",
+                _ => "busy",
+            }
+        );
         abort(net, txn, deadline_ms, prepared).await;
         return refusal;
     }
+    tracing::debug!("{txn:?}: prepared at {prepared:?}; deciding at {coordinator}");
 
     // 2. The decision, with the coordinator's own commands.
     let decide = request(
@@ -374,6 +383,7 @@ async fn attempt_once<N: Net>(
     let decided = match net.call(coordinator, decide, deadline).await {
         Ok(response) => response,
         Err(RunError::Unknown(text)) => {
+            tracing::debug!("{txn:?}: decision unknown ({text}); resolving");
             match resolve(&**net, coordinator, txn, deadline_ms).await {
                 Some(response) => response,
                 // The prepared participants resolve it themselves.
@@ -381,6 +391,7 @@ async fn attempt_once<N: Net>(
             }
         }
         Err(RunError::Failed(text)) => {
+            tracing::debug!("{txn:?}: decision failed ({text}); aborting at {prepared:?}");
             abort(net, txn, deadline_ms, prepared).await;
             return Attempt::Failed(text);
         }
@@ -390,6 +401,7 @@ async fn attempt_once<N: Net>(
         }
         Err(RunError::RolledBack) => unreachable!("a decision is not a batch"),
     };
+    tracing::debug!("{txn:?}: decided {:?}", decided.status);
     match decided.status {
         Status::Committed => replies[c] = decided.replies,
         status => {

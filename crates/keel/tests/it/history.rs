@@ -225,8 +225,23 @@ impl TxnRecord {
             .filter(|op| matches!(op, Op::Append { key, elem } if present(*key, *elem)))
             .count();
         if shown != 0 && shown != appends.len() {
+            let each: Vec<String> = appends
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Append { key, elem } => Some(format!(
+                        "{elem} to key {key} {}",
+                        if present(*key, *elem) {
+                            "present"
+                        } else {
+                            "absent"
+                        }
+                    )),
+                    _ => None,
+                })
+                .collect();
             return Err(format!(
-                "{name}: only part of a transaction's appends are present"
+                "{name}: only part of a transaction's appends are present: {}",
+                each.join(", ")
             ));
         }
         Ok(TxnRecord {

@@ -298,7 +298,10 @@ impl Driver {
             Ok(Ok(response)) => Sent::Answer(response),
             Ok(Err(Refused::NotLeader(hint))) => Sent::NotLeader(hint),
             // The node stopped while it had the request, or did not answer in time.
-            Ok(Err(Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_))) | Err(_) => {
+            Ok(Err(
+                Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_) | Refused::Late(_),
+            ))
+            | Err(_) => {
                 return Sent::Lost;
             }
         };
