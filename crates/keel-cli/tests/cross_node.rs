@@ -415,7 +415,7 @@ fn kept_answers_survive_sigkill_of_the_owner() {
     let key = support::keys_per_node(&mut owner, 2, 1, "once")[1][0].clone();
     let once = |c: &mut redis::Connection| -> i64 {
         redis::cmd("KEEL.ONCE")
-            .arg(&["0", "12345", "1", "60000", "INCR", &key])
+            .arg(&["0", "12345", "1", "60000", "0", "INCR", &key])
             .query(c)
             .expect("KEEL.ONCE")
     };

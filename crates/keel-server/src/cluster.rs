@@ -254,28 +254,30 @@ impl Cluster {
         let mut attempt = 0u32;
         let mut failing_since: Option<std::time::Instant> = None;
         loop {
-            let (wrapped, wait) = match block {
-                None => (once::wrap(id, keep_ms, last), None),
+            let (command, wait) = match block {
+                None => (std::borrow::Cow::Borrowed(*last), None),
                 Some(wait) => {
                     let left = deadline.map(|d| {
                         d.saturating_duration_since(std::time::Instant::now())
                             .max(Duration::from_millis(1))
                     });
                     let command = crate::lists::with_timeout(last, left);
-                    (once::wrap(id, keep_ms, &command), Some(left.or(wait)))
+                    (std::borrow::Cow::Owned(command), Some(left.or(wait)))
                 }
             };
+            // How long this try waits for its answer (`None`: for ever); the owner refuses
+            // the try if it arrives later than that (`once::LATE_SLACK_MS`).
+            let wait = wait.map_or(Some(timeout), |w| w.map(|w| timeout.saturating_add(w)));
+            let until_ms = wait.map_or(0, |w| {
+                crate::keyspace::unix_ms()
+                    .saturating_add(u64::try_from(w.as_millis()).unwrap_or(u64::MAX / 2))
+            });
+            let wrapped = once::wrap(id, keep_ms, until_ms, &command);
             let mut sending: Vec<&[Bytes]> = before.to_vec();
             sending.push(&wrapped);
             let try_began = std::time::Instant::now();
             let answer = self
-                .exchange(
-                    node,
-                    &sending,
-                    proto,
-                    password.clone(),
-                    wait.map(|w| w.map(|w| timeout.saturating_add(w))),
-                )
+                .exchange(node, &sending, proto, password.clone(), Some(wait))
                 .await;
             if block.is_none() {
                 self.rpc
@@ -283,6 +285,20 @@ impl Cluster {
                     .record(try_began.elapsed(), answer.is_ok());
             }
             let down = match answer {
+                // Refused as late (the clocks differ by more than the slack) after an earlier
+                // try was sent, which may have run.
+                Ok(reply)
+                    if sent
+                        && reply
+                            .get(1..)
+                            .is_some_and(|r| r.starts_with(once::LATE.as_bytes())) =>
+                {
+                    self.once.ambiguous.fetch_add(1, Relaxed);
+                    return Err(format!(
+                        "TRYAGAIN keel: node #{node} did not answer a forwarded write in time; \
+                         the write may or may not have happened"
+                    ));
+                }
                 Ok(reply) => return Ok(reply),
                 Err(down) => down,
             };

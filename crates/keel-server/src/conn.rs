@@ -2492,10 +2492,10 @@ impl Conn {
         }
     }
 
-    /// `KEEL.ONCE node incarnation seq keep-ms command [arg ...]` (`once`): a write that
-    /// another node of a cluster of single copies forwarded here, run at most once per id. The
-    /// command is a data command with keys on this node's slots, or `EXEC` of the MULTI this
-    /// connection queued.
+    /// `KEEL.ONCE node incarnation seq keep-ms until-ms command [arg ...]` (`once`): a write
+    /// that another node of a cluster of single copies forwarded here, run at most once per
+    /// id, and not at all if it arrived well after `until-ms`. The command is a data command
+    /// with keys on this node's slots, or `EXEC` of the MULTI this connection queued.
     async fn keel_once(&mut self, args: &[Bytes], output: &mut BytesMut) -> Result<(), Fail> {
         let Some(cluster) = self.shared.cluster.as_ref() else {
             return Err(ONCE_ONLY.into());
@@ -2504,6 +2504,14 @@ impl Conn {
             return Err(ONCE_ONLY.into());
         }
         let request = once::parse(args)?;
+        if let Some(late) = request.late(crate::keyspace::unix_ms()) {
+            // An `EXEC`'s transaction goes too: the connection may serve other requests.
+            if self.multi.take().is_some() {
+                self.watch = None;
+                self.rwatch.clear();
+            }
+            return Err(late.into());
+        }
         let Some(spec) = table::lookup(&request.command[0]) else {
             return Err(Fail(
                 String::from_utf8_lossy(&unknown_command(request.command))

@@ -2,8 +2,9 @@
 //! "Exactly-once forwarding").
 //!
 //! A write that a node forwards to the slot's owner goes as `KEEL.ONCE <node> <incarnation>
-//! <seq> <keep-ms> <command ...>`: the id is the forwarding node's index, a random incarnation
-//! drawn when its process started, and a sequence number. The owner runs the command in one
+//! <seq> <keep-ms> <until-ms> <command ...>`: the id is the forwarding node's index, a random
+//! incarnation drawn when its process started, and a sequence number; `until-ms` is when the
+//! forwarding node stops waiting for this try's answer (Unix ms, its clock; 0: never). The owner runs the command in one
 //! engine transaction that first reads the kept answer of that id and, if there is none,
 //! writes the command's reply under the id (`FF 'o' 'q' id`, with its deadline) and an entry
 //! of the by-time index (`FF 'o' 'Q' deadline id`) in the same commit: the answer is exactly
@@ -12,7 +13,10 @@
 //! other, run again, finds its answer. The reaper deletes answers past their deadline
 //! ([`sweep`]). The forwarding node sends a request again with the same id when the answer was
 //! lost (`cluster::Down { sent: true }`), within [`RETRY_TIMEOUTS`] cluster timeouts; every
-//! answer is kept [`KEEP_SLACK_MS`] longer than that.
+//! answer is kept [`KEEP_SLACK_MS`] longer than that. A try that reaches the owner more
+//! than [`LATE_SLACK_MS`] after its `until-ms` (held back by the network, or unread while
+//! the owner was stopped) is refused unrun: run then, it could come after its answer was
+//! swept, and run twice.
 //!
 //! `KEYS`, `SCAN`, `DBSIZE`, `RANDOMKEY` and `KEEL.RANGE` list only user keys (plain keys and
 //! meta records), so kept answers are invisible to them; `FLUSHDB`/`FLUSHALL` delete the data
@@ -47,6 +51,11 @@ pub const KEEP_SLACK_MS: u64 = 10_000;
 pub const KEEP_MS_MAX: u64 = 3_600_000;
 /// Most answers one sweep deletes.
 pub const SWEEP_BATCH: usize = 512;
+/// How far past a try's `until-ms` the owner's clock may be before it refuses the try: room
+/// for the nodes' clocks to differ (less than [`KEEP_SLACK_MS`] minus this).
+pub const LATE_SLACK_MS: u64 = 2_000;
+/// The start of the refusal of a late try.
+pub const LATE: &str = "TRYAGAIN keel: a forwarded write reached its owner";
 
 /// A forwarded write's id: the forwarding node, its incarnation, its sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,16 +80,31 @@ impl Id {
     }
 }
 
-/// A parsed `KEEL.ONCE`: the id, how long to keep the answer, the wrapped command.
+/// A parsed `KEEL.ONCE`: the id, how long to keep the answer, when the sender stops waiting
+/// (0: never), the wrapped command.
 pub struct Request<'a> {
     pub id: Id,
     pub keep_ms: u64,
+    pub until_ms: u64,
     pub command: &'a [Bytes],
 }
 
-/// Parses `KEEL.ONCE node incarnation seq keep-ms command [arg ...]` (`args[0]` is the name).
+impl Request<'_> {
+    /// The refusal of this try if it arrived too late at `now_ms`.
+    pub fn late(&self, now_ms: u64) -> Option<String> {
+        (self.until_ms != 0 && now_ms > self.until_ms.saturating_add(LATE_SLACK_MS)).then(|| {
+            format!(
+                "{LATE} {} ms after its sender stopped waiting; it was not applied",
+                now_ms - self.until_ms
+            )
+        })
+    }
+}
+
+/// Parses `KEEL.ONCE node incarnation seq keep-ms until-ms command [arg ...]` (`args[0]` is
+/// the name).
 pub fn parse(args: &[Bytes]) -> Result<Request<'_>, Fail> {
-    if args.len() < 6 {
+    if args.len() < 7 {
         return Err("ERR wrong number of arguments for 'keel.once' command".into());
     }
     fn number<T: std::str::FromStr>(arg: &[u8], what: &str) -> Result<T, Fail> {
@@ -101,18 +125,21 @@ pub fn parse(args: &[Bytes]) -> Result<Request<'_>, Fail> {
     Ok(Request {
         id,
         keep_ms,
-        command: &args[5..],
+        until_ms: number(&args[5], "until-ms")?,
+        command: &args[6..],
     })
 }
 
-/// The request's words for forwarding `command` with `id`, keeping its answer `keep_ms`.
-pub fn wrap(id: Id, keep_ms: u64, command: &[Bytes]) -> Vec<Bytes> {
-    let mut words = Vec::with_capacity(command.len() + 5);
+/// The request's words for forwarding `command` with `id`, keeping its answer `keep_ms`; its
+/// sender waits for the answer until `until_ms` (0: for ever).
+pub fn wrap(id: Id, keep_ms: u64, until_ms: u64, command: &[Bytes]) -> Vec<Bytes> {
+    let mut words = Vec::with_capacity(command.len() + 6);
     words.push(Bytes::from_static(b"KEEL.ONCE"));
     words.push(Bytes::from(id.node.to_string()));
     words.push(Bytes::from(id.incarnation.to_string()));
     words.push(Bytes::from(id.seq.to_string()));
     words.push(Bytes::from(keep_ms.to_string()));
+    words.push(Bytes::from(until_ms.to_string()));
     words.extend_from_slice(command);
     words
 }
@@ -302,16 +329,62 @@ mod tests {
             seq: 7,
         };
         let command = args(&["INCR", "a"]);
-        let words = wrap(id, 1500, &command);
+        let words = wrap(id, 1500, 1_000_000, &command);
         let r = parse(&words).expect("parses");
         assert_eq!(r.id, id);
-        assert_eq!(r.keep_ms, 1500);
+        assert_eq!((r.keep_ms, r.until_ms), (1500, 1_000_000));
         assert_eq!(r.command, &command[..]);
-        assert!(parse(&args(&["KEEL.ONCE", "1", "2", "3", "4"])).is_err());
-        assert!(parse(&args(&["KEEL.ONCE", "x", "2", "3", "4", "GET", "a"])).is_err());
-        assert!(parse(&args(&["KEEL.ONCE", "70000", "2", "3", "4", "GET", "a"])).is_err());
+        assert!(parse(&args(&["KEEL.ONCE", "1", "2", "3", "4", "5"])).is_err());
+        assert!(parse(&args(&["KEEL.ONCE", "x", "2", "3", "4", "5", "GET", "a"])).is_err());
+        assert!(
+            parse(&args(&[
+                "KEEL.ONCE",
+                "70000",
+                "2",
+                "3",
+                "4",
+                "5",
+                "GET",
+                "a"
+            ]))
+            .is_err()
+        );
+        assert!(
+            parse(&args(&[
+                "KEEL.ONCE",
+                "1",
+                "2",
+                "3",
+                "4",
+                "soon",
+                "GET",
+                "a"
+            ]))
+            .is_err()
+        );
         let too_long = (KEEP_MS_MAX + 1).to_string();
-        assert!(parse(&args(&["KEEL.ONCE", "1", "2", "3", &too_long, "GET", "a"])).is_err());
+        assert!(
+            parse(&args(&[
+                "KEEL.ONCE",
+                "1",
+                "2",
+                "3",
+                &too_long,
+                "5",
+                "GET",
+                "a"
+            ]))
+            .is_err()
+        );
+        // Late only past the slack, and never without a deadline.
+        assert_eq!(r.late(1_000_000 + LATE_SLACK_MS), None);
+        let late = r.late(1_000_001 + LATE_SLACK_MS).expect("late");
+        assert!(
+            late.starts_with(LATE) && late.contains("not applied"),
+            "{late}"
+        );
+        let forever = wrap(id, 1500, 0, &command);
+        assert_eq!(parse(&forever).expect("parses").late(u64::MAX), None);
     }
 
     #[test]

@@ -2540,13 +2540,13 @@ pub static SPECS: &[Spec] = &[
     spec!(
         "keel.once",
         KeelOnce,
-        -6,
+        -7,
         &["write", "noscript"],
         0,
         0,
         0,
         "keel",
-        "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing."
+        "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms until-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing; arrived over 2 s after until-ms (Unix ms, 0: none), it is refused unrun."
     ),
     spec!(
         "keel.reap",

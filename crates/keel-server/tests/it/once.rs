@@ -168,6 +168,56 @@ fn info(server: &TestServer) -> String {
     query(&mut server.client(), &["INFO", "cluster"])
 }
 
+/// A try that reaches its owner well after its sender stopped waiting (the network held it
+/// back, or the owner was stopped with it unread) is refused and runs nothing, an `EXEC`'s
+/// transaction with it: run then, it could come after its id's answer was swept, and a write
+/// that had run would run again. A try within the slack runs.
+#[test]
+fn a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused() {
+    let pair = Pair::start(1000);
+    let key = pair.key_on(1, "late");
+    let mut owner = pair.nodes[1].client();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let stale = (now - 60_000).to_string();
+    fn once<'a>(seq: &'a str, until: &'a str) -> [&'a str; 6] {
+        ["KEEL.ONCE", "0", "77", seq, "60000", until]
+    }
+    let late = error(
+        &mut owner,
+        &[&once("1", &stale)[..], &["INCR", &key]].concat(),
+    );
+    assert!(
+        late.starts_with("TRYAGAIN") && late.contains("not applied"),
+        "{late}"
+    );
+    let v: Option<i64> = query(&mut owner, &["GET", &key]);
+    assert_eq!(v, None, "the late INCR ran nothing");
+    // Its transaction is discarded: the connection's next command runs, unqueued.
+    let _: () = query(&mut owner, &["MULTI"]);
+    let _: String = query(&mut owner, &["INCR", &key]);
+    let late = error(&mut owner, &[&once("2", &stale)[..], &["EXEC"]].concat());
+    assert!(late.starts_with("TRYAGAIN"), "{late}");
+    let v: Option<i64> = query(&mut owner, &["GET", &key]);
+    assert_eq!(v, None, "the late EXEC ran nothing, and MULTI is over");
+    // The same id in time runs (nothing was kept for it), within the slack too.
+    let recent = (now - 1_000).to_string();
+    let n: i64 = query(
+        &mut owner,
+        &[&once("1", &recent)[..], &["INCR", &key]].concat(),
+    );
+    assert_eq!(n, 1);
+    let n: i64 = query(&mut owner, &[&once("3", "0")[..], &["INCR", &key]].concat());
+    assert_eq!(n, 2, "no deadline: never late");
+    let bad = error(
+        &mut owner,
+        &[&once("4", "soon")[..], &["INCR", &key]].concat(),
+    );
+    assert!(bad.contains("until-ms"), "{bad}");
+}
+
 #[test]
 fn a_write_whose_answer_is_lost_is_sent_again_and_applied_once() {
     let pair = Pair::start(1000);
@@ -317,7 +367,7 @@ fn kept_answers_go_after_their_deadline() {
     let node = single();
     let mut con = node.client();
     let once = |con: &mut redis::Connection, seq: &str, keep: &str| -> i64 {
-        query(con, &["KEEL.ONCE", "3", "77", seq, keep, "INCR", "n"])
+        query(con, &["KEEL.ONCE", "3", "77", seq, keep, "0", "INCR", "n"])
     };
     // Kept 2 s: long enough that the second send meets it on a stalled machine, short
     // enough for a test.
@@ -346,7 +396,7 @@ fn kept_answers_go_after_their_deadline() {
 fn kept_answers_are_not_keys() {
     let node = single();
     let mut con = node.client();
-    let set = ["KEEL.ONCE", "1", "5", "1", "60000", "SET", "k", "v"];
+    let set = ["KEEL.ONCE", "1", "5", "1", "60000", "0", "SET", "k", "v"];
     let () = query(&mut con, &set);
     let keys: Vec<String> = query(&mut con, &["KEYS", "*"]);
     assert_eq!(keys, ["k"]);
@@ -371,7 +421,7 @@ fn kept_answers_are_not_keys() {
     // A fresh id runs.
     let () = query(
         &mut con,
-        &["KEEL.ONCE", "1", "5", "2", "60000", "SET", "k", "w"],
+        &["KEEL.ONCE", "1", "5", "2", "60000", "0", "SET", "k", "w"],
     );
     let v: String = query(&mut con, &["GET", "k"]);
     assert_eq!(v, "w");
@@ -382,36 +432,39 @@ fn keel_once_refuses_what_it_cannot_run_once() {
     let plain = TestServer::start();
     let e = error(
         &mut plain.client(),
-        &["KEEL.ONCE", "1", "2", "3", "100", "INCR", "a"],
+        &["KEEL.ONCE", "1", "2", "3", "100", "0", "INCR", "a"],
     );
     assert!(e.contains("cluster of single copies"), "{e}");
     let node = single();
     let mut con = node.client();
     for (args, expect) in [
         (
-            &["KEEL.ONCE", "1", "2", "3", "x", "INCR", "a"][..],
+            &["KEEL.ONCE", "1", "2", "3", "x", "0", "INCR", "a"][..],
             "keep-ms",
         ),
         (
-            &["KEEL.ONCE", "1", "2", "3", "100", "DBSIZE"],
+            &["KEEL.ONCE", "1", "2", "3", "100", "0", "DBSIZE"],
             "ERR keel: KEEL.ONCE runs a data command with keys, and 'dbsize' is not one",
         ),
         (
-            &["KEEL.ONCE", "1", "2", "3", "100", "BLPOP", "a", "-1"],
+            &["KEEL.ONCE", "1", "2", "3", "100", "0", "BLPOP", "a", "-1"],
             "timeout is negative",
         ),
-        (&["KEEL.ONCE", "1", "2", "3", "100", "PING"], "not one"),
-        (&["KEEL.ONCE", "1", "2", "3", "100", "INCR"], "wrong number"),
+        (&["KEEL.ONCE", "1", "2", "3", "100", "0", "PING"], "not one"),
         (
-            &["KEEL.ONCE", "1", "2", "3", "100", "NOPE"],
+            &["KEEL.ONCE", "1", "2", "3", "100", "0", "INCR"],
+            "wrong number",
+        ),
+        (
+            &["KEEL.ONCE", "1", "2", "3", "100", "0", "NOPE"],
             "unknown command",
         ),
         (
-            &["KEEL.ONCE", "1", "2", "3", "100", "EXEC"],
+            &["KEEL.ONCE", "1", "2", "3", "100", "0", "EXEC"],
             "EXEC without MULTI",
         ),
         (
-            &["KEEL.ONCE", "1", "2", "3", "3600001", "INCR", "a"],
+            &["KEEL.ONCE", "1", "2", "3", "3600001", "0", "INCR", "a"],
             "at most",
         ),
     ] {
@@ -421,8 +474,8 @@ fn keel_once_refuses_what_it_cannot_run_once() {
     // A transaction's EXEC, once.
     let mut raw = node.raw();
     let request = b"*1\r\n$5\r\nMULTI\r\n*2\r\n$4\r\nINCR\r\n$1\r\nt\r\n\
-                    *6\r\n$9\r\nKEEL.ONCE\r\n$1\r\n1\r\n$1\r\n2\r\n$1\r\n9\r\n$5\r\n60000\r\n\
-                    $4\r\nEXEC\r\n";
+                    *7\r\n$9\r\nKEEL.ONCE\r\n$1\r\n1\r\n$1\r\n2\r\n$1\r\n9\r\n$5\r\n60000\r\n\
+                    $1\r\n0\r\n$4\r\nEXEC\r\n";
     let want = b"+OK\r\n+QUEUED\r\n*1\r\n:1\r\n";
     assert_eq!(crate::exchange(&mut raw, request, want.len()), want);
     assert_eq!(crate::exchange(&mut raw, request, want.len()), want);
@@ -430,10 +483,16 @@ fn keel_once_refuses_what_it_cannot_run_once() {
     assert_eq!(v, 1);
     // A failing command is not kept: nothing changed, and the same id may run later.
     let () = query(&mut con, &["SET", "s", "x"]);
-    let e = error(&mut con, &["KEEL.ONCE", "1", "2", "10", "100", "INCR", "s"]);
+    let e = error(
+        &mut con,
+        &["KEEL.ONCE", "1", "2", "10", "100", "0", "INCR", "s"],
+    );
     assert!(e.contains("not an integer"), "{e}");
     let () = query(&mut con, &["SET", "s", "5"]);
-    let v: i64 = query(&mut con, &["KEEL.ONCE", "1", "2", "10", "100", "INCR", "s"]);
+    let v: i64 = query(
+        &mut con,
+        &["KEEL.ONCE", "1", "2", "10", "100", "0", "INCR", "s"],
+    );
     assert_eq!(v, 6);
 }
 
@@ -456,11 +515,21 @@ fn attempts_of_one_id_at_once_run_it_once() {
                         let (a, b) = (seq.to_string(), (seq + IDS).to_string());
                         incrs.push(query(
                             &mut con,
-                            &["KEEL.ONCE", "4", "42", &a, "60000", "INCR", "n"],
+                            &["KEEL.ONCE", "4", "42", &a, "60000", "0", "INCR", "n"],
                         ));
                         let () = query(
                             &mut con,
-                            &["KEEL.ONCE", "4", "42", &b, "60000", "KEEL.ADD", "m", "1"],
+                            &[
+                                "KEEL.ONCE",
+                                "4",
+                                "42",
+                                &b,
+                                "60000",
+                                "0",
+                                "KEEL.ADD",
+                                "m",
+                                "1",
+                            ],
                         );
                     }
                     incrs
