@@ -1692,8 +1692,12 @@ impl Replication {
                 + REQUEST_KEEP_MARGIN_MS;
         }
         let mut backoff = Duration::from_millis(1);
+        // Over every try: a lost answer makes the outcome unknown until one succeeds.
+        let mut maybe_applied = false;
         loop {
-            let response = self.call(shared, p, &request, read, deadline).await?;
+            let response = self
+                .call_tracked(shared, p, &request, read, deadline, &mut maybe_applied)
+                .await?;
             match response.status {
                 Status::RolledBack => return Err(RunError::RolledBack),
                 Status::Failed => {
@@ -1704,6 +1708,12 @@ impl Replication {
                 Status::Busy if Instant::now() < deadline => {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(20));
+                }
+                Status::Busy if maybe_applied => {
+                    return Err(RunError::Unknown(format!(
+                        "TRYAGAIN keel: partition {p}'s leader did not answer a write, and its \
+                         keys stayed locked; it may or may not have happened"
+                    )));
                 }
                 Status::Busy => {
                     return Err(RunError::Failed(format!(
@@ -1734,6 +1744,23 @@ impl Replication {
         read: bool,
         deadline: Instant,
     ) -> Result<Response, RunError> {
+        let mut maybe_applied = false;
+        self.call_tracked(shared, p, request, read, deadline, &mut maybe_applied)
+            .await
+    }
+
+    /// [`Replication::call`], setting `maybe_applied` once a try of the write (with an id)
+    /// was sent and its answer lost: from then on, until its deadline, it may apply, and
+    /// only a success says what happened.
+    async fn call_tracked(
+        &self,
+        shared: &Shared,
+        p: usize,
+        request: &Request,
+        read: bool,
+        deadline: Instant,
+        maybe_applied: &mut bool,
+    ) -> Result<Response, RunError> {
         let mut target = self.leader(p);
         if p >= self.partitions() {
             return Err(RunError::Failed(format!(
@@ -1759,9 +1786,8 @@ impl Replication {
                 format!("write@{until}")
             }
         };
-        // A write with an id that may have applied (its answer was lost): sent again until
+        // A write with an id that may have applied (its answer was lost) is sent again until
         // answered, the partition answering what it did the first time.
-        let mut maybe_applied = false;
         loop {
             let outcome = match target {
                 Some(node) if node == self.me => match self.part(p) {
@@ -1790,7 +1816,7 @@ impl Replication {
                             )));
                         }
                         Err(net::CallError::Lost(_)) if !read => {
-                            maybe_applied = true;
+                            *maybe_applied = true;
                             Err(Refused::NotLeader(None))
                         }
                         Err(net::CallError::Lost(_)) => Err(Refused::NotLeader(None)),
@@ -1799,13 +1825,28 @@ impl Replication {
                 None => Err(Refused::NotLeader(None)),
             };
             match outcome {
+                // A try after one whose answer was lost says this try did not apply (its
+                // keys' slot moved away, a command failed): the lost one may have, or may
+                // still apply (still on its way, to a partition the slot comes back to).
+                Ok(response)
+                    if *maybe_applied
+                        && matches!(
+                            response.status,
+                            Status::Moved | Status::RolledBack | Status::Failed
+                        ) =>
+                {
+                    return Err(RunError::Unknown(format!(
+                        "TRYAGAIN keel: partition {p}'s leader did not answer a write, and a \
+                         later try did not apply; it may or may not have happened"
+                    )));
+                }
                 Ok(response) => return Ok(response),
                 Err(Refused::Failed(text)) => return Err(RunError::Failed(text)),
                 Err(Refused::Stopped(text)) if request.id.is_none() => {
                     return Err(RunError::Unknown(text));
                 }
                 Err(Refused::Stopped(_)) => {
-                    maybe_applied = true;
+                    *maybe_applied = true;
                     if Instant::now() >= deadline {
                         return Err(RunError::Unknown(format!(
                             "TRYAGAIN keel: partition {p} did not answer a write in time; it \
@@ -1817,7 +1858,7 @@ impl Replication {
                 }
                 Err(Refused::RolledBack) => return Err(RunError::RolledBack),
                 // This node's deadline passed too (the clocks differ by less than the slack).
-                Err(Refused::Late(text)) if maybe_applied => {
+                Err(Refused::Late(text)) if *maybe_applied => {
                     return Err(RunError::Unknown(format!(
                         "TRYAGAIN keel: partition {p}'s leader did not answer a write in time \
                          ({text}); it may or may not have happened"
@@ -1825,7 +1866,7 @@ impl Replication {
                 }
                 Err(Refused::Late(text)) => return Err(RunError::Failed(text)),
                 Err(Refused::NotLeader(hint)) => {
-                    if Instant::now() >= deadline && maybe_applied {
+                    if Instant::now() >= deadline && *maybe_applied {
                         return Err(RunError::Unknown(format!(
                             "TRYAGAIN keel: partition {p}'s leader did not answer a write, and \
                              no leader could be asked again in time; it may or may not have \
@@ -1950,6 +1991,21 @@ impl Part {
             )),
             _ => Ok(response.reply),
         }
+    }
+
+    /// Submits the write `request` (`Part::submit`) unless it arrived later than
+    /// [`LATE_SLACK_MS`] after `until_ms`, its sender's deadline (`Refused::Late`).
+    pub async fn submit_until(&self, request: Request, until_ms: u64) -> Result<Response, Refused> {
+        let now = (self.clock)();
+        if now > until_ms.saturating_add(LATE_SLACK_MS) {
+            return Err(Refused::Late(format!(
+                "TRYAGAIN keel: a write reached partition {}'s leader {} ms after its sender's \
+                 deadline; it was not applied",
+                self.id,
+                now - until_ms
+            )));
+        }
+        self.submit(request, false).await
     }
 
     /// Runs `request` here if this node leads the partition; the entry's response (for a
@@ -3835,6 +3891,45 @@ mod tests {
     /// refused until the decision; a commit installs exactly what the prepare computed;
     /// the lock table comes back from a snapshot; the coordinator's decision answers
     /// `Resolve`; and past the deadline nothing prepares or decides.
+    /// A copy of a decision that arrives after the decision was forgotten (held back by the
+    /// network, or sent again) is refused and runs nothing: the coordinator's commands ran
+    /// once. (The decision was gone, and the copy ran them again and decided anew: the
+    /// simulation found appends twice once its network delivered requests late.)
+    #[tokio::test]
+    async fn a_decision_that_comes_again_after_its_forget_runs_nothing() {
+        let db = leaked();
+        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let txn = TxnId {
+            node: 1,
+            incarnation: 3,
+            seq: 9,
+        };
+        let (now, deadline) = (1_700_000_000_000, 1_700_000_006_000);
+        let decide = Op::Decide {
+            txn,
+            participants: vec![1],
+            deadline_ms: deadline,
+        };
+        let r = m
+            .apply(vec![
+                step(1, now, &[&["INCR", "w"]], decide.clone()),
+                step(2, now + 1, &[], Op::Forget { txn }),
+                step(3, now + 2, &[&["INCR", "w"]], decide.clone()),
+                step(4, now + 3, &[&["GET", "w"]], Op::Run),
+                // Past the deadline the finished record goes, and the clock refuses it.
+                step(5, deadline + 1, &[&["INCR", "w"]], decide),
+                step(6, deadline + 2, &[&["GET", "w"]], Op::Run),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(r[0].status, Status::Committed);
+        assert_eq!(r[2].status, Status::Aborted, "{:?}", r[2]);
+        assert_eq!(r[3].reply, b"$1\r\n1\r\n", "the commands ran once");
+        assert_eq!(r[4].status, Status::Aborted);
+        assert_eq!(r[5].reply, b"$1\r\n1\r\n");
+        assert!(m.locks().lock().decided().is_empty());
+    }
+
     #[tokio::test]
     async fn prepared_transactions_lock_until_decided_and_travel_in_snapshots() {
         let t1 = TxnId {

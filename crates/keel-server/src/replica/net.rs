@@ -17,7 +17,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{LATE_SLACK_MS, Part, Refused, Request, Response, Tc};
+use super::{Part, Refused, Request, Response, Tc};
 use crate::reply::Proto;
 use crate::server::Shared;
 
@@ -308,18 +308,7 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
                 .and_then(|u| u.parse().ok())
                 .ok_or("ERR keel: a bad KEEL.RAFT write deadline")?;
             let request: Request = decode(payload)?;
-            let now = (part.clock)();
-            let answer: Result<Response, Refused> = if now > until.saturating_add(LATE_SLACK_MS) {
-                Err(Refused::Late(format!(
-                    "TRYAGAIN keel: a write reached partition {}'s leader {} ms after its \
-                     sender's deadline; it was not applied",
-                    part.id,
-                    now - until
-                )))
-            } else {
-                part.submit(request, false).await
-            };
-            encode(&answer)
+            encode(&part.submit_until(request, until).await)
         }
         _ => Err(format!(
             "ERR keel: unknown KEEL.RAFT kind '{}'",

@@ -1576,6 +1576,14 @@ pub fn apply(
             }
         }
         Op::Forget { txn } => {
+            // A finished record refuses a copy of the `Decide` (or `MoveIn`) that comes later,
+            // until the deadline (after it, the clock refuses it): run again, it would
+            // apply the coordinator's commands a second time.
+            if let Some(decided) = locks.decided.get(txn) {
+                books
+                    .puts
+                    .push((finished_key(decided.deadline_ms, *txn), b"c".to_vec()));
+            }
             books.deletes.push(key(DECIDED, *txn));
             books.commit(db)?;
             locks.decided.remove(txn);

@@ -10,8 +10,13 @@
 //! (retried while a prepared transaction locks its keys, as the server does); one that touches
 //! several runs through the real driver, `txn::run_across`, on a node of the cluster: the
 //! simulation's [`Driver`] is its `txn::Net`, calling a partition's leader through the same faulty
-//! network (a cut link refuses or loses the request, a lost answer is an unknown outcome). Drivers
-//! die on purpose: their node crashes, or a random one is killed at a random time or step of its
+//! network (a cut link refuses or loses the request, a lost answer is an unknown outcome; a
+//! single partition's write carries an id and its deadline and is sent again after a lost
+//! answer, as `Replication::call` does). The network also delivers writes late, after their
+//! sender gave up: a request it lost (any step, or a write with an id), up to 20 s later, and a
+//! held-back copy of every write whose answer it lost, as a kernel resends what a socket
+//! still held once a partition heals, or a stopped node reads its socket when it resumes.
+//! Drivers die on purpose: their node crashes, or a random one is killed at a random time or step of its
 //! transaction (before its k-th request, or once that request applied), and then it sends nothing
 //! more (its requests already sent still arrive). Every live node runs `txn::resolve_once` every
 //! `txn::RESOLVE_EVERY`, as the server does, which finishes what dead drivers left. Bank clients
@@ -73,6 +78,17 @@ const ACCOUNT_EXPIRY_MS: u64 = 4_102_444_800_000;
 const BANKERS: usize = 2;
 /// What an unknown outcome's error says.
 const MAYBE: &str = "may or may not have happened";
+/// Chance a write the network lost is delivered anyway, later (a kernel resending what a
+/// socket its process gave up on still held, a stopped node reading its socket when it
+/// resumes); chance a write with an id whose answer was lost is delivered again later (the
+/// copy its sender sends again, held back); how much later, at most.
+const LATE_PER_MILLE: u64 = 500;
+const AGAIN_PER_MILLE: u64 = 1000;
+const LATE_MS_MAX: u64 = 20_000;
+/// How much longer than its sender's window a partition keeps a write's answer here: the
+/// least the late refusal's slack allows (the server keeps it `REQUEST_KEEP_MARGIN_MS`), so
+/// that late deliveries may meet answers already swept.
+const KEEP_MARGIN_MS: u64 = crate::replica::LATE_SLACK_MS + 1_000;
 
 /// Seeds every CI run checks (3 nodes, then 5).
 const SEEDS_3: &[u64] = &[1, 2, 3, 4, 5, 6];
@@ -155,6 +171,17 @@ struct World {
     move_log: Mutex<Vec<String>>,
     /// Transactions planned again after a `Moved`.
     replans: AtomicU64,
+    late: Arc<Late>,
+}
+
+/// Requests the network delivers after their sender gave up on them.
+#[derive(Default)]
+struct Late {
+    /// Still to come: the final checks wait for them.
+    pending: AtomicU64,
+    delivered: AtomicU64,
+    /// Refused as late (`Part::submit_until`).
+    refused: AtomicU64,
 }
 
 /// A transaction driver (or resolver) running on node `home`: the `txn::Net` of the
@@ -179,6 +206,21 @@ struct Driver {
     die_at: Option<(u64, bool)>,
     owners: SlotOwners,
     learned: Arc<Vec<Mutex<BTreeMap<u16, usize>>>>,
+    late: Arc<Late>,
+}
+
+/// Submits `request` to `part`: a write with a deadline as the server's `KEEL.RAFT p
+/// write@<until>` does.
+async fn submit(
+    part: &crate::replica::Part,
+    request: Request,
+    read: bool,
+    until: Option<u64>,
+) -> Result<Response, Refused> {
+    match until {
+        Some(until) if !read => part.submit_until(request, until).await,
+        _ => part.submit(request, read).await,
+    }
 }
 
 /// How one request to a node ended.
@@ -216,6 +258,7 @@ impl Driver {
             die_at: None,
             owners: Arc::clone(&world.owners),
             learned: Arc::clone(&world.learned),
+            late: Arc::clone(&world.late),
         }
     }
 
@@ -276,8 +319,16 @@ impl Driver {
         Ok(net.delay())
     }
 
-    /// Sends `request` to `target` as partition `p`'s leader, through the network.
-    async fn send(&self, p: usize, target: usize, request: &Request, read: bool) -> Sent {
+    /// Sends `request` to `target` as partition `p`'s leader, through the network; a write
+    /// with an id goes with its sender's deadline, `until` (simulated Unix ms).
+    async fn send(
+        &self,
+        p: usize,
+        target: usize,
+        request: &Request,
+        read: bool,
+        until: Option<u64>,
+    ) -> Sent {
         let sim = &self.groups[p];
         let began = Instant::now();
         let Some(up) = sim.up(target) else {
@@ -287,12 +338,20 @@ impl Driver {
             Ok(delay) => sleep(delay).await,
             Err(true) => return Sent::NotLeader(None),
             Err(false) => {
+                // Every write the server forwards has an id, or is a step of a transaction
+                // across partitions (the simulation's opening and probe writes have none).
+                let stepped =
+                    request.id.is_some() || !matches!(request.op, crate::replica::Op::Run);
+                if !read && stepped && self.rng.lock().chance(LATE_PER_MILLE) {
+                    self.deliver_late(p, target, request, until);
+                }
                 sleep(self.timeout()).await;
                 return Sent::Lost;
             }
         }
         let part = sim.part(target, up);
-        let submitted = tokio::time::timeout(self.timeout(), part.submit(request.clone(), read));
+        let submitted =
+            tokio::time::timeout(self.timeout(), submit(&part, request.clone(), read, until));
         let res = submitted.await;
         let answer = match res {
             Ok(Ok(response)) => Sent::Answer(response),
@@ -302,12 +361,20 @@ impl Driver {
                 Refused::Failed(_) | Refused::RolledBack | Refused::Stopped(_) | Refused::Late(_),
             ))
             | Err(_) => {
+                if request.id.is_some() && self.rng.lock().chance(AGAIN_PER_MILLE) {
+                    self.deliver_late(p, target, request, until);
+                }
                 return Sent::Lost;
             }
         };
         match self.link(target, self.home) {
             Ok(delay) => sleep(delay).await,
             Err(_) => {
+                // Its sender sends it again (`call_tracked`), and the network may hold that
+                // copy back: delivered later, after the sender gave up.
+                if request.id.is_some() && self.rng.lock().chance(AGAIN_PER_MILLE) {
+                    self.deliver_late(p, target, request, until);
+                }
                 tokio::time::sleep_until(began + self.timeout()).await;
                 return Sent::Lost;
             }
@@ -315,12 +382,108 @@ impl Driver {
         answer
     }
 
+    /// Delivers `request` to `target`'s replica of partition `p` later (if that replica still
+    /// runs then), whatever became of its sender.
+    fn deliver_late(&self, p: usize, target: usize, request: &Request, until: Option<u64>) {
+        let sim = Arc::clone(&self.groups[p]);
+        let Some(life) = sim.up(target).map(|u| u.life) else {
+            return;
+        };
+        let delay = self.rng.lock().ms(100, LATE_MS_MAX);
+        let (late, request, timeout) = (Arc::clone(&self.late), request.clone(), self.timeout());
+        late.pending.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            sleep(delay).await;
+            if let Some(up) = sim.up(target).filter(|u| u.life == life) {
+                let part = sim.part(target, up);
+                let answer = tokio::time::timeout(timeout, submit(&part, request, false, until));
+                late.delivered.fetch_add(1, Ordering::Relaxed);
+                if let Ok(Err(Refused::Late(_))) = answer.await {
+                    late.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            late.pending.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    /// `txn::Net::call`, setting `maybe_applied` once a try of the write (with an id) was
+    /// sent and its answer lost (`Replication::call_tracked`).
+    async fn call_tracked(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+        maybe_applied: &mut bool,
+    ) -> Result<Response, RunError> {
+        let k = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.die_at == Some((k, false)) {
+            self.killed.store(true, Ordering::SeqCst);
+        }
+        // As `Replication::call`: a write with an id goes with its deadline, and is sent
+        // again when its answer is lost, until the deadline.
+        let until = request.id.map(|_| {
+            txn::Net::now_ms(self)
+                + deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64
+        });
+        loop {
+            self.gone().await;
+            let target = self.guess.lock()[p];
+            let sent = self.send(p, target, &request, false, until).await;
+            if self.die_at == Some((k, true)) && matches!(sent, Sent::Answer(_)) {
+                self.killed.store(true, Ordering::SeqCst);
+            }
+            self.gone().await;
+            let hint = match sent {
+                // As `Replication::call`: after a lost answer, a try's "not here" does not
+                // say the lost one did not apply.
+                Sent::Answer(response)
+                    if *maybe_applied
+                        && matches!(
+                            response.status,
+                            Status::Moved | Status::RolledBack | Status::Failed
+                        ) =>
+                {
+                    return Err(RunError::Unknown(format!(
+                        "TRYAGAIN keel: partition {p}'s leader did not answer, and a later try \
+                         did not apply; the write {MAYBE}"
+                    )));
+                }
+                Sent::Answer(response) => return Ok(response),
+                Sent::Lost if request.id.is_some() && Instant::now() < deadline => {
+                    *maybe_applied = true;
+                    None
+                }
+                Sent::Lost => {
+                    return Err(RunError::Unknown(format!(
+                        "TRYAGAIN keel: partition {p}'s leader did not answer; the write {MAYBE}"
+                    )));
+                }
+                Sent::NotLeader(hint) => hint,
+            };
+            self.next_guess(p, target, hint);
+            if Instant::now() >= deadline && *maybe_applied {
+                return Err(RunError::Unknown(format!(
+                    "TRYAGAIN keel: partition {p}'s leader did not answer; the write {MAYBE}"
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(RunError::Failed(format!(
+                    "CLUSTERDOWN The cluster is down: partition {p} has no leader this node \
+                     can reach"
+                )));
+            }
+            sleep(crate::replica::RETRY_PAUSE).await;
+        }
+    }
+
     /// A linearizable read of partition `p` (retried while its keys are locked), or
     /// [`Miss::Nothing`] if none answered by `deadline`.
     async fn read(&self, p: usize, request: &Request, deadline: Instant) -> Result<Vec<u8>, Miss> {
         loop {
             let target = self.guess.lock()[p];
-            match self.send(p, target, request, true).await {
+            match self.send(p, target, request, true, None).await {
                 Sent::Answer(r) if r.status == Status::Busy => {}
                 Sent::Answer(r) if r.status == Status::Moved => {
                     self.learn_from(&r);
@@ -338,16 +501,27 @@ impl Driver {
     }
 
     /// A write of partition `p`, retried while its keys are locked (as `Replication::run`
-    /// does): the reply, or how it failed.
+    /// does), with an id, so that it is sent again when its answer is lost: the reply, or how
+    /// it failed.
     async fn write(self: &Arc<Self>, p: usize, request: &Request) -> Result<Vec<u8>, Miss> {
         let deadline = Instant::now() + self.timeout() * 3;
+        let request = Request {
+            id: Some(txn::Net::next_txn(&**self)),
+            keep_ms: (self.timeout() * 3).as_millis() as u64 + KEEP_MARGIN_MS,
+            ..request.clone()
+        };
         let mut backoff = Duration::from_millis(1);
+        let mut maybe_applied = false;
         loop {
-            match txn::Net::call(&**self, p, request.clone(), deadline).await {
+            let answer = self
+                .call_tracked(p, request.clone(), deadline, &mut maybe_applied)
+                .await;
+            match answer {
                 Ok(r) if r.status == Status::Busy && Instant::now() < deadline => {
                     sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(20));
                 }
+                Ok(r) if r.status == Status::Busy && maybe_applied => return Err(Miss::Unknown),
                 Ok(r) if matches!(r.status, Status::Busy | Status::Failed) => {
                     return Err(Miss::Nothing);
                 }
@@ -381,36 +555,9 @@ impl txn::Net for Driver {
                 });
             }
         }
-        let k = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.die_at == Some((k, false)) {
-            self.killed.store(true, Ordering::SeqCst);
-        }
-        loop {
-            self.gone().await;
-            let target = self.guess.lock()[p];
-            let sent = self.send(p, target, &request, false).await;
-            if self.die_at == Some((k, true)) && matches!(sent, Sent::Answer(_)) {
-                self.killed.store(true, Ordering::SeqCst);
-            }
-            self.gone().await;
-            let hint = match sent {
-                Sent::Answer(response) => return Ok(response),
-                Sent::Lost => {
-                    return Err(RunError::Unknown(format!(
-                        "TRYAGAIN keel: partition {p}'s leader did not answer; the write {MAYBE}"
-                    )));
-                }
-                Sent::NotLeader(hint) => hint,
-            };
-            self.next_guess(p, target, hint);
-            if Instant::now() >= deadline {
-                return Err(RunError::Failed(format!(
-                    "CLUSTERDOWN The cluster is down: partition {p} has no leader this node \
-                     can reach"
-                )));
-            }
-            sleep(crate::replica::RETRY_PAUSE).await;
-        }
+        let mut maybe_applied = false;
+        self.call_tracked(p, request, deadline, &mut maybe_applied)
+            .await
     }
 
     fn leads(&self, p: usize) -> bool {
@@ -940,6 +1087,9 @@ struct Summary {
     moves: u64,
     moves_failed: u64,
     replans: u64,
+    /// Writes delivered after their sender gave up, and those refused as late.
+    late: u64,
+    late_refused: u64,
     history: history::Report,
     recovery_ms: u64,
     settle_ms: u64,
@@ -1064,6 +1214,7 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         moves: AtomicU64::new(0),
         moves_failed: AtomicU64::new(0),
         move_log: Mutex::default(),
+        late: Arc::default(),
         replans: AtomicU64::new(0),
     });
     open_accounts(&world, seed).await?;
@@ -1128,6 +1279,11 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         if let Err(e) = c.await {
             std::panic::resume_unwind(e.into_panic());
         }
+    }
+
+    // Every request the network holds back delivered (or its node gone).
+    while world.late.pending.load(Ordering::SeqCst) > 0 {
+        sleep(Duration::from_millis(200)).await;
     }
 
     // Nothing left prepared, locked or decided once the resolvers had time.
@@ -1263,6 +1419,8 @@ async fn simulate(seed: u64, n: usize, mutation: Mutation) -> Result<Summary, St
         moves: world.moves.load(Ordering::Relaxed),
         moves_failed: world.moves_failed.load(Ordering::Relaxed),
         replans: world.replans.load(Ordering::Relaxed),
+        late: world.late.delivered.load(Ordering::Relaxed),
+        late_refused: world.late.refused.load(Ordering::Relaxed),
         history: report.expect("checked"),
         recovery_ms,
         settle_ms,
