@@ -228,6 +228,16 @@ pub enum Status {
     Moved,
 }
 
+impl Status {
+    /// A try of a write that did not apply, and that would not apply if sent again as it is
+    /// (its keys' slot moved away, a batch rolled back, a command failed): after an earlier
+    /// try's answer was lost, it says nothing of that try, which may have applied, or may
+    /// still (on its way, to a partition the slot comes back to).
+    pub fn refuses_this_try(self) -> bool {
+        matches!(self, Status::Moved | Status::RolledBack | Status::Failed)
+    }
+}
+
 /// What applying an entry gave.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
@@ -1825,16 +1835,7 @@ impl Replication {
                 None => Err(Refused::NotLeader(None)),
             };
             match outcome {
-                // A try after one whose answer was lost says this try did not apply (its
-                // keys' slot moved away, a command failed): the lost one may have, or may
-                // still apply (still on its way, to a partition the slot comes back to).
-                Ok(response)
-                    if *maybe_applied
-                        && matches!(
-                            response.status,
-                            Status::Moved | Status::RolledBack | Status::Failed
-                        ) =>
-                {
+                Ok(response) if *maybe_applied && response.status.refuses_this_try() => {
                     return Err(RunError::Unknown(format!(
                         "TRYAGAIN keel: partition {p}'s leader did not answer a write, and a \
                          later try did not apply; it may or may not have happened"
@@ -3886,15 +3887,10 @@ mod tests {
         );
     }
 
-    /// The state machine's side of transactions across partitions: a prepare locks what it
-    /// touches and keeps its effect out of the data; conflicting entries and reads are
-    /// refused until the decision; a commit installs exactly what the prepare computed;
-    /// the lock table comes back from a snapshot; the coordinator's decision answers
-    /// `Resolve`; and past the deadline nothing prepares or decides.
-    /// A copy of a decision that arrives after the decision was forgotten (held back by the
-    /// network, or sent again) is refused and runs nothing: the coordinator's commands ran
-    /// once. (The decision was gone, and the copy ran them again and decided anew: the
-    /// simulation found appends twice once its network delivered requests late.)
+    /// A copy of a decision that arrives after the decision was forgotten (were one held back
+    /// by the network) is refused and runs nothing: the coordinator's commands ran once.
+    /// (Without `Forget`'s finished record, the copy found no decision, ran them again and
+    /// decided anew.)
     #[tokio::test]
     async fn a_decision_that_comes_again_after_its_forget_runs_nothing() {
         let db = leaked();
@@ -3930,6 +3926,11 @@ mod tests {
         assert!(m.locks().lock().decided().is_empty());
     }
 
+    /// The state machine's side of transactions across partitions: a prepare locks what it
+    /// touches and keeps its effect out of the data; conflicting entries and reads are
+    /// refused until the decision; a commit installs exactly what the prepare computed;
+    /// the lock table comes back from a snapshot; the coordinator's decision answers
+    /// `Resolve`; and past the deadline nothing prepares or decides.
     #[tokio::test]
     async fn prepared_transactions_lock_until_decided_and_travel_in_snapshots() {
         let t1 = TxnId {

@@ -436,15 +436,8 @@ impl Driver {
             }
             self.gone().await;
             let hint = match sent {
-                // As `Replication::call`: after a lost answer, a try's "not here" does not
-                // say the lost one did not apply.
-                Sent::Answer(response)
-                    if *maybe_applied
-                        && matches!(
-                            response.status,
-                            Status::Moved | Status::RolledBack | Status::Failed
-                        ) =>
-                {
+                // As `Replication::call_tracked`.
+                Sent::Answer(response) if *maybe_applied && response.status.refuses_this_try() => {
                     return Err(RunError::Unknown(format!(
                         "TRYAGAIN keel: partition {p}'s leader did not answer, and a later try \
                          did not apply; the write {MAYBE}"
