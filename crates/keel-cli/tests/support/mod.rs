@@ -183,6 +183,15 @@ impl Node {
             }
         }
         command.args(&self.extra);
+        // Transactions' steps, applied and driven, in the log a failed test keeps
+        // (`TestDir`), unless the run asks for other logging.
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env(
+                "RUST_LOG",
+                "info,openraft=off,keel_server::replica::txn=debug,\
+                 keel_server::replica::machine=debug",
+            );
+        }
         // Its log, kept for a failure message.
         let log_path = self.dir.with_extension("log");
         let log = std::fs::OpenOptions::new()
