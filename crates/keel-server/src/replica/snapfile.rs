@@ -525,10 +525,15 @@ impl tokio::io::AsyncSeek for SnapData {
 }
 
 /// Counts, per thread, the bytes allocated and not yet freed (the library's tests run with
-/// this allocator), to show what building or installing a snapshot holds.
+/// this allocator, over mimalloc as the binary), to show what building or installing a
+/// snapshot holds.
 #[cfg(test)]
 pub(crate) mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::alloc::{GlobalAlloc, Layout};
+
+    /// What the `keel` binary allocates with (keel-cli's `main.rs`), so that the tests' costs
+    /// (`cost::`) are the server's.
+    use mimalloc::MiMalloc;
     use std::cell::Cell;
 
     thread_local! {
@@ -546,11 +551,11 @@ pub(crate) mod counting {
 
     struct Counting;
 
-    // SAFETY: every call goes to `System` as it came; the counting touches no allocation.
+    // SAFETY: every call goes to `MiMalloc` as it came; the counting touches no allocation.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             // SAFETY: the caller's contract, passed on.
-            let p = unsafe { System.alloc(layout) };
+            let p = unsafe { MiMalloc.alloc(layout) };
             if !p.is_null() {
                 add(layout.size() as isize);
             }
@@ -559,7 +564,7 @@ pub(crate) mod counting {
 
         unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
             // SAFETY: the caller's contract, passed on.
-            let p = unsafe { System.alloc_zeroed(layout) };
+            let p = unsafe { MiMalloc.alloc_zeroed(layout) };
             if !p.is_null() {
                 add(layout.size() as isize);
             }
@@ -568,13 +573,13 @@ pub(crate) mod counting {
 
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
             // SAFETY: the caller's contract, passed on.
-            unsafe { System.dealloc(ptr, layout) };
+            unsafe { MiMalloc.dealloc(ptr, layout) };
             add(-(layout.size() as isize));
         }
 
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
             // SAFETY: the caller's contract, passed on.
-            let p = unsafe { System.realloc(ptr, layout, new_size) };
+            let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
             if !p.is_null() {
                 add(new_size as isize - layout.size() as isize);
             }
