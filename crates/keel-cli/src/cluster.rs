@@ -148,20 +148,20 @@ macro_rules! say {
     }};
 }
 
-/// Slots per partition (by its home node's id), from `CLUSTER NODES`.
+/// Slots per partition (by its home node's id), from `CLUSTER PARTITIONS` (`CLUSTER NODES`
+/// lists the slots under the node leading them, which may lead several partitions).
 fn slot_map(conn: &mut keel_bench::resp::Conn) -> anyhow::Result<Vec<(String, Vec<u16>)>> {
     use keel_bench::resp::Reply;
-    let text = match conn.call(&[b"CLUSTER", b"NODES"])? {
+    let text = match conn.call(&[b"CLUSTER", b"PARTITIONS"])? {
         Reply::Bulk(Some(b)) => String::from_utf8(b)?,
-        Reply::Error(e) => anyhow::bail!("CLUSTER NODES: {e}"),
-        other => anyhow::bail!("CLUSTER NODES answered {other:?}"),
+        Reply::Error(e) => anyhow::bail!("CLUSTER PARTITIONS: {e}"),
+        other => anyhow::bail!("CLUSTER PARTITIONS answered {other:?}"),
     };
     let mut map = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        anyhow::ensure!(fields.len() >= 8, "a CLUSTER NODES line is short: {line}");
         let mut slots = Vec::new();
-        for range in &fields[8..] {
+        for range in &fields[1..] {
             let (a, b) = range.split_once('-').unwrap_or((range, range));
             let (a, b): (u16, u16) = (a.parse()?, b.parse()?);
             slots.extend(a..=b);
@@ -196,7 +196,7 @@ fn run_remove_node(args: RemoveNodeArgs) -> anyhow::Result<()> {
     let map = slot_map(&mut conn)?;
     anyhow::ensure!(
         map.iter().any(|(id, _)| id == &args.id),
-        "{} lists no node {} (CLUSTER NODES)",
+        "{} lists no node {} (CLUSTER PARTITIONS)",
         args.node,
         args.id
     );

@@ -1090,8 +1090,134 @@ fn a_node_that_lost_its_disk_catches_up_from_the_others() {
     write(&mut c2, 600..650).expect("writes through the restored node");
 }
 
+/// What a cluster-aware client reads of the topology follows a failover: after `kill -9` of
+/// the node leading partition 0, a survivor's `CLUSTER NODES` shows that node `fail?` and
+/// `disconnected` with no slots, and every slot under a live node (the partitions' new
+/// leaders), `CLUSTER SHARDS` gives it `health failed`, `CLUSTER SLOTS` names no range after
+/// it, and `CLUSTER INFO` stays `ok` (every partition kept a majority). Restarted, it is
+/// `connected` again. (Before, `CLUSTER NODES` kept listing the killed node as the master of
+/// its partition's slots, `connected`: a client that routes by it, as Lettuce does, sent
+/// those slots to a dead node.)
+#[test]
+fn the_topology_clients_read_follows_a_failover() {
+    let dir = support::TestDir::new();
+    let ports: Vec<u16> = support::ports(2, 6)[3..6].to_vec();
+    let mut nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    let query = |port: u16, args: &[&str]| -> redis::RedisResult<redis::Value> {
+        let mut c = connect(port)?;
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c)
+    };
+    let text = |port: u16, args: &[&str]| -> String {
+        match query(port, args) {
+            Ok(v) => redis::from_redis_value::<String>(v).unwrap_or_default(),
+            Err(e) => format!("error: {e}"),
+        }
+    };
+    // The node serving slot 0's writes: the first of its range in CLUSTER SLOTS.
+    let serving_slot_0 = |port: u16| -> Option<u16> {
+        let slots: Vec<(u16, u16, Vec<redis::Value>)> = match query(port, &["CLUSTER", "SLOTS"]) {
+            Ok(redis::Value::Array(ranges)) => ranges
+                .into_iter()
+                .filter_map(|r| match r {
+                    redis::Value::Array(mut parts) if parts.len() >= 3 => {
+                        let rest = parts.split_off(2);
+                        let start = redis::from_redis_value(parts.remove(0)).ok()?;
+                        let end = redis::from_redis_value(parts.remove(0)).ok()?;
+                        Some((start, end, rest))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => return None,
+        };
+        let (_, _, nodes) = slots.into_iter().find(|(s, _, _)| *s == 0)?;
+        match nodes.into_iter().next()? {
+            redis::Value::Array(node) => redis::from_redis_value(node.get(1)?.clone()).ok(),
+            _ => None,
+        }
+    };
+    // Wait until the cluster serves writes and slot 0 has a leader.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let wrote = query(ports[1], &["SET", "topology", "1"]).is_ok();
+        if let (true, Some(port)) = (wrote, serving_slot_0(ports[1])) {
+            break port;
+        }
+        assert!(Instant::now() < deadline, "no leader for slot 0");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let killed = ports
+        .iter()
+        .position(|&p| p == leader)
+        .expect("a node's port");
+    let survivor = ports[(killed + 1) % 3];
+    let killed_id = format!("n{}", killed + 1);
+    nodes[killed].kill_9();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes_text = text(survivor, &["CLUSTER", "NODES"]);
+        let dead_line = nodes_text
+            .lines()
+            .find(|l| l.starts_with(&format!("{killed_id} ")))
+            .unwrap_or_default()
+            .to_owned();
+        let live_slots: usize = nodes_text
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{killed_id} ")))
+            .flat_map(|l| l.split_whitespace().skip(8))
+            .map(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                b.parse::<usize>().expect("slot") - a.parse::<usize>().expect("slot") + 1
+            })
+            .sum();
+        let failed = dead_line.contains(" master,fail? ")
+            && dead_line.ends_with(" disconnected")
+            && live_slots == 16384;
+        let shards = format!("{:?}", query(survivor, &["CLUSTER", "SHARDS"]));
+        let info = text(survivor, &["CLUSTER", "INFO"]);
+        let slots_moved = serving_slot_0(survivor).is_some_and(|p| p != leader);
+        if failed
+            && slots_moved
+            && shards.contains("failed")
+            && info.starts_with("cluster_state:ok")
+        {
+            // A write to slot 0's keys goes through the new leader.
+            query(survivor, &["SET", "{06S}x", "after"]).expect("a write after the failover");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "30 s after kill -9 of {killed_id}:\n{nodes_text}\n{info}\n{shards}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    nodes[killed].spawn();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes_text = text(survivor, &["CLUSTER", "NODES"]);
+        let back = nodes_text
+            .lines()
+            .find(|l| l.starts_with(&format!("{killed_id} ")))
+            .is_some_and(|l| !l.contains("fail?") && l.contains(" connected"));
+        if back && !format!("{:?}", query(survivor, &["CLUSTER", "SHARDS"])).contains("failed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "30 s after {killed_id} restarted:\n{nodes_text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `keel cluster rebalance`: after all of one partition's slots were moved to another, it
-/// evens the slots out again (every node's CLUSTER NODES agrees), and every key still reads.
+/// evens the slots out again (every node's CLUSTER PARTITIONS agrees), and every key still reads.
 #[test]
 fn rebalance_evens_out_the_slots() {
     let dir = support::TestDir::new();
@@ -1143,15 +1269,16 @@ fn rebalance_evens_out_the_slots() {
         .query(&mut c)
         .expect("KEEL.MOVESLOTS");
     assert_eq!(moved, i64::from(end - start + 1));
+    // Slots per partition (CLUSTER NODES lists them under the partitions' leaders).
     let counts = |port: u16| -> Vec<usize> {
         let text: String = redis::cmd("CLUSTER")
-            .arg("NODES")
+            .arg("PARTITIONS")
             .query(&mut connect(port).expect("connect"))
-            .expect("CLUSTER NODES");
+            .expect("CLUSTER PARTITIONS");
         text.lines()
             .map(|l| {
                 l.split_whitespace()
-                    .skip(8)
+                    .skip(1)
                     .map(|r| {
                         let (a, b) = r.split_once('-').unwrap_or((r, r));
                         b.parse::<usize>().expect("slot") - a.parse::<usize>().expect("slot") + 1
@@ -1423,16 +1550,16 @@ fn a_slot_with_a_large_collection_moves_in_chunks() {
         .query(&mut c)
         .expect("TTL");
     assert!((3_000..=3_600).contains(&ttl), "TTL {ttl}");
-    let nodes: String = redis::cmd("CLUSTER")
-        .arg("NODES")
+    let partitions: String = redis::cmd("CLUSTER")
+        .arg("PARTITIONS")
         .query(&mut c)
-        .expect("CLUSTER NODES");
-    let line = nodes
+        .expect("CLUSTER PARTITIONS");
+    let line = partitions
         .lines()
         .find(|l| l.starts_with(&format!("{to} ")))
-        .expect("the destination in CLUSTER NODES");
+        .expect("the destination in CLUSTER PARTITIONS");
     assert!(
-        line.split_whitespace().skip(8).any(|r| {
+        line.split_whitespace().skip(1).any(|r| {
             let (a, b) = r.split_once('-').unwrap_or((r, r));
             (a.parse::<u16>().expect("slot")..=b.parse::<u16>().expect("slot")).contains(&slot)
         }),

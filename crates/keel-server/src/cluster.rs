@@ -645,7 +645,65 @@ pub fn reply_len(buf: &[u8]) -> Result<Option<usize>, &'static str> {
     Ok(Some(pos))
 }
 
+/// How often [`probe_loop`] looks for peers nothing was sent to lately.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+/// Keeps what this node knows of its peers' reachability fresh (`rpc_stats`): every
+/// [`PROBE_EVERY`], a peer that no request went to for that long (forwarded commands, Raft's
+/// messages, the transport's round trips) is sent a `PING`, which counts as heard if it is
+/// answered within the cluster timeout. Redis Cluster's nodes ping each other on their bus
+/// the same way. Ends with the server.
+pub async fn probe_loop(shared: std::sync::Weak<crate::server::Shared>) {
+    // Per peer, whether a probe is out (a stopped peer holds one for a timeout).
+    let mut out: Vec<Arc<std::sync::atomic::AtomicBool>> = Vec::new();
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(cluster) = shared.cluster.as_ref() else {
+            return;
+        };
+        let map = cluster.map();
+        let removed = |n: usize| shared.replication.get().is_some_and(|rep| rep.removed(n));
+        for node in 0..map.nodes().len() {
+            if out.len() <= node {
+                out.push(Arc::default());
+            }
+            let latency = cluster.rpc.of(node);
+            if node == map.myself()
+                || removed(node)
+                || latency.idle().is_some_and(|idle| idle < PROBE_EVERY)
+                || out[node].swap(true, Relaxed)
+            {
+                continue;
+            }
+            let (shared, busy) = (Arc::clone(&shared), Arc::clone(&out[node]));
+            tokio::spawn(async move {
+                let Some(cluster) = shared.cluster.as_ref() else {
+                    return;
+                };
+                let password = shared.requirepass.read().clone();
+                let ping = [Bytes::from_static(b"PING")];
+                let wait = cluster.map().timeout();
+                let answer = cluster
+                    .exchange(node, &[&ping], Proto::Resp2, password, Some(Some(wait)))
+                    .await;
+                // An answer of any kind (`-NOAUTH` too) is the peer alive.
+                latency.heard(answer.is_ok());
+                busy.store(false, Relaxed);
+            });
+        }
+    }
+}
+
 /// `CLUSTER <subcommand>`. Sets `*aware` when the client asked for the slot map.
+/// `serving(p)`: partition `p`'s nodes, the one that serves its writes first;
+/// `unreachable(n)`: node `n` did not answer this node for a cluster timeout.
+#[allow(clippy::too_many_arguments)]
 pub fn command(
     cluster: Option<&Cluster>,
     args: &[Bytes],
@@ -654,6 +712,7 @@ pub fn command(
     serving: &dyn Fn(usize) -> Vec<usize>,
     moved: &[(u16, usize)],
     gone: &dyn Fn(usize) -> bool,
+    unreachable: &dyn Fn(usize) -> bool,
 ) -> Result<(), Fail> {
     let sub = args[1].to_ascii_lowercase();
     let arity = |n: usize| -> Result<(), Fail> {
@@ -684,6 +743,9 @@ pub fn command(
             "NODES",
             "    Return cluster configuration seen by node. Output format:",
             "    <id> <ip:port> <flags> <master> <pings> <pongs> <epoch> <link> <slot> ...",
+            "PARTITIONS",
+            "    (keel) The slots of each partition, by the id of the node it was made for:",
+            "    <id> <slot> ...",
             "SHARDS",
             "    Return information about slot range mappings and the nodes serving them.",
             "SLOTS",
@@ -711,7 +773,8 @@ pub fn command(
         }
         b"info" => {
             arity(2)?;
-            out.verbatim(&info(cluster, map, gone));
+            let ranges = ranges(map, moved);
+            out.verbatim(&info(cluster, map, &ranges, serving, gone, unreachable));
         }
         b"slots" => {
             arity(2)?;
@@ -719,7 +782,14 @@ pub fn command(
             let ranges = ranges(map, moved);
             out.array(ranges.len());
             for (start, end, part) in ranges {
-                let nodes = serving(part);
+                // The node serving the range, then its replicas but those that fail (as
+                // Redis leaves out replicas that fail).
+                let nodes: Vec<usize> = serving(part)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|&(i, n)| i == 0 || !unreachable(n))
+                    .map(|(_, n)| n)
+                    .collect();
                 out.array(2 + nodes.len());
                 out.int(i64::from(start));
                 out.int(i64::from(end));
@@ -771,14 +841,22 @@ pub fn command(
                     out.bulk(b"replication-offset");
                     out.int(0);
                     out.bulk(b"health");
-                    out.bulk(b"online");
+                    out.bulk(if unreachable(node) {
+                        &b"failed"[..]
+                    } else {
+                        b"online"
+                    });
                 }
             }
         }
         b"nodes" => {
             arity(2)?;
             *aware = true;
-            out.verbatim(&nodes(map, &ranges(map, moved), gone));
+            out.verbatim(&nodes(map, &ranges(map, moved), serving, gone, unreachable));
+        }
+        b"partitions" => {
+            arity(2)?;
+            out.verbatim(&partitions(map, &ranges(map, moved), gone));
         }
         _ => {
             return Err(format!(
@@ -791,25 +869,40 @@ pub fn command(
     Ok(())
 }
 
-/// `CLUSTER INFO`'s text. The configuration is static and every node serves its slots, so
-/// the state is `ok`. The bus messages are the transport's between nodes (`xnode`).
-fn info(cluster: &Cluster, map: &Membership, gone: &dyn Fn(usize) -> bool) -> String {
+/// `CLUSTER INFO`'s text. A slot range whose serving node (`serving`) does not answer this
+/// node (`unreachable`) is counted `pfail` (this node's view, as Redis counts it), and the
+/// state is `fail` while there is one: its keys may not be served (a partition that lost its
+/// majority, an unreplicated node that is down). The bus messages are the transport's
+/// between nodes (`xnode`).
+fn info(
+    cluster: &Cluster,
+    map: &Membership,
+    ranges: &[(u16, u16, usize)],
+    serving: &dyn Fn(usize) -> Vec<usize>,
+    gone: &dyn Fn(usize) -> bool,
+    unreachable: &dyn Fn(usize) -> bool,
+) -> String {
     let bus = cluster.bus_stats();
     let n = (0..map.nodes().len()).filter(|&i| !gone(i)).count();
+    let pfail: usize = ranges
+        .iter()
+        .filter(|r| serving(r.2).first().is_some_and(|&node| unreachable(node)))
+        .map(|&(start, end, _)| usize::from(end - start) + 1)
+        .sum();
+    let state = if pfail == 0 { "ok" } else { "fail" };
     format!(
-        "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
-         cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\
+        "cluster_state:{state}\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{}\r\n\
+         cluster_slots_pfail:{pfail}\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{n}\r\n\
          cluster_size:{n}\r\ncluster_current_epoch:{n}\r\ncluster_my_epoch:{}\r\n\
          cluster_stats_messages_sent:{}\r\ncluster_stats_messages_received:{}\r\n\
          total_cluster_links_buffer_limit_exceeded:0\r\n",
+        usize::from(SLOTS) - pfail,
         map.myself() + 1,
         bus.messages_sent,
         bus.messages_received,
     )
 }
 
-/// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
-/// (keel has none yet); each node's config epoch is its position in the config.
 /// The slot ranges and their partition: the config's, with `moved` (slot → partition) over it.
 fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
     if moved.is_empty() {
@@ -830,24 +923,72 @@ fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
     out
 }
 
-fn nodes(map: &Membership, ranges: &[(u16, u16, usize)], gone: &dyn Fn(usize) -> bool) -> String {
+/// `CLUSTER PARTITIONS`'s text (keel's own): a line per partition, the id of the node it was
+/// made for (its home, which `KEEL.MOVESLOTS` names it by) and its slot ranges, whichever
+/// node leads it. `keel cluster rebalance` and `remove-node` plan by it.
+fn partitions(
+    map: &Membership,
+    ranges: &[(u16, u16, usize)],
+    gone: &dyn Fn(usize) -> bool,
+) -> String {
+    let mut text = String::new();
+    for (p, n) in map.nodes().iter().enumerate() {
+        let own: Vec<&(u16, u16, usize)> = ranges.iter().filter(|r| r.2 == p).collect();
+        if gone(p) && own.is_empty() {
+            continue;
+        }
+        text.push_str(n.id.as_str());
+        for (start, end, _) in own {
+            if start == end {
+                text.push_str(&format!(" {start}"));
+            } else {
+                text.push_str(&format!(" {start}-{end}"));
+            }
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
+/// (keel has none); each node's config epoch is its position in the config.
+fn nodes(
+    map: &Membership,
+    ranges: &[(u16, u16, usize)],
+    serving: &dyn Fn(usize) -> Vec<usize>,
+    gone: &dyn Fn(usize) -> bool,
+    unreachable: &dyn Fn(usize) -> bool,
+) -> String {
+    // Each range under the node that serves it (in a replicated cluster, its partition's
+    // leader, as `CLUSTER SLOTS` and `SHARDS` name it): after a failover, the new leader.
+    let served: Vec<(u16, u16, usize)> = ranges
+        .iter()
+        .map(|&(start, end, part)| (start, end, serving(part).first().copied().unwrap_or(part)))
+        .collect();
     let mut text = String::new();
     for (i, n) in map.nodes().iter().enumerate() {
         if gone(i) {
             continue;
         }
-        let flags = if i == map.myself() {
-            "myself,master"
+        let mut flags = if i == map.myself() {
+            String::from("myself,master")
         } else {
-            "master"
+            String::from("master")
+        };
+        // `fail?` (Redis's PFAIL): failing as this node sees it, with its link down.
+        let link = if i != map.myself() && unreachable(i) {
+            flags.push_str(",fail?");
+            "disconnected"
+        } else {
+            "connected"
         };
         text.push_str(&format!(
-            "{} {}@0 {flags} - 0 0 {} connected",
+            "{} {}@0 {flags} - 0 0 {} {link}",
             n.id,
             n.addr,
             i + 1
         ));
-        for (start, end, _) in ranges.iter().filter(|r| r.2 == i) {
+        for (start, end, _) in served.iter().filter(|r| r.2 == i) {
             if start == end {
                 text.push_str(&format!(" {start}"));
             } else {
@@ -874,6 +1015,77 @@ mod tests {
             .into_iter()
             .map(|k| String::from_utf8_lossy(k).into_owned())
             .collect()
+    }
+
+    /// Three nodes, the slots split evenly, this node the first.
+    fn three() -> Arc<Membership> {
+        let addrs: Vec<SocketAddr> = (7001..7004)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect();
+        Arc::new(Membership::even(&addrs, 0, 2_000).expect("a membership"))
+    }
+
+    #[test]
+    fn cluster_nodes_names_each_ranges_serving_node_and_the_nodes_that_fail() {
+        let map = three();
+        let ranges = ranges(&map, &[]);
+        let text = |serving: &dyn Fn(usize) -> Vec<usize>, down: &dyn Fn(usize) -> bool| {
+            nodes(&map, &ranges, serving, &|_| false, down)
+        };
+        let home = text(&|p| vec![p], &|_| false);
+        assert_eq!(
+            home,
+            "node-1 127.0.0.1:7001@0 myself,master - 0 0 1 connected 0-5460\n\
+             node-2 127.0.0.1:7002@0 master - 0 0 2 connected 5461-10921\n\
+             node-3 127.0.0.1:7003@0 master - 0 0 3 connected 10922-16383\n"
+        );
+        // Node 2 is killed; partition 1 elects node 3, which now serves two ranges.
+        let failed_over = text(&|p| if p == 1 { vec![2, 0, 1] } else { vec![p] }, &|n| {
+            n == 1
+        });
+        assert_eq!(
+            failed_over,
+            "node-1 127.0.0.1:7001@0 myself,master - 0 0 1 connected 0-5460\n\
+             node-2 127.0.0.1:7002@0 master,fail? - 0 0 2 disconnected\n\
+             node-3 127.0.0.1:7003@0 master - 0 0 3 connected 5461-10921 10922-16383\n"
+        );
+        // This node is never shown failing.
+        assert!(
+            text(&|p| vec![p], &|_| true).starts_with("node-1 127.0.0.1:7001@0 myself,master - ")
+        );
+        // The partitions keep their homes' ids, whoever leads them.
+        assert_eq!(
+            partitions(&map, &ranges, &|_| false),
+            "node-1 0-5460\nnode-2 5461-10921\nnode-3 10922-16383\n"
+        );
+        let moved = super::ranges(&map, &[(5461, 0), (16383, 0)]);
+        assert_eq!(
+            partitions(&map, &moved, &|n| n == 1),
+            "node-1 0-5461 16383\nnode-2 5462-10921\nnode-3 10922-16382\n",
+            "a removed node's partition is listed while it owns slots"
+        );
+    }
+
+    #[test]
+    fn cluster_info_fails_while_a_ranges_serving_node_does_not_answer() {
+        let map = three();
+        let cluster = Cluster::new(Arc::clone(&map));
+        let ranges = ranges(&map, &[]);
+        let info = |serving: &dyn Fn(usize) -> Vec<usize>, down: &dyn Fn(usize) -> bool| {
+            info(&cluster, &map, &ranges, serving, &|_| false, down)
+        };
+        let fine = info(&|p| vec![p], &|_| false);
+        assert!(fine.starts_with("cluster_state:ok\r\n"), "{fine}");
+        assert!(fine.contains("cluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\n"));
+        // An unreplicated node 3 is down: its slots are not served.
+        let down = info(&|p| vec![p], &|n| n == 2);
+        assert!(down.starts_with("cluster_state:fail\r\n"), "{down}");
+        assert!(down.contains("cluster_slots_ok:10922\r\ncluster_slots_pfail:5462\r\n"));
+        // Replicated, and node 3's partition elected node 1: all served again.
+        let moved = info(&|p| if p == 2 { vec![0, 1, 2] } else { vec![p] }, &|n| {
+            n == 2
+        });
+        assert!(moved.starts_with("cluster_state:ok\r\n"), "{moved}");
     }
 
     #[test]

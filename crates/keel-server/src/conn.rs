@@ -3339,6 +3339,11 @@ impl Conn {
                     (Some(rep), Some(cluster)) => rep.routes(&cluster.map()),
                     _ => Vec::new(),
                 };
+                let unreachable = |n: usize| {
+                    self.shared.cluster.as_ref().is_some_and(|cluster| {
+                        cluster.rpc.of(n).unreachable_for(cluster.map().timeout())
+                    })
+                };
                 cluster::command(
                     self.shared.cluster.as_ref(),
                     args,
@@ -3347,6 +3352,7 @@ impl Conn {
                     &serving,
                     &moved,
                     &|n| replication.is_some_and(|rep| rep.removed(n)),
+                    &unreachable,
                 )?;
             }
             Cmd::KeelMoveslots => {

@@ -3,10 +3,15 @@
 //! transport round trip is recorded in a histogram of powers of two microseconds, shown by
 //! `INFO cluster` (`keel_rpc_<node>:…`) and the Prometheus metrics
 //! (`keel_rpc_duration_seconds`).
+//!
+//! Each peer also keeps when it last answered and when a request to it last failed (probes
+//! included, `cluster::probe_loop`): a peer whose last request failed and that has not
+//! answered for a cluster timeout is *unreachable*, which `CLUSTER NODES`, `SHARDS`, `SLOTS`
+//! and `INFO` show as Redis shows a failing node.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Buckets: `[0]` holds requests under 2 µs, `[i]` those under `2^(i+1)` µs; the last one
 /// everything longer (over about 36 minutes).
@@ -20,6 +25,18 @@ pub struct Latency {
     errors: AtomicU64,
     sum_us: AtomicU64,
     max_us: AtomicU64,
+    /// When the peer last answered, and when a request to it last ended: [`now_ms`] + 1
+    /// (0: never).
+    answered_ms: AtomicU64,
+    ended_ms: AtomicU64,
+    /// Whether the request that ended last failed.
+    last_failed: AtomicBool,
+}
+
+/// Milliseconds since this process first asked (the origin of the times above).
+fn now_ms() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A summary of a [`Latency`].
@@ -53,6 +70,32 @@ impl Latency {
         }
         self.sum_us.fetch_add(us, Relaxed);
         self.max_us.fetch_max(us, Relaxed);
+        self.heard(ok);
+    }
+
+    /// Notes that a request to the peer was answered (`ok`) or failed (not sent, or no
+    /// answer in time), without timing it (a probe).
+    pub fn heard(&self, ok: bool) {
+        let at = now_ms() + 1;
+        if ok {
+            self.answered_ms.fetch_max(at, Relaxed);
+        }
+        self.ended_ms.fetch_max(at, Relaxed);
+        self.last_failed.store(!ok, Relaxed);
+    }
+
+    /// Whether the last request to the peer failed and it has not answered for `after`
+    /// (since this process started, if it never has). A peer never asked is not.
+    pub fn unreachable_for(&self, after: Duration) -> bool {
+        let after = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        self.last_failed.load(Relaxed)
+            && (now_ms() + 1).saturating_sub(self.answered_ms.load(Relaxed)) >= after
+    }
+
+    /// How long since a request to the peer last ended, answered or not (`None`: never).
+    pub fn idle(&self) -> Option<Duration> {
+        let last = self.ended_ms.load(Relaxed);
+        (last > 0).then(|| Duration::from_millis((now_ms() + 1).saturating_sub(last)))
     }
 
     /// Each bucket's bound (µs) and how many requests took less than it (cumulative).
@@ -146,5 +189,26 @@ mod tests {
         peers.of(3).record(Duration::from_micros(5), true);
         assert_eq!(peers.used().len(), 1);
         assert_eq!(peers.used()[0].0, 3);
+    }
+
+    #[test]
+    fn a_peer_is_unreachable_once_its_last_request_failed_and_it_stayed_silent() {
+        let l = Latency::default();
+        assert!(!l.unreachable_for(Duration::ZERO), "never asked");
+        assert_eq!(l.idle(), None);
+        l.record(Duration::from_micros(100), true);
+        assert!(!l.unreachable_for(Duration::ZERO), "it answered last");
+        l.heard(false);
+        assert!(l.unreachable_for(Duration::ZERO));
+        assert!(
+            !l.unreachable_for(Duration::from_secs(3600)),
+            "it answered within the hour"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(l.unreachable_for(Duration::from_millis(20)));
+        assert!(l.idle().is_some_and(|d| d >= Duration::from_millis(20)));
+        l.heard(true);
+        assert!(!l.unreachable_for(Duration::ZERO), "it answers again");
+        assert!(l.idle().is_some_and(|d| d < Duration::from_millis(20)));
     }
 }
