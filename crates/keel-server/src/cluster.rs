@@ -925,7 +925,9 @@ fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
 
 /// `CLUSTER PARTITIONS`'s text (keel's own): a line per partition, the id of the node it was
 /// made for (its home, which `KEEL.MOVESLOTS` names it by) and its slot ranges, whichever
-/// node leads it. `keel cluster rebalance` and `remove-node` plan by it.
+/// node leads it; not the partitions of removed nodes (which own no slots: a node is removed
+/// only once they moved, though this node may not have learned every move yet), as `NODES`
+/// leaves out the nodes. `keel cluster rebalance` and `remove-node` plan by it.
 fn partitions(
     map: &Membership,
     ranges: &[(u16, u16, usize)],
@@ -933,12 +935,11 @@ fn partitions(
 ) -> String {
     let mut text = String::new();
     for (p, n) in map.nodes().iter().enumerate() {
-        let own: Vec<&(u16, u16, usize)> = ranges.iter().filter(|r| r.2 == p).collect();
-        if gone(p) && own.is_empty() {
+        if gone(p) {
             continue;
         }
         text.push_str(n.id.as_str());
-        for (start, end, _) in own {
+        for (start, end, _) in ranges.iter().filter(|r| r.2 == p) {
             if start == end {
                 text.push_str(&format!(" {start}"));
             } else {
@@ -1061,8 +1062,8 @@ mod tests {
         let moved = super::ranges(&map, &[(5461, 0), (16383, 0)]);
         assert_eq!(
             partitions(&map, &moved, &|n| n == 1),
-            "node-1 0-5461 16383\nnode-2 5462-10921\nnode-3 10922-16382\n",
-            "a removed node's partition is listed while it owns slots"
+            "node-1 0-5461 16383\nnode-3 10922-16382\n",
+            "a removed node's partition is left out"
         );
     }
 
