@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs one replicated simulation for many seeds, one process per seed (a run keeps its
-# in-memory databases until it ends, ~250 MB a seed, so one process cannot run hundreds),
-# and stops at the first seed that fails, printing its report.
+# Runs one replicated simulation for a numbered range of seeds, one process per seed (so that
+# a failure is replayed as it ran; `KEEL_SIM_SEEDS=n` runs n clock-drawn seeds in one
+# process), and stops at the first seed that fails, printing its report.
 #
 #   crates/keel-server/scripts/sim-hunt.sh [test] [first seed] [count]
 #   crates/keel-server/scripts/sim-hunt.sh replica::sim::across::transactions_across_partitions_survive_seeded_faults 1000 400

@@ -3202,17 +3202,17 @@ impl Conn {
         }
         let slot = slot as u16;
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
-        let db: Option<&'static keel::Db> = match self.shared.replication.get() {
+        let db: Option<keel::Db> = match self.shared.replication.get() {
             Some(rep) => rep
                 .part(rep.owner(&cluster.map(), slot))
-                .map(|part| part.db),
+                .map(|part| part.db.clone()),
             None => (cluster.map().owner(keel_cluster::Slot(slot)) == cluster.map().myself())
-                .then_some(self.shared.db),
+                .then(|| self.shared.db.clone()),
         };
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let (count, keys) = match db {
             Some(db) => tokio::task::spawn_blocking(move || {
-                crate::keyspace::keys_in_slot(db, slot, if get { limit } else { 0 })
+                crate::keyspace::keys_in_slot(&db, slot, if get { limit } else { 0 })
             })
             .await
             .map_err(|_| Fail::from("ERR keel: the scan of the slot panicked"))?

@@ -672,11 +672,13 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             let view = rep.view();
             let _ = write!(
                 t,
-                "keel_replicas:{}\r\nkeel_view_epoch:{}\r\nkeel_nodes:{}\r\nkeel_partitions:{}\r\n",
+                "keel_replicas:{}\r\nkeel_view_epoch:{}\r\nkeel_nodes:{}\r\nkeel_partitions:{}\r\n\
+                 keel_replica_databases:{}\r\n",
                 rep.r,
                 view.epoch,
                 view.live().count(),
-                view.parts.len()
+                view.parts.len(),
+                rep.open_databases().join(",")
             );
             for line in rep.describe(&cluster.map()) {
                 t.push_str(&line);

@@ -330,7 +330,7 @@ pub struct Part {
     pub id: usize,
     pub raft: Raft,
     /// The partition's data.
-    pub db: &'static Db,
+    pub db: Db,
     /// The keys locked by prepared transactions, shared with the state machine.
     pub locks: prepared::Shared,
     /// The clock the leader stamps entries with (Unix ms): the wall clock, or the
@@ -649,7 +649,7 @@ pub struct Replication {
     /// `partition-<p>`): a replica that leaves a partition keeps them open (a database's
     /// directory lock lasts as long as the process) and reuses them if it comes back; all
     /// are closed when the server stops.
-    dbs: parking_lot::Mutex<std::collections::HashMap<String, &'static Db>>,
+    dbs: parking_lot::Mutex<std::collections::HashMap<String, Db>>,
 }
 
 /// Opening replication failed.
@@ -870,8 +870,8 @@ impl Replication {
         let (me, r) = (self.me, self.r);
         let dir = self.dir.as_ref();
         let own_db = p == me;
-        let db: &'static Db = if own_db {
-            shared.db
+        let db: Db = if own_db {
+            shared.db.clone()
         } else {
             self.open_db(&format!("partition-{p}"), shared, p, "data")
                 .await?
@@ -883,9 +883,10 @@ impl Replication {
         let snapshot_file = snapshot_dir
             .as_ref()
             .map(|d| d.join(machine::SNAPSHOT_FILE));
+        let (emptying, emptying_log) = (db.clone(), log_db.clone());
         let floor = tokio::task::spawn_blocking(move || {
-            finish_emptying(db, log_db, snapshot_file.as_deref())?;
-            log::floor(log_db)
+            finish_emptying(&emptying, &emptying_log, snapshot_file.as_deref())?;
+            log::floor(&emptying_log)
         })
         .await
         .expect("emptying does not panic")
@@ -894,7 +895,7 @@ impl Replication {
             text: format!("finishing the emptying of the replica that left: {text}"),
         })?;
         let log = log::LogStore::open(log_db, shared.config.durability.engine());
-        let mut machine = machine::Machine::open(db, snapshot_dir)
+        let mut machine = machine::Machine::open(db.clone(), snapshot_dir)
             .await
             .map_err(|e| StartError::Raft {
                 part: p,
@@ -918,7 +919,7 @@ impl Replication {
         ));
         // Data that no log entry made (the directory of a node that ran without
         // --replicas): the log would be applied over it, and the replicas would differ.
-        if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(db) {
+        if own_db && machine.stored_voters(&log).await.is_none() && machine::holds_data(&db) {
             return Err(StartError::Raft {
                 part: p,
                 text: format!(
@@ -1057,9 +1058,9 @@ impl Replication {
         shared: &Shared,
         part: usize,
         what: &'static str,
-    ) -> Result<&'static Db, StartError> {
+    ) -> Result<Db, StartError> {
         if let Some(db) = self.dbs.lock().get(name) {
-            return Ok(db);
+            return Ok(db.clone());
         }
         let db = match &self.dir {
             Some(dir) => {
@@ -1081,8 +1082,7 @@ impl Replication {
             }
             None => Db::in_memory(),
         };
-        let db: &'static Db = Box::leak(Box::new(db));
-        self.dbs.lock().insert(name.to_owned(), db);
+        self.dbs.lock().insert(name.to_owned(), db.clone());
         Ok(db)
     }
 
@@ -1326,7 +1326,7 @@ impl Replication {
         for part in parts {
             part.stop().await;
         }
-        let dbs: Vec<&'static Db> = self.dbs.lock().drain().map(|(_, db)| db).collect();
+        let dbs: Vec<Db> = self.dbs.lock().drain().map(|(_, db)| db).collect();
         let _ = tokio::task::spawn_blocking(move || {
             for db in dbs {
                 if let Err(e) = db.clone().close() {
@@ -1515,10 +1515,10 @@ impl Replication {
         Ok(moving.len())
     }
 
-    /// Empties the replica of partition `p` that left this node (stopped; its data `db`),
-    /// keeping its databases open for a return ([`empty`]).
-    async fn empty(&self, p: usize, db: &'static Db) {
-        let Some(log_db) = self.dbs.lock().get(&format!("raft-{p}")).copied() else {
+    /// Empties the replica of partition `p` that left this node (stopped; its data `db`)
+    /// ([`empty`]), then closes the databases opened for it ([`Replication::close`]).
+    async fn empty(&self, p: usize, db: Db) {
+        let Some(log_db) = self.dbs.lock().get(&format!("raft-{p}")).cloned() else {
             return;
         };
         let snapshot = self
@@ -1526,11 +1526,45 @@ impl Replication {
             .as_ref()
             .map(|d| d.join(format!("raft-{p}")).join(machine::SNAPSHOT_FILE));
         let emptied =
-            tokio::task::spawn_blocking(move || empty(db, log_db, snapshot.as_deref())).await;
+            tokio::task::spawn_blocking(move || empty(&db, &log_db, snapshot.as_deref())).await;
         match emptied.expect("emptying does not panic") {
-            Ok(()) => tracing::info!("partition {p}: the replica that left here is emptied"),
+            Ok(()) => {
+                tracing::info!("partition {p}: the replica that left here is emptied");
+                self.close(p).await;
+            }
+            // Kept open: the next open of the replica finishes the emptying.
             Err(e) => tracing::warn!("partition {p}: emptying the replica that left: {e}"),
         }
+    }
+
+    /// Closes the databases opened for partition `p`'s replica here (its data, unless it is
+    /// the node's own database, and its log): their threads stop and their files close at
+    /// once, and their memory and directory locks go with the last handle (a request still
+    /// running on one fails). Placed here again, the replica opens them anew.
+    async fn close(&self, p: usize) {
+        let closing: Vec<(String, Db)> = {
+            let mut open = self.dbs.lock();
+            [format!("partition-{p}"), format!("raft-{p}")]
+                .into_iter()
+                .filter_map(|name| open.remove(&name).map(|db| (name, db)))
+                .collect()
+        };
+        let _ = tokio::task::spawn_blocking(move || {
+            for (name, db) in closing {
+                match db.close() {
+                    Ok(()) => tracing::info!("closed {name}, whose replica left this node"),
+                    Err(e) => tracing::warn!("closing {name}: {e}"),
+                }
+            }
+        })
+        .await;
+    }
+
+    /// The names of the databases open for partitions' replicas here (`INFO replication`).
+    pub fn open_databases(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.dbs.lock().keys().cloned().collect();
+        names.sort();
+        names
     }
 
     /// A new id for a request or a transaction of this node.
@@ -1654,7 +1688,7 @@ impl Replication {
                     self.parts.write().remove(&p);
                     tracing::info!("partition {p}: this node's replica left");
                     part.stop().await;
-                    self.empty(p, part.db).await;
+                    self.empty(p, part.db.clone()).await;
                 }
                 continue;
             }
@@ -1978,7 +2012,7 @@ impl Part {
     /// `Err` (`Busy` or `Moved`) while a key it reads is written by a prepared
     /// transaction, or its slot is not this partition's.
     pub fn read_local(&self, request: &Request) -> Result<Vec<u8>, Response> {
-        read_here(self.db, &self.locks, request)
+        read_here(&self.db, &self.locks, request)
     }
 
     /// Runs `request` here if this node leads the partition; the reply.
@@ -2045,7 +2079,7 @@ impl Part {
                     })
                     .await?;
             }
-            return Ok(match read_here(self.db, &self.locks, &request) {
+            return Ok(match read_here(&self.db, &self.locks, &request) {
                 Ok(reply) => Response {
                     reply,
                     ..Response::default()
@@ -2239,11 +2273,7 @@ pub(crate) async fn remove_learners(
 /// the reply; `Busy` if a key they read is written by a prepared transaction (its effect is
 /// not there yet, and the old value may no longer be one a serial order allows), `Moved` if
 /// a key's slot is not this partition's.
-fn read_here(
-    db: &'static Db,
-    locks: &prepared::Shared,
-    request: &Request,
-) -> Result<Vec<u8>, Response> {
+fn read_here(db: &Db, locks: &prepared::Shared, request: &Request) -> Result<Vec<u8>, Response> {
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
     let ctx = data::Ctx {
@@ -2368,7 +2398,7 @@ pub async fn reap_loop(shared: std::sync::Weak<Shared>) {
         };
         for part in rep.hosted() {
             for _ in 0..REAP_PASSES_MAX {
-                if !part.leads() || !crate::reaper::has_work(part.db, (part.clock)()) {
+                if !part.leads() || !crate::reaper::has_work(&part.db, (part.clock)()) {
                     break;
                 }
                 let request = Request {
@@ -2507,8 +2537,8 @@ mod tests {
     use openraft::testing::{StoreBuilder, Suite};
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, StorageError};
 
-    fn leaked() -> &'static Db {
-        Box::leak(Box::new(Db::in_memory()))
+    fn memory_db() -> Db {
+        Db::in_memory()
     }
 
     /// openraft's settings with the server's heartbeat and election timeouts.
@@ -2525,8 +2555,8 @@ mod tests {
 
     impl StoreBuilder<Tc, log::LogStore, machine::Machine, ()> for Stores {
         async fn build(&self) -> Result<((), log::LogStore, machine::Machine), StorageError<u64>> {
-            let log = log::LogStore::open(leaked(), keel::Durability::None);
-            let machine = machine::Machine::open(leaked(), None).await?;
+            let log = log::LogStore::open(memory_db(), keel::Durability::None);
+            let machine = machine::Machine::open(memory_db(), None).await?;
             Ok(((), log, machine))
         }
     }
@@ -2593,8 +2623,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_sent_again_is_answered_once_and_its_answer_dropped_in_time() {
-        let db = leaked();
-        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let db = memory_db();
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
         let id = TxnId {
             node: 1,
             incarnation: 2,
@@ -2633,13 +2665,13 @@ mod tests {
                 })
                 .count()
         };
-        assert_eq!(kept(db), 0);
+        assert_eq!(kept(&db), 0);
         let again = m
             .apply(vec![incr(65, t + 5_000, Some(id))])
             .await
             .expect("apply");
         assert_eq!(again[0].reply, b":64\r\n");
-        assert_eq!(kept(db), 2);
+        assert_eq!(kept(&db), 2);
     }
 
     /// Answers that fall due faster than one transaction can drop them (more than
@@ -2649,8 +2681,10 @@ mod tests {
     /// `limit exceeded: keys written by one transaction`).
     #[tokio::test]
     async fn answers_due_all_at_once_are_dropped_over_several_sweeps() {
-        let db = leaked();
-        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let db = memory_db();
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
         let t = 1_700_000_000_000;
         let (groups, per_group) = (400u64, 100u64);
         let mut index = 0;
@@ -2694,17 +2728,17 @@ mod tests {
                 .count()
         };
         let total = (groups * per_group) as usize;
-        assert_eq!(kept(db), total);
+        assert_eq!(kept(&db), total);
         // Every one of them due now: each sweep drops some, none fails, and they all go.
         let mut sweeps = 0;
-        while kept(db) > 0 {
-            assert!(index < 100_000, "{} answers left", kept(db));
-            let before = kept(db);
+        while kept(&db) > 0 {
+            assert!(index < 100_000, "{} answers left", kept(&db));
+            let before = kept(&db);
             index += 1;
             m.apply(vec![step(index, t + 5_000, &[&["SET", "x", "y"]], Op::Run)])
                 .await
                 .expect("a sweep fits in its entry");
-            let dropped = before - kept(db);
+            let dropped = before - kept(&db);
             assert!(dropped <= 1024, "{dropped} dropped at once");
             sweeps += usize::from(dropped > 0);
         }
@@ -2726,8 +2760,10 @@ mod tests {
     /// keys remain, and leave the replication records (the applied marker).
     #[tokio::test]
     async fn a_flush_of_more_keys_than_one_transaction_writes_goes_in_batches() {
-        let db = leaked();
-        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let db = memory_db();
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
         let t = 1_700_000_000_000;
         let mut index = 0;
         for from in (0..70_000).step_by(1_000) {
@@ -2769,7 +2805,7 @@ mod tests {
     /// each gets its own response; anything but a plain write in a group is refused alone.
     #[tokio::test]
     async fn a_group_of_writes_applies_each_as_its_own_entry() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let id = TxnId {
             node: 1,
@@ -2889,7 +2925,7 @@ mod tests {
 
     /// A state machine on `db` as partition `me` of two (0 owns the slots below 8192, 1 the
     /// others).
-    async fn homed(db: &'static Db, me: usize) -> machine::Machine {
+    async fn homed(db: Db, me: usize) -> machine::Machine {
         let m = machine::Machine::open(db, None).await.expect("open");
         m.locks()
             .lock()
@@ -2974,9 +3010,9 @@ mod tests {
     /// resolver, once it can ask, commits the move.
     #[tokio::test]
     async fn a_move_whose_outcome_is_unknown_is_settled_by_the_source_not_aborted() {
-        let (src_db, dst_db) = (leaked(), leaked());
+        let (src_db, dst_db) = (memory_db(), memory_db());
         let (mut parts, mut locks) = (Vec::new(), Vec::new());
-        for (db, me) in [(src_db, 0), (dst_db, 1)] {
+        for (db, me) in [(src_db.clone(), 0), (dst_db.clone(), 1)] {
             let m = homed(db, me).await;
             locks.push(m.locks());
             parts.push(tokio::sync::Mutex::new((m, 0)));
@@ -3027,7 +3063,7 @@ mod tests {
             "the source is still prepared, not aborted"
         );
         assert!(
-            read(src_db, &net.locks[0], &key).is_none(),
+            read(&src_db, &net.locks[0], &key).is_none(),
             "the source serves nothing of the slot meanwhile"
         );
 
@@ -3043,7 +3079,7 @@ mod tests {
             "the source gave it"
         );
         assert_eq!(
-            read(dst_db, &net.locks[1], &key).as_deref(),
+            read(&dst_db, &net.locks[1], &key).as_deref(),
             Some(&b"$1\r\nv\r\n"[..])
         );
     }
@@ -3070,8 +3106,10 @@ mod tests {
         let mut drawn = std::collections::BTreeSet::new();
         let parts = 4;
         for me in 0..parts {
-            let db = leaked();
-            let mut m = machine::Machine::open(db, None).await.expect("open");
+            let db = memory_db();
+            let mut m = machine::Machine::open(db.clone(), None)
+                .await
+                .expect("open");
             m.locks()
                 .lock()
                 .set_home((me, Arc::new(move |slot| usize::from(slot) % parts)));
@@ -3102,7 +3140,7 @@ mod tests {
             );
             let r = m.apply(vec![single, many]).await.expect("apply");
             assert!(r.iter().all(|r| r.status == Status::Done), "{r:?}");
-            let g = generations(db);
+            let g = generations(&db);
             assert_eq!(g.len(), 4, "four spread lists");
             drawn.extend(g);
         }
@@ -3117,8 +3155,8 @@ mod tests {
     /// destination has is refused, whole.
     #[tokio::test]
     async fn a_move_in_of_a_generation_the_destination_has_is_refused() {
-        let db = leaked();
-        let mut dst = homed(db, 1).await;
+        let db = memory_db();
+        let mut dst = homed(db.clone(), 1).await;
         let elem = "e".repeat(crate::keyspace::packed::ITEM_BYTES_MAX + 1);
         let key = (0..)
             .map(|i| format!("l{i}"))
@@ -3130,8 +3168,8 @@ mod tests {
             .await
             .expect("apply");
         assert_eq!(r[0].status, Status::Done, "{r:?}");
-        let g = generations(db)[0];
-        let before = contents(db);
+        let g = generations(&db)[0];
+        let before = contents(&db);
         let txn = TxnId {
             node: 0,
             incarnation: 1,
@@ -3157,10 +3195,10 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(dst.locks().lock().owner(100), Some(0), "the slot stays");
-        assert_eq!(contents(db), before, "the list is as it was");
+        assert_eq!(contents(&db), before, "the list is as it was");
     }
 
-    fn read(db: &'static Db, locks: &prepared::Shared, key: &str) -> Option<Vec<u8>> {
+    fn read(db: &Db, locks: &prepared::Shared, key: &str) -> Option<Vec<u8>> {
         let request = Request {
             commands: vec![vec![b"GET".to_vec(), key.as_bytes().to_vec()]],
             exec: false,
@@ -3183,7 +3221,7 @@ mod tests {
     /// group, again at each restart: one client's `MSET` of 65 534 keys.)
     #[tokio::test]
     async fn a_write_that_leaves_no_room_for_the_entry_fails_alone() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
         let mset = mset_of(0, keel::limits::TXN_WRITE_KEYS_MAX - 1);
@@ -3211,7 +3249,7 @@ mod tests {
     /// the reason: its commit, after a yes vote, would have failed on every replica.
     #[tokio::test]
     async fn a_prepare_that_leaves_its_commit_no_room_is_refused() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
         let mset = mset_of(0, keel::limits::TXN_WRITE_KEYS_MAX - 4);
@@ -3243,7 +3281,7 @@ mod tests {
     /// at most as many lapsed watches, the first in key order on every replica.
     #[tokio::test]
     async fn watch_entries_stay_within_one_transaction() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
         let watch = |index: u64, now: u64, keys: std::ops::Range<usize>| {
@@ -3282,7 +3320,7 @@ mod tests {
     /// than a value may be votes no with the reason, and the partition applies on.
     #[tokio::test]
     async fn a_prepare_too_large_to_keep_is_refused() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
         let big = "x".repeat(7 << 20);
@@ -3331,17 +3369,19 @@ mod tests {
         };
         let mut replicas = Vec::new();
         for _ in 0..2 {
-            let db = leaked();
-            let mut m = machine::Machine::open(db, None).await.expect("open");
+            let db = memory_db();
+            let mut m = machine::Machine::open(db.clone(), None)
+                .await
+                .expect("open");
             let before_reap = {
                 let mut e = entries();
                 let reaps = e.split_off(4);
                 m.apply(e).await.expect("apply");
-                let left = contents(db).len();
+                let left = contents(&db).len();
                 (left, reaps)
             };
             assert!(
-                crate::reaper::has_work(db, t + 1_000),
+                crate::reaper::has_work(&db, t + 1_000),
                 "an expired key and a dropped set"
             );
             let r = m.apply(before_reap.1).await.expect("apply");
@@ -3351,9 +3391,9 @@ mod tests {
                 "the expired key and 300 members"
             );
             assert_eq!(parse_reaped(&r[1].reply), Some((0, 0)), "nothing left");
-            assert!(!crate::reaper::has_work(db, t + 1_000));
+            assert!(!crate::reaper::has_work(&db, t + 1_000));
             assert!(before_reap.0 > 300);
-            replicas.push(contents(db));
+            replicas.push(contents(&db));
         }
         assert_eq!(replicas[0], replicas[1], "every replica reaps the same");
         let keys: Vec<&[u8]> = replicas[0].iter().map(|(k, _)| k.as_slice()).collect();
@@ -3364,7 +3404,7 @@ mod tests {
     /// transaction holds keys here (its commit runs its commands on them again).
     #[tokio::test]
     async fn reaping_waits_for_prepared_transactions() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let t = 1_700_000_000_000;
         let txn = TxnId {
@@ -3410,7 +3450,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_renewed_watch_keeps_its_version_past_the_first_lapse() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         m.locks().lock().set_home((0, Arc::new(|_| 0)));
         let (t0, lapse) = (1_700_000_000_000, WATCH_LAPSE_MS);
@@ -3459,7 +3499,7 @@ mod tests {
     /// holds that much, as for size.)
     #[tokio::test]
     async fn a_move_of_more_records_than_one_transaction_writes_is_refused() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = homed(db, 1).await;
         let now = 1_700_000_000_000;
         let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..=prepared::MOVE_RECORDS_MAX)
@@ -3545,9 +3585,13 @@ mod tests {
             index += 1;
             index
         };
-        let (src_db, dst_db) = (leaked(), leaked());
-        let mut src = machine::Machine::open(src_db, None).await.expect("open");
-        let mut dst = machine::Machine::open(dst_db, None).await.expect("open");
+        let (src_db, dst_db) = (memory_db(), memory_db());
+        let mut src = machine::Machine::open(src_db.clone(), None)
+            .await
+            .expect("open");
+        let mut dst = machine::Machine::open(dst_db.clone(), None)
+            .await
+            .expect("open");
         for (m, me) in [(&src, 0), (&dst, 1)] {
             m.locks()
                 .lock()
@@ -3689,7 +3733,7 @@ mod tests {
         // What it staged goes once the reaper has swept it.
         reap_all(&mut dst, 6..200, now).await;
         assert_eq!(
-            contents(dst_db),
+            contents(&dst_db),
             Vec::new(),
             "the abort left nothing behind"
         );
@@ -3757,7 +3801,7 @@ mod tests {
         let from = next();
         reap_all(&mut src, from..from + 200, now).await;
         assert_eq!(
-            contents(src_db),
+            contents(&src_db),
             Vec::new(),
             "the source reclaimed the moved records"
         );
@@ -3780,8 +3824,10 @@ mod tests {
         let (now, deadline) = (1_700_000_000_000, 1_700_000_006_000);
         let mut machines = Vec::new();
         for _ in 0..2 {
-            let db = leaked();
-            let m = machine::Machine::open(db, None).await.expect("open");
+            let db = memory_db();
+            let m = machine::Machine::open(db.clone(), None)
+                .await
+                .expect("open");
             // Partition 0 of two: slots below 8192 are its own by the config.
             m.locks()
                 .lock()
@@ -3856,8 +3902,8 @@ mod tests {
             );
         }
         assert_eq!(
-            contents(machines[0].0),
-            contents(machines[1].0),
+            contents(&machines[0].0),
+            contents(&machines[1].0),
             "identical replicas"
         );
 
@@ -3869,12 +3915,12 @@ mod tests {
             .build_snapshot()
             .await
             .expect("snapshot");
-        let db = leaked();
-        let mut copy = homed(db, 0).await;
+        let db = memory_db();
+        let mut copy = homed(db.clone(), 0).await;
         copy.install_snapshot(&snapshot.meta, snapshot.snapshot)
             .await
             .expect("install");
-        assert_eq!(contents(db), contents(machines[0].0));
+        assert_eq!(contents(&db), contents(&machines[0].0));
         assert_eq!(copy.locks().lock().counts(), (0, 0, 1, 1));
         let again = copy
             .apply(vec![step(10, now, &[&["GET", &moving]], Op::Run)])
@@ -3893,7 +3939,7 @@ mod tests {
     /// decided anew.)
     #[tokio::test]
     async fn a_decision_that_comes_again_after_its_forget_runs_nothing() {
-        let db = leaked();
+        let db = memory_db();
         let mut m = machine::Machine::open(db, None).await.expect("open");
         let txn = TxnId {
             node: 1,
@@ -3949,8 +3995,10 @@ mod tests {
             coordinator: 2,
             deadline_ms: deadline,
         };
-        let db = leaked();
-        let mut m = machine::Machine::open(db, None).await.expect("open");
+        let db = memory_db();
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
         let locks = m.locks();
         let r = m
             .apply(vec![
@@ -3984,8 +4032,8 @@ mod tests {
         );
         assert_eq!(r[5].reply, b"$-1\r\n");
         assert_eq!(r[6].status, Status::Busy, "a write of a key t1 read waits");
-        assert_eq!(read(db, &locks, "x"), None, "reads wait for the decision");
-        assert_eq!(read(db, &locks, "z"), Some(b"$1\r\n1\r\n".to_vec()));
+        assert_eq!(read(&db, &locks, "x"), None, "reads wait for the decision");
+        assert_eq!(read(&db, &locks, "z"), Some(b"$1\r\n1\r\n".to_vec()));
 
         // A replica that catches up from a snapshot holds the same locks.
         let snapshot = m
@@ -3994,13 +4042,15 @@ mod tests {
             .build_snapshot()
             .await
             .expect("snapshot");
-        let other = leaked();
-        let mut copy = machine::Machine::open(other, None).await.expect("open");
+        let other = memory_db();
+        let mut copy = machine::Machine::open(other.clone(), None)
+            .await
+            .expect("open");
         copy.install_snapshot(&snapshot.meta, snapshot.snapshot)
             .await
             .expect("install");
         assert_eq!(
-            read(other, &copy.locks(), "x"),
+            read(&other, &copy.locks(), "x"),
             None,
             "locked on the copy too"
         );
@@ -4024,8 +4074,8 @@ mod tests {
             assert_eq!(r[2].status, Status::Aborted);
             assert_eq!(r[3].reply, b"$1\r\n2\r\n");
         }
-        assert_eq!(contents(db), contents(other), "replicas agree");
-        assert_eq!(read(db, &locks, "x"), Some(b"$1\r\n2\r\n".to_vec()));
+        assert_eq!(contents(&db), contents(&other), "replicas agree");
+        assert_eq!(read(&db, &locks, "x"), Some(b"$1\r\n2\r\n".to_vec()));
 
         // The coordinator's side.
         let decide = |txn| Op::Decide {
@@ -4101,11 +4151,11 @@ mod tests {
     async fn the_log_is_cut_only_behind_the_snapshot_file() {
         use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder};
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut follower = machine::Machine::open(leaked(), Some(dir.path().to_path_buf()))
+        let mut follower = machine::Machine::open(memory_db(), Some(dir.path().to_path_buf()))
             .await
             .expect("open");
-        let mut log =
-            log::LogStore::open(leaked(), keel::Durability::None).purge_behind(follower.durable());
+        let mut log = log::LogStore::open(memory_db(), keel::Durability::None)
+            .purge_behind(follower.durable());
         // The leader's snapshot starts to arrive.
         let received = follower.begin_receiving_snapshot().await.expect("begin");
         let entries: Vec<Entry<Tc>> = (1..=10).map(|i| entry(i, &[&["SET", "k", "v"]])).collect();
@@ -4117,7 +4167,9 @@ mod tests {
             None
         );
 
-        let mut leader = machine::Machine::open(leaked(), None).await.expect("open");
+        let mut leader = machine::Machine::open(memory_db(), None)
+            .await
+            .expect("open");
         leader.apply(entries[..6].to_vec()).await.expect("apply");
         let snapshot = leader
             .get_snapshot_builder()
@@ -4139,7 +4191,7 @@ mod tests {
             Some(upto)
         );
         // What the file covers survives a restart.
-        let again = machine::Machine::open(leaked(), Some(dir.path().to_path_buf()))
+        let again = machine::Machine::open(memory_db(), Some(dir.path().to_path_buf()))
             .await
             .expect("open");
         assert!(again.durable().covers(6));
@@ -4181,7 +4233,7 @@ mod tests {
     }
 
     /// A single-node group on `data` and `log_db` (node 1), with a snapshot directory.
-    async fn one_node(data: &'static Db, log_db: &'static Db, dir: &std::path::Path) -> Raft {
+    async fn one_node(data: Db, log_db: Db, dir: &std::path::Path) -> Raft {
         let config = timeouts();
         let machine = machine::Machine::open(data, Some(dir.to_path_buf()))
             .await
@@ -4223,9 +4275,9 @@ mod tests {
         use openraft::raft::VoteRequest;
         use openraft::storage::RaftLogStorage;
         use openraft::{ServerState, Vote};
-        let (data, log_db) = (leaked(), leaked());
+        let (data, log_db) = (memory_db(), memory_db());
         let dir = tempfile::tempdir().expect("temp dir");
-        let raft = one_node(data, log_db, dir.path()).await;
+        let raft = one_node(data.clone(), log_db.clone(), dir.path()).await;
         let members: BTreeMap<u64, BasicNode> = [(1, BasicNode::new("n1"))].into();
         raft.initialize(members).await.expect("initialize");
         raft.wait(Some(Duration::from_secs(10)))
@@ -4251,23 +4303,23 @@ mod tests {
             before.last_log_index.expect("a log"),
         );
         raft.shutdown().await.expect("shutdown");
-        assert!(machine::holds_data(data));
+        assert!(machine::holds_data(&data));
         let snapshot = dir.path().join(machine::SNAPSHOT_FILE);
         assert!(snapshot.exists());
 
         // Cut short after the data: the next open finishes it.
-        log::begin_emptying(log_db).expect("begin");
-        machine::wipe(data).expect("wipe");
-        assert!(finish_emptying(data, log_db, Some(&snapshot)).expect("finish"));
-        assert!(!finish_emptying(data, log_db, Some(&snapshot)).expect("nothing left"));
-        assert!(!machine::holds_data(data));
+        log::begin_emptying(&log_db).expect("begin");
+        machine::wipe(&data).expect("wipe");
+        assert!(finish_emptying(&data, &log_db, Some(&snapshot)).expect("finish"));
+        assert!(!finish_emptying(&data, &log_db, Some(&snapshot)).expect("nothing left"));
+        assert!(!machine::holds_data(&data));
         assert!(!snapshot.exists());
-        assert_eq!(log::floor(log_db).expect("floor"), Some(last));
+        assert_eq!(log::floor(&log_db).expect("floor"), Some(last));
         // Emptied again: the floor stays.
-        empty(data, log_db, Some(&snapshot)).expect("empty");
-        let floor = log::floor(log_db).expect("floor");
+        empty(&data, &log_db, Some(&snapshot)).expect("empty");
+        let floor = log::floor(&log_db).expect("floor");
         assert_eq!(floor, Some(last));
-        let mut store = log::LogStore::open(log_db, keel::Durability::Sync);
+        let mut store = log::LogStore::open(log_db.clone(), keel::Durability::Sync);
         let state = store.get_log_state().await.expect("state");
         assert_eq!((state.last_purged_log_id, state.last_log_id), (None, None));
         assert_eq!(store.read_committed().await.expect("committed"), None);
@@ -4321,9 +4373,9 @@ mod tests {
     /// generations and expiry included), and a snapshot installed on a third reproduces them.
     #[tokio::test]
     async fn replicas_apply_identically_and_snapshots_reproduce_them() {
-        let (a, b) = (leaked(), leaked());
-        let mut ma = machine::Machine::open(a, None).await.expect("open");
-        let mut mb = machine::Machine::open(b, None).await.expect("open");
+        let (a, b) = (memory_db(), memory_db());
+        let mut ma = machine::Machine::open(a.clone(), None).await.expect("open");
+        let mut mb = machine::Machine::open(b.clone(), None).await.expect("open");
         let ra = ma.apply(history()).await.expect("apply");
         let rb = mb.apply(history()).await.expect("apply");
         assert_eq!(ra, rb, "the same replies on both replicas");
@@ -4336,8 +4388,8 @@ mod tests {
             "{:?}",
             String::from_utf8_lossy(&ra[6].reply)
         );
-        assert!(!contents(a).is_empty());
-        assert_eq!(contents(a), contents(b), "identical databases");
+        assert!(!contents(&a).is_empty());
+        assert_eq!(contents(&a), contents(&b), "identical databases");
         let (applied, _) = ma.applied_state().await.expect("state");
         assert_eq!(applied.map(|l| l.index), Some(12));
 
@@ -4347,15 +4399,19 @@ mod tests {
             .build_snapshot()
             .await
             .expect("snapshot");
-        let c = leaked();
-        let mut mc = machine::Machine::open(c, None).await.expect("open");
+        let c = memory_db();
+        let mut mc = machine::Machine::open(c.clone(), None).await.expect("open");
         mc.apply(vec![entry(1, &[&["SET", "junk", "1"]])])
             .await
             .expect("apply");
         mc.install_snapshot(&snapshot.meta, snapshot.snapshot)
             .await
             .expect("install");
-        assert_eq!(contents(c), contents(a), "the snapshot reproduces the data");
+        assert_eq!(
+            contents(&c),
+            contents(&a),
+            "the snapshot reproduces the data"
+        );
         let (applied, _) = mc.applied_state().await.expect("state");
         assert_eq!(applied.map(|l| l.index), Some(12));
     }
@@ -4363,8 +4419,8 @@ mod tests {
     /// A partition of `keys` keys of `value` bytes beside `history()`'s, on a replica with a
     /// snapshot directory.
     async fn big_replica(dir: &std::path::Path, keys: usize, value: usize) -> machine::Machine {
-        let db = leaked();
-        let mut m = machine::Machine::open(db, Some(dir.to_path_buf()))
+        let db = memory_db();
+        let mut m = machine::Machine::open(db.clone(), Some(dir.to_path_buf()))
             .await
             .expect("open");
         m.apply(history()).await.expect("apply");
@@ -4425,8 +4481,8 @@ mod tests {
             temp: None,
         };
 
-        let copy = leaked();
-        let mut follower = machine::Machine::open(copy, Some(db_dir.path().to_path_buf()))
+        let copy = memory_db();
+        let mut follower = machine::Machine::open(copy.clone(), Some(db_dir.path().to_path_buf()))
             .await
             .expect("open");
         follower
@@ -4440,7 +4496,7 @@ mod tests {
             "the install held {held} bytes beyond the data for a snapshot of {whole}"
         );
         assert_eq!(
-            contents(copy),
+            contents(&copy),
             contents(leader.db()),
             "the copy equals the original"
         );
@@ -4450,7 +4506,7 @@ mod tests {
             strays(db_dir.path())
         );
         // The installed file is the follower's current snapshot, and survives a restart.
-        let again = machine::Machine::open(leaked(), Some(db_dir.path().to_path_buf()))
+        let again = machine::Machine::open(memory_db(), Some(db_dir.path().to_path_buf()))
             .await
             .expect("open");
         assert_eq!(again.durable().get(), meta.last_log_id);
@@ -4477,15 +4533,15 @@ mod tests {
         let meta = snapshot.meta.clone();
         let good = std::fs::read(da.path().join(machine::SNAPSHOT_FILE)).expect("read");
 
-        let db = leaked();
-        let mut follower = machine::Machine::open(db, Some(dir.path().to_path_buf()))
+        let db = memory_db();
+        let mut follower = machine::Machine::open(db.clone(), Some(dir.path().to_path_buf()))
             .await
             .expect("open");
         follower
             .apply(vec![entry(1, &[&["SET", "junk", "1"]])])
             .await
             .expect("apply");
-        let before = contents(db);
+        let before = contents(&db);
         let mut flipped = good.clone();
         let at = good.len() / 2;
         flipped[at] ^= 0x40;
@@ -4533,7 +4589,7 @@ mod tests {
                 err.contains("refused, nothing installed") && err.contains(why),
                 "{what}: {err}"
             );
-            assert_eq!(contents(db), before, "{what}: the data stays");
+            assert_eq!(contents(&db), before, "{what}: the data stays");
             assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists(), "{what}");
             assert!(
                 strays(dir.path()).is_empty(),
@@ -4558,15 +4614,15 @@ mod tests {
             .install_snapshot(&meta, data)
             .await
             .expect("install");
-        assert_eq!(contents(db), contents(leader.db()));
+        assert_eq!(contents(&db), contents(leader.db()));
 
         // A start that finds a snapshot newer than its data finishes the install, unless the
         // file is damaged: then it refuses to open, and the data stays.
         let path = dir.path().join(machine::SNAPSHOT_FILE);
         std::fs::write(&path, &good[..good.len() - 100]).expect("cut");
-        let fresh = leaked();
+        let fresh = memory_db();
         fresh.transact(|t| t.put(b"mine", b"1")).expect("put");
-        let err = machine::Machine::open(fresh, Some(dir.path().to_path_buf()))
+        let err = machine::Machine::open(fresh.clone(), Some(dir.path().to_path_buf()))
             .await
             .err()
             .expect("a damaged snapshot to finish stops the open")
@@ -4575,13 +4631,13 @@ mod tests {
             err.contains("finishing the install") && err.contains("truncated"),
             "{err}"
         );
-        assert_eq!(contents(fresh), vec![(b"mine".to_vec(), b"1".to_vec())]);
+        assert_eq!(contents(&fresh), vec![(b"mine".to_vec(), b"1".to_vec())]);
         std::fs::write(&path, &good).expect("mend");
-        machine::Machine::open(fresh, Some(dir.path().to_path_buf()))
+        machine::Machine::open(fresh.clone(), Some(dir.path().to_path_buf()))
             .await
             .expect("open");
         assert_eq!(
-            contents(fresh),
+            contents(&fresh),
             contents(leader.db()),
             "finished at the start"
         );
@@ -4745,7 +4801,7 @@ mod tests {
             }
             other => panic!("a late write must be refused: {other:?}"),
         }
-        let value = || String::from_utf8(read(dbs[l].0, &leader.locks, "k").expect("read"));
+        let value = || String::from_utf8(read(&dbs[l].0, &leader.locks, "k").expect("read"));
         assert_eq!(value().expect("utf-8"), "$-1\r\n", "nothing applied");
         // Within the slack (the clocks may differ), and before the deadline: applied.
         for (seq, until) in [(2, now - LATE_SLACK_MS / 2), (3, now + 10_000)] {
@@ -4777,16 +4833,16 @@ mod tests {
     async fn three_on_direct() -> (
         Arc<openraft::Config>,
         Direct,
-        Vec<(&'static Db, &'static Db)>,
+        Vec<(Db, Db)>,
         Vec<Part>,
         usize,
     ) {
         let config = Arc::new(timeouts().validate().expect("a valid config"));
         let net = Direct::default();
-        let dbs: Vec<(&'static Db, &'static Db)> = (0..3).map(|_| (leaked(), leaked())).collect();
+        let dbs: Vec<(Db, Db)> = (0..3).map(|_| (memory_db(), memory_db())).collect();
         let mut parts = Vec::new();
         for id in 1..=3u64 {
-            parts.push(direct_part(id, dbs[id as usize - 1], &config, &net).await);
+            parts.push(direct_part(id, dbs[id as usize - 1].clone(), &config, &net).await);
         }
         let members: BTreeMap<u64, BasicNode> = (1..=3)
             .map(|i| (i, BasicNode::new(format!("n{i}"))))
@@ -4808,11 +4864,13 @@ mod tests {
     /// `Replication::open_part` does: its `Part`.
     async fn direct_part(
         id: u64,
-        (db, log_db): (&'static Db, &'static Db),
+        (db, log_db): (Db, Db),
         config: &Arc<openraft::Config>,
         net: &Direct,
     ) -> Part {
-        let machine = machine::Machine::open(db, None).await.expect("open");
+        let machine = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
         let locks = machine.locks();
         let moved = locks.lock().moved_flag();
         let log = log::LogStore::open(log_db, keel::Durability::None);
@@ -4881,7 +4939,7 @@ mod tests {
         net.rafts.lock().remove(&id(a));
         net.cut(id(l), id(a));
         let reopened = Instant::now();
-        parts[a] = direct_part(id(a), dbs[a], &config, &net).await;
+        parts[a] = direct_part(id(a), dbs[a].clone(), &config, &net).await;
         let new = loop {
             if let Some(n) = [a, b].into_iter().find(|&i| leads(&parts[i])) {
                 break n;
@@ -4956,7 +5014,7 @@ mod tests {
         let endless = Part {
             id: 0,
             raft: parts[old].raft.clone(),
-            db: parts[old].db,
+            db: parts[old].db.clone(),
             locks: Arc::clone(&parts[old].locks),
             clock: Arc::clone(&parts[old].clock),
             moved: Arc::clone(&parts[old].moved),
@@ -5039,13 +5097,13 @@ mod tests {
             tempfile::tempdir().expect("dir"),
             tempfile::tempdir().expect("dir"),
         ];
-        let data = [leaked(), leaked()];
+        let data = [memory_db(), memory_db()];
         let mut rafts = Vec::new();
-        for (i, (dir, db)) in dirs.iter().zip(data).enumerate() {
+        for (i, (dir, db)) in dirs.iter().zip(data.clone()).enumerate() {
             let machine = machine::Machine::open(db, Some(dir.path().to_path_buf()))
                 .await
                 .expect("open");
-            let log = log::LogStore::open(leaked(), keel::Durability::None)
+            let log = log::LogStore::open(memory_db(), keel::Durability::None)
                 .purge_behind(machine.durable());
             let raft = Raft::new(i as u64 + 1, Arc::clone(&config), net.clone(), log, machine)
                 .await
@@ -5125,7 +5183,7 @@ mod tests {
             "{:?}",
             strays(dirs[1].path())
         );
-        assert_eq!(contents(data[1]), contents(data[0]));
+        assert_eq!(contents(&data[1]), contents(&data[0]));
         for raft in rafts {
             raft.shutdown().await.expect("shutdown");
         }
@@ -5133,11 +5191,7 @@ mod tests {
 
     /// A follower (node 2) of a test group, on `data` and `log` with its snapshot in `dir`:
     /// its Raft, and what receives the chunks of the leader's snapshots.
-    async fn follower(
-        dir: &std::path::Path,
-        data: &'static Db,
-        log: &'static Db,
-    ) -> (Raft, inbox::Inbox) {
+    async fn follower(dir: &std::path::Path, data: Db, log: Db) -> (Raft, inbox::Inbox) {
         let config = Arc::new(timeouts().validate().expect("a valid config"));
         let machine = machine::Machine::open(data, Some(dir.to_path_buf()))
             .await
@@ -5242,10 +5296,10 @@ mod tests {
         let (meta, bytes) = leader_snapshot(&mut leader, da.path()).await;
         let sent = chunks(&meta, &bytes);
         assert!(sent.len() > 3, "{} chunks", sent.len());
-        let (data, log) = (leaked(), leaked());
-        let f = follower(dir.path(), data, log).await;
+        let (data, log) = (memory_db(), memory_db());
+        let f = follower(dir.path(), data.clone(), log.clone()).await;
         deliver_all(&f, &sent).await;
-        assert_eq!(contents(data), contents(leader.db()));
+        assert_eq!(contents(&data), contents(leader.db()));
         assert_eq!(snapshot_file(dir.path()), bytes);
         // The late copies, once installed: acknowledged, nothing started or written.
         for chunk in [&sent[0], &sent[sent.len() - 1]] {
@@ -5263,7 +5317,7 @@ mod tests {
         let resent = chunks(&newer, &newer_bytes);
         deliver_all(&f, &resent[..resent.len() - 1]).await;
         f.0.shutdown().await.expect("shutdown");
-        let f = follower(dir.path(), data, log).await;
+        let f = follower(dir.path(), data.clone(), log).await;
         deliver(&f, &resent[0]).await.expect("a first chunk");
         let last = deliver(&f, &resent[resent.len() - 1]).await;
         assert!(starts_over(&last), "{last:?}");
@@ -5274,7 +5328,7 @@ mod tests {
             "the installed snapshot stays"
         );
         deliver_all(&f, &resent).await;
-        assert_eq!(contents(data), contents(leader.db()));
+        assert_eq!(contents(&data), contents(leader.db()));
         assert_eq!(snapshot_file(dir.path()), newer_bytes);
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
         f.0.shutdown().await.expect("shutdown");
@@ -5294,9 +5348,9 @@ mod tests {
         let (meta, bytes) = leader_snapshot(&mut leader, da.path()).await;
         let sent = chunks(&meta, &bytes);
         assert!(sent.len() > 3, "{} chunks", sent.len());
-        let data = leaked();
+        let data = memory_db();
         data.transact(|t| t.put(b"mine", b"1")).expect("put");
-        let f = follower(dir.path(), data, leaked()).await;
+        let f = follower(dir.path(), data.clone(), memory_db()).await;
         deliver(&f, &sent[0]).await.expect("the first chunk");
         deliver(&f, &sent[1]).await.expect("the second chunk");
         for chunk in &sent[3..] {
@@ -5304,10 +5358,10 @@ mod tests {
             assert!(starts_over(&answer), "at {}: {answer:?}", chunk.offset);
         }
         assert!(runs(&f.0), "{:?}", f.0.metrics().borrow().running_state);
-        assert_eq!(contents(data), vec![(b"mine".to_vec(), b"1".to_vec())]);
+        assert_eq!(contents(&data), vec![(b"mine".to_vec(), b"1".to_vec())]);
         assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists());
         deliver_all(&f, &sent).await;
-        assert_eq!(contents(data), contents(leader.db()));
+        assert_eq!(contents(&data), contents(leader.db()));
         assert_eq!(snapshot_file(dir.path()), bytes);
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
         f.0.shutdown().await.expect("shutdown");
@@ -5327,18 +5381,18 @@ mod tests {
         let (meta, bytes) = leader_snapshot(&mut leader, da.path()).await;
         let mut damaged = bytes.clone();
         damaged[bytes.len() / 2] ^= 0x08;
-        let data = leaked();
-        let f = follower(dir.path(), data, leaked()).await;
+        let data = memory_db();
+        let f = follower(dir.path(), data.clone(), memory_db()).await;
         let sent = chunks(&meta, &damaged);
         deliver_all(&f, &sent[..sent.len() - 1]).await;
         let last = deliver(&f, &sent[sent.len() - 1]).await;
         assert!(starts_over(&last), "{last:?}");
         assert!(runs(&f.0), "{:?}", f.0.metrics().borrow().running_state);
-        assert!(contents(data).is_empty());
+        assert!(contents(&data).is_empty());
         assert!(!dir.path().join(machine::SNAPSHOT_FILE).exists());
         assert!(strays(dir.path()).is_empty(), "{:?}", strays(dir.path()));
         deliver_all(&f, &chunks(&meta, &bytes)).await;
-        assert_eq!(contents(data), contents(leader.db()));
+        assert_eq!(contents(&data), contents(leader.db()));
         f.0.shutdown().await.expect("shutdown");
     }
 }

@@ -1159,6 +1159,24 @@ impl Db {
         Txn::begin(&self.shared)
     }
 
+    /// [`Db::begin`] for a transaction that keeps the database alive itself, so that it (and
+    /// its [`CommitFuture`](crate::CommitFuture)) can outlive this handle: a task that
+    /// outlives the caller, or a database that is closed and dropped once its last user
+    /// goes. Closing the database ends what such a transaction can do (its commit fails as
+    /// after a log failure), not its memory.
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// let mut txn: keel::Txn<'static> = db.begin_owned()?;
+    /// txn.put(b"k", b"v")?;
+    /// drop(db);
+    /// assert!(txn.commit()?.is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn begin_owned(&self) -> Result<Txn<'static>, BeginError> {
+        Txn::begin_owned(&self.shared)
+    }
+
     /// Waits until every commit at or below `ts` is visible (the watermark passed it): what a
     /// caller of [`Prepared::commit`](crate::Prepared::commit) does before it acknowledges.
     /// Fails only if the log failed meanwhile.

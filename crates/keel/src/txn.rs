@@ -564,6 +564,10 @@ pub struct Txn<'db> {
     score_adds: bool,
     /// The caller's note ([`Txn::set_note`]).
     note: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// A transaction of [`Db::begin_owned`](crate::Db::begin_owned): the database it
+    /// borrows as `'static`, kept alive until it ends. Declared last, so dropped after
+    /// everything else that may reach into the database.
+    keep: Option<std::sync::Arc<Shared>>,
 }
 
 fn check_key(key: &[u8]) -> Result<(), Error> {
@@ -609,7 +613,22 @@ impl<'db> Txn<'db> {
             collect_due: false,
             score_adds: false,
             note: None,
+            keep: None,
         })
+    }
+
+    /// [`Txn::begin`] on a database this transaction keeps alive ([`Db::begin_owned`]).
+    ///
+    /// [`Db::begin_owned`]: crate::Db::begin_owned
+    pub(crate) fn begin_owned(db: &std::sync::Arc<Shared>) -> Result<Txn<'static>, BeginError> {
+        // SAFETY: the reference lives as long as the transaction, which holds a count of
+        // the `Arc` (`keep`, dropped after every other field and after `Drop::drop`), and
+        // whatever it is handed on to holds one too (`CommitFuture` holds the transaction,
+        // `Prepared` its own count); the `Shared` never moves while counted.
+        let shared: &'static Shared = unsafe { &*std::sync::Arc::as_ptr(db) };
+        let mut txn = Txn::begin(shared)?;
+        txn.keep = Some(std::sync::Arc::clone(db));
+        Ok(txn)
     }
 
     /// How many writes this transaction has made: every put, delete and operation, and

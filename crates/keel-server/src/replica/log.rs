@@ -79,7 +79,7 @@ struct Flush {
 /// The log store and its readers (they share the database).
 #[derive(Clone)]
 pub struct LogStore {
-    db: &'static Db,
+    db: Db,
     durability: Durability,
     /// Entries appended whose commits are not yet visible (waiting for their fsync).
     pending: Arc<parking_lot::Mutex<BTreeMap<u64, Entry<Tc>>>>,
@@ -96,7 +96,7 @@ pub struct LogStore {
 impl LogStore {
     /// The log kept in `db`; appends commit with `durability`. Starts the store's flusher
     /// task on the current tokio runtime.
-    pub fn open(db: &'static Db, durability: Durability) -> LogStore {
+    pub fn open(db: Db, durability: Durability) -> LogStore {
         let (flushes, mut queue) = tokio::sync::mpsc::unbounded_channel::<Flush>();
         let (done, flushed) = tokio::sync::watch::channel(0u64);
         let pending: Arc<parking_lot::Mutex<BTreeMap<u64, Entry<Tc>>>> = Arc::default();
@@ -221,7 +221,8 @@ impl LogStore {
         let mut commits = Vec::new();
         let mut rest = entries;
         while !rest.is_empty() {
-            let mut txn = self.db.begin().map_err(write_err)?;
+            // Owned: the flusher task awaits its commit, past this call.
+            let mut txn = self.db.begin_owned().map_err(write_err)?;
             txn.set_durability(self.durability);
             let (mut n, mut bytes) = (0, 0);
             while n < rest.len() && n < BATCH_KEYS {
@@ -541,7 +542,7 @@ mod tests {
     /// has deleted only the front of a range; a plain read skips what is missing.
     #[tokio::test]
     async fn what_a_leader_sends_starts_where_asked_and_has_no_gap() {
-        let mut store = LogStore::open(Box::leak(Box::new(Db::in_memory())), Durability::None);
+        let mut store = LogStore::open(Db::in_memory(), Durability::None);
         let entries: Vec<Entry<Tc>> = (1..=8).map(entry).collect();
         for commit in store.commit_entries(&entries).expect("committed") {
             commit.await.expect("no error").expect("no conflict");

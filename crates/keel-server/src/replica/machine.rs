@@ -127,7 +127,7 @@ struct Marker {
 
 /// A partition's state machine.
 pub struct Machine {
-    db: &'static Db,
+    db: Db,
     /// Where the current snapshot is kept (`None`: in memory only).
     dir: Option<PathBuf>,
     applied: Option<LogId<u64>>,
@@ -214,7 +214,7 @@ type Current = std::sync::Arc<parking_lot::Mutex<Option<(Meta, std::sync::Arc<Ve
 
 /// Builds snapshots of a [`Machine`]'s database.
 pub struct Builder {
-    db: &'static Db,
+    db: Db,
     dir: Option<PathBuf>,
     current: Current,
     durable: Durable,
@@ -222,10 +222,10 @@ pub struct Builder {
 
 impl Machine {
     /// The state machine on `db`, finishing a snapshot install a crash interrupted.
-    pub async fn open(db: &'static Db, dir: Option<PathBuf>) -> Result<Machine> {
-        let marker = read_marker(db)?;
+    pub async fn open(db: Db, dir: Option<PathBuf>) -> Result<Machine> {
+        let marker = read_marker(&db)?;
         let mut machine = Machine {
-            db,
+            db: db.clone(),
             dir,
             applied: marker.applied,
             membership: marker.membership,
@@ -235,6 +235,7 @@ impl Machine {
             pushed: None,
         };
         let (path, applied) = (machine.file_path(), machine.applied);
+        let installing = db.clone();
         let file = tokio::task::spawn_blocking(move || -> Result<Option<Meta>> {
             let Some(path) = path else {
                 return Ok(None);
@@ -248,7 +249,7 @@ impl Machine {
                     "finishing the install of snapshot {} interrupted by a stop",
                     meta.snapshot_id
                 );
-                install_from(db, &meta, file).map_err(|e| {
+                install_from(&installing, &meta, file).map_err(|e| {
                     snap_err(format!(
                         "{}: finishing the install of snapshot {}: {e}",
                         path.display(),
@@ -271,7 +272,7 @@ impl Machine {
             machine.applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
-        machine.locks.lock().load(db)?;
+        machine.locks.lock().load(&db)?;
         Ok(machine)
     }
 
@@ -312,13 +313,13 @@ impl Machine {
 
     /// The partition's data.
     #[cfg(test)]
-    pub(super) fn db(&self) -> &'static Db {
-        self.db
+    pub(super) fn db(&self) -> &Db {
+        &self.db
     }
 
     fn installer(&self) -> Installer {
         Installer {
-            db: self.db,
+            db: self.db.clone(),
             current: self.file_path(),
             durable: self.durable.clone(),
             memory: std::sync::Arc::clone(&self.current),
@@ -339,7 +340,7 @@ impl Machine {
         let (installed, peak, end) = snapfile::counting::measure(|| installer.run(received, meta));
         self.durable.0.receiving.send_replace(false);
         let stats = installed?;
-        self.locks.lock().load(self.db)?;
+        self.locks.lock().load(&self.db)?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok((stats, peak.saturating_sub(end.max(0)) as usize))
@@ -421,7 +422,7 @@ enum Source {
 
 /// What an install needs of its [`Machine`], to run on a blocking thread.
 struct Installer {
-    db: &'static Db,
+    db: Db,
     current: Option<PathBuf>,
     durable: Durable,
     memory: Current,
@@ -450,7 +451,7 @@ impl Installer {
                         .and_then(|()| snapfile::sync_dir(&current))
                         .map_err(|e| file_err(&current, e))
                 })?;
-                install_checked(db, meta, file, len)
+                install_checked(&db, meta, file, len)
             }
             Source::Memory(bytes) => {
                 let len =
@@ -460,7 +461,7 @@ impl Installer {
                     *memory.lock() = Some((meta.clone(), std::sync::Arc::clone(&bytes)));
                     Ok(())
                 })?;
-                install_checked(db, meta, std::io::Cursor::new(&bytes[..]), len)
+                install_checked(&db, meta, std::io::Cursor::new(&bytes[..]), len)
             }
         }
     }
@@ -739,7 +740,7 @@ impl Builder {
     pub(super) fn build_here(&self) -> Result<(Meta, Built, snapfile::Stats, usize)> {
         let current = self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE));
         let (built, peak, _) = snapfile::counting::measure(|| {
-            build(self.db, current.as_deref(), &self.durable, &self.current)
+            build(&self.db, current.as_deref(), &self.durable, &self.current)
         });
         let (meta, built, stats) = built?;
         Ok((meta, built, stats, peak.max(0) as usize))
@@ -748,10 +749,13 @@ impl Builder {
 
 impl RaftSnapshotBuilder<Tc> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<Tc>> {
-        let (db, current) = (self.db, self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE)));
+        let (db, current) = (
+            self.db.clone(),
+            self.dir.as_ref().map(|d| d.join(SNAPSHOT_FILE)),
+        );
         let (durable, memory) = (self.durable.clone(), std::sync::Arc::clone(&self.current));
         let (meta, built, stats) =
-            tokio::task::spawn_blocking(move || build(db, current.as_deref(), &durable, &memory))
+            tokio::task::spawn_blocking(move || build(&db, current.as_deref(), &durable, &memory))
                 .await
                 .map_err(snap_err)??;
         tracing::debug!(
@@ -788,8 +792,8 @@ impl RaftStateMachine<Tc> for Machine {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<Tc>> = entries.into_iter().collect();
-        let (db, mut membership) = (self.db, self.membership.clone());
-        let (mut applied, db) = (self.applied, db);
+        let (db, mut membership) = (&self.db, self.membership.clone());
+        let mut applied = self.applied;
         let locks = std::sync::Arc::clone(&self.locks);
         let pushed = self.pushed.clone();
         // Engine work without fsyncs (the commits are lazy): done here, no thread hand-off.
@@ -874,7 +878,7 @@ impl RaftStateMachine<Tc> for Machine {
 
     async fn get_snapshot_builder(&mut self) -> Builder {
         Builder {
-            db: self.db,
+            db: self.db.clone(),
             dir: self.dir.clone(),
             current: std::sync::Arc::clone(&self.current),
             durable: self.durable.clone(),
@@ -917,7 +921,7 @@ impl RaftStateMachine<Tc> for Machine {
             stats.bytes,
             stats.frames
         );
-        self.locks.lock().load(self.db)?;
+        self.locks.lock().load(&self.db)?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())

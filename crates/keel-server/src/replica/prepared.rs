@@ -890,11 +890,11 @@ impl Books<'_> {
 /// Runs `request`'s commands in a fresh transaction of `db` with the random seed `seed`:
 /// the transaction, each command's reply, and the first failure's error (the commands after
 /// it are not run).
-fn run_each(
-    db: &'static Db,
+fn run_each<'a>(
+    db: &'a Db,
     request: &Request,
     seed: u64,
-) -> Result<(keel::Txn<'static>, Vec<Vec<u8>>, Option<String>)> {
+) -> Result<(keel::Txn<'a>, Vec<Vec<u8>>, Option<String>)> {
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
     let ctx = data::Ctx {
@@ -933,7 +933,7 @@ fn run_each(
 /// Runs `request`'s commands and commits them with `books`: their replies, or the error of
 /// the command that failed (nothing committed).
 fn commit_run(
-    db: &'static Db,
+    db: &Db,
     request: &Request,
     seed: u64,
     books: &Books<'_>,
@@ -950,7 +950,7 @@ fn commit_run(
 /// commit needs, [`ROOM_FOR_BOOKS`]; a coordinator's decision that keeps replies past a
 /// value's size aborts.)
 fn commit_run_with(
-    db: &'static Db,
+    db: &Db,
     request: &Request,
     seed: u64,
     books: &Books<'_>,
@@ -1011,7 +1011,7 @@ fn failed(text: String) -> Response {
 /// Applies a transaction entry (`request.op` is not `Run`) with `marker` as the new applied
 /// marker and `seed` the entry's random seed.
 pub fn apply(
-    db: &'static Db,
+    db: &Db,
     locks: &mut Locks,
     request: &Request,
     marker: &[u8],

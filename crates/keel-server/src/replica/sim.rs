@@ -245,8 +245,8 @@ struct Up {
 /// One node: its databases survive crashes.
 struct Node {
     id: u64,
-    log_db: &'static Db,
-    data_db: &'static Db,
+    log_db: Db,
+    data_db: Db,
     dir: tempfile::TempDir,
     up: Mutex<Option<Up>>,
     /// Held by a start or a crash of the node: one at a time.
@@ -412,7 +412,7 @@ impl Drop for Sim {
     /// Closes the databases (each runs threads of its own).
     fn drop(&mut self) {
         for node in &self.nodes {
-            for db in [node.log_db, node.data_db] {
+            for db in [&node.log_db, &node.data_db] {
                 if let Err(e) = db.clone().close() {
                     eprintln!("closing a simulated node's database: {e}");
                 }
@@ -460,7 +460,7 @@ impl Sim {
             snapshot_max_chunk_size: 1024,
             ..Default::default()
         };
-        let leak = || -> &'static Db { Box::leak(Box::new(Db::in_memory())) };
+        let leak = Db::in_memory;
         let sim = Arc::new(Sim {
             n,
             part,
@@ -539,7 +539,7 @@ impl Sim {
         Part {
             id: self.part,
             raft: up.raft,
-            db: n.data_db,
+            db: n.data_db.clone(),
             moved,
             reads: up.reads,
             proposals: Default::default(),
@@ -613,16 +613,16 @@ impl Sim {
         let Some((&first, rest)) = nodes.split_first() else {
             return Vec::new();
         };
-        let reference = contents(self.nodes[first].data_db);
+        let reference = contents(&self.nodes[first].data_db);
         rest.iter()
             .map(|&i| &self.nodes[i])
-            .filter(|node| contents(node.data_db) != reference)
+            .filter(|node| contents(&node.data_db) != reference)
             .map(|node| {
                 format!(
                     "partition {}: node {}'s data differs from node {first}'s:\n{}\n{}",
                     self.part,
                     node.id,
-                    show(&contents(node.data_db)),
+                    show(&contents(&node.data_db)),
                     show(&reference)
                 )
             })
@@ -682,15 +682,17 @@ impl Sim {
         node.installing.store(false, Ordering::SeqCst);
         // As `Replication::open_part`: an emptying cut short is finished first.
         let snapshot = node.dir.path().join(super::machine::SNAPSHOT_FILE);
-        let floor = super::finish_emptying(node.data_db, node.log_db, Some(&snapshot))
-            .and_then(|_| super::log::floor(node.log_db));
+        let floor = super::finish_emptying(&node.data_db, &node.log_db, Some(&snapshot))
+            .and_then(|_| super::log::floor(&node.log_db));
         let floor = match floor {
             Ok(floor) => floor,
             Err(e) => return self.violation(format!("node {i}'s emptying won't finish: {e}")),
         };
         let gate = Arc::new(Gate::default());
         let life = self.lives.fetch_add(1, Ordering::SeqCst);
-        let machine = match Machine::open(node.data_db, Some(node.dir.path().to_path_buf())).await {
+        let machine = match Machine::open(node.data_db.clone(), Some(node.dir.path().to_path_buf()))
+            .await
+        {
             Ok(machine) => machine,
             Err(e) => return self.violation(format!("node {i}'s state machine won't open: {e}")),
         };
@@ -706,8 +708,8 @@ impl Sim {
         if self.mutation == Mutation::MoveLosesKeys {
             locks.lock().lose_moves = true;
         }
-        let inner =
-            LogStore::open(node.log_db, keel::Durability::Sync).purge_behind(machine.durable());
+        let inner = LogStore::open(node.log_db.clone(), keel::Durability::Sync)
+            .purge_behind(machine.durable());
         // Out of the view, only a replica whose stored membership counts the node reopens.
         if !placed_here
             && !machine
@@ -1481,7 +1483,7 @@ async fn client(sim: Arc<Sim>, c: usize, seed: u64, stop: Arc<AtomicBool>, elems
             let node = rng.below(sim.n as u64) as usize;
             let locks = super::prepared::Shared::default();
             Seen::Done(
-                super::read_here(sim.nodes[node].data_db, &locks, &request)
+                super::read_here(&sim.nodes[node].data_db, &locks, &request)
                     .expect("no transaction across partitions locks anything"),
             )
         } else {

@@ -72,6 +72,10 @@ pub struct Prepared<'db> {
     /// A prepare frame is in the log: the decision must be logged too.
     logged: bool,
     settled: bool,
+    /// Prepared from a transaction of [`Db::begin_owned`](crate::Db::begin_owned): its count
+    /// of the database, which outlives the transaction here (`txn` may end first). Last, so
+    /// dropped after everything else.
+    _keep: Option<std::sync::Arc<crate::db::Shared>>,
 }
 
 // SAFETY: the record references point into the store, which outlives `'db`, and the records
@@ -192,6 +196,7 @@ impl<'db> Txn<'db> {
             logged: false,
             // Until logged, dropping it only unlocks and publishes.
             settled: false,
+            _keep: self.keep.clone(),
         };
         if prepared.meta.len() > crate::limits::PREPARE_META_BYTES_MAX {
             let requested = prepared.meta.len();
@@ -380,6 +385,7 @@ impl<'db> Prepared<'db> {
             shared: Vec::new(),
             logged: true,
             settled: false,
+            _keep: None,
         }
     }
 

@@ -352,3 +352,53 @@ fn prefetching_in_a_transaction_or_snapshot_changes_nothing() {
     assert_eq!(snapshot.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(snapshot.get(b"missing").unwrap(), None);
 }
+
+/// A transaction of `begin_owned` keeps its database alive: it (and its commit future) may
+/// outlive every handle and commit after the last one is dropped; a durable database's
+/// directory stays locked until the last such transaction ends, and after `close` their
+/// commits fail.
+#[test]
+fn an_owned_transaction_outlives_the_database_handles() {
+    let db = Db::in_memory();
+    let mut txn: keel::Txn<'static> = db.begin_owned().unwrap();
+    txn.put(b"a", b"1").unwrap();
+    let reader = db.clone();
+    drop(db);
+    txn.commit().unwrap().unwrap();
+    assert_eq!(
+        reader.snapshot().unwrap().get(b"a").unwrap(),
+        Some(b"1".to_vec())
+    );
+    let mut late = reader.begin_owned().unwrap();
+    late.put(b"b", b"2").unwrap();
+    drop(reader);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut commit = std::pin::pin!(late.commit_async());
+    assert!(
+        matches!(
+            commit.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Ok(Ok(_)))
+        ),
+        "committed with no handle left"
+    );
+
+    let path = std::env::temp_dir().join(format!("keel-test-owned-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    let db = Db::open(&path, keel::Options::default()).unwrap();
+    let mut txn = db.begin_owned().unwrap();
+    txn.put(b"c", b"3").unwrap();
+    db.close().unwrap();
+    assert!(
+        matches!(
+            Db::open(&path, keel::Options::default()),
+            Err(keel::OpenError::Locked { .. })
+        ),
+        "the transaction keeps the database, and its lock"
+    );
+    assert!(txn.commit().is_err(), "the log is closed");
+    let again = Db::open(&path, keel::Options::default()).unwrap();
+    assert_eq!(again.snapshot().unwrap().get(b"c").unwrap(), None);
+    drop(again);
+    std::fs::remove_dir_all(&path).unwrap();
+}

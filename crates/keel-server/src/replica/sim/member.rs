@@ -392,16 +392,16 @@ async fn empty(sim: &Sim, i: usize) -> bool {
     let snapshot = node.dir.path().join(machine::SNAPSHOT_FILE);
     let cut_short = sim.net.lock().rng.chance(250);
     let emptied = if sim.mutation == Mutation::ForgetsVote {
-        machine::wipe(node.data_db)
-            .and_then(|()| machine::wipe(node.log_db))
+        machine::wipe(&node.data_db)
+            .and_then(|()| machine::wipe(&node.log_db))
             .and_then(|()| match std::fs::remove_file(&snapshot) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
                 _ => Ok(()),
             })
     } else if cut_short {
-        log::begin_emptying(node.log_db).and_then(|()| machine::wipe(node.data_db))
+        log::begin_emptying(&node.log_db).and_then(|()| machine::wipe(&node.data_db))
     } else {
-        replica::empty(node.data_db, node.log_db, Some(&snapshot))
+        replica::empty(&node.data_db, &node.log_db, Some(&snapshot))
     };
     if let Err(e) = emptied {
         sim.violation(format!("emptying node {i}'s replica: {e}"));
