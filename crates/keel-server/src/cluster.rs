@@ -939,16 +939,22 @@ fn partitions(
             continue;
         }
         text.push_str(n.id.as_str());
-        for (start, end, _) in ranges.iter().filter(|r| r.2 == p) {
-            if start == end {
-                text.push_str(&format!(" {start}"));
-            } else {
-                text.push_str(&format!(" {start}-{end}"));
-            }
-        }
-        text.push('\n');
+        push_ranges(&mut text, ranges, p);
     }
     text
+}
+
+/// The ranges of `ranges` whose third field is `of`, as `CLUSTER NODES` writes them (` a-b`,
+/// or ` a` for one slot), and the line's end.
+fn push_ranges(text: &mut String, ranges: &[(u16, u16, usize)], of: usize) {
+    for (start, end, _) in ranges.iter().filter(|r| r.2 == of) {
+        if start == end {
+            text.push_str(&format!(" {start}"));
+        } else {
+            text.push_str(&format!(" {start}-{end}"));
+        }
+    }
+    text.push('\n');
 }
 
 /// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
@@ -989,14 +995,7 @@ fn nodes(
             n.addr,
             i + 1
         ));
-        for (start, end, _) in served.iter().filter(|r| r.2 == i) {
-            if start == end {
-                text.push_str(&format!(" {start}"));
-            } else {
-                text.push_str(&format!(" {start}-{end}"));
-            }
-        }
-        text.push('\n');
+        push_ranges(&mut text, &served, i);
     }
     text
 }
