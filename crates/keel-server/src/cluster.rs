@@ -85,6 +85,103 @@ pub struct Cluster {
     pub attempts: once::Attempts,
     /// The counters of the transport between nodes (`xnode`), once it runs.
     pub bus: std::sync::OnceLock<keel_cluster::transport::StatsHandle>,
+    /// Messages published here, on their way to the other nodes' subscribers.
+    pub relay: Relay,
+}
+
+/// A message to relay: whether to a shard channel, the channel, the message.
+type Published = (bool, Bytes, Bytes);
+
+/// Most messages waiting for one peer; past it, messages to that peer are dropped (counted),
+/// as Redis Cluster drops what its bus cannot carry: pub/sub delivers at most once.
+pub const RELAY_QUEUE: usize = 16_384;
+
+/// Most messages one relay exchange carries (one pipelined round trip).
+const RELAY_BATCH: usize = 512;
+
+/// `PUBLISH` and `SPUBLISH` reach the subscribers of every node, as in Redis Cluster (whose
+/// bus carries each message to every node): a message published here is delivered here, then
+/// queued for each other node, where a task per peer sends its queue in order, in batches, as
+/// `KEEL.PUBLISH` (delivered there, not relayed again). So each subscriber, wherever it is
+/// connected, gets a publisher's messages in the order they were published; the reply counts
+/// this node's receivers, as Redis Cluster's does. A message to a peer that cannot be reached
+/// within the cluster timeout is lost for that peer (counted), never retried.
+#[derive(Default)]
+pub struct Relay {
+    /// The server, for the peers' tasks (set when the server starts).
+    shared: std::sync::OnceLock<std::sync::Weak<crate::server::Shared>>,
+    /// Per node, its queue, once something was published for it.
+    queues: Mutex<Vec<Option<tokio::sync::mpsc::Sender<Published>>>>,
+    /// Messages delivered to a peer, and dropped (queue full or peer unreachable).
+    pub relayed: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl Relay {
+    /// Starts relaying for `shared`'s server.
+    pub fn start(&self, shared: std::sync::Weak<crate::server::Shared>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// Queues `message` (published here) for every other node of `map` but the removed ones.
+    pub fn publish(&self, map: &Membership, removed: &dyn Fn(usize) -> bool, message: Published) {
+        let Some(shared) = self.shared.get() else {
+            return;
+        };
+        let mut queues = self.queues.lock();
+        for node in (0..map.nodes().len()).filter(|&n| n != map.myself() && !removed(n)) {
+            if queues.len() <= node {
+                queues.resize(node + 1, None);
+            }
+            let queue = queues[node].get_or_insert_with(|| {
+                let (tx, rx) = tokio::sync::mpsc::channel(RELAY_QUEUE);
+                tokio::spawn(relay_to(shared.clone(), node, rx));
+                tx
+            });
+            if queue.try_send(message.clone()).is_err() {
+                self.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Sends node `node`'s queue of published messages, in order, until the server ends.
+async fn relay_to(
+    shared: std::sync::Weak<crate::server::Shared>,
+    node: usize,
+    mut queue: tokio::sync::mpsc::Receiver<Published>,
+) {
+    let mut batch = Vec::with_capacity(RELAY_BATCH);
+    while queue.recv_many(&mut batch, RELAY_BATCH).await > 0 {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Some(cluster) = shared.cluster.as_ref() else {
+            return;
+        };
+        let requests: Vec<[Bytes; 4]> = batch
+            .drain(..)
+            .map(|(shard, channel, message)| {
+                [
+                    Bytes::from_static(b"KEEL.PUBLISH"),
+                    Bytes::from_static(if shard { b"1" } else { b"0" }),
+                    channel,
+                    message,
+                ]
+            })
+            .collect();
+        let sending: Vec<&[Bytes]> = requests.iter().map(|r| &r[..]).collect();
+        let password = shared.requirepass.read().clone();
+        let wait = cluster.map().timeout();
+        let counter = match cluster
+            .exchange(node, &sending, Proto::Resp2, password, Some(Some(wait)))
+            .await
+        {
+            Ok(_) => &cluster.relay.relayed,
+            Err(_) => &cluster.relay.dropped,
+        };
+        counter.fetch_add(requests.len() as u64, Relaxed);
+    }
 }
 
 /// Counters of exactly-once forwarding (`once`).
@@ -116,6 +213,7 @@ impl Cluster {
             once: OnceStats::default(),
             attempts: once::Attempts::default(),
             bus: std::sync::OnceLock::new(),
+            relay: Relay::default(),
         }
     }
 

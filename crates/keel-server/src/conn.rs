@@ -3306,6 +3306,7 @@ impl Conn {
                     self.shared
                         .pubsub
                         .publish(cmd == Cmd::Spublish, &args[1], &args[2]);
+                relay(&self.shared, cmd == Cmd::Spublish, &args[1], &args[2]);
                 // A subscriber publishing to itself gets the message before the count, as
                 // from Redis.
                 if let Some(subs) = &self.subs {
@@ -3405,6 +3406,18 @@ impl Conn {
                 parse_await_push(args)?;
                 self.blocked = Some((cmd, args.to_vec(), BlockedIn::Watcher));
                 return Ok(Next::Block);
+            }
+            Cmd::KeelPublish => {
+                let shard = match &args[1][..] {
+                    b"0" => false,
+                    b"1" => true,
+                    _ => return Err(Fail::from("ERR keel: KEEL.PUBLISH takes 0 or 1 first")),
+                };
+                let receivers = self.shared.pubsub.publish(shard, &args[2], &args[3]);
+                if let Some(subs) = &self.subs {
+                    subs.mailbox.deliver(&mut out, usize::MAX);
+                }
+                out.int(receivers as i64);
             }
             Cmd::KeelRaft => {
                 let answer = crate::replica::serve_rpc(&self.shared, args)
@@ -4496,6 +4509,7 @@ impl Conn {
                             shared
                                 .pubsub
                                 .publish(*cmd == Cmd::Spublish, &args[1], &args[2]);
+                        relay(&shared, *cmd == Cmd::Spublish, &args[1], &args[2]);
                         // As from Redis, a message to this client comes before the count.
                         if let Some(subs) = subs {
                             subs.mailbox.deliver(out, usize::MAX);
@@ -4568,6 +4582,19 @@ const NOTHING_TO_SAVE: &str =
 const WAIT_LOOK_EVERY: Duration = Duration::from_millis(5);
 
 /// Whether `SAVE` has anywhere to write: a data directory.
+/// In cluster mode, sends a message just published here on to the other nodes' subscribers
+/// (`cluster::Relay`).
+fn relay(shared: &Shared, shard: bool, channel: &Bytes, message: &Bytes) {
+    if let Some(cluster) = &shared.cluster {
+        let removed = |n: usize| shared.replication.get().is_some_and(|rep| rep.removed(n));
+        cluster.relay.publish(
+            &cluster.map(),
+            &removed,
+            (shard, channel.clone(), message.clone()),
+        );
+    }
+}
+
 fn can_save(shared: &Shared) -> bool {
     match shared.replication.get() {
         Some(rep) => rep.dir().is_some(),

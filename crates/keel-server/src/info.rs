@@ -704,6 +704,14 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
             );
         }
         if let Some(cluster) = &shared.cluster {
+            // Messages published here and sent on to the other nodes (`cluster::Relay`):
+            // delivered to a node, or lost for it.
+            let _ = write!(
+                t,
+                "keel_cluster_published_relayed:{}\r\nkeel_cluster_published_dropped:{}\r\n",
+                cluster.relay.relayed.load(Relaxed),
+                cluster.relay.dropped.load(Relaxed),
+            );
             // Requests to each peer: forwarded commands, Raft's messages, requests to
             // partitions' leaders. Quantiles are bucket bounds (powers of two µs).
             let map = cluster.map();

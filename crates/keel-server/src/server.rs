@@ -362,6 +362,7 @@ impl Server {
         match &shared.cluster {
             Some(cluster) => {
                 tokio::spawn(crate::cluster::probe_loop(Arc::downgrade(&shared)));
+                cluster.relay.start(Arc::downgrade(&shared));
                 let map = cluster.map();
                 // The nodes of the config run the transport of cross-node transactions
                 // without replication; a node that joined a replicated cluster later is not

@@ -222,6 +222,7 @@ pub enum Cmd {
     KeelRemovenode,
     KeelLearnslots,
     KeelOnce,
+    KeelPublish,
     KeelAwaitpush,
     KeelReap,
     KeelFlushbatch,
@@ -2547,6 +2548,17 @@ pub static SPECS: &[Spec] = &[
         0,
         "keel",
         "Between the nodes of a cluster of single copies: KEEL.ONCE node incarnation seq keep-ms until-ms command [arg ...] runs a forwarded write (or the EXEC of the connection's MULTI) at most once per id, keeping its reply for keep-ms; sent again, it answers the kept reply and runs nothing; arrived over 2 s after until-ms (Unix ms, 0: none), it is refused unrun."
+    ),
+    spec!(
+        "keel.publish",
+        KeelPublish,
+        4,
+        PUBSUB_PUB,
+        0,
+        0,
+        0,
+        "keel",
+        "Between the nodes of a cluster: KEEL.PUBLISH 0|1 channel message delivers a message published on another node to this node's subscribers of the channel (1: a shard channel), as PUBLISH or SPUBLISH would, without sending it on. Replies the number of subscriptions that got it."
     ),
     spec!(
         "keel.reap",

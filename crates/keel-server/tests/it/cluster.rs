@@ -1687,3 +1687,83 @@ fn commands_across_nodes_run_gathered() {
         "{info}"
     );
 }
+
+/// `PUBLISH` and `SPUBLISH` reach subscribers on every node, as in Redis Cluster (whose bus
+/// carries each message to every node): a subscriber gets a publisher's messages once each,
+/// in order, wherever either is connected, and the reply counts the publishing node's
+/// receivers. Before, a message reached only the subscribers of the node it was published
+/// on, and a subscriber elsewhere silently got nothing.
+#[test]
+fn published_messages_reach_subscribers_on_every_node() {
+    use crate::pubsub::{expect, read_expect};
+    let cluster = TestCluster::start(3, TIMEOUT_MS);
+    let bulk = |s: &str| format!("${}\r\n{s}\r\n", s.len());
+    // A subscriber to `news` on every node.
+    let mut subs: Vec<std::net::TcpStream> = (0..3)
+        .map(|i| {
+            let mut s = cluster.node(i).raw();
+            expect(
+                &mut s,
+                b"SUBSCRIBE news\r\n",
+                b"*3\r\n$9\r\nsubscribe\r\n$4\r\nnews\r\n:1\r\n",
+            );
+            s
+        })
+        .collect();
+    // A shard channel, subscribed to on a node that does not own its slot.
+    let tag = key_on(&cluster, 2, "s");
+    let shard = format!("{{{tag}}}chan");
+    assert_eq!(cluster.owner(&shard), 2);
+    let mut shard_sub = cluster.node(0).raw();
+    expect(
+        &mut shard_sub,
+        format!("SSUBSCRIBE {shard}\r\n").as_bytes(),
+        format!("*3\r\n$10\r\nssubscribe\r\n{}:1\r\n", bulk(&shard)).as_bytes(),
+    );
+    let mut publisher = cluster.node(1).client();
+    let mut counts = Vec::new();
+    for n in 0..100 {
+        let count: i64 = query(&mut publisher, &["PUBLISH", "news", &format!("m{n}")]);
+        counts.push(count);
+        let _: i64 = query(&mut publisher, &["SPUBLISH", &shard, &format!("s{n}")]);
+    }
+    assert!(
+        counts.iter().all(|&c| c == 1),
+        "this node's receivers: {counts:?}"
+    );
+    for sub in &mut subs {
+        sub.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        for n in 0..100 {
+            let message = format!(
+                "*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n{}",
+                bulk(&format!("m{n}"))
+            );
+            read_expect(sub, message.as_bytes());
+        }
+    }
+    shard_sub
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    for n in 0..100 {
+        let message = format!(
+            "*3\r\n$8\r\nsmessage\r\n{}{}",
+            bulk(&shard),
+            bulk(&format!("s{n}"))
+        );
+        read_expect(&mut shard_sub, message.as_bytes());
+    }
+    // The node that relayed them says so (once the last answers are in): 100 of each to
+    // two nodes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = query(&mut publisher, &["INFO", "cluster"]);
+        if info.contains("keel_cluster_published_relayed:400\r\n")
+            && info.contains("keel_cluster_published_dropped:0\r\n")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{info}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

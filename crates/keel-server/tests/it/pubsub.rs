@@ -14,13 +14,13 @@ use redis::Value;
 use crate::{TestServer, error, info_counter, query};
 
 /// Sends `request` and reads exactly `expected.len()` bytes, which must be `expected`.
-fn expect(stream: &mut TcpStream, request: &[u8], expected: &[u8]) {
+pub(crate) fn expect(stream: &mut TcpStream, request: &[u8], expected: &[u8]) {
     stream.write_all(request).expect("write");
     read_expect(stream, expected);
 }
 
 /// Reads exactly `expected.len()` bytes, which must be `expected`.
-fn read_expect(stream: &mut TcpStream, expected: &[u8]) {
+pub(crate) fn read_expect(stream: &mut TcpStream, expected: &[u8]) {
     let mut got = vec![0u8; expected.len()];
     stream.read_exact(&mut got).unwrap_or_else(|e| {
         panic!(
