@@ -798,19 +798,39 @@ pub async fn probe_loop(shared: std::sync::Weak<crate::server::Shared>) {
     }
 }
 
+/// What this node knows of the cluster's nodes now, for the `CLUSTER` replies.
+pub struct Topology<'a> {
+    /// Partition `p`'s nodes, the one that serves its writes first.
+    pub serving: &'a dyn Fn(usize) -> Vec<usize>,
+    /// Node `n` was removed from the cluster.
+    pub gone: &'a dyn Fn(usize) -> bool,
+    /// Node `n` did not answer this node for a cluster timeout.
+    pub unreachable: &'a dyn Fn(usize) -> bool,
+    /// Slots that moved from their configured partition (slot → partition).
+    pub moved: &'a [(u16, usize)],
+}
+
+impl Topology<'_> {
+    fn serving(&self, p: usize) -> Vec<usize> {
+        (self.serving)(p)
+    }
+
+    fn gone(&self, n: usize) -> bool {
+        (self.gone)(n)
+    }
+
+    fn unreachable(&self, n: usize) -> bool {
+        (self.unreachable)(n)
+    }
+}
+
 /// `CLUSTER <subcommand>`. Sets `*aware` when the client asked for the slot map.
-/// `serving(p)`: partition `p`'s nodes, the one that serves its writes first;
-/// `unreachable(n)`: node `n` did not answer this node for a cluster timeout.
-#[allow(clippy::too_many_arguments)]
 pub fn command(
     cluster: Option<&Cluster>,
     args: &[Bytes],
     out: &mut Out<'_>,
     aware: &mut bool,
-    serving: &dyn Fn(usize) -> Vec<usize>,
-    moved: &[(u16, usize)],
-    gone: &dyn Fn(usize) -> bool,
-    unreachable: &dyn Fn(usize) -> bool,
+    t: &Topology<'_>,
 ) -> Result<(), Fail> {
     let sub = args[1].to_ascii_lowercase();
     let arity = |n: usize| -> Result<(), Fail> {
@@ -871,21 +891,22 @@ pub fn command(
         }
         b"info" => {
             arity(2)?;
-            let ranges = ranges(map, moved);
-            out.verbatim(&info(cluster, map, &ranges, serving, gone, unreachable));
+            let ranges = ranges(map, t.moved);
+            out.verbatim(&info(cluster, map, &ranges, t));
         }
         b"slots" => {
             arity(2)?;
             *aware = true;
-            let ranges = ranges(map, moved);
+            let ranges = ranges(map, t.moved);
             out.array(ranges.len());
             for (start, end, part) in ranges {
                 // The node serving the range, then its replicas but those that fail (as
                 // Redis leaves out replicas that fail).
-                let nodes: Vec<usize> = serving(part)
+                let nodes: Vec<usize> = t
+                    .serving(part)
                     .into_iter()
                     .enumerate()
-                    .filter(|&(i, n)| i == 0 || !unreachable(n))
+                    .filter(|&(i, n)| i == 0 || !t.unreachable(n))
                     .map(|(_, n)| n)
                     .collect();
                 out.array(2 + nodes.len());
@@ -904,10 +925,10 @@ pub fn command(
         b"shards" => {
             arity(2)?;
             *aware = true;
-            let ranges = ranges(map, moved);
+            let ranges = ranges(map, t.moved);
             // A removed node's partition owns no slot and is left out.
             let parts: Vec<usize> = (0..map.nodes().len())
-                .filter(|&p| !gone(p) || ranges.iter().any(|r| r.2 == p))
+                .filter(|&p| !t.gone(p) || ranges.iter().any(|r| r.2 == p))
                 .collect();
             out.array(parts.len());
             for part in parts {
@@ -920,7 +941,7 @@ pub fn command(
                     out.int(i64::from(*end));
                 }
                 out.bulk(b"nodes");
-                let nodes = serving(part);
+                let nodes = t.serving(part);
                 out.array(nodes.len());
                 for (i, node) in nodes.into_iter().enumerate() {
                     let n = &map.nodes()[node];
@@ -939,7 +960,7 @@ pub fn command(
                     out.bulk(b"replication-offset");
                     out.int(0);
                     out.bulk(b"health");
-                    out.bulk(if unreachable(node) {
+                    out.bulk(if t.unreachable(node) {
                         &b"failed"[..]
                     } else {
                         b"online"
@@ -950,11 +971,11 @@ pub fn command(
         b"nodes" => {
             arity(2)?;
             *aware = true;
-            out.verbatim(&nodes(map, &ranges(map, moved), serving, gone, unreachable));
+            out.verbatim(&nodes(map, &ranges(map, t.moved), t));
         }
         b"partitions" => {
             arity(2)?;
-            out.verbatim(&partitions(map, &ranges(map, moved), gone));
+            out.verbatim(&partitions(map, &ranges(map, t.moved), t));
         }
         _ => {
             return Err(format!(
@@ -967,8 +988,8 @@ pub fn command(
     Ok(())
 }
 
-/// `CLUSTER INFO`'s text. A slot range whose serving node (`serving`) does not answer this
-/// node (`unreachable`) is counted `pfail` (this node's view, as Redis counts it), and the
+/// `CLUSTER INFO`'s text. A slot range whose serving node (`Topology::serving`) does not
+/// answer this node (`Topology::unreachable`) is counted `pfail` (this node's view, as Redis counts it), and the
 /// state is `fail` while there is one: its keys may not be served (a partition that lost its
 /// majority, an unreplicated node that is down). The bus messages are the transport's
 /// between nodes (`xnode`).
@@ -976,15 +997,17 @@ fn info(
     cluster: &Cluster,
     map: &Membership,
     ranges: &[(u16, u16, usize)],
-    serving: &dyn Fn(usize) -> Vec<usize>,
-    gone: &dyn Fn(usize) -> bool,
-    unreachable: &dyn Fn(usize) -> bool,
+    t: &Topology<'_>,
 ) -> String {
     let bus = cluster.bus_stats();
-    let n = (0..map.nodes().len()).filter(|&i| !gone(i)).count();
+    let n = (0..map.nodes().len()).filter(|&i| !t.gone(i)).count();
     let pfail: usize = ranges
         .iter()
-        .filter(|r| serving(r.2).first().is_some_and(|&node| unreachable(node)))
+        .filter(|r| {
+            t.serving(r.2)
+                .first()
+                .is_some_and(|&node| t.unreachable(node))
+        })
         .map(|&(start, end, _)| usize::from(end - start) + 1)
         .sum();
     let state = if pfail == 0 { "ok" } else { "fail" };
@@ -1026,14 +1049,10 @@ fn ranges(map: &Membership, moved: &[(u16, usize)]) -> Vec<(u16, u16, usize)> {
 /// node leads it; not the partitions of removed nodes (which own no slots: a node is removed
 /// only once they moved, though this node may not have learned every move yet), as `NODES`
 /// leaves out the nodes. `keel cluster rebalance` and `remove-node` plan by it.
-fn partitions(
-    map: &Membership,
-    ranges: &[(u16, u16, usize)],
-    gone: &dyn Fn(usize) -> bool,
-) -> String {
+fn partitions(map: &Membership, ranges: &[(u16, u16, usize)], t: &Topology<'_>) -> String {
     let mut text = String::new();
     for (p, n) in map.nodes().iter().enumerate() {
-        if gone(p) {
+        if t.gone(p) {
             continue;
         }
         text.push_str(n.id.as_str());
@@ -1057,22 +1076,16 @@ fn push_ranges(text: &mut String, ranges: &[(u16, u16, usize)], of: usize) {
 
 /// `CLUSTER NODES`'s text: one line per node, as Redis writes it. The cluster bus port is 0
 /// (keel has none); each node's config epoch is its position in the config.
-fn nodes(
-    map: &Membership,
-    ranges: &[(u16, u16, usize)],
-    serving: &dyn Fn(usize) -> Vec<usize>,
-    gone: &dyn Fn(usize) -> bool,
-    unreachable: &dyn Fn(usize) -> bool,
-) -> String {
+fn nodes(map: &Membership, ranges: &[(u16, u16, usize)], t: &Topology<'_>) -> String {
     // Each range under the node that serves it (in a replicated cluster, its partition's
     // leader, as `CLUSTER SLOTS` and `SHARDS` name it): after a failover, the new leader.
     let served: Vec<(u16, u16, usize)> = ranges
         .iter()
-        .map(|&(start, end, part)| (start, end, serving(part).first().copied().unwrap_or(part)))
+        .map(|&(start, end, part)| (start, end, t.serving(part).first().copied().unwrap_or(part)))
         .collect();
     let mut text = String::new();
     for (i, n) in map.nodes().iter().enumerate() {
-        if gone(i) {
+        if t.gone(i) {
             continue;
         }
         let mut flags = if i == map.myself() {
@@ -1081,7 +1094,7 @@ fn nodes(
             String::from("master")
         };
         // `fail?` (Redis's PFAIL): failing as this node sees it, with its link down.
-        let link = if i != map.myself() && unreachable(i) {
+        let link = if i != map.myself() && t.unreachable(i) {
             flags.push_str(",fail?");
             "disconnected"
         } else {
@@ -1115,6 +1128,20 @@ mod tests {
             .collect()
     }
 
+    /// A [`Topology`] of these closures, nothing moved.
+    fn topology<'a>(
+        serving: &'a dyn Fn(usize) -> Vec<usize>,
+        gone: &'a dyn Fn(usize) -> bool,
+        unreachable: &'a dyn Fn(usize) -> bool,
+    ) -> Topology<'a> {
+        Topology {
+            serving,
+            gone,
+            unreachable,
+            moved: &[],
+        }
+    }
+
     /// Three nodes, the slots split evenly, this node the first.
     fn three() -> Arc<Membership> {
         let addrs: Vec<SocketAddr> = (7001..7004)
@@ -1128,7 +1155,7 @@ mod tests {
         let map = three();
         let ranges = ranges(&map, &[]);
         let text = |serving: &dyn Fn(usize) -> Vec<usize>, down: &dyn Fn(usize) -> bool| {
-            nodes(&map, &ranges, serving, &|_| false, down)
+            nodes(&map, &ranges, &topology(serving, &|_| false, down))
         };
         let home = text(&|p| vec![p], &|_| false);
         assert_eq!(
@@ -1153,12 +1180,20 @@ mod tests {
         );
         // The partitions keep their homes' ids, whoever leads them.
         assert_eq!(
-            partitions(&map, &ranges, &|_| false),
+            partitions(
+                &map,
+                &ranges,
+                &topology(&|p| vec![p], &|_| false, &|_| false)
+            ),
             "node-1 0-5460\nnode-2 5461-10921\nnode-3 10922-16383\n"
         );
         let moved = super::ranges(&map, &[(5461, 0), (16383, 0)]);
         assert_eq!(
-            partitions(&map, &moved, &|n| n == 1),
+            partitions(
+                &map,
+                &moved,
+                &topology(&|p| vec![p], &|n| n == 1, &|_| false)
+            ),
             "node-1 0-5461 16383\nnode-3 10922-16382\n",
             "a removed node's partition is left out"
         );
@@ -1170,7 +1205,12 @@ mod tests {
         let cluster = Cluster::new(Arc::clone(&map));
         let ranges = ranges(&map, &[]);
         let info = |serving: &dyn Fn(usize) -> Vec<usize>, down: &dyn Fn(usize) -> bool| {
-            info(&cluster, &map, &ranges, serving, &|_| false, down)
+            info(
+                &cluster,
+                &map,
+                &ranges,
+                &topology(serving, &|_| false, down),
+            )
         };
         let fine = info(&|p| vec![p], &|_| false);
         assert!(fine.starts_with("cluster_state:ok\r\n"), "{fine}");

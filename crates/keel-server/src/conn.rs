@@ -3345,15 +3345,18 @@ impl Conn {
                         cluster.rpc.of(n).unreachable_for(cluster.map().timeout())
                     })
                 };
+                let topology = cluster::Topology {
+                    serving: &serving,
+                    gone: &|n| replication.is_some_and(|rep| rep.removed(n)),
+                    unreachable: &unreachable,
+                    moved: &moved,
+                };
                 cluster::command(
                     self.shared.cluster.as_ref(),
                     args,
                     &mut out,
                     &mut self.aware,
-                    &serving,
-                    &moved,
-                    &|n| replication.is_some_and(|rep| rep.removed(n)),
-                    &unreachable,
+                    &topology,
                 )?;
             }
             Cmd::KeelMoveslots => {
