@@ -1401,6 +1401,80 @@ fn rebalance_evens_out_the_slots() {
     );
 }
 
+/// Every node learns every slot move within a few seconds, whether or not it hosts the
+/// partitions the slots left or joined, so `CLUSTER NODES`/`SLOTS`/`SHARDS` agree on every
+/// node and `redis-cli --cluster check` passes. Before, a node learned a move only from a
+/// `MOVED` answer, a move it made or `KEEL.LEARNSLOTS`: four nodes with three replicas each
+/// each lack one partition, and a node lacking the partition a slot left listed the old owner
+/// for good.
+#[test]
+fn every_node_learns_every_slot_move() {
+    const NODES: usize = 4;
+    let dir = support::TestDir::new();
+    // Ports the other tests leave free.
+    let mut ports: Vec<u16> = support::ports(0, 8)[5..].to_vec();
+    ports.push(support::ports(6, 8)[3]);
+    let _nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    let mut c = connect(ports[0]).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("read timeout");
+    // Ten slots of each partition move to the next node's, each move asked of node 1, so
+    // that every node lacks the partition some slots left.
+    let mut expected: Vec<Vec<(u16, u16)>> = (0..NODES)
+        .map(|i| vec![keel_server::cluster_map::membership::even_range(i, NODES)])
+        .collect();
+    for i in 0..NODES {
+        let (start, _) = expected[i][0];
+        let to = (i + 1) % NODES;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match redis::cmd("KEEL.MOVESLOTS")
+                .arg(format!("n{}", to + 1))
+                .arg(format!("{start}-{}", start + 9))
+                .query::<i64>(&mut c)
+            {
+                Ok(moved) => {
+                    assert_eq!(moved, 10);
+                    break;
+                }
+                // The partitions elect their leaders first.
+                Err(e) => assert!(Instant::now() < deadline, "KEEL.MOVESLOTS: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        expected[i][0].0 += 10;
+        expected[to].push((start, start + 9));
+    }
+    let text: String = expected
+        .iter()
+        .enumerate()
+        .map(|(i, ranges)| {
+            let mut ranges = ranges.clone();
+            ranges.sort_unstable();
+            let ranges: Vec<String> = ranges.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+            format!("n{} {}\n", i + 1, ranges.join(" "))
+        })
+        .collect();
+    for &port in &ports {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got: String = connect(port)
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("PARTITIONS").query(&mut c))
+                .unwrap_or_default();
+            if got == text {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node on {port} lists:\n{got}\nnot:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Blocking pops in a replicated cluster wake on the push: a client blocked in `BLPOP` on
 /// any node (whose replica of the partition, the leader's or a follower's, applies the push)
 /// gets the element a few log rounds after the push, not after a poll's pause (polling, whose

@@ -1612,6 +1612,50 @@ impl Replication {
         answered
     }
 
+    /// Learns the slots of every partition whose moves changed since this node last learned
+    /// them (`seen`: partition → [`prepared::Prepared::moves_digest`]), so that its routes,
+    /// and the `CLUSTER` replies clients route by, follow a move made anywhere: from its own
+    /// replica of a partition it hosts, else from the partition's leader. Before, a node
+    /// learned a move only from a `MOVED` answer, a move it made, or `KEEL.LEARNSLOTS`, and
+    /// until then listed the slot under its old owner.
+    pub async fn follow_moves(
+        &self,
+        shared: &Shared,
+        seen: &mut std::collections::HashMap<usize, u64>,
+    ) {
+        for p in 0..self.partitions() {
+            // A removed node's partition owns no slot (`KEEL.REMOVENODE` moved them first).
+            if self.removed(p) {
+                continue;
+            }
+            let digest = match self.part(p) {
+                Some(part) => Some(part.locks.lock().moves_digest()),
+                None => self
+                    .ask_leader(shared, p, b"moves")
+                    .await
+                    .and_then(|bytes| postcard::from_bytes::<u64>(&bytes).ok()),
+            };
+            let Some(digest) = digest else {
+                continue;
+            };
+            if seen.get(&p) == Some(&digest) {
+                continue;
+            }
+            let slots = match self.part(p) {
+                Some(part) => Some(part.owned_slots()),
+                None => self
+                    .ask_leader(shared, p, b"slots")
+                    .await
+                    .and_then(|bytes| postcard::from_bytes::<Vec<u16>>(&bytes).ok()),
+            };
+            if let Some(slots) = slots {
+                self.learn(&slots.iter().map(|&s| (s, p)).collect::<Vec<_>>());
+                // The slots may be newer than the digest: then the next round asks again.
+                seen.insert(p, digest);
+            }
+        }
+    }
+
     /// [`Part::leader_knows`] `kind` of partition `p`, asked of the leader this node knows,
     /// else of the replicas the view places it on, following the leader they name.
     async fn ask_leader(&self, shared: &Shared, p: usize, kind: &[u8]) -> Option<Vec<u8>> {
@@ -2108,8 +2152,8 @@ impl Part {
 
     /// If this replica leads the partition, what it knows of `kind` (encoded): its voters
     /// (`members`; `settled`: every node of it, only once the membership committed and is not
-    /// joint), how many
-    /// slots it owns (`owned`), or which (`slots`).
+    /// joint), how many slots it owns (`owned`), which (`slots`), or a digest of its moves
+    /// (`moves`).
     pub fn leader_knows(&self, kind: &[u8]) -> Option<Vec<u8>> {
         let m = self.raft.metrics().borrow().clone();
         if m.state != openraft::ServerState::Leader {
@@ -2140,14 +2184,8 @@ impl Part {
                         .collect::<std::collections::BTreeSet<u64>>(),
                 )
             }
-            b"slots" => {
-                let locks = self.locks.lock();
-                postcard::to_stdvec(
-                    &(0..keel_cluster::SLOTS)
-                        .filter(|&s| locks.owner(s) == Some(self.id))
-                        .collect::<Vec<u16>>(),
-                )
-            }
+            b"slots" => postcard::to_stdvec(&self.owned_slots()),
+            b"moves" => postcard::to_stdvec(&self.locks.lock().moves_digest()),
             _ => {
                 let locks = self.locks.lock();
                 postcard::to_stdvec(
@@ -2158,6 +2196,15 @@ impl Part {
             }
         };
         Some(encoded.expect("encodes"))
+    }
+
+    /// The slots this replica's table says the partition owns (a follower's lags its
+    /// leader's by the entries it has yet to apply).
+    pub fn owned_slots(&self) -> Vec<u16> {
+        let locks = self.locks.lock();
+        (0..keel_cluster::SLOTS)
+            .filter(|&s| locks.owner(s) == Some(self.id))
+            .collect()
     }
 
     /// Whether this node leads the partition now.
@@ -2465,6 +2512,29 @@ pub async fn reconcile_loop(shared: std::sync::Weak<Shared>) {
             Arc::clone(&rep.wake)
         };
         let _ = tokio::time::timeout(RECONCILE_EVERY, wake.notified()).await;
+    }
+}
+
+/// How often [`follow_moves_loop`] looks for slot moves.
+pub const FOLLOW_MOVES_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs [`Replication::follow_moves`] every [`FOLLOW_MOVES_EVERY`] until the server stops,
+/// so that every node's routes agree within about a second of a move (Redis Cluster's nodes
+/// spread a new slot owner with their pings).
+pub async fn follow_moves_loop(shared: std::sync::Weak<Shared>) {
+    let mut seen = std::collections::HashMap::new();
+    loop {
+        tokio::time::sleep(FOLLOW_MOVES_EVERY).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(rep) = shared.replication.get() else {
+            return;
+        };
+        rep.follow_moves(&shared, &mut seen).await;
     }
 }
 

@@ -386,6 +386,7 @@ impl Server {
                     tokio::spawn(crate::replica::txn::resolve_loop(Arc::downgrade(&shared)));
                     tokio::spawn(crate::replica::reconcile_loop(Arc::downgrade(&shared)));
                     tokio::spawn(crate::replica::reap_loop(Arc::downgrade(&shared)));
+                    tokio::spawn(crate::replica::follow_moves_loop(Arc::downgrade(&shared)));
                 }
             }
             None if db.recovery().is_some_and(|r| r.in_doubt > 0) => {

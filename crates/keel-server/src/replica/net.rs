@@ -289,8 +289,9 @@ pub async fn serve(part: &Part, kind: &[u8], payload: &[u8]) -> Result<Vec<u8>, 
         b"vote" => encode(&super::vote(&part.raft, part.floor, decode(payload)?).await),
         b"snapshot" => encode(&part.inbox.receive(&part.raft, decode(payload)?).await),
         // What the leader knows (`None` from a replica that does not lead), and the leader
-        // this replica knows: the partition's voters, or how many slots it owns.
-        b"members" | b"settled" | b"owned" | b"slots" => encode(&(
+        // this replica knows: the partition's voters, how many slots it owns, which, or a
+        // digest of its moves.
+        b"members" | b"settled" | b"owned" | b"slots" | b"moves" => encode(&(
             part.leader_knows(kind),
             part.raft.metrics().borrow().current_leader,
         )),

@@ -353,6 +353,25 @@ impl Locks {
         )
     }
 
+    /// A digest of the slot moves this partition knows (its replicated table of slots moved
+    /// from their config owners): whenever the slots it owns change, so does the digest, so a
+    /// node that learned them can tell, from eight bytes, whether to ask again.
+    pub fn moves_digest(&self) -> u64 {
+        // FNV-1a over (slot, partition) in slot order: the same table gives the same digest
+        // on every replica.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for (&slot, &p) in &self.moved {
+            for b in slot
+                .to_le_bytes()
+                .into_iter()
+                .chain((p as u64).to_le_bytes())
+            {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    }
+
     /// The slots of `slots` this partition does not own, with their owner.
     fn elsewhere(&self, slots: impl IntoIterator<Item = u16>) -> Vec<(u16, usize)> {
         let Some((me, _)) = &self.home else {
