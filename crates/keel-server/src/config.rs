@@ -323,6 +323,10 @@ pub struct Config {
     /// `p` (the slots the cluster config gives node `p`) lives on nodes `p`, `p + 1`, ...
     /// `p + replicas - 1`, counted round the config's node list (`replica`).
     pub replicas: usize,
+    /// Tests: the engine's files go through this simulated disk (held fsyncs, power loss)
+    /// instead of the real one.
+    #[doc(hidden)]
+    pub sim_disk: Option<keel::SimDisk>,
 }
 
 /// Most worker threads `threads` may ask for.
@@ -352,6 +356,7 @@ impl Default for Config {
             cluster_bus: Vec::new(),
             cluster_bus_listener: None,
             replicas: 1,
+            sim_disk: None,
         }
     }
 }
@@ -544,10 +549,14 @@ impl Config {
 
     /// The engine's options for these settings.
     pub fn engine_options(&self) -> keel::Options {
-        keel::Options::default()
+        let options = keel::Options::default()
             .durability(self.durability.engine())
             .split(self.split)
-            .split_phase(std::time::Duration::from_millis(self.split_phase_ms))
+            .split_phase(std::time::Duration::from_millis(self.split_phase_ms));
+        match &self.sim_disk {
+            Some(disk) => options.disk(disk.reboot()),
+            None => options,
+        }
     }
 }
 

@@ -743,6 +743,16 @@ impl Conn {
             .log_written()
             .await
             .map_err(std::io::Error::other)?;
+        // Under `sync` on a single node, the same for the fsync: commits are visible before
+        // it (`Shared::visible_before_fsync`), so no reply may report or have read one
+        // before it is durable.
+        if self.shared.visible_before_fsync {
+            self.shared
+                .db
+                .log_durable()
+                .await
+                .map_err(std::io::Error::other)?;
+        }
         // A client that does not read must not keep a killed connection open (a subscriber
         // cut off for its output buffer is one).
         tokio::select! {
@@ -4207,17 +4217,30 @@ impl Conn {
     }
 
     /// Commits `txn`. With `sync` durability the reply goes out only once the commit is
-    /// durable: the task waits for the fsync (`commit_async`; the log's flusher publishes
-    /// the commit and wakes the task), and concurrent connections share fsyncs. A commit
-    /// that `may_wait` for a split key's reconciliation (see [`Conn::may_wait`]) blocks in
-    /// its own work, so it runs on the blocking pool.
-    async fn commit(&self, txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
+    /// durable: on a single node the commit is visible at once and the reply waits in
+    /// [`Conn::flush`] for the fsync ([`Conn::visible`]); on a cluster node the task waits
+    /// for it (`commit_async`; the log's flusher publishes the commit and wakes the task).
+    /// Either way concurrent connections share fsyncs. A commit that `may_wait` for a
+    /// split key's reconciliation (see [`Conn::may_wait`]) blocks in its own work, so it
+    /// runs on the blocking pool.
+    async fn commit(&self, mut txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
+        self.visible(&mut txn);
         if may_wait {
             return tokio::task::spawn_blocking(move || txn.commit_detailed())
                 .await
                 .expect("a commit does not panic");
         }
         txn.commit_async().await
+    }
+
+    /// Under `Shared::visible_before_fsync`, lets `txn`'s commit be seen before its fsync:
+    /// the reply, and every other reply from then on, waits for the fsync instead.
+    fn visible(&self, txn: &mut Txn<'static>) {
+        if self.shared.visible_before_fsync {
+            txn.set_durability(keel::Durability::Async {
+                interval: Duration::ZERO,
+            });
+        }
     }
 
     /// One attempt of a retry loop: `prepare` begins a transaction and runs the commands in it
@@ -4241,7 +4264,9 @@ impl Conn {
             if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
                 return tokio::task::block_in_place(|| {
                     let _joined = db.wait_joined();
-                    Ok(prepare()?.commit_detailed())
+                    let mut txn = prepare()?;
+                    self.visible(&mut txn);
+                    Ok(txn.commit_detailed())
                 });
             }
             let joined = tokio::task::spawn_blocking(move || db.wait_joined())

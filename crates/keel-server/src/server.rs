@@ -233,6 +233,14 @@ pub struct Shared {
     pub xnode: std::sync::OnceLock<crate::xnode::Xnode>,
     /// Cluster mode with `--replicas` over 1: the partitions this node keeps.
     pub replication: std::sync::OnceLock<crate::replica::Replication>,
+    /// A single node under `sync`: commits are visible at once, before their fsync, and
+    /// every reply waits for the fsync of everything committed before it
+    /// ([`keel::Db::log_durable`]), as Redis replies after its `appendfsync always` fsync.
+    /// So a chain of transactions on one hot key (`LPUSH`/`RPOP` on a queue, `HSET` of one
+    /// field) does not wait for an fsync at each link. A cluster node keeps commits
+    /// invisible until durable: its votes and prepares leave through the cluster's bus,
+    /// which no reply gate covers.
+    pub visible_before_fsync: bool,
 }
 
 impl Shared {
@@ -333,6 +341,8 @@ impl Server {
             .map_err(StartError::Poller)?;
         let pubsub = crate::pubsub::Registry::new(config.pubsub_output_limit);
         let cluster = config.cluster.clone().map(crate::cluster::Cluster::new);
+        let visible_before_fsync =
+            config.cluster.is_none() && db.durability() == keel::Durability::Sync;
         let shared = Arc::new(Shared {
             db,
             requirepass: RwLock::new(config.requirepass.clone()),
@@ -357,6 +367,7 @@ impl Server {
             slowlog: Default::default(),
             cluster,
             xnode: std::sync::OnceLock::new(),
+            visible_before_fsync,
             replication: std::sync::OnceLock::new(),
         });
         match &shared.cluster {

@@ -1405,6 +1405,29 @@ impl Db {
         crate::wal::LogWritten::new(log)
     }
 
+    /// Under `sync` durability: resolves once every commit made so far, by any transaction,
+    /// is durable (fsynced). A server whose commits ask for less for themselves
+    /// ([`Txn::set_durability`](crate::Txn::set_durability) with [`Durability::Async`]) makes
+    /// them visible at once, before their fsync, and awaits this before it sends replies:
+    /// then no client has seen a commit, its own or another's, that a crash of the machine
+    /// loses, as Redis fsyncs its append-only file before replying under `appendfsync
+    /// always`, while a chain of transactions on one hot key no longer waits for an fsync
+    /// at each link (each reads the last one's write at once, and one fsync covers them all).
+    ///
+    /// Waits as a commit does: on a thread that flushes inline
+    /// ([`Db::flush_log_inline_on_this_thread`]) the thread's hook is called and the thread
+    /// fsyncs from its loop ([`Db::flush_log_here`]); elsewhere the flusher thread gathers
+    /// the waiters into group fsyncs. Ready at once under `async` and without files.
+    /// Resolves to the log's failure if the log failed first: the commits may then be lost.
+    pub fn log_durable(&self) -> crate::wal::LogDurable<'_> {
+        let log = self
+            .shared
+            .log
+            .as_ref()
+            .filter(|log| log.mode() == Durability::Sync);
+        crate::wal::LogDurable::new(log)
+    }
+
     /// Counters summed over all transactions so far.
     pub fn stats(&self) -> Stats {
         let oracle = &self.shared.oracle;

@@ -1099,6 +1099,66 @@ fn log_written_resolves_while_a_full_segment_is_fsynced() {
     commit_and_await_written(&db, &disk, "after", held);
 }
 
+/// Under `sync`, commits that ask for `async` for themselves are visible at once, before
+/// their fsync, so a chain of them on one key waits for no fsync between its links; and
+/// `Db::log_durable` (what the server awaits before replying under `sync`) resolves only
+/// once an fsync covers them, after which they survive power loss. Before that they may
+/// not: power lost while the fsync is held loses the whole chain, never part of it.
+#[test]
+fn log_durable_resolves_once_commits_visible_before_their_fsync_are_durable() {
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    put(&db, "k", "0").unwrap();
+    let chain = |db: &Db| {
+        for i in 1..=3 {
+            let mut txn = db.begin().unwrap();
+            txn.set_durability(Durability::Async {
+                interval: Duration::from_secs(3600),
+            });
+            let last = txn.get(b"k").unwrap().expect("k");
+            assert_eq!(
+                last,
+                (i - 1).to_string().into_bytes(),
+                "the last link, at once"
+            );
+            txn.put(b"k", i.to_string().as_bytes()).unwrap();
+            txn.commit().unwrap().expect("no concurrent writers");
+        }
+    };
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Power lost while the fsync is held.
+    disk.hold_syncs();
+    let held = SyncsHeld(&disk);
+    chain(&db);
+    let mut durable = std::pin::pin!(db.log_durable());
+    assert!(
+        durable.as_mut().poll(&mut cx).is_pending(),
+        "resolved while the fsync is held"
+    );
+    disk.crash();
+    drop(held);
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(contents(&db)["k"], "0", "none of the chain was durable");
+    // Power lost after `log_durable` resolved.
+    disk.hold_syncs();
+    let held = SyncsHeld(&disk);
+    chain(&db);
+    let mut durable = std::pin::pin!(db.log_durable());
+    assert!(
+        durable.as_mut().poll(&mut cx).is_pending(),
+        "resolved while the fsync is held"
+    );
+    drop(held);
+    resolves_within(durable, Duration::from_secs(5))
+        .expect("log_durable resolved once the fsync went on")
+        .expect("the log did not fail");
+    disk.crash();
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(contents(&db)["k"], "3", "the chain is durable");
+}
+
 /// A prepared transaction (two-phase commit's first phase) survives power loss in doubt:
 /// locked again, invisible, its metadata kept, until the caller decides it; the decision then
 /// survives the next crash.

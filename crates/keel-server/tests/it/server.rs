@@ -453,3 +453,141 @@ fn save_bgsave_and_lastsave() {
         .as_secs() as i64;
     assert!((query::<i64>(&mut c, &["LASTSAVE"]) - now).abs() < 600);
 }
+
+/// Under `sync`, a single node makes a commit visible before its fsync, and no reply goes
+/// out before the fsync of everything committed before it (`Db::log_durable`), as Redis
+/// replies after its `appendfsync always` fsync. With fsyncs held (a slow disk):
+/// - eight clients' `LPUSH`es on one list all commit, each on top of the one before, and
+///   none is answered, nor is a reader that would see them; let go, one or two fsyncs cover
+///   all eight (before, each waited for the fsync of the one before it to read it: eight
+///   fsyncs at least, one a link);
+/// - power lost before the fsync loses a push nobody was answered for, and nothing else.
+#[test]
+fn replies_under_sync_wait_for_the_fsync_of_what_they_saw() {
+    let disk = keel::SimDisk::new();
+    let dir = std::path::PathBuf::from("/sim/keel");
+    let start = |disk: &keel::SimDisk| {
+        let (disk, dir) = (disk.clone(), dir.clone());
+        TestServer::with(move |c| {
+            c.dir = dir;
+            c.durability = keel_server::Durability::Sync;
+            c.sim_disk = Some(disk);
+        })
+    };
+    let server = start(&disk);
+    // Dropped before the server: a failing test lets fsyncs go on, or the server's shutdown
+    // would wait for one forever.
+    struct LetGo(keel::SimDisk);
+    impl Drop for LetGo {
+        fn drop(&mut self) {
+            self.0.release_syncs();
+        }
+    }
+    let _let_go = LetGo(disk.clone());
+    let mut c = server.client();
+    let fsyncs = |c: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query(c)
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("keel_log_fsyncs:"))
+            .expect("keel_log_fsyncs")
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    let _: () = redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .query(&mut c)
+        .expect("SET");
+    let before = fsyncs(&mut c);
+    // Answers arrive on `tx` as (what, reply).
+    let (tx, rx) = std::sync::mpsc::channel::<(String, redis::RedisResult<i64>)>();
+    // Connected beforehand: while an fsync is held, every reply waits (a connection's
+    // handshake too), as under Redis's `appendfsync always` on a stuck disk.
+    let mut conns: Vec<redis::Connection> = (0..11).map(|_| server.client()).collect();
+    let mut ask = |what: &str, cmd: redis::Cmd| {
+        let (tx, mut conn, what) = (
+            tx.clone(),
+            conns.pop().expect("a connection"),
+            what.to_string(),
+        );
+        std::thread::spawn(move || {
+            let _ = tx.send((what, cmd.query(&mut conn)));
+        })
+    };
+    disk.hold_syncs();
+    let pushers: Vec<_> = (0..8)
+        .map(|i| ask("LPUSH", redis::cmd("LPUSH").arg("q").arg(i).clone()))
+        .collect();
+    // Every push commits while the first fsync is held (a reader would wait too).
+    let began = Instant::now();
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let reader = ask("LLEN", redis::cmd("LLEN").arg("q").clone());
+    std::thread::sleep(Duration::from_millis(500));
+    // Before the fsync, only a reader that saw none of the pushes may be answered.
+    let early: Vec<(String, redis::RedisResult<i64>)> = rx.try_iter().collect();
+    for (what, reply) in &early {
+        assert!(
+            what == "LLEN" && reply == &Ok(0),
+            "{what} answered {reply:?} before the fsync"
+        );
+    }
+    disk.release_syncs();
+    for t in pushers.into_iter().chain([reader]) {
+        t.join().expect("client thread");
+    }
+    let (mut pushed, mut read) = (Vec::new(), Vec::new());
+    for (what, reply) in early.into_iter().chain(rx.try_iter()) {
+        let n = reply.unwrap_or_else(|e| panic!("{what}: {e}"));
+        match what.as_str() {
+            "LPUSH" => pushed.push(n),
+            _ => read.push(n),
+        }
+    }
+    pushed.sort_unstable();
+    assert_eq!(pushed, (1..=8).collect::<Vec<i64>>());
+    assert!(matches!(read[..], [0..=8]), "{read:?}");
+    let fsyncs_taken = fsyncs(&mut c) - before;
+    assert!(
+        fsyncs_taken <= 3,
+        "{fsyncs_taken} fsyncs for eight pushes committed while the first was held"
+    );
+    // Power lost while a push waits for its fsync: nobody hears of it, and it is gone.
+    disk.hold_syncs();
+    let lost = ask("LPUSH", redis::cmd("LPUSH").arg("q").arg("lost").clone());
+    let began = Instant::now();
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let reader = ask("LLEN", redis::cmd("LLEN").arg("q").clone());
+    std::thread::sleep(Duration::from_millis(300));
+    disk.crash();
+    disk.release_syncs();
+    lost.join().expect("client thread");
+    reader.join().expect("client thread");
+    // The push was never answered; the reader, if answered, saw only what was durable.
+    for (what, reply) in rx.try_iter() {
+        assert!(
+            reply.is_err() || (what == "LLEN" && reply == Ok(8)),
+            "{what} answered {reply:?} though the fsync failed"
+        );
+    }
+    drop(c);
+    drop(server);
+    let server = start(&disk);
+    let len: i64 = redis::cmd("LLEN")
+        .arg("q")
+        .query(&mut server.client())
+        .expect("LLEN");
+    assert_eq!(
+        len, 8,
+        "the unanswered push is gone, the answered ones are there"
+    );
+}

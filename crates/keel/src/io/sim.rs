@@ -80,6 +80,14 @@ pub struct SimDisk {
     syncs_held: Arc<(Mutex<SyncGate>, parking_lot::Condvar)>,
 }
 
+impl std::fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimDisk")
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct SyncGate {
     held: bool,

@@ -138,6 +138,46 @@ impl std::future::Future for LogWritten<'_> {
     }
 }
 
+/// Resolves once the log is durable (fsynced) up to the point it was made at
+/// ([`Db::log_durable`](crate::Db::log_durable)).
+pub struct LogDurable<'db> {
+    /// `None`: nothing to wait for.
+    log: Option<&'db Log>,
+    end: u64,
+}
+
+impl<'db> LogDurable<'db> {
+    /// Waits for everything appended to `log` so far; `None`: for nothing.
+    pub(crate) fn new(log: Option<&'db Log>) -> LogDurable<'db> {
+        LogDurable {
+            end: log.map_or(0, Log::tail),
+            log,
+        }
+    }
+}
+
+impl std::future::Future for LogDurable<'_> {
+    type Output = Result<(), LogFailed>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(log) = self.log else {
+            return std::task::Poll::Ready(Ok(()));
+        };
+        if !log.watch_durable(self.end, cx.waker()) {
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(match log.durable_lsn() >= self.end {
+            true => Ok(()),
+            false => Err(log
+                .failed()
+                .expect("a wait for the log ends early only on failure")),
+        })
+    }
+}
+
 /// The log failed; the database refuses writes from now on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the write-ahead log failed, so the database is read-only until restarted: {0}")]
