@@ -450,6 +450,24 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                     let i = Encodings::find(name).expect("just found");
                     Encodings::parse(i, &value).map_err(|e| bad(&e))?;
                 }
+                // keel's log plays the part of Redis's AOF and it takes no RDB snapshots: set
+                // to what they are (tools switch snapshots off with `save ""`), they change
+                // nothing; the durability itself is chosen at start.
+                "save" | "appendonly" | "appendfsync" => {
+                    let params = parameters(shared);
+                    let current = params
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map(|(_, v)| v.as_str())
+                        .unwrap_or_default();
+                    if !value.trim().eq_ignore_ascii_case(current) {
+                        return Err(bad(&format!(
+                            "keel's durability is chosen at start (--durability \
+                             sync|async:MS|none), and {name} is '{current}' (durability {})",
+                            shared.config.durability
+                        )));
+                    }
+                }
                 "bind" | "port" | "dir" | "protected-mode" | "databases" | "durability"
                 | "split" | "split-phase-ms" => {
                     return Err(bad("can't set immutable config"));
@@ -485,7 +503,7 @@ pub fn config(shared: &Shared, args: &[Bytes], out: &mut Out<'_>) -> Result<(), 
                         shared.pubsub.set_limit(limit);
                     }
                 }
-                "maxmemory" | "maxmemory-policy" => {}
+                "maxmemory" | "maxmemory-policy" | "save" | "appendonly" | "appendfsync" => {}
                 "slowlog-log-slower-than" => shared
                     .slowlog
                     .set_slower_than_us(value.parse().expect("validated above")),

@@ -1166,6 +1166,9 @@ fn encoding_thresholds_set_by_config_match_redis() {
         &["CONFIG", "GET", "maxmemory-policy"],
         &["CONFIG", "SET", "maxmemory", "0"],
         &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+        // No RDB snapshots on either (tools switch them off so).
+        &["CONFIG", "SET", "save", ""],
+        &["CONFIG", "GET", "save"],
         &["HSET", "h3", "a", "1", "b", "2", "c", "3"],
         &["HSET", "h4", "a", "1", "b", "2", "c", "3", "d", "4"],
         &["HSET", "hv", "a", "123456"],
@@ -1203,6 +1206,45 @@ fn encoding_thresholds_set_by_config_match_redis() {
             "unchanged"
         );
     }
+    // The durability is chosen at start: `appendfsync` set to what it is changes nothing,
+    // anything else is refused, saying how to choose it, and changes nothing.
+    let appendfsync =
+        |h: &mut Harness| match h.main.keel.call(&cmd(&["CONFIG", "GET", "appendfsync"])) {
+            Reply::Array(v) => v[1].clone(),
+            other => panic!("CONFIG GET appendfsync: {other:?}"),
+        };
+    let Reply::Bulk(current) = appendfsync(&mut h) else {
+        panic!("appendfsync");
+    };
+    let current = String::from_utf8(current).expect("ASCII");
+    assert_eq!(
+        h.main
+            .keel
+            .call(&cmd(&["CONFIG", "SET", "appendfsync", &current])),
+        Reply::Simple(b"OK".to_vec())
+    );
+    let other = if current == "always" {
+        "everysec"
+    } else {
+        "always"
+    };
+    match h
+        .main
+        .keel
+        .call(&cmd(&["CONFIG", "SET", "appendfsync", other]))
+    {
+        Reply::Error(e) => {
+            let text = String::from_utf8_lossy(&e);
+            assert!(text.starts_with("ERR CONFIG SET failed"), "{text}");
+            assert!(text.contains("--durability"), "{text}");
+        }
+        other => panic!("CONFIG SET appendfsync: {other:?}"),
+    }
+    assert_eq!(
+        appendfsync(&mut h),
+        Reply::Bulk(current.into_bytes()),
+        "unchanged"
+    );
 }
 
 fn differential(resp3: bool, default_seed: u64) {
