@@ -1475,6 +1475,132 @@ fn every_node_learns_every_slot_move() {
     }
 }
 
+/// `redis-cli --cluster reshard`, the tool Redis users move slots with, works against keel:
+/// its `CLUSTER SETSLOT ... MIGRATING` moves the slot and its keys at once, so the source's
+/// `GETKEYSINSLOT` finds nothing left to `MIGRATE` (which keel does not have), and `SETSLOT
+/// ... NODE` finds the move done. Before, it stopped at the first slot: `ERR unknown
+/// subcommand 'SETSLOT'`. Afterwards `redis-cli --cluster check` passes and every key reads.
+#[test]
+fn redis_cli_reshard_moves_slots() {
+    let dir = support::TestDir::new();
+    // Ports the other tests leave free.
+    let mut ports: Vec<u16> = support::ports(1, 8)[6..].to_vec();
+    ports.push(support::ports(2, 8)[6]);
+    let _nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start_with(dir.path(), i, &ports, &[]))
+        .collect();
+    let mut c = connect(ports[0]).expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = redis::cmd("SET").arg("probe").arg(1).query::<()>(&mut c) {
+        assert!(Instant::now() < deadline, "writes: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The source: a node that serves slots (CLUSTER NODES lists them under the leaders);
+    // the destination: another node, whose partition takes them. redis-cli moves the
+    // source's first slots: each gets five keys.
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut c)
+        .expect("CLUSTER NODES");
+    let line: Vec<&str> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|l| l.len() > 8)
+        .expect("a node serving slots");
+    let from = line[0].to_string();
+    let first: u16 = line[8]
+        .split('-')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("a slot range");
+    let to = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|&n| n != from)
+        .expect("another node");
+    let mut keys: Vec<String> = Vec::new();
+    let mut per_slot = [0usize; 40];
+    for i in 0.. {
+        let key = format!("k{i}");
+        let slot = keel_server::cluster_map::key_slot(key.as_bytes()).0;
+        if let Some(n) = slot
+            .checked_sub(first)
+            .and_then(|d| per_slot.get_mut(d as usize))
+            && *n < 5
+        {
+            *n += 1;
+            keys.push(key);
+        }
+        if keys.len() == 200 {
+            break;
+        }
+    }
+    let mut pipe = redis::pipe();
+    for (i, key) in keys.iter().enumerate() {
+        pipe.cmd("SET").arg(key).arg(i).ignore();
+    }
+    pipe.query::<()>(&mut c).expect("SETs");
+    let owned = |id: &str| -> usize {
+        let text: String = redis::cmd("CLUSTER")
+            .arg("PARTITIONS")
+            .query(&mut connect(ports[0]).expect("connect"))
+            .expect("CLUSTER PARTITIONS");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("{id} in {text}"));
+        line.split_whitespace()
+            .skip(1)
+            .map(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                b.parse::<usize>().expect("slot") - a.parse::<usize>().expect("slot") + 1
+            })
+            .sum()
+    };
+    let before = owned(to);
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard"])
+        .arg(format!("127.0.0.1:{}", ports[0]))
+        .args(["--cluster-from", &from, "--cluster-to", to])
+        .args(["--cluster-slots", "40", "--cluster-yes"])
+        .output()
+        .expect("redis-cli (apt-get install redis-tools)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("Moving slot"), "{text}");
+    assert!(!text.contains("ERR"), "{text}");
+    assert_eq!(owned(to), before + 40, "{text}");
+    // Every node follows the moves within about a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("redis-cli")
+            .args(["--cluster", "check"])
+            .arg(format!("127.0.0.1:{}", ports[2]))
+            .output()
+            .expect("redis-cli");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("[OK] All nodes agree about slots configuration.")
+            && text.contains("[OK] All 16384 slots covered.")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A new connection: `c` asked for the slot map, so it is answered `MOVED`.
+    let values: Vec<Option<i64>> = redis::cmd("MGET")
+        .arg(&keys)
+        .query(&mut connect(ports[1]).expect("connect"))
+        .expect("MGET");
+    assert!(
+        values.iter().enumerate().all(|(i, v)| *v == Some(i as i64)),
+        "{values:?}"
+    );
+}
+
 /// Blocking pops in a replicated cluster wake on the push: a client blocked in `BLPOP` on
 /// any node (whose replica of the partition, the leader's or a follower's, applies the push)
 /// gets the element a few log rounds after the push, not after a poll's pause (polling, whose

@@ -404,6 +404,10 @@ struct Conn {
     /// Cluster mode: the client asked for the slot map (`CLUSTER SLOTS`/`SHARDS`/`NODES`), so
     /// it routes by itself and gets `MOVED` rather than forwarding.
     aware: bool,
+    /// Slots this connection moved away with `CLUSTER SETSLOT <slot> MIGRATING`: its
+    /// `GETKEYSINSLOT`/`COUNTKEYSINSLOT` of them find no key left to migrate (the keys went
+    /// with the slot), as a Redis source once it has migrated them all.
+    migrated: Vec<u16>,
     /// `READONLY` was sent: in a replicated cluster, reads of a partition this node keeps
     /// run on its copy (consistent, possibly stale) rather than at the leader.
     readonly: bool,
@@ -446,6 +450,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         subs: None,
         blocked: None,
         aware: false,
+        migrated: Vec::new(),
         readonly: false,
         hot_until_ms: std::sync::atomic::AtomicU64::new(0),
     };
@@ -3189,6 +3194,62 @@ impl Conn {
             .record(elapsed, &args, more, self.info.addr.to_string(), name);
     }
 
+    /// `CLUSTER SETSLOT <slot> IMPORTING|MIGRATING|NODE <node-id>` and `STABLE`, as
+    /// `redis-cli --cluster reshard` and `rebalance` send them to move a slot: `IMPORTING` to
+    /// the destination, `MIGRATING` to the source, `GETKEYSINSLOT` and `MIGRATE` at the
+    /// source until no key is left, then `NODE` to every node. keel moves a slot with its
+    /// keys in one transaction (`KEEL.MOVESLOTS`), to the partition made for the node named:
+    /// `MIGRATING` moves it at once (and this connection's `GETKEYSINSLOT` of it then finds
+    /// nothing left to migrate), `NODE` moves it unless it is there already, `IMPORTING` and
+    /// `STABLE` change nothing, since no slot is ever half moved.
+    async fn setslot(&mut self, args: &[Bytes]) -> Result<(), Fail> {
+        let slot = crate::resp::string_to_i64(&args[2])
+            .filter(|s| (0..i64::from(keel_cluster::SLOTS)).contains(s))
+            .ok_or("ERR Invalid or out of range slot")? as u16;
+        let action = args[3].to_ascii_lowercase();
+        let bad_action =
+            "ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP";
+        if action == b"stable" {
+            if args.len() != 4 {
+                return Err(bad_action.into());
+            }
+            self.migrated.retain(|&s| s != slot);
+            return Ok(());
+        }
+        if !matches!(&action[..], b"importing" | b"migrating" | b"node") || args.len() != 5 {
+            return Err(bad_action.into());
+        }
+        let cluster = self.shared.cluster.as_ref().expect("cluster mode");
+        let known = cluster
+            .map()
+            .nodes()
+            .iter()
+            .position(|n| n.id.as_str().as_bytes() == &args[4][..])
+            .is_some_and(|n| !self.shared.replication.get().is_some_and(|r| r.removed(n)));
+        if !known {
+            return Err(format!(
+                "ERR I don't know about node {}",
+                String::from_utf8_lossy(&args[4])
+            )
+            .into());
+        }
+        if action == b"importing" {
+            return Ok(());
+        }
+        let request = [
+            Bytes::from_static(b"KEEL.MOVESLOTS"),
+            args[4].clone(),
+            Bytes::from(slot.to_string()),
+        ];
+        self.move_slots(&request).await?;
+        if action == b"migrating" {
+            self.migrated.push(slot);
+        } else {
+            self.migrated.retain(|&s| s != slot);
+        }
+        Ok(())
+    }
+
     /// `CLUSTER COUNTKEYSINSLOT slot` and `CLUSTER GETKEYSINSLOT slot count`: the keys of
     /// the slot that this node holds, as a Redis Cluster node answers for its own slots and a
     /// replica for its copy: the partition that owns the slot, if this node keeps a copy of
@@ -3213,6 +3274,7 @@ impl Conn {
         let slot = slot as u16;
         let cluster = self.shared.cluster.as_ref().expect("cluster mode");
         let db: Option<keel::Db> = match self.shared.replication.get() {
+            _ if self.migrated.contains(&slot) => None,
             Some(rep) => rep
                 .part(rep.owner(&cluster.map(), slot))
                 .map(|part| part.db.clone()),
@@ -3330,6 +3392,13 @@ impl Conn {
                 None => out.simple("PONG"),
             },
             Cmd::Echo => out.bulk(&args[1]),
+            Cmd::Cluster
+                if self.shared.cluster.is_some() && args[1].eq_ignore_ascii_case(b"setslot") =>
+            {
+                table::subcommand(spec, args).map_err(Fail::from)?;
+                self.setslot(args).await?;
+                out.ok();
+            }
             Cmd::Cluster
                 if self.shared.cluster.is_some()
                     && (args[1].eq_ignore_ascii_case(b"countkeysinslot")

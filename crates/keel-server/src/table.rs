@@ -575,6 +575,7 @@ pub static SPECS: &[Spec] = &[
             ("keyslot", 3),
             ("myid", 2),
             ("nodes", 2),
+            ("setslot", -4),
             ("shards", 2),
             ("slots", 2)
         ]
