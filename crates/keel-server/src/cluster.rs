@@ -981,6 +981,37 @@ pub fn command(
             arity(2)?;
             out.verbatim(&partitions(map, &ranges(map, t.moved), t));
         }
+        // What Redis Cluster does with these, keel does otherwise: say how.
+        b"meet" => {
+            return Err(
+                "ERR keel: a node joins with `keel serve --cluster-join HOST:PORT \
+                        --cluster-myself ID` (a replicated cluster; docs/replication.md)"
+                    .into(),
+            );
+        }
+        b"forget" => {
+            return Err(
+                "ERR keel: a node leaves with `keel cluster remove-node ID` \
+                        (KEEL.REMOVENODE), which moves its slots and replicas away first"
+                    .into(),
+            );
+        }
+        b"addslots" | b"addslotsrange" | b"delslots" | b"delslotsrange" | b"flushslots" => {
+            return Err(
+                "ERR keel: every slot always has an owner (the config's, then where \
+                        moves took it); slots move with CLUSTER SETSLOT, KEEL.MOVESLOTS or \
+                        `keel cluster rebalance`"
+                    .into(),
+            );
+        }
+        b"replicate" | b"failover" => {
+            return Err(
+                "ERR keel: every partition is kept on --replicas nodes by Raft, which \
+                        elects a new leader when one dies or is cut off; there are no replica \
+                        nodes to assign or fail over by hand"
+                    .into(),
+            );
+        }
         _ => {
             return Err(format!(
                 "ERR unknown subcommand '{}'. Try CLUSTER HELP.",

@@ -517,6 +517,47 @@ fn cluster_command_errors() {
         error(&mut con, &["CLUSTER", "foo"]),
         "ERR unknown subcommand 'foo'. Try CLUSTER HELP."
     );
+    // Redis Cluster's ways that keel has others for: the error names keel's.
+    for (args, names) in [
+        (
+            &["CLUSTER", "MEET", "127.0.0.1", "7005"][..],
+            "--cluster-join",
+        ),
+        (&["CLUSTER", "FORGET", "n2"], "remove-node"),
+        (&["CLUSTER", "ADDSLOTS", "1"], "KEEL.MOVESLOTS"),
+        (&["CLUSTER", "DELSLOTSRANGE", "1", "2"], "rebalance"),
+        (&["CLUSTER", "REPLICATE", "n2"], "--replicas"),
+        (&["CLUSTER", "FAILOVER"], "Raft"),
+    ] {
+        let text = error(&mut con, args);
+        assert!(
+            text.starts_with("ERR keel: ") && text.contains(names),
+            "{text}"
+        );
+    }
+    // A single-copy cluster cannot move slots: SETSLOT says so, and checks its input first.
+    for (args, text) in [
+        (
+            &["CLUSTER", "SETSLOT", "16384", "NODE", "node-1"][..],
+            "ERR Invalid or out of range slot",
+        ),
+        (
+            &["CLUSTER", "SETSLOT", "1", "NODE", "nobody"],
+            "ERR I don't know about node nobody",
+        ),
+        (
+            &["CLUSTER", "SETSLOT", "1", "SIDEWAYS", "node-1"],
+            "ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP",
+        ),
+        (
+            &["CLUSTER", "SETSLOT", "1"],
+            "ERR wrong number of arguments for 'cluster|setslot' command",
+        ),
+    ] {
+        assert_eq!(error(&mut con, args), text);
+    }
+    let refused = error(&mut con, &["CLUSTER", "SETSLOT", "1", "NODE", "node-1"]);
+    assert!(refused.contains("replicated cluster"), "{refused}");
     assert_eq!(
         error(&mut con, &["READONLY", "x"]),
         "ERR wrong number of arguments for 'readonly' command"
