@@ -1396,13 +1396,13 @@ impl Db {
     /// acknowledged and visible only once durable, unless it asked for less itself) and
     /// without files. Resolves to the log's failure if the log failed first: the commits may
     /// then be lost.
-    pub fn log_written(&self) -> crate::wal::LogWritten<'_> {
+    pub fn log_written(&self) -> crate::wal::LogWait<'_> {
         let log = self
             .shared
             .log
             .as_ref()
             .filter(|log| matches!(log.mode(), Durability::Async { .. }));
-        crate::wal::LogWritten::new(log)
+        crate::wal::LogWait::new(log, false)
     }
 
     /// Under `sync` durability: resolves once every commit made so far, by any transaction,
@@ -1419,13 +1419,13 @@ impl Db {
     /// fsyncs from its loop ([`Db::flush_log_here`]); elsewhere the flusher thread gathers
     /// the waiters into group fsyncs. Ready at once under `async` and without files.
     /// Resolves to the log's failure if the log failed first: the commits may then be lost.
-    pub fn log_durable(&self) -> crate::wal::LogDurable<'_> {
+    pub fn log_durable(&self) -> crate::wal::LogWait<'_> {
         let log = self
             .shared
             .log
             .as_ref()
             .filter(|log| log.mode() == Durability::Sync);
-        crate::wal::LogDurable::new(log)
+        crate::wal::LogWait::new(log, true)
     }
 
     /// Counters summed over all transactions so far.
