@@ -748,16 +748,6 @@ impl Conn {
             .log_written()
             .await
             .map_err(std::io::Error::other)?;
-        // Under `sync` on a single node, the same for the fsync: commits are visible before
-        // it (`Shared::visible_before_fsync`), so no reply may report or have read one
-        // before it is durable.
-        if self.shared.visible_before_fsync {
-            self.shared
-                .db
-                .log_durable()
-                .await
-                .map_err(std::io::Error::other)?;
-        }
         // A client that does not read must not keep a killed connection open (a subscriber
         // cut off for its output buffer is one).
         tokio::select! {
@@ -1025,11 +1015,18 @@ impl Conn {
         let mut out = Out::new(output, proto);
         let keys = || pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
         let mut held = self.hot_locks(keys()).await;
+        // A batch that writes reads what writers may (`Shared::begin_writer`); one of only
+        // reads reads what is durable, and waits for nothing.
+        let writes = !pending.cmds.iter().all(|(cmd, _)| data::is_read_only(*cmd));
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let mut txn = shared.db.begin().map_err(|_| false)?;
+                let begun = match writes {
+                    true => shared.begin_writer(),
+                    false => shared.db.begin(),
+                };
+                let mut txn = begun.map_err(|_| false)?;
                 for (cmd, args) in pending.iter() {
                     if data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
                         || out.buf.len() - mark > ctx.reply_bytes_max
@@ -1040,7 +1037,7 @@ impl Conn {
                 }
                 Ok(txn)
             };
-            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+            let committed = match self.attempt(rejoin, may_wait, &mut held, prepare).await {
                 Ok(committed) => committed,
                 Err(done) => return done,
             };
@@ -2729,7 +2726,10 @@ impl Conn {
                 once::keep(&mut txn, id, deadline, &out.buf[mark..]).map_err(Some)?;
                 Ok(txn)
             };
-            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+            let committed = match self
+                .attempt(rejoin, may_wait, &mut Vec::new(), prepare)
+                .await
+            {
                 Ok(committed) => committed,
                 Err(None) if would_block => return true,
                 Err(None) => {
@@ -4072,7 +4072,7 @@ impl Conn {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let mut txn = match shared.db.begin() {
+                let mut txn = match shared.begin_writer() {
                     Ok(t) => t,
                     Err(e) => {
                         out.error(&begin_error(e).0);
@@ -4110,7 +4110,7 @@ impl Conn {
                     }
                 }
             };
-            let Ok(committed) = self.attempt(rejoin, may_wait, prepare).await else {
+            let Ok(committed) = self.attempt(rejoin, may_wait, &mut held, prepare).await else {
                 return would_block;
             };
             rejoin = false;
@@ -4286,30 +4286,29 @@ impl Conn {
     }
 
     /// Commits `txn`. With `sync` durability the reply goes out only once the commit is
-    /// durable: on a single node the commit is visible at once and the reply waits in
-    /// [`Conn::flush`] for the fsync ([`Conn::visible`]); on a cluster node the task waits
-    /// for it (`commit_async`; the log's flusher publishes the commit and wakes the task).
-    /// Either way concurrent connections share fsyncs. A commit that `may_wait` for a
-    /// split key's reconciliation (see [`Conn::may_wait`]) blocks in its own work, so it
-    /// runs on the blocking pool.
-    async fn commit(&self, mut txn: Txn<'static>, may_wait: bool) -> CommitOutcome {
-        self.visible(&mut txn);
+    /// durable: the task waits for the fsync (`commit_async`; the log's flusher publishes
+    /// the commit and wakes the task), and concurrent connections share fsyncs. A commit
+    /// that `may_wait` for a split key's reconciliation (see [`Conn::may_wait`]) blocks in
+    /// its own work, so it runs on the blocking pool.
+    ///
+    /// The commit's own work (locking, validation, installing) is done once `commit_async`
+    /// returns; the hot keys' locks `held` are let go then, before the wait for the fsync,
+    /// so that the next command on them runs at once and, reading at the installed
+    /// watermark (`Shared::begin_writer`), shares this one's fsync.
+    async fn commit(
+        &self,
+        txn: Txn<'static>,
+        may_wait: bool,
+        held: &mut hot::Guards<'_>,
+    ) -> CommitOutcome {
         if may_wait {
             return tokio::task::spawn_blocking(move || txn.commit_detailed())
                 .await
                 .expect("a commit does not panic");
         }
-        txn.commit_async().await
-    }
-
-    /// Under `Shared::visible_before_fsync`, lets `txn`'s commit be seen before its fsync:
-    /// the reply, and every other reply from then on, waits for the fsync instead.
-    fn visible(&self, txn: &mut Txn<'static>) {
-        if self.shared.visible_before_fsync {
-            txn.set_durability(keel::Durability::Async {
-                interval: Duration::ZERO,
-            });
-        }
+        let committed = txn.commit_async();
+        held.clear();
+        committed.await
     }
 
     /// One attempt of a retry loop: `prepare` begins a transaction and runs the commands in it
@@ -4325,6 +4324,7 @@ impl Conn {
         &self,
         rejoin: bool,
         may_wait: bool,
+        held: &mut hot::Guards<'_>,
         prepare: impl FnOnce() -> Result<Txn<'static>, T> + Send,
     ) -> Result<CommitOutcome, T> {
         let db = self.shared.db;
@@ -4333,16 +4333,14 @@ impl Conn {
             if flavor == tokio::runtime::RuntimeFlavor::MultiThread {
                 return tokio::task::block_in_place(|| {
                     let _joined = db.wait_joined();
-                    let mut txn = prepare()?;
-                    self.visible(&mut txn);
-                    Ok(txn.commit_detailed())
+                    Ok(prepare()?.commit_detailed())
                 });
             }
             let joined = tokio::task::spawn_blocking(move || db.wait_joined())
                 .await
                 .expect("waiting for a reconciliation does not panic");
             let txn = prepare()?;
-            let outcome = self.commit(txn, true).await;
+            let outcome = self.commit(txn, true, held).await;
             drop(joined);
             return Ok(outcome);
         }
@@ -4350,7 +4348,7 @@ impl Conn {
         // Only a commit that writes a split record where its slices cannot take the write
         // may block; the rest commit inline, split records elsewhere or not.
         let may_wait = may_wait && txn.may_wait_for_split();
-        Ok(self.commit(txn, may_wait).await)
+        Ok(self.commit(txn, may_wait, held).await)
     }
 
     /// The lane this connection should run on: the poller while its commands take a hot
@@ -4525,7 +4523,11 @@ impl Conn {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let mut txn = shared.db.begin().map_err(|e| Err(begin_error(e)))?;
+                let begun = match multi.queue.iter().all(|(c, _)| data::is_read_only(*c)) {
+                    true => shared.db.begin(),
+                    false => shared.begin_writer(),
+                };
+                let mut txn = begun.map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading
                 // them makes a commit to one of them before ours conflict.
                 for (key, watched_at) in &watched {
@@ -4573,7 +4575,7 @@ impl Conn {
                 }
                 Ok(txn)
             };
-            let committed = match self.attempt(rejoin, may_wait, prepare).await {
+            let committed = match self.attempt(rejoin, may_wait, &mut held, prepare).await {
                 Ok(committed) => committed,
                 // A command failed: the reply shows every command's result, but increments
                 // waited for a commit that will not come. Run the queue again with reading

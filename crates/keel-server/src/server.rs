@@ -233,17 +233,24 @@ pub struct Shared {
     pub xnode: std::sync::OnceLock<crate::xnode::Xnode>,
     /// Cluster mode with `--replicas` over 1: the partitions this node keeps.
     pub replication: std::sync::OnceLock<crate::replica::Replication>,
-    /// A single node under `sync`: commits are visible at once, before their fsync, and
-    /// every reply waits for the fsync of everything committed before it
-    /// ([`keel::Db::log_durable`]), as Redis replies after its `appendfsync always` fsync.
-    /// So a chain of transactions on one hot key (`LPUSH`/`RPOP` on a queue, `HSET` of one
-    /// field) does not wait for an fsync at each link. A cluster node keeps commits
-    /// invisible until durable: its votes and prepares leave through the cluster's bus,
-    /// which no reply gate covers.
-    pub visible_before_fsync: bool,
+    /// A single node under `sync`: transactions that write read at the installed watermark
+    /// ([`keel::Db::begin_installed`], [`Shared::begin_writer`]), so a chain of them on one
+    /// hot key (`LPUSH`/`RPOP` on a queue, `HSET` of one field) shares fsyncs instead of
+    /// waiting for one per link; read-only commands read what is durable, as before. A
+    /// cluster node keeps every transaction at the visible (durable) watermark.
+    pub writers_read_installed: bool,
 }
 
 impl Shared {
+    /// Begins a transaction for commands that may write: at the installed watermark where
+    /// [`Shared::writers_read_installed`], else at the visible one.
+    pub fn begin_writer(&self) -> Result<keel::Txn<'static>, keel::BeginError> {
+        match self.writers_read_installed {
+            true => self.db.begin_installed(),
+            false => self.db.begin(),
+        }
+    }
+
     /// Milliseconds since the server started.
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -341,7 +348,7 @@ impl Server {
             .map_err(StartError::Poller)?;
         let pubsub = crate::pubsub::Registry::new(config.pubsub_output_limit);
         let cluster = config.cluster.clone().map(crate::cluster::Cluster::new);
-        let visible_before_fsync =
+        let writers_read_installed =
             config.cluster.is_none() && db.durability() == keel::Durability::Sync;
         let shared = Arc::new(Shared {
             db,
@@ -367,7 +374,7 @@ impl Server {
             slowlog: Default::default(),
             cluster,
             xnode: std::sync::OnceLock::new(),
-            visible_before_fsync,
+            writers_read_installed,
             replication: std::sync::OnceLock::new(),
         });
         match &shared.cluster {

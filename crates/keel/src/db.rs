@@ -1159,6 +1159,26 @@ impl Db {
         Txn::begin(&self.shared)
     }
 
+    /// [`Db::begin`] at the newest commits installed, durable or not: under `sync` a commit
+    /// becomes visible to [`Db::begin`] and [`Db::snapshot`] only once durable, so a chain
+    /// of read-modify-write transactions on one key would wait for an fsync at each link.
+    /// Begun here, a writer reads the last link at once; its own commit is acknowledged only
+    /// once durable, and its log frame follows what it read, so that fsync covers both (and
+    /// power lost before it loses both, neither acknowledged). Should it commit without
+    /// writes, the commit waits until everything it may have read is durable. Under `async`
+    /// and without files commits are visible once installed, and this is [`Db::begin`].
+    ///
+    /// ```
+    /// let db = keel::Db::in_memory();
+    /// db.transact(|txn| txn.put(b"k", b"1"))?;
+    /// let mut txn = db.begin_installed()?;
+    /// assert_eq!(txn.get(b"k")?.as_deref(), Some(&b"1"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn begin_installed(&self) -> Result<Txn<'_>, BeginError> {
+        Txn::begin_installed(&self.shared)
+    }
+
     /// [`Db::begin`] for a transaction that keeps the database alive itself, so that it (and
     /// its [`CommitFuture`](crate::CommitFuture)) can outlive this handle: a task that
     /// outlives the caller, or a database that is closed and dropped once its last user
@@ -1396,36 +1416,13 @@ impl Db {
     /// acknowledged and visible only once durable, unless it asked for less itself) and
     /// without files. Resolves to the log's failure if the log failed first: the commits may
     /// then be lost.
-    pub fn log_written(&self) -> crate::wal::LogWait<'_> {
+    pub fn log_written(&self) -> crate::wal::LogWritten<'_> {
         let log = self
             .shared
             .log
             .as_ref()
             .filter(|log| matches!(log.mode(), Durability::Async { .. }));
-        crate::wal::LogWait::new(log, false)
-    }
-
-    /// Under `sync` durability: resolves once every commit made so far, by any transaction,
-    /// is durable (fsynced). A server whose commits ask for less for themselves
-    /// ([`Txn::set_durability`](crate::Txn::set_durability) with [`Durability::Async`]) makes
-    /// them visible at once, before their fsync, and awaits this before it sends replies:
-    /// then no client has seen a commit, its own or another's, that a crash of the machine
-    /// loses, as Redis fsyncs its append-only file before replying under `appendfsync
-    /// always`, while a chain of transactions on one hot key no longer waits for an fsync
-    /// at each link (each reads the last one's write at once, and one fsync covers them all).
-    ///
-    /// Waits as a commit does: on a thread that flushes inline
-    /// ([`Db::flush_log_inline_on_this_thread`]) the thread's hook is called and the thread
-    /// fsyncs from its loop ([`Db::flush_log_here`]); elsewhere the flusher thread gathers
-    /// the waiters into group fsyncs. Ready at once under `async` and without files.
-    /// Resolves to the log's failure if the log failed first: the commits may then be lost.
-    pub fn log_durable(&self) -> crate::wal::LogWait<'_> {
-        let log = self
-            .shared
-            .log
-            .as_ref()
-            .filter(|log| log.mode() == Durability::Sync);
-        crate::wal::LogWait::new(log, true)
+        crate::wal::LogWritten::new(log)
     }
 
     /// Counters summed over all transactions so far.

@@ -52,7 +52,7 @@ pub use split::{Joined, SplitMode};
 pub use txn::{
     CommitFuture, Committed, PrepareFuture, Prepared, Range, Resolved, Scan, Snapshot, Ticket, Txn,
 };
-pub use wal::{Durability, LogFailed, LogFlush, LogWait};
+pub use wal::{Durability, LogFailed, LogFlush, LogWritten};
 
 /// A commit timestamp. Commits are totally ordered by it, and that order is a serial order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

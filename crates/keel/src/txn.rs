@@ -419,6 +419,10 @@ enum Step {
     },
     /// A split-only commit that must be durable up to `end` before it is acknowledged.
     Durable { end: u64, committed: Committed },
+    /// A read-only commit of a transaction that read at the installed watermark
+    /// ([`Db::begin_installed`]): acknowledged once the visible watermark passes `ts`, its
+    /// snapshot (everything it may have read is then durable). Nothing is finished for it.
+    Visible { ts: Ts, committed: Committed },
     /// A prepare ([`Txn::prepare`]) that locked and validated: what the prepared transaction
     /// holds until its decision. Timestamp `ts` is taken and unpublished.
     Prepared {
@@ -443,6 +447,7 @@ enum State {
     Ready(Result<Result<Committed, Conflict>, CommitError>),
     Publish { ts: Ts, outcome: Outcome },
     Durable { end: u64, committed: Committed },
+    Visible { ts: Ts, committed: Committed },
 }
 
 /// The rest of a commit started by [`Txn::commit_async`]: the wait for durability and
@@ -472,6 +477,21 @@ impl std::future::Future for CommitFuture<'_> {
                     return Poll::Pending;
                 };
                 Poll::Ready(this.txn.conclude(ts, outcome, published))
+            }
+            State::Visible { ts, committed } => {
+                let Poll::Ready(published) = db.poll_published(ts, cx) else {
+                    this.state = Some(State::Visible { ts, committed });
+                    return Poll::Pending;
+                };
+                Poll::Ready(match published {
+                    true => Ok(Ok(committed)),
+                    false => Err(CommitError::Log(
+                        db.log
+                            .as_ref()
+                            .and_then(|log| log.failed())
+                            .expect("a visibility wait ends early only on failure"),
+                    )),
+                })
             }
             State::Durable { end, committed } => {
                 let log = db.log.as_ref().expect("a durable wait has a log");
@@ -564,6 +584,11 @@ pub struct Txn<'db> {
     score_adds: bool,
     /// The caller's note ([`Txn::set_note`]).
     note: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Began at the installed watermark ([`Db::begin_installed`]): a read-only commit waits
+    /// until its snapshot is visible.
+    ///
+    /// [`Db::begin_installed`]: crate::Db::begin_installed
+    read_installed: bool,
     /// A transaction of [`Db::begin_owned`](crate::Db::begin_owned): the database it
     /// borrows as `'static`, kept alive until it ends. Declared last, so dropped after
     /// everything else that may reach into the database.
@@ -592,7 +617,20 @@ fn check_value(value: &[u8]) -> Result<(), Error> {
 
 impl<'db> Txn<'db> {
     pub(crate) fn begin(db: &'db Shared) -> Result<Txn<'db>, BeginError> {
-        let (slot, read_ts) = db.oracle.register().ok_or(BeginError::TooManyOpen)?;
+        Txn::begin_at(db, false)
+    }
+
+    /// [`Txn::begin`] at the installed watermark ([`Db::begin_installed`]).
+    pub(crate) fn begin_installed(db: &'db Shared) -> Result<Txn<'db>, BeginError> {
+        Txn::begin_at(db, true)
+    }
+
+    fn begin_at(db: &'db Shared, installed: bool) -> Result<Txn<'db>, BeginError> {
+        let (slot, read_ts) = match installed {
+            true => db.oracle.register_installed(),
+            false => db.oracle.register(),
+        }
+        .ok_or(BeginError::TooManyOpen)?;
         // A timestamp handed out above the snapshot and not yet published may be a prepared
         // transaction's, which another database may have committed (and a client seen)
         // already; see `commit_work`'s read-only path.
@@ -613,6 +651,7 @@ impl<'db> Txn<'db> {
             collect_due: false,
             score_adds: false,
             note: None,
+            read_installed: installed,
             keep: None,
         })
     }
@@ -1487,6 +1526,18 @@ impl<'db> Txn<'db> {
                 }
                 Ok(Ok(self.conclude_split_only(committed)))
             }
+            Step::Visible { ts, committed } => {
+                let db = self.db;
+                if !db.oracle.wait_published(ts, || db.log_failed()) {
+                    let error = db
+                        .log
+                        .as_ref()
+                        .and_then(|log| log.failed())
+                        .expect("gave up only on failure");
+                    return Err(CommitError::Log(error));
+                }
+                Ok(Ok(committed))
+            }
             Step::Prepared { .. } => unreachable!("only a prepare stops prepared"),
         }
     }
@@ -1546,6 +1597,7 @@ impl<'db> Txn<'db> {
                 State::Publish { ts, outcome }
             }
             Step::Durable { end, committed } => State::Durable { end, committed },
+            Step::Visible { ts, committed } => State::Visible { ts, committed },
             Step::Prepared { .. } => unreachable!("only a prepare stops prepared"),
         };
         CommitFuture {
@@ -1635,11 +1687,19 @@ impl<'db> Txn<'db> {
                 return Step::Done(Ok(Err(conflict)));
             }
             SlotStats::bump(&stats.read_only_commits);
-            return Step::Done(Ok(Ok(Committed {
+            let committed = Committed {
                 ts: self.read_ts,
                 split_only: false,
                 tracked: self.take_tracked(),
-            })));
+            };
+            // It may have read commits not yet durable: no acknowledgement before they are.
+            if self.read_installed && self.db.oracle.visible() < self.read_ts {
+                return Step::Visible {
+                    ts: self.read_ts,
+                    committed,
+                };
+            }
+            return Step::Done(Ok(Ok(committed)));
         }
         if let Some(error) = self.db.log.as_ref().and_then(|log| log.failed()) {
             return Step::Done(Err(CommitError::Log(error)));
@@ -2036,6 +2096,9 @@ impl<'db> Txn<'db> {
             }
             record.get().unlock(me);
         }
+        // Every record is in place: writers that read the installed watermark may see it,
+        // before it is durable ([`Db::begin_installed`]).
+        self.db.oracle.mark_installed(commit_ts);
         leave(self);
         let durable_end = log_end.and_then(|(log, end)| {
             let wait = self.durability.unwrap_or(log.mode()) == Durability::Sync;

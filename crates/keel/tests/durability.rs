@@ -1099,22 +1099,21 @@ fn log_written_resolves_while_a_full_segment_is_fsynced() {
     commit_and_await_written(&db, &disk, "after", held);
 }
 
-/// Under `sync`, commits that ask for `async` for themselves are visible at once, before
-/// their fsync, so a chain of them on one key waits for no fsync between its links; and
-/// `Db::log_durable` (what the server awaits before replying under `sync`) resolves only
-/// once an fsync covers them, after which they survive power loss. Before that they may
-/// not: power lost while the fsync is held loses the whole chain, never part of it.
+/// Under `sync`, a transaction begun at the installed watermark (`Db::begin_installed`, how
+/// the server begins commands that write) reads a commit that is installed but not yet
+/// durable, so a chain of them on one key waits for no fsync between its links; each is
+/// acknowledged only once durable, and a read-only one only once what it read is. Snapshots
+/// (`Db::snapshot`, `Db::begin`) still see only what is durable. Power lost before the fsync
+/// loses the whole chain, none of it acknowledged; after it, nothing.
 #[test]
-fn log_durable_resolves_once_commits_visible_before_their_fsync_are_durable() {
-    let disk = SimDisk::new();
-    let db = Db::open(dir(), sim_options(&disk)).unwrap();
-    put(&db, "k", "0").unwrap();
-    let chain = |db: &Db| {
-        for i in 1..=3 {
-            let mut txn = db.begin().unwrap();
-            txn.set_durability(Durability::Async {
-                interval: Duration::from_secs(3600),
-            });
+fn writers_read_installed_commits_and_are_acknowledged_once_durable() {
+    type Commit<'a> = std::pin::Pin<Box<keel::CommitFuture<'a>>>;
+    // With the fsync held: three links of a chain, then a reader at the installed watermark;
+    // none is acknowledged, and a snapshot sees none of them.
+    fn chain<'d>(db: &'d Db, cx: &mut std::task::Context<'_>, from: u32) -> Vec<Commit<'d>> {
+        let mut commits: Vec<Commit<'d>> = Vec::new();
+        for i in from + 1..=from + 3 {
+            let mut txn = db.begin_installed().unwrap();
             let last = txn.get(b"k").unwrap().expect("k");
             assert_eq!(
                 last,
@@ -1122,41 +1121,68 @@ fn log_durable_resolves_once_commits_visible_before_their_fsync_are_durable() {
                 "the last link, at once"
             );
             txn.put(b"k", i.to_string().as_bytes()).unwrap();
-            txn.commit().unwrap().expect("no concurrent writers");
+            let mut commit = Box::pin(txn.commit_async());
+            assert!(
+                commit.as_mut().poll(cx).is_pending(),
+                "acknowledged before durable"
+            );
+            commits.push(commit);
         }
-    };
+        assert_eq!(
+            db.snapshot().unwrap().get(b"k").unwrap(),
+            Some(from.to_string().into_bytes()),
+            "a snapshot sees only what is durable"
+        );
+        let mut reader = db.begin_installed().unwrap();
+        let read = reader.get(b"k").unwrap();
+        assert_eq!(read, Some((from + 3).to_string().into_bytes()));
+        let mut read = Box::pin(reader.commit_async());
+        assert!(
+            read.as_mut().poll(cx).is_pending(),
+            "answered before durable"
+        );
+        commits.push(read);
+        commits
+    }
+    let disk = SimDisk::new();
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    put(&db, "k", "0").unwrap();
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    // Power lost while the fsync is held.
+    // The fsync goes on: every link and the reader are acknowledged, and survive power loss.
     disk.hold_syncs();
     let held = SyncsHeld(&disk);
-    chain(&db);
-    let mut durable = std::pin::pin!(db.log_durable());
-    assert!(
-        durable.as_mut().poll(&mut cx).is_pending(),
-        "resolved while the fsync is held"
-    );
-    disk.crash();
+    let commits = chain(&db, &mut cx, 0);
     drop(held);
-    drop(db);
-    let db = Db::open(dir(), sim_options(&disk)).unwrap();
-    assert_eq!(contents(&db)["k"], "0", "none of the chain was durable");
-    // Power lost after `log_durable` resolved.
-    disk.hold_syncs();
-    let held = SyncsHeld(&disk);
-    chain(&db);
-    let mut durable = std::pin::pin!(db.log_durable());
-    assert!(
-        durable.as_mut().poll(&mut cx).is_pending(),
-        "resolved while the fsync is held"
-    );
-    drop(held);
-    resolves_within(durable, Duration::from_secs(5))
-        .expect("log_durable resolved once the fsync went on")
-        .expect("the log did not fail");
+    for commit in commits {
+        assert!(matches!(
+            resolves_within(commit, Duration::from_secs(5)),
+            Some(Ok(Ok(_)))
+        ));
+    }
     disk.crash();
     drop(db);
     let db = Db::open(dir(), sim_options(&disk)).unwrap();
-    assert_eq!(contents(&db)["k"], "3", "the chain is durable");
+    assert_eq!(contents(&db)["k"], "3", "acknowledged, so durable");
+    // Power lost while the fsync is held: none is acknowledged, and none survives.
+    disk.hold_syncs();
+    let held = SyncsHeld(&disk);
+    let commits = chain(&db, &mut cx, 3);
+    disk.crash();
+    drop(held);
+    for commit in commits {
+        let outcome = resolves_within(commit, Duration::from_secs(5)).expect("ends");
+        assert!(
+            outcome.is_err(),
+            "acknowledged though never durable: {outcome:?}"
+        );
+    }
+    drop(db);
+    let db = Db::open(dir(), sim_options(&disk)).unwrap();
+    assert_eq!(
+        contents(&db)["k"],
+        "3",
+        "none of the second chain was durable"
+    );
 }
 
 /// A prepared transaction (two-phase commit's first phase) survives power loss in doubt:

@@ -454,16 +454,17 @@ fn save_bgsave_and_lastsave() {
     assert!((query::<i64>(&mut c, &["LASTSAVE"]) - now).abs() < 600);
 }
 
-/// Under `sync`, a single node makes a commit visible before its fsync, and no reply goes
-/// out before the fsync of everything committed before it (`Db::log_durable`), as Redis
-/// replies after its `appendfsync always` fsync. With fsyncs held (a slow disk):
+/// Under `sync`, a single node's commands that write read commits installed but not yet
+/// durable (`Db::begin_installed`), and no reply reveals a commit before its fsync: a write
+/// is answered once durable, and a read sees only what is durable. With fsyncs held (a slow
+/// disk):
 /// - eight clients' `LPUSH`es on one list all commit, each on top of the one before, and
-///   none is answered, nor is a reader that would see them; let go, one or two fsyncs cover
-///   all eight (before, each waited for the fsync of the one before it to read it: eight
-///   fsyncs at least, one a link);
+///   none is answered, while a reader is answered at once with what is durable (none of
+///   them); let go, one to three fsyncs cover all eight (before, each waited for the fsync
+///   of the one before it to read it: eight fsyncs at least, one a link);
 /// - power lost before the fsync loses a push nobody was answered for, and nothing else.
 #[test]
-fn replies_under_sync_wait_for_the_fsync_of_what_they_saw() {
+fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
     let disk = keel::SimDisk::new();
     let dir = std::path::PathBuf::from("/sim/keel");
     let start = |disk: &keel::SimDisk| {

@@ -65,6 +65,13 @@ pub(crate) struct Oracle {
     /// aborted). Timestamps in flight are bounded by the open transactions, which the ring
     /// outnumbers, so an entry is never overwritten before the watermark passes it.
     done: Box<[AtomicU64]>,
+    /// The installed watermark: every commit at or below it is installed, durable or not
+    /// (at or above `visible`). Writers that may read what is not yet durable take their
+    /// snapshot here ([`Oracle::register_installed`]).
+    installed: CachePadded<AtomicU64>,
+    /// `installed_done[ts % len]` holds `ts` once commit `ts` is installed or finished, as
+    /// `done` does for finished.
+    installed_done: Box<[AtomicU64]>,
     /// Tasks waiting for the watermark to pass a timestamp ([`Oracle::watch`]), and the
     /// smallest such timestamp (`u64::MAX`: none), which [`Oracle::advance`] checks.
     watchers: Mutex<Vec<(u64, std::task::Waker)>>,
@@ -174,6 +181,10 @@ impl Oracle {
             done: (0..(2 * slots).next_power_of_two())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            installed: CachePadded::new(AtomicU64::new(last.0)),
+            installed_done: (0..(2 * slots).next_power_of_two())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             watchers: Mutex::new(Vec::new()),
             watch_min: CachePadded::new(AtomicU64::new(u64::MAX)),
         }
@@ -181,6 +192,16 @@ impl Oracle {
 
     /// Claims a slot and registers a snapshot at the current watermark.
     pub(crate) fn register(&self) -> Option<(SlotId, Ts)> {
+        self.register_at(false)
+    }
+
+    /// [`Oracle::register`] at the installed watermark ([`Oracle::installed`]) instead of
+    /// the visible one.
+    pub(crate) fn register_installed(&self) -> Option<(SlotId, Ts)> {
+        self.register_at(true)
+    }
+
+    fn register_at(&self, installed: bool) -> Option<(SlotId, Ts)> {
         let slots = self.slots.len();
         // A thread exiting may have dropped its number already; it starts at slot 0.
         let start = THREAD_NUMBER
@@ -192,7 +213,10 @@ impl Oracle {
             if slot.read_ts.load(Ordering::Relaxed) != FREE {
                 continue;
             }
-            let mut read_ts = self.visible.load(Ordering::Acquire);
+            let mut read_ts = match installed {
+                true => self.installed(),
+                false => self.visible.load(Ordering::Acquire),
+            };
             // A read-modify-write takes the line exclusively even when it changes nothing;
             // the load keeps `slots_used` shared between cores once it is large enough.
             if self.slots_used.load(Ordering::SeqCst) <= index {
@@ -301,8 +325,10 @@ impl Oracle {
             return None;
         }
         oracle.visible.store(first.0 - 1, Ordering::Release);
+        oracle.installed.store(first.0 - 1, Ordering::Release);
         for ts in first.0..=clock.0 {
             if !in_doubt.contains(&Ts(ts)) {
+                oracle.installed_done[(ts & mask) as usize].store(ts, Ordering::Release);
                 oracle.done[(ts & mask) as usize].store(ts, Ordering::Release);
             }
         }
@@ -350,8 +376,42 @@ impl Oracle {
     /// it hands the wait to, see [`Oracle::watch`]) must still keep its slot until the
     /// watermark passes `ts`, which bounds the timestamps in flight by the slots.
     pub(crate) fn finish(&self, ts: Ts) {
+        self.mark_installed(ts);
         let mask = self.done.len() as u64 - 1;
         self.done[(ts.0 & mask) as usize].store(ts.0, Ordering::Release);
+    }
+
+    /// Marks commit `ts` installed (every record of it is in place), before it is durable
+    /// and finished: the installed watermark may pass it ([`Oracle::installed`]).
+    pub(crate) fn mark_installed(&self, ts: Ts) {
+        let mask = self.installed_done.len() as u64 - 1;
+        self.installed_done[(ts.0 & mask) as usize].store(ts.0, Ordering::Release);
+    }
+
+    /// Advances the installed watermark over every installed timestamp after it and returns
+    /// it. It never lags the visible one (whatever is finished is installed), which it
+    /// first catches up with: the ring may have moved on past a lagging watermark.
+    pub(crate) fn installed(&self) -> u64 {
+        let mask = self.installed_done.len() as u64 - 1;
+        let visible = self.visible.load(Ordering::Acquire);
+        let mut installed = self
+            .installed
+            .fetch_max(visible, Ordering::AcqRel)
+            .max(visible);
+        while self.installed_done[((installed + 1) & mask) as usize].load(Ordering::Acquire)
+            == installed + 1
+        {
+            match self.installed.compare_exchange_weak(
+                installed,
+                installed + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => installed += 1,
+                Err(now) => installed = now,
+            }
+        }
+        installed
     }
 
     /// Advances the watermark over every finished timestamp after it, wakes the watchers it

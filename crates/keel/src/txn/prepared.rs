@@ -167,6 +167,7 @@ impl<'db> Txn<'db> {
                 return Ok(Err(conflict));
             }
             Step::Durable { .. } => unreachable!("a prepare takes no split slice"),
+            Step::Visible { .. } => unreachable!("a prepare takes a timestamp even to read"),
             Step::Prepared {
                 ts,
                 writes,

@@ -97,30 +97,26 @@ pub struct LogFlush {
     pub waiting: bool,
 }
 
-/// Resolves once the log is written to the operating system
-/// ([`Db::log_written`](crate::Db::log_written)), or durable
-/// ([`Db::log_durable`](crate::Db::log_durable)), up to the point it was made at.
-pub struct LogWait<'db> {
+/// Resolves once the log is written to the operating system up to the point it was made at
+/// ([`Db::log_written`](crate::Db::log_written)).
+#[must_use = "a future does nothing unless awaited"]
+pub struct LogWritten<'db> {
     /// `None`: nothing to wait for.
     log: Option<&'db Log>,
     end: u64,
-    /// For the fsync, not only the write.
-    durable: bool,
 }
 
-impl<'db> LogWait<'db> {
-    /// Waits for everything appended to `log` so far to be written (or `durable`); `None`:
-    /// for nothing.
-    pub(crate) fn new(log: Option<&'db Log>, durable: bool) -> LogWait<'db> {
-        LogWait {
+impl<'db> LogWritten<'db> {
+    /// Waits for everything appended to `log` so far; `None`: for nothing.
+    pub(crate) fn new(log: Option<&'db Log>) -> LogWritten<'db> {
+        LogWritten {
             end: log.map_or(0, Log::tail),
             log,
-            durable,
         }
     }
 }
 
-impl std::future::Future for LogWait<'_> {
+impl std::future::Future for LogWritten<'_> {
     type Output = Result<(), LogFailed>;
 
     fn poll(
@@ -130,14 +126,10 @@ impl std::future::Future for LogWait<'_> {
         let Some(log) = self.log else {
             return std::task::Poll::Ready(Ok(()));
         };
-        let (ready, reached) = match self.durable {
-            true => (log.watch_durable(self.end, cx.waker()), log.durable_lsn()),
-            false => (log.watch_written(self.end, cx.waker()), log.written_lsn()),
-        };
-        if !ready {
+        if !log.watch_written(self.end, cx.waker()) {
             return std::task::Poll::Pending;
         }
-        std::task::Poll::Ready(match reached >= self.end {
+        std::task::Poll::Ready(match log.written_lsn() >= self.end {
             true => Ok(()),
             false => Err(log
                 .failed()
