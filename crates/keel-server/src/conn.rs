@@ -408,6 +408,10 @@ struct Conn {
     /// `GETKEYSINSLOT`/`COUNTKEYSINSLOT` of them find no key left to migrate (the keys went
     /// with the slot), as a Redis source once it has migrated them all.
     migrated: Vec<u16>,
+    /// The newest snapshot a transaction that may write read at the installed watermark
+    /// (`Shared::begin_writer`; 0: none since the last replies went out): the next replies
+    /// wait until it is visible, so that none reveals a commit before its fsync.
+    installed_read: std::sync::atomic::AtomicU64,
     /// `READONLY` was sent: in a replicated cluster, reads of a partition this node keeps
     /// run on its copy (consistent, possibly stale) rather than at the leader.
     readonly: bool,
@@ -451,6 +455,7 @@ pub fn start(shared: Arc<Shared>, stream: std::net::TcpStream, addr: SocketAddr)
         blocked: None,
         aware: false,
         migrated: Vec::new(),
+        installed_read: std::sync::atomic::AtomicU64::new(0),
         readonly: false,
         hot_until_ms: std::sync::atomic::AtomicU64::new(0),
     };
@@ -748,6 +753,16 @@ impl Conn {
             .log_written()
             .await
             .map_err(std::io::Error::other)?;
+        // What a writer read at the installed watermark may not be durable yet: a commit
+        // waited for it, but a command that failed did not (`Shared::begin_writer`).
+        let read = self.installed_read.swap(0, Relaxed);
+        if read != 0 {
+            self.shared
+                .db
+                .visible_at(keel::Ts(read))
+                .await
+                .map_err(std::io::Error::other)?;
+        }
         // A client that does not read must not keep a killed connection open (a subscriber
         // cut off for its output buffer is one).
         tokio::select! {
@@ -1023,7 +1038,7 @@ impl Conn {
                 out.forget_tracked();
                 ctx.clock.reset();
                 let begun = match writes {
-                    true => shared.begin_writer(),
+                    true => shared.begin_writer(&self.installed_read),
                     false => shared.db.begin(),
                 };
                 let mut txn = begun.map_err(|_| false)?;
@@ -4072,7 +4087,7 @@ impl Conn {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let mut txn = match shared.begin_writer() {
+                let mut txn = match shared.begin_writer(&self.installed_read) {
                     Ok(t) => t,
                     Err(e) => {
                         out.error(&begin_error(e).0);
@@ -4525,7 +4540,7 @@ impl Conn {
                 ctx.clock.reset();
                 let begun = match multi.queue.iter().all(|(c, _)| data::is_read_only(*c)) {
                     true => shared.db.begin(),
-                    false => shared.begin_writer(),
+                    false => shared.begin_writer(&self.installed_read),
                 };
                 let mut txn = begun.map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading

@@ -243,12 +243,20 @@ pub struct Shared {
 
 impl Shared {
     /// Begins a transaction for commands that may write: at the installed watermark where
-    /// [`Shared::writers_read_installed`], else at the visible one.
-    pub fn begin_writer(&self) -> Result<keel::Txn<'static>, keel::BeginError> {
-        match self.writers_read_installed {
-            true => self.db.begin_installed(),
-            false => self.db.begin(),
+    /// [`Shared::writers_read_installed`], else at the visible one. `read` keeps the newest
+    /// installed snapshot begun: the connection's next replies wait until it is visible
+    /// (durable), in case the transaction ends without a commit (an error), whose wait
+    /// would have covered it.
+    pub fn begin_writer(
+        &self,
+        read: &std::sync::atomic::AtomicU64,
+    ) -> Result<keel::Txn<'static>, keel::BeginError> {
+        if !self.writers_read_installed {
+            return self.db.begin();
         }
+        let txn = self.db.begin_installed()?;
+        read.fetch_max(txn.read_ts().0, std::sync::atomic::Ordering::Relaxed);
+        Ok(txn)
     }
 
     /// Milliseconds since the server started.

@@ -542,6 +542,34 @@ fn remove_obsolete(disk: &dyn Disk, dir: &Path, manifest: &Manifest) -> std::io:
     Ok(())
 }
 
+/// Resolves once the watermark passes a timestamp ([`Db::visible_at`]).
+#[must_use = "a future does nothing unless awaited"]
+pub struct VisibleAt<'db> {
+    db: &'db Shared,
+    ts: Ts,
+}
+
+impl std::future::Future for VisibleAt<'_> {
+    type Output = Result<(), LogFailed>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.db
+            .poll_published(self.ts, cx)
+            .map(|published| match published {
+                true => Ok(()),
+                false => Err(self
+                    .db
+                    .log
+                    .as_ref()
+                    .and_then(|log| log.failed())
+                    .expect("a wait for the watermark ends early only on failure")),
+            })
+    }
+}
+
 /// A checkpoint that was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -1177,6 +1205,18 @@ impl Db {
     /// ```
     pub fn begin_installed(&self) -> Result<Txn<'_>, BeginError> {
         Txn::begin_installed(&self.shared)
+    }
+
+    /// Resolves once every commit at or below `ts` is visible (under `sync`, durable): what
+    /// a caller awaits before it reveals what a transaction begun at the installed watermark
+    /// ([`Db::begin_installed`]) read at `ts`, if that transaction ended without a commit (an
+    /// error ended it), since what it read may not be durable yet. Resolves to the log's
+    /// failure if the log failed first.
+    pub fn visible_at(&self, ts: Ts) -> VisibleAt<'_> {
+        VisibleAt {
+            db: &self.shared,
+            ts,
+        }
     }
 
     /// [`Db::begin`] for a transaction that keeps the database alive itself, so that it (and

@@ -43,7 +43,9 @@ pub use commutative::{
     decode_ordered, decode_score, decode_score_value, decode_top_k, encode_ordered, encode_score,
     parse_int,
 };
-pub use db::{CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats};
+pub use db::{
+    CheckpointError, CheckpointInfo, CloseError, Db, Options, Recovery, Stats, VisibleAt,
+};
 pub use error::{
     BeginError, CommitError, Conflict, ConflictReason, Error, Limit, OpenError, TransactError,
 };

@@ -462,6 +462,8 @@ fn save_bgsave_and_lastsave() {
 ///   none is answered, while a reader is answered at once with what is durable (none of
 ///   them); let go, one to three fsyncs cover all eight (before, each waited for the fsync
 ///   of the one before it to read it: eight fsyncs at least, one a link);
+/// - a write that fails (`WRONGTYPE`) on what another wrote is not answered before that is
+///   durable;
 /// - power lost before the fsync loses a push nobody was answered for, and nothing else.
 #[test]
 fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
@@ -509,6 +511,7 @@ fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
     // Connected beforehand: while an fsync is held, every reply waits (a connection's
     // handshake too), as under Redis's `appendfsync always` on a stuck disk.
     let mut conns: Vec<redis::Connection> = (0..11).map(|_| server.client()).collect();
+    let (mut set_conn, mut push_conn) = (server.client(), server.client());
     let mut ask = |what: &str, cmd: redis::Cmd| {
         let (tx, mut conn, what) = (
             tx.clone(),
@@ -558,6 +561,40 @@ fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
     assert!(
         fsyncs_taken <= 3,
         "{fsyncs_taken} fsyncs for eight pushes committed while the first was held"
+    );
+    // A write that fails on what another wrote, not yet durable, is not answered before
+    // that is: its error would tell of a commit power loss could erase.
+    disk.hold_syncs();
+    let set = std::thread::spawn(move || {
+        redis::cmd("SET")
+            .arg("n")
+            .arg("x")
+            .query::<String>(&mut set_conn)
+    });
+    let began = Instant::now();
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (failed_tx, failed_rx) = std::sync::mpsc::channel();
+    let push = std::thread::spawn(move || {
+        let reply = redis::cmd("LPUSH")
+            .arg("n")
+            .arg("y")
+            .query::<i64>(&mut push_conn);
+        let _ = failed_tx.send(reply.map_err(|e| e.to_string()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    if let Ok(reply) = failed_rx.try_recv() {
+        panic!("LPUSH answered {reply:?} before the SET it read was durable");
+    }
+    disk.release_syncs();
+    assert_eq!(set.join().expect("SET").expect("SET"), "OK");
+    push.join().expect("LPUSH");
+    let reply = failed_rx.recv().expect("LPUSH answered");
+    assert!(
+        reply.as_ref().is_err_and(|e| e.contains("WRONGTYPE")),
+        "{reply:?}"
     );
     // Power lost while a push waits for its fsync: nobody hears of it, and it is gone.
     disk.hold_syncs();
