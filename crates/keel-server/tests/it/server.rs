@@ -454,6 +454,15 @@ fn save_bgsave_and_lastsave() {
     assert!((query::<i64>(&mut c, &["LASTSAVE"]) - now).abs() < 600);
 }
 
+/// Waits until an fsync is held at `disk`'s gate ([`keel::SimDisk::hold_syncs`]).
+fn fsync_held(disk: &keel::SimDisk) {
+    let began = Instant::now();
+    while disk.syncs_waiting() == 0 {
+        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Under `sync`, a single node's commands that write read commits installed but not yet
 /// durable (`Db::begin_installed`), and no reply reveals a commit before its fsync: a write
 /// is answered once durable, and a read sees only what is durable. With fsyncs held (a slow
@@ -527,11 +536,7 @@ fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
         .map(|i| ask("LPUSH", redis::cmd("LPUSH").arg("q").arg(i).clone()))
         .collect();
     // Every push commits while the first fsync is held (a reader would wait too).
-    let began = Instant::now();
-    while disk.syncs_waiting() == 0 {
-        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    fsync_held(&disk);
     let reader = ask("LLEN", redis::cmd("LLEN").arg("q").clone());
     std::thread::sleep(Duration::from_millis(500));
     // Before the fsync, only a reader that saw none of the pushes may be answered.
@@ -571,11 +576,7 @@ fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
             .arg("x")
             .query::<String>(&mut set_conn)
     });
-    let began = Instant::now();
-    while disk.syncs_waiting() == 0 {
-        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    fsync_held(&disk);
     let (failed_tx, failed_rx) = std::sync::mpsc::channel();
     let push = std::thread::spawn(move || {
         let reply = redis::cmd("LPUSH")
@@ -599,11 +600,7 @@ fn sync_writers_share_fsyncs_and_no_reply_reveals_what_is_not_durable() {
     // Power lost while a push waits for its fsync: nobody hears of it, and it is gone.
     disk.hold_syncs();
     let lost = ask("LPUSH", redis::cmd("LPUSH").arg("q").arg("lost").clone());
-    let began = Instant::now();
-    while disk.syncs_waiting() == 0 {
-        assert!(began.elapsed() < Duration::from_secs(10), "no fsync began");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    fsync_held(&disk);
     let reader = ask("LLEN", redis::cmd("LLEN").arg("q").clone());
     std::thread::sleep(Duration::from_millis(300));
     disk.crash();
