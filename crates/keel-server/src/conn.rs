@@ -1030,18 +1030,13 @@ impl Conn {
         let mut out = Out::new(output, proto);
         let keys = || pending.iter().flat_map(|(cmd, args)| data::keys(cmd, args));
         let mut held = self.hot_locks(keys()).await;
-        // A batch that writes reads what writers may (`Shared::begin_writer`); one of only
-        // reads reads what is durable, and waits for nothing.
-        let writes = !pending.cmds.iter().all(|(cmd, _)| data::is_read_only(*cmd));
         for attempt in 1..=CONFLICT_ATTEMPTS_MAX {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let begun = match writes {
-                    true => shared.begin_writer(&self.installed_read),
-                    false => shared.db.begin(),
-                };
-                let mut txn = begun.map_err(|_| false)?;
+                let mut txn = shared
+                    .begin_writer(pending.cmds.iter().map(|(c, _)| *c), &self.installed_read)
+                    .map_err(|_| false)?;
                 for (cmd, args) in pending.iter() {
                     if data::run(cmd, args, &mut View::Txn(&mut txn), &ctx, &mut out).is_err()
                         || out.buf.len() - mark > ctx.reply_bytes_max
@@ -4087,7 +4082,7 @@ impl Conn {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let mut txn = match shared.begin_writer(&self.installed_read) {
+                let mut txn = match shared.begin_writer([cmd].into_iter(), &self.installed_read) {
                     Ok(t) => t,
                     Err(e) => {
                         out.error(&begin_error(e).0);
@@ -4538,11 +4533,9 @@ impl Conn {
             let prepare = || {
                 out.forget_tracked();
                 ctx.clock.reset();
-                let begun = match multi.queue.iter().all(|(c, _)| data::is_read_only(*c)) {
-                    true => shared.db.begin(),
-                    false => shared.begin_writer(&self.installed_read),
-                };
-                let mut txn = begun.map_err(|e| Err(begin_error(e)))?;
+                let mut txn = shared
+                    .begin_writer(multi.queue.iter().map(|(c, _)| *c), &self.installed_read)
+                    .map_err(|e| Err(begin_error(e)))?;
                 // The watched keys must still be at the versions recorded at WATCH; reading
                 // them makes a commit to one of them before ours conflict.
                 for (key, watched_at) in &watched {

@@ -242,16 +242,17 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Begins a transaction for commands that may write: at the installed watermark where
-    /// [`Shared::writers_read_installed`], else at the visible one. `read` keeps the newest
-    /// installed snapshot begun: the connection's next replies wait until it is visible
-    /// (durable), in case the transaction ends without a commit (an error), whose wait
-    /// would have covered it.
+    /// Begins a transaction for `cmds`: one that may write at the installed watermark where
+    /// [`Shared::writers_read_installed`], else (and one of only reads always) at the
+    /// visible one. `read` keeps the newest installed snapshot begun: the connection's next
+    /// replies wait until it is visible (durable), in case the transaction ends without a
+    /// commit (an error), whose wait would have covered it.
     pub fn begin_writer(
         &self,
+        mut cmds: impl Iterator<Item = crate::table::Cmd>,
         read: &std::sync::atomic::AtomicU64,
     ) -> Result<keel::Txn<'static>, keel::BeginError> {
-        if !self.writers_read_installed {
+        if !self.writers_read_installed || cmds.all(crate::data::is_read_only) {
             return self.db.begin();
         }
         let txn = self.db.begin_installed()?;

@@ -394,10 +394,15 @@ impl Oracle {
     pub(crate) fn installed(&self) -> u64 {
         let mask = self.installed_done.len() as u64 - 1;
         let visible = self.visible.load(Ordering::Acquire);
-        let mut installed = self
-            .installed
-            .fetch_max(visible, Ordering::AcqRel)
-            .max(visible);
+        let mut installed = self.installed.load(Ordering::Acquire);
+        // Only a watermark that fell behind is written here: a read-modify-write on every
+        // writer's begin would take the shared line exclusively each time.
+        if installed < visible {
+            installed = self
+                .installed
+                .fetch_max(visible, Ordering::AcqRel)
+                .max(visible);
+        }
         while self.installed_done[((installed + 1) & mask) as usize].load(Ordering::Acquire)
             == installed + 1
         {
