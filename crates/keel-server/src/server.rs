@@ -331,11 +331,10 @@ impl Server {
             None => None,
         };
         let mut config = config;
-        if config.cluster.is_some() && config.split != keel::SplitMode::Off {
-            // A split-only commit serializes at the watermark without a timestamp of its own,
-            // which a prepared transaction holds below its own: it would land before a
-            // prepared transaction that did not see it (docs/cluster.md, slice 4).
-            tracing::info!("cluster mode: hot-key splitting is off");
+        if config.cluster.is_some() && config.replicas > 1 && config.split != keel::SplitMode::Off {
+            // Each partition's Raft state machine applies its writes one at a time, so no two
+            // commits there ever wait for one record: nothing would split.
+            tracing::info!("replicated cluster: hot-key splitting is off");
             config.split = keel::SplitMode::Off;
         }
         let mut options = config.engine_options();

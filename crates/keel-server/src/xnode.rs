@@ -171,6 +171,17 @@ enum Input {
     Logged {
         txn: TxnId,
     },
+    /// A prepare that met a split record, to run again while the engine holds the joined
+    /// phase open (`Driver::prepare`).
+    Rejoined {
+        txn: TxnId,
+        prepare: PrepareId,
+        participants: Vec<Peer>,
+        work: Work,
+        joined: keel::Joined<'static>,
+        /// How many times it ran again so.
+        rejoins: u32,
+    },
 }
 
 /// The prepared transactions on this node whose reads the engine does not hold: those that
@@ -666,7 +677,7 @@ impl Driver {
                     self.mark_stuck();
                     if !self.deferred.is_empty() && self.shared.db.writes_held_for().is_zero() {
                         for (txn, prepare, participants, work) in std::mem::take(&mut self.deferred) {
-                            self.prepare(txn, prepare, participants, work);
+                            self.prepare(txn, prepare, participants, work, None);
                         }
                     }
                 }
@@ -771,6 +782,14 @@ impl Driver {
             Input::Prepared { txn, result, .. } => self.participant.prepared(now, txn, result, p),
             Input::Committed { txn } => self.participant.committed(now, txn, p),
             Input::Logged { txn } => self.coordinator.logged(now, txn, c),
+            Input::Rejoined {
+                txn,
+                prepare,
+                participants,
+                work,
+                joined,
+                rejoins,
+            } => self.prepare(txn, prepare, participants, work, Some((joined, rejoins))),
         }
     }
 
@@ -817,7 +836,7 @@ impl Driver {
                         prepare,
                         participants,
                         work,
-                    } => self.prepare(txn, prepare, participants, work),
+                    } => self.prepare(txn, prepare, participants, work, None),
                     ParticipantAction::Commit { txn, .. } => self.commit(txn),
                     ParticipantAction::Abort { txn, .. } => self.abort(txn),
                 }
@@ -870,20 +889,58 @@ impl Driver {
     /// Runs the commands and prepares them here, on the driver's task: a prepare takes no
     /// lock waits (the holders' decisions run here too) and does not wait for the disk; the
     /// vote goes out once the prepare frame is durable.
-    fn prepare(&self, txn: TxnId, prepare: PrepareId, participants: Vec<Peer>, work: Work) {
+    ///
+    /// A prepare that meets a record split into per-core slices (Doppel) can neither hold it
+    /// nor write to a slice, and asks the engine to reconcile it early. It runs once more
+    /// (`Input::Rejoined`), holding `joined`: the engine's joined phase, which a blocking
+    /// thread waits for meanwhile, as a single node's retry does (`Conn::attempt`); once
+    /// prepared it holds the records, so they stay joined until the decision. Refusing it
+    /// instead left the coordinator's retries to meet the next split phase: every transaction
+    /// across nodes that touched a record that stays split (`--split force`, or a counter hot
+    /// enough for `auto`) ended in `TRYAGAIN`.
+    fn prepare(
+        &self,
+        txn: TxnId,
+        prepare: PrepareId,
+        participants: Vec<Peer>,
+        work: Work,
+        joined: Option<(keel::Joined<'static>, u32)>,
+    ) {
         self.stats.prepares.fetch_add(1, Relaxed);
+        let mut met_split = false;
+        let rejoins = joined.as_ref().map_or(0, |(_, n)| *n);
         let result = if self.gate.clear(Duration::ZERO) {
-            execute(&self.shared, &work, &self.gate, |reply| Meta {
-                txn,
-                prepare,
-                participants,
-                reply,
+            execute(&self.shared, &work, &self.gate, &mut met_split, |reply| {
+                Meta {
+                    txn,
+                    prepare,
+                    participants: participants.clone(),
+                    reply,
+                }
             })
         } else {
             Err(Refusal::Busy)
         };
+        drop(joined);
         let (mut pending, reply, gated) = match result {
             Ok(prepared) => prepared,
+            Err(Refusal::Busy) if met_split && rejoins < REJOINS_MAX => {
+                let (db, inputs) = (self.shared.db, self.inputs.clone());
+                tokio::spawn(async move {
+                    let joined = tokio::task::spawn_blocking(move || db.wait_joined())
+                        .await
+                        .expect("waiting for a reconciliation does not panic");
+                    let _ = inputs.send(Input::Rejoined {
+                        txn,
+                        prepare,
+                        participants,
+                        work,
+                        joined,
+                        rejoins: rejoins + 1,
+                    });
+                });
+                return;
+            }
             Err(refusal) => {
                 self.stats.prepares_refused.fetch_add(1, Relaxed);
                 let _ = self.inputs.send(Input::Prepared {
@@ -1039,6 +1096,11 @@ fn soon(work: impl std::future::Future<Output = ()> + Send + 'static) {
     }
 }
 
+/// How many times a prepare that meets split records runs again in a joined phase before it
+/// is refused (`Driver::prepare`): one reconciliation may come before the record it meets is
+/// locked for the next (a phase that closes while the prepare waits).
+const REJOINS_MAX: u32 = 4;
+
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
 /// `meta` builds from the replies; the prepare frame may not be durable yet. A transaction
 /// that scanned a range is counted by `gate` from before its validation (the flag returned
@@ -1048,6 +1110,7 @@ fn execute(
     shared: &Shared,
     work: &Work,
     gate: &Gate,
+    met_split: &mut bool,
     meta: impl FnOnce(Replies) -> Meta,
 ) -> Result<(PrepareFuture<'static>, Replies, bool), Refusal> {
     let wait = Duration::ZERO;
@@ -1111,10 +1174,11 @@ fn execute(
     }
     let prepared = match txn.prepare_async(|_| meta) {
         Ok(Ok(prepared)) => prepared,
-        Ok(Err(_conflict)) => {
+        Ok(Err(conflict)) => {
             if gated {
                 gate.leave();
             }
+            *met_split |= conflict.reason == keel::ConflictReason::Split;
             return Err(Refusal::Busy);
         }
         Err(e) => {

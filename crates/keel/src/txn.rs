@@ -2129,24 +2129,32 @@ impl<'db> Txn<'db> {
     /// the phase this transaction announced. No timestamp, no record lock: the tag is the
     /// watermark, read under the slice locks (see `split` for why that is serializable). The
     /// room for each delta is reserved under the same locks; `None` (nothing written) if one
-    /// does not fit, and the caller takes the general path.
+    /// does not fit, or if a record does not take the watermark as a tag (a reader folded its
+    /// slices there or above, or its phase opened on a version above it), and the caller
+    /// takes the general path.
     fn commit_split_only(
         &mut self,
         writes: &[WriteEntry],
         slices: &[Option<&'static SplitRecord>],
     ) -> Option<Step> {
         let mut guards = Vec::with_capacity(writes.len());
-        let mut deltas = Vec::with_capacity(writes.len());
-        for (entry, sr) in writes.iter().zip(slices) {
-            let (Some(sr), Write::Ops(ops)) = (sr, &entry.write) else {
+        for sr in slices {
+            let Some(sr) = sr else {
                 unreachable!("every entry of a split-only commit is a delta for a slice")
             };
-            let mut guard = sr.slice();
-            let delta = Delta::fold(&entry.key, ops).filter(|d| guard.reserve(sr.budget(), d))?;
-            guards.push(guard);
-            deltas.push(delta);
+            guards.push(sr.slice());
         }
         let tag = self.db.oracle.visible();
+        if !slices.iter().flatten().all(|sr| sr.takes_tag(tag)) {
+            return None;
+        }
+        let mut deltas = Vec::with_capacity(writes.len());
+        for ((entry, sr), guard) in writes.iter().zip(slices.iter().flatten()).zip(&mut guards) {
+            let Write::Ops(ops) = &entry.write else {
+                unreachable!("every entry of a split-only commit is a delta for a slice")
+            };
+            deltas.push(Delta::fold(&entry.key, ops).filter(|d| guard.reserve(sr.budget(), d))?);
+        }
         let mut durable_lsn = 0;
         if let Some(log) = &self.db.log {
             let entries = writes
@@ -2528,12 +2536,8 @@ pub(crate) fn read_at<T>(
         let version = r.visible(read_ts);
         return Ok(f(version.and_then(|v| v.value()), version.map(|v| v.ts())));
     };
-    // Appends from now on must get tags above `read_ts`, so that this snapshot's view of the
-    // record never changes: make the watermark pass `read_ts` if nothing else has.
-    if db.oracle.visible() <= read_ts {
-        let ts = db.next_commit_ts();
-        db.oracle.publish(ts, || db.log_failed());
-    }
+    // Appends from now on get tags above `read_ts` (the fold raises the record's tag
+    // floor), so this snapshot's view of the record never changes.
     let mut folded = sr.fold_at(r.key(), read_ts, u64::MAX);
     if folded.durable_lsn > 0
         && let Some(log) = &db.log

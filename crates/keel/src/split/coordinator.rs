@@ -168,12 +168,18 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
         members.push(sr);
     }
     drop(records);
-    // Every commit that wrote a member before we locked it must be visible before the phase
-    // opens, and every tag must be above every base version: pass the watermark over a fresh
-    // timestamp (it waits for all earlier ones). Recovery relies on tags above the base.
-    let ts = shared.next_commit_ts();
-    shared.oracle.publish(ts, || shared.log_failed());
+    // Every tag must be above every version of a member: a reader folds entries tagged at or
+    // below its snapshot onto the version there, and recovery applies a record's deltas above
+    // its last full value. The newest version may not be visible yet (a commit at the
+    // watermark, or one that a transaction prepared for a two-phase commit holds below it
+    // until a decision from another node): split-only commits take the ordinary path, a
+    // timestamp of their own, until the watermark passes it. The phase used to open only once
+    // a fresh timestamp was published, with the members locked meanwhile: in a cluster that
+    // waited for every prepared transaction's decision, and commits on the members spun.
     for sr in &members {
+        if let Some(newest) = sr.record.get().head() {
+            sr.raise_tag_floor(newest.ts());
+        }
         sr.phase.store(word, Ordering::Release);
     }
     members
@@ -193,6 +199,26 @@ fn adopt(splitter: &Splitter, records: &mut Vec<Box<SplitRecord>>, record: Recor
         }
     }
 }
+
+/// Finishes commit `ts` and waits until the watermark passes it (or the log fails). A
+/// transaction prepared for a two-phase commit holds the watermark below its timestamp until
+/// its decision, which comes from another node (a round trip, or a recovery): past a short
+/// spin this thread sleeps between looks rather than yielding in a loop on a core.
+fn publish(shared: &Shared, ts: crate::Ts) {
+    shared.oracle.finish(ts);
+    let started = Instant::now();
+    while shared.oracle.advance() < ts.0 && !shared.log_failed() {
+        if started.elapsed() < PUBLISH_SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(PUBLISH_NAP);
+        }
+    }
+}
+
+/// How long [`publish`] yields before it naps, and each nap.
+const PUBLISH_SPIN: Duration = Duration::from_micros(200);
+const PUBLISH_NAP: Duration = Duration::from_micros(100);
 
 fn try_lock_for(record: RecordRef, wait: Duration) -> bool {
     let r = record.get();
@@ -268,7 +294,7 @@ fn reconcile(shared: &Shared, members: &[&'static SplitRecord]) {
         _ => true,
     };
     if durable {
-        oracle.publish(ts, || shared.log_failed());
+        publish(shared, ts);
     }
     for sr in members {
         sr.record.get().unlock(SPLIT_OWNER);

@@ -17,9 +17,18 @@
 //!   commit. A transaction that also reads or writes ordinary records commits normally and
 //!   tags its slice entries with its commit timestamp.
 //! - A reader at `read_ts` sees the version chain at `read_ts` plus every entry tagged at or
-//!   below `read_ts`. Before reading slices it makes sure the watermark is above `read_ts`
-//!   (committing an empty timestamp if nothing else did), so every later append gets a
-//!   larger tag: what a snapshot sees of a split record never changes under it.
+//!   below `read_ts`. Before reading slices it raises the record's *tag floor* to `read_ts`;
+//!   a split-only commit that finds the watermark at or below the floor (under the slice's
+//!   mutex, which orders it after the reader's raise or before the reader's fold) takes the
+//!   ordinary path instead, with a fresh commit timestamp above the floor, acknowledged once
+//!   the watermark passes it. So every append after a read gets a larger tag: what a
+//!   snapshot sees of a split record never changes under it. Opening a phase raises the
+//!   floor to the record's newest version, so every tag is above the base the entries apply
+//!   to, even while that version is not yet visible. (Until 2026-12-07 the reader committed
+//!   an empty timestamp and waited for the watermark to pass it, and so did the opening of a
+//!   phase, with the records locked; a transaction prepared for a two-phase commit holds the
+//!   watermark until its decision, which may come from another node, so both waited on the
+//!   network, and commits on the records spun meanwhile.)
 //! - Entries appended with `sync` durability carry their log position; a reader waits for it
 //!   to be durable before using them, so nobody acts on what a crash could erase.
 //! - Reconciliation closes the phase (a store-then-load handshake with committers that
@@ -137,6 +146,10 @@ pub(crate) struct SplitRecord {
     budget: AtomicU64,
     slices: Box<[CachePadded<Mutex<Slice>>]>,
     history: Mutex<Vec<Closed>>,
+    /// A split-only commit may not tag an entry at or below this: the newest snapshot
+    /// timestamp a reader folded the slices at, and the record's newest version when its
+    /// phase opened.
+    tag_floor: AtomicU64,
     /// Reads and stashes this phase (for the decision to join the record for good).
     reads: AtomicU64,
     stashes: AtomicU64,
@@ -162,6 +175,7 @@ impl SplitRecord {
                 .map(|_| CachePadded::new(Mutex::new(Slice::default())))
                 .collect(),
             history: Mutex::new(Vec::new()),
+            tag_floor: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             stashes: AtomicU64::new(0),
         }
@@ -191,10 +205,13 @@ impl SplitRecord {
     }
 
     /// Folds every entry tagged at or below `read_ts` from the open slices and from the
-    /// closed phases that `read_ts` predates. The caller made sure the watermark is above
-    /// `read_ts` and holds nothing of this record's.
+    /// closed phases that `read_ts` predates, having raised the read floor to `read_ts`. The
+    /// caller holds nothing of this record's.
     pub(crate) fn fold_at(&self, key: &[u8], read_ts: Ts, lsn_limit: u64) -> Folded {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        // Before any slice's mutex is taken: an append under one after this fold left it
+        // sees the floor ([`SplitRecord::takes_tag`]).
+        self.raise_tag_floor(read_ts);
         let mut folded = Folded::default();
         let mut take = |entry: &Entry| {
             if entry.tag <= read_ts && entry.durable_lsn <= lsn_limit {
@@ -210,6 +227,18 @@ impl SplitRecord {
         }
         drop(history);
         folded
+    }
+
+    /// Whether a split-only commit may tag an entry `tag`: above every snapshot that folded
+    /// the slices (it would change what that saw) and above the record's versions. The
+    /// caller holds its slice's mutex.
+    pub(crate) fn takes_tag(&self, tag: Ts) -> bool {
+        tag.0 > self.tag_floor.load(Ordering::SeqCst)
+    }
+
+    /// Tags from now on must be above `ts`.
+    pub(crate) fn raise_tag_floor(&self, ts: Ts) {
+        self.tag_floor.fetch_max(ts.0, Ordering::SeqCst);
     }
 
     /// Largest magnitude one slice may reach this phase.

@@ -100,6 +100,68 @@ fn snapshots_of_a_split_record_are_strict_and_stable() {
     assert!(stats.split_commits > 0, "{stats:?}");
 }
 
+/// A transaction prepared for a two-phase commit holds the watermark below its timestamp
+/// until its decision, which in a cluster comes from another node. A snapshot reads a split
+/// record meanwhile without waiting for that decision (it used to commit an empty timestamp
+/// and wait for the watermark to pass it), and an add that commits after the read does not
+/// change what the snapshot sees: it is tagged above the snapshot, so it is acknowledged only
+/// once the decision lets the watermark pass it.
+#[test]
+fn a_split_record_reads_at_once_while_a_prepared_transaction_holds_the_watermark() {
+    let db = split_db(SplitMode::Force);
+    db.transact(|txn| txn.add(b"hot", 1)).unwrap();
+    let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        adders(s, &db, b"hot", 1, &stop, &acked);
+        wait_split(&db);
+        stop.store(true, Ordering::Relaxed);
+    });
+    let total = acked.load(Ordering::SeqCst);
+    let mut txn = db.begin().unwrap();
+    txn.put(b"elsewhere", b"x").unwrap();
+    let prepared = txn.prepare(|_| Vec::new()).unwrap().expect("no conflict");
+    let snapshot = db.snapshot().unwrap();
+    assert!(snapshot.read_ts() < prepared.ts());
+    let (read, was_read) = std::sync::mpsc::channel();
+    let (added, was_added) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| read.send(int(snapshot.get(b"hot").unwrap())).unwrap());
+        let Ok(first) = was_read.recv_timeout(Duration::from_secs(5)) else {
+            prepared.commit().unwrap();
+            panic!("a read of the split record waited for the prepared transaction's decision");
+        };
+        assert_eq!(first, total);
+        s.spawn(|| {
+            db.transact(|txn| txn.add(b"hot", 1000)).unwrap();
+            added.send(()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            int(snapshot.get(b"hot").unwrap()),
+            first,
+            "an add after the read changed the snapshot"
+        );
+        assert!(
+            was_added.try_recv().is_err(),
+            "an add acknowledged while the watermark stayed below it"
+        );
+        prepared.commit().unwrap();
+        was_added
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the add, once the prepared transaction is decided");
+    });
+    assert_eq!(
+        int(snapshot.get(b"hot").unwrap()),
+        total,
+        "the snapshot changed"
+    );
+    assert_eq!(
+        int(db.snapshot().unwrap().get(b"hot").unwrap()),
+        total + 1000
+    );
+}
+
 /// A read-modify-write of a split record (not commutative) is stashed and then runs in the
 /// joined phase: no update is lost, and it never waits long.
 #[test]
