@@ -784,7 +784,8 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 "keel_cluster_incarnation:{:x}\r\nkeel_cluster_txns_begun:{}\r\n\
                  keel_cluster_txns_committed:{}\r\nkeel_cluster_txns_aborted:{}\r\n\
                  keel_cluster_txns_unknown:{}\r\nkeel_cluster_prepares:{}\r\n\
-                 keel_cluster_prepares_refused:{}\r\nkeel_cluster_recovered_prepared:{}\r\n\
+                 keel_cluster_prepares_refused:{}\r\nkeel_cluster_prepares_again:{}\r\n\
+                 keel_cluster_recovered_prepared:{}\r\n\
                  keel_cluster_recovered_decisions:{}\r\nkeel_cluster_exec_forwarded:{}\r\n\
                  keel_cluster_aborts_conflict:{}\r\nkeel_cluster_aborts_timeout:{}\r\n\
                  keel_cluster_aborts_failed:{}\r\nkeel_cluster_commit_us_mean:{}\r\n\
@@ -800,6 +801,7 @@ pub fn info(shared: &Shared, sections: &[Bytes]) -> String {
                 s.unknown.load(Relaxed),
                 s.prepares.load(Relaxed),
                 s.prepares_refused.load(Relaxed),
+                s.prepares_again.load(Relaxed),
                 s.recovered_prepared.load(Relaxed),
                 s.recovered_decisions.load(Relaxed),
                 s.one_node_forwarded.load(Relaxed),
