@@ -737,3 +737,64 @@ fn split_counters_stay_exact_beside_transactions_across_nodes() {
     );
     assert!(info_field(&mut owner, "split", "split_records") >= 1);
 }
+
+/// A transaction across nodes that only reads, and meets a record that a writer prepared and
+/// cannot decide yet (one of the writer's nodes is stopped, so its vote never comes), does
+/// not give up after its 30 attempts (about a second) with `TRYAGAIN`: from its tenth it is
+/// patient, and its prepare waits on the record's node for the writer's decision, which the
+/// vote timeout (2 s) brings. It then reads the value from before the writer, which
+/// aborted.
+#[test]
+fn a_reader_outwaits_a_writer_whose_vote_never_comes() {
+    let dir = support::TestDir::new();
+    let ports = support::ports(3, 8)[3..6].to_vec();
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|i| Node::start(dir.path(), i, &ports))
+        .collect();
+    let mut c = connect(ports[0]).expect("connect");
+    let keys = support::keys_per_node(&mut c, NODES, 1, "r");
+    let (k1, k2, k3) = (&keys[0][0], &keys[1][0], &keys[2][0]);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for k in [k1, k2, k3] {
+        pipe.cmd("SET").arg(k).arg("before");
+    }
+    let _: Vec<String> = pipe.query(&mut c).expect("a MULTI across nodes");
+
+    // The writer prepares on node 2 and waits for node 3's vote, which never comes.
+    nodes[2].signal("-STOP");
+    let started = Instant::now();
+    let answer = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut w = connect(ports[0]).expect("connect");
+            redis::pipe()
+                .atomic()
+                .cmd("SET")
+                .arg(k2)
+                .arg("writer")
+                .cmd("SET")
+                .arg(k3)
+                .arg("writer")
+                .query::<Vec<String>>(&mut w)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let mut r = connect(ports[0]).expect("connect");
+        let read: redis::RedisResult<Vec<String>> =
+            redis::cmd("MGET").arg(k1).arg(k2).query(&mut r);
+        let written = writer.join().expect("the writer's thread");
+        assert!(
+            written.is_err(),
+            "the writer committed without node 3: {written:?}"
+        );
+        read
+    });
+    nodes[2].signal("-CONT");
+    assert_eq!(
+        answer.expect("the reader, once the writer's vote timed out"),
+        ["before", "before"]
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "the reader did not meet the writer"
+    );
+}

@@ -60,8 +60,9 @@ mod tests;
 
 /// The transport protocol's version, compared at the handshake. 2: a commit decision carries
 /// every participant's prepare, and participants ask each other (`PeerInquire`,
-/// `NoYesVote`). 3: a yes vote says whether the work only read.
-pub const VERSION: u32 = 3;
+/// `NoYesVote`). 3: a yes vote says whether the work only read. 4: the server's work
+/// carries whether a reader's prepare may wait (`patient`).
+pub const VERSION: u32 = 4;
 
 /// Bytes a connection's reader takes from the socket at once, at most.
 const READ_BUFFER_BYTES: usize = 64 * 1024;

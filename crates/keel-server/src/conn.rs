@@ -325,6 +325,12 @@ fn merge_replies(merge: Merge, replies: &[Vec<u8>], out: &mut Out<'_>) {
 /// Attempts of a transaction across nodes that loses conflicts (each a fresh two-phase
 /// commit, with backoff from 1 to 50 ms between).
 const ACROSS_ATTEMPTS_MAX: u32 = 30;
+
+/// From this attempt on, a transaction across nodes that only reads is patient: its
+/// prepares wait for the decision of a transaction prepared on a record they read rather
+/// than being refused (`xnode::Driver::again`). Readers that waited from the first attempt
+/// starved writers.
+pub const PATIENT_AFTER: u32 = 10;
 /// Times a replicated request follows its slots to the partition they moved to.
 const MOVES_FOLLOWED: usize = 8;
 
@@ -2871,6 +2877,7 @@ impl Conn {
                     watch: Vec::new(),
                     checks: Vec::new(),
                     deadlines: Vec::new(),
+                    patient: false,
                 };
                 work.push((peer, part));
                 work.len() - 1
@@ -2881,14 +2888,27 @@ impl Conn {
     /// Runs `work` as one transaction across nodes: every node's replies, or `None` if a
     /// watched key changed. A transaction that loses a conflict runs again (nothing of it
     /// was seen): up to [`ACROSS_ATTEMPTS_MAX`] times, then `TRYAGAIN`.
-    async fn run_across(&self, work: AcrossWork) -> Result<Option<Vec<Vec<Vec<u8>>>>, Fail> {
+    async fn run_across(&self, mut work: AcrossWork) -> Result<Option<Vec<Vec<Vec<u8>>>>, Fail> {
         use keel_cluster::txn::{AbortReason, Outcome, Refusal};
         let Some(xnode) = self.shared.xnode.get() else {
             return Err(cluster::CROSSSLOT.into());
         };
+        let reads_only = work.iter().all(|(_, part)| {
+            part.commands.iter().all(|command| {
+                command
+                    .first()
+                    .and_then(|name| table::lookup(name))
+                    .is_some_and(|spec| data::is_read_only(spec.cmd))
+            })
+        });
         let mut backoff = Duration::from_millis(1);
         let mut attempt = 1;
         loop {
+            if reads_only && attempt == PATIENT_AFTER {
+                for (_, part) in &mut work {
+                    part.patient = true;
+                }
+            }
             match xnode.run(work.clone()).await {
                 Outcome::Committed(replies) => {
                     return Ok(Some(replies.into_iter().map(|(_, r)| r).collect()));

@@ -94,6 +94,10 @@ pub struct Work {
     pub checks: Vec<(Vec<u8>, u64)>,
     /// ... and deadlines (unix ms) of watched keys that must still be ahead.
     pub deadlines: Vec<u64>,
+    /// A transaction that only reads and lost conflicts several times in a row: its prepare
+    /// may wait for the decision of a transaction prepared on a record it reads
+    /// ([`Driver::again`]).
+    pub patient: bool,
 }
 
 /// What `WATCH` of a node's keys recorded (see [`crate::conn::watch_targets`]).
@@ -1002,9 +1006,15 @@ impl Driver {
     ///   transaction across nodes on a record that stays split (`--split force`, or a counter
     ///   hot enough for `auto`) ended in `TRYAGAIN`.
     /// - A record held by a transaction prepared here, awaiting its decision from another
-    ///   node: refused, as before. (Letting prepares that only read wait for the decision
-    ///   starved writers: audits that follow one another back to back always held the
-    ///   accounts, and a bank's transfers fell from 23 000 to 240 in 8 s.)
+    ///   node: a patient prepare ([`Work::patient`]: it only reads, and lost conflicts
+    ///   [`crate::conn::PATIENT_AFTER`] times in a row) waits for that decision (at most
+    ///   [`PATIENT_WAIT`] a try), then runs again. It holds nothing here meanwhile, and the
+    ///   transaction it waits for is prepared and waits for no one (a prepare that writes
+    ///   never waits: two such, each waiting on another node for the other's decision, would
+    ///   deadlock until the vote timeout), so nothing waits in a cycle. Any other is refused.
+    ///   Letting every prepare that only reads wait starved writers: audits back to back
+    ///   always held the accounts, and a bank's transfers fell from 23 000 to 240 in 8 s; a
+    ///   reader that waits only after losing a few times keeps them going.
     /// - Anything else (a read that changed since the prepare's snapshot, a record an
     ///   ordinary commit holds for a moment): at once, with a fresh snapshot.
     fn again(
@@ -1018,7 +1028,8 @@ impl Driver {
     ) -> Result<(), ()> {
         let db = self.shared.db;
         let split = conflict.reason == keel::ConflictReason::Split;
-        if !split && db.awaits_decision(&conflict.key) {
+        let awaits_decision = !split && db.awaits_decision(&conflict.key);
+        if awaits_decision && !work.patient {
             return Err(());
         }
         self.stats.prepares_again.fetch_add(1, Relaxed);
@@ -1030,6 +1041,12 @@ impl Driver {
                     .expect("waiting for a reconciliation does not panic");
                 Some(joined)
             } else {
+                if awaits_decision {
+                    let deadline = Instant::now() + PATIENT_WAIT;
+                    while db.awaits_decision(&conflict.key) && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
                 tokio::task::yield_now().await;
                 None
             };
@@ -1147,6 +1164,11 @@ fn soon(work: impl std::future::Future<Output = ()> + Send + 'static) {
 /// How many times a prepare refused on a conflict runs again on its participant before it is
 /// refused to its coordinator ([`Driver::again`]).
 const AGAIN_MAX: u32 = 4;
+
+/// How long a patient prepare waits, each try, for the decision of a transaction prepared on
+/// a record it reads ([`Driver::again`]): [`AGAIN_MAX`] of them stay well within the
+/// coordinator's vote timeout.
+const PATIENT_WAIT: Duration = Duration::from_millis(50);
 
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
 /// `meta` builds from the replies; the prepare frame may not be durable yet. A transaction
