@@ -2940,9 +2940,33 @@ impl Conn {
                     attempt += 1;
                 }
                 Outcome::Aborted(reason) => {
+                    let last = match &reason {
+                        AbortReason::Refused { by, refusal } => {
+                            let node = self
+                                .shared
+                                .cluster
+                                .as_ref()
+                                .and_then(|c| {
+                                    c.map()
+                                        .nodes()
+                                        .get(usize::from(by.0))
+                                        .map(|n| n.id.to_string())
+                                })
+                                .unwrap_or_else(|| by.0.to_string());
+                            let why = match refusal {
+                                Refusal::Overloaded => "it has too many transactions in progress",
+                                _ => {
+                                    "another transaction holds one of its keys, or one changed \
+                                     as it ran"
+                                }
+                            };
+                            format!("last refused by node {node}: {why}")
+                        }
+                        _ => "a node did not vote in time".to_owned(),
+                    };
                     return Err(format!(
                         "TRYAGAIN keel: the transaction across nodes lost {attempt} conflicts \
-                         in a row ({reason:?})"
+                         in a row ({last}); nothing of it was applied"
                     )
                     .into());
                 }
