@@ -168,18 +168,24 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
         members.push(sr);
     }
     drop(records);
-    // Every tag must be above every version of a member: a reader folds entries tagged at or
+    // Every tag must be above every version of a member (a reader folds entries tagged at or
     // below its snapshot onto the version there, and recovery applies a record's deltas above
-    // its last full value. The newest version may not be visible yet (a commit at the
-    // watermark, or one that a transaction prepared for a two-phase commit holds below it
-    // until a decision from another node): split-only commits take the ordinary path, a
-    // timestamp of their own, until the watermark passes it. The phase used to open only once
-    // a fresh timestamp was published, with the members locked meanwhile: in a cluster that
-    // waited for every prepared transaction's decision, and commits on the members spun.
+    // its last full value), and above every snapshot that read a member before it was split
+    // (such a read folded nothing, so it raised no floor): those began before the split
+    // record was attached, at or below the installed watermark now. The newest version may
+    // not be visible yet (a commit at the watermark, or one that a transaction prepared for a
+    // two-phase commit holds below it until a decision from another node): split-only
+    // commits take the ordinary path, a timestamp of their own, until the watermark passes
+    // the floor. The phase used to open only once a fresh timestamp was published, with the
+    // members locked meanwhile: in a cluster that waited for every prepared transaction's
+    // decision, and commits on the members spun. (Raising the floor to the newest version
+    // alone let an add tagged at a snapshot that had read the member unsplit change what it
+    // saw: the checker of `concurrent::histories_with_split_counters_are_strictly_
+    // serializable` caught it.)
+    let read = crate::Ts(shared.oracle.installed());
     for sr in &members {
-        if let Some(newest) = sr.record.get().head() {
-            sr.raise_tag_floor(newest.ts());
-        }
+        let newest = sr.record.get().head().map_or(crate::Ts(0), |v| v.ts());
+        sr.raise_tag_floor(newest.max(read));
         sr.phase.store(word, Ordering::Release);
     }
     members

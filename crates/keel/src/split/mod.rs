@@ -24,7 +24,8 @@
 //!   the watermark passes it. So every append after a read gets a larger tag: what a
 //!   snapshot sees of a split record never changes under it. Opening a phase raises the
 //!   floor to the record's newest version, so every tag is above the base the entries apply
-//!   to, even while that version is not yet visible. (Until 2026-12-07 the reader committed
+//!   to, even while that version is not yet visible, and to the installed watermark, above
+//!   every snapshot that read the record before it was split (and so folded nothing). (Until 2026-12-07 the reader committed
 //!   an empty timestamp and waited for the watermark to pass it, and so did the opening of a
 //!   phase, with the records locked; a transaction prepared for a two-phase commit holds the
 //!   watermark until its decision, which may come from another node, so both waited on the

@@ -48,6 +48,17 @@ fn adders<'s>(
     }
 }
 
+/// Adds to `hot` from one thread until it is split, then stops; `acked` counts the adds.
+fn heat(db: &Db, acked: &AtomicI64) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        adders(s, db, b"hot", 1, &stop, acked);
+        wait_split(db);
+        stop.store(true, Ordering::Relaxed);
+    });
+}
+
 /// Waits (at most 20 s) until `hot` is split and has taken a few split-only commits.
 fn wait_split(db: &Db) {
     let started = Instant::now();
@@ -110,13 +121,8 @@ fn snapshots_of_a_split_record_are_strict_and_stable() {
 fn a_split_record_reads_at_once_while_a_prepared_transaction_holds_the_watermark() {
     let db = split_db(SplitMode::Force);
     db.transact(|txn| txn.add(b"hot", 1)).unwrap();
-    let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
-    std::thread::scope(|s| {
-        let _stop = StopOnDrop(&stop);
-        adders(s, &db, b"hot", 1, &stop, &acked);
-        wait_split(&db);
-        stop.store(true, Ordering::Relaxed);
-    });
+    let acked = AtomicI64::new(1);
+    heat(&db, &acked);
     let total = acked.load(Ordering::SeqCst);
     let mut txn = db.begin().unwrap();
     txn.put(b"elsewhere", b"x").unwrap();
@@ -410,23 +416,13 @@ fn only_writes_a_split_record_cannot_take_may_wait() {
 fn a_prepare_meeting_a_split_record_runs_again_in_the_joined_phase() {
     let db = split_db(SplitMode::Force);
     db.transact(|txn| txn.add(b"hot", 1)).unwrap();
-    let (stop, acked) = (AtomicBool::new(false), AtomicI64::new(1));
-    // Adds until the record is split (again: once they stop, the record is joined back in
-    // time, so each case heats it anew).
-    let heat = || {
-        stop.store(false, Ordering::Relaxed);
-        std::thread::scope(|s| {
-            let _stop = StopOnDrop(&stop);
-            adders(s, &db, b"hot", 1, &stop, &acked);
-            wait_split(&db);
-            stop.store(true, Ordering::Relaxed);
-        });
-    };
+    let acked = AtomicI64::new(1);
+    // Each case heats the record anew: once the adds stop, it is joined back in time.
     for read in [false, true] {
         let mut rounds = 0;
         loop {
             rounds += 1;
-            heat();
+            heat(&db, &acked);
             let mut refused = false;
             for _ in 0..10_000 {
                 let mut txn = db.begin().unwrap();
