@@ -973,6 +973,97 @@ pub fn prometheus(shared: &Shared) -> String {
         "counter",
         &one(shared.reaper.swept_keys.load(Relaxed)),
     );
+    if let Some(x) = shared.xnode.get() {
+        let x_stats = &x.stats;
+        let load = |v: &std::sync::atomic::AtomicU64| v.load(Relaxed);
+        counter(
+            "keel_cluster_txns_total",
+            "Transactions across nodes this node coordinated: begun, then committed (two-phase), \
+             aborted, or of unknown outcome.",
+            "counter",
+            &[
+                ("{outcome=\"begun\"}".into(), load(&x_stats.begun)),
+                ("{outcome=\"committed\"}".into(), load(&x_stats.committed)),
+                ("{outcome=\"aborted\"}".into(), load(&x_stats.aborted)),
+                ("{outcome=\"unknown\"}".into(), load(&x_stats.unknown)),
+            ],
+        );
+        counter(
+            "keel_cluster_aborts_total",
+            "Transactions across nodes aborted, by reason: a conflict, a vote that did not come in \
+             time, a failing command.",
+            "counter",
+            &[
+                (
+                    "{reason=\"conflict\"}".into(),
+                    load(&x_stats.aborts_conflict),
+                ),
+                ("{reason=\"timeout\"}".into(), load(&x_stats.aborts_timeout)),
+                ("{reason=\"failed\"}".into(), load(&x_stats.aborts_failed)),
+            ],
+        );
+        counter(
+            "keel_cluster_one_phase_total",
+            "EXECs whose keys were all on one other node: forwarded, committed there in one phase.",
+            "counter",
+            &one(load(&x_stats.one_node_forwarded)),
+        );
+        counter(
+            "keel_cluster_prepares_total",
+            "Prepares this node ran as a participant: all, refused, and run again after a conflict.",
+            "counter",
+            &[
+                ("{event=\"run\"}".into(), load(&x_stats.prepares)),
+                (
+                    "{event=\"refused\"}".into(),
+                    load(&x_stats.prepares_refused),
+                ),
+                ("{event=\"again\"}".into(), load(&x_stats.prepares_again)),
+            ],
+        );
+        counter(
+            "keel_cluster_in_doubt",
+            "Transactions prepared here whose decision is overdue (stuck).",
+            "gauge",
+            &one(x.stuck.len() as u64),
+        );
+        counter(
+            "keel_cluster_recovered_total",
+            "At start: prepared transactions and decisions recovered from the log.",
+            "counter",
+            &[
+                (
+                    "{kind=\"prepared\"}".into(),
+                    load(&x_stats.recovered_prepared),
+                ),
+                (
+                    "{kind=\"decision\"}".into(),
+                    load(&x_stats.recovered_decisions),
+                ),
+            ],
+        );
+        counter(
+            "keel_cluster_commit_microseconds_total",
+            "Two-phase commits this node coordinated, begin to answer, summed (over \
+             keel_cluster_txns_total{outcome=\"committed\"}: the mean).",
+            "counter",
+            &one(load(&x_stats.commit_us_total)),
+        );
+        if let Some(cluster) = &shared.cluster {
+            let bus = cluster.bus_stats();
+            counter(
+                "keel_cluster_bus_messages_total",
+                "Messages between nodes (several go in one frame), sent, received, and dropped \
+                 for a full queue.",
+                "counter",
+                &[
+                    ("{direction=\"sent\"}".into(), bus.messages_sent),
+                    ("{direction=\"received\"}".into(), bus.messages_received),
+                    ("{direction=\"dropped\"}".into(), bus.dropped),
+                ],
+            );
+        }
+    }
     if let Some(cluster) = &shared.cluster
         && shared.replication.get().is_none()
     {

@@ -60,6 +60,7 @@ impl TestCluster {
                     c.cluster = Some(Arc::new(map));
                     c.cluster_bus = bus_addrs;
                     c.cluster_bus_listener = Some(bus);
+                    c.metrics = Some("127.0.0.1:0".parse().expect("an address"));
                 }))
             })
             .collect();
@@ -163,6 +164,29 @@ fn multi_key_commands_and_transactions() {
     let () = query(&mut con, &["MSET", &a, "1", &b, "2"]);
     let got: Vec<String> = query(&mut con, &["MGET", &a, &b]);
     assert_eq!(got, ["1", "2"]);
+    // The metrics count them: two transactions across nodes coordinated here, one of them
+    // (the MSET) a two-phase commit, and the other nodes' prepares.
+    let metrics = cluster.node(0).metrics();
+    for line in [
+        "keel_cluster_txns_total{outcome=\"begun\"} 2\n",
+        "keel_cluster_aborts_total{reason=\"conflict\"} 0\n",
+        "keel_cluster_in_doubt 0\n",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    assert!(
+        metrics.contains("keel_cluster_commit_microseconds_total "),
+        "{metrics}"
+    );
+    let metrics = cluster.node(1).metrics();
+    assert!(
+        metrics.contains("keel_cluster_prepares_total{event=\"refused\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("keel_cluster_prepares_total{event=\"run\"} 0\n"),
+        "{metrics}"
+    );
     let n: i64 = query(&mut con, &["DEL", &a, &b]);
     assert_eq!(n, 2);
     // Hash tags: one slot, on some other node; forwarded whole.
