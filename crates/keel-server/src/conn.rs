@@ -2893,14 +2893,7 @@ impl Conn {
         let Some(xnode) = self.shared.xnode.get() else {
             return Err(cluster::CROSSSLOT.into());
         };
-        let reads_only = work.iter().all(|(_, part)| {
-            part.commands.iter().all(|command| {
-                command
-                    .first()
-                    .and_then(|name| table::lookup(name))
-                    .is_some_and(|spec| data::is_read_only(spec.cmd))
-            })
-        });
+        let reads_only = work.iter().all(|(_, part)| crate::xnode::reads_only(part));
         let mut backoff = Duration::from_millis(1);
         let mut attempt = 1;
         loop {

@@ -1029,7 +1029,9 @@ impl Driver {
         let db = self.shared.db;
         let split = conflict.reason == keel::ConflictReason::Split;
         let awaits_decision = !split && db.awaits_decision(&conflict.key);
-        if awaits_decision && !work.patient {
+        // The client's node says it is patient only for reads; checked here too, since a
+        // prepare that writes and waits could close a cycle.
+        if awaits_decision && !(work.patient && reads_only(&work)) {
             return Err(());
         }
         self.stats.prepares_again.fetch_add(1, Relaxed);
@@ -1169,6 +1171,16 @@ const AGAIN_MAX: u32 = 4;
 /// a record it reads ([`Driver::again`]): [`AGAIN_MAX`] of them stay well within the
 /// coordinator's vote timeout.
 const PATIENT_WAIT: Duration = Duration::from_millis(50);
+
+/// Whether every command of `work` only reads.
+pub fn reads_only(work: &Work) -> bool {
+    work.commands.iter().all(|command| {
+        command
+            .first()
+            .and_then(|name| table::lookup(name))
+            .is_some_and(|spec| data::is_read_only(spec.cmd))
+    })
+}
 
 /// Runs `work`'s commands in one engine transaction and prepares it, with the metadata
 /// `meta` builds from the replies; the prepare frame may not be durable yet. A transaction
