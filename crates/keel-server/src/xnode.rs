@@ -906,6 +906,7 @@ impl Driver {
         again: (Option<keel::Joined<'static>>, u32),
     ) {
         self.stats.prepares.fetch_add(1, Relaxed);
+        let db = self.shared.db;
         let (joined, tries) = again;
         let mut conflict = None;
         let result = if self.gate.clear(Duration::ZERO) {
@@ -923,20 +924,12 @@ impl Driver {
         drop(joined);
         let (mut pending, reply, gated) = match result {
             Ok(prepared) => prepared,
-            Err(Refusal::Busy) if tries < AGAIN_MAX && conflict.is_some() => {
+            Err(Refusal::Busy)
+                if tries < AGAIN_MAX
+                    && conflict.as_ref().is_some_and(|c| may_again(db, c, &work)) =>
+            {
                 let conflict = conflict.expect("checked");
-                match self.again(txn, prepare, participants, work, conflict, tries) {
-                    Ok(()) => return,
-                    Err(()) => {
-                        self.stats.prepares_refused.fetch_add(1, Relaxed);
-                        let _ = self.inputs.send(Input::Prepared {
-                            txn,
-                            result: Err(Refusal::Busy),
-                            read_only: false,
-                        });
-                        return;
-                    }
-                }
+                return self.again(txn, prepare, participants, work, conflict, tries);
             }
             Err(refusal) => {
                 self.stats.prepares_refused.fetch_add(1, Relaxed);
@@ -994,9 +987,9 @@ impl Driver {
         }
     }
 
-    /// A prepare refused on `conflict` runs again here rather than being refused to its
-    /// coordinator, whose retry costs an abort everywhere, a backoff (1 to 50 ms) and a
-    /// prepare everywhere again, and may meet the same obstacle. `Err`: refuse it after all.
+    /// A prepare refused on `conflict` runs again here (when [`may_again`]) rather than being
+    /// refused to its coordinator, whose retry costs an abort everywhere, a backoff (1 to
+    /// 50 ms) and a prepare everywhere again, and may meet the same obstacle.
     ///
     /// - A record split into per-core slices (Doppel): a prepare can neither hold it nor
     ///   write to a slice, and asked the engine to reconcile it. It runs again holding the
@@ -1025,15 +1018,10 @@ impl Driver {
         work: Work,
         conflict: keel::Conflict,
         tries: u32,
-    ) -> Result<(), ()> {
+    ) {
         let db = self.shared.db;
         let split = conflict.reason == keel::ConflictReason::Split;
         let awaits_decision = !split && db.awaits_decision(&conflict.key);
-        // The client's node says it is patient only for reads; checked here too, since a
-        // prepare that writes and waits could close a cycle.
-        if awaits_decision && !(work.patient && reads_only(&work)) {
-            return Err(());
-        }
         self.stats.prepares_again.fetch_add(1, Relaxed);
         let inputs = self.inputs.clone();
         tokio::spawn(async move {
@@ -1061,7 +1049,6 @@ impl Driver {
                 tries: tries + 1,
             });
         });
-        Ok(())
     }
 
     /// Commits here, on the driver's task, without waiting for the disk; acknowledged once
@@ -1171,6 +1158,16 @@ const AGAIN_MAX: u32 = 4;
 /// a record it reads ([`Driver::again`]): [`AGAIN_MAX`] of them stay well within the
 /// coordinator's vote timeout.
 const PATIENT_WAIT: Duration = Duration::from_millis(50);
+
+/// Whether a prepare of `work` refused on `conflict` may run again on its participant
+/// ([`Driver::again`]): not if a prepared transaction holds the key, unless the prepare is
+/// patient. The client's node marks only reads patient; checked here too, since a prepare
+/// that writes and waits for a decision could close a cycle.
+fn may_again(db: &Db, conflict: &keel::Conflict, work: &Work) -> bool {
+    conflict.reason == keel::ConflictReason::Split
+        || !db.awaits_decision(&conflict.key)
+        || (work.patient && reads_only(work))
+}
 
 /// Whether every command of `work` only reads.
 pub fn reads_only(work: &Work) -> bool {

@@ -176,12 +176,7 @@ fn open(shared: &Shared, word: u64) -> Vec<&'static SplitRecord> {
     // not be visible yet (a commit at the watermark, or one that a transaction prepared for a
     // two-phase commit holds below it until a decision from another node): split-only
     // commits take the ordinary path, a timestamp of their own, until the watermark passes
-    // the floor. The phase used to open only once a fresh timestamp was published, with the
-    // members locked meanwhile: in a cluster that waited for every prepared transaction's
-    // decision, and commits on the members spun. (Raising the floor to the newest version
-    // alone let an add tagged at a snapshot that had read the member unsplit change what it
-    // saw: the checker of `concurrent::histories_with_split_counters_are_strictly_
-    // serializable` caught it.)
+    // the floor. Nothing waits here for the watermark, with the members locked.
     let read = crate::Ts(shared.oracle.installed());
     for sr in &members {
         let newest = sr.record.get().head().map_or(crate::Ts(0), |v| v.ts());

@@ -25,11 +25,9 @@
 //!   snapshot sees of a split record never changes under it. Opening a phase raises the
 //!   floor to the record's newest version, so every tag is above the base the entries apply
 //!   to, even while that version is not yet visible, and to the installed watermark, above
-//!   every snapshot that read the record before it was split (and so folded nothing). (Until 2026-12-07 the reader committed
-//!   an empty timestamp and waited for the watermark to pass it, and so did the opening of a
-//!   phase, with the records locked; a transaction prepared for a two-phase commit holds the
-//!   watermark until its decision, which may come from another node, so both waited on the
-//!   network, and commits on the records spun meanwhile.)
+//!   every snapshot that read the record before it was split (and so folded nothing).
+//!   Nothing here waits for the watermark, which a transaction prepared for a two-phase
+//!   commit holds until a decision from another node.
 //! - Entries appended with `sync` durability carry their log position; a reader waits for it
 //!   to be durable before using them, so nobody acts on what a crash could erase.
 //! - Reconciliation closes the phase (a store-then-load handshake with committers that
@@ -148,8 +146,8 @@ pub(crate) struct SplitRecord {
     slices: Box<[CachePadded<Mutex<Slice>>]>,
     history: Mutex<Vec<Closed>>,
     /// A split-only commit may not tag an entry at or below this: the newest snapshot
-    /// timestamp a reader folded the slices at, and the record's newest version when its
-    /// phase opened.
+    /// timestamp a reader folded the slices at, and, when its phase opened, the record's
+    /// newest version and the installed watermark.
     tag_floor: AtomicU64,
     /// Reads and stashes this phase (for the decision to join the record for good).
     reads: AtomicU64,
@@ -206,7 +204,7 @@ impl SplitRecord {
     }
 
     /// Folds every entry tagged at or below `read_ts` from the open slices and from the
-    /// closed phases that `read_ts` predates, having raised the read floor to `read_ts`. The
+    /// closed phases that `read_ts` predates, having raised the tag floor to `read_ts`. The
     /// caller holds nothing of this record's.
     pub(crate) fn fold_at(&self, key: &[u8], read_ts: Ts, lsn_limit: u64) -> Folded {
         self.reads.fetch_add(1, Ordering::Relaxed);
