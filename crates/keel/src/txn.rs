@@ -340,7 +340,8 @@ impl WriteSet {
         self.bytes += key.len() + write.bytes();
         let position = self.entries.len();
         self.entries.push(WriteEntry {
-            key: key.into(),
+            // `from_slice` copies at once; `into` (a slice's `From`) pushes byte by byte.
+            key: WriteKey::from_slice(key),
             hash,
             write,
             tickets: Tickets::default(),
