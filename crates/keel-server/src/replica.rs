@@ -205,6 +205,13 @@ pub enum Op {
         pairs: Vec<(Vec<u8>, Vec<u8>)>,
         deadline_ms: u64,
     },
+    /// Never an entry: a read, at the leader. The coordinator partition's part of a
+    /// transaction across partitions that only reads, read while every other participant
+    /// holds its keys prepared; `Done` with each command's reply, or `Aborted` once this
+    /// partition decided the transaction (a participant's `Resolve`, after which that
+    /// participant lets go of its keys) or its clock passed the deadline (after which the
+    /// record of that decision may be gone). `txn` names the transaction (`txn::attempt_once`).
+    ReadDecide { txn: TxnId, deadline_ms: u64 },
 }
 
 /// How an entry ended.
@@ -2123,6 +2130,15 @@ impl Part {
                     })
                     .await?;
             }
+            if let Op::ReadDecide { txn, deadline_ms } = request.op {
+                return Ok(read_decided(
+                    &self.db,
+                    &self.locks,
+                    &request,
+                    txn,
+                    deadline_ms,
+                ));
+            }
             return Ok(match read_here(&self.db, &self.locks, &request) {
                 Ok(reply) => Response {
                     reply,
@@ -2323,35 +2339,13 @@ pub(crate) async fn remove_learners(
 fn read_here(db: &Db, locks: &prepared::Shared, request: &Request) -> Result<Vec<u8>, Response> {
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
-    let ctx = data::Ctx {
-        bulk_bytes_max: request.bulk_bytes_max,
-        cursors: &cursors,
-        reply_bytes_max: request.reply_bytes_max,
-        track_increments: false,
-        clock: Default::default(),
-        encodings: &encodings,
-        contended: Default::default(),
-        cluster: true,
-    };
+    let ctx = read_ctx(request, &cursors, &encodings);
     let mut buf = bytes::BytesMut::new();
     let mut out = Out::new(&mut buf, request.proto());
     let begun = {
         // The lock table and the snapshot taken together: both after the same entries.
         let locks = locks.lock();
-        let moved = locks.misplaced(&request.commands);
-        if !moved.is_empty() {
-            return Err(Response {
-                reply: postcard::to_stdvec(&moved).expect("encodes"),
-                status: Status::Moved,
-                ..Response::default()
-            });
-        }
-        if locks.conflicts(&request.commands) {
-            return Err(Response {
-                status: Status::Busy,
-                ..Response::default()
-            });
-        }
+        refuse_read(&locks, request)?;
         db.begin()
     };
     match begun {
@@ -2369,6 +2363,124 @@ fn read_here(db: &Db, locks: &prepared::Shared, request: &Request) -> Result<Vec
         Err(e) => out.error(&format!("ERR keel: {e}")),
     }
     Ok(buf.to_vec())
+}
+
+/// What a read at the leader runs its commands with: the limits `request` carries, the
+/// clock now.
+fn read_ctx<'a>(
+    request: &Request,
+    cursors: &'a data::Cursors,
+    encodings: &'a crate::config::Encodings,
+) -> data::Ctx<'a> {
+    data::Ctx {
+        bulk_bytes_max: request.bulk_bytes_max,
+        cursors,
+        reply_bytes_max: request.reply_bytes_max,
+        track_increments: false,
+        clock: Default::default(),
+        encodings,
+        contended: Default::default(),
+        cluster: true,
+    }
+}
+
+/// Why a read may not run now, if it may not: a key of another partition's slot (`Moved`),
+/// or one a prepared transaction writes (`Busy`).
+fn refuse_read(locks: &prepared::Locks, request: &Request) -> Result<(), Response> {
+    let moved = locks.misplaced(&request.commands);
+    if !moved.is_empty() {
+        return Err(Response {
+            reply: postcard::to_stdvec(&moved).expect("encodes"),
+            status: Status::Moved,
+            ..Response::default()
+        });
+    }
+    if locks.conflicts(&request.commands) {
+        return Err(Response {
+            status: Status::Busy,
+            ..Response::default()
+        });
+    }
+    Ok(())
+}
+
+/// [`Op::ReadDecide`]: the coordinator partition's reads of a transaction across partitions
+/// that only reads, each command's reply, unless this partition decided `txn` or passed
+/// `deadline_ms` (`Aborted`). Checked against the same entries as the reads: a `Resolve`
+/// applied after them comes after the reads, and so does the release of the keys a
+/// participant holds, which waits for the `Resolve`'s answer.
+fn read_decided(
+    db: &Db,
+    locks: &prepared::Shared,
+    request: &Request,
+    txn: TxnId,
+    deadline_ms: u64,
+) -> Response {
+    let cursors = data::Cursors::default();
+    let encodings = crate::config::Encodings::default();
+    let ctx = read_ctx(request, &cursors, &encodings);
+    let aborted = || Response {
+        status: Status::Aborted,
+        ..Response::default()
+    };
+    let begun = {
+        let locks = locks.lock();
+        if let Err(refused) = refuse_read(&locks, request) {
+            return refused;
+        }
+        if locks.clock() > deadline_ms {
+            return aborted();
+        }
+        db.begin()
+    };
+    let mut engine = match begun {
+        Ok(engine) => engine,
+        Err(e) => {
+            return Response {
+                reply: format!("ERR keel: {e}").into_bytes(),
+                status: Status::Failed,
+                ..Response::default()
+            };
+        }
+    };
+    match prepared::finished(&mut engine, txn, deadline_ms) {
+        Ok(false) => {}
+        Ok(true) => return aborted(),
+        Err(text) => {
+            return Response {
+                reply: text.into_bytes(),
+                status: Status::Failed,
+                ..Response::default()
+            };
+        }
+    }
+    let mut replies = Vec::with_capacity(request.commands.len());
+    for args in request.args() {
+        let mut buf = bytes::BytesMut::new();
+        let mut out = Out::new(&mut buf, request.proto());
+        // As a prepare runs them (`prepared::run_each`): the first failure fails it all.
+        let result = match crate::table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
+            Some(spec) => machine::run_command(spec.cmd, &args, &mut engine, &ctx, &mut out, true),
+            None => Err(data::Fail("ERR keel: not a data command".into())),
+        };
+        let failed = match result {
+            Err(data::Fail(text)) => Some(text.into_owned()),
+            Ok(()) if buf.len() > ctx.reply_bytes_max => Some(data::reply_too_big().0.into_owned()),
+            Ok(()) => None,
+        };
+        if let Some(text) = failed {
+            return Response {
+                reply: text.into_bytes(),
+                status: Status::Failed,
+                ..Response::default()
+            };
+        }
+        replies.push(buf.to_vec());
+    }
+    Response {
+        replies,
+        ..Response::default()
+    }
 }
 
 impl Request {
@@ -3043,6 +3155,25 @@ mod tests {
             Ok(response)
         }
 
+        async fn read(
+            &self,
+            p: usize,
+            request: Request,
+            _: tokio::time::Instant,
+        ) -> Result<Response, RunError> {
+            let Op::ReadDecide { txn, deadline_ms } = request.op else {
+                unreachable!("the driver reads only a transaction's coordinator part");
+            };
+            let part = self.parts[p].lock().await;
+            Ok(read_decided(
+                part.0.db(),
+                &self.locks[p],
+                &request,
+                txn,
+                deadline_ms,
+            ))
+        }
+
         fn leads(&self, _: usize) -> bool {
             true
         }
@@ -3072,6 +3203,162 @@ mod tests {
         fn owner(&self, slot: u16) -> usize {
             usize::from(slot >= 8192)
         }
+    }
+
+    /// A transaction across partitions that only reads ends with a read of the coordinator
+    /// partition's part at its leader, no entry in its log: the driver answers it, the other
+    /// participants let go, and the coordinator keeps no decision. The read is refused once
+    /// the coordinator partition decided the transaction (a participant's `Resolve`, after
+    /// which that participant lets go of its keys, so what it read may change) or its clock
+    /// passed the deadline (when that decision's record may be gone).
+    #[tokio::test]
+    async fn a_read_only_transaction_reads_its_coordinator_unless_a_participant_let_go() {
+        let (mut parts, mut locks) = (Vec::new(), Vec::new());
+        for me in [0, 1] {
+            let m = homed(memory_db(), me).await;
+            locks.push(m.locks());
+            parts.push(tokio::sync::Mutex::new((m, 0)));
+        }
+        let now = 1_700_000_000_000;
+        let net = Arc::new(Scripted {
+            parts,
+            locks,
+            lose_move_in: false.into(),
+            deaf: false.into(),
+            clock: now.into(),
+            seq: 1.into(),
+        });
+        let key_of = |p: usize| {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .find(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0 >= 8192) == p)
+                .expect("a key of each partition")
+        };
+        let (a, b) = (key_of(0), key_of(1));
+        let request = |now_ms: u64, commands: Vec<Vec<Vec<u8>>>, op: Op| Request {
+            commands,
+            exec: false,
+            now_ms,
+            op,
+            ..match entry(0, &[]).payload {
+                EntryPayload::Normal(r) => r,
+                _ => unreachable!(),
+            }
+        };
+        let cmd = |args: &[&str]| vec![args.iter().map(|a| a.as_bytes().to_vec()).collect()];
+        let t0 = tokio::time::Instant::now();
+        for (p, key, value) in [(0, &a, "x"), (1, &b, "y")] {
+            let set = request(now, cmd(&["SET", key, value]), Op::Run);
+            let r = txn::Net::call(&*net, p, set, t0).await.expect("set");
+            assert_eq!(r.status, Status::Done);
+        }
+
+        // Through the driver: each partition's reply, no decision kept, nothing left held.
+        let work: txn::Work = vec![(0, cmd(&["GET", &a])), (1, cmd(&["GET", &b]))];
+        let limits = txn::Limits {
+            resp3: false,
+            bulk_bytes_max: 512 << 20,
+            reply_bytes_max: 1 << 30,
+        };
+        let replies = txn::run_across(&net, work, limits).await.expect("commits");
+        assert_eq!(
+            replies,
+            [vec![b"$1\r\nx\r\n".to_vec()], vec![b"$1\r\ny\r\n".to_vec()]]
+        );
+        assert!(
+            net.locks[0].lock().decided().is_empty(),
+            "no decision entry"
+        );
+        let released = async {
+            while !net.locks[1].lock().prepared().is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), released)
+            .await
+            .expect("the participant lets go");
+
+        // By hand: partition 1 prepared, partition 0 coordinates.
+        let txn = TxnId {
+            node: 9,
+            incarnation: 1,
+            seq: 1,
+        };
+        let deadline_ms = now + 6_000;
+        let prepare = Op::Prepare {
+            txn,
+            coordinator: 0,
+            deadline_ms,
+        };
+        let vote = txn::Net::call(&*net, 1, request(now, cmd(&["GET", &b]), prepare), t0)
+            .await
+            .expect("prepare");
+        assert_eq!(vote.status, Status::Done);
+        let read = || request(now, cmd(&["GET", &a]), Op::ReadDecide { txn, deadline_ms });
+        let r = txn::Net::read(&*net, 0, read(), t0).await.expect("read");
+        assert_eq!(r.status, Status::Done);
+        assert_eq!(r.replies, [b"$1\r\nx\r\n".to_vec()]);
+        // Partition 1's resolver asks: no decision, so partition 0 decides abort, and
+        // partition 1 may let go of `b` now. The read is refused from then on.
+        let resolve = Op::Resolve { txn, deadline_ms };
+        let r = txn::Net::call(&*net, 0, request(now + 1_500, Vec::new(), resolve), t0)
+            .await
+            .expect("resolve");
+        assert_eq!(r.status, Status::Aborted);
+        let r = txn::Net::read(&*net, 0, read(), t0).await.expect("read");
+        assert_eq!(
+            r.status,
+            Status::Aborted,
+            "read after the coordinator decided"
+        );
+
+        // Another transaction, whose deadline partition 0's clock has passed (an entry of a
+        // later transaction applied there): refused, though no record of it is there.
+        let late = TxnId { seq: 2, ..txn };
+        let other = Op::Resolve {
+            txn: TxnId { seq: 3, ..txn },
+            deadline_ms: now + 60_000,
+        };
+        txn::Net::call(&*net, 0, request(now + 10_000, Vec::new(), other), t0)
+            .await
+            .expect("a later entry");
+        let r = txn::Net::read(
+            &*net,
+            0,
+            request(
+                now,
+                cmd(&["GET", &a]),
+                Op::ReadDecide {
+                    txn: late,
+                    deadline_ms,
+                },
+            ),
+            t0,
+        )
+        .await
+        .expect("read");
+        assert_eq!(r.status, Status::Aborted, "read past the deadline");
+        // A failing command fails the read, as it would fail a prepare.
+        let r = txn::Net::read(
+            &*net,
+            0,
+            request(
+                now,
+                cmd(&["LLEN", &a]),
+                Op::ReadDecide {
+                    txn: TxnId { seq: 4, ..txn },
+                    deadline_ms: now + 60_000,
+                },
+            ),
+            t0,
+        )
+        .await
+        .expect("read");
+        assert_eq!(r.status, Status::Failed);
+        assert!(
+            String::from_utf8_lossy(&r.reply).starts_with("WRONGTYPE"),
+            "{r:?}"
+        );
     }
 
     /// A move whose `MoveIn` applied but whose answer was lost, and whose destination then

@@ -967,6 +967,7 @@ fn step_name(op: &Op) -> String {
         Op::MoveStage { txn, .. } => format!("move-stage {txn:?}"),
         Op::View { expect, .. } => format!("view (expecting epoch {expect})"),
         Op::Watch => "watch".into(),
+        Op::ReadDecide { txn, .. } => format!("read-decide {txn:?}"),
         Op::Run | Op::Many(_) => "a write".into(),
     }
 }

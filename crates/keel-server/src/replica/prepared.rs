@@ -233,6 +233,11 @@ fn slot_of(key: &[u8]) -> u16 {
 }
 
 impl Locks {
+    /// The partition's clock: the largest leader clock of the transaction entries applied.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
     /// Whether running `commands` now would read a key a prepared transaction writes, or
     /// write one it touches, or touch a slot a prepared move holds.
     pub fn conflicts(&self, commands: &[Vec<Vec<u8>>]) -> bool {
@@ -877,6 +882,19 @@ fn key(prefix: &[u8], txn: TxnId) -> Vec<u8> {
     [prefix, &id_bytes(txn)].concat()
 }
 
+/// Whether this partition finished `txn` (of deadline `deadline_ms`), as `engine` reads it:
+/// decided it, or voted on it and let go. The error's text if the read failed.
+pub fn finished(
+    engine: &mut keel::Txn<'_>,
+    txn: TxnId,
+    deadline_ms: u64,
+) -> std::result::Result<bool, String> {
+    engine
+        .get(&finished_key(deadline_ms, txn))
+        .map(|found| found.is_some())
+        .map_err(|e| format!("ERR keel: {e}"))
+}
+
 fn finished_key(deadline_ms: u64, txn: TxnId) -> Vec<u8> {
     [FINISHED, &deadline_ms.to_be_bytes(), &id_bytes(txn)].concat()
 }
@@ -1505,6 +1523,12 @@ pub fn apply(
                 staging.generations.extend(fresh);
                 status(Status::Done)
             }
+        }
+        Op::ReadDecide { .. } => {
+            // A read at the leader (`Partition::submit`), never sent as an entry by keel: one
+            // that came as an entry is refused on every replica alike.
+            books.commit(db)?;
+            failed("ERR keel: a transaction's read is not a log entry".into())
         }
         Op::Watch => {
             let watching: usize = request

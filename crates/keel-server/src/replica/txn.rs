@@ -79,6 +79,14 @@ pub trait Net: Send + Sync + 'static {
         request: Request,
         deadline: Instant,
     ) -> impl Future<Output = Result<Response, RunError>> + Send;
+    /// Sends `request` (a read: [`Op::ReadDecide`]) to partition `p`'s leader, which answers
+    /// it as a linearizable read, retrying while it has none until `deadline`.
+    fn read(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Response, RunError>> + Send;
     /// Whether this node leads partition `p` (a coordinator here saves a network hop).
     fn leads(&self, p: usize) -> bool;
     /// Whether this node knows a leader of partition `p` (a coordinator without one would
@@ -123,6 +131,17 @@ impl Net for Node {
     ) -> Result<Response, RunError> {
         self.rep()
             .call(&self.0, p, &request, false, deadline.into_std())
+            .await
+    }
+
+    async fn read(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<Response, RunError> {
+        self.rep()
+            .call(&self.0, p, &request, true, deadline.into_std())
             .await
     }
 
@@ -283,6 +302,15 @@ async fn attempt_once<N: Net>(
         .or_else(|| work.iter().position(|(p, _)| net.knows_leader(*p)))
         .unwrap_or(0);
     let coordinator = work[c].0;
+    let reads_only = checks.iter().all(Vec::is_empty)
+        && work.iter().all(|(_, commands)| {
+            commands.iter().all(|command| {
+                command
+                    .first()
+                    .and_then(|name| crate::table::lookup(name))
+                    .is_some_and(|spec| crate::data::is_read_only(spec.cmd))
+            })
+        });
     let request = |i: usize, op: Op| Request {
         commands: work[i].1.clone(),
         resp3: limits.resp3,
@@ -369,6 +397,16 @@ async fn attempt_once<N: Net>(
         abort(net, txn, deadline_ms, prepared).await;
         return refusal;
     }
+    if reads_only {
+        let read = request(c, Op::ReadDecide { txn, deadline_ms });
+        return read_and_release(net, txn, deadline, deadline_ms, coordinator, prepared, read)
+            .await
+            .map(|own| {
+                replies[c] = own;
+                Attempt::Committed(replies)
+            })
+            .unwrap_or_else(|refused| refused);
+    }
     tracing::debug!("{txn:?}: prepared at {prepared:?}; deciding at {coordinator}");
 
     // 2. The decision, with the coordinator's own commands.
@@ -428,16 +466,6 @@ async fn attempt_once<N: Net>(
     // participant that let go early was resolved through the coordinator's log, where the
     // decision came first), so what it read is one state, current then: answer without
     // waiting for the releases.
-    let reads_only = checks.iter().all(Vec::is_empty)
-        && work.iter().all(|(_, commands)| {
-            commands.iter().all(|command| {
-                command
-                    .first()
-                    .and_then(|name| crate::table::lookup(name))
-                    .is_some_and(|spec| crate::data::is_read_only(spec.cmd))
-            })
-        });
-
     // 3. Committed: the installs, then the answer; the decision is forgotten once every
     // participant installed.
     let installs = prepared
@@ -457,6 +485,68 @@ async fn attempt_once<N: Net>(
         let _ = tokio::time::timeout_at(wait, &mut finish).await;
     }
     Attempt::Committed(replies)
+}
+
+/// The end of a transaction across partitions that only reads, once every other participant
+/// voted yes: the coordinator partition's part is read at its leader ([`Op::ReadDecide`]),
+/// no entry in its log, while the others hold their keys; then they let go of them (an abort
+/// releases a prepare that only read as a commit would), without waiting. Its replies, or
+/// how the attempt ended.
+///
+/// Every key the others read stays as they read it until they let go, which is after this
+/// read (their releases are sent after it), unless a participant's leader resolved the
+/// transaction first. That goes through the coordinator partition's log, which then refuses
+/// the read (and so does its clock past the deadline, once that record may be gone). So
+/// what the transaction read is one state, current at this read, inside its real-time span:
+/// it serializes there, as it would at the decision, with two entries fewer (the decision and
+/// its `Forget`) and one round of the coordinator partition's replication fewer before the
+/// answer.
+async fn read_and_release<N: Net>(
+    net: &Arc<N>,
+    txn: TxnId,
+    deadline: Instant,
+    deadline_ms: u64,
+    coordinator: usize,
+    prepared: Vec<usize>,
+    read: Request,
+) -> Result<Vec<Vec<u8>>, Attempt> {
+    let answer = net.read(coordinator, read, deadline).await;
+    let release = |net: &Arc<N>| {
+        let net = Arc::clone(net);
+        tokio::spawn(async move { abort(&net, txn, deadline_ms, prepared).await })
+    };
+    let refused = match answer {
+        Ok(Response {
+            status: Status::Done,
+            replies,
+            ..
+        }) => {
+            release(net);
+            return Ok(replies);
+        }
+        Ok(Response {
+            status: Status::Moved,
+            reply,
+            ..
+        }) => {
+            net.learn(&postcard::from_bytes::<Vec<(u16, usize)>>(&reply).unwrap_or_default());
+            Attempt::Moved
+        }
+        Ok(Response {
+            status: Status::Failed,
+            reply,
+            ..
+        }) => Attempt::Failed(String::from_utf8_lossy(&reply).into()),
+        Err(RunError::Moved) => Attempt::Moved,
+        Err(RunError::Failed(text)) => Attempt::Failed(text),
+        // Held by a prepared writer, decided there already (resolved), past the deadline, or
+        // not answered: nothing of it was applied anywhere; it may run again.
+        Ok(_) | Err(RunError::Unknown(_)) => Attempt::Busy,
+        Err(RunError::RolledBack) => unreachable!("a read is not a batch"),
+    };
+    tracing::debug!("{txn:?}: the coordinator's read was refused; releasing");
+    let _ = release(net).await;
+    Err(refused)
 }
 
 /// Asks the coordinator partition for `txn`'s decision (deciding abort if it has none) until

@@ -553,6 +553,32 @@ impl txn::Net for Driver {
             .await
     }
 
+    async fn read(
+        &self,
+        p: usize,
+        request: Request,
+        deadline: Instant,
+    ) -> Result<Response, RunError> {
+        // As `Replication::call` does a read: to the leader it guesses, the next on a miss,
+        // until one answers (any answer: the driver decides what `Busy` means) or the
+        // deadline passes.
+        loop {
+            self.gone().await;
+            let target = self.guess.lock()[p];
+            match self.send(p, target, &request, true, None).await {
+                Sent::Answer(response) => return Ok(response),
+                Sent::NotLeader(hint) => self.next_guess(p, target, hint),
+                Sent::Lost => self.next_guess(p, target, None),
+            }
+            if Instant::now() >= deadline {
+                return Err(RunError::Unknown(format!(
+                    "TRYAGAIN keel: partition {p}'s leader did not answer a read"
+                )));
+            }
+            sleep(crate::replica::RETRY_PAUSE).await;
+        }
+    }
+
     fn leads(&self, p: usize) -> bool {
         self.groups[p]
             .raft(self.home)
