@@ -3205,37 +3205,30 @@ mod tests {
         }
     }
 
-    /// A transaction across partitions that only reads ends with a read of the coordinator
-    /// partition's part at its leader, no entry in its log: the driver answers it, the other
-    /// participants let go, and the coordinator keeps no decision. The read is refused once
-    /// the coordinator partition decided the transaction (a participant's `Resolve`, after
-    /// which that participant lets go of its keys, so what it read may change) or its clock
-    /// passed the deadline (when that decision's record may be gone).
-    #[tokio::test]
-    async fn a_read_only_transaction_reads_its_coordinator_unless_a_participant_let_go() {
+    /// Two partitions' state machines on fresh databases (0 owns the slots below 8192, 1 the
+    /// others) behind a [`Scripted`] driver's view, its clock at `now`; and the databases.
+    async fn scripted(now: u64, lose_move_in: bool, deaf: bool) -> (Arc<Scripted>, [Db; 2]) {
+        let dbs = [memory_db(), memory_db()];
         let (mut parts, mut locks) = (Vec::new(), Vec::new());
-        for me in [0, 1] {
-            let m = homed(memory_db(), me).await;
+        for (me, db) in dbs.iter().enumerate() {
+            let m = homed(db.clone(), me).await;
             locks.push(m.locks());
             parts.push(tokio::sync::Mutex::new((m, 0)));
         }
-        let now = 1_700_000_000_000;
         let net = Arc::new(Scripted {
             parts,
             locks,
-            lose_move_in: false.into(),
-            deaf: false.into(),
+            lose_move_in: lose_move_in.into(),
+            deaf: deaf.into(),
             clock: now.into(),
             seq: 1.into(),
         });
-        let key_of = |p: usize| {
-            (0..)
-                .map(|i| format!("k{i}"))
-                .find(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0 >= 8192) == p)
-                .expect("a key of each partition")
-        };
-        let (a, b) = (key_of(0), key_of(1));
-        let request = |now_ms: u64, commands: Vec<Vec<Vec<u8>>>, op: Op| Request {
+        (net, dbs)
+    }
+
+    /// A request of `op` with `commands`, stamped `now_ms`.
+    fn scripted_request(now_ms: u64, commands: Vec<Vec<Vec<u8>>>, op: Op) -> Request {
+        Request {
             commands,
             exec: false,
             now_ms,
@@ -3244,7 +3237,27 @@ mod tests {
                 EntryPayload::Normal(r) => r,
                 _ => unreachable!(),
             }
+        }
+    }
+
+    /// A transaction across partitions that only reads ends with a read of the coordinator
+    /// partition's part at its leader, no entry in its log: the driver answers it, the other
+    /// participants let go, and the coordinator keeps no decision. The read is refused once
+    /// the coordinator partition decided the transaction (a participant's `Resolve`, after
+    /// which that participant lets go of its keys, so what it read may change) or its clock
+    /// passed the deadline (when that decision's record may be gone).
+    #[tokio::test]
+    async fn a_read_only_transaction_reads_its_coordinator_unless_a_participant_let_go() {
+        let now = 1_700_000_000_000;
+        let (net, _) = scripted(now, false, false).await;
+        let key_of = |p: usize| {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .find(|k| usize::from(keel_cluster::key_slot(k.as_bytes()).0 >= 8192) == p)
+                .expect("a key of each partition")
         };
+        let (a, b) = (key_of(0), key_of(1));
+        let request = scripted_request;
         let cmd = |args: &[&str]| vec![args.iter().map(|a| a.as_bytes().to_vec()).collect()];
         let t0 = tokio::time::Instant::now();
         for (p, key, value) in [(0, &a, "x"), (1, &b, "y")] {
@@ -3367,39 +3380,22 @@ mod tests {
     /// resolver, once it can ask, commits the move.
     #[tokio::test]
     async fn a_move_whose_outcome_is_unknown_is_settled_by_the_source_not_aborted() {
-        let (src_db, dst_db) = (memory_db(), memory_db());
-        let (mut parts, mut locks) = (Vec::new(), Vec::new());
-        for (db, me) in [(src_db.clone(), 0), (dst_db.clone(), 1)] {
-            let m = homed(db, me).await;
-            locks.push(m.locks());
-            parts.push(tokio::sync::Mutex::new((m, 0)));
-        }
         let now = 1_700_000_000_000;
-        let net = Arc::new(Scripted {
-            parts,
-            locks,
-            lose_move_in: true.into(),
-            deaf: true.into(),
-            clock: now.into(),
-            seq: 0.into(),
-        });
+        let (net, [src_db, dst_db]) = scripted(now, true, true).await;
         let key = (0..)
             .map(|i| format!("k{i}"))
             .find(|k| keel_cluster::key_slot(k.as_bytes()).0 < 8192)
             .expect("a key of partition 0");
         let slot = keel_cluster::key_slot(key.as_bytes()).0;
-        let fill = Request {
-            commands: vec![vec![
+        let fill = scripted_request(
+            now,
+            vec![vec![
                 b"SET".to_vec(),
                 key.clone().into_bytes(),
                 b"v".to_vec(),
             ]],
-            now_ms: now,
-            ..match entry(0, &[]).payload {
-                EntryPayload::Normal(r) => r,
-                _ => unreachable!(),
-            }
-        };
+            Op::Run,
+        );
         let r = txn::Net::call(&*net, 0, fill, tokio::time::Instant::now()).await;
         assert_eq!(r.expect("set").status, Status::Done);
 
