@@ -3205,6 +3205,83 @@ mod tests {
         }
     }
 
+    /// A group of writes (`Op::Many`) commits each write on its own. A crash between two of
+    /// them leaves the applied marker before the group, with the writes that were in
+    /// recorded, so the group applies again past them: each `INCR` once. The marker used to
+    /// move to the group with its first write, and the replica lost the rest of it.
+    #[tokio::test]
+    async fn a_group_of_writes_cut_short_by_a_crash_applies_the_rest_once() {
+        let db = memory_db();
+        let incr = |key: &str| {
+            let Entry {
+                payload: EntryPayload::Normal(r),
+                ..
+            } = entry(0, &[&["INCR", key]])
+            else {
+                unreachable!()
+            };
+            r
+        };
+        let group = |index: u64| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(Request {
+                op: Op::Many(vec![incr("a"), incr("b"), incr("c")]),
+                ..match entry(index, &[]).payload {
+                    EntryPayload::Normal(r) => r,
+                    _ => unreachable!(),
+                }
+            }),
+        };
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("open");
+        m.apply(vec![entry(1, &[&["SET", "x", "1"]])])
+            .await
+            .expect("apply");
+        machine::CRASH_IN_GROUP_AFTER.with(|c| c.set(Some(1)));
+        assert!(
+            m.apply(vec![group(2)]).await.is_err(),
+            "stopped after one write"
+        );
+        machine::CRASH_IN_GROUP_AFTER.with(|c| c.set(None));
+        drop(m);
+
+        // The restart: the data as the crash left it, the marker still at entry 1.
+        let mut m = machine::Machine::open(db.clone(), None)
+            .await
+            .expect("reopen");
+        let (applied, _) = m.applied_state().await.expect("applied");
+        assert_eq!(
+            applied.map(|l| l.index),
+            Some(1),
+            "the group is not applied yet"
+        );
+        m.apply(vec![group(2)]).await.expect("apply again");
+        let (applied, _) = m.applied_state().await.expect("applied");
+        assert_eq!(applied.map(|l| l.index), Some(2));
+        let snap = db.snapshot().expect("snapshot");
+        for key in ["a", "b", "c"] {
+            assert_eq!(
+                snap.get(key.as_bytes()).expect("get").as_deref(),
+                Some(b"1".as_slice()),
+                "{key} incremented once"
+            );
+        }
+        // A whole group leaves no record of its progress behind.
+        drop(snap);
+        m.apply(vec![group(3)]).await.expect("apply");
+        let snap = db.snapshot().expect("snapshot");
+        assert_eq!(
+            snap.get(b"a").expect("get").as_deref(),
+            Some(b"2".as_slice())
+        );
+        assert!(
+            snap.range::<[u8]>(..)
+                .all(|(k, _)| !k.starts_with(&[0xFF, b'r', b'g'])),
+            "no group record left"
+        );
+    }
+
     /// Two partitions' state machines on fresh databases (0 owns the slots below 8192, 1 the
     /// others) behind a [`Scripted`] driver's view, its clock at `now`; and the databases.
     async fn scripted(now: u64, lose_move_in: bool, deaf: bool) -> (Arc<Scripted>, [Db; 2]) {

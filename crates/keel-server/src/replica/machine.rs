@@ -53,6 +53,10 @@ pub(super) const LAZY: Durability = Durability::None;
 pub(super) const APPLIED: &[u8] = &[0xFF, b'r', b'a'];
 /// Written with `sync` before a snapshot is taken.
 const SYNC: &[u8] = &[0xFF, b'r', b's'];
+/// A group of writes (`Op::Many`) cut short: its log index and how many of its writes are
+/// in (8 + 4 bytes, big-endian), from the commit of its first write to that of its last,
+/// which deletes it (`execute_group`). Part of a snapshot's data, as the writes are.
+const GROUP: &[u8] = &[0xFF, b'r', b'g'];
 /// The replication keys' prefix (the markers, and the records of transactions across
 /// partitions, which are part of a snapshot's data).
 const MARKERS: &[u8] = &[0xFF, b'r'];
@@ -801,6 +805,13 @@ impl RaftStateMachine<Tc> for Machine {
             let mut responses = Vec::with_capacity(entries.len());
             for entry in entries {
                 let log_id = entry.log_id;
+                // Where the log stood before this entry: what a group's writes but its last
+                // leave the marker at.
+                let before = postcard::to_stdvec(&Marker {
+                    applied,
+                    membership: membership.clone(),
+                })
+                .map_err(sm_err)?;
                 applied = Some(log_id);
                 if let EntryPayload::Membership(m) = &entry.payload {
                     membership = StoredMembership::new(Some(log_id), m.clone());
@@ -817,14 +828,19 @@ impl RaftStateMachine<Tc> for Machine {
                         let mut locks = locks.lock();
                         let seed = entry_seed(locks.partition(), log_id);
                         match &request.op {
-                            Op::Run => {
-                                execute(db, &mut locks, request, &marker, seed, log_id.index)?
-                            }
+                            Op::Run => execute(
+                                db,
+                                &mut locks,
+                                request,
+                                Mark::entry(&marker),
+                                seed,
+                                log_id.index,
+                            )?,
                             Op::Many(requests) => execute_group(
                                 db,
                                 &mut locks,
                                 requests,
-                                &marker,
+                                (&marker, &before),
                                 seed,
                                 log_id.index,
                             )?,
@@ -859,7 +875,7 @@ impl RaftStateMachine<Tc> for Machine {
                         }
                     }
                     _ => {
-                        put_marker(db, &marker)?;
+                        put_marker(db, Mark::entry(&marker))?;
                         Response::default()
                     }
                 };
@@ -998,19 +1014,53 @@ fn tell_pushes(pushed: &Pushed, request: &Request, response: &Response) {
 /// locked by a prepared transaction.
 /// Applies a group of writes (`Op::Many`): each as an entry of its own would apply, in
 /// order, with random numbers of its own; each one's response, encoded, in `replies`.
+///
+/// Each write commits on its own, so the marker moves to this entry only with the last one:
+/// the others leave it where the log stood before the entry (`before`) and record how many
+/// of the group's writes are in (`GROUP`). A crash between two of them (the data's commits
+/// are lazy, and a kill loses the tail not yet written) then applies the entry again, past
+/// the writes that were in; it used to find the marker at the entry after the first write,
+/// and the rest of the group lost on that replica alone.
 fn execute_group(
     db: &Db,
     locks: &mut prepared::Locks,
     requests: &[Request],
-    marker: &[u8],
+    (marker, before): (&[u8], &[u8]),
     seed: u64,
     index: u64,
 ) -> Result<Response> {
     let mut replies = Vec::with_capacity(requests.len());
+    let done = group_done(db, index)?;
     for (i, request) in requests.iter().enumerate() {
         let seed = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mark = if requests.len() == 1 {
+            Mark::entry(marker)
+        } else if i + 1 == requests.len() {
+            Mark {
+                applied: marker,
+                group: Group::Last,
+            }
+        } else {
+            Mark {
+                applied: before,
+                group: Group::Member {
+                    index,
+                    done: u32::try_from(i + 1).expect("groups are small"),
+                },
+            }
+        };
         let response = match request.op {
-            Op::Run => execute(db, locks, request, marker, seed, index)?,
+            // In before a crash cut the group short: nobody waits for its answer now (a
+            // write with an id that asks again gets the answer it kept).
+            Op::Run if i < done => Response::default(),
+            Op::Run => {
+                let response = execute(db, locks, request, mark, seed, index)?;
+                #[cfg(test)]
+                if CRASH_IN_GROUP_AFTER.with(std::cell::Cell::get) == Some(i + 1) {
+                    return Err(sm_err("stopped inside a group, as a crash would"));
+                }
+                response
+            }
             _ => Response {
                 reply: b"ERR keel: only writes go into a group".to_vec(),
                 status: Status::Failed,
@@ -1020,12 +1070,73 @@ fn execute_group(
         replies.push(postcard::to_stdvec(&response).map_err(sm_err)?);
     }
     if requests.is_empty() {
-        put_marker(db, marker)?;
+        put_marker(db, Mark::entry(marker))?;
     }
     Ok(Response {
         replies,
         ..Response::default()
     })
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: a group's apply stops, as a crash would, once this many of its writes are in.
+    pub(super) static CRASH_IN_GROUP_AFTER: std::cell::Cell<Option<usize>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// How an entry's commit moves the applied marker (`APPLIED`): to `applied`, and inside a
+/// group of writes also the group's progress ([`GROUP`], see [`execute_group`]).
+#[derive(Clone, Copy)]
+pub struct Mark<'a> {
+    applied: &'a [u8],
+    group: Group,
+}
+
+#[derive(Clone, Copy)]
+enum Group {
+    /// A whole entry.
+    None,
+    /// A group's write, not its last: `done` of the group's writes are in with it.
+    Member { index: u64, done: u32 },
+    /// A group's last write: the group is done.
+    Last,
+}
+
+impl<'a> Mark<'a> {
+    fn entry(applied: &'a [u8]) -> Mark<'a> {
+        Mark {
+            applied,
+            group: Group::None,
+        }
+    }
+
+    /// Writes the mark in `t`, the commit it belongs to.
+    fn book(self, t: &mut keel::Txn<'_>) -> std::result::Result<(), keel::Error> {
+        t.put(APPLIED, self.applied)?;
+        match self.group {
+            Group::None => Ok(()),
+            Group::Member { index, done } => t.put(
+                GROUP,
+                &[&index.to_be_bytes()[..], &done.to_be_bytes()].concat(),
+            ),
+            Group::Last => t.delete(GROUP),
+        }
+    }
+}
+
+/// How many writes of the group at log index `index` a crash left in (0: none, or no
+/// group was cut short).
+fn group_done(db: &Db, index: u64) -> Result<usize> {
+    let Some(v) = db.snapshot().map_err(sm_err)?.get(GROUP).map_err(sm_err)? else {
+        return Ok(0);
+    };
+    let (at, done) = v
+        .split_at_checked(8)
+        .ok_or_else(|| sm_err("a bad group record"))?;
+    let at = u64::from_be_bytes(at.try_into().map_err(sm_err)?);
+    let done = u32::from_be_bytes(done.try_into().map_err(sm_err)?);
+    Ok(if at == index { done as usize } else { 0 })
 }
 
 /// The seed of the random numbers an entry draws (a new collection's generation among them):
@@ -1051,7 +1162,7 @@ pub fn execute(
     db: &Db,
     locks: &mut prepared::Locks,
     request: &Request,
-    marker: &[u8],
+    mark: Mark<'_>,
     seed: u64,
     index: u64,
 ) -> Result<Response> {
@@ -1063,7 +1174,7 @@ pub fn execute(
         && let Some(kept) = db.snapshot().map_err(sm_err)?.get(key).map_err(sm_err)?
     {
         let (_, reply): (u64, Vec<u8>) = postcard::from_bytes(&kept).map_err(sm_err)?;
-        put_marker(db, marker)?;
+        put_marker(db, mark)?;
         return Ok(Response {
             reply,
             ..Response::default()
@@ -1072,7 +1183,7 @@ pub fn execute(
     let touched = prepared::touched(request);
     let moved = locks.misplaced(&touched);
     if !moved.is_empty() {
-        put_marker(db, marker)?;
+        put_marker(db, mark)?;
         return Ok(Response {
             reply: postcard::to_stdvec(&moved).map_err(sm_err)?,
             status: Status::Moved,
@@ -1080,7 +1191,7 @@ pub fn execute(
         });
     }
     if locks.conflicts(&touched) {
-        put_marker(db, marker)?;
+        put_marker(db, mark)?;
         return Ok(Response {
             status: Status::Busy,
             ..Response::default()
@@ -1088,7 +1199,7 @@ pub fn execute(
     }
     if locks.watch_changed(&request.watched, request.now_ms) {
         // `EXEC` under a `WATCH` whose key changed: nothing runs, a null array.
-        put_marker(db, marker)?;
+        put_marker(db, mark)?;
         let mut buf = BytesMut::new();
         Out::new(&mut buf, request.proto()).null_array();
         return Ok(Response {
@@ -1127,7 +1238,7 @@ pub fn execute(
             Ok::<_, StorageError<u64>>((failed, txn))
         })?;
         let rolled_back = |db: &Db, reply: Vec<u8>| {
-            put_marker(db, marker)?;
+            put_marker(db, mark)?;
             Ok(Response {
                 status: if request.batch {
                     Status::RolledBack
@@ -1149,7 +1260,7 @@ pub fn execute(
         // the put to fail the entry, every replica would fail it, and the partition's Raft
         // group would stop, at every restart again.
         let booked = (|| {
-            txn.put(APPLIED, marker)?;
+            mark.book(&mut txn)?;
             for (k, v, lapse) in &bumps {
                 let (key, value) = prepared::watch_record(k, *v, *lapse);
                 txn.put(&key, &value)?;
@@ -1257,10 +1368,10 @@ fn sweep_answers(db: &Db, txn: &mut keel::Txn<'_>, now_ms: u64) -> Result<()> {
     Ok(())
 }
 
-fn put_marker(db: &Db, marker: &[u8]) -> Result<()> {
+fn put_marker(db: &Db, mark: Mark<'_>) -> Result<()> {
     db.transact(|t| {
         t.set_durability(LAZY);
-        t.put(APPLIED, marker)
+        mark.book(t)
     })
     .map_err(sm_err)
 }
