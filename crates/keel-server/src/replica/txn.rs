@@ -28,9 +28,11 @@
 //! prepare or decision of it, so the records that refuse late duplicates (a prepare after
 //! its abort, a decision after a `Resolve`) need not be kept longer.
 //!
-//! A transaction that only reads is answered at its decision: its installs only release
-//! its keys, and every participant held them at the decision (one released early would
-//! have been resolved through the coordinator's log, before the decision).
+//! A transaction that only reads takes no decision: once every other participant voted, the
+//! coordinator partition's part is read at its leader (`Op::ReadDecide`), refused if that
+//! partition's log already decided the transaction (a participant's `Resolve`, after which
+//! that participant lets go) or passed its deadline; then the prepares are released with
+//! `Abort`, without waiting (`read_and_release`).
 //!
 //! The client's answer waits for the participants' installs (up to one cluster timeout):
 //! after that, a participant that has not installed still holds the transaction's locks, and
@@ -461,11 +463,6 @@ async fn attempt_once<N: Net>(
         }
     }
 
-    // A transaction that only reads (no watched keys either) installs nothing: its commits
-    // only let go of the keys it holds. At the decision every participant held them (a
-    // participant that let go early was resolved through the coordinator's log, where the
-    // decision came first), so what it read is one state, current then: answer without
-    // waiting for the releases.
     // 3. Committed: the installs, then the answer; the decision is forgotten once every
     // participant installed.
     let installs = prepared
@@ -481,9 +478,8 @@ async fn attempt_once<N: Net>(
             let _ = net2.call(coordinator, forget, Instant::now() + span).await;
         }
     });
-    if !reads_only {
-        let _ = tokio::time::timeout_at(wait, &mut finish).await;
-    }
+    // (A transaction that only reads ended at `read_and_release`.)
+    let _ = tokio::time::timeout_at(wait, &mut finish).await;
     Attempt::Committed(replies)
 }
 
