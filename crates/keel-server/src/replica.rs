@@ -2419,8 +2419,9 @@ fn read_decided(
     let cursors = data::Cursors::default();
     let encodings = crate::config::Encodings::default();
     let ctx = read_ctx(request, &cursors, &encodings);
-    let aborted = || Response {
-        status: Status::Aborted,
+    let ended = |status: Status, reply: String| Response {
+        reply: reply.into_bytes(),
+        status,
         ..Response::default()
     };
     let begun = {
@@ -2429,57 +2430,26 @@ fn read_decided(
             return refused;
         }
         if locks.clock() > deadline_ms {
-            return aborted();
+            return ended(Status::Aborted, String::new());
         }
         db.begin()
     };
     let mut engine = match begun {
         Ok(engine) => engine,
-        Err(e) => {
-            return Response {
-                reply: format!("ERR keel: {e}").into_bytes(),
-                status: Status::Failed,
-                ..Response::default()
-            };
-        }
+        Err(e) => return ended(Status::Failed, format!("ERR keel: {e}")),
     };
     match prepared::finished(&mut engine, txn, deadline_ms) {
         Ok(false) => {}
-        Ok(true) => return aborted(),
-        Err(text) => {
-            return Response {
-                reply: text.into_bytes(),
-                status: Status::Failed,
-                ..Response::default()
-            };
-        }
+        Ok(true) => return ended(Status::Aborted, String::new()),
+        Err(text) => return ended(Status::Failed, text),
     }
-    let mut replies = Vec::with_capacity(request.commands.len());
-    for args in request.args() {
-        let mut buf = bytes::BytesMut::new();
-        let mut out = Out::new(&mut buf, request.proto());
-        // As a prepare runs them (`prepared::run_each`): the first failure fails it all.
-        let result = match crate::table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-            Some(spec) => machine::run_command(spec.cmd, &args, &mut engine, &ctx, &mut out, true),
-            None => Err(data::Fail("ERR keel: not a data command".into())),
-        };
-        let failed = match result {
-            Err(data::Fail(text)) => Some(text.into_owned()),
-            Ok(()) if buf.len() > ctx.reply_bytes_max => Some(data::reply_too_big().0.into_owned()),
-            Ok(()) => None,
-        };
-        if let Some(text) = failed {
-            return Response {
-                reply: text.into_bytes(),
-                status: Status::Failed,
-                ..Response::default()
-            };
-        }
-        replies.push(buf.to_vec());
-    }
-    Response {
-        replies,
-        ..Response::default()
+    // As a prepare runs them: the first failure fails it all.
+    match prepared::run_in(&mut engine, request, &ctx) {
+        (_, Some(text)) => ended(Status::Failed, text),
+        (replies, None) => Response {
+            replies,
+            ..Response::default()
+        },
     }
 }
 

@@ -807,11 +807,7 @@ impl RaftStateMachine<Tc> for Machine {
                 let log_id = entry.log_id;
                 // Where the log stood before this entry: what a group's writes but its last
                 // leave the marker at.
-                let before = postcard::to_stdvec(&Marker {
-                    applied,
-                    membership: membership.clone(),
-                })
-                .map_err(sm_err)?;
+                let previous = applied;
                 applied = Some(log_id);
                 if let EntryPayload::Membership(m) = &entry.payload {
                     membership = StoredMembership::new(Some(log_id), m.clone());
@@ -840,7 +836,14 @@ impl RaftStateMachine<Tc> for Machine {
                                 db,
                                 &mut locks,
                                 requests,
-                                (&marker, &before),
+                                (
+                                    &marker,
+                                    &postcard::to_stdvec(&Marker {
+                                        applied: previous,
+                                        membership: membership.clone(),
+                                    })
+                                    .map_err(sm_err)?,
+                                ),
                                 seed,
                                 log_id.index,
                             )?,

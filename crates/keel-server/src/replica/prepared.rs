@@ -944,27 +944,38 @@ fn run_each<'a>(
         contended: Default::default(),
         cluster: true,
     };
-    let commands = request.args();
     data::with_seed(seed, || {
         let mut txn = db.begin().map_err(sm_err)?;
-        let mut replies = Vec::with_capacity(commands.len());
-        for args in &commands {
-            let mut buf = BytesMut::new();
-            let mut out = Out::new(&mut buf, request.proto());
-            let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
-                Some(spec) => machine::run_command(spec.cmd, args, &mut txn, &ctx, &mut out, true),
-                None => Err(data::Fail("ERR keel: not a data command".into())),
-            };
-            if let Err(data::Fail(text)) = result {
-                return Ok((txn, replies, Some(text.into_owned())));
-            }
-            if buf.len() > ctx.reply_bytes_max {
-                return Ok((txn, replies, Some(data::reply_too_big().0.into_owned())));
-            }
-            replies.push(buf.to_vec());
-        }
-        Ok((txn, replies, None))
+        let (replies, failed) = run_in(&mut txn, request, &ctx);
+        Ok((txn, replies, failed))
     })
+}
+
+/// Runs `request`'s commands in `txn` with `ctx`: each command's reply, and the first
+/// failure's error (the commands after it are not run).
+pub fn run_in(
+    txn: &mut keel::Txn<'_>,
+    request: &Request,
+    ctx: &data::Ctx<'_>,
+) -> (Vec<Vec<u8>>, Option<String>) {
+    let commands = request.args();
+    let mut replies = Vec::with_capacity(commands.len());
+    for args in &commands {
+        let mut buf = BytesMut::new();
+        let mut out = Out::new(&mut buf, request.proto());
+        let result = match table::lookup(&args[0]).filter(|s| data::is_data(s.cmd)) {
+            Some(spec) => machine::run_command(spec.cmd, args, txn, ctx, &mut out, true),
+            None => Err(data::Fail("ERR keel: not a data command".into())),
+        };
+        if let Err(data::Fail(text)) = result {
+            return (replies, Some(text.into_owned()));
+        }
+        if buf.len() > ctx.reply_bytes_max {
+            return (replies, Some(data::reply_too_big().0.into_owned()));
+        }
+        replies.push(buf.to_vec());
+    }
+    (replies, None)
 }
 
 /// Runs `request`'s commands and commits them with `books`: their replies, or the error of

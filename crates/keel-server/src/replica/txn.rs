@@ -122,6 +122,19 @@ impl Node {
     fn rep(&self) -> &Replication {
         self.0.replication.get().expect("replicated")
     }
+
+    /// `request` to partition `p`'s leader: a write, or (`read`) a linearizable read.
+    async fn send(
+        &self,
+        p: usize,
+        request: Request,
+        read: bool,
+        deadline: Instant,
+    ) -> Result<Response, RunError> {
+        self.rep()
+            .call(&self.0, p, &request, read, deadline.into_std())
+            .await
+    }
 }
 
 impl Net for Node {
@@ -131,9 +144,7 @@ impl Net for Node {
         request: Request,
         deadline: Instant,
     ) -> Result<Response, RunError> {
-        self.rep()
-            .call(&self.0, p, &request, false, deadline.into_std())
-            .await
+        self.send(p, request, false, deadline).await
     }
 
     async fn read(
@@ -142,9 +153,7 @@ impl Net for Node {
         request: Request,
         deadline: Instant,
     ) -> Result<Response, RunError> {
-        self.rep()
-            .call(&self.0, p, &request, true, deadline.into_std())
-            .await
+        self.send(p, request, true, deadline).await
     }
 
     fn leads(&self, p: usize) -> bool {
